@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Brings a fresh Debian 12 machine (root, nothing prepared) to a built Sluice tree in build/.
+# Idempotent: packages already installed (asked with dpkg -s) are not touched, and apt-get update
+# and install run only when something is missing. Non-interactive throughout.
+#
+#   deploy/setup.sh            install what is missing, then configure and build Release in build/
+#   SLUICE_SKIP_BUILD=1 ...    install only
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# Every package the project builds, tests or benchmarks with. Why each library is here is in
+# README.md ("Dependencies").
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libboost-dev            # Asio and Beast (header-only in 1.74)
+  capnproto libcapnp-dev  # wire schemas and serialization
+  librocksdb-dev          # counter snapshots, persisted overrides
+  libspdlog-dev libfmt-dev
+  doctest-dev
+  libyaml-cpp-dev         # the rules file
+  libxxhash-dev           # key hashing (XXH3)
+  libcli11-dev            # command-line parsing for sluiced, sluicectl and the benchmarks
+  libssl-dev              # HMAC for peer messages
+  clang libclang-rt-14-dev  # libFuzzer targets
+  redis-server memcached nginx  # baselines for bench/ and the nginx auth_request test
+  procps iproute2 curl python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg -s "$p" >/dev/null 2>&1; then missing+=("$p"); fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  # Servers installed here (redis, memcached, nginx) are only started by the tests and benchmarks
+  # themselves, on free loopback ports; keep their packages from starting system-wide copies.
+  policy=/usr/sbin/policy-rc.d
+  made_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+    $sudo chmod +x "$policy"
+    made_policy=1
+  fi
+  trap '[ "$made_policy" = 1 ] && $sudo rm -f "$policy"' EXIT
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all ${#packages[@]} packages already installed"
+fi
+
+if [ "${SLUICE_SKIP_BUILD:-0}" = 1 ]; then exit 0; fi
+
+jobs=${SLUICE_JOBS:-2}
+cmake -S "$here" -B "$here/build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build "$here/build" -j "$jobs"

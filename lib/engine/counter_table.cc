@@ -1,0 +1,155 @@
+#include "engine/counter_table.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace sluice::engine {
+
+CounterTable::CounterTable(const window::WindowSpec& spec)
+    : spec_(spec),
+      ring_(spec.ring_size()),
+      stride_(4 + 2 * static_cast<size_t>(spec.ring_size())),
+      carry_(stride_),
+      spare_(stride_) {}
+
+uint64_t CounterTable::bytes_for(size_t capacity, const window::WindowSpec& spec) {
+  return static_cast<uint64_t>(capacity) * (4 + 2 * static_cast<uint64_t>(spec.ring_size())) *
+         sizeof(uint32_t);
+}
+
+size_t CounterTable::grown_capacity() const {
+  return std::max(kMinCapacity, cap_ + cap_ / 2);
+}
+
+size_t CounterTable::distance(size_t i) const {
+  const size_t h = home(counter_at(i));
+  return i >= h ? i - h : i + cap_ - h;
+}
+
+int64_t CounterTable::find(uint64_t counter) const {
+  if (cap_ == 0) return -1;
+  const uint32_t lo = static_cast<uint32_t>(counter);
+  const uint32_t hi = static_cast<uint32_t>(counter >> 32);
+  size_t i = home(counter);
+  for (size_t dist = 0; dist <= cap_; ++dist) {
+    const uint32_t* s = slot(i);
+    if (s[0] == lo && s[1] == hi) return static_cast<int64_t>(i);
+    if ((s[0] | s[1]) == 0) return -1;
+    // Robin Hood invariant: a key is never further from home than a key it passed.
+    if (distance(i) < dist) return -1;
+    if (++i == cap_) i = 0;
+  }
+  return -1;
+}
+
+void CounterTable::place(uint32_t* src) {
+  // `src` is carry_: the slot image to insert; swapped with richer occupants as it goes.
+  uint64_t counter = static_cast<uint64_t>(src[1]) << 32 | src[0];
+  size_t i = home(counter);
+  size_t dist = 0;
+  for (;;) {
+    uint32_t* s = slot(i);
+    if ((s[0] | s[1]) == 0) {
+      std::memcpy(s, src, stride_ * sizeof(uint32_t));
+      return;
+    }
+    const size_t d = distance(i);
+    if (d < dist) {
+      std::memcpy(spare_.data(), s, stride_ * sizeof(uint32_t));
+      std::memcpy(s, src, stride_ * sizeof(uint32_t));
+      std::memcpy(src, spare_.data(), stride_ * sizeof(uint32_t));
+      counter = static_cast<uint64_t>(src[1]) << 32 | src[0];
+      dist = d;
+    }
+    if (++i == cap_) i = 0;
+    ++dist;
+  }
+}
+
+void CounterTable::insert_new(uint64_t counter, int64_t head) {
+  std::fill(carry_.begin(), carry_.end(), 0u);
+  carry_[0] = static_cast<uint32_t>(counter);
+  carry_[1] = static_cast<uint32_t>(counter >> 32);
+  const auto h = static_cast<uint64_t>(head);
+  carry_[2] = static_cast<uint32_t>(h);
+  carry_[3] = static_cast<uint32_t>(h >> 32);
+  place(carry_.data());
+  ++size_;
+  next_expiry_bucket_ = std::min(next_expiry_bucket_, head + static_cast<int64_t>(ring_));
+}
+
+void CounterTable::erase_at(size_t index) {
+  size_t i = index;
+  for (;;) {
+    size_t j = i + 1 == cap_ ? 0 : i + 1;
+    if (!occupied(j) || distance(j) == 0) break;
+    std::memcpy(slot(i), slot(j), stride_ * sizeof(uint32_t));
+    i = j;
+  }
+  std::memset(slot(i), 0, stride_ * sizeof(uint32_t));
+  --size_;
+}
+
+void CounterTable::rehash(size_t new_capacity) {
+  new_capacity = std::max(new_capacity, std::max(kMinCapacity, size_ + size_ / 4 + 1));
+  std::unique_ptr<uint32_t[]> old = std::move(data_);
+  const size_t old_cap = cap_;
+  data_ = std::make_unique<uint32_t[]>(new_capacity * stride_);  // zeroed: all slots empty
+  cap_ = new_capacity;
+  for (size_t i = 0; i < old_cap; ++i) {
+    uint32_t* s = old.get() + i * stride_;
+    if ((s[0] | s[1]) == 0) continue;
+    std::memcpy(carry_.data(), s, stride_ * sizeof(uint32_t));
+    place(carry_.data());
+  }
+  victim_cursor_ = 0;
+  pub_data_.store(data_.get(), std::memory_order_release);
+  pub_cap_.store(cap_, std::memory_order_release);
+}
+
+void CounterTable::prefetch(uint64_t counter) const {
+  const uint32_t* d = pub_data_.load(std::memory_order_relaxed);
+  const size_t cap = pub_cap_.load(std::memory_order_relaxed);
+  if (d == nullptr || cap == 0) return;
+  __builtin_prefetch(d + home_in(counter, cap) * stride_, 1, 3);
+}
+
+void CounterTable::set_head(size_t i, int64_t head) {
+  const uint64_t h = static_cast<uint64_t>(head) | (raw_head(i) & kRemoteFlag);
+  uint32_t* s = slot(i);
+  s[2] = static_cast<uint32_t>(h);
+  s[3] = static_cast<uint32_t>(h >> 32);
+}
+
+void CounterTable::set_remote(size_t i) {
+  slot(i)[3] |= static_cast<uint32_t>(kRemoteFlag >> 32);
+}
+
+int64_t CounterTable::pick_victim(int64_t now_ms, std::span<const uint64_t> pinned, size_t sample) {
+  int64_t best = -1;
+  uint64_t best_count = UINT64_MAX;
+  int64_t best_head = INT64_MAX;
+  const int64_t c = window::bucket_of(now_ms, spec_.bucket_ms);
+  const auto n = static_cast<int64_t>(spec_.buckets());
+  for (size_t seen = 0, tries = 0; seen < sample && tries < cap_; ++tries) {
+    const size_t i = victim_cursor_;
+    victim_cursor_ = victim_cursor_ + 1 == cap_ ? 0 : victim_cursor_ + 1;
+    if (!occupied(i)) continue;
+    ++seen;
+    const uint64_t ctr = counter_at(i);
+    if (std::find(pinned.begin(), pinned.end(), ctr) != pinned.end()) continue;
+    const window::RingView v = view(i);
+    uint64_t count = 0;  // hits in every bucket that touches the window ending now
+    for (int64_t b = c - n; b <= c; ++b)
+      count += v.count(b);
+    const int64_t head = head_at(i);
+    if (count < best_count || (count == best_count && head < best_head)) {
+      best = static_cast<int64_t>(i);
+      best_count = count;
+      best_head = head;
+    }
+  }
+  return best;
+}
+
+}  // namespace sluice::engine

@@ -1,0 +1,138 @@
+// Private to lib/engine: one open-addressing hash table of counters that share a window spec.
+//
+// Robin Hood linear probing with backward-shift deletion, so lookups of present keys stay short at
+// high load and erasing leaves no tombstones. Slots are fixed-size runs of 32-bit words (so every
+// access has one type and no aliasing games):
+//   [0..1] counter id (0 = empty slot), [2..3] head bucket number (bit 63: has remote state),
+//   [4 .. 4+R)  own counts, [4+R .. 4+2R) others' counts      (R = ring size of the spec)
+// One slot of a one-minute limit with one-minute buckets (R = 2) is 32 bytes.
+//
+// Not thread-safe: the owning shard's lock guards every call except prefetch(), which may race
+// with a rehash by design (a prefetch of a stale address is harmless and never faults).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "window/sliding_window.h"
+
+namespace sluice::engine {
+
+class CounterTable {
+ public:
+  static constexpr size_t kMinCapacity = 16;
+  static constexpr uint64_t kRemoteFlag = 1ull << 63;
+
+  explicit CounterTable(const window::WindowSpec& spec);
+
+  const window::WindowSpec& spec() const { return spec_; }
+  uint32_t ring() const { return ring_; }
+  size_t size() const { return size_; }
+  size_t capacity() const { return cap_; }
+  size_t slot_bytes() const { return stride_ * sizeof(uint32_t); }
+  uint64_t bytes() const { return static_cast<uint64_t>(cap_) * slot_bytes(); }
+  static uint64_t bytes_for(size_t capacity, const window::WindowSpec& spec);
+
+  // True when one more insert would pass the maximum load (85%), or there is no storage yet.
+  bool full() const { return (size_ + 1) * 20 > cap_ * 17; }
+  // The capacity to grow to (x1.5, at least kMinCapacity).
+  size_t grown_capacity() const;
+
+  // Index of the counter's slot, or -1.
+  int64_t find(uint64_t counter) const;
+  // Inserts a counter that is not present, with zero counts and the given head; requires !full().
+  void insert_new(uint64_t counter, int64_t head);
+  void erase_at(size_t index);
+  void rehash(size_t new_capacity);
+
+  void prefetch(uint64_t counter) const;
+
+  // Slot accessors.
+  bool occupied(size_t i) const { return slot(i)[0] != 0 || slot(i)[1] != 0; }
+  uint64_t counter_at(size_t i) const {
+    const uint32_t* s = slot(i);
+    return static_cast<uint64_t>(s[1]) << 32 | s[0];
+  }
+  int64_t head_at(size_t i) const { return static_cast<int64_t>(raw_head(i) & ~kRemoteFlag); }
+  bool has_remote(size_t i) const { return (raw_head(i) & kRemoteFlag) != 0; }
+  void set_head(size_t i, int64_t head);  // keeps the remote flag
+  void set_remote(size_t i);
+  std::span<uint32_t> own(size_t i) { return {slot(i) + 4, ring_}; }
+  std::span<uint32_t> others(size_t i) { return {slot(i) + 4 + ring_, ring_}; }
+  std::span<const uint32_t> own(size_t i) const { return {slot(i) + 4, ring_}; }
+  std::span<const uint32_t> others(size_t i) const { return {slot(i) + 4 + ring_, ring_}; }
+  window::RingView view(size_t i) const { return {own(i), others(i), head_at(i)}; }
+
+  // Erases every counter that has expired at now (all buckets out of the window) and records the
+  // earliest bucket at which a remaining one could expire. `on_erase(counter, had_remote)` is
+  // called for each. Returns how many were erased.
+  template <class OnErase>
+  size_t erase_expired(int64_t now_ms, OnErase&& on_erase);
+  // False when no counter can have expired yet at now (so a full scan would find nothing).
+  bool may_have_expired(int64_t now_ms) const {
+    return window::bucket_of(now_ms, spec_.bucket_ms) >= next_expiry_bucket_;
+  }
+
+  // The slot to evict to make room for a new counter: among `sample` slots from a rotating
+  // cursor, the one with the smallest count in the window ending at now, skipping `pinned`
+  // counters. Returns -1 when every sampled slot is pinned.
+  int64_t pick_victim(int64_t now_ms, std::span<const uint64_t> pinned, size_t sample);
+
+ private:
+  uint32_t* slot(size_t i) { return data_.get() + i * stride_; }
+  const uint32_t* slot(size_t i) const { return data_.get() + i * stride_; }
+  uint64_t raw_head(size_t i) const {
+    const uint32_t* s = slot(i);
+    return static_cast<uint64_t>(s[3]) << 32 | s[2];
+  }
+  size_t home(uint64_t counter) const { return home_in(counter, cap_); }
+  static size_t home_in(uint64_t counter, size_t cap) {
+    __extension__ typedef unsigned __int128 u128;
+    return static_cast<size_t>((static_cast<u128>(counter) * cap) >> 64);
+  }
+  size_t distance(size_t i) const;
+  void place(uint32_t* src);  // Robin Hood insert of a slot image
+
+  window::WindowSpec spec_;
+  uint32_t ring_;
+  size_t stride_;  // words per slot
+  size_t cap_ = 0;
+  size_t size_ = 0;
+  std::unique_ptr<uint32_t[]> data_;
+  std::vector<uint32_t> carry_;  // one slot image being moved during insert
+  std::vector<uint32_t> spare_;
+  size_t victim_cursor_ = 0;
+  int64_t next_expiry_bucket_ = INT64_MIN;  // no counter expires before this bucket
+  // Published for prefetch() from outside the lock.
+  std::atomic<const uint32_t*> pub_data_{nullptr};
+  std::atomic<size_t> pub_cap_{0};
+};
+
+template <class OnErase>
+size_t CounterTable::erase_expired(int64_t now_ms, OnErase&& on_erase) {
+  size_t erased = 0;
+  int64_t next = INT64_MAX;
+  const auto r = static_cast<int64_t>(ring_);
+  for (size_t i = 0; i < cap_;) {
+    if (!occupied(i)) {
+      ++i;
+      continue;
+    }
+    if (window::expired(head_at(i), spec_, now_ms)) {
+      on_erase(counter_at(i), has_remote(i));
+      erase_at(i);  // shifts the next cluster member into i: look at i again
+      ++erased;
+      continue;
+    }
+    next = std::min(next, head_at(i) + r);
+    ++i;
+  }
+  next_expiry_bucket_ = next;
+  return erased;
+}
+
+}  // namespace sluice::engine

@@ -1,0 +1,639 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <map>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+
+#include "engine/counter_table.h"
+
+namespace sluice::engine {
+namespace {
+
+using rules::CheckError;
+using rules::Mode;
+
+// Specs an engine can hold tables for over its lifetime (reloads included). Tables are reached
+// through a fixed array of atomic pointers so prefetch can find them without the shard lock.
+constexpr size_t kMaxSpecs = 256;
+constexpr size_t kVictimSample = 32;
+constexpr size_t kNumCheckErrors = 8;
+
+// A short test-and-test-and-set lock. Critical sections are a few hash probes; a holder that
+// gets preempted is waited out with yield rather than burning the other core.
+class SpinLock {
+ public:
+  void lock() {
+    for (int spins = 0; locked_.exchange(true, std::memory_order_acquire); ++spins) {
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (++spins > 64) {
+          std::this_thread::yield();
+        } else {
+          __builtin_ia32_pause();
+        }
+      }
+    }
+  }
+  void unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+struct RuleCounters {
+  uint64_t allowed = 0;
+  uint64_t denied = 0;
+  uint64_t shadow_denied = 0;
+  uint64_t would_deny = 0;
+};
+
+// What this node knows of one other node's totals for one counter: per ring position, the bucket
+// number and the largest total that node reported for it.
+struct RemoteRing {
+  uint16_t node;
+  std::vector<std::pair<int64_t, uint32_t>> buckets;
+};
+
+struct Shard {
+  alignas(64) SpinLock lock;
+  // Guarded by lock (the pointers are atomic only for prefetch from outside it).
+  std::array<std::atomic<CounterTable*>, kMaxSpecs> tables{};
+  std::vector<std::unique_ptr<CounterTable>> owned;              // index = spec id
+  std::vector<RuleCounters> rule_stats;                          // index = engine stats id
+  std::unordered_map<uint64_t, std::vector<RemoteRing>> remote;  // key: counter ^ spec salt
+  uint64_t bytes = 0;
+  uint64_t budget = 0;
+  uint64_t evicted_expired = 0;
+  uint64_t evicted_live = 0;
+};
+
+// The immutable per-policy view the hot path needs: the policy and its index maps into the
+// engine's stable spec and stats registries.
+struct State {
+  std::shared_ptr<const rules::Policy> policy;
+  std::vector<uint32_t> spec_ids;
+  std::vector<uint32_t> stats_ids;
+};
+
+// Per-thread scratch reused by every check on the thread (check is not re-entrant).
+struct Scratch {
+  rules::Resolution res;
+  std::vector<rules::ResolvedRequest> reqs;
+  std::vector<size_t> slots;  // slot index per limit of the current request
+  std::vector<CounterTable*> tables;
+  std::vector<uint64_t> pinned;
+  std::vector<uint8_t> rule_ok;
+  std::vector<uint8_t> limit_ok;
+};
+thread_local Scratch tls_scratch;
+
+struct TlsState {
+  uint64_t engine_uid = 0;
+  uint64_t version = 0;
+  std::shared_ptr<const State> state;
+};
+thread_local std::array<TlsState, 4> tls_states;
+thread_local unsigned tls_next_victim = 0;
+
+std::atomic<uint64_t> next_engine_uid{1};
+
+uint64_t remote_key(uint64_t counter, uint32_t spec_id) {
+  return counter ^ (static_cast<uint64_t>(spec_id) * 0x9E3779B97F4A7C15ull);
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  EngineOptions opt;
+  uint64_t uid = next_engine_uid.fetch_add(1);
+  uint32_t shard_mask;
+  std::unique_ptr<Shard[]> shards;
+
+  mutable std::mutex state_mu;  // guards state, specs, stats_names (writers and slow readers)
+  std::shared_ptr<const State> state;
+  std::atomic<uint64_t> version{0};
+  std::vector<window::WindowSpec> specs;  // engine spec id -> spec
+  std::vector<std::string> stats_names;   // engine stats id -> "<domain>/<rule>"
+  std::map<std::string, uint32_t, std::less<>> stats_by_name;
+
+  std::atomic<uint64_t> checks{0};
+  std::atomic<uint64_t> allowlisted{0};
+  std::atomic<uint64_t> no_room{0};
+  std::array<std::atomic<uint64_t>, kNumCheckErrors> rejected{};
+
+  explicit Impl(EngineOptions o) : opt(o) {
+    uint32_t n = std::clamp<uint32_t>(o.shards, 1, 64);
+    n = std::bit_floor(n);
+    opt.shards = n;
+    shard_mask = n - 1;
+    shards = std::make_unique<Shard[]>(n);
+    for (uint32_t i = 0; i < n; ++i)
+      shards[i].budget = opt.memory_cap_bytes / n;
+  }
+
+  // Registers the policy's specs and rules; called with state_mu held.
+  std::shared_ptr<const State> build_state(std::shared_ptr<const rules::Policy> p) {
+    auto s = std::make_shared<State>();
+    for (const auto& spec : p->window_specs())
+      s->spec_ids.push_back(spec_id_locked(spec));
+    for (uint32_t i = 0; i < p->num_stats_slots(); ++i) {
+      const std::string_view name = p->stats_name(i);
+      auto it = stats_by_name.find(name);
+      if (it == stats_by_name.end()) {
+        it = stats_by_name.emplace(std::string(name), static_cast<uint32_t>(stats_names.size()))
+                 .first;
+        stats_names.emplace_back(name);
+      }
+      s->stats_ids.push_back(it->second);
+    }
+    for (uint32_t i = 0; i <= shard_mask; ++i) {
+      Shard& sh = shards[i];
+      std::lock_guard g(sh.lock);
+      if (sh.rule_stats.size() < stats_names.size()) sh.rule_stats.resize(stats_names.size());
+    }
+    s->policy = std::move(p);
+    return s;
+  }
+
+  // Stable id of a spec; registers it (tables are created lazily per shard). state_mu held.
+  uint32_t spec_id_locked(const window::WindowSpec& spec) {
+    for (uint32_t i = 0; i < specs.size(); ++i) {
+      if (specs[i] == spec) return i;
+    }
+    if (specs.size() >= kMaxSpecs) {
+      // More distinct windows than any sane rule set uses; reuse the last id would corrupt
+      // counts, so refuse loudly (rules validation keeps real configs far below this).
+      throw std::length_error("sluice engine: more than 256 distinct window specs");
+    }
+    specs.push_back(spec);
+    return static_cast<uint32_t>(specs.size() - 1);
+  }
+
+  const State& current_state() {
+    const uint64_t v = version.load(std::memory_order_acquire);
+    TlsState* hit = nullptr;
+    for (auto& e : tls_states) {
+      if (e.engine_uid == uid) hit = &e;
+    }
+    if (hit == nullptr) {
+      hit = &tls_states[tls_next_victim++ % tls_states.size()];
+      hit->engine_uid = uid;
+      hit->version = 0;
+    }
+    if (hit->version != v || !hit->state) {
+      std::lock_guard g(state_mu);
+      hit->state = state;
+      hit->version = version.load(std::memory_order_relaxed);
+    }
+    return *hit->state;
+  }
+
+  CounterTable& table(Shard& sh, uint32_t spec_id) {
+    CounterTable* t = sh.tables[spec_id].load(std::memory_order_relaxed);
+    if (t != nullptr) return *t;
+    window::WindowSpec spec;
+    {
+      std::lock_guard g(state_mu);
+      spec = specs[spec_id];
+    }
+    if (sh.owned.size() <= spec_id) sh.owned.resize(spec_id + 1);
+    sh.owned[spec_id] = std::make_unique<CounterTable>(spec);
+    t = sh.owned[spec_id].get();
+    sh.tables[spec_id].store(t, std::memory_order_release);
+    return *t;
+  }
+
+  void drop_remote(Shard& sh, uint64_t counter, uint32_t spec_id) {
+    sh.remote.erase(remote_key(counter, spec_id));
+  }
+
+  size_t erase_expired(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms) {
+    const size_t n = t.erase_expired(now_ms, [&](uint64_t counter, bool had_remote) {
+      if (had_remote) drop_remote(sh, counter, spec_id);
+    });
+    sh.evicted_expired += n;
+    return n;
+  }
+
+  bool try_grow(Shard& sh, CounterTable& t) {
+    const size_t cap = t.grown_capacity();
+    const uint64_t extra = CounterTable::bytes_for(cap, t.spec()) - t.bytes();
+    if (sh.bytes + extra > sh.budget) return false;
+    sh.bytes += extra;
+    t.rehash(cap);
+    return true;
+  }
+
+  // Returns memory to the shard from tables that are mostly empty.
+  void shrink_if_sparse(Shard& sh, CounterTable& t) {
+    if (t.capacity() <= CounterTable::kMinCapacity || t.size() * 4 >= t.capacity()) return;
+    const uint64_t before = t.bytes();
+    t.rehash(std::max(CounterTable::kMinCapacity, t.size() * 2));
+    sh.bytes = sh.bytes - before + t.bytes();
+  }
+
+  // Makes room for one more counter in `t` (see the file comment of engine.h for the order).
+  // Returns false only when the table has no storage and the budget allows none.
+  bool make_room(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms,
+                 std::span<const uint64_t> pinned) {
+    if (!t.full()) return true;
+    if (t.capacity() > 0 && t.may_have_expired(now_ms)) {
+      erase_expired(sh, t, spec_id, now_ms);
+      if (!t.full()) return true;
+    }
+    if (try_grow(sh, t)) return true;
+    // Other tables of this shard may hold expired counters and spare capacity.
+    for (size_t id = 0; id < sh.owned.size(); ++id) {
+      CounterTable* o = sh.owned[id].get();
+      if (o == nullptr || o == &t) continue;
+      if (o->may_have_expired(now_ms)) erase_expired(sh, *o, static_cast<uint32_t>(id), now_ms);
+      shrink_if_sparse(sh, *o);
+    }
+    if (try_grow(sh, t)) return true;
+    if (t.capacity() == 0) return false;
+    // Every counter left in this table is live: evict the one that matters least.
+    const int64_t victim = t.pick_victim(now_ms, pinned, kVictimSample);
+    if (victim < 0) return false;
+    const auto v = static_cast<size_t>(victim);
+    if (t.has_remote(v)) drop_remote(sh, t.counter_at(v), spec_id);
+    t.erase_at(v);
+    ++sh.evicted_live;
+    return true;
+  }
+
+  // Finds or creates a counter's slot. Returns -1 when no room can be made.
+  int64_t find_or_insert(Shard& sh, CounterTable& t, uint32_t spec_id, uint64_t counter,
+                         int64_t now_ms, std::span<const uint64_t> pinned, bool& inserted) {
+    int64_t i = t.find(counter);
+    if (i >= 0) return i;
+    if (!make_room(sh, t, spec_id, now_ms, pinned)) return -1;
+    t.insert_new(counter, window::bucket_of(now_ms, t.spec().bucket_ms));
+    inserted = true;
+    return t.find(counter);
+  }
+
+  // Shards are locked in ascending order, so two requests never wait on each other in a cycle.
+  void lock_shards(uint64_t set) {
+    for (uint64_t m = set; m != 0; m &= m - 1)
+      shards[static_cast<size_t>(std::countr_zero(m))].lock.lock();
+  }
+  void unlock_shards(uint64_t set) {
+    for (uint64_t m = set; m != 0; m &= m - 1)
+      shards[static_cast<size_t>(std::countr_zero(m))].lock.unlock();
+  }
+
+  void decide(const State& st, const rules::ResolvedRequest& rr, uint64_t hits, int64_t now_ms,
+              BatchResult& out, Decision& d);
+};
+
+void Engine::Impl::decide(const State& st, const rules::ResolvedRequest& rr, uint64_t hits,
+                          int64_t now_ms, BatchResult& out, Decision& d) {
+  Scratch& sc = tls_scratch;
+  const rules::Resolution& res = sc.res;
+  const auto* rules_begin = res.rules.data() + rr.first_rule;
+  const uint32_t first_limit = rules_begin[0].first_limit;
+  uint32_t num_limits = 0;
+  for (uint32_t r = 0; r < rr.num_rules; ++r)
+    num_limits += rules_begin[r].num_limits;
+  const rules::AppliedLimit* lims = res.limits.data() + first_limit;
+
+  // Lock every shard the request touches; its counters are decided and counted atomically.
+  uint64_t shard_set = 0;
+  sc.pinned.clear();
+  for (uint32_t k = 0; k < num_limits; ++k) {
+    shard_set |= 1ull << (lims[k].counter & shard_mask);
+    sc.pinned.push_back(lims[k].counter);
+  }
+  lock_shards(shard_set);
+
+  // Find or create every counter. An insert may move other slots of its table (Robin Hood), so
+  // when anything was inserted the slots are looked up again before use. A sibling's insert can
+  // only remove an expired counter of this request (live ones are pinned), which held nothing:
+  // the next attempt recreates it.
+  sc.slots.resize(num_limits);
+  sc.tables.resize(num_limits);
+  bool missing = true;
+  for (int attempt = 0; attempt < 3 && missing; ++attempt) {
+    bool inserted = false;
+    missing = false;
+    for (uint32_t k = 0; k < num_limits; ++k) {
+      Shard& sh = shards[lims[k].counter & shard_mask];
+      const uint32_t spec_id = st.spec_ids[lims[k].spec_index];
+      CounterTable& t = table(sh, spec_id);
+      sc.tables[k] = &t;
+      const int64_t i =
+          find_or_insert(sh, t, spec_id, lims[k].counter, now_ms, sc.pinned, inserted);
+      if (i < 0) missing = true;
+      sc.slots[k] = static_cast<size_t>(i);
+    }
+    if (inserted && !missing) {
+      for (uint32_t k = 0; k < num_limits; ++k) {
+        const int64_t i = sc.tables[k]->find(lims[k].counter);
+        if (i < 0) missing = true;
+        sc.slots[k] = static_cast<size_t>(i);
+      }
+    }
+  }
+  if (missing) {
+    // The memory cap leaves no room even after evicting: answer without counting (fail open),
+    // visibly. Only a cap far below one table per shard gets here.
+    unlock_shards(shard_set);
+    d.allowed = true;
+    d.no_room = true;
+    d.num_limits = 0;
+    no_room.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+
+  // Bring each counter to now and evaluate its limit.
+  sc.rule_ok.assign(rr.num_rules, 1);
+  sc.limit_ok.assign(num_limits, 1);
+  bool enforce_denied = false;
+  bool shadow_denied = false;
+  bool dry_denied = false;
+  uint32_t k = 0;
+  for (uint32_t r = 0; r < rr.num_rules; ++r) {
+    const rules::AppliedRule& ar = rules_begin[r];
+    for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
+      CounterTable& t = *sc.tables[k];
+      const size_t i = sc.slots[k];
+      const int64_t bms = t.spec().bucket_ms;
+      const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), bms);
+      t.set_head(
+          i, window::advance(t.own(i), t.others(i), t.head_at(i), window::bucket_of(now_eff, bms)));
+      if (!window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits,
+                          lims[k].limit->requests)) {
+        sc.limit_ok[k] = 0;
+        sc.rule_ok[r] = 0;
+      }
+    }
+    if (!sc.rule_ok[r]) {
+      switch (ar.mode) {
+        case Mode::kEnforce:
+          enforce_denied = true;
+          break;
+        case Mode::kShadow:
+          shadow_denied = true;
+          break;
+        case Mode::kDryRun:
+          dry_denied = true;
+          break;
+      }
+    }
+  }
+  d.allowed = !enforce_denied && !shadow_denied;
+  d.shadow = shadow_denied && !enforce_denied;
+  d.would_deny = dry_denied;
+
+  // Count, then report each limit as it stands after this request.
+  d.first_limit = static_cast<uint32_t>(out.limits.size());
+  d.num_limits = num_limits;
+  k = 0;
+  for (uint32_t r = 0; r < rr.num_rules; ++r) {
+    const rules::AppliedRule& ar = rules_begin[r];
+    // A rule counts what was admitted if it would itself have admitted it (a dry-run rule thus
+    // tracks what enforcing would have let through), and everything if it counts denials.
+    const bool counted = (d.allowed && sc.rule_ok[r]) || ar.rule->count_denied;
+    // Kept in the shard of the rule's first counter, whose lock is held.
+    RuleCounters& rs = shards[(ar.num_limits ? lims[k].counter : lims[0].counter) & shard_mask]
+                           .rule_stats[st.stats_ids[ar.stats_index]];
+    if (sc.rule_ok[r]) {
+      ++rs.allowed;
+    } else if (ar.mode == Mode::kEnforce) {
+      ++rs.denied;
+    } else if (ar.mode == Mode::kShadow) {
+      ++rs.shadow_denied;
+    } else {
+      ++rs.would_deny;
+    }
+    for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
+      CounterTable& t = *sc.tables[k];
+      const size_t i = sc.slots[k];
+      const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), t.spec().bucket_ms);
+      if (counted && hits > 0) {
+        window::add(t.own(i), window::bucket_of(now_eff, t.spec().bucket_ms), hits);
+      }
+      const window::LimitState ls = window::limit_state(t.view(i), t.spec(), ar.rule->estimator,
+                                                        now_eff, hits, lims[k].limit->requests);
+      LimitResult lr;
+      lr.rule = ar.rule;
+      lr.limit = lims[k].limit;
+      lr.mode = ar.mode;
+      lr.remaining = ls.remaining;
+      lr.reset_ms = ls.reset_ms;
+      lr.exceeded = !sc.limit_ok[k];
+      lr.retry_after_ms = sc.limit_ok[k] ? 0 : ls.retry_after_ms;
+      out.limits.push_back(lr);
+    }
+  }
+  unlock_shards(shard_set);
+}
+
+Engine::Engine(std::shared_ptr<const rules::Policy> policy, EngineOptions options)
+    : impl_(std::make_unique<Impl>(options)) {
+  set_policy(std::move(policy));
+}
+
+Engine::~Engine() = default;
+
+void Engine::set_policy(std::shared_ptr<const rules::Policy> policy) {
+  std::lock_guard g(impl_->state_mu);
+  impl_->state = impl_->build_state(std::move(policy));
+  impl_->version.fetch_add(1, std::memory_order_release);
+}
+
+std::shared_ptr<const rules::Policy> Engine::policy() const {
+  std::lock_guard g(impl_->state_mu);
+  return impl_->state->policy;
+}
+
+void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out) {
+  Impl& im = *impl_;
+  const State& st = im.current_state();
+  if (out.policy != st.policy) out.policy = st.policy;
+  out.decisions.clear();
+  out.limits.clear();
+  Scratch& sc = tls_scratch;
+  sc.res.clear();
+  sc.reqs.clear();
+  const rules::Policy& policy = *st.policy;
+  for (const auto& req : batch)
+    sc.reqs.push_back(policy.resolve(req, now_ms, sc.res));
+
+  // Start every counter's cache line on its way before deciding anything.
+  for (const auto& lim : sc.res.limits) {
+    Shard& sh = im.shards[lim.counter & im.shard_mask];
+    const CounterTable* t = sh.tables[st.spec_ids[lim.spec_index]].load(std::memory_order_relaxed);
+    if (t != nullptr) t->prefetch(lim.counter);
+  }
+
+  uint64_t allowlisted = 0;
+  std::array<uint64_t, kNumCheckErrors> rejected{};
+  for (size_t n = 0; n < batch.size(); ++n) {
+    const rules::ResolvedRequest& rr = sc.reqs[n];
+    Decision& d = out.decisions.emplace_back();
+    d.first_limit = static_cast<uint32_t>(out.limits.size());
+    if (rr.error != CheckError::kNone) {
+      d.error = rr.error;
+      ++rejected[static_cast<size_t>(rr.error)];
+      continue;
+    }
+    if (rr.allowlisted) {
+      d.allowed = true;
+      d.allowlisted = true;
+      ++allowlisted;
+      continue;
+    }
+    if (rr.num_rules == 0) {  // no rule applies: nothing limits this request
+      d.allowed = true;
+      continue;
+    }
+    im.decide(st, rr, batch[n].hits, now_ms, out, d);
+  }
+  im.checks.fetch_add(batch.size(), std::memory_order_relaxed);
+  if (allowlisted) im.allowlisted.fetch_add(allowlisted, std::memory_order_relaxed);
+  for (size_t e = 0; e < kNumCheckErrors; ++e) {
+    if (rejected[e]) im.rejected[e].fetch_add(rejected[e], std::memory_order_relaxed);
+  }
+}
+
+size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
+  Impl& im = *impl_;
+  size_t changed = 0;
+  std::array<uint64_t, 1> no_pins{};
+  for (const RemoteTotal& t : totals) {
+    if (t.counter == 0 || t.node == im.opt.node_id || !window::validate(t.spec).empty()) continue;
+    uint32_t spec_id;
+    {
+      std::lock_guard g(im.state_mu);
+      spec_id = im.spec_id_locked(t.spec);
+    }
+    Shard& sh = im.shards[t.counter & im.shard_mask];
+    std::lock_guard g(sh.lock);
+    CounterTable& tbl = im.table(sh, spec_id);
+    bool inserted = false;
+    const int64_t found = im.find_or_insert(sh, tbl, spec_id, t.counter, now_ms, no_pins, inserted);
+    if (found < 0) continue;
+    const auto i = static_cast<size_t>(found);
+    const int64_t bms = t.spec.bucket_ms;
+    const int64_t now_eff = window::effective_now(now_ms, tbl.head_at(i), bms);
+    // A peer's clock may run slightly ahead: let its bucket open the ring, never go back.
+    const int64_t target = std::max(window::bucket_of(now_eff, bms), t.bucket);
+    tbl.set_head(i, window::advance(tbl.own(i), tbl.others(i), tbl.head_at(i), target));
+    const int64_t head = tbl.head_at(i);
+    const auto ring = static_cast<int64_t>(tbl.ring());
+    if (t.bucket <= head - ring) continue;  // left the ring: outside every window
+    auto& nodes = sh.remote[remote_key(t.counter, spec_id)];
+    tbl.set_remote(i);
+    RemoteRing* rr = nullptr;
+    for (auto& n : nodes) {
+      if (n.node == t.node) rr = &n;
+    }
+    if (rr == nullptr) {
+      rr = &nodes.emplace_back(RemoteRing{t.node, {}});
+      rr->buckets.assign(tbl.ring(), {INT64_MIN, 0});
+    }
+    auto& slot = rr->buckets[static_cast<size_t>(((t.bucket % ring) + ring) % ring)];
+    const uint32_t known = slot.first == t.bucket ? slot.second : 0;
+    if (t.total <= known) continue;  // a duplicate or an older report
+    window::add(tbl.others(i), t.bucket, t.total - known);
+    slot = {t.bucket, t.total};
+    ++changed;
+  }
+  return changed;
+}
+
+size_t Engine::sweep(int64_t now_ms, size_t max_slots) {
+  Impl& im = *impl_;
+  size_t dropped = 0;
+  size_t visited = 0;
+  for (uint32_t s = 0; s <= im.shard_mask; ++s) {
+    Shard& sh = im.shards[s];
+    std::lock_guard g(sh.lock);
+    for (size_t id = 0; id < sh.owned.size(); ++id) {
+      CounterTable* t = sh.owned[id].get();
+      if (t == nullptr) continue;
+      visited += t->capacity();
+      if (t->may_have_expired(now_ms)) {
+        dropped += im.erase_expired(sh, *t, static_cast<uint32_t>(id), now_ms);
+      }
+      im.shrink_if_sparse(sh, *t);
+    }
+    if (max_slots != 0 && visited >= max_slots) break;
+  }
+  return dropped;
+}
+
+std::optional<CounterView> Engine::inspect(uint64_t counter, const window::WindowSpec& spec) const {
+  Impl& im = *impl_;
+  uint32_t spec_id = UINT32_MAX;
+  {
+    std::lock_guard g(im.state_mu);
+    for (uint32_t i = 0; i < im.specs.size(); ++i) {
+      if (im.specs[i] == spec) spec_id = i;
+    }
+  }
+  if (spec_id == UINT32_MAX) return std::nullopt;
+  Shard& sh = im.shards[counter & im.shard_mask];
+  std::lock_guard g(sh.lock);
+  const CounterTable* t = sh.tables[spec_id].load(std::memory_order_relaxed);
+  if (t == nullptr) return std::nullopt;
+  const int64_t i = t->find(counter);
+  if (i < 0) return std::nullopt;
+  const window::RingView v = t->view(static_cast<size_t>(i));
+  CounterView cv;
+  cv.head = v.head;
+  const auto r = static_cast<int64_t>(t->ring());
+  for (int64_t b = v.head - r + 1; b <= v.head; ++b) {
+    const auto idx = static_cast<size_t>(((b % r) + r) % r);
+    cv.own.push_back(v.own[idx]);
+    cv.others.push_back(v.others[idx]);
+  }
+  return cv;
+}
+
+EngineStats Engine::stats() const {
+  Impl& im = *impl_;
+  EngineStats s;
+  s.memory_cap_bytes = im.opt.memory_cap_bytes;
+  std::vector<std::string> names;
+  {
+    std::lock_guard g(im.state_mu);
+    names = im.stats_names;
+  }
+  std::vector<RuleCounters> sums(names.size());
+  for (uint32_t n = 0; n <= im.shard_mask; ++n) {
+    Shard& sh = im.shards[n];
+    std::lock_guard g(sh.lock);
+    for (const auto& t : sh.owned) {
+      if (t == nullptr) continue;
+      s.live_counters += t->size();
+      s.table_bytes += t->bytes();
+    }
+    s.evicted_expired += sh.evicted_expired;
+    s.evicted_live += sh.evicted_live;
+    for (size_t r = 0; r < sh.rule_stats.size() && r < sums.size(); ++r) {
+      sums[r].allowed += sh.rule_stats[r].allowed;
+      sums[r].denied += sh.rule_stats[r].denied;
+      sums[r].shadow_denied += sh.rule_stats[r].shadow_denied;
+      sums[r].would_deny += sh.rule_stats[r].would_deny;
+    }
+  }
+  for (size_t r = 0; r < names.size(); ++r) {
+    s.rules.push_back(RuleStats{names[r], sums[r].allowed, sums[r].denied, sums[r].shadow_denied,
+                                sums[r].would_deny});
+  }
+  s.checks = im.checks.load(std::memory_order_relaxed);
+  s.allowlisted = im.allowlisted.load(std::memory_order_relaxed);
+  s.no_room = im.no_room.load(std::memory_order_relaxed);
+  for (size_t e = 1; e < kNumCheckErrors; ++e) {
+    s.rejected.emplace_back(std::string(rules::to_string(static_cast<CheckError>(e))),
+                            im.rejected[e].load(std::memory_order_relaxed));
+  }
+  return s;
+}
+
+}  // namespace sluice::engine

@@ -1,0 +1,151 @@
+// The counter table and the decision engine.
+//
+// `Engine::check` takes a batch of requests and returns a decision per request. For every rule
+// that applies (lib/rules resolves them) it evaluates each limit's sliding window, allows the
+// request only if every enforcing rule allows it, and then counts the hits in the counters of the
+// rules that admitted it (or that count denied requests). Time is a parameter.
+//
+// Data model (cluster-ready, DESIGN.md "Cluster"): a counter is a ring of epoch-aligned buckets;
+// per bucket it holds this node's own total (`own`, grows only while the bucket lives) and the sum
+// of the totals other nodes reported (`others`). Remote totals arrive through `merge`, which keeps
+// the largest total seen per (counter, node, bucket) and adds only the difference to `others`:
+// applying the same report twice, or an older one after a newer one, changes nothing.
+//
+// Concurrency: counters are split over `shards` by counter identity; each shard has its own lock
+// (a short spinlock) and its own tables, so there is no global lock. A request whose counters live
+// in several shards locks them in ascending order and decides atomically. The policy (rules and
+// overrides) is an immutable snapshot swapped with set_policy(); each thread caches it and
+// re-reads only when its version changes. `check` may be called from any number of threads.
+//
+// Memory: the tables of all shards together stay under `memory_cap_bytes`. A table that is full
+// first drops expired counters (every bucket has left the window: nothing is lost); only when no
+// expired counter remains in that table does it evict a live one (the sampled counter with the
+// smallest count), and that is counted in `evicted_live`. `sweep` drops expired counters in the
+// background and gives memory back.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rules/rules.h"
+#include "window/sliding_window.h"
+
+namespace sluice::engine {
+
+struct EngineOptions {
+  uint64_t memory_cap_bytes = 1ull << 30;  // all counter tables together
+  uint32_t shards = 64;                    // power of two, 1..64
+  uint16_t node_id = 0;                    // this node's id in merges
+};
+
+// One limit applied to a request, as the caller should report it.
+struct LimitResult {
+  const rules::Rule* rule = nullptr;    // owned by BatchResult::policy
+  const rules::Limit* limit = nullptr;  // owned by BatchResult::policy
+  rules::Mode mode = rules::Mode::kEnforce;
+  bool exceeded = false;       // this limit alone would deny the request
+  uint64_t remaining = 0;      // after this request was counted
+  int64_t reset_ms = 0;        // until the window holds none of the hits counted so far
+  int64_t retry_after_ms = 0;  // 0 unless exceeded; window::kNever when hits > limit
+};
+
+struct Decision {
+  rules::CheckError error = rules::CheckError::kNone;  // when set, nothing was counted
+  bool allowed = false;                                // the caller may go ahead
+  bool would_deny = false;   // a dry-run rule would have denied it (it was allowed anyway)
+  bool shadow = false;       // denied by shadow rules only: the caller should fail silently
+  bool allowlisted = false;  // an allowlist entry matched: allowed, nothing counted
+  bool no_room = false;      // the memory cap left no room for its counters: allowed, uncounted
+  uint32_t first_limit = 0;  // into BatchResult::limits
+  uint32_t num_limits = 0;
+};
+
+// Caller-owned output of check(); reuse it across calls and it stops allocating once warm.
+struct BatchResult {
+  std::shared_ptr<const rules::Policy> policy;  // the snapshot the batch was decided with
+  std::vector<Decision> decisions;              // one per request, in order
+  std::vector<LimitResult> limits;
+  std::span<const LimitResult> limits_of(const Decision& d) const {
+    return {limits.data() + d.first_limit, d.num_limits};
+  }
+};
+
+struct RuleStats {
+  std::string name;  // "<domain>/<rule>"
+  uint64_t allowed = 0;
+  uint64_t denied = 0;         // denied by this rule in enforce mode
+  uint64_t shadow_denied = 0;  // denied by this rule in shadow mode
+  uint64_t would_deny = 0;     // dry-run: would have denied
+};
+
+struct EngineStats {
+  uint64_t live_counters = 0;
+  uint64_t table_bytes = 0;  // capacity of every table, in bytes
+  uint64_t memory_cap_bytes = 0;
+  uint64_t evicted_expired = 0;  // dropped with every bucket outside its window
+  uint64_t evicted_live = 0;     // dropped under the memory cap while still counting
+  uint64_t allowlisted = 0;
+  uint64_t no_room = 0;  // checks allowed uncounted: no room under the memory cap
+  uint64_t checks = 0;
+  std::vector<std::pair<std::string, uint64_t>> rejected;  // by CheckError name
+  std::vector<RuleStats> rules;                            // every rule ever seen, by name
+};
+
+// A total another node reported for one bucket of one counter.
+struct RemoteTotal {
+  uint64_t counter = 0;
+  window::WindowSpec spec;
+  uint16_t node = 0;
+  int64_t bucket = 0;  // bucket number (time / bucket_ms)
+  uint32_t total = 0;  // that node's own total in the bucket
+};
+
+// What a counter holds, for inspection and tests.
+struct CounterView {
+  int64_t head = 0;           // newest bucket number
+  std::vector<uint32_t> own;  // own[i] is bucket head - (ring_size - 1) + i
+  std::vector<uint32_t> others;
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<const rules::Policy> policy, EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Swaps rules and overrides atomically. Throws std::length_error if the engine would hold
+  // tables for more than 256 distinct window specs over its life (a configuration bug). Counters of
+  // every rule (and window) that remains are kept; those no longer used expire and are swept.
+  void set_policy(std::shared_ptr<const rules::Policy> policy);
+  std::shared_ptr<const rules::Policy> policy() const;
+
+  // Decides a batch at now. `out` is cleared and filled: out.decisions[i] answers batch[i].
+  // Requests in one batch are decided in order (a later one sees the hits of an earlier one).
+  void check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out);
+
+  // Applies remote totals (idempotent; see the file comment). Totals for buckets that have left
+  // the counter's ring are ignored. Returns how many changed a count.
+  size_t merge(std::span<const RemoteTotal> totals, int64_t now_ms);
+
+  // Drops counters whose buckets have all left their window, visiting at most `max_slots` slots
+  // (0 = all), and shrinks tables that became mostly empty. Returns how many were dropped.
+  size_t sweep(int64_t now_ms, size_t max_slots = 0);
+
+  std::optional<CounterView> inspect(uint64_t counter, const window::WindowSpec& spec) const;
+  EngineStats stats() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice::engine

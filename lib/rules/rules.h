@@ -1,0 +1,259 @@
+// Rules: which limits apply to a request, and which counters they count in.
+//
+// A rules file (YAML, see docs/rules.md) declares domains; a domain holds rules, plans and an
+// allowlist. `parse_rules` turns the text into a `RuleSet` or into errors that name the file, the
+// line and the field. `Policy::compile` combines a RuleSet with the runtime overrides into an
+// immutable, thread-safe snapshot whose `resolve` is the hot path: it maps one request to the
+// rules that apply and, per limit, the 64-bit identity of the counter it counts in.
+//
+// Counter identity (stable across reloads and identical on every node that shares `hash_seed`):
+//   key_hash = XXH3(domain, rule name, the values of the rule's key entries in rule order)
+//   counter  = mix(key_hash, window_ms, bucket_ms)
+// so a rule that survives a reload keeps its counters, a changed window starts a new counter, and
+// a changed limit value (an override, another plan) keeps counting in the same one.
+//
+// Thread safety: RuleSet and Overrides are plain values (no internal locking). A Policy is
+// immutable after compile() and may be shared by any number of threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "window/sliding_window.h"
+
+namespace sluice::rules {
+
+enum class Mode : uint8_t {
+  kEnforce,  // deny over the limit
+  kDryRun,   // count and report "would deny", always allow
+  kShadow,   // deny, and tell the caller to fail silently (shadow ban)
+};
+std::string_view to_string(Mode m);
+std::optional<Mode> parse_mode(std::string_view s);  // "enforce" | "dry-run" | "shadow"
+
+// How the cluster keeps a rule's counters (DESIGN.md, Cluster). Single node: no effect.
+enum class Consistency : uint8_t { kOwner, kGossip };
+std::string_view to_string(Consistency c);
+
+// One "N requests per window" limit.
+struct Limit {
+  std::string name;  // shown to callers; defaults to "<rule>:<N>/<window>" e.g. "per-ip:100/1m"
+  uint64_t requests = 0;
+  window::WindowSpec spec;
+};
+
+// "100/1m", "10/1s", "3000/10m", "500/1d", "20/90s": N per duration (units ms, s, m, h, d).
+// Returns an empty string on success, else the reason. bucket_ms 0 = the window's default.
+std::string parse_limit(std::string_view text, int64_t bucket_ms, Limit& out);
+// "1s", "15m", "250ms" -> milliseconds; nullopt when malformed.
+std::optional<int64_t> parse_duration_ms(std::string_view text);
+// 60000 -> "1m", 1500 -> "1500ms": the shortest exact form.
+std::string format_duration(int64_t ms);
+
+struct Condition {
+  std::string key;
+  std::string value;  // "*" matches any value (the entry must be present)
+};
+
+struct Rule {
+  std::string name;                  // unique within its domain
+  std::vector<Condition> match;      // all must hold for the rule to apply
+  std::vector<std::string> key;      // descriptor entries forming the counter key, in order;
+                                     // the rule applies only when all are present
+  std::vector<Limit> limits;         // used when the rule takes no plan
+  std::string plan_from;             // descriptor entry naming the plan; "" = no plans
+  std::string default_plan;          // plan when the entry is absent or names no known plan
+  Mode mode = Mode::kEnforce;
+  bool count_denied = false;         // denied requests count against the window too
+  window::Estimator estimator = window::Estimator::kWeighted;
+  Consistency consistency = Consistency::kOwner;
+  int line = 0;                      // where it was declared (1-based), for messages
+};
+
+struct Plan {
+  std::string name;
+  std::vector<Limit> limits;
+};
+
+// A descriptor entry whose requests are never limited (nor counted) in its domain.
+struct AllowEntry {
+  std::string key;
+  std::string value;
+};
+
+struct Domain {
+  std::string name;
+  std::vector<Rule> rules;
+  std::vector<Plan> plans;
+  std::vector<AllowEntry> allowlist;
+};
+
+struct RuleSet {
+  std::vector<Domain> domains;
+};
+
+struct ParseError {
+  std::string file;
+  int line = 0;        // 1-based; 0 when the error is not tied to a line
+  std::string field;   // path of the field, e.g. "domains[0].rules[2].limits[1]"
+  std::string message;
+  std::string to_string() const;  // "rules.yaml:12: domains[0].rules[2].limits[1]: <message>"
+};
+
+struct ParseResult {
+  std::optional<RuleSet> rules;   // set iff errors is empty
+  std::vector<ParseError> errors; // every problem found, in file order
+};
+
+// Parses and validates rules text. `file` only names the source in errors.
+ParseResult parse_rules(std::string_view text, std::string_view file);
+// Reads and parses a file; an unreadable file is one error naming it.
+ParseResult load_rules_file(const std::string& path);
+
+// A runtime override for one counter key: new limits, a plan, and/or a mode, optionally expiring.
+// It applies to every rule of the domain whose key entries are exactly the override's entries.
+struct Override {
+  std::string domain;
+  std::vector<std::pair<std::string, std::string>> entries;  // key=value, any order
+  std::vector<Limit> limits;          // empty = keep the rule's (or plan's) limits
+  std::string plan;                   // "" = keep; else the plan's limits (a plan assignment)
+  std::optional<Mode> mode;           // nullopt = keep the rule's mode
+  int64_t expires_at_ms = 0;          // 0 = never
+};
+
+// The in-memory overrides table (persistence is lib/store's). Not thread-safe: one owner makes
+// changes and publishes them by compiling a new Policy.
+class Overrides {
+ public:
+  // Validates (domain and entries non-empty, limits valid, no duplicate entry keys) and stores,
+  // replacing any override with the same domain and entries. Returns "" or the reason.
+  std::string set(Override o);
+  const Override* get(std::string_view domain,
+                      std::span<const std::pair<std::string, std::string>> entries) const;
+  bool del(std::string_view domain,
+           std::span<const std::pair<std::string, std::string>> entries);
+  // Drops overrides that expired at or before now; returns how many.
+  size_t prune(int64_t now_ms);
+  std::vector<Override> list() const;  // sorted by domain, then entries
+  size_t size() const { return by_id_.size(); }
+
+ private:
+  std::unordered_map<std::string, Override> by_id_;  // id: domain and sorted entries
+};
+
+// ---- the hot path ----------------------------------------------------------------------------
+
+struct Descriptor {
+  std::string_view key;
+  std::string_view value;
+};
+
+struct CheckRequest {
+  std::string_view domain;
+  std::span<const Descriptor> descriptors;
+  uint64_t hits = 1;  // 0 asks without counting
+};
+
+// Bounds on hostile or mistaken input, enforced by resolve().
+struct InputLimits {
+  size_t max_descriptors = 32;
+  size_t max_entry_bytes = 256;  // a descriptor key or value
+  uint64_t max_hits = 1'000'000'000;
+};
+
+enum class CheckError : uint8_t {
+  kNone,
+  kEmptyDomain,
+  kUnknownDomain,
+  kTooManyDescriptors,
+  kEntryTooLong,
+  kEmptyDescriptorKey,
+  kDuplicateDescriptor,
+  kHitsTooLarge,
+};
+std::string_view to_string(CheckError e);
+
+struct CompiledRule;  // private to the part
+
+// One limit a request is subject to.
+struct AppliedLimit {
+  const Limit* limit;   // owned by the Policy
+  uint64_t counter;     // counter identity
+  uint32_t spec_index;  // into Policy::window_specs(); equals limit->spec
+};
+
+// One rule that applies to a request.
+struct AppliedRule {
+  const Rule* rule;            // owned by the Policy
+  uint32_t stats_index;        // index into the policy's per-rule stats slots
+  Mode mode;                   // after overrides
+  bool overridden;
+  uint32_t first_limit;        // into Resolution::limits
+  uint32_t num_limits;
+};
+
+// The outcome of resolving one request.
+struct ResolvedRequest {
+  CheckError error = CheckError::kNone;
+  bool allowlisted = false;
+  uint32_t first_rule = 0;     // into Resolution::rules
+  uint32_t num_rules = 0;
+};
+
+// Caller-owned scratch that a batch of resolve() calls append to; clear() keeps capacity, so a
+// reused Resolution allocates nothing once warm.
+struct Resolution {
+  std::vector<AppliedRule> rules;
+  std::vector<AppliedLimit> limits;
+  void clear() {
+    rules.clear();
+    limits.clear();
+  }
+};
+
+class Policy {
+ public:
+  // Compiles rules and the overrides in force. Overrides for unknown domains, or whose entries
+  // match no rule's key, are kept in `overrides` but have no effect. `hash_seed` must be the same
+  // on every node of a cluster.
+  static std::shared_ptr<const Policy> compile(RuleSet rules, const Overrides& overrides,
+                                               uint64_t hash_seed, InputLimits input = {});
+  ~Policy();
+  Policy(const Policy&) = delete;
+  Policy& operator=(const Policy&) = delete;
+
+  // Appends what applies to `req` at now (overrides expire by now) to `out`. Never allocates
+  // once `out` is warm; never throws.
+  ResolvedRequest resolve(const CheckRequest& req, int64_t now_ms, Resolution& out) const;
+
+  const RuleSet& rules() const;
+  const InputLimits& input_limits() const;
+  uint64_t hash_seed() const;
+  // Per-rule stats slots: one per rule of every domain, in declaration order; names are
+  // "<domain>/<rule>". Stable for the life of the Policy.
+  size_t num_stats_slots() const;
+  std::string_view stats_name(uint32_t index) const;
+  // Every distinct window spec any limit (rules, plans, overrides) uses.
+  std::span<const window::WindowSpec> window_specs() const;
+
+  struct Impl;
+
+ private:
+  explicit Policy(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The counter identity for the given key values of a rule (used by resolve, and by tools that
+// inspect a key): key_hash then mixed with the spec.
+uint64_t key_hash(uint64_t hash_seed, std::string_view domain, std::string_view rule,
+                  std::span<const std::string_view> values);
+uint64_t counter_id(uint64_t key_hash, const window::WindowSpec& spec);
+
+}  // namespace sluice::rules

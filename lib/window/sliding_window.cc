@@ -1,0 +1,204 @@
+#include "window/sliding_window.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace sluice::window {
+namespace {
+
+// Scaled counts can exceed 64 bits (a limit of 2^40 times a one-day bucket in ms), so every
+// comparison is done in 128 bits.
+__extension__ typedef unsigned __int128 u128;
+
+int64_t ring_index(int64_t bucket, uint32_t ring) {
+  const int64_t r = static_cast<int64_t>(ring);
+  const int64_t m = bucket % r;
+  return m < 0 ? m + r : m;
+}
+
+// Sum of the n buckets wholly inside the window of bucket c (c-n+1 .. c), and the straddler c-n.
+struct Split {
+  uint64_t full = 0;
+  uint64_t straddle = 0;
+};
+
+Split split_at(const RingView& ring, uint32_t n, int64_t c) {
+  Split s;
+  for (int64_t b = c - static_cast<int64_t>(n) + 1; b <= c; ++b)
+    s.full += ring.count(b);
+  s.straddle = ring.count(c - static_cast<int64_t>(n));
+  return s;
+}
+
+u128 scaled(const Split& s, Estimator est, int64_t bucket_ms, int64_t elapsed) {
+  const u128 b = static_cast<u128>(bucket_ms);
+  if (est == Estimator::kStrict) return (static_cast<u128>(s.full) + s.straddle) * b;
+  return static_cast<u128>(s.full) * b +
+         static_cast<u128>(s.straddle) * static_cast<u128>(bucket_ms - elapsed);
+}
+
+u128 scaled_now(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms) {
+  const int64_t c = bucket_of(now_ms, spec.bucket_ms);
+  const int64_t elapsed = now_ms - c * spec.bucket_ms;
+  return scaled(split_at(ring, spec.buckets(), c), est, spec.bucket_ms, elapsed);
+}
+
+}  // namespace
+
+std::string_view to_string(Estimator e) {
+  return e == Estimator::kStrict ? "strict" : "weighted";
+}
+
+int64_t default_bucket_ms(int64_t window_ms) {
+  if (window_ms >= kDefaultBucketMs && window_ms % kDefaultBucketMs == 0) return kDefaultBucketMs;
+  return window_ms;
+}
+
+std::string validate(const WindowSpec& spec) {
+  if (spec.window_ms < kMinWindowMs || spec.window_ms > kMaxWindowMs) {
+    return "window must be between 1s and 1d, got " + std::to_string(spec.window_ms) + "ms";
+  }
+  if (spec.bucket_ms < kMinBucketMs) {
+    return "granularity must be at least " + std::to_string(kMinBucketMs) + "ms, got " +
+           std::to_string(spec.bucket_ms) + "ms";
+  }
+  if (spec.bucket_ms > spec.window_ms || spec.window_ms % spec.bucket_ms != 0) {
+    return "granularity " + std::to_string(spec.bucket_ms) + "ms must divide the window " +
+           std::to_string(spec.window_ms) + "ms";
+  }
+  if (spec.window_ms / spec.bucket_ms > kMaxBuckets) {
+    return "window " + std::to_string(spec.window_ms) + "ms at granularity " +
+           std::to_string(spec.bucket_ms) + "ms needs more than " + std::to_string(kMaxBuckets) +
+           " buckets; choose a coarser granularity";
+  }
+  return {};
+}
+
+WindowSpec make_spec(int64_t window_ms, int64_t bucket_ms) {
+  return WindowSpec{window_ms, bucket_ms > 0 ? bucket_ms : default_bucket_ms(window_ms)};
+}
+
+uint64_t RingView::count(int64_t bucket) const {
+  const auto r = static_cast<uint32_t>(own.size());
+  if (bucket > head || bucket <= head - static_cast<int64_t>(r)) return 0;
+  const auto i = static_cast<size_t>(ring_index(bucket, r));
+  uint64_t v = own[i];
+  if (!others.empty()) v += others[i];
+  return v;
+}
+
+double estimate(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms) {
+  return static_cast<double>(scaled_now(ring, spec, est, now_ms)) /
+         static_cast<double>(spec.bucket_ms);
+}
+
+bool admits(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms,
+            uint64_t hits, uint64_t limit) {
+  if (hits > limit) return false;
+  const u128 b = static_cast<u128>(spec.bucket_ms);
+  return scaled_now(ring, spec, est, now_ms) + static_cast<u128>(hits) * b <=
+         static_cast<u128>(limit) * b;
+}
+
+LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms,
+                       uint64_t hits, uint64_t limit) {
+  LimitState st;
+  const int64_t B = spec.bucket_ms;
+  const u128 b = static_cast<u128>(B);
+  const u128 cap = static_cast<u128>(limit) * b;
+  const u128 used = scaled_now(ring, spec, est, now_ms);
+  st.remaining = used >= cap ? 0 : static_cast<uint64_t>((cap - used) / b);
+
+  // Reset: the newest bucket holding hits leaves the window at its end plus the window.
+  const auto r = static_cast<int64_t>(spec.ring_size());
+  for (int64_t bk = ring.head; bk > ring.head - r; --bk) {
+    if (ring.count(bk) != 0) {
+      st.reset_ms = std::max<int64_t>(0, (bk + 1) * B + spec.window_ms - now_ms);
+      break;
+    }
+  }
+
+  // Retry-after: walk forward one bucket at a time; within a bucket the estimate only falls
+  // (weighted) or stays (strict), and after n+1 buckets everything held has left the window.
+  if (hits > limit) {
+    st.retry_after_ms = kNever;
+    return st;
+  }
+  const u128 need = static_cast<u128>(hits) * b;
+  const int64_t c = bucket_of(now_ms, B);
+  const uint32_t n = spec.buckets();
+  for (int64_t k = 0; k <= static_cast<int64_t>(n) + 1; ++k) {
+    const int64_t seg_start = (c + k) * B;
+    const int64_t from = k == 0 ? now_ms - seg_start : 0;  // elapsed ms at the segment's start
+    const Split s = split_at(ring, n, c + k);
+    if (scaled(s, est, B, from) + need <= cap) {
+      st.retry_after_ms = seg_start + from - now_ms;
+      return st;
+    }
+    if (est == Estimator::kStrict || s.straddle == 0) continue;
+    // Weighted: full*B + straddle*(B - e) + need <= cap  <=>  straddle*(B - e) <= room.
+    const u128 full_scaled = static_cast<u128>(s.full) * b;
+    if (full_scaled + need > cap) continue;
+    const u128 room = cap - full_scaled - need;
+    const u128 max_x = room / s.straddle;         // largest B - e that fits
+    if (max_x >= static_cast<u128>(B)) continue;  // unreachable: would have fit at e = from
+    const int64_t e = B - static_cast<int64_t>(max_x);
+    if (e < B) {
+      st.retry_after_ms = seg_start + std::max(e, from) - now_ms;
+      return st;
+    }
+  }
+  st.retry_after_ms = kNever;  // not reached for hits <= limit
+  return st;
+}
+
+int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t head, int64_t bucket) {
+  if (bucket <= head) return head;
+  const auto r = static_cast<int64_t>(own.size());
+  if (bucket - head >= r) {
+    std::fill(own.begin(), own.end(), 0u);
+    std::fill(others.begin(), others.end(), 0u);
+    return bucket;
+  }
+  for (int64_t bk = head + 1; bk <= bucket; ++bk) {
+    const auto i = static_cast<size_t>(ring_index(bk, static_cast<uint32_t>(r)));
+    own[i] = 0;
+    if (!others.empty()) others[i] = 0;
+  }
+  return bucket;
+}
+
+void add(std::span<uint32_t> counts, int64_t bucket, uint64_t hits) {
+  const auto i = static_cast<size_t>(ring_index(bucket, static_cast<uint32_t>(counts.size())));
+  const uint64_t v = counts[i] + hits;
+  counts[i] = v > std::numeric_limits<uint32_t>::max() ? std::numeric_limits<uint32_t>::max()
+                                                       : static_cast<uint32_t>(v);
+}
+
+SlidingWindow::SlidingWindow(WindowSpec spec, Estimator est)
+    : spec_(spec), est_(est), own_(spec.ring_size(), 0u) {}
+
+void SlidingWindow::add(int64_t now_ms, uint64_t hits) {
+  now_ms = effective_now(now_ms, head_, spec_.bucket_ms);
+  const int64_t c = bucket_of(now_ms, spec_.bucket_ms);
+  head_ = window::advance(own_, {}, head_, c);
+  window::add(own_, c, hits);
+}
+
+bool SlidingWindow::try_acquire(int64_t now_ms, uint64_t hits, uint64_t limit, bool count_denied) {
+  now_ms = effective_now(now_ms, head_, spec_.bucket_ms);
+  const bool ok = admits(view(), spec_, est_, now_ms, hits, limit);
+  if (ok || count_denied) add(now_ms, hits);
+  return ok;
+}
+
+double SlidingWindow::estimate(int64_t now_ms) const {
+  return window::estimate(view(), spec_, est_, effective_now(now_ms, head_, spec_.bucket_ms));
+}
+
+LimitState SlidingWindow::state(int64_t now_ms, uint64_t hits, uint64_t limit) const {
+  return limit_state(view(), spec_, est_, effective_now(now_ms, head_, spec_.bucket_ms), hits,
+                     limit);
+}
+
+}  // namespace sluice::window

@@ -1,0 +1,154 @@
+// Sliding-window counting over epoch-aligned time buckets. Pure code: time is always a parameter
+// (milliseconds since the Unix epoch), nothing here reads a clock, allocates on the check path,
+// or takes a lock.
+//
+// Model (DESIGN.md, "Window"): time is cut into buckets of `bucket_ms`, aligned to the epoch, so
+// bucket i covers [i*B, (i+1)*B). A limit over a window W = n*B keeps n+1 buckets: the n buckets
+// that end inside the window ending now, plus the oldest one, which straddles its start. For the
+// window (now-W, now], with now in bucket c that began `elapsed` ms ago:
+//
+//   weighted: sum(bucket c-n+1 .. c) + bucket(c-n) * (B - elapsed) / B
+//             (seeds 000 and 001 with n = 1; seed 002 with n = 60)
+//   strict:   sum(bucket c-n .. c)
+//             (seed 002's "harsher" variant: the whole straddling bucket counts, so the estimate is
+//             never below the exact count and the limiter never admits more than the limit in any
+//             true window)
+//
+// Counts are compared in integer arithmetic scaled by B, so no floating point decides anything.
+//
+// Storage is a ring of n+1 counts per limit, indexed by bucket number modulo n+1, plus the number
+// of the newest bucket written (the head). The engine keeps rings inside its hash table slots and
+// calls the free functions below on them; `SlidingWindow` is a self-contained owner of one ring for
+// tests and for code that counts a single key.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sluice::window {
+
+// Returned by retry_after_ms when no amount of waiting admits the request (cost above the limit).
+inline constexpr int64_t kNever = INT64_MAX;
+
+enum class Estimator : uint8_t {
+  kWeighted,  // the straddling bucket weighted by its share still inside the window
+  kStrict,    // the whole straddling bucket counts; never over-admits
+};
+
+std::string_view to_string(Estimator e);
+
+// The shape of one limit's window. Valid specs (see validate()): kMinWindowMs <= window <=
+// kMaxWindowMs, kMinBucketMs <= bucket, bucket divides window, window/bucket <= kMaxBuckets.
+struct WindowSpec {
+  int64_t window_ms = 60'000;
+  int64_t bucket_ms = 60'000;
+
+  // Buckets wholly inside a window (n) and the ring size (n + 1).
+  uint32_t buckets() const { return static_cast<uint32_t>(window_ms / bucket_ms); }
+  uint32_t ring_size() const { return buckets() + 1; }
+
+  friend bool operator==(const WindowSpec&, const WindowSpec&) = default;
+};
+
+inline constexpr int64_t kMinWindowMs = 1'000;
+inline constexpr int64_t kMaxWindowMs = 86'400'000;
+inline constexpr int64_t kMinBucketMs = 10;
+inline constexpr uint32_t kMaxBuckets = 1'440;  // a day at one-minute granularity
+inline constexpr int64_t kDefaultBucketMs = 60'000;
+
+// The default bucket for a window: one minute, or the window itself when it is shorter than a
+// minute or not a whole number of minutes (so 1 s, 10 s and 90 s windows keep two counters).
+int64_t default_bucket_ms(int64_t window_ms);
+
+// Checks a spec; returns an empty string when valid, else a sentence naming what is wrong
+// (suitable to follow "window: " in a rules-file error).
+std::string validate(const WindowSpec& spec);
+
+// The spec for `window_ms` with `bucket_ms`, or the default bucket when bucket_ms is 0.
+WindowSpec make_spec(int64_t window_ms, int64_t bucket_ms = 0);
+
+// Bucket number of a time (floor division, correct for times before the epoch too).
+inline int64_t bucket_of(int64_t now_ms, int64_t bucket_ms) {
+  int64_t q = now_ms / bucket_ms;
+  return (now_ms % bucket_ms < 0) ? q - 1 : q;
+}
+
+// A read-only view of one ring: bucket b's count is own[b % R] + others[b % R] for the R buckets
+// up to and including `head`; others may be empty (single node). Buckets older than head-R+1 are
+// gone (zero).
+struct RingView {
+  std::span<const uint32_t> own;
+  std::span<const uint32_t> others;  // empty, or same size as own
+  int64_t head = 0;                  // newest bucket number held
+
+  uint64_t count(int64_t bucket) const;
+};
+
+// The estimated count in the window ending at now, for display. Decisions never use this: they
+// compare exact integers scaled by bucket_ms. `now_ms` must not lie before the head bucket
+// (callers clamp: see effective_now()).
+double estimate(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms);
+
+// True when `hits` more fit under `limit` at now: estimate + hits <= limit.
+bool admits(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms,
+            uint64_t hits, uint64_t limit);
+
+// What a caller should be told about one limit at now (after any hits were counted).
+struct LimitState {
+  uint64_t remaining = 0;  // floor(limit - estimate), 0 when at or over the limit
+  int64_t reset_ms = 0;    // until the window holds none of the hits counted so far
+  // Until `hits` more would be admitted if nothing else arrived; 0 when they would be admitted
+  // now, kNever when hits > limit.
+  int64_t retry_after_ms = 0;
+};
+LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms,
+                       uint64_t hits, uint64_t limit);
+
+// A time the ring can be evaluated at: now, or the start of the head bucket when the caller's
+// clock is behind a bucket another caller already opened (bounded skew between threads).
+inline int64_t effective_now(int64_t now_ms, int64_t head, int64_t bucket_ms) {
+  const int64_t head_start = head * bucket_ms;
+  return now_ms < head_start ? head_start : now_ms;
+}
+
+// Mutable ring operations used by the engine. `own`/`others` have ring_size() entries.
+// Moves the head forward to `bucket`, zeroing the buckets that fall out. A bucket older than the
+// head is left alone. Returns the new head.
+int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t head, int64_t bucket);
+
+// Adds hits to a bucket already within the ring (saturating at UINT32_MAX).
+void add(std::span<uint32_t> counts, int64_t bucket, uint64_t hits);
+
+// True when every bucket the ring holds has left the window ending at now: the key carries no
+// information any more and may be dropped without changing any decision.
+inline bool expired(int64_t head, const WindowSpec& spec, int64_t now_ms) {
+  return bucket_of(now_ms, spec.bucket_ms) - head >= static_cast<int64_t>(spec.ring_size());
+}
+
+// A single counter that owns its ring (one node, no merges). Not thread-safe.
+class SlidingWindow {
+ public:
+  SlidingWindow(WindowSpec spec, Estimator est);
+
+  // Counts `hits` at now when they fit under `limit` and returns true; otherwise counts nothing
+  // (or counts them anyway when count_denied) and returns false.
+  bool try_acquire(int64_t now_ms, uint64_t hits, uint64_t limit, bool count_denied = false);
+  void add(int64_t now_ms, uint64_t hits);
+  // The estimate at now (a real number, for display).
+  double estimate(int64_t now_ms) const;
+  LimitState state(int64_t now_ms, uint64_t hits, uint64_t limit) const;
+
+  const WindowSpec& spec() const { return spec_; }
+
+ private:
+  RingView view() const { return {own_, {}, head_}; }
+  WindowSpec spec_;
+  Estimator est_;
+  int64_t head_ = INT64_MIN / 2;
+  std::vector<uint32_t> own_;
+};
+
+}  // namespace sluice::window

@@ -1,0 +1,420 @@
+#include "engine/engine.h"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace sluice;
+using engine::BatchResult;
+using engine::Engine;
+using rules::CheckRequest;
+using rules::Descriptor;
+
+constexpr int64_t kT0 = 1'700'000'000'000;  // an epoch-aligned minute: 2023-11-14 22:13:20
+constexpr uint64_t kSeed = 42;
+
+rules::Limit limit(const char* text, int64_t bucket_ms = 0) {
+  rules::Limit l;
+  const std::string err = rules::parse_limit(text, bucket_ms, l);
+  REQUIRE_MESSAGE(err.empty(), err);
+  return l;
+}
+
+rules::Rule rule(std::string name, std::vector<std::string> key, std::vector<rules::Limit> limits,
+                 rules::Mode mode = rules::Mode::kEnforce) {
+  rules::Rule r;
+  r.name = std::move(name);
+  r.key = std::move(key);
+  r.limits = std::move(limits);
+  r.mode = mode;
+  return r;
+}
+
+rules::RuleSet one_domain(std::vector<rules::Rule> rs, std::vector<rules::AllowEntry> allow = {}) {
+  rules::RuleSet set;
+  rules::Domain d;
+  d.name = "api";
+  d.rules = std::move(rs);
+  d.allowlist = std::move(allow);
+  set.domains.push_back(std::move(d));
+  return set;
+}
+
+std::shared_ptr<const rules::Policy> compile(rules::RuleSet set,
+                                             const rules::Overrides& ov = rules::Overrides{}) {
+  return rules::Policy::compile(std::move(set), ov, kSeed);
+}
+
+// Checks one request and returns its decision (the result object stays valid until next call).
+struct Checker {
+  Engine& engine;
+  BatchResult out;
+  const engine::Decision& check(std::vector<Descriptor> ds, int64_t now, uint64_t hits = 1,
+                                std::string_view domain = "api") {
+    descs = std::move(ds);
+    CheckRequest req{domain, descs, hits};
+    engine.check({&req, 1}, now, out);
+    return out.decisions.at(0);
+  }
+  std::span<const engine::LimitResult> limits() const { return out.limits_of(out.decisions[0]); }
+  int admitted(int n, std::vector<Descriptor> ds, int64_t now, uint64_t hits = 1) {
+    int ok = 0;
+    for (int i = 0; i < n; ++i) ok += check(ds, now, hits).allowed ? 1 : 0;
+    return ok;
+  }
+  std::vector<Descriptor> descs;
+};
+
+const engine::RuleStats& stats_of(const engine::EngineStats& s, std::string_view name) {
+  for (const auto& r : s.rules) {
+    if (r.name == name) return r;
+  }
+  FAIL("no stats for " << name);
+  return s.rules.front();
+}
+
+}  // namespace
+
+TEST_CASE("a burst is admitted up to the limit and the rest is denied with retry-after") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("5/1m")})})));
+  Checker c{e, {}, {}};
+  CHECK(c.admitted(5, {{"user", "42"}}, kT0 + 1000) == 5);
+  const auto& d = c.check({{"user", "42"}}, kT0 + 1000);
+  CHECK_FALSE(d.allowed);
+  REQUIRE(c.limits().size() == 1);
+  const auto& l = c.limits()[0];
+  CHECK(l.exceeded);
+  CHECK(l.remaining == 0);
+  CHECK(l.limit->requests == 5);
+  CHECK(l.limit->spec.window_ms == 60'000);
+  // All five sit in the current minute: they leave the window at the end of the next minute.
+  CHECK(l.reset_ms == 60'000 + 60'000 - 1000);
+  // Weighted: at 1:00 + e the estimate is 5*(60000-e)/60000; one more fits once it is <= 4.
+  CHECK(l.retry_after_ms == 60'000 - 1000 + 12'000);
+  // Another user is independent.
+  CHECK(c.check({{"user", "7"}}, kT0 + 1000).allowed);
+}
+
+TEST_CASE("remaining counts down as requests are admitted") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("3/1s")})})));
+  Checker c{e, {}, {}};
+  CHECK(c.check({{"user", "1"}}, kT0).allowed);
+  CHECK(c.limits()[0].remaining == 2);
+  CHECK(c.limits()[0].retry_after_ms == 0);
+  CHECK_FALSE(c.limits()[0].exceeded);
+  CHECK(c.check({{"user", "1"}}, kT0, 2).allowed);
+  CHECK(c.limits()[0].remaining == 0);
+}
+
+TEST_CASE("hits above one are counted as that many requests, and zero hits only asks") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("10/1m")})})));
+  Checker c{e, {}, {}};
+  CHECK(c.check({{"user", "1"}}, kT0, 7).allowed);
+  CHECK_FALSE(c.check({{"user", "1"}}, kT0, 4).allowed);  // 7 + 4 > 10
+  CHECK(c.check({{"user", "1"}}, kT0, 0).allowed);        // a peek
+  CHECK(c.limits()[0].remaining == 3);
+  CHECK(c.check({{"user", "1"}}, kT0, 3).allowed);
+  CHECK_FALSE(c.check({{"user", "1"}}, kT0, 1).allowed);
+  // More than the limit can never be admitted.
+  const auto& d = c.check({{"user", "2"}}, kT0, 11);
+  CHECK_FALSE(d.allowed);
+  CHECK(c.limits()[0].retry_after_ms == window::kNever);
+}
+
+TEST_CASE("two windows on one key: both must allow (seed 001: 10/s and 3000/10m)") {
+  Engine e(compile(one_domain({rule("api", {"client"}, {limit("10/1s"), limit("30/10m")})})));
+  Checker c{e, {}, {}};
+  int admitted = 0;
+  // 10 per second for 5 seconds would be 50, but the 10-minute limit stops it at 30.
+  for (int s = 0; s < 5; ++s) admitted += c.admitted(12, {{"client", "c"}}, kT0 + s * 1000);
+  CHECK(admitted == 30);
+  c.check({{"client", "c"}}, kT0 + 5000);
+  REQUIRE(c.limits().size() == 2);
+  CHECK_FALSE(c.limits()[0].exceeded);  // the per-second limit has room
+  CHECK(c.limits()[1].exceeded);
+}
+
+TEST_CASE("layered rules: a denial by one rule leaves the other rule's counter untouched") {
+  // seed 003: a per-IP cap over a per-user limit.
+  Engine e(compile(one_domain(
+      {rule("per-ip", {"ip"}, {limit("100/1m")}), rule("per-user", {"user"}, {limit("3/1m")})})));
+  Checker c{e, {}, {}};
+  CHECK(c.admitted(10, {{"ip", "203.0.113.9"}, {"user", "42"}}, kT0) == 3);
+  // The IP counted only the 3 admitted requests: 97 more from other users fit.
+  int others = 0;
+  for (int u = 0; u < 40; ++u) {
+    others += c.admitted(3, {{"ip", "203.0.113.9"}, {"user", std::to_string(100 + u)}}, kT0);
+  }
+  CHECK(others == 97);
+  const auto s = e.stats();
+  CHECK(stats_of(s, "api/per-user").denied == 7 + 3);
+  CHECK(stats_of(s, "api/per-ip").denied == 20);
+}
+
+TEST_CASE("count_denied makes denied requests count against the window") {
+  rules::Rule r = rule("strict-ban", {"user"}, {limit("3/1m")});
+  r.count_denied = true;
+  Engine e(compile(one_domain({r})));
+  Checker c{e, {}, {}};
+  CHECK(c.admitted(10, {{"user", "1"}}, kT0) == 3);
+  // 10 hits counted in minute 0; at 1:30 the weighted estimate is 5: still over 3.
+  CHECK_FALSE(c.check({{"user", "1"}}, kT0 + 90'000).allowed);
+  e.set_policy(compile(one_domain({rule("strict-ban", {"user"}, {limit("3/1m")})})));
+  // Without count_denied, the same pattern admits again once the estimate falls under 3.
+  Engine e2(compile(one_domain({rule("strict-ban", {"user"}, {limit("3/1m")})})));
+  Checker c2{e2, {}, {}};
+  CHECK(c2.admitted(10, {{"user", "1"}}, kT0) == 3);
+  CHECK(c2.check({{"user", "1"}}, kT0 + 90'000).allowed);  // estimate 1.5 + 1 <= 3
+}
+
+TEST_CASE("dry-run rules always allow, flag would-deny, and count as enforcement would") {
+  Engine e(compile(one_domain({rule("rollout", {"client"}, {limit("5/1m")}, rules::Mode::kDryRun)})));
+  Checker c{e, {}, {}};
+  int would = 0;
+  for (int i = 0; i < 8; ++i) {
+    const auto& d = c.check({{"client", "shop-17"}}, kT0);
+    CHECK(d.allowed);
+    would += d.would_deny ? 1 : 0;
+  }
+  CHECK(would == 3);
+  // The counter holds what enforcing would have admitted (5), not all 8.
+  CHECK(c.check({{"client", "shop-17"}}, kT0, 0).allowed);
+  CHECK(c.limits()[0].remaining == 0);
+  CHECK(c.limits()[0].mode == rules::Mode::kDryRun);
+  const auto s = e.stats();
+  CHECK(stats_of(s, "api/rollout").would_deny == 3);
+  CHECK(stats_of(s, "api/rollout").denied == 0);
+}
+
+TEST_CASE("shadow rules deny with the shadow flag; an enforcing denial is never shadowed") {
+  Engine e(compile(one_domain({rule("spam", {"user"}, {limit("2/1m")}, rules::Mode::kShadow),
+                               rule("hard", {"ip"}, {limit("3/1m")})})));
+  Checker c{e, {}, {}};
+  CHECK(c.admitted(2, {{"user", "u"}}, kT0) == 2);
+  const auto& d = c.check({{"user", "u"}}, kT0);
+  CHECK_FALSE(d.allowed);
+  CHECK(d.shadow);
+  CHECK(c.admitted(3, {{"ip", "i"}}, kT0) == 3);
+  const auto& both = c.check({{"user", "u"}, {"ip", "i"}}, kT0);
+  CHECK_FALSE(both.allowed);
+  CHECK_FALSE(both.shadow);
+}
+
+TEST_CASE("allowlisted values are never limited nor counted") {
+  Engine e(compile(one_domain({rule("per-client", {"client"}, {limit("1/1m")})},
+                              {{"client", "allegro-mobile"}})));
+  Checker c{e, {}, {}};
+  for (int i = 0; i < 100; ++i) {
+    const auto& d = c.check({{"client", "allegro-mobile"}}, kT0);
+    CHECK(d.allowed);
+    CHECK(d.allowlisted);
+  }
+  CHECK(e.stats().live_counters == 0);
+  CHECK(e.stats().allowlisted == 100);
+}
+
+TEST_CASE("bad requests get an error and count nothing") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("1/1m")})})));
+  Checker c{e, {}, {}};
+  CHECK(c.check({{"user", "1"}}, kT0, 1, "nope").error == rules::CheckError::kUnknownDomain);
+  CHECK(c.check({{"user", "1"}}, kT0, 1, "").error == rules::CheckError::kEmptyDomain);
+  CHECK(c.check({{"user", "1"}}, kT0, 5'000'000'000).error == rules::CheckError::kHitsTooLarge);
+  CHECK_FALSE(c.check({{"user", "1"}}, kT0, 1, "nope").allowed);
+  CHECK(e.stats().live_counters == 0);
+  CHECK(c.check({{"user", "1"}}, kT0).allowed);
+  const auto s = e.stats();
+  uint64_t rejected = 0;
+  for (const auto& [name, n] : s.rejected) rejected += n;
+  CHECK(rejected == 4);
+}
+
+TEST_CASE("a request no rule applies to is allowed and counts nothing") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("1/1m")})})));
+  Checker c{e, {}, {}};
+  const auto& d = c.check({{"ip", "1.2.3.4"}}, kT0);
+  CHECK(d.allowed);
+  CHECK(d.num_limits == 0);
+  CHECK(e.stats().live_counters == 0);
+}
+
+TEST_CASE("requests in one batch are decided in order") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("3/1m")})})));
+  std::vector<Descriptor> ds{{"user", "1"}};
+  std::vector<CheckRequest> batch(5, CheckRequest{"api", ds, 1});
+  BatchResult out;
+  e.check(batch, kT0, out);
+  REQUIRE(out.decisions.size() == 5);
+  CHECK(out.decisions[0].allowed);
+  CHECK(out.decisions[2].allowed);
+  CHECK_FALSE(out.decisions[3].allowed);
+  CHECK(out.limits_of(out.decisions[1])[0].remaining == 1);
+}
+
+TEST_CASE("reloading the rules keeps the counters of rules that remain") {
+  auto v1 = one_domain({rule("per-user", {"user"}, {limit("5/1m")}),
+                        rule("old", {"ip"}, {limit("5/1m")})});
+  Engine e(compile(v1));
+  Checker c{e, {}, {}};
+  CHECK(c.admitted(5, {{"user", "1"}}, kT0) == 5);
+  // v2 raises the limit (same window): the 5 already counted still count.
+  e.set_policy(compile(one_domain({rule("per-user", {"user"}, {limit("7/1m")})})));
+  CHECK(c.admitted(5, {{"user", "1"}}, kT0 + 10) == 2);
+  // v3 changes the window: a new counter starts.
+  e.set_policy(compile(one_domain({rule("per-user", {"user"}, {limit("7/10s")})})));
+  CHECK(c.admitted(10, {{"user", "1"}}, kT0 + 20) == 7);
+}
+
+TEST_CASE("an override replaces one client's limits and mode without touching others") {
+  rules::Overrides ov;
+  rules::Override o;
+  o.domain = "api";
+  o.entries = {{"client", "big-partner"}};
+  o.limits = {limit("20/1m")};
+  REQUIRE(ov.set(o).empty());
+  Engine e(compile(one_domain({rule("per-client", {"client"}, {limit("5/1m")})}), ov));
+  Checker c{e, {}, {}};
+  CHECK(c.admitted(30, {{"client", "big-partner"}}, kT0) == 20);
+  CHECK(c.admitted(30, {{"client", "small-shop"}}, kT0) == 5);
+  // Dropping the override: the partner's 20 hits still count against the default 5.
+  e.set_policy(compile(one_domain({rule("per-client", {"client"}, {limit("5/1m")})})));
+  CHECK_FALSE(c.check({{"client", "big-partner"}}, kT0 + 100).allowed);
+}
+
+TEST_CASE("concurrent callers never admit more than the limit") {
+  // Two counters per request in (most likely) different shards: the decision must be atomic.
+  Engine e(compile(one_domain(
+      {rule("per-ip", {"ip"}, {limit("1000/1m")}), rule("per-user", {"user"}, {limit("700/1m")})})));
+  std::atomic<int> admitted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      std::vector<Descriptor> ds{{"ip", "1.1.1.1"}, {"user", "u"}};
+      CheckRequest req{"api", ds, 1};
+      std::vector<CheckRequest> batch(8, req);
+      BatchResult out;
+      for (int i = 0; i < 100; ++i) {
+        e.check(batch, kT0 + 5, out);
+        for (const auto& d : out.decisions) admitted += d.allowed ? 1 : 0;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(admitted.load() == 700);
+}
+
+TEST_CASE("merging remote totals is idempotent: duplicates and stale reports change nothing") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));
+  Checker c{e, {}, {}};
+  CHECK(c.check({{"user", "1"}}, kT0, 10).allowed);
+  const auto& lim = *c.limits()[0].limit;
+  const std::string_view values[] = {"1"};
+  const uint64_t counter = rules::counter_id(rules::key_hash(kSeed, "api", "per-user", values),
+                                             lim.spec);
+  const int64_t bucket = window::bucket_of(kT0, 60'000);
+  std::vector<engine::RemoteTotal> msgs{{counter, lim.spec, 2, bucket, 30},
+                                        {counter, lim.spec, 3, bucket, 25}};
+  CHECK(e.merge(msgs, kT0) == 2);
+  CHECK(e.merge(msgs, kT0) == 0);  // duplicated delivery
+  // An older (smaller) total from node 2 arriving late changes nothing.
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2, bucket, 12}}, kT0) == 0);
+  // A newer total adds only the difference.
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2, bucket, 40}}, kT0) == 1);
+  // Reports under our own node id are ignored: our own count is authoritative.
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 0, bucket, 99}}, kT0) == 0);
+  auto view = e.inspect(counter, lim.spec);
+  REQUIRE(view.has_value());
+  CHECK(view->head == bucket);
+  CHECK(view->own.back() == 10);
+  CHECK(view->others.back() == 65);
+  // The global count decides: 10 + 65 = 75 of 100.
+  CHECK(c.check({{"user", "1"}}, kT0, 25).allowed);
+  CHECK_FALSE(c.check({{"user", "1"}}, kT0, 1).allowed);
+}
+
+TEST_CASE("merges in any order converge to the same count") {
+  Engine a(compile(one_domain({rule("r", {"k"}, {limit("1000/1m")})})));
+  Engine b(compile(one_domain({rule("r", {"k"}, {limit("1000/1m")})})));
+  const auto spec = window::make_spec(60'000);
+  const std::string_view values[] = {"x"};
+  const uint64_t counter = rules::counter_id(rules::key_hash(kSeed, "api", "r", values), spec);
+  const int64_t b0 = window::bucket_of(kT0, 60'000);
+  std::vector<engine::RemoteTotal> seq;
+  for (uint16_t node = 1; node <= 4; ++node) {
+    for (uint32_t total = 1; total <= 20; total += 3) {
+      seq.push_back({counter, spec, node, b0, total * node});
+      seq.push_back({counter, spec, node, b0 - 1, total});
+    }
+  }
+  a.merge(seq, kT0);
+  std::vector<engine::RemoteTotal> rev(seq.rbegin(), seq.rend());
+  b.merge(rev, kT0);
+  b.merge(seq, kT0);  // and again, duplicated
+  auto va = a.inspect(counter, spec);
+  auto vb = b.inspect(counter, spec);
+  REQUIRE(va.has_value());
+  REQUIRE(vb.has_value());
+  CHECK(va->others == vb->others);
+  CHECK(va->others.back() == 19 * (1 + 2 + 3 + 4));
+  CHECK(va->others.front() == 19 * 4);
+}
+
+TEST_CASE("sweep drops only counters whose buckets all left the window") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("10/1m")})})));
+  Checker c{e, {}, {}};
+  for (int u = 0; u < 100; ++u) c.check({{"user", std::to_string(u)}}, kT0);
+  for (int u = 0; u < 10; ++u) c.check({{"user", std::to_string(u)}}, kT0 + 60'000);
+  CHECK(e.stats().live_counters == 100);
+  // At 1:59 the minute-0 bucket still straddles the window: nothing may go.
+  CHECK(e.sweep(kT0 + 119'999) == 0);
+  // At 2:00 minute 0 has left the window: the 90 untouched since then go.
+  CHECK(e.sweep(kT0 + 120'000) == 90);
+  CHECK(e.stats().live_counters == 10);
+  CHECK(e.stats().evicted_expired == 90);
+  CHECK(e.stats().evicted_live == 0);
+}
+
+TEST_CASE("under the memory cap, expired counters are evicted before any live one") {
+  engine::EngineOptions opt;
+  opt.shards = 1;
+  opt.memory_cap_bytes = 64 * 1024;  // room for about 1,700 one-minute counters at full load
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("10/1m")})})), opt);
+  Checker c{e, {}, {}};
+  for (int u = 0; u < 1500; ++u) c.check({{"user", "old-" + std::to_string(u)}}, kT0);
+  const auto before = e.stats();
+  CHECK(before.live_counters == 1500);
+  CHECK(before.table_bytes <= opt.memory_cap_bytes);
+  // Two minutes later the old keys are idle past their window; a flood of new keys reuses them.
+  for (int u = 0; u < 1500; ++u) c.check({{"user", "new-" + std::to_string(u)}}, kT0 + 120'000);
+  const auto after = e.stats();
+  CHECK(after.evicted_live == 0);
+  CHECK(after.evicted_expired >= 1);
+  CHECK(after.table_bytes <= opt.memory_cap_bytes);
+}
+
+TEST_CASE("a flood of distinct keys evicts the smallest counts and keeps a heavy key's count") {
+  engine::EngineOptions opt;
+  opt.shards = 1;
+  opt.memory_cap_bytes = 16 * 1024;
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("50/1m")})})), opt);
+  Checker c{e, {}, {}};
+  CHECK(c.admitted(50, {{"user", "heavy"}}, kT0) == 50);
+  for (int u = 0; u < 5000; ++u) c.check({{"user", "flood-" + std::to_string(u)}}, kT0 + 1);
+  const auto s = e.stats();
+  CHECK(s.evicted_live > 0);  // visible in metrics
+  CHECK(s.table_bytes <= opt.memory_cap_bytes);
+  // The heavy key was never the smallest: it is still at its limit.
+  CHECK_FALSE(c.check({{"user", "heavy"}}, kT0 + 2).allowed);
+}
+
+TEST_CASE("a clock that runs behind another thread's is clamped, never counted in the past") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("2/1s")})})));
+  Checker c{e, {}, {}};
+  CHECK(c.admitted(2, {{"user", "1"}}, kT0 + 1500) == 2);
+  // A caller whose clock reads 1 s earlier still sees the same bucket, and is denied.
+  CHECK_FALSE(c.check({{"user", "1"}}, kT0 + 500).allowed);
+}
