@@ -158,7 +158,7 @@ struct Descriptor {
 struct CheckRequest {
   std::string_view domain;
   std::span<const Descriptor> descriptors;
-  uint64_t hits = 1;  // 0 asks without counting
+  uint64_t hits = 1;  // 0 asks without counting (denied only when already over a limit)
 };
 
 // Bounds on hostile or mistaken input, enforced by resolve().

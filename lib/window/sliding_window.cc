@@ -75,7 +75,8 @@ std::string validate(const WindowSpec& spec) {
 }
 
 WindowSpec make_spec(int64_t window_ms, int64_t bucket_ms) {
-  return WindowSpec{window_ms, bucket_ms > 0 ? bucket_ms : default_bucket_ms(window_ms)};
+  // Only 0 means "default": a negative granularity stays and validate() rejects it.
+  return WindowSpec{window_ms, bucket_ms == 0 ? default_bucket_ms(window_ms) : bucket_ms};
 }
 
 uint64_t RingView::count(int64_t bucket) const {
@@ -170,35 +171,42 @@ int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t hea
 
 void add(std::span<uint32_t> counts, int64_t bucket, uint64_t hits) {
   const auto i = static_cast<size_t>(ring_index(bucket, static_cast<uint32_t>(counts.size())));
-  const uint64_t v = counts[i] + hits;
-  counts[i] = v > std::numeric_limits<uint32_t>::max() ? std::numeric_limits<uint32_t>::max()
-                                                       : static_cast<uint32_t>(v);
+  constexpr uint32_t kMax = std::numeric_limits<uint32_t>::max();
+  const uint64_t room = kMax - counts[i];  // compared before adding: hits may be near 2^64
+  counts[i] = hits >= room ? kMax : counts[i] + static_cast<uint32_t>(hits);
 }
 
 SlidingWindow::SlidingWindow(WindowSpec spec, Estimator est)
     : spec_(spec), est_(est), own_(spec.ring_size(), 0u) {}
 
+// An empty window has no head yet; any head at or before now describes it (all counts are 0).
+int64_t SlidingWindow::head_at(int64_t now_ms) const {
+  return started_ ? head_ : bucket_of(now_ms, spec_.bucket_ms);
+}
+
 void SlidingWindow::add(int64_t now_ms, uint64_t hits) {
-  now_ms = effective_now(now_ms, head_, spec_.bucket_ms);
+  now_ms = effective_now(now_ms, head_at(now_ms), spec_.bucket_ms);
   const int64_t c = bucket_of(now_ms, spec_.bucket_ms);
-  head_ = window::advance(own_, {}, head_, c);
+  head_ = window::advance(own_, {}, head_at(now_ms), c);
+  started_ = true;
   window::add(own_, c, hits);
 }
 
 bool SlidingWindow::try_acquire(int64_t now_ms, uint64_t hits, uint64_t limit, bool count_denied) {
-  now_ms = effective_now(now_ms, head_, spec_.bucket_ms);
-  const bool ok = admits(view(), spec_, est_, now_ms, hits, limit);
+  now_ms = effective_now(now_ms, head_at(now_ms), spec_.bucket_ms);
+  const bool ok = admits(view(now_ms), spec_, est_, now_ms, hits, limit);
   if (ok || count_denied) add(now_ms, hits);
   return ok;
 }
 
 double SlidingWindow::estimate(int64_t now_ms) const {
-  return window::estimate(view(), spec_, est_, effective_now(now_ms, head_, spec_.bucket_ms));
+  now_ms = effective_now(now_ms, head_at(now_ms), spec_.bucket_ms);
+  return window::estimate(view(now_ms), spec_, est_, now_ms);
 }
 
 LimitState SlidingWindow::state(int64_t now_ms, uint64_t hits, uint64_t limit) const {
-  return limit_state(view(), spec_, est_, effective_now(now_ms, head_, spec_.bucket_ms), hits,
-                     limit);
+  now_ms = effective_now(now_ms, head_at(now_ms), spec_.bucket_ms);
+  return limit_state(view(now_ms), spec_, est_, now_ms, hits, limit);
 }
 
 }  // namespace sluice::window

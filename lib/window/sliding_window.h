@@ -92,7 +92,9 @@ struct RingView {
 // (callers clamp: see effective_now()).
 double estimate(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms);
 
-// True when `hits` more fit under `limit` at now: estimate + hits <= limit.
+// True when `hits` more fit under `limit` at now: estimate + hits <= limit. With hits = 0 this
+// asks whether the key is within its limit (false when already over it, e.g. after a lowered
+// limit, counted denials or merged remote hits).
 bool admits(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms,
             uint64_t hits, uint64_t limit);
 
@@ -144,10 +146,12 @@ class SlidingWindow {
   const WindowSpec& spec() const { return spec_; }
 
  private:
-  RingView view() const { return {own_, {}, head_}; }
+  int64_t head_at(int64_t now_ms) const;
+  RingView view(int64_t now_ms) const { return {own_, {}, head_at(now_ms)}; }
   WindowSpec spec_;
   Estimator est_;
-  int64_t head_ = INT64_MIN / 2;
+  bool started_ = false;  // false until the first add: head_ means nothing yet
+  int64_t head_ = 0;
   std::vector<uint32_t> own_;
 };
 
