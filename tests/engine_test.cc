@@ -315,8 +315,8 @@ TEST_CASE("merging remote totals is idempotent: duplicates and stale reports cha
   CHECK(c.check({{"user", "1"}}, kT0, 10).allowed);
   const auto& lim = *c.limits()[0].limit;
   const std::string_view values[] = {"1"};
-  const uint64_t counter = rules::counter_id(rules::key_hash(kSeed, "api", "per-user", values),
-                                             lim.spec);
+  const uint64_t counter = rules::counter_id(
+      rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
   const int64_t bucket = window::bucket_of(kT0, 60'000);
   std::vector<engine::RemoteTotal> msgs{{counter, lim.spec, 2, bucket, 30},
                                         {counter, lim.spec, 3, bucket, 25}};
@@ -343,7 +343,8 @@ TEST_CASE("merges in any order converge to the same count") {
   Engine b(compile(one_domain({rule("r", {"k"}, {limit("1000/1m")})})));
   const auto spec = window::make_spec(60'000);
   const std::string_view values[] = {"x"};
-  const uint64_t counter = rules::counter_id(rules::key_hash(kSeed, "api", "r", values), spec);
+  const uint64_t counter =
+      rules::counter_id(rules::key_hash(kSeed, "api", rule("r", {"k"}, {}), values), spec);
   const int64_t b0 = window::bucket_of(kT0, 60'000);
   std::vector<engine::RemoteTotal> seq;
   for (uint16_t node = 1; node <= 4; ++node) {

@@ -7,7 +7,8 @@
 // rules that apply and, per limit, the 64-bit identity of the counter it counts in.
 //
 // Counter identity (stable across reloads and identical on every node that shares `hash_seed`):
-//   key_hash = XXH3(domain, rule name, the values of the rule's key entries in rule order)
+//   key_hash = XXH3(the values of the rule's key entries in rule order, each length-prefixed;
+//                   seed = XXH3(domain, rule name, key entry names; hash_seed))
 //   counter  = mix(key_hash, window_ms, bucket_ms)
 // so a rule that survives a reload keeps its counters, a changed window starts a new counter, and
 // a changed limit value (an override, another plan) keeps counting in the same one.
@@ -252,7 +253,7 @@ class Policy {
 
 // The counter identity for the given key values of a rule (used by resolve, and by tools that
 // inspect a key): key_hash then mixed with the spec.
-uint64_t key_hash(uint64_t hash_seed, std::string_view domain, std::string_view rule,
+uint64_t key_hash(uint64_t hash_seed, std::string_view domain, const Rule& rule,
                   std::span<const std::string_view> values);
 uint64_t counter_id(uint64_t key_hash, const window::WindowSpec& spec);
 

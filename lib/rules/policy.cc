@@ -1,0 +1,429 @@
+// Policy: compile a RuleSet and the overrides into lookup tables, and resolve requests against
+// them. resolve() is the hot path (millions of calls per second across threads): it reads only
+// immutable data, allocates nothing once the caller's Resolution is warm, and hashes each
+// applying rule's key values exactly once.
+#include <algorithm>
+#include <cstring>
+
+// Inline xxHash: the key hash runs once per applying rule per request.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "rules/policy_impl.h"
+#include "rules/rules.h"
+
+namespace sluice::rules {
+namespace {
+
+// Allowlists up to this size are scanned; longer ones are looked up through a sorted hash index.
+constexpr size_t kScannedAllowlist = 8;
+
+void put_u64_le(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i)
+    p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+// A key is hashed as its values, each prefixed by its length as a LEB128 varint, so ("ab","c") and
+// ("a","bc") differ. Short keys (the usual case) are laid out in a stack buffer and hashed in one
+// shot; a key that does not fit goes through XXH3's streaming state instead, which gives the same
+// hash for the same bytes, so the result never depends on the buffer size. The streaming state
+// (576 bytes, 64-byte aligned) lives only in the out-of-line slow path, keeping resolve's frame
+// small.
+size_t put_varint(unsigned char* p, uint64_t v) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    p[n++] = static_cast<unsigned char>(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = static_cast<unsigned char>(v);
+  return n;
+}
+
+class KeyBuffer {
+ public:
+  // Appends one length-prefixed value; false when it does not fit (then use StreamingKeyHasher).
+  bool add(std::string_view v) {
+    const size_t room = sizeof(buf_) - len_;  // len_ never exceeds the buffer
+    if (room < kMaxVarint || v.size() > room - kMaxVarint) return false;
+    len_ += put_varint(buf_ + len_, v.size());
+    if (!v.empty()) std::memcpy(buf_ + len_, v.data(), v.size());  // data() may be null if empty
+    len_ += v.size();
+    return true;
+  }
+  uint64_t digest(uint64_t seed) const { return XXH3_64bits_withSeed(buf_, len_, seed); }
+
+ private:
+  static constexpr size_t kMaxVarint = 10;
+  size_t len_ = 0;
+  unsigned char buf_[512];
+};
+
+class StreamingKeyHasher {
+ public:
+  explicit StreamingKeyHasher(uint64_t seed) { XXH3_64bits_reset_withSeed(&state_, seed); }
+  void add(std::string_view v) {
+    unsigned char prefix[10];
+    XXH3_64bits_update(&state_, prefix, put_varint(prefix, v.size()));
+    if (!v.empty()) XXH3_64bits_update(&state_, v.data(), v.size());
+  }
+  uint64_t digest() { return XXH3_64bits_digest(&state_); }
+
+ private:
+  // Zeroed: reset_withSeed reuses a secret derived earlier when the state's seed already matches,
+  // so an uninitialised state could skip deriving it (xxhash.h, XXH3_INITSTATE).
+  XXH3_state_t state_{};
+};
+
+const std::string_view* find_value(std::span<const Descriptor> desc, std::string_view key) {
+  for (const Descriptor& d : desc) {
+    if (d.key == key) return &d.value;
+  }
+  return nullptr;
+}
+
+// The slow path of resolve for keys longer than KeyBuffer; every key entry is known present.
+[[gnu::noinline]] uint64_t hash_long_key(uint64_t seed, const std::vector<std::string>& keys,
+                                         std::span<const Descriptor> desc) {
+  StreamingKeyHasher h(seed);
+  for (const std::string& k : keys)
+    h.add(*find_value(desc, k));
+  return h.digest();
+}
+
+uint64_t hash_values(uint64_t seed, std::span<const std::string_view> values) {
+  KeyBuffer buf;
+  for (std::string_view v : values) {
+    if (!buf.add(v)) {
+      StreamingKeyHasher h(seed);
+      for (std::string_view w : values)
+        h.add(w);
+      return h.digest();
+    }
+  }
+  return buf.digest(seed);
+}
+
+// The key entry names are part of the seed: a rule that keeps its name but is keyed by other
+// entries (client_id -> user) must not inherit the old counts.
+uint64_t rule_seed(uint64_t hash_seed, std::string_view domain, const Rule& rule) {
+  std::string s;
+  s.append(domain).push_back('\0');
+  s.append(rule.name);
+  for (const std::string& k : rule.key) s.append(1, '\0').append(k);
+  return XXH3_64bits_withSeed(s.data(), s.size(), hash_seed);
+}
+
+inline uint64_t mix_counter(uint64_t key_hash, const window::WindowSpec& spec) {
+  unsigned char buf[24];
+  put_u64_le(buf, key_hash);
+  put_u64_le(buf + 8, static_cast<uint64_t>(spec.window_ms));
+  put_u64_le(buf + 16, static_cast<uint64_t>(spec.bucket_ms));
+  const uint64_t h = XXH3_64bits(buf, sizeof(buf));
+  return h == 0 ? 1 : h;  // the engine uses 0 as "empty slot"
+}
+
+uint64_t allow_hash(std::string_view key, std::string_view value) {
+  return XXH3_64bits_withSeed(value.data(), value.size(), XXH3_64bits(key.data(), key.size()));
+}
+
+bool matches(const std::vector<Condition>& match, std::span<const Descriptor> desc) {
+  for (const Condition& c : match) {
+    const std::string_view* v = find_value(desc, c.key);
+    if (v == nullptr) return false;
+    if (c.value != "*" && *v != c.value) return false;
+  }
+  return true;
+}
+
+bool allowlisted(const CompiledDomain& cd, std::span<const Descriptor> desc) {
+  const std::vector<AllowEntry>& allow = cd.domain->allowlist;
+  if (allow.empty()) return false;
+  if (cd.allow_index.empty()) {
+    for (const Descriptor& d : desc) {
+      for (const AllowEntry& a : allow) {
+        if (d.key == a.key && d.value == a.value) return true;
+      }
+    }
+    return false;
+  }
+  for (const Descriptor& d : desc) {
+    const uint64_t h = allow_hash(d.key, d.value);
+    auto it = std::lower_bound(cd.allow_index.begin(), cd.allow_index.end(),
+                               std::pair<uint64_t, uint32_t>{h, 0});
+    for (; it != cd.allow_index.end() && it->first == h; ++it) {
+      const AllowEntry& a = allow[it->second];
+      if (d.key == a.key && d.value == a.value) return true;
+    }
+  }
+  return false;
+}
+
+std::string default_limit_name(std::string_view owner, const Limit& l) {
+  return std::string(owner) + ":" + std::to_string(l.requests) + "/" +
+         format_duration(l.spec.window_ms);
+}
+
+}  // namespace
+
+std::string_view to_string(CheckError e) {
+  switch (e) {
+    case CheckError::kNone:
+      return "none";
+    case CheckError::kEmptyDomain:
+      return "empty_domain";
+    case CheckError::kUnknownDomain:
+      return "unknown_domain";
+    case CheckError::kTooManyDescriptors:
+      return "too_many_descriptors";
+    case CheckError::kEntryTooLong:
+      return "entry_too_long";
+    case CheckError::kEmptyDescriptorKey:
+      return "empty_descriptor_key";
+    case CheckError::kDuplicateDescriptor:
+      return "duplicate_descriptor";
+    case CheckError::kHitsTooLarge:
+      return "hits_too_large";
+  }
+  return "unknown";
+}
+
+uint64_t key_hash(uint64_t hash_seed, std::string_view domain, const Rule& rule,
+                  std::span<const std::string_view> values) {
+  return hash_values(rule_seed(hash_seed, domain, rule), values);
+}
+
+uint64_t counter_id(uint64_t key_hash, const window::WindowSpec& spec) {
+  return mix_counter(key_hash, spec);
+}
+
+Policy::Policy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Policy::~Policy() = default;
+
+std::shared_ptr<const Policy> Policy::compile(RuleSet rules, const Overrides& overrides,
+                                              uint64_t hash_seed, InputLimits input) {
+  auto impl = std::make_unique<Impl>();
+  Impl& p = *impl;
+  p.rules = std::move(rules);  // never modified again: everything below points into it
+  p.input = input;
+  p.hash_seed = hash_seed;
+
+  auto spec_index = [&p](const window::WindowSpec& spec) {
+    auto it = std::find(p.specs.begin(), p.specs.end(), spec);
+    if (it == p.specs.end()) it = p.specs.insert(it, spec);
+    return static_cast<uint32_t>(it - p.specs.begin());
+  };
+  auto add_limits = [&](const std::vector<Limit>& limits) {
+    LimitSpan span{static_cast<uint32_t>(p.limit_refs.size()),
+                   static_cast<uint32_t>(limits.size())};
+    for (const Limit& l : limits)
+      p.limit_refs.push_back({&l, spec_index(l.spec)});
+    return span;
+  };
+
+  uint32_t stats_index = 0;
+  p.domains.reserve(p.rules.domains.size());
+  for (const Domain& d : p.rules.domains) {
+    CompiledDomain cd;
+    cd.domain = &d;
+    for (const Plan& plan : d.plans)
+      cd.plans.push_back({plan.name, add_limits(plan.limits)});
+    for (const Rule& r : d.rules) {
+      CompiledRule cr;
+      cr.rule = &r;
+      cr.seed = rule_seed(hash_seed, d.name, r);
+      cr.stats_index = stats_index++;
+      cr.uses_plans = !r.plan_from.empty();
+      if (cr.uses_plans) {
+        for (const CompiledPlan& cp : cd.plans) {
+          if (cp.name == r.default_plan) cr.limits = cp.limits;
+        }
+      } else {
+        cr.limits = add_limits(r.limits);
+      }
+      cd.rules.push_back(cr);
+      p.stats_names.push_back(d.name + "/" + r.name);
+    }
+    if (d.allowlist.size() > kScannedAllowlist) {
+      for (size_t i = 0; i < d.allowlist.size(); ++i) {
+        cd.allow_index.emplace_back(allow_hash(d.allowlist[i].key, d.allowlist[i].value),
+                                    static_cast<uint32_t>(i));
+      }
+      std::sort(cd.allow_index.begin(), cd.allow_index.end());
+    }
+    // A RuleSet from parse_rules has unique domain names; otherwise the first one wins.
+    p.domain_index.emplace(d.name, static_cast<uint32_t>(p.domains.size()));
+    p.domains.push_back(std::move(cd));
+  }
+
+  std::vector<std::string_view> values;
+  for (const Override& o : overrides.list()) {
+    auto dit = p.domain_index.find(o.domain);
+    if (dit == p.domain_index.end()) continue;
+    CompiledDomain& cd = p.domains[dit->second];
+    for (CompiledRule& cr : cd.rules) {
+      const Rule& r = *cr.rule;
+      // The override applies to rules keyed by exactly its entries, in any order.
+      if (r.key.size() != o.entries.size()) continue;
+      values.clear();
+      for (const std::string& k : r.key) {
+        auto e = std::find_if(o.entries.begin(), o.entries.end(),
+                              [&](const auto& kv) { return kv.first == k; });
+        if (e == o.entries.end()) break;
+        values.push_back(e->second);
+      }
+      if (values.size() != r.key.size()) continue;
+
+      CompiledOverride co;
+      co.stats_index = cr.stats_index;
+      co.expires_at_ms = o.expires_at_ms;
+      if (o.mode) {
+        co.has_mode = true;
+        co.mode = *o.mode;
+      }
+      if (!o.limits.empty()) {
+        co.has_limits = true;
+        co.limits = {static_cast<uint32_t>(p.limit_refs.size()),
+                     static_cast<uint32_t>(o.limits.size())};
+        for (const Limit& l : o.limits) {
+          Limit& stored = p.override_limits.emplace_back(l);
+          if (stored.name.empty()) stored.name = default_limit_name(r.name, stored);
+          p.limit_refs.push_back({&stored, spec_index(stored.spec)});
+        }
+      } else if (!o.plan.empty()) {
+        for (const CompiledPlan& cp : cd.plans) {
+          if (cp.name == o.plan) {
+            co.has_limits = true;
+            co.limits = cp.limits;
+          }
+        }
+      }
+      if (p.overrides.emplace(hash_values(cr.seed, values), co).second) cr.has_overrides = true;
+    }
+  }
+  return std::shared_ptr<const Policy>(new Policy(std::move(impl)));
+}
+
+ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolution& out) const {
+  const Impl& p = *impl_;
+  ResolvedRequest res;
+  res.first_rule = static_cast<uint32_t>(out.rules.size());  // valid even when nothing applies
+  // Validation in a fixed order, so a request with several faults always gets the same answer.
+  if (req.domain.empty()) {
+    res.error = CheckError::kEmptyDomain;
+    return res;
+  }
+  if (req.hits > p.input.max_hits) {
+    res.error = CheckError::kHitsTooLarge;
+    return res;
+  }
+  const std::span<const Descriptor> desc = req.descriptors;
+  if (desc.size() > p.input.max_descriptors) {
+    res.error = CheckError::kTooManyDescriptors;
+    return res;
+  }
+  bool too_long = false;
+  for (const Descriptor& d : desc) {
+    if (d.key.empty()) {
+      res.error = CheckError::kEmptyDescriptorKey;
+      return res;
+    }
+    too_long |= d.key.size() > p.input.max_entry_bytes || d.value.size() > p.input.max_entry_bytes;
+  }
+  if (too_long) {
+    res.error = CheckError::kEntryTooLong;
+    return res;
+  }
+  // Pairwise: descriptors are few (bounded by max_descriptors) and this needs no memory.
+  for (size_t i = 1; i < desc.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (desc[i].key == desc[j].key) {
+        res.error = CheckError::kDuplicateDescriptor;
+        return res;
+      }
+    }
+  }
+  const auto dit = p.domain_index.find(req.domain);
+  if (dit == p.domain_index.end()) {
+    res.error = CheckError::kUnknownDomain;
+    return res;
+  }
+  const CompiledDomain& cd = p.domains[dit->second];
+  if (allowlisted(cd, desc)) {
+    res.allowlisted = true;
+    return res;
+  }
+
+  for (const CompiledRule& cr : cd.rules) {
+    const Rule& rule = *cr.rule;
+    if (!matches(rule.match, desc)) continue;
+    KeyBuffer key;
+    bool complete = true;
+    bool fits = true;
+    for (const std::string& k : rule.key) {
+      const std::string_view* v = find_value(desc, k);
+      if (v == nullptr) {
+        complete = false;  // a rule applies only when every key entry is present
+        break;
+      }
+      if (fits) fits = key.add(*v);
+    }
+    if (!complete) continue;
+    const uint64_t kh = fits ? key.digest(cr.seed) : hash_long_key(cr.seed, rule.key, desc);
+
+    const CompiledOverride* ov = nullptr;
+    if (cr.has_overrides) {
+      const auto oit = p.overrides.find(kh);
+      if (oit != p.overrides.end() && oit->second.stats_index == cr.stats_index &&
+          (oit->second.expires_at_ms == 0 || now_ms < oit->second.expires_at_ms)) {
+        ov = &oit->second;
+      }
+    }
+    LimitSpan span = cr.limits;
+    if (ov != nullptr && ov->has_limits) {
+      span = ov->limits;
+    } else if (cr.uses_plans) {
+      if (const std::string_view* plan = find_value(desc, rule.plan_from)) {
+        for (const CompiledPlan& cp : cd.plans) {
+          if (cp.name == *plan) {
+            span = cp.limits;
+            break;
+          }
+        }
+      }
+    }
+
+    out.rules.push_back(
+        AppliedRule{&rule, cr.stats_index, ov != nullptr && ov->has_mode ? ov->mode : rule.mode,
+                    ov != nullptr, static_cast<uint32_t>(out.limits.size()), span.count});
+    for (uint32_t i = 0; i < span.count; ++i) {
+      const LimitRef& lr = p.limit_refs[span.first + i];
+      out.limits.push_back(AppliedLimit{lr.limit, mix_counter(kh, lr.limit->spec), lr.spec_index});
+    }
+    ++res.num_rules;
+  }
+  return res;
+}
+
+const RuleSet& Policy::rules() const {
+  return impl_->rules;
+}
+const InputLimits& Policy::input_limits() const {
+  return impl_->input;
+}
+uint64_t Policy::hash_seed() const {
+  return impl_->hash_seed;
+}
+size_t Policy::num_stats_slots() const {
+  return impl_->stats_names.size();
+}
+
+std::string_view Policy::stats_name(uint32_t index) const {
+  return index < impl_->stats_names.size() ? std::string_view(impl_->stats_names[index])
+                                           : std::string_view();
+}
+
+std::span<const window::WindowSpec> Policy::window_specs() const {
+  return impl_->specs;
+}
+
+}  // namespace sluice::rules
