@@ -64,7 +64,8 @@ struct Checker {
   std::span<const engine::LimitResult> limits() const { return out.limits_of(out.decisions[0]); }
   int admitted(int n, std::vector<Descriptor> ds, int64_t now, uint64_t hits = 1) {
     int ok = 0;
-    for (int i = 0; i < n; ++i) ok += check(ds, now, hits).allowed ? 1 : 0;
+    for (int i = 0; i < n; ++i)
+      ok += check(ds, now, hits).allowed ? 1 : 0;
     return ok;
   }
   std::vector<Descriptor> descs;
@@ -132,7 +133,8 @@ TEST_CASE("two windows on one key: both must allow (seed 001: 10/s and 3000/10m)
   int admitted = 0;
   // Bursts two seconds apart (the one-second window is then empty again): 10 per burst for 5
   // bursts would be 50, but the 10-minute limit stops it at 30.
-  for (int s = 0; s < 5; ++s) admitted += c.admitted(12, {{"client", "c"}}, kT0 + s * 2000);
+  for (int s = 0; s < 5; ++s)
+    admitted += c.admitted(12, {{"client", "c"}}, kT0 + s * 2000);
   CHECK(admitted == 30);
   c.check({{"client", "c"}}, kT0 + 10'000);
   REQUIRE(c.limits().size() == 2);
@@ -175,7 +177,8 @@ TEST_CASE("count_denied makes denied requests count against the window") {
 }
 
 TEST_CASE("dry-run rules always allow, flag would-deny, and count as enforcement would") {
-  Engine e(compile(one_domain({rule("rollout", {"client"}, {limit("5/1m")}, rules::Mode::kDryRun)})));
+  Engine e(
+      compile(one_domain({rule("rollout", {"client"}, {limit("5/1m")}, rules::Mode::kDryRun)})));
   Checker c{e, {}, {}};
   int would = 0;
   for (int i = 0; i < 8; ++i) {
@@ -231,7 +234,8 @@ TEST_CASE("bad requests get an error and count nothing") {
   CHECK(c.check({{"user", "1"}}, kT0).allowed);
   const auto s = e.stats();
   uint64_t rejected = 0;
-  for (const auto& [name, n] : s.rejected) rejected += n;
+  for (const auto& [name, n] : s.rejected)
+    rejected += n;
   CHECK(rejected == 4);
 }
 
@@ -258,8 +262,8 @@ TEST_CASE("requests in one batch are decided in order") {
 }
 
 TEST_CASE("reloading the rules keeps the counters of rules that remain") {
-  auto v1 = one_domain({rule("per-user", {"user"}, {limit("5/1m")}),
-                        rule("old", {"ip"}, {limit("5/1m")})});
+  auto v1 = one_domain(
+      {rule("per-user", {"user"}, {limit("5/1m")}), rule("old", {"ip"}, {limit("5/1m")})});
   Engine e(compile(v1));
   Checker c{e, {}, {}};
   CHECK(c.admitted(5, {{"user", "1"}}, kT0) == 5);
@@ -289,8 +293,8 @@ TEST_CASE("an override replaces one client's limits and mode without touching ot
 
 TEST_CASE("concurrent callers never admit more than the limit") {
   // Two counters per request in (most likely) different shards: the decision must be atomic.
-  Engine e(compile(one_domain(
-      {rule("per-ip", {"ip"}, {limit("1000/1m")}), rule("per-user", {"user"}, {limit("700/1m")})})));
+  Engine e(compile(one_domain({rule("per-ip", {"ip"}, {limit("1000/1m")}),
+                               rule("per-user", {"user"}, {limit("700/1m")})})));
   std::atomic<int> admitted{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -301,11 +305,13 @@ TEST_CASE("concurrent callers never admit more than the limit") {
       BatchResult out;
       for (int i = 0; i < 100; ++i) {
         e.check(batch, kT0 + 5, out);
-        for (const auto& d : out.decisions) admitted += d.allowed ? 1 : 0;
+        for (const auto& d : out.decisions)
+          admitted += d.allowed ? 1 : 0;
       }
     });
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
   CHECK(admitted.load() == 700);
 }
 
@@ -315,8 +321,8 @@ TEST_CASE("merging remote totals is idempotent: duplicates and stale reports cha
   CHECK(c.check({{"user", "1"}}, kT0, 10).allowed);
   const auto& lim = *c.limits()[0].limit;
   const std::string_view values[] = {"1"};
-  const uint64_t counter = rules::counter_id(
-      rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
+  const uint64_t counter =
+      rules::counter_id(rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
   const int64_t bucket = window::bucket_of(kT0, 60'000);
   std::vector<engine::RemoteTotal> msgs{{counter, lim.spec, 2, bucket, 30},
                                         {counter, lim.spec, 3, bucket, 25}};
@@ -369,8 +375,10 @@ TEST_CASE("merges in any order converge to the same count") {
 TEST_CASE("sweep drops only counters whose buckets all left the window") {
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("10/1m")})})));
   Checker c{e, {}, {}};
-  for (int u = 0; u < 100; ++u) c.check({{"user", std::to_string(u)}}, kT0);
-  for (int u = 0; u < 10; ++u) c.check({{"user", std::to_string(u)}}, kT0 + 60'000);
+  for (int u = 0; u < 100; ++u)
+    c.check({{"user", std::to_string(u)}}, kT0);
+  for (int u = 0; u < 10; ++u)
+    c.check({{"user", std::to_string(u)}}, kT0 + 60'000);
   CHECK(e.stats().live_counters == 100);
   // At 1:59 the minute-0 bucket still straddles the window: nothing may go.
   CHECK(e.sweep(kT0 + 119'999) == 0);
@@ -387,12 +395,14 @@ TEST_CASE("under the memory cap, expired counters are evicted before any live on
   opt.memory_cap_bytes = 128 * 1024;  // tables up to 3,079 slots: about 2,600 counters
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("10/1m")})})), opt);
   Checker c{e, {}, {}};
-  for (int u = 0; u < 1500; ++u) c.check({{"user", "old-" + std::to_string(u)}}, kT0);
+  for (int u = 0; u < 1500; ++u)
+    c.check({{"user", "old-" + std::to_string(u)}}, kT0);
   const auto before = e.stats();
   CHECK(before.live_counters == 1500);
   CHECK(before.table_bytes <= opt.memory_cap_bytes);
   // Two minutes later the old keys are idle past their window; a flood of new keys reuses them.
-  for (int u = 0; u < 1500; ++u) c.check({{"user", "new-" + std::to_string(u)}}, kT0 + 120'000);
+  for (int u = 0; u < 1500; ++u)
+    c.check({{"user", "new-" + std::to_string(u)}}, kT0 + 120'000);
   const auto after = e.stats();
   CHECK(after.evicted_live == 0);
   CHECK(after.evicted_expired >= 1);
@@ -406,7 +416,8 @@ TEST_CASE("a flood of distinct keys evicts the smallest counts and keeps a heavy
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("50/1m")})})), opt);
   Checker c{e, {}, {}};
   CHECK(c.admitted(50, {{"user", "heavy"}}, kT0) == 50);
-  for (int u = 0; u < 5000; ++u) c.check({{"user", "flood-" + std::to_string(u)}}, kT0 + 1);
+  for (int u = 0; u < 5000; ++u)
+    c.check({{"user", "flood-" + std::to_string(u)}}, kT0 + 1);
   const auto s = e.stats();
   CHECK(s.evicted_live > 0);  // visible in metrics
   CHECK(s.table_bytes <= opt.memory_cap_bytes);

@@ -109,7 +109,8 @@ uint64_t rule_seed(uint64_t hash_seed, std::string_view domain, const Rule& rule
   std::string s;
   s.append(domain).push_back('\0');
   s.append(rule.name);
-  for (const std::string& k : rule.key) s.append(1, '\0').append(k);
+  for (const std::string& k : rule.key)
+    s.append(1, '\0').append(k);
   return XXH3_64bits_withSeed(s.data(), s.size(), hash_seed);
 }
 

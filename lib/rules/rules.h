@@ -64,18 +64,18 @@ struct Condition {
 };
 
 struct Rule {
-  std::string name;                  // unique within its domain
-  std::vector<Condition> match;      // all must hold for the rule to apply
-  std::vector<std::string> key;      // descriptor entries forming the counter key, in order;
-                                     // the rule applies only when all are present
-  std::vector<Limit> limits;         // used when the rule takes no plan
-  std::string plan_from;             // descriptor entry naming the plan; "" = no plans
-  std::string default_plan;          // plan when the entry is absent or names no known plan
+  std::string name;              // unique within its domain
+  std::vector<Condition> match;  // all must hold for the rule to apply
+  std::vector<std::string> key;  // descriptor entries forming the counter key, in order;
+                                 // the rule applies only when all are present
+  std::vector<Limit> limits;     // used when the rule takes no plan
+  std::string plan_from;         // descriptor entry naming the plan; "" = no plans
+  std::string default_plan;      // plan when the entry is absent or names no known plan
   Mode mode = Mode::kEnforce;
-  bool count_denied = false;         // denied requests count against the window too
+  bool count_denied = false;  // denied requests count against the window too
   window::Estimator estimator = window::Estimator::kWeighted;
   Consistency consistency = Consistency::kOwner;
-  int line = 0;                      // where it was declared (1-based), for messages
+  int line = 0;  // where it was declared (1-based), for messages
 };
 
 struct Plan {
@@ -102,15 +102,15 @@ struct RuleSet {
 
 struct ParseError {
   std::string file;
-  int line = 0;        // 1-based; 0 when the error is not tied to a line
-  std::string field;   // path of the field, e.g. "domains[0].rules[2].limits[1]"
+  int line = 0;       // 1-based; 0 when the error is not tied to a line
+  std::string field;  // path of the field, e.g. "domains[0].rules[2].limits[1]"
   std::string message;
   std::string to_string() const;  // "rules.yaml:12: domains[0].rules[2].limits[1]: <message>"
 };
 
 struct ParseResult {
-  std::optional<RuleSet> rules;   // set iff errors is empty
-  std::vector<ParseError> errors; // every problem found, in file order
+  std::optional<RuleSet> rules;    // set iff errors is empty
+  std::vector<ParseError> errors;  // every problem found, in file order
 };
 
 // Parses and validates rules text. `file` only names the source in errors.
@@ -123,10 +123,10 @@ ParseResult load_rules_file(const std::string& path);
 struct Override {
   std::string domain;
   std::vector<std::pair<std::string, std::string>> entries;  // key=value, any order
-  std::vector<Limit> limits;          // empty = keep the rule's (or plan's) limits
-  std::string plan;                   // "" = keep; else the plan's limits (a plan assignment)
-  std::optional<Mode> mode;           // nullopt = keep the rule's mode
-  int64_t expires_at_ms = 0;          // 0 = never
+  std::vector<Limit> limits;  // empty = keep the rule's (or plan's) limits
+  std::string plan;           // "" = keep; else the plan's limits (a plan assignment)
+  std::optional<Mode> mode;   // nullopt = keep the rule's mode
+  int64_t expires_at_ms = 0;  // 0 = never
 };
 
 // The in-memory overrides table (persistence is lib/store's). Not thread-safe: one owner makes
@@ -138,8 +138,7 @@ class Overrides {
   std::string set(Override o);
   const Override* get(std::string_view domain,
                       std::span<const std::pair<std::string, std::string>> entries) const;
-  bool del(std::string_view domain,
-           std::span<const std::pair<std::string, std::string>> entries);
+  bool del(std::string_view domain, std::span<const std::pair<std::string, std::string>> entries);
   // Drops overrides that expired at or before now; returns how many.
   size_t prune(int64_t now_ms);
   std::vector<Override> list() const;  // sorted by domain, then entries
@@ -192,11 +191,11 @@ struct AppliedLimit {
 
 // One rule that applies to a request.
 struct AppliedRule {
-  const Rule* rule;            // owned by the Policy
-  uint32_t stats_index;        // index into the policy's per-rule stats slots
-  Mode mode;                   // after overrides
+  const Rule* rule;      // owned by the Policy
+  uint32_t stats_index;  // index into the policy's per-rule stats slots
+  Mode mode;             // after overrides
   bool overridden;
-  uint32_t first_limit;        // into Resolution::limits
+  uint32_t first_limit;  // into Resolution::limits
   uint32_t num_limits;
 };
 
@@ -204,7 +203,7 @@ struct AppliedRule {
 struct ResolvedRequest {
   CheckError error = CheckError::kNone;
   bool allowlisted = false;
-  uint32_t first_rule = 0;     // into Resolution::rules
+  uint32_t first_rule = 0;  // into Resolution::rules
   uint32_t num_rules = 0;
 };
 

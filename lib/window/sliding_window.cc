@@ -151,26 +151,32 @@ LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator e
   if (used + need <= cap) return st;  // admitted now: retry_after 0
   const int64_t c = bucket_of(now_ms, B);
   const uint32_t n = spec.buckets();
+  // The split is carried from one segment to the next (one bucket leaves the full part and
+  // becomes the straddler), so a denied check costs O(n), not O(n^2): a day at one-minute buckets
+  // would otherwise cost milliseconds per denial, a gift to a client hammering a full key.
+  Split s = split_at(ring, n, c);
   for (int64_t k = 0; k <= static_cast<int64_t>(n) + 1; ++k) {
     const int64_t seg_start = (c + k) * B;
     const int64_t from = k == 0 ? now_ms - seg_start : 0;  // elapsed ms at the segment's start
-    const Split s = split_at(ring, n, c + k);
     if (scaled(s, est, B, from) + need <= cap) {
       st.retry_after_ms = seg_start + from - now_ms;
       return st;
     }
-    if (est == Estimator::kStrict || s.straddle == 0) continue;
-    // Weighted: full*B + straddle*(B - e) + need <= cap  <=>  straddle*(B - e) <= room.
     const u128 full_scaled = static_cast<u128>(s.full) * b;
-    if (full_scaled + need > cap) continue;
-    const u128 room = cap - full_scaled - need;
-    const u128 max_x = room / s.straddle;         // largest B - e that fits
-    if (max_x >= static_cast<u128>(B)) continue;  // unreachable: would have fit at e = from
-    const int64_t e = B - static_cast<int64_t>(max_x);
-    if (e < B) {
-      st.retry_after_ms = seg_start + std::max(e, from) - now_ms;
-      return st;
+    if (est == Estimator::kWeighted && s.straddle != 0 && full_scaled + need <= cap) {
+      // full*B + straddle*(B - e) + need <= cap  <=>  straddle*(B - e) <= room.
+      const u128 room = cap - full_scaled - need;
+      const u128 max_x = room / s.straddle;             // largest B - e that fits
+      if (max_x > 0 && max_x < static_cast<u128>(B)) {  // e in (0, B): inside this segment
+        const int64_t e = B - static_cast<int64_t>(max_x);
+        st.retry_after_ms = seg_start + std::max(e, from) - now_ms;
+        return st;
+      }
     }
+    const int64_t leaving = c + k + 1 - static_cast<int64_t>(n);
+    const uint64_t lv = ring.count(leaving);
+    s.full = s.full - lv + ring.count(c + k + 1);
+    s.straddle = lv;
   }
   st.retry_after_ms = kNever;  // not reached for hits <= limit
   return st;

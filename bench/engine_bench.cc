@@ -1,0 +1,388 @@
+// sluice-bench-engine: checks per second of the in-process engine on ONE thread with 1M and 10M
+// live keys, and bytes of memory per live key, measured (DESIGN.md, "Numbers that matter").
+//
+// Per row (keys x distribution):
+//   1. Generate every key string ("user-<n>", in one arena) and the whole stream of requests the
+//      timed phase will send (keys drawn uniform, or Zipf(s = 0.99)), laid out in arrival order
+//      like a receive buffer, so neither string building nor sampling is timed, and their memory
+//      is allocated before the "before" reading.
+//   2. Read the allocator (mallinfo2: uordblks + hblkhd, since glibc serves big tables with mmap
+//      and counts those only in hblkhd) and RSS (/proc/self/statm), after malloc_trim so memory
+//      an earlier row freed does not hide this row's growth.
+//   3. Build the engine and touch every key once, so all are live. Read both again: the deltas
+//      over the number of keys are the measured bytes per live key. EngineStats::table_bytes per
+//      key is reported beside them as the engine's own account.
+//   4. Time batches of 64 Engine::check calls with a reused BatchResult, up to --checks checks or
+//      --seconds, whichever comes first, with std::chrono::steady_clock.
+// Simulated time advances 1 ms per 1024 checks (about the pace of a busy node), starting 45 s into
+// a minute so the timed phase crosses a bucket boundary and ring advances are part of the cost.
+// The limit (default 1e9 per minute) is far above any key's traffic so every check is allowed and
+// counted: the figure is the cost of the counting path, not of early denials.
+//
+// The memory cap is set to 8 GiB so nothing is evicted; the evicted counts are printed to show it.
+//
+// Usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf] [--seconds S]
+//          [--checks N] [--limit N] [--shards N]
+#include <malloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/engine.h"
+#include "rules/rules.h"
+#include "traces.h"
+#include "window/sliding_window.h"
+
+namespace {
+
+using sluice::engine::BatchResult;
+using sluice::engine::Engine;
+using sluice::engine::EngineOptions;
+namespace rules = sluice::rules;
+namespace window = sluice::window;
+namespace testing = sluice::testing;
+
+constexpr size_t kBatch = 64;
+constexpr double kZipfS = 0.99;
+constexpr int64_t kChecksPerMs = 1024;
+constexpr int64_t kStartMs = testing::kTraceStartMs + 45'000;
+
+struct Options {
+  bool json = false;
+  std::vector<uint64_t> keys = {1'000'000, 10'000'000};
+  std::vector<std::string> dists = {"uniform", "zipf"};
+  double seconds = 10.0;
+  uint64_t checks = 20'000'000;
+  uint64_t limit = 1'000'000'000;
+  uint32_t shards = 64;
+  uint64_t seed = 1;
+};
+
+struct Row {
+  uint64_t keys = 0;
+  std::string dist;
+  uint64_t checks = 0;
+  double seconds = 0;
+  double checks_per_sec = 0;
+  double bytes_per_key = 0;
+  double rss_bytes_per_key = 0;
+  double table_bytes_per_key = 0;
+  uint64_t allowed = 0;
+  uint64_t live_counters = 0;
+  uint64_t evicted_expired = 0;
+  uint64_t evicted_live = 0;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "sluice-bench-engine: %s\n"
+               "usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf]\n"
+               "         [--seconds S] [--checks N] [--limit N] [--shards N] [--seed N]\n",
+               why);
+  std::exit(2);
+}
+
+uint64_t parse_u64(std::string_view s, const char* what) {
+  const std::string str(s);
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(str.c_str(), &end, 10);
+  if (str.empty() || *end != '\0') usage(what);
+  return v;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  bool keys_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) usage("missing value after an option");
+      return argv[++i];
+    };
+    if (a == "--json") {
+      o.json = true;
+    } else if (a == "--keys") {
+      // Repeatable, and each may be a comma list.
+      if (!keys_given) o.keys.clear();
+      keys_given = true;
+      std::string_view v = value();
+      while (!v.empty()) {
+        const size_t c = v.find(',');
+        const uint64_t n = parse_u64(v.substr(0, c), "--keys takes numbers");
+        if (n == 0 || n > UINT32_MAX) usage("--keys must be between 1 and 2^32-1");
+        o.keys.push_back(n);
+        if (c == std::string_view::npos) break;
+        v.remove_prefix(c + 1);
+      }
+    } else if (a == "--dist") {
+      const std::string_view d = value();
+      if (d != "uniform" && d != "zipf") usage("--dist takes uniform or zipf");
+      o.dists = {std::string(d)};
+    } else if (a == "--seconds") {
+      const std::string s(value());
+      char* end = nullptr;
+      o.seconds = std::strtod(s.c_str(), &end);
+      if (*end != '\0' || !(o.seconds > 0)) usage("--seconds takes a positive number");
+    } else if (a == "--checks") {
+      o.checks = parse_u64(value(), "--checks takes a number");
+    } else if (a == "--limit") {
+      o.limit = parse_u64(value(), "--limit takes a number");
+    } else if (a == "--shards") {
+      o.shards = static_cast<uint32_t>(parse_u64(value(), "--shards takes a number"));
+    } else if (a == "--seed") {
+      o.seed = parse_u64(value(), "--seed takes a number");
+    } else {
+      usage(a == "--help" || a == "-h" ? "help" : "unknown option");
+    }
+  }
+  return o;
+}
+
+// Every key string back to back in one allocation; key i is [offset[i], offset[i+1]). A vector
+// of std::string would cost 32 B of object per key on top, and that is request-side memory the
+// measurement must keep small and out of the deltas anyway.
+struct KeyArena {
+  std::string bytes;
+  std::vector<uint64_t> offset;
+  std::string_view operator[](uint64_t i) const {
+    return {bytes.data() + offset[i], static_cast<size_t>(offset[i + 1] - offset[i])};
+  }
+};
+
+KeyArena make_keys(uint64_t n) {
+  KeyArena a;
+  a.offset.reserve(n + 1);
+  a.bytes.reserve(n * 12);
+  for (uint64_t i = 0; i < n; ++i) {
+    a.offset.push_back(a.bytes.size());
+    a.bytes += "user-";
+    a.bytes += std::to_string(i);
+  }
+  a.offset.push_back(a.bytes.size());
+  return a;
+}
+
+// The timed requests laid out in arrival order, one fixed 16-byte slot per request, the way a
+// daemon finds them in its receive buffer: reading a request's key is a sequential read, not a
+// jump into a table of every key's text (which would time a cache miss no server pays).
+struct RequestStream {
+  static constexpr size_t kSlot = 16;
+  std::vector<char> bytes;
+  std::vector<uint8_t> len;
+  std::string_view operator[](uint64_t i) const { return {bytes.data() + i * kSlot, len[i]}; }
+};
+
+RequestStream make_stream(const KeyArena& arena, const std::vector<uint32_t>& seq) {
+  RequestStream st;
+  st.bytes.resize(seq.size() * RequestStream::kSlot);
+  st.len.resize(seq.size());
+  for (size_t i = 0; i < seq.size(); ++i) {
+    const std::string_view k = arena[seq[i]];
+    std::copy(k.begin(), k.end(),
+              st.bytes.begin() + static_cast<std::ptrdiff_t>(i * RequestStream::kSlot));
+    st.len[i] = static_cast<uint8_t>(k.size());
+  }
+  return st;
+}
+
+std::vector<uint32_t> make_sequence(uint64_t keys, uint64_t len, std::string_view dist,
+                                    uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint32_t> seq(len);
+  if (dist == "uniform") {
+    for (auto& k : seq)
+      k = static_cast<uint32_t>(rng() % keys);
+  } else {
+    const testing::ZipfSampler zipf(keys, kZipfS);  // freed before the "before" reading
+    for (auto& k : seq)
+      k = static_cast<uint32_t>(zipf(rng));
+  }
+  return seq;
+}
+
+struct MemReading {
+  uint64_t allocator = 0;  // bytes in use: heap chunks + mmapped chunks
+  uint64_t rss = 0;
+};
+
+MemReading read_memory() {
+  MemReading m;
+  const struct mallinfo2 mi = mallinfo2();
+  m.allocator = mi.uordblks + mi.hblkhd;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    unsigned long long size = 0, resident = 0;
+    if (std::fscanf(f, "%llu %llu", &size, &resident) == 2) {
+      m.rss = resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    }
+    std::fclose(f);
+  }
+  return m;
+}
+
+double per_key(uint64_t after, uint64_t before, uint64_t keys) {
+  return (static_cast<double>(after) - static_cast<double>(before)) / static_cast<double>(keys);
+}
+
+std::shared_ptr<const rules::Policy> make_policy(uint64_t limit, uint64_t seed) {
+  rules::Limit lim;
+  lim.requests = limit;
+  lim.spec = window::make_spec(60'000);
+  lim.name = "per-user:" + std::to_string(limit) + "/1m";
+  rules::Rule rule;
+  rule.name = "per-user";
+  rule.key = {"user"};
+  rule.limits = {lim};
+  rules::Domain domain;
+  domain.name = "bench";
+  domain.rules.push_back(std::move(rule));
+  rules::RuleSet set;
+  set.domains.push_back(std::move(domain));
+  return rules::Policy::compile(std::move(set), rules::Overrides{}, seed);
+}
+
+// Checks keys[seq[i]] for i in [0, len) in batches of kBatch, time starting at `first_check`
+// (in checks, for the simulated clock). Stops early at `deadline` when given. Returns how many
+// checks ran; adds the allowed ones to *allowed.
+template <typename KeyOf>
+uint64_t run_checks(Engine& engine, uint64_t len, uint64_t first_check, KeyOf key_of,
+                    const std::chrono::steady_clock::time_point* deadline, uint64_t* allowed) {
+  std::vector<rules::Descriptor> descs(kBatch);
+  std::vector<rules::CheckRequest> batch(kBatch);
+  BatchResult out;
+  uint64_t done = 0;
+  uint64_t ok = 0;
+  while (done < len) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBatch, len - done));
+    for (size_t j = 0; j < n; ++j) {
+      descs[j] = {"user", key_of(done + j)};
+      batch[j] = {"bench", {&descs[j], 1}, 1};
+    }
+    const int64_t now = kStartMs + static_cast<int64_t>((first_check + done) / kChecksPerMs);
+    engine.check({batch.data(), n}, now, out);
+    for (size_t j = 0; j < n; ++j)
+      ok += out.decisions[j].allowed ? 1u : 0u;
+    done += n;
+    // The clock is read every 16 batches: cheap next to 1024 checks, fine-grained enough.
+    if (deadline != nullptr && done % 1024 == 0 && std::chrono::steady_clock::now() >= *deadline) {
+      break;
+    }
+  }
+  *allowed += ok;
+  return done;
+}
+
+Row run_row(const Options& opt, const KeyArena& arena, uint64_t keys, const std::string& dist) {
+  Row row;
+  row.keys = keys;
+  row.dist = dist;
+  const RequestStream stream = make_stream(arena, make_sequence(keys, opt.checks, dist, opt.seed));
+
+  // Give memory freed by the previous row back to the system, so the RSS delta is this engine's.
+  malloc_trim(0);
+  const MemReading before = read_memory();
+  EngineOptions eo;
+  eo.memory_cap_bytes = 8ull << 30;
+  eo.shards = opt.shards;
+  auto engine = std::make_unique<Engine>(make_policy(opt.limit, opt.seed), eo);
+  uint64_t warm_allowed = 0;
+  run_checks(
+      *engine, keys, 0, [&](uint64_t i) { return arena[i]; }, nullptr, &warm_allowed);
+  const MemReading after = read_memory();
+  const auto warm_stats = engine->stats();
+
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(opt.seconds));
+  row.checks = run_checks(
+      *engine, stream.len.size(), keys, [&](uint64_t i) { return stream[i]; }, &deadline,
+      &row.allowed);
+  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto stats = engine->stats();
+
+  row.checks_per_sec = static_cast<double>(row.checks) / row.seconds;
+  row.bytes_per_key = per_key(after.allocator, before.allocator, keys);
+  row.rss_bytes_per_key = per_key(after.rss, before.rss, keys);
+  row.table_bytes_per_key = static_cast<double>(warm_stats.table_bytes) / static_cast<double>(keys);
+  row.live_counters = stats.live_counters;
+  row.evicted_expired = stats.evicted_expired;
+  row.evicted_live = stats.evicted_live;
+  if (warm_stats.live_counters != keys) {
+    std::fprintf(stderr,
+                 "warning: %" PRIu64 " keys touched but %" PRIu64 " live counters after warm-up\n",
+                 keys, warm_stats.live_counters);
+  }
+  if (warm_allowed != keys) {
+    std::fprintf(stderr, "warning: only %" PRIu64 " of %" PRIu64 " warm-up checks allowed\n",
+                 warm_allowed, keys);
+  }
+  return row;
+}
+
+void print_table(const Options& opt, const std::vector<Row>& rows) {
+  std::printf("# one thread; limit %" PRIu64
+              "/1m (1m buckets); %u shards; batches of %zu;"
+              " memory cap 8 GiB; up to %" PRIu64 " checks or %.1f s per row\n",
+              opt.limit, opt.shards, kBatch, opt.checks, opt.seconds);
+  std::printf("%10s %-8s %10s %7s %12s %9s %9s %9s %8s %10s %8s %8s\n", "keys", "dist", "checks",
+              "secs", "checks/s", "B/key", "rssB/key", "tblB/key", "allowed%", "live", "ev_exp",
+              "ev_live");
+  for (const auto& r : rows) {
+    std::printf("%10" PRIu64 " %-8s %10" PRIu64 " %7.2f %12.0f %9.1f %9.1f %9.1f %8.3f %10" PRIu64
+                " %8" PRIu64 " %8" PRIu64 "\n",
+                r.keys, r.dist.c_str(), r.checks, r.seconds, r.checks_per_sec, r.bytes_per_key,
+                r.rss_bytes_per_key, r.table_bytes_per_key,
+                r.checks == 0
+                    ? 0.0
+                    : 100.0 * static_cast<double>(r.allowed) / static_cast<double>(r.checks),
+                r.live_counters, r.evicted_expired, r.evicted_live);
+  }
+}
+
+void print_json(const std::vector<Row>& rows) {
+  std::string s = "{\"rows\":[";
+  char buf[384];
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::snprintf(buf, sizeof buf,
+                  "%s{\"keys\":%" PRIu64
+                  ",\"distribution\":\"%s\",\"checks_per_sec\":%.0f,\"bytes_per_key\":%.2f"
+                  ",\"rss_bytes_per_key\":%.2f,\"table_bytes_per_key\":%.2f}",
+                  i == 0 ? "" : ",", r.keys, r.dist.c_str(), r.checks_per_sec, r.bytes_per_key,
+                  r.rss_bytes_per_key, r.table_bytes_per_key);
+    s += buf;
+  }
+  s += "]}";
+  std::printf("%s\n", s.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = parse_args(argc, argv);
+  std::vector<Row> rows;
+  for (const uint64_t keys : opt.keys) {
+    const KeyArena arena = make_keys(keys);
+    for (const auto& dist : opt.dists) {
+      rows.push_back(run_row(opt, arena, keys, dist));
+      const Row& r = rows.back();
+      std::fprintf(stderr,
+                   "done %" PRIu64
+                   " keys %s: %.0f checks/s, %.1f B/key (allocator), "
+                   "evicted expired %" PRIu64 " live %" PRIu64 "\n",
+                   r.keys, r.dist.c_str(), r.checks_per_sec, r.bytes_per_key, r.evicted_expired,
+                   r.evicted_live);
+    }
+  }
+  print_table(opt, rows);
+  if (opt.json) print_json(rows);
+  return 0;
+}
