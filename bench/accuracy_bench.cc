@@ -49,6 +49,7 @@
 
 #include "engine/engine.h"
 #include "exact_log.h"
+#include "one_rule_policy.h"
 #include "rules/rules.h"
 #include "traces.h"
 #include "window/sliding_window.h"
@@ -215,22 +216,7 @@ Options parse_args(int argc, char** argv) {
 
 std::shared_ptr<const rules::Policy> make_policy(const window::WindowSpec& spec, uint64_t limit,
                                                  Estimator est, bool count_all, uint64_t seed) {
-  rules::Limit lim;
-  lim.requests = limit;
-  lim.spec = spec;
-  lim.name = "r:" + std::to_string(limit) + "/" + rules::format_duration(spec.window_ms);
-  rules::Rule rule;
-  rule.name = "r";
-  rule.key = {"k"};
-  rule.limits = {lim};
-  rule.estimator = est;
-  rule.count_denied = count_all;
-  rules::Domain domain;
-  domain.name = "bench";
-  domain.rules.push_back(std::move(rule));
-  rules::RuleSet set;
-  set.domains.push_back(std::move(domain));
-  return rules::Policy::compile(std::move(set), rules::Overrides{}, seed);
+  return testing::one_rule_policy({"bench", "r", "k", limit, spec, est, count_all}, seed);
 }
 
 Row replay(std::string_view trace_name, const std::vector<Event>& trace, const WindowCase& wc,

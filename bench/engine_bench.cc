@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "one_rule_policy.h"
 #include "rules/rules.h"
 #include "traces.h"
 #include "window/sliding_window.h"
@@ -233,20 +234,9 @@ double per_key(uint64_t after, uint64_t before, uint64_t keys) {
 }
 
 std::shared_ptr<const rules::Policy> make_policy(uint64_t limit, uint64_t seed) {
-  rules::Limit lim;
-  lim.requests = limit;
-  lim.spec = window::make_spec(60'000);
-  lim.name = "per-user:" + std::to_string(limit) + "/1m";
-  rules::Rule rule;
-  rule.name = "per-user";
-  rule.key = {"user"};
-  rule.limits = {lim};
-  rules::Domain domain;
-  domain.name = "bench";
-  domain.rules.push_back(std::move(rule));
-  rules::RuleSet set;
-  set.domains.push_back(std::move(domain));
-  return rules::Policy::compile(std::move(set), rules::Overrides{}, seed);
+  return testing::one_rule_policy({"bench", "per-user", "user", limit, window::make_spec(60'000),
+                                   window::Estimator::kWeighted, false},
+                                  seed);
 }
 
 // Checks keys[seq[i]] for i in [0, len) in batches of kBatch, time starting at `first_check`

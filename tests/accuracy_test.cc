@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "exact_log.h"
+#include "one_rule_policy.h"
 #include "rules/rules.h"
 #include "traces.h"
 #include "window/sliding_window.h"
@@ -41,21 +42,7 @@ constexpr int64_t kDay = 24 * kHour;
 
 std::shared_ptr<const rules::Policy> make_policy(const WindowSpec& spec, uint64_t limit,
                                                  Estimator est) {
-  rules::Limit lim;
-  lim.name = "r:" + std::to_string(limit);
-  lim.requests = limit;
-  lim.spec = spec;
-  rules::Rule rule;
-  rule.name = "r";
-  rule.key = {"k"};
-  rule.limits = {lim};
-  rule.estimator = est;
-  rules::Domain domain;
-  domain.name = "acc";
-  domain.rules.push_back(std::move(rule));
-  rules::RuleSet set;
-  set.domains.push_back(std::move(domain));
-  return rules::Policy::compile(std::move(set), rules::Overrides{}, /*hash_seed=*/7);
+  return testing::one_rule_policy({"acc", "r", "k", limit, spec, est, false}, /*hash_seed=*/7);
 }
 
 // Decisions of one SlidingWindow per key.
