@@ -112,10 +112,15 @@ struct Engine::Impl {
   uint32_t shard_mask;
   std::unique_ptr<Shard[]> shards;
 
-  mutable std::mutex state_mu;  // guards state, specs, stats_names (writers and slow readers)
+  // Guards state, specs, stats_names (writers and slow readers). Lock order: state_mu before any
+  // shard lock; code holding a shard lock never takes state_mu.
+  mutable std::mutex state_mu;
   std::shared_ptr<const State> state;
   std::atomic<uint64_t> version{0};
   std::vector<window::WindowSpec> specs;  // engine spec id -> spec
+  // The same, readable without state_mu: an entry is written once, under state_mu, before its id
+  // is published (in a State, or returned to merge), and never changes after.
+  std::array<window::WindowSpec, kMaxSpecs> spec_by_id{};
   std::vector<std::string> stats_names;   // engine stats id -> "<domain>/<rule>"
   std::map<std::string, uint32_t, std::less<>> stats_by_name;
 
@@ -168,6 +173,7 @@ struct Engine::Impl {
       // counts, so refuse loudly (rules validation keeps real configs far below this).
       throw std::length_error("sluice engine: more than 256 distinct window specs");
     }
+    spec_by_id[specs.size()] = spec;
     specs.push_back(spec);
     return static_cast<uint32_t>(specs.size() - 1);
   }
@@ -194,13 +200,10 @@ struct Engine::Impl {
   CounterTable& table(Shard& sh, uint32_t spec_id) {
     CounterTable* t = sh.tables[spec_id].load(std::memory_order_relaxed);
     if (t != nullptr) return *t;
-    window::WindowSpec spec;
-    {
-      std::lock_guard g(state_mu);
-      spec = specs[spec_id];
-    }
+    // Called with shard locks held: must not take state_mu (set_policy holds state_mu while it
+    // takes shard locks). spec_by_id[spec_id] was written before the id was handed out.
     if (sh.owned.size() <= spec_id) sh.owned.resize(spec_id + 1);
-    sh.owned[spec_id] = std::make_unique<CounterTable>(spec);
+    sh.owned[spec_id] = std::make_unique<CounterTable>(spec_by_id[spec_id]);
     t = sh.owned[spec_id].get();
     sh.tables[spec_id].store(t, std::memory_order_release);
     return *t;
