@@ -21,6 +21,7 @@ packages=(
   libyaml-cpp-dev         # the rules file
   libxxhash-dev           # key hashing (XXH3)
   libcli11-dev            # command-line parsing for sluiced, sluicectl and the benchmarks
+  nlohmann-json3-dev      # JSON for the HTTP check endpoint and `--json` output
   libssl-dev              # HMAC for peer messages
   clang libclang-rt-14-dev  # libFuzzer targets
   redis-server memcached nginx  # baselines for bench/ and the nginx auth_request test

@@ -1,0 +1,182 @@
+#include "load/process.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+
+namespace sluice::bench {
+
+namespace {
+
+volatile sig_atomic_t g_stop = 0;
+
+extern "C" void on_stop_signal(int) { g_stop = 1; }
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+}  // namespace
+
+void install_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a blocking call returns EINTR and the loop sees the flag
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  // A peer that closes while we write must be an error value, not a dead benchmark.
+  signal(SIGPIPE, SIG_IGN);
+}
+
+bool stop_requested() { return g_stop != 0; }
+
+std::string ChildProcess::start(const std::vector<std::string>& argv,
+                                const std::string& log_path) {
+  if (argv.empty()) return "empty command";
+  name_ = argv[0];
+  log_path_ = log_path;
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  const int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) return "cannot open " + log_path + ": " + std::strerror(errno);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(log_fd);
+    return std::string("fork: ") + std::strerror(errno);
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until exec.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(SIGINT, &dfl, nullptr);
+    ::sigaction(SIGTERM, &dfl, nullptr);
+    ::sigaction(SIGHUP, &dfl, nullptr);
+    ::sigaction(SIGPIPE, &dfl, nullptr);
+    ::setpgid(0, 0);  // a terminal's Ctrl-C reaches the benchmark only; it stops the children
+    const int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) ::dup2(devnull, 0);
+    ::dup2(log_fd, 1);
+    ::dup2(log_fd, 2);
+    ::execvp(args[0], args.data());
+    const char msg[] = "exec failed\n";
+    [[maybe_unused]] const ssize_t w = ::write(2, msg, sizeof msg - 1);
+    ::_exit(127);
+  }
+  ::close(log_fd);
+  pid_ = pid;
+  exit_status_.clear();
+  return "";
+}
+
+bool ChildProcess::running() {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    exit_status_ = describe_status(status);
+    pid_ = -1;
+    return false;
+  }
+  return true;
+}
+
+void ChildProcess::stop(std::chrono::milliseconds grace) {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  // Bounded: at most grace / 10 ms polls.
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_ || (r < 0 && errno == ECHILD)) {
+      if (r == pid_) exit_status_ = describe_status(status);
+      pid_ = -1;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  if (::waitpid(pid_, &status, 0) == pid_) exit_status_ = describe_status(status);
+  pid_ = -1;
+}
+
+uint16_t free_loopback_port() {
+  // Bounded retries: ask the kernel for a TCP port, then check UDP can have the same number.
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    const int t = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (t < 0) break;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    if (::bind(t, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(t, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ::close(t);
+      continue;
+    }
+    const int u = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    const bool udp_ok = u >= 0 && ::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (u >= 0) ::close(u);
+    ::close(t);
+    if (udp_ok) return ntohs(a.sin_port);
+  }
+  throw std::runtime_error("no free loopback port");
+}
+
+std::string file_tail(const std::string& path, size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (s.size() > max_bytes) s = "..." + s.substr(s.size() - max_bytes);
+  return s;
+}
+
+std::string self_exe_path() {
+  std::error_code ec;
+  const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/sluice-bench-load-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    throw std::runtime_error("mkdtemp " + tmpl + ": " + std::strerror(errno));
+  }
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+}  // namespace sluice::bench

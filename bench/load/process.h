@@ -1,0 +1,74 @@
+// Child servers of the load benchmark: start, wait until they answer, stop. Nothing is left
+// running when the benchmark ends, fails or is interrupted:
+//   - every child gets PR_SET_PDEATHSIG(SIGKILL), so it dies even if the benchmark is killed -9;
+//   - ChildProcess's destructor stops it (SIGTERM, then SIGKILL after a grace period);
+//   - install_stop_signals() turns SIGINT/SIGTERM/SIGHUP into stop_requested(), which every
+//     benchmark loop polls, so the normal unwinding path runs the destructors.
+//
+// Thread safety: spawn and stop from the main thread only (the death signal is tied to the
+// thread that forked).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sluice::bench {
+
+void install_stop_signals();
+bool stop_requested();
+
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ~ChildProcess() { stop(); }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  // Starts argv[0] (looked up in PATH when it has no '/') with stdout and stderr appended to
+  // log_path. Returns "" or why it could not start.
+  std::string start(const std::vector<std::string>& argv, const std::string& log_path);
+  // True while the child has not exited (reaps it when it has).
+  bool running();
+  // SIGTERM, wait up to `grace`, then SIGKILL and reap. Idempotent.
+  void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(3000));
+
+  pid_t pid() const { return pid_; }
+  const std::string& name() const { return name_; }
+  const std::string& log_path() const { return log_path_; }
+  // How the child ended ("exit 2", "signal 9"), once it has.
+  const std::string& exit_status() const { return exit_status_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string name_;
+  std::string log_path_;
+  std::string exit_status_;
+};
+
+// A loopback port that is free for both TCP and UDP at the time of the call (bound and released).
+uint16_t free_loopback_port();
+
+// The last `max_bytes` of a file, for error messages.
+std::string file_tail(const std::string& path, size_t max_bytes = 2000);
+
+// Path of the running executable (/proc/self/exe), "" if unknown.
+std::string self_exe_path();
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace sluice::bench

@@ -1,0 +1,895 @@
+// The admin HTTP port: Boost.Beast over the node's control io_context. See admin_http.h for the
+// contract and docs/http.md for the endpoints as users see them.
+#include "node/admin_http.h"
+
+#include <utility>  // before Asio: Boost 1.74 with g++ 12 in C++20 needs std::exchange declared
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/engine.h"
+#include "node/node.h"
+#include "rules/rules.h"
+#include "window/sliding_window.h"
+#include "wire/protocol.h"
+
+namespace sluice::node {
+
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using tcp = boost::asio::ip::tcp;
+using Json = nlohmann::json;
+
+constexpr size_t kMaxHeaderBytes = 8 * 1024;
+constexpr size_t kMaxBodyBytes = 64 * 1024;
+constexpr size_t kMaxConnections = 256;
+constexpr auto kIoTimeout = std::chrono::seconds(30);
+constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
+constexpr uint64_t kMaxHits = 1'000'000'000;
+constexpr int kMaxJsonDepth = 8;
+
+// "host:port" or "[v6]:port" -> endpoint; throws naming the address.
+tcp::endpoint parse_listen(const std::string& listen) {
+  const auto fail = [&](const std::string& why) -> tcp::endpoint {
+    throw std::runtime_error("admin HTTP listen address \"" + listen + "\": " + why);
+  };
+  std::string host;
+  std::string_view port_text;
+  if (!listen.empty() && listen.front() == '[') {
+    const size_t close = listen.find(']');
+    if (close == std::string::npos || close + 1 >= listen.size() || listen[close + 1] != ':') {
+      return fail("expected [IPv6]:PORT");
+    }
+    host = listen.substr(1, close - 1);
+    port_text = std::string_view(listen).substr(close + 2);
+  } else {
+    const size_t colon = listen.rfind(':');
+    if (colon == std::string::npos) return fail("expected HOST:PORT");
+    host = listen.substr(0, colon);
+    port_text = std::string_view(listen).substr(colon + 1);
+  }
+  unsigned port = 0;
+  const auto [end, ec] =
+      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (port_text.empty() || ec != std::errc() || end != port_text.data() + port_text.size() ||
+      port > 65535) {
+    return fail("bad port");
+  }
+  boost::system::error_code aec;
+  const asio::ip::address addr = asio::ip::make_address(host, aec);
+  if (aec) return fail("not an IP address (" + aec.message() + ")");
+  return {addr, static_cast<uint16_t>(port)};
+}
+
+// ---- small text helpers ----------------------------------------------------------------------
+
+beast::string_view bsv(std::string_view s) {
+  return {s.data(), s.size()};
+}
+
+int64_t ceil_seconds(int64_t ms) {
+  return ms <= 0 ? 0 : (ms + 999) / 1000;
+}
+
+bool iequals_prefix(std::string_view s, std::string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i) {
+    const auto a = static_cast<unsigned char>(s[i]);
+    const auto b = static_cast<unsigned char>(prefix[i]);
+    if (std::tolower(a) != std::tolower(b)) return false;
+  }
+  return true;
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Percent-decodes a query component ('+' is a space, as in HTML forms). False on a malformed
+// escape ('%' not followed by two hex digits).
+bool percent_decode(std::string_view in, std::string& out) {
+  out.clear();
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const char c = in[i];
+    if (c == '%') {
+      if (i + 2 >= in.size()) return false;
+      const int hi = hex_value(in[i + 1]);
+      const int lo = hex_value(in[i + 2]);
+      if (hi < 0 || lo < 0) return false;
+      out.push_back(static_cast<char>(hi * 16 + lo));
+      i += 2;
+    } else if (c == '+') {
+      out.push_back(' ');
+    } else {
+      out.push_back(c);
+    }
+  }
+  return true;
+}
+
+// A Structured Fields sf-string (RFC 8941 3.3.3): printable ASCII with '"' and '\' escaped. Bytes
+// that an sf-string cannot hold (controls, non-ASCII) become '?'.
+void append_sf_string(std::string& out, std::string_view s) {
+  out.push_back('"');
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (u < 0x20 || u > 0x7e) {
+      out.push_back('?');
+    } else {
+      out.push_back(c);
+    }
+  }
+  out.push_back('"');
+}
+
+// A Prometheus label value (text format 0.0.4): '\', '"' and newline escaped.
+void append_label_value(std::string& out, std::string_view s) {
+  for (const char c : s) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out.push_back(c);
+    }
+  }
+}
+
+wire::Code to_code(rules::CheckError e) {
+  switch (e) {
+    case rules::CheckError::kNone:
+      return wire::Code::kOk;
+    case rules::CheckError::kEmptyDomain:
+      return wire::Code::kEmptyDomain;
+    case rules::CheckError::kUnknownDomain:
+      return wire::Code::kUnknownDomain;
+    case rules::CheckError::kTooManyDescriptors:
+      return wire::Code::kTooManyEntries;
+    case rules::CheckError::kEntryTooLong:
+      return wire::Code::kEntryTooLong;
+    case rules::CheckError::kEmptyDescriptorKey:
+      return wire::Code::kEmptyEntryKey;
+    case rules::CheckError::kDuplicateDescriptor:
+      return wire::Code::kDuplicateEntry;
+    case rules::CheckError::kHitsTooLarge:
+      return wire::Code::kHitsTooLarge;
+  }
+  return wire::Code::kMalformed;
+}
+
+// ---- Prometheus text -------------------------------------------------------------------------
+
+class MetricsText {
+ public:
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    out_ += "# HELP ";
+    out_ += name;
+    out_ += ' ';
+    out_ += help;  // help texts are ours: no backslash or newline to escape
+    out_ += "\n# TYPE ";
+    out_ += name;
+    out_ += ' ';
+    out_ += type;
+    out_ += '\n';
+  }
+  // labels: alternating names and values
+  void sample(std::string_view name, std::initializer_list<std::string_view> labels,
+              uint64_t value) {
+    out_ += name;
+    if (labels.size() > 0) {
+      out_ += '{';
+      bool first = true;
+      for (auto it = labels.begin(); it != labels.end() && it + 1 != labels.end(); it += 2) {
+        if (!first) out_ += ',';
+        first = false;
+        out_ += *it;
+        out_ += "=\"";
+        append_label_value(out_, *(it + 1));
+        out_ += '"';
+      }
+      out_ += '}';
+    }
+    out_ += ' ';
+    out_ += std::to_string(value);
+    out_ += '\n';
+  }
+  void one(std::string_view name, std::string_view type, std::string_view help, uint64_t value) {
+    family(name, type, help);
+    sample(name, {}, value);
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+}  // namespace
+
+// ---- shared state ----------------------------------------------------------------------------
+
+namespace {
+class Connection;
+}  // namespace
+
+// Owned jointly by the AdminHttp and every connection and pending accept; touched only on the
+// io_context's thread, so nothing here needs a lock.
+struct AdminHttp::State : std::enable_shared_from_this<AdminHttp::State> {
+  State(asio::io_context& io_, Node& node_) : io(io_), node(node_), acceptor(io_), retry(io_) {}
+
+  asio::io_context& io;
+  Node& node;
+  tcp::acceptor acceptor;
+  asio::steady_timer retry;  // backs off after an accept error (e.g. out of descriptors)
+  bool stopped = false;
+  bool accepting = false;  // an async_accept is pending
+  std::unordered_set<Connection*> connections;
+  engine::BatchResult result;  // reused by every check
+  uint64_t http_checks = 0;    // /v1/check and /v1/auth requests that reached the engine
+  uint64_t accept_errors = 0;
+
+  void accept();
+  void maybe_resume_accept() {
+    if (!stopped && !accepting && connections.size() < kMaxConnections) accept();
+  }
+};
+
+namespace {
+
+// ---- the check shared by /v1/check and /v1/auth ----------------------------------------------
+
+struct CheckInput {
+  std::string domain;
+  bool has_domain = false;
+  std::vector<std::pair<std::string, std::string>> entries;
+  uint64_t hits = 1;
+};
+
+// Outcome of one check, ready for either endpoint's answer.
+struct CheckOutcome {
+  wire::Code code = wire::Code::kOk;
+  bool error = false;  // a request-level error: nothing was counted
+  bool allowed = false;
+  bool would_deny = false;
+  bool shadow = false;
+  bool allowlisted = false;
+  bool enforce_denied = false;  // denied by an enforcing rule (429 / 403)
+  Json body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+const char* mode_name(rules::Mode m) {
+  switch (m) {
+    case rules::Mode::kEnforce:
+      return "enforce";
+    case rules::Mode::kDryRun:
+      return "dry-run";
+    case rules::Mode::kShadow:
+      return "shadow";
+  }
+  return "enforce";
+}
+
+// Runs one check and builds the JSON body and the RateLimit headers (docs/http.md, "Headers").
+CheckOutcome run_check(AdminHttp::State& st, const CheckInput& in) {
+  std::vector<rules::Descriptor> descriptors;
+  descriptors.reserve(in.entries.size());
+  for (const auto& [k, v] : in.entries)
+    descriptors.push_back({k, v});
+  rules::CheckRequest req;
+  req.domain = in.domain;
+  req.descriptors = descriptors;
+  req.hits = in.hits;
+
+  engine::BatchResult& res = st.result;
+  st.node.engine().check(std::span<const rules::CheckRequest>(&req, 1), st.node.now_ms(), res);
+  ++st.http_checks;
+  const engine::Decision& d = res.decisions.at(0);
+
+  CheckOutcome o;
+  if (d.error != rules::CheckError::kNone) {
+    o.error = true;
+    o.code = to_code(d.error);
+    o.body = Json{{"allowed", false}, {"code", wire::to_string(o.code)}};
+    return o;
+  }
+  o.code = d.no_room ? wire::Code::kNoRoom : wire::Code::kOk;
+  o.allowed = d.allowed;
+  o.would_deny = d.would_deny;
+  o.shadow = d.shadow;
+  o.allowlisted = d.allowlisted;
+
+  Json limits = Json::array();
+  const engine::LimitResult* headline = nullptr;  // the enforcing limit the headers describe
+  std::string policy_header;
+  for (const engine::LimitResult& lr : res.limits_of(d)) {
+    const rules::Limit& lim = *lr.limit;
+    const bool never = lr.retry_after_ms == window::kNever;
+    if (lr.exceeded && lr.mode == rules::Mode::kEnforce) o.enforce_denied = true;
+    limits.push_back(Json{
+        {"name", lim.name},
+        {"limit", lim.requests},
+        {"window_s", ceil_seconds(lim.spec.window_ms)},
+        {"remaining", lr.remaining},
+        {"reset_s", ceil_seconds(lr.reset_ms)},
+        {"retry_after_s", never ? Json(nullptr) : Json(ceil_seconds(lr.retry_after_ms))},
+        {"mode", mode_name(lr.mode)},
+        {"exceeded", lr.exceeded},
+    });
+    // Headers speak for enforcing limits only: a dry-run limit must not slow callers down, and a
+    // shadow limit must stay invisible to the caller it silently denies.
+    if (lr.mode != rules::Mode::kEnforce) continue;
+    if (!policy_header.empty()) policy_header += ", ";
+    append_sf_string(policy_header, lim.name);
+    policy_header += ";q=" + std::to_string(lim.requests);
+    policy_header += ";w=" + std::to_string(ceil_seconds(lim.spec.window_ms));
+    // The most restrictive: an exceeded limit with the longest wait; else the lowest remaining
+    // (ties: the later reset).
+    if (headline == nullptr) {
+      headline = &lr;
+    } else if (lr.exceeded != headline->exceeded) {
+      if (lr.exceeded) headline = &lr;
+    } else if (lr.exceeded) {
+      if (lr.retry_after_ms > headline->retry_after_ms) headline = &lr;
+    } else if (lr.remaining < headline->remaining ||
+               (lr.remaining == headline->remaining && lr.reset_ms > headline->reset_ms)) {
+      headline = &lr;
+    }
+  }
+  o.enforce_denied = o.enforce_denied && !o.allowed;
+
+  o.body = Json{{"allowed", o.allowed},
+                {"would_deny", o.would_deny},
+                {"shadow", o.shadow},
+                {"allowlisted", o.allowlisted},
+                {"code", wire::to_string(o.code)},
+                {"limits", std::move(limits)}};
+
+  if (headline != nullptr) {
+    // On a denial, Retry-After is the wait of the binding limit, and the reset the headers
+    // announce is that same point in time (draft-ietf-httpapi-ratelimit-headers-11 section 6;
+    // -06 section 5 for RateLimit-Reset), so a client never reads two different waits.
+    const bool retry = o.enforce_denied && headline->retry_after_ms != window::kNever;
+    const int64_t reset_s =
+        retry ? ceil_seconds(headline->retry_after_ms) : ceil_seconds(headline->reset_ms);
+    std::string ratelimit;
+    append_sf_string(ratelimit, headline->limit->name);
+    ratelimit += ";r=" + std::to_string(headline->remaining);
+    ratelimit += ";t=" + std::to_string(reset_s);
+    o.headers.emplace_back("RateLimit-Policy", std::move(policy_header));
+    o.headers.emplace_back("RateLimit", std::move(ratelimit));
+    o.headers.emplace_back("RateLimit-Limit", std::to_string(headline->limit->requests));
+    o.headers.emplace_back("RateLimit-Remaining", std::to_string(headline->remaining));
+    o.headers.emplace_back("RateLimit-Reset", std::to_string(reset_s));
+    if (retry) o.headers.emplace_back("Retry-After", std::to_string(reset_s));
+  }
+  return o;
+}
+
+// Parses "hits" given as text (query parameter or header). Returns "" or the error.
+std::string parse_hits_text(std::string_view s, uint64_t& out) {
+  if (!s.empty() && s.front() == '-') return "hits must not be negative";
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec == std::errc::invalid_argument || end != s.data() + s.size()) {
+    return "hits must be an integer";
+  }
+  if (ec == std::errc::result_out_of_range || v > kMaxHits) {
+    return "hits must be at most " + std::to_string(kMaxHits);
+  }
+  out = v;
+  return "";
+}
+
+struct TooDeep {};
+
+// Parses the /v1/check body. Returns "" or the error for a 400 answer.
+std::string parse_check_body(std::string_view body, CheckInput& in) {
+  Json j;
+  try {
+    j = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxJsonDepth) throw TooDeep{};
+      return true;
+    });
+  } catch (const Json::parse_error& e) {
+    return "malformed JSON at byte " + std::to_string(e.byte);
+  } catch (const TooDeep&) {
+    return "JSON nested deeper than " + std::to_string(kMaxJsonDepth);
+  }
+  if (!j.is_object()) return "the body must be a JSON object";
+  for (const auto& [key, value] : j.items()) {
+    if (key == "domain") {
+      if (!value.is_string()) return "domain must be a string";
+      in.domain = value.get<std::string>();
+      in.has_domain = true;
+    } else if (key == "descriptors") {
+      if (!value.is_object()) return "descriptors must be an object of strings";
+      for (const auto& [dk, dv] : value.items()) {
+        if (!dv.is_string()) return "descriptors." + dk + " must be a string";
+        in.entries.emplace_back(dk, dv.get<std::string>());
+      }
+    } else if (key == "hits") {
+      if (value.is_number_unsigned()) {
+        const uint64_t v = value.get<uint64_t>();
+        if (v > kMaxHits) return "hits must be at most " + std::to_string(kMaxHits);
+        in.hits = v;
+      } else if (value.is_number_integer()) {  // signed: negative, or -0
+        if (value.get<int64_t>() < 0) return "hits must not be negative";
+        in.hits = 0;
+      } else {
+        return "hits must be an integer";
+      }
+    } else {
+      return "unknown field \"" + key + "\"";
+    }
+  }
+  if (!in.has_domain) return "domain is required";
+  return "";
+}
+
+// Collects /v1/auth input from the query and X-Sluice-* headers. Returns "" or the error.
+template <class Fields>
+std::string parse_auth_input(std::string_view query, const Fields& fields, CheckInput& in) {
+  bool has_hits = false;
+  const auto take = [&](std::string key, std::string value) -> std::string {
+    if (key == "domain") {
+      if (in.has_domain) return "domain given twice";
+      in.domain = std::move(value);
+      in.has_domain = true;
+    } else if (key == "hits") {
+      if (has_hits) return "hits given twice";
+      has_hits = true;
+      return parse_hits_text(value, in.hits);
+    } else {
+      in.entries.emplace_back(std::move(key), std::move(value));
+    }
+    return "";
+  };
+  std::string key;
+  std::string value;
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view part = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (part.empty()) continue;
+    const size_t eq = part.find('=');
+    const std::string_view k = part.substr(0, eq);
+    const std::string_view v =
+        eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
+    if (!percent_decode(k, key) || !percent_decode(v, value)) {
+      return "malformed percent-escape in the query string";
+    }
+    if (std::string err = take(key, value); !err.empty()) return err;
+  }
+  constexpr std::string_view kPrefix = "X-Sluice-";
+  for (const auto& f : fields) {
+    const std::string_view name(f.name_string().data(), f.name_string().size());
+    if (!iequals_prefix(name, kPrefix)) continue;
+    std::string k(name.substr(kPrefix.size()));
+    for (char& c : k) {
+      c = c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    if (std::string err = take(std::move(k), std::string(f.value().data(), f.value().size()));
+        !err.empty()) {
+      return err;
+    }
+  }
+  if (!in.has_domain) return "domain is required (?domain= or X-Sluice-Domain)";
+  return "";
+}
+
+// ---- metrics and status ----------------------------------------------------------------------
+
+std::string render_metrics(AdminHttp::State& st) {
+  const engine::EngineStats es = st.node.engine().stats();
+  const NodeCounters nc = st.node.counters();
+  MetricsText m;
+
+  m.family("sluice_rule_decisions_total", "counter",
+           "Decisions per rule (\"<domain>/<rule>\") by outcome.");
+  for (const engine::RuleStats& r : es.rules) {
+    const size_t slash = r.name.find('/');
+    const std::string_view name(r.name);
+    const std::string_view domain = name.substr(0, slash);
+    const std::string_view rule =
+        slash == std::string::npos ? std::string_view() : name.substr(slash + 1);
+    m.sample("sluice_rule_decisions_total", {"domain", domain, "rule", rule, "decision", "allowed"},
+             r.allowed);
+    m.sample("sluice_rule_decisions_total", {"domain", domain, "rule", rule, "decision", "denied"},
+             r.denied);
+    m.sample("sluice_rule_decisions_total",
+             {"domain", domain, "rule", rule, "decision", "shadow_denied"}, r.shadow_denied);
+    m.sample("sluice_rule_decisions_total",
+             {"domain", domain, "rule", rule, "decision", "would_deny"}, r.would_deny);
+  }
+  m.one("sluice_checks_total", "counter", "Checks decided by the engine (every transport).",
+        es.checks);
+  m.family("sluice_rejected_checks_total", "counter",
+           "Checks answered with a request error, by reason; nothing was counted.");
+  for (const auto& [reason, n] : es.rejected) {
+    if (reason == "none") continue;
+    m.sample("sluice_rejected_checks_total", {"reason", reason}, n);
+  }
+  m.one("sluice_allowlisted_total", "counter", "Checks allowed by an allowlist entry, uncounted.",
+        es.allowlisted);
+  m.one("sluice_live_counters", "gauge", "Counters held in memory.", es.live_counters);
+  m.one("sluice_table_bytes", "gauge", "Capacity of all counter tables in bytes.", es.table_bytes);
+  m.one("sluice_memory_cap_bytes", "gauge", "Memory cap of the counter tables in bytes.",
+        es.memory_cap_bytes);
+  m.family("sluice_evictions_total", "counter",
+           "Counters dropped: expired (nothing lost) or live (under the memory cap).");
+  m.sample("sluice_evictions_total", {"kind", "expired"}, es.evicted_expired);
+  m.sample("sluice_evictions_total", {"kind", "live"}, es.evicted_live);
+  m.one("sluice_no_room_total", "counter",
+        "Checks allowed uncounted because the memory cap left no room.", es.no_room);
+
+  m.family("sluice_requests_total", "counter",
+           "Check requests received, by transport (http: /v1/check and /v1/auth).");
+  m.sample("sluice_requests_total", {"transport", "udp"}, nc.udp_requests);
+  m.sample("sluice_requests_total", {"transport", "tcp"}, nc.tcp_requests);
+  m.sample("sluice_requests_total", {"transport", "http"}, st.http_checks);
+  m.one("sluice_dropped_datagrams_total", "counter",
+        "UDP datagrams dropped unanswered (undecodable, no id to answer to).",
+        nc.dropped_datagrams);
+  m.one("sluice_bad_frames_total", "counter", "TCP connections closed on a malformed frame.",
+        nc.closed_connections_bad_frame);
+  m.one("sluice_rejected_requests_total", "counter",
+        "UDP/TCP requests answered with a request-level error code.", nc.rejected_requests);
+  m.family("sluice_reloads_total", "counter", "Rules reloads by result.");
+  m.sample("sluice_reloads_total", {"result", "ok"}, nc.reloads);
+  m.sample("sluice_reloads_total", {"result", "failed"}, nc.reload_failures);
+  m.one("sluice_tcp_connections_total", "counter", "TCP connections accepted.", nc.tcp_connections);
+  m.one("sluice_http_accept_errors_total", "counter",
+        "Errors accepting admin HTTP connections (e.g. out of file descriptors).",
+        st.accept_errors);
+
+  // Not a Prometheus histogram: the node keeps no sum of latencies, and a histogram without
+  // _sum would be invalid. The cumulative buckets still feed histogram_quantile().
+  m.family("sluice_check_latency_us_bucket", "counter",
+           "UDP/TCP requests that took less than le microseconds to decode, decide and encode "
+           "(cumulative).");
+  uint64_t cumulative = 0;
+  const auto& b = nc.latency_us_buckets;
+  for (size_t i = 0; i < b.size(); ++i) {
+    cumulative += b[i];
+    const std::string le = i + 1 == b.size() ? "+Inf" : std::to_string(uint64_t{1} << i);
+    m.sample("sluice_check_latency_us_bucket", {"le", le}, cumulative);
+  }
+  m.one("sluice_check_latency_us_count", "counter", "UDP/TCP requests timed.", cumulative);
+  return m.take();
+}
+
+std::string render_status(AdminHttp::State& st) {
+  const engine::EngineStats es = st.node.engine().stats();
+  const NodeCounters nc = st.node.counters();
+  const int64_t now = st.node.now_ms();
+  const int64_t started = st.node.started_ms();
+  Json rules = Json::array();
+  for (const engine::RuleStats& r : es.rules) {
+    rules.push_back(Json{{"name", r.name},
+                         {"allowed", r.allowed},
+                         {"denied", r.denied},
+                         {"shadow_denied", r.shadow_denied},
+                         {"would_deny", r.would_deny}});
+  }
+  Json j = {
+      {"node",
+       {{"uptime_s", now > started ? (now - started) / 1000 : 0},
+        {"started_ms", started},
+        {"threads", st.node.options().threads},
+        {"udp_port", st.node.udp_port()},
+        {"tcp_port", st.node.tcp_port()},
+        {"admin_port", st.node.admin_port()}}},
+      {"engine",
+       {{"live_counters", es.live_counters},
+        {"table_bytes", es.table_bytes},
+        {"memory_cap_bytes", es.memory_cap_bytes},
+        {"evicted_expired", es.evicted_expired},
+        {"evicted_live", es.evicted_live},
+        {"allowlisted", es.allowlisted},
+        {"no_room", es.no_room},
+        {"checks", es.checks}}},
+      {"requests",
+       {{"udp", nc.udp_requests},
+        {"tcp", nc.tcp_requests},
+        {"http", st.http_checks},
+        {"tcp_connections", nc.tcp_connections},
+        {"dropped_datagrams", nc.dropped_datagrams},
+        {"bad_frames", nc.closed_connections_bad_frame},
+        {"rejected", nc.rejected_requests},
+        {"reloads", nc.reloads},
+        {"reload_failures", nc.reload_failures}}},
+      {"rules", std::move(rules)},
+  };
+  return j.dump() + "\n";
+}
+
+}  // namespace
+
+namespace {
+
+// ---- one connection --------------------------------------------------------------------------
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(std::shared_ptr<AdminHttp::State> st, tcp::socket socket)
+      : st_(std::move(st)), stream_(std::move(socket)) {
+    st_->connections.insert(this);
+  }
+  ~Connection() {
+    st_->connections.erase(this);
+    st_->maybe_resume_accept();
+  }
+
+  void start() { read_header(); }
+
+  // stop(): an idle connection (waiting for a request) is closed now; one writing finishes first.
+  void close_if_idle() {
+    if (reading_) close();
+  }
+  void close() {
+    boost::system::error_code ec;
+    stream_.socket().close(ec);
+  }
+
+ private:
+  void read_header() {
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(kMaxHeaderBytes));
+    parser_->body_limit(kMaxBodyBytes);
+    reading_ = true;
+    stream_.expires_after(kIoTimeout);
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec) return on_read_error(ec);
+    const auto& req = parser_->get();
+    // curl and others wait for "100 Continue" before sending a larger body.
+    if (!parser_->is_done() && beast::iequals(req[http::field::expect], "100-continue")) {
+      continue_ = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
+                                                                     req.version());
+      http::async_write(stream_, *continue_,
+                        [self = shared_from_this()](beast::error_code wec, size_t) {
+                          if (wec) return self->close();
+                          self->read_body();
+                        });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+  }
+
+  void on_read_error(beast::error_code ec) {
+    reading_ = false;
+    if (ec == http::error::body_limit) {
+      return reply_error(http::status::payload_too_large,
+                         "body larger than " + std::to_string(kMaxBodyBytes) + " bytes");
+    }
+    if (ec == http::error::header_limit) {
+      return reply_error(
+          http::status::request_header_fields_too_large,
+          "request header larger than " + std::to_string(kMaxHeaderBytes) + " bytes");
+    }
+    // A parse error gets an answer; a closed, reset or timed-out connection is just closed.
+    if (ec.category() == http::make_error_code(http::error::bad_target).category() &&
+        ec != http::error::end_of_stream && ec != http::error::partial_message) {
+      return reply_error(http::status::bad_request, "malformed HTTP request: " + ec.message());
+    }
+    close();
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec) return on_read_error(ec);
+    reading_ = false;
+    const auto& req = parser_->get();
+    res_ = {};
+    res_.version(11);
+    res_.keep_alive(req.keep_alive() && !st_->stopped);
+    route(req);
+    write();
+  }
+
+  void reply_error(http::status status, const std::string& message) {
+    res_ = {};
+    res_.version(11);
+    res_.keep_alive(false);
+    json(status, Json{{"error", message}});
+    write();
+  }
+
+  void write() {
+    res_.prepare_payload();
+    stream_.expires_after(kIoTimeout);
+    http::async_write(stream_, res_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->on_write(ec);
+    });
+  }
+
+  void on_write(beast::error_code ec) {
+    if (ec || !res_.keep_alive() || st_->stopped) {
+      boost::system::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      return close();
+    }
+    read_header();
+  }
+
+  void text(http::status status, std::string_view content_type, std::string body) {
+    res_.result(status);
+    res_.set(http::field::content_type, bsv(content_type));
+    res_.body() = std::move(body);
+  }
+  void json(http::status status, const Json& j) {
+    text(status, "application/json", j.dump() + "\n");
+  }
+  void method_not_allowed(std::string_view allow) {
+    res_.set(http::field::allow, bsv(allow));
+    json(http::status::method_not_allowed, Json{{"error", "method not allowed"}});
+  }
+
+  void route(const http::request<http::string_body>& req) {
+    const std::string_view target(req.target().data(), req.target().size());
+    const size_t q = target.find('?');
+    const std::string_view path = target.substr(0, q);
+    const std::string_view query =
+        q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
+    const bool get = req.method() == http::verb::get;
+
+    if (path == "/healthz") {
+      if (!get) return method_not_allowed("GET");
+      return text(http::status::ok, "text/plain; charset=utf-8", "ok\n");
+    }
+    if (path == "/metrics") {
+      if (!get) return method_not_allowed("GET");
+      return text(http::status::ok, "text/plain; version=0.0.4; charset=utf-8",
+                  render_metrics(*st_));
+    }
+    if (path == "/v1/status") {
+      if (!get) return method_not_allowed("GET");
+      return text(http::status::ok, "application/json", render_status(*st_));
+    }
+    if (path == "/v1/check") {
+      if (req.method() != http::verb::post) return method_not_allowed("POST");
+      CheckInput in;
+      if (std::string err = parse_check_body(req.body(), in); !err.empty()) {
+        return json(http::status::bad_request, Json{{"error", err}});
+      }
+      CheckOutcome o = run_check(*st_, in);
+      for (auto& [name, value] : o.headers)
+        res_.set(name, value);
+      const http::status status = o.error            ? http::status::bad_request
+                                  : o.enforce_denied ? http::status::too_many_requests
+                                                     : http::status::ok;
+      return json(status, o.body);
+    }
+    if (path == "/v1/auth") {
+      if (!get) return method_not_allowed("GET");
+      CheckInput in;
+      if (std::string err = parse_auth_input(query, req, in); !err.empty()) {
+        return json(http::status::bad_request, Json{{"error", err}});
+      }
+      CheckOutcome o = run_check(*st_, in);
+      for (auto& [name, value] : o.headers)
+        res_.set(name, value);
+      if (o.error) return json(http::status::bad_request, o.body);
+      if (o.enforce_denied) return json(http::status::forbidden, o.body);
+      // auth_request lets the request through on any 2xx. A shadow denial passes too (the
+      // caller must fail silently); the header lets nginx hand the verdict to the upstream.
+      if (o.shadow) res_.set("Sluice-Shadow", "1");
+      res_.result(http::status::no_content);
+      return;
+    }
+    json(http::status::not_found, Json{{"error", "not found"}});
+  }
+
+  std::shared_ptr<AdminHttp::State> st_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::shared_ptr<http::response<http::empty_body>> continue_;
+  http::response<http::string_body> res_;
+  bool reading_ = false;
+};
+
+}  // namespace
+
+void AdminHttp::State::accept() {
+  accepting = true;
+  acceptor.async_accept(
+      io, [st = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
+        st->accepting = false;
+        if (st->stopped) return;
+        if (ec) {
+          if (ec == asio::error::operation_aborted) return;
+          // Out of descriptors and the like: retry soon rather than spin.
+          ++st->accept_errors;
+          st->retry.expires_after(kAcceptRetry);
+          st->retry.async_wait([st](boost::system::error_code wec) {
+            if (!wec) st->maybe_resume_accept();
+          });
+          return;
+        }
+        std::make_shared<Connection>(st, std::move(socket))->start();
+        st->maybe_resume_accept();  // pauses at kMaxConnections; a closing connection resumes it
+      });
+}
+
+AdminHttp::AdminHttp(asio::io_context& io, const std::string& listen, Node& node)
+    : state_(std::make_shared<State>(io, node)) {
+  const tcp::endpoint ep = parse_listen(listen);
+  boost::system::error_code ec;
+  tcp::acceptor& a = state_->acceptor;
+  const auto fail = [&](const char* what) {
+    throw std::runtime_error("admin HTTP listen address \"" + listen + "\": " + what + ": " +
+                             ec.message());
+  };
+  if (a.open(ep.protocol(), ec)) fail("open");
+  if (a.set_option(asio::socket_base::reuse_address(true), ec)) fail("SO_REUSEADDR");
+  if (ep.address().is_v6() && a.set_option(asio::ip::v6_only(true), ec)) fail("IPV6_V6ONLY");
+  if (a.bind(ep, ec)) fail("bind");
+  if (a.listen(asio::socket_base::max_listen_connections, ec)) fail("listen");
+  port_ = a.local_endpoint(ec).port();
+  if (ec) fail("local address");
+  state_->accept();
+}
+
+AdminHttp::~AdminHttp() {
+  stop();
+  // Copy first: closing makes pending handlers complete later, not now, but stay safe.
+  std::vector<Connection*> open(state_->connections.begin(), state_->connections.end());
+  for (Connection* c : open)
+    c->close();
+}
+
+uint16_t AdminHttp::port() const {
+  return port_;
+}
+
+void AdminHttp::stop() {
+  State& st = *state_;
+  if (st.stopped) return;
+  st.stopped = true;
+  boost::system::error_code ec;
+  st.acceptor.close(ec);
+  st.retry.cancel();
+  std::vector<Connection*> open(st.connections.begin(), st.connections.end());
+  for (Connection* c : open)
+    c->close_if_idle();
+}
+
+}  // namespace sluice::node

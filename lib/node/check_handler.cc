@@ -1,0 +1,112 @@
+// CheckHandler: decode a request, decide with the engine, encode the answer. No Asio here.
+#include <chrono>
+
+#include "node/node.h"
+
+namespace sluice::node {
+namespace {
+
+wire::Code to_wire(rules::CheckError e) {
+  switch (e) {
+    case rules::CheckError::kNone: return wire::Code::kOk;
+    case rules::CheckError::kEmptyDomain: return wire::Code::kEmptyDomain;
+    case rules::CheckError::kUnknownDomain: return wire::Code::kUnknownDomain;
+    case rules::CheckError::kTooManyDescriptors: return wire::Code::kTooManyEntries;
+    case rules::CheckError::kEntryTooLong: return wire::Code::kEntryTooLong;
+    case rules::CheckError::kEmptyDescriptorKey: return wire::Code::kEmptyEntryKey;
+    case rules::CheckError::kDuplicateDescriptor: return wire::Code::kDuplicateEntry;
+    case rules::CheckError::kHitsTooLarge: return wire::Code::kHitsTooLarge;
+  }
+  return wire::Code::kMalformed;
+}
+
+wire::Mode to_wire(rules::Mode m) {
+  switch (m) {
+    case rules::Mode::kEnforce: return wire::Mode::kEnforce;
+    case rules::Mode::kDryRun: return wire::Mode::kDryRun;
+    case rules::Mode::kShadow: return wire::Mode::kShadow;
+  }
+  return wire::Mode::kEnforce;
+}
+
+}  // namespace
+
+// Reused per worker: after the first few requests nothing here allocates.
+struct CheckHandler::Scratch {
+  wire::RequestDecoder decoder;
+  std::vector<rules::CheckRequest> requests;
+  std::vector<rules::Descriptor> descriptors;
+  std::vector<uint32_t> engine_index;  // per wire check: index into requests, or UINT32_MAX
+  engine::BatchResult result;
+  std::vector<wire::LimitView> limits;
+  std::vector<wire::DecisionView> decisions;
+};
+
+CheckHandler::CheckHandler(engine::Engine& engine)
+    : engine_(engine), s_(std::make_unique<Scratch>()) {}
+
+CheckHandler::~CheckHandler() = default;
+
+bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_bytes,
+                          int64_t now_ms, std::vector<uint8_t>& out) {
+  Scratch& s = *s_;
+  const wire::Code code = s.decoder.decode(request);
+  last_code_ = code;
+  if (code != wire::Code::kOk) {
+    // Without an id the sender could not match an answer: drop (the caller counts it).
+    if (s.decoder.id() == 0) return false;
+    wire::encode_answer(s.decoder.id(), code, {}, max_answer_bytes, out);
+    return true;
+  }
+
+  const auto checks = s.decoder.checks();
+  size_t total_entries = 0;
+  for (const auto& c : checks) total_entries += c.entries.size();
+  s.requests.clear();
+  s.descriptors.clear();
+  s.engine_index.clear();
+  s.descriptors.reserve(total_entries);  // spans below point into it: no reallocation after
+  for (size_t i = 0; i < checks.size(); ++i) {
+    if (s.decoder.check_code(i) != wire::Code::kOk) {
+      s.engine_index.push_back(UINT32_MAX);
+      continue;
+    }
+    const wire::Check& c = checks[i];
+    const size_t first = s.descriptors.size();
+    for (const auto& e : c.entries) s.descriptors.push_back({e.key, e.value});
+    s.engine_index.push_back(static_cast<uint32_t>(s.requests.size()));
+    s.requests.push_back({c.domain,
+                          std::span<const rules::Descriptor>(s.descriptors.data() + first,
+                                                             c.entries.size()),
+                          static_cast<uint64_t>(c.hits)});
+  }
+  engine_.check(s.requests, now_ms, s.result);
+
+  s.limits.clear();
+  s.limits.reserve(s.result.limits.size());
+  for (const auto& l : s.result.limits) {
+    s.limits.push_back({l.limit->name, l.limit->requests, l.limit->spec.window_ms, l.remaining,
+                        l.reset_ms, l.retry_after_ms == window::kNever ? -1 : l.retry_after_ms,
+                        to_wire(l.mode), l.exceeded});
+  }
+  s.decisions.clear();
+  for (size_t i = 0; i < checks.size(); ++i) {
+    wire::DecisionView dv;
+    if (s.engine_index[i] == UINT32_MAX) {
+      dv.code = s.decoder.check_code(i);
+    } else {
+      const engine::Decision& d = s.result.decisions[s.engine_index[i]];
+      dv.code = d.no_room ? wire::Code::kNoRoom : to_wire(d.error);
+      dv.allowed = d.allowed;
+      dv.would_deny = d.would_deny;
+      dv.shadow = d.shadow;
+      dv.allowlisted = d.allowlisted;
+      dv.limits = std::span<const wire::LimitView>(s.limits.data() + d.first_limit, d.num_limits);
+    }
+    s.decisions.push_back(dv);
+  }
+  wire::encode_answer(s.decoder.id(), wire::Code::kOk, s.decisions, max_answer_bytes, out);
+  return true;
+}
+
+}  // namespace sluice::node

@@ -1,0 +1,475 @@
+// The node's network front: Asio UDP and TCP listeners, workers, signals, timers. The only Asio
+// translation unit of the check path (the admin port has its own, admin_http.cc).
+#include <utility>  // before Asio: Boost 1.74 with g++ 12 needs std::exchange declared
+
+#include "node/node.h"
+
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+
+#include "node/admin_http.h"
+
+namespace sluice::node {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using asio::ip::udp;
+
+namespace {
+
+constexpr size_t kLatencyBuckets = 24;  // < 1 us ... < 2^23 us (8 s), last: slower
+
+// "127.0.0.1:7350", "[::1]:7350", ":7350" (all IPv4 interfaces). Hostnames are not resolved:
+// a listener must name an address.
+std::pair<asio::ip::address, uint16_t> parse_listen(const std::string& s) {
+  const auto colon = s.rfind(':');
+  if (colon == std::string::npos) throw std::runtime_error("listen address '" + s + "' has no port");
+  std::string host = s.substr(0, colon);
+  const std::string port = s.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty()) host = "0.0.0.0";
+  boost::system::error_code ec;
+  const auto addr = asio::ip::make_address(host, ec);
+  if (ec) throw std::runtime_error("listen address '" + s + "': '" + host + "' is not an IP address");
+  char* end = nullptr;
+  const unsigned long p = std::strtoul(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || p > 65535) {
+    throw std::runtime_error("listen address '" + s + "': bad port '" + port + "'");
+  }
+  return {addr, static_cast<uint16_t>(p)};
+}
+
+int64_t system_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+size_t latency_bucket(int64_t us) {
+  size_t b = 0;
+  while (b + 1 < kLatencyBuckets && (int64_t{1} << b) <= us) ++b;
+  return b;
+}
+
+// Counters one worker updates and the control thread reads (relaxed: they are statistics).
+struct alignas(64) WorkerCounters {
+  std::atomic<uint64_t> udp_requests{0};
+  std::atomic<uint64_t> tcp_requests{0};
+  std::atomic<uint64_t> tcp_connections{0};
+  std::atomic<uint64_t> dropped_datagrams{0};
+  std::atomic<uint64_t> bad_frames{0};
+  std::atomic<uint64_t> rejected_requests{0};
+  std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
+};
+
+}  // namespace
+
+
+// One worker thread: its io_context, its UDP socket, the TCP sessions handed to it.
+struct Worker {
+  Worker(Node::Impl& n, engine::Engine& e) : node(n), handler(e) {}
+  Node::Impl& node;
+  asio::io_context io{1};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::optional<udp::socket> udp_socket;
+  udp::endpoint from;
+  std::vector<uint8_t> udp_in = std::vector<uint8_t>(65'536);
+  std::vector<uint8_t> out;
+  CheckHandler handler;
+  WorkerCounters counters;
+  std::thread thread;
+  std::list<std::weak_ptr<class TcpSession>> sessions;  // owned by this worker's thread
+  bool stopping = false;                                 // this worker's thread only
+};
+
+class TcpSession : public std::enable_shared_from_this<TcpSession> {
+ public:
+  TcpSession(Worker& w, tcp::socket socket, size_t max_pending)
+      : w_(w), socket_(std::move(socket)), max_pending_(max_pending) {}
+
+  void start() { read(); }
+
+  // Stop reading; answers already being written still go out, then the socket closes.
+  void drain() {
+    draining_ = true;
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_receive, ec);
+    if (!writing_ && !reading_) close();
+  }
+
+ private:
+  void read() {
+    if (draining_ || paused_) return;
+    reading_ = true;
+    auto self = shared_from_this();
+    socket_.async_read_some(asio::buffer(in_), [this, self](boost::system::error_code ec,
+                                                            size_t n) {
+      reading_ = false;
+      if (ec) {
+        draining_ = true;
+        if (!writing_) close();
+        return;
+      }
+      frames_.feed({in_.data(), n});
+      while (auto frame = frames_.next()) serve(*frame);
+      if (frames_.failed()) {
+        // A length over the limit: the stream cannot be resynchronised. Answer nothing more.
+        w_.counters.bad_frames.fetch_add(1, std::memory_order_relaxed);
+        spdlog::warn("tcp {}: frame length over {} bytes, closing", peer(), wire::kMaxFrameBytes);
+        draining_ = true;
+        if (!writing_) close();
+        return;
+      }
+      if (pending_.size() > max_pending_) {
+        paused_ = true;  // the writer resumes reading once the backlog is written
+      }
+      flush();
+      read();
+    });
+  }
+
+  void serve(std::span<const uint8_t> frame) {
+    const auto t0 = std::chrono::steady_clock::now();
+    w_.counters.tcp_requests.fetch_add(1, std::memory_order_relaxed);
+    if (!w_.handler.handle(frame, 0, node_now(), w_.out)) {
+      w_.counters.bad_frames.fetch_add(1, std::memory_order_relaxed);
+      return;  // no id to answer to; the next frame may still be fine
+    }
+    if (w_.handler.last_code() != wire::Code::kOk) {
+      w_.counters.rejected_requests.fetch_add(1, std::memory_order_relaxed);
+    }
+    wire::append_frame(w_.out, pending_);
+    record_latency(t0);
+  }
+
+  void flush() {
+    if (writing_ || pending_.empty()) return;
+    writing_ = true;
+    std::swap(writing_buf_, pending_);
+    pending_.clear();
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(writing_buf_),
+                      [this, self](boost::system::error_code ec, size_t) {
+                        writing_ = false;
+                        if (ec) {
+                          draining_ = true;
+                          if (!reading_) close();
+                          return;
+                        }
+                        flush();
+                        if (paused_ && pending_.size() <= max_pending_) {
+                          paused_ = false;
+                          read();
+                        }
+                        if (draining_ && !writing_ && !reading_) close();
+                      });
+  }
+
+  void close() {
+    boost::system::error_code ec;
+    socket_.close(ec);
+  }
+
+  int64_t node_now() const;
+  void record_latency(std::chrono::steady_clock::time_point t0) {
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                        std::chrono::steady_clock::now() - t0)
+                        .count();
+    w_.counters.latency[latency_bucket(us)].fetch_add(1, std::memory_order_relaxed);
+  }
+  std::string peer() const {
+    boost::system::error_code ec;
+    const auto ep = socket_.remote_endpoint(ec);
+    return ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+  }
+
+  Worker& w_;
+  tcp::socket socket_;
+  size_t max_pending_;
+  std::array<uint8_t, 64 * 1024> in_{};
+  wire::FrameReader frames_;
+  std::vector<uint8_t> pending_;      // answers not yet handed to the socket
+  std::vector<uint8_t> writing_buf_;  // the answers being written
+  bool reading_ = false;
+  bool writing_ = false;
+  bool paused_ = false;
+  bool draining_ = false;
+};
+
+struct Node::Impl {
+  explicit Impl(NodeOptions o) : opt(std::move(o)) {
+    if (!opt.clock) opt.clock = system_now_ms;
+    if (opt.threads == 0) opt.threads = 1;
+    started_ms = opt.clock();
+    std::string errors;
+    auto policy = load_policy(errors);
+    if (!policy) throw std::runtime_error(errors);
+    engine::EngineOptions eo;
+    eo.memory_cap_bytes = opt.memory_cap_bytes;
+    engine = std::make_unique<engine::Engine>(std::move(policy), eo);
+  }
+
+  // Compiles the configured rules with the overrides in force; nullptr with `errors` set on
+  // failure.
+  std::shared_ptr<const rules::Policy> load_policy(std::string& errors) {
+    rules::ParseResult parsed = opt.rules_file.empty()
+                                    ? rules::parse_rules(embedded_rules(), "<embedded rules>")
+                                    : rules::load_rules_file(opt.rules_file);
+    if (!parsed.rules) {
+      for (const auto& e : parsed.errors) errors += e.to_string() + "\n";
+      if (!errors.empty()) errors.pop_back();
+      return nullptr;
+    }
+    std::lock_guard g(overrides_mu);
+    return rules::Policy::compile(std::move(*parsed.rules), overrides, opt.hash_seed);
+  }
+
+  NodeOptions opt;
+  int64_t started_ms = 0;
+  std::unique_ptr<engine::Engine> engine;
+  std::mutex overrides_mu;  // guards overrides (control paths only)
+  rules::Overrides overrides;
+
+  asio::io_context control{1};
+  std::optional<tcp::acceptor> acceptor;
+  std::unique_ptr<AdminHttp> admin;
+  std::optional<asio::signal_set> signals;
+  std::optional<asio::steady_timer> sweep_timer;
+  std::vector<std::unique_ptr<Worker>> workers;
+  size_t next_worker = 0;
+  std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0};
+  std::atomic<uint64_t> reloads{0}, reload_failures{0};
+  std::atomic<bool> stopped{false};
+};
+
+int64_t TcpSession::node_now() const { return w_.node.opt.clock(); }
+
+namespace {
+
+void udp_receive(Worker& w) {
+  w.udp_socket->async_receive_from(
+      asio::buffer(w.udp_in), w.from, [&w](boost::system::error_code ec, size_t n) {
+        if (ec) {
+          if (ec == asio::error::operation_aborted || w.stopping) return;
+          udp_receive(w);  // e.g. ICMP port unreachable surfaced on Linux: keep serving
+          return;
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        w.counters.udp_requests.fetch_add(1, std::memory_order_relaxed);
+        // An answer is never larger than its request (no amplification).
+        if (w.handler.handle({w.udp_in.data(), n}, n, w.node.opt.clock(), w.out)) {
+          if (w.handler.last_code() != wire::Code::kOk) {
+            w.counters.rejected_requests.fetch_add(1, std::memory_order_relaxed);
+          }
+          boost::system::error_code sec;
+          w.udp_socket->send_to(asio::buffer(w.out), w.from, 0, sec);
+          if (sec) w.counters.dropped_datagrams.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          w.counters.dropped_datagrams.fetch_add(1, std::memory_order_relaxed);
+        }
+        const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count();
+        w.counters.latency[latency_bucket(us)].fetch_add(1, std::memory_order_relaxed);
+        udp_receive(w);
+      });
+}
+
+void accept_next(Node::Impl& n) {
+  Worker& w = *n.workers[n.next_worker++ % n.workers.size()];
+  n.acceptor->async_accept(w.io, [&n, &w](boost::system::error_code ec, tcp::socket s) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || n.stopped.load()) return;
+      spdlog::warn("tcp accept: {}", ec.message());
+      accept_next(n);
+      return;
+    }
+    boost::system::error_code ignored;
+    s.set_option(tcp::no_delay(true), ignored);
+    w.counters.tcp_connections.fetch_add(1, std::memory_order_relaxed);
+    // The session lives on its worker's thread from here on.
+    asio::post(w.io, [&w, sock = std::move(s), max = n.opt.max_tcp_pending_bytes]() mutable {
+      if (w.stopping) return;
+      auto session = std::make_shared<TcpSession>(w, std::move(sock), max);
+      w.sessions.remove_if([](const auto& p) { return p.expired(); });
+      w.sessions.push_back(session);
+      session->start();
+    });
+    accept_next(n);
+  });
+}
+
+void schedule_sweep(Node::Impl& n) {
+  n.sweep_timer->expires_after(std::chrono::milliseconds(n.opt.sweep_interval_ms));
+  n.sweep_timer->async_wait([&n](boost::system::error_code ec) {
+    if (ec || n.stopped.load()) return;
+    const size_t dropped = n.engine->sweep(n.opt.clock());
+    if (dropped > 0) spdlog::debug("sweep: dropped {} expired counters", dropped);
+    schedule_sweep(n);
+  });
+}
+
+}  // namespace
+
+Node::Node(NodeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+Node::~Node() {
+  stop();
+  for (auto& w : impl_->workers) {
+    if (w->thread.joinable()) w->thread.join();
+  }
+}
+
+void Node::run(bool handle_signals) {
+  Impl& n = *impl_;
+  // Workers and their UDP sockets (one per worker, SO_REUSEPORT on one port).
+  for (unsigned i = 0; i < n.opt.threads; ++i) {
+    n.workers.push_back(std::make_unique<Worker>(n, *n.engine));
+  }
+  if (!n.opt.udp_listen.empty()) {
+    auto [addr, port] = parse_listen(n.opt.udp_listen);
+    for (auto& w : n.workers) {
+      udp::socket s(w->io);
+      const udp::endpoint ep(addr, port);
+      s.open(ep.protocol());
+      s.set_option(asio::socket_base::reuse_address(true));
+      const int one = 1;
+      ::setsockopt(s.native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+      s.set_option(asio::socket_base::receive_buffer_size(4 << 20));
+      boost::system::error_code ec;
+      s.bind(ep, ec);
+      if (ec) throw std::runtime_error("udp " + n.opt.udp_listen + ": " + ec.message());
+      port = s.local_endpoint().port();  // the first bind picks the port for the others
+      w->udp_socket.emplace(std::move(s));
+    }
+    n.udp_port = port;
+  }
+  if (!n.opt.tcp_listen.empty()) {
+    auto [addr, port] = parse_listen(n.opt.tcp_listen);
+    const tcp::endpoint ep(addr, port);
+    n.acceptor.emplace(n.control);
+    n.acceptor->open(ep.protocol());
+    n.acceptor->set_option(asio::socket_base::reuse_address(true));
+    boost::system::error_code ec;
+    n.acceptor->bind(ep, ec);
+    if (ec) throw std::runtime_error("tcp " + n.opt.tcp_listen + ": " + ec.message());
+    n.acceptor->listen(asio::socket_base::max_listen_connections);
+    n.tcp_port = n.acceptor->local_endpoint().port();
+  }
+  if (!n.opt.admin_listen.empty()) {
+    n.admin = std::make_unique<AdminHttp>(n.control, n.opt.admin_listen, *this);
+    n.admin_port = n.admin->port();
+  }
+  // Declared here, referenced by the signal handler while control runs below.
+  std::function<void(boost::system::error_code, int)> on_signal;
+  if (handle_signals) {
+    n.signals.emplace(n.control, SIGHUP, SIGTERM, SIGINT);
+    on_signal = [this, &n, &on_signal](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) {
+        const std::string err = reload();
+        if (!err.empty()) spdlog::error("SIGHUP: rules not reloaded, the old rules stay:\n{}", err);
+        n.signals->async_wait(on_signal);
+      } else {
+        spdlog::info("signal {}: stopping; answering what is in flight", sig);
+        stop();
+      }
+    };
+    n.signals->async_wait(on_signal);
+  }
+  n.sweep_timer.emplace(n.control);
+  schedule_sweep(n);
+  for (auto& w : n.workers) {
+    w->work.emplace(w->io.get_executor());
+    if (w->udp_socket) udp_receive(*w);
+    w->thread = std::thread([&io = w->io] { io.run(); });
+  }
+  if (n.acceptor) accept_next(n);
+  spdlog::info("sluiced serving: udp {} tcp {} admin {}, {} threads, rules {}", n.udp_port.load(),
+               n.tcp_port.load(), n.admin_port.load(), n.opt.threads,
+               n.opt.rules_file.empty() ? "<embedded>" : n.opt.rules_file);
+  ready_ = true;
+  n.control.run();
+  for (auto& w : n.workers) {
+    if (w->thread.joinable()) w->thread.join();
+  }
+  ready_ = false;
+}
+
+void Node::stop() {
+  Impl& n = *impl_;
+  if (n.stopped.exchange(true)) return;
+  asio::post(n.control, [&n] {
+    boost::system::error_code ec;
+    if (n.acceptor) n.acceptor->close(ec);
+    if (n.admin) n.admin->stop();
+    if (n.signals) n.signals->cancel(ec);
+    if (n.sweep_timer) n.sweep_timer->cancel();
+    for (auto& w : n.workers) {
+      asio::post(w->io, [&w = *w] {
+        w.stopping = true;
+        boost::system::error_code e;
+        if (w.udp_socket) w.udp_socket->close(e);
+        for (auto& p : w.sessions) {
+          if (auto s = p.lock()) s->drain();
+        }
+        w.work.reset();  // io.run() returns once the last answers are written
+      });
+    }
+  });
+}
+
+std::string Node::reload() {
+  Impl& n = *impl_;
+  std::string errors;
+  auto policy = n.load_policy(errors);
+  if (!policy) {
+    n.reload_failures.fetch_add(1);
+    return errors;
+  }
+  n.engine->set_policy(std::move(policy));
+  n.reloads.fetch_add(1);
+  spdlog::info("rules reloaded from {}", n.opt.rules_file.empty() ? "<embedded>" : n.opt.rules_file);
+  return {};
+}
+
+uint16_t Node::udp_port() const { return impl_->udp_port.load(); }
+uint16_t Node::tcp_port() const { return impl_->tcp_port.load(); }
+uint16_t Node::admin_port() const { return impl_->admin_port.load(); }
+engine::Engine& Node::engine() { return *impl_->engine; }
+int64_t Node::now_ms() const { return impl_->opt.clock(); }
+int64_t Node::started_ms() const { return impl_->started_ms; }
+const NodeOptions& Node::options() const { return impl_->opt; }
+
+NodeCounters Node::counters() const {
+  NodeCounters c;
+  c.latency_us_buckets.assign(kLatencyBuckets, 0);
+  for (const auto& w : impl_->workers) {
+    const WorkerCounters& k = w->counters;
+    c.udp_requests += k.udp_requests.load(std::memory_order_relaxed);
+    c.tcp_requests += k.tcp_requests.load(std::memory_order_relaxed);
+    c.tcp_connections += k.tcp_connections.load(std::memory_order_relaxed);
+    c.dropped_datagrams += k.dropped_datagrams.load(std::memory_order_relaxed);
+    c.closed_connections_bad_frame += k.bad_frames.load(std::memory_order_relaxed);
+    c.rejected_requests += k.rejected_requests.load(std::memory_order_relaxed);
+    for (size_t i = 0; i < kLatencyBuckets; ++i) {
+      c.latency_us_buckets[i] += k.latency[i].load(std::memory_order_relaxed);
+    }
+  }
+  c.reloads = impl_->reloads.load();
+  c.reload_failures = impl_->reload_failures.load();
+  return c;
+}
+
+}  // namespace sluice::node

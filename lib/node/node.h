@@ -1,0 +1,124 @@
+// A Sluice node: the engine behind UDP and TCP listeners (the check protocol of lib/wire), an
+// admin HTTP port, rules reloads and a background sweeper. `sluiced` is a thin main around it.
+//
+// Threads: `threads` workers, each running its own io_context. Every worker owns one UDP socket
+// bound to the shared port with SO_REUSEPORT (the kernel spreads datagrams over them) and the TCP
+// connections handed to it round-robin by the acceptor; a connection is served only by its
+// worker, so per-connection state needs no lock. One control io_context (the caller's thread,
+// inside run()) owns the acceptor, the admin port, timers and signals. The engine is shared by
+// all workers (it shards internally).
+//
+// Clock: the node reads time only through NodeOptions::clock, so tests can drive it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "rules/rules.h"
+#include "wire/protocol.h"
+
+namespace sluice::node {
+
+struct NodeOptions {
+  std::string udp_listen = "127.0.0.1:7350";    // "" disables UDP
+  std::string tcp_listen = "127.0.0.1:7350";    // "" disables TCP
+  std::string admin_listen = "127.0.0.1:7351";  // "" disables the admin HTTP port
+  unsigned threads = 2;
+  std::string rules_file;  // "" = the embedded example rules (deploy/rules.example.yaml)
+  std::string data_dir = "./data";
+  std::string log_level = "info";  // applied by sluiced
+  uint64_t memory_cap_bytes = 1ull << 30;
+  uint64_t hash_seed = 0x5a1c3e0d5eedull;  // the same on every node of a cluster
+  int64_t sweep_interval_ms = 1'000;
+  size_t max_tcp_pending_bytes = 4u << 20;  // per connection: stop reading past this much output
+  std::function<int64_t()> clock;           // ms since the epoch; default: system clock
+};
+
+// Loads a node config file (YAML; see docs/operations.md for the fields). Returns "" or an error
+// naming the file, the line and the field. Fields not given keep their value in `out`.
+std::string load_node_config(const std::string& path, NodeOptions& out);
+
+// The embedded default rules text (deploy/rules.example.yaml at build time).
+std::string_view embedded_rules();
+
+// Counters the node keeps besides the engine's, for /metrics and `sluicectl status`.
+struct NodeCounters {
+  uint64_t udp_requests = 0;
+  uint64_t tcp_requests = 0;
+  uint64_t tcp_connections = 0;
+  uint64_t dropped_datagrams = 0;  // undecodable, no id to answer to
+  uint64_t closed_connections_bad_frame = 0;
+  uint64_t rejected_requests = 0;  // answered with a request-level error code
+  uint64_t reloads = 0;
+  uint64_t reload_failures = 0;
+  // check latency (decode + decide + encode, per request) histogram: bucket i counts requests
+  // that took < 2^i microseconds (the last bucket: everything slower).
+  std::vector<uint64_t> latency_us_buckets;
+};
+
+// Handles one request message end to end, transport-independent: decode, decide, encode. One per
+// worker thread (it owns reusable buffers). Exposed for tests and the HTTP check endpoint.
+class CheckHandler {
+ public:
+  explicit CheckHandler(engine::Engine& engine);
+  ~CheckHandler();
+  // Writes the answer to `out` and returns true, or returns false when the message cannot be
+  // answered at all (not even an id could be read): the caller drops it and counts the drop.
+  // max_answer_bytes > 0 caps the answer (UDP: the request's size).
+  bool handle(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
+              std::vector<uint8_t>& out);
+  wire::Code last_code() const { return last_code_; }
+
+ private:
+  struct Scratch;
+  engine::Engine& engine_;
+  std::unique_ptr<Scratch> s_;
+  wire::Code last_code_ = wire::Code::kOk;
+};
+
+class Node {
+ public:
+  // Loads the rules (the file, or the embedded default) and builds the engine. Throws
+  // std::runtime_error with a message naming the problem when rules or listen addresses are
+  // invalid (this is the process boundary: sluiced prints it and exits 2).
+  explicit Node(NodeOptions options);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Binds every listener (throws std::runtime_error naming the address on failure), then serves
+  // until stop(). SIGHUP reloads the rules; SIGTERM and SIGINT stop. Returns when every worker
+  // has finished what it had in flight.
+  void run(bool handle_signals = true);
+  // Thread-safe; may be called from a signal handler context of Asio or another thread.
+  void stop();
+  // Re-reads the rules file and swaps the policy; counters of remaining rules are kept. Returns
+  // "" or the errors (the old rules stay in force).
+  std::string reload();
+
+  // Ports actually bound (useful with port 0); valid once run() has bound them (ready() true).
+  bool ready() const { return ready_.load(); }
+  uint16_t udp_port() const;
+  uint16_t tcp_port() const;
+  uint16_t admin_port() const;
+
+  engine::Engine& engine();
+  NodeCounters counters() const;
+  int64_t now_ms() const;
+  int64_t started_ms() const;
+  const NodeOptions& options() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> ready_{false};
+};
+
+}  // namespace sluice::node

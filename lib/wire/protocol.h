@@ -1,0 +1,182 @@
+// The client <-> node check protocol: Cap'n Proto messages (schema/check.capnp), one per UDP
+// datagram or one per length-prefixed TCP frame. See docs/protocol.md.
+//
+// This header is what both sides use and depends on nothing else of Sluice (the client library
+// links only this part). Hostile input is handled here: every decode validates sizes, Cap'n Proto
+// traversal and nesting limits, and field bounds, and reports a Code instead of throwing.
+//
+// Thread safety: free functions are thread-safe; RequestDecoder and FrameReader are per-thread
+// (or per-connection) objects.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sluice::wire {
+
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kMaxDatagramBytes = 65'507;  // largest UDP payload over IPv4
+inline constexpr size_t kMaxFrameBytes = 1u << 20;   // largest TCP frame (message bytes)
+inline constexpr size_t kMaxChecks = 1'024;          // checks per request
+inline constexpr size_t kMaxEntries = 64;            // entries per check (rules enforce less)
+inline constexpr size_t kFrameHeaderBytes = 4;       // u32 little-endian message length
+
+// Mirrors schema Code: request-level and per-check outcomes.
+enum class Code : uint8_t {
+  kOk = 0,
+  kEmptyDomain,
+  kUnknownDomain,
+  kTooManyEntries,
+  kEntryTooLong,
+  kEmptyEntryKey,
+  kDuplicateEntry,
+  kHitsTooLarge,
+  kNegativeHits,
+  kNoRoom,
+  kMalformed,
+  kTooManyChecks,
+  kUnsupportedVersion,
+  kTooLarge,
+};
+std::string_view to_string(Code c);  // "ok", "unknown_domain", ...
+
+enum class Mode : uint8_t { kEnforce, kDryRun, kShadow };
+std::string_view to_string(Mode m);  // "enforce", "dry-run", "shadow"
+
+// ---- requests --------------------------------------------------------------------------------
+
+struct Entry {
+  std::string_view key;
+  std::string_view value;
+};
+
+struct Check {
+  std::string_view domain;
+  std::span<const Entry> entries;
+  int64_t hits = 1;
+};
+
+// Encodes a request into `out` (replacing its contents). When pad_to is larger than the message,
+// padding is added so the message is at least pad_to bytes: over UDP a node never answers with
+// more bytes than the request carried, so a client that wants every limit's details pads.
+void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
+                    std::vector<uint8_t>& out);
+
+// Decodes requests with no allocation once warm. Views returned by checks() point into the
+// decoder's own buffer and stay valid until the next decode().
+class RequestDecoder {
+ public:
+  RequestDecoder();
+  ~RequestDecoder();
+  RequestDecoder(const RequestDecoder&) = delete;
+  RequestDecoder& operator=(const RequestDecoder&) = delete;
+
+  // kOk, or why the bytes are not a request this node can serve (kMalformed, kTooLarge,
+  // kTooManyChecks, kUnsupportedVersion). Per-check problems (a negative cost, too many entries)
+  // do not fail the request: see check_code().
+  Code decode(std::span<const uint8_t> bytes);
+
+  uint64_t id() const { return id_; }  // 0 when the id itself could not be read
+  std::span<const Check> checks() const { return checks_; }
+  // kOk, or kNegativeHits / kTooManyEntries for a check the engine must not see.
+  Code check_code(size_t i) const { return codes_[i]; }
+
+ private:
+  struct Buffers;
+  std::unique_ptr<Buffers> buf_;
+  uint64_t id_ = 0;
+  std::vector<Check> checks_;
+  std::vector<Entry> entries_;
+  std::vector<Code> codes_;
+};
+
+// ---- answers ---------------------------------------------------------------------------------
+
+struct LimitView {
+  std::string_view name;
+  uint64_t limit = 0;
+  int64_t window_ms = 0;
+  uint64_t remaining = 0;
+  int64_t reset_ms = 0;
+  int64_t retry_after_ms = 0;  // -1 = never
+  Mode mode = Mode::kEnforce;
+  bool exceeded = false;
+};
+
+struct DecisionView {
+  Code code = Code::kOk;
+  bool allowed = false;
+  bool would_deny = false;
+  bool shadow = false;
+  bool allowlisted = false;
+  std::span<const LimitView> limits;
+};
+
+// Encodes an answer into `out` and returns its size. With max_bytes > 0 (UDP: the request's
+// size), an answer that would be larger is re-encoded without limit names, then without any limit
+// details (truncated = true); the decisions themselves always fit (a decision is smaller than the
+// check it answers).
+size_t encode_answer(uint64_t id, Code code, std::span<const DecisionView> decisions,
+                     size_t max_bytes, std::vector<uint8_t>& out);
+
+// A decoded answer, owning its strings (client side).
+struct LimitStatus {
+  std::string name;
+  uint64_t limit = 0;
+  int64_t window_ms = 0;
+  uint64_t remaining = 0;
+  int64_t reset_ms = 0;
+  int64_t retry_after_ms = 0;  // -1 = never
+  Mode mode = Mode::kEnforce;
+  bool exceeded = false;
+};
+
+struct Decision {
+  Code code = Code::kOk;
+  bool allowed = false;
+  bool would_deny = false;
+  bool shadow = false;
+  bool allowlisted = false;
+  std::vector<LimitStatus> limits;
+};
+
+struct Answer {
+  uint64_t id = 0;
+  Code code = Code::kOk;
+  bool truncated = false;
+  std::vector<Decision> decisions;
+};
+
+// kOk, or kMalformed / kTooLarge when the bytes are not an answer.
+Code decode_answer(std::span<const uint8_t> bytes, Answer& out);
+
+// ---- TCP framing: [u32 little-endian length][message] -----------------------------------------
+
+void append_frame(std::span<const uint8_t> message, std::vector<uint8_t>& out);
+
+// Reassembles frames from a byte stream. A length over max_frame fails the reader for good (the
+// connection must be closed: the stream cannot be resynchronised).
+class FrameReader {
+ public:
+  explicit FrameReader(size_t max_frame = kMaxFrameBytes) : max_frame_(max_frame) {}
+  void feed(std::span<const uint8_t> bytes);
+  // The next complete frame's message bytes, valid until the next feed() or next(); nullopt when
+  // none is complete yet or the reader failed.
+  std::optional<std::span<const uint8_t>> next();
+  bool failed() const { return failed_; }
+  size_t buffered() const { return data_.size() - pos_; }
+
+ private:
+  size_t max_frame_;
+  std::vector<uint8_t> data_;
+  size_t pos_ = 0;
+  bool failed_ = false;
+};
+
+}  // namespace sluice::wire

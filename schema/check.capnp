@@ -1,0 +1,81 @@
+# The client <-> node check protocol (docs/protocol.md).
+#
+# Versioning: fields are only ever added, with new ordinals, so an old reader skips what it does
+# not know and a new reader sees defaults in an old message. `version` says which revision of
+# these rules the sender followed; a node answers `unsupportedVersion` only for a major version it
+# cannot serve.
+@0xed0130d469a7a423;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("sluice::schema");
+
+struct Entry {
+  key @0 :Text;
+  value @1 :Text;
+}
+
+struct Check {
+  domain @0 :Text;
+  entries @1 :List(Entry);
+  hits @2 :Int64 = 1;   # signed so that a negative cost is seen and refused, not wrapped
+}
+
+struct CheckRequest {
+  version @0 :UInt16 = 1;
+  id @1 :UInt64;              # echoed in the answer; TCP answers may come back in any order
+  checks @2 :List(Check);
+  padding @3 :Data;           # UDP: room the client gives the answer (no amplification)
+}
+
+enum Mode {
+  enforce @0;
+  dryRun @1;
+  shadow @2;
+}
+
+enum Code {
+  ok @0;
+  # per check
+  emptyDomain @1;
+  unknownDomain @2;
+  tooManyEntries @3;
+  entryTooLong @4;
+  emptyEntryKey @5;
+  duplicateEntry @6;
+  hitsTooLarge @7;
+  negativeHits @8;
+  noRoom @9;               # the node's memory cap left no room: allowed, not counted
+  # per request
+  malformed @10;           # not a Cap'n Proto message of this schema, or over its limits
+  tooManyChecks @11;
+  unsupportedVersion @12;
+  tooLarge @13;
+}
+
+struct LimitStatus {
+  name @0 :Text;
+  limit @1 :UInt64;
+  windowMs @2 :Int64;
+  remaining @3 :UInt64;
+  resetMs @4 :Int64;
+  retryAfterMs @5 :Int64;  # 0 unless exceeded; -1 = never (cost above the limit)
+  mode @6 :Mode;
+  exceeded @7 :Bool;
+}
+
+struct Decision {
+  code @0 :Code;
+  allowed @1 :Bool;
+  wouldDeny @2 :Bool;
+  shadow @3 :Bool;
+  allowlisted @4 :Bool;
+  limits @5 :List(LimitStatus);
+}
+
+struct CheckAnswer {
+  version @0 :UInt16 = 1;
+  id @1 :UInt64;
+  code @2 :Code;             # request-level: ok, or why no decision was made
+  decisions @3 :List(Decision);
+  truncated @4 :Bool;        # limit details were dropped to keep a UDP answer within budget
+}
