@@ -1,0 +1,249 @@
+#include "load/driver.h"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <exception>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "load/process.h"
+
+namespace sluice::bench {
+
+Conn::~Conn() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void RowStats::merge(const RowStats& o) {
+  latency.merge(o.latency);
+  checks += o.checks;
+  units += o.units;
+  denied += o.denied;
+  errors += o.errors;
+  lost += o.lost;
+  send_failures += o.send_failures;
+  late_answers += o.late_answers;
+  conn_failures += o.conn_failures;
+  unsent += o.unsent;
+  if (first_error.empty()) first_error = o.first_error;
+}
+
+KeyStream::KeyStream(uint32_t keys, bool zipf, double zipf_s, uint64_t seed) {
+  constexpr size_t kRing = size_t{1} << 20;
+  ring_.resize(kRing);
+  std::mt19937_64 rng(seed);
+  if (!zipf) {
+    std::uniform_int_distribution<uint32_t> d(0, keys - 1);
+    for (uint32_t& k : ring_) k = d(rng);
+    return;
+  }
+  // Zipf(s) by inverse CDF: rank r (0-based) has weight 1 / (r + 1)^s. Ranks are scattered over
+  // the key indices so the hot keys are not neighbours.
+  std::vector<double> cdf(keys);
+  double sum = 0;
+  for (uint32_t r = 0; r < keys; ++r) {
+    sum += 1.0 / std::pow(static_cast<double>(r) + 1.0, zipf_s);
+    cdf[r] = sum;
+  }
+  std::vector<uint32_t> perm(keys);
+  for (uint32_t i = 0; i < keys; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::uniform_real_distribution<double> u(0.0, sum);
+  for (uint32_t& k : ring_) {
+    const auto it = std::lower_bound(cdf.begin(), cdf.end(), u(rng));
+    const auto r = static_cast<size_t>(std::min<ptrdiff_t>(it - cdf.begin(), keys - 1));
+    k = perm[r];
+  }
+}
+
+namespace {
+
+struct ThreadResult {
+  RowStats stats;
+  std::string fatal;
+};
+
+void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned t,
+                unsigned nconns, int64_t t0, ThreadResult& out) {
+  KeyStream keys(opt.keys, opt.zipf, opt.zipf_s, opt.seed * 1'000'003u + t);
+  Recorder rec;
+  rec.stats = &out.stats;
+  rec.measure_from_ns = t0 + static_cast<int64_t>(opt.warmup_s * 1e9);
+  rec.measure_to_ns = rec.measure_from_ns + static_cast<int64_t>(opt.seconds * 1e9);
+  ThreadContext ctx{t, &keys, &rec};
+
+  struct Slot {
+    std::unique_ptr<Conn> conn;
+    bool out_registered = false;
+    bool dead = false;
+  };
+  std::vector<Slot> conns;
+  try {
+    for (unsigned i = 0; i < nconns; ++i) conns.push_back(Slot{make_conn(ctx)});
+  } catch (const std::exception& e) {
+    out.fatal = e.what();
+    return;
+  }
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) {
+    out.fatal = "epoll_create1 failed";
+    return;
+  }
+  for (Slot& s : conns) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = &s;
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, s.conn->fd(), &ev);
+  }
+  auto set_out = [ep](Slot& s) {
+    const bool want = s.conn->wants_write();
+    if (want == s.out_registered || s.dead) return;
+    epoll_event ev{};
+    ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
+    ev.data.ptr = &s;
+    ::epoll_ctl(ep, EPOLL_CTL_MOD, s.conn->fd(), &ev);
+    s.out_registered = want;
+  };
+  auto retire_if_failed = [&](Slot& s) {
+    if (s.dead || !s.conn->failed()) return;
+    s.dead = true;
+    ++out.stats.conn_failures;
+    ::epoll_ctl(ep, EPOLL_CTL_DEL, s.conn->fd(), nullptr);
+  };
+
+  const bool open_loop = opt.rate > 0;
+  // Units per second this thread owes in open loop.
+  const double unit_rate = open_loop ? opt.rate / opt.threads / opt.batch : 0;
+  const int64_t end = rec.measure_to_ns;
+  uint64_t sent_units = 0;
+  size_t rr = 0;
+  std::vector<Slot*> touched;  // open loop: connections written to in this pass
+  touched.reserve(conns.size());
+
+  auto refill = [&](Slot& s, int64_t now) {
+    if (s.dead) return;
+    // Bounded by the connection's window.
+    for (int guard = 0; guard < 4096 && s.conn->has_room(); ++guard) s.conn->send(now);
+    s.conn->flush();
+    retire_if_failed(s);
+    set_out(s);
+  };
+
+  int64_t now = now_ns();
+  if (!open_loop) {
+    for (Slot& s : conns) refill(s, now);
+  }
+
+  constexpr int kMaxEvents = 256;
+  epoll_event events[kMaxEvents];
+  int64_t next_expire = now + 10'000'000;
+  // Every loop is bounded in time (the row's end) and in count (max_iterations).
+  const uint64_t max_iterations = static_cast<uint64_t>((opt.warmup_s + opt.seconds) * 2e6) + 1000;
+  for (uint64_t iter = 0; iter < max_iterations; ++iter) {
+    now = now_ns();
+    if (now >= end || stop_requested()) break;
+
+    int64_t wait_ns = 1'000'000;
+    if (open_loop) {
+      const auto due = static_cast<uint64_t>(static_cast<double>(now - t0) * 1e-9 * unit_rate);
+      touched.clear();
+      while (sent_units < due) {
+        Slot* pick = nullptr;
+        for (size_t k = 0; k < conns.size(); ++k) {
+          Slot& s = conns[(rr + k) % conns.size()];
+          if (!s.dead && s.conn->has_room()) {
+            pick = &s;
+            rr = (rr + k + 1) % conns.size();
+            break;
+          }
+        }
+        if (pick == nullptr) break;  // every window is full: the backlog waits (and ages)
+        const auto sched =
+            t0 + static_cast<int64_t>(static_cast<double>(sent_units) / unit_rate * 1e9);
+        pick->conn->send(sched);
+        ++sent_units;
+        if (std::find(touched.begin(), touched.end(), pick) == touched.end()) {
+          touched.push_back(pick);
+        }
+      }
+      for (Slot* s : touched) {
+        s->conn->flush();
+        retire_if_failed(*s);
+        set_out(*s);
+      }
+      const auto next_due =
+          t0 + static_cast<int64_t>(static_cast<double>(sent_units + 1) / unit_rate * 1e9);
+      wait_ns = std::clamp<int64_t>(next_due - now_ns(), 0, 1'000'000);
+    }
+
+    timespec ts{0, static_cast<long>(wait_ns)};
+    const int n = ::epoll_pwait2(ep, events, kMaxEvents, &ts, nullptr);
+    now = now_ns();
+    for (int i = 0; i < n; ++i) {
+      Slot& s = *static_cast<Slot*>(events[i].data.ptr);
+      if (s.dead) continue;
+      if (events[i].events & EPOLLOUT) s.conn->flush();
+      if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) s.conn->on_readable(now);
+      retire_if_failed(s);
+      if (!open_loop) {
+        refill(s, now);
+      } else {
+        set_out(s);
+      }
+    }
+    if (now >= next_expire) {
+      next_expire = now + 10'000'000;
+      size_t alive = 0;
+      for (Slot& s : conns) {
+        if (s.dead) continue;
+        s.conn->expire(now);
+        if (!open_loop) refill(s, now);
+        alive += s.dead ? 0 : 1;
+      }
+      if (alive == 0) {
+        out.fatal = "every connection failed" +
+                    (out.stats.first_error.empty() ? "" : ": " + out.stats.first_error);
+        break;
+      }
+    }
+  }
+  if (open_loop) {
+    const auto due_at_end =
+        static_cast<uint64_t>(static_cast<double>(end - t0) * 1e-9 * unit_rate);
+    out.stats.unsent = due_at_end > sent_units ? due_at_end - sent_units : 0;
+  }
+  ::close(ep);
+}
+
+}  // namespace
+
+RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn) {
+  const unsigned threads = std::max(1u, std::min(opt.threads, opt.conns));
+  std::vector<ThreadResult> results(threads);
+  std::vector<std::thread> pool;
+  // Start every thread on the same clock so open-loop pacing and the windows line up.
+  const int64_t t0 = now_ns() + 50'000'000;  // leave time to connect
+  DriveOptions o = opt;
+  o.threads = threads;
+  for (unsigned t = 0; t < threads; ++t) {
+    const unsigned n = opt.conns / threads + (t < opt.conns % threads ? 1 : 0);
+    pool.emplace_back([&o, &make_conn, t, n, t0, &results] {
+      run_thread(o, make_conn, t, n, t0, results[t]);
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  RowStats total;
+  for (const ThreadResult& r : results) {
+    if (!r.fatal.empty()) throw std::runtime_error(r.fatal);
+    total.merge(r.stats);
+  }
+  total.seconds = opt.seconds;
+  return total;
+}
+
+}  // namespace sluice::bench

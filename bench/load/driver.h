@@ -1,0 +1,144 @@
+// The load generator's engine: a few threads, each with its own epoll set of non-blocking
+// connections ("Conn"s) to the server under test, keeping requests in flight.
+//
+// A request ("unit") carries `batch` checks: one datagram, one frame, or a group of pipelined
+// commands written together. Each connection keeps at most its own window of units in flight.
+//
+// Closed loop (rate 0): every connection is refilled to its window as soon as answers come back,
+// so the figure is the most the server answers with that many requests in flight.
+// Open loop (rate R checks/s): units are due at fixed intervals (R / threads / batch per second
+// per thread) and sent on a connection with room; latency is measured from the time a unit was
+// due, not from when it left, so a generator or a window that falls behind shows up as latency
+// (no coordinated omission). Units still unsent at the end are reported as `unsent`.
+//
+// Latency of a unit is answer time minus start time (std::chrono::steady_clock); each check of a
+// batch is recorded with its unit's latency. Only answers that arrive inside the measured window
+// (after the warm-up, before the end) count towards checks/s and the histogram.
+//
+// Threads: each generator thread owns its connections, KeyStream and RowStats; the driver merges
+// the stats after joining the threads. Nothing is shared while a row runs.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "load/histogram.h"
+
+namespace sluice::bench {
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Wall-clock time for the protocols that carry it (Lua ARGV, minute buckets).
+inline int64_t epoch_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct RowStats {
+  LatencyHistogram latency;
+  uint64_t checks = 0;          // checks answered inside the measured window
+  uint64_t units = 0;           // requests (datagrams, frames, command groups) answered in it
+  uint64_t denied = 0;          // checks answered "not allowed" (should stay 0)
+  uint64_t errors = 0;          // error replies, malformed or unexpected answers
+  uint64_t lost = 0;            // UDP requests unanswered within the timeout
+  uint64_t send_failures = 0;   // UDP sends refused by the local kernel (EAGAIN, ENOBUFS)
+  uint64_t late_answers = 0;    // UDP answers that came after their request was given up
+  uint64_t conn_failures = 0;   // connections that closed or failed during the row
+  uint64_t unsent = 0;          // open loop: units due but never sent
+  double seconds = 0;           // length of the measured window
+  std::string first_error;      // the first error seen, for the report
+
+  void merge(const RowStats& o);
+  void note_error(const std::string& what) {
+    ++errors;
+    if (first_error.empty()) first_error = what;
+  }
+};
+
+// The sequence of key indices one thread draws from: uniform or Zipf(s) over [0, keys),
+// pre-drawn into a ring so sampling costs nothing while timing.
+class KeyStream {
+ public:
+  KeyStream(uint32_t keys, bool zipf, double zipf_s, uint64_t seed);
+  uint32_t next() { return ring_[pos_++ & (ring_.size() - 1)]; }
+
+ private:
+  std::vector<uint32_t> ring_;
+  size_t pos_ = 0;
+};
+
+// Where a connection reports completions; only those inside the measured window count.
+struct Recorder {
+  RowStats* stats = nullptr;
+  int64_t measure_from_ns = 0;
+  int64_t measure_to_ns = 0;
+  bool in_window(int64_t now) const { return now >= measure_from_ns && now < measure_to_ns; }
+  void complete(int64_t start_ns, int64_t now, uint32_t checks) {
+    if (!in_window(now)) return;
+    stats->checks += checks;
+    stats->units += 1;
+    stats->latency.record(static_cast<uint64_t>(now > start_ns ? now - start_ns : 0), checks);
+  }
+};
+
+// Per-thread context handed to connection factories.
+struct ThreadContext {
+  unsigned thread_index = 0;
+  KeyStream* keys = nullptr;
+  Recorder* recorder = nullptr;
+};
+
+// One connection (TCP) or socket (UDP) and the protocol spoken on it.
+class Conn {
+ public:
+  virtual ~Conn();
+  int fd() const { return fd_; }
+  bool failed() const { return failed_; }
+
+  // True when another unit may be started now (the window has room).
+  virtual bool has_room() const = 0;
+  // Starts one unit timed from start_ns. TCP output may stay buffered until flush().
+  virtual void send(int64_t start_ns) = 0;
+  // Writes buffered output as far as the socket takes it.
+  virtual void flush() {}
+  virtual bool wants_write() const { return false; }
+  // Reads and handles everything available now.
+  virtual void on_readable(int64_t now) = 0;
+  // Gives up on requests older than their timeout (UDP).
+  virtual void expire(int64_t /*now*/) {}
+
+ protected:
+  explicit Conn(int fd) : fd_(fd) {}
+  void fail() { failed_ = true; }
+  int fd_;
+  bool failed_ = false;
+};
+
+using ConnFactory = std::function<std::unique_ptr<Conn>(ThreadContext&)>;
+
+struct DriveOptions {
+  unsigned threads = 1;      // generator threads (1 or 2)
+  unsigned conns = 16;       // connections or sockets, spread over the threads
+  uint32_t batch = 1;        // checks per unit (for open-loop pacing)
+  double rate = 0;           // offered checks/s; 0 = closed loop
+  double warmup_s = 0.5;
+  double seconds = 5;
+  uint32_t keys = 10'000;
+  bool zipf = false;
+  double zipf_s = 0.99;
+  uint64_t seed = 1;
+};
+
+// Runs one row. Throws std::runtime_error when connections cannot be made at all.
+RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn);
+
+}  // namespace sluice::bench
