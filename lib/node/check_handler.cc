@@ -55,8 +55,9 @@ bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_by
   if (code != wire::Code::kOk) {
     // Without an id the sender could not match an answer: drop (the caller counts it).
     if (s.decoder.id() == 0) return false;
-    wire::encode_answer(s.decoder.id(), code, {}, max_answer_bytes, out);
-    return true;
+    const size_t n = wire::encode_answer(s.decoder.id(), code, {}, max_answer_bytes, out);
+    // A tiny request must not draw a larger error answer (no amplification): drop it instead.
+    return max_answer_bytes == 0 || n <= max_answer_bytes;
   }
 
   const auto checks = s.decoder.checks();
@@ -105,8 +106,9 @@ bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_by
     }
     s.decisions.push_back(dv);
   }
-  wire::encode_answer(s.decoder.id(), wire::Code::kOk, s.decisions, max_answer_bytes, out);
-  return true;
+  const size_t n =
+      wire::encode_answer(s.decoder.id(), wire::Code::kOk, s.decisions, max_answer_bytes, out);
+  return max_answer_bytes == 0 || n <= max_answer_bytes;
 }
 
 }  // namespace sluice::node

@@ -122,7 +122,16 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
         return;
       }
       frames_.feed({in_.data(), n});
-      while (auto frame = frames_.next()) serve(*frame);
+      while (!draining_) {
+        auto frame = frames_.next();
+        if (!frame) break;
+        serve(*frame);
+      }
+      if (draining_) {  // a bad frame: answers already queued still go out, then close
+        flush();
+        if (!writing_) close();
+        return;
+      }
       if (frames_.failed()) {
         // A length over the limit: the stream cannot be resynchronised. Answer nothing more.
         w_.counters.bad_frames.fetch_add(1, std::memory_order_relaxed);
@@ -142,9 +151,13 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   void serve(std::span<const uint8_t> frame) {
     const auto t0 = std::chrono::steady_clock::now();
     w_.counters.tcp_requests.fetch_add(1, std::memory_order_relaxed);
-    if (!w_.handler.handle(frame, 0, node_now(), w_.out)) {
+    if (!w_.handler.handle(frame, wire::kMaxFrameBytes, node_now(), w_.out)) {
+      // No id to answer to: the client cannot learn this request failed except by a closed
+      // connection, which fails its in-flight requests over at once instead of at its timeout.
       w_.counters.bad_frames.fetch_add(1, std::memory_order_relaxed);
-      return;  // no id to answer to; the next frame may still be fine
+      spdlog::warn("tcp {}: a frame that is not a request with an id, closing", peer());
+      draining_ = true;
+      return;
     }
     if (w_.handler.last_code() != wire::Code::kOk) {
       w_.counters.rejected_requests.fetch_add(1, std::memory_order_relaxed);

@@ -69,8 +69,9 @@ class CheckHandler {
   explicit CheckHandler(engine::Engine& engine);
   ~CheckHandler();
   // Writes the answer to `out` and returns true, or returns false when the message cannot be
-  // answered at all (not even an id could be read): the caller drops it and counts the drop.
-  // max_answer_bytes > 0 caps the answer (UDP: the request's size).
+  // answered: not even an id could be read, or even the smallest answer would be larger than
+  // max_answer_bytes. The caller drops it and counts the drop. max_answer_bytes > 0 caps the
+  // answer (UDP: the request's size; TCP: the frame limit).
   bool handle(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
               std::vector<uint8_t>& out);
   wire::Code last_code() const { return last_code_; }

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/client.h"
 #include "wire/protocol.h"
 
 namespace {
@@ -349,7 +350,7 @@ TEST_CASE("hostile datagrams are dropped or answered with an error, and counters
   CHECK(d.admitted(1, "fresh") == 1);
 }
 
-TEST_CASE("a TCP frame over the size limit closes that connection only") {
+TEST_CASE("a bad TCP frame closes that connection only") {
   Daemon d(3);
   const int bad = tcp_connect(d.port);
   const uint32_t len = 2u << 20;  // 2 MiB: over the 1 MiB frame limit
@@ -358,10 +359,17 @@ TEST_CASE("a TCP frame over the size limit closes that connection only") {
   REQUIRE(::send(bad, header, sizeof header, 0) == 4);
   CHECK(peer_closed(bad, 3000));
   ::close(bad);
-  // Garbage inside a well-sized frame gets no answer but does not kill the connection.
+  // A well-sized frame that is not a request: that connection is closed (its sender learns at
+  // once), others are served.
+  const int junk = tcp_connect(d.port);
+  std::vector<uint8_t> bad_frame;
+  sluice::wire::append_frame(std::vector<uint8_t>(64, 0xee), bad_frame);
+  REQUIRE(::send(junk, bad_frame.data(), bad_frame.size(), 0) ==
+          static_cast<ssize_t>(bad_frame.size()));
+  CHECK(peer_closed(junk, 3000));
+  ::close(junk);
   const int s = tcp_connect(d.port);
   std::vector<uint8_t> out;
-  sluice::wire::append_frame(std::vector<uint8_t>(64, 0xee), out);
   const Entry e{"user", "t1"};
   const Check c{"t", {&e, 1}, 1};
   std::vector<uint8_t> req;
@@ -374,4 +382,36 @@ TEST_CASE("a TCP frame over the size limit closes that connection only") {
   CHECK(answers[0].decisions.at(0).allowed);
   ::close(s);
   CHECK(d.admitted(1, "t2") == 1);
+}
+
+TEST_CASE("libsluice over UDP and TCP gets the same decisions from a real sluiced") {
+  Daemon d(4);
+  for (const auto transport : {sluice::Transport::kUdp, sluice::Transport::kTcp}) {
+    sluice::ClientOptions opt;
+    opt.nodes = {"127.0.0.1:" + std::to_string(d.port)};
+    opt.transport = transport;
+    opt.fail_mode = sluice::FailMode::kClosed;
+    opt.timeout = std::chrono::milliseconds(500);
+    std::string error;
+    auto client = sluice::Client::create(opt, &error);
+    REQUIRE_MESSAGE(client, error);
+    const std::string user = transport == sluice::Transport::kUdp ? "udp-user" : "tcp-user";
+    int allowed = 0;
+    for (int i = 0; i < 6; ++i) {
+      const sluice::Result r = client->check("t", {{"user", user}});
+      REQUIRE(r.decided());
+      allowed += r.allowed ? 1 : 0;
+    }
+    CHECK(allowed == 4);
+    // A batch shares one request; each check has its own answer.
+    std::vector<sluice::Entry> es{{"user", user + "-b"}};
+    std::vector<sluice::Check> batch(6, sluice::Check{"t", es, 1});
+    std::vector<sluice::Result> results;
+    client->check_batch(batch, results);
+    REQUIRE(results.size() == 6);
+    int batch_allowed = 0;
+    for (const auto& r : results) batch_allowed += r.allowed ? 1 : 0;
+    CHECK(batch_allowed == 4);
+    CHECK(results.back().limits.at(0).remaining == 0);
+  }
 }

@@ -1,0 +1,673 @@
+#include "load/targets.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <stdexcept>
+
+#include "wire/protocol.h"
+
+namespace sluice::bench {
+
+namespace wire = sluice::wire;
+
+Keyspace::Keyspace(uint32_t n) {
+  names.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) names.push_back("u" + std::to_string(i));
+}
+
+namespace {
+
+// ---- sockets ----------------------------------------------------------------------------------
+
+sockaddr_in loopback(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  return a;
+}
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
+
+// A connected TCP socket (blocking connect with a timeout), non-blocking and TCP_NODELAY.
+int tcp_connect(uint16_t port, int timeout_ms, std::string& err) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    err = std::string("socket: ") + std::strerror(errno);
+    return -1;
+  }
+  const sockaddr_in a = loopback(port);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    if (errno != EINPROGRESS) {
+      err = "connect 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno);
+      ::close(fd);
+      return -1;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    int soerr = 0;
+    socklen_t len = sizeof soerr;
+    if (::poll(&p, 1, timeout_ms) != 1 ||
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0 || soerr != 0) {
+      err = "connect 127.0.0.1:" + std::to_string(port) + ": " +
+            (soerr ? std::strerror(soerr) : "timed out");
+      ::close(fd);
+      return -1;
+    }
+  }
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+int udp_connect(uint16_t port, std::string& err) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    err = std::string("socket: ") + std::strerror(errno);
+    return -1;
+  }
+  const sockaddr_in a = loopback(port);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    err = std::string("udp connect: ") + std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+template <typename Int>
+bool parse_int(std::string_view s, Int& out) {
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+// ---- a byte-stream connection: buffered output, input buffer ------------------------------------
+
+class StreamConn : public Conn {
+ public:
+  void flush() override {
+    // Bounded: each pass writes something or stops.
+    while (out_pos_ < out_.size()) {
+      const ssize_t n = ::send(fd_, out_.data() + out_pos_, out_.size() - out_pos_, MSG_NOSIGNAL);
+      if (n > 0) {
+        out_pos_ += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n < 0 && errno == EINTR) continue;
+      stats_->note_error(std::string("send: ") + std::strerror(errno));
+      fail();
+      return;
+    }
+    out_.clear();
+    out_pos_ = 0;
+  }
+  bool wants_write() const override { return out_pos_ < out_.size(); }
+
+ protected:
+  StreamConn(int fd, RowStats* stats) : Conn(fd), stats_(stats) { in_.resize(256 * 1024); }
+
+  // Reads what is available (at most a few buffers full). False when the peer closed or failed.
+  bool read_available() {
+    for (int i = 0; i < 8; ++i) {
+      if (in_end_ == in_.size()) {
+        if (in_begin_ > 0) {
+          std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+          in_end_ -= in_begin_;
+          in_begin_ = 0;
+        } else {
+          in_.resize(in_.size() * 2);
+        }
+      }
+      const ssize_t n = ::recv(fd_, in_.data() + in_end_, in_.size() - in_end_, 0);
+      if (n > 0) {
+        in_end_ += static_cast<size_t>(n);
+        if (in_end_ < in_.size()) return true;  // drained the socket
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (n < 0 && errno == EINTR) continue;
+      stats_->note_error(n == 0 ? std::string("connection closed by the server")
+                                : std::string("recv: ") + std::strerror(errno));
+      fail();
+      return false;
+    }
+    return true;
+  }
+  std::string_view pending_input() const {
+    return {in_.data() + in_begin_, in_end_ - in_begin_};
+  }
+  void consume(size_t n) {
+    in_begin_ += n;
+    if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+  }
+
+  RowStats* stats_;
+  std::string out_;
+  size_t out_pos_ = 0;
+  std::vector<char> in_;
+  size_t in_begin_ = 0, in_end_ = 0;
+};
+
+// ---- sluiced ----------------------------------------------------------------------------------
+
+// Slots for requests in flight, matched by id: id = (sequence << 16) | slot, never 0.
+class InFlight {
+ public:
+  explicit InFlight(uint32_t window) : slots_(window) {
+    for (uint32_t i = window; i > 0; --i) free_.push_back(static_cast<uint16_t>(i - 1));
+  }
+  bool has_room() const { return !free_.empty(); }
+  uint64_t take(int64_t start) {
+    const uint16_t s = free_.back();
+    free_.pop_back();
+    slots_[s] = Slot{++seq_, start, true};
+    return (slots_[s].seq << 16) | s;
+  }
+  void put_back(uint64_t id) { release(static_cast<uint16_t>(id & 0xffff)); }
+  // The start time of the request with this id and frees its slot; false when unknown or stale.
+  bool finish(uint64_t id, int64_t& start) {
+    const auto s = static_cast<size_t>(id & 0xffff);
+    if (s >= slots_.size() || !slots_[s].busy || slots_[s].seq != (id >> 16)) return false;
+    start = slots_[s].start;
+    release(static_cast<uint16_t>(s));
+    return true;
+  }
+  // Frees the slots of requests started before `cutoff`; returns how many.
+  uint32_t expire(int64_t cutoff) {
+    uint32_t n = 0;
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      if (slots_[s].busy && slots_[s].start < cutoff) {
+        release(static_cast<uint16_t>(s));
+        ++n;
+      }
+    }
+    return n;
+  }
+
+ private:
+  struct Slot {
+    uint64_t seq = 0;
+    int64_t start = 0;
+    bool busy = false;
+  };
+  void release(uint16_t s) {
+    slots_[s].busy = false;
+    free_.push_back(s);
+  }
+  std::vector<Slot> slots_;
+  std::vector<uint16_t> free_;
+  uint64_t seq_ = 0;
+};
+
+// Builds a request of `batch` checks on the next keys (domain "bench", entry k=<key>).
+class SluiceRequestBuilder {
+ public:
+  SluiceRequestBuilder(uint32_t batch, const Keyspace& keys, KeyStream& stream)
+      : keys_(keys), stream_(stream), entries_(batch), checks_(batch) {}
+  const std::vector<uint8_t>& build(uint64_t id, size_t pad_to) {
+    for (size_t i = 0; i < checks_.size(); ++i) {
+      entries_[i] = wire::Entry{kSluiceEntryKey, keys_.names[stream_.next()]};
+      checks_[i] = wire::Check{kSluiceDomain, std::span<const wire::Entry>(&entries_[i], 1), 1};
+    }
+    wire::encode_request(id, checks_, pad_to, msg_);
+    return msg_;
+  }
+
+ private:
+  const Keyspace& keys_;
+  KeyStream& stream_;
+  std::vector<wire::Entry> entries_;
+  std::vector<wire::Check> checks_;
+  std::vector<uint8_t> msg_;
+};
+
+// Counts a decoded answer's problems; returns false when it is not a usable answer.
+bool judge_answer(const wire::Answer& a, uint32_t batch, RowStats& st) {
+  if (a.code != wire::Code::kOk) {
+    st.note_error("request error: " + std::string(wire::to_string(a.code)));
+    return false;
+  }
+  if (a.decisions.size() != batch) {
+    st.note_error("answer with " + std::to_string(a.decisions.size()) + " decisions for " +
+                  std::to_string(batch) + " checks");
+    return false;
+  }
+  for (const wire::Decision& d : a.decisions) {
+    if (d.code != wire::Code::kOk) {
+      st.note_error("check error: " + std::string(wire::to_string(d.code)));
+    } else if (!d.allowed) {
+      ++st.denied;
+    }
+  }
+  return true;
+}
+
+class SluiceUdpConn final : public Conn {
+ public:
+  SluiceUdpConn(int fd, const SluiceConnOptions& o, ThreadContext& ctx)
+      : Conn(fd),
+        o_(o),
+        rec_(*ctx.recorder),
+        inflight_(o.window),
+        builder_(o.batch, *o.keys, *ctx.keys),
+        buf_(65'536) {
+    if (o.udp_room_per_check > 0) {
+      pad_to_ = std::min<size_t>(wire::kMaxDatagramBytes,
+                                 64 + size_t{o.udp_room_per_check} * o.batch);
+    }
+  }
+  bool has_room() const override { return inflight_.has_room(); }
+  void send(int64_t start) override {
+    const uint64_t id = inflight_.take(start);
+    const std::vector<uint8_t>& msg = builder_.build(id, pad_to_);
+    const ssize_t n = ::send(fd_, msg.data(), msg.size(), 0);
+    if (n == static_cast<ssize_t>(msg.size())) return;
+    inflight_.put_back(id);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) {
+      ++rec_.stats->send_failures;
+    } else {
+      rec_.stats->note_error(std::string("udp send: ") + std::strerror(errno));
+    }
+  }
+  void on_readable(int64_t now) override {
+    for (int i = 0; i < 256; ++i) {
+      const ssize_t n = ::recv(fd_, buf_.data(), buf_.size(), 0);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if (errno == EINTR) continue;
+        // ECONNREFUSED: an ICMP port-unreachable for an earlier datagram (server gone).
+        rec_.stats->note_error(std::string("udp recv: ") + std::strerror(errno));
+        return;
+      }
+      if (wire::decode_answer({buf_.data(), static_cast<size_t>(n)}, answer_) !=
+          wire::Code::kOk) {
+        rec_.stats->note_error("undecodable udp answer");
+        continue;
+      }
+      int64_t start = 0;
+      if (!inflight_.finish(answer_.id, start)) {
+        ++rec_.stats->late_answers;
+        continue;
+      }
+      if (judge_answer(answer_, o_.batch, *rec_.stats)) rec_.complete(start, now, o_.batch);
+    }
+  }
+  void expire(int64_t now) override {
+    rec_.stats->lost += inflight_.expire(now - o_.udp_timeout_ns);
+  }
+
+ private:
+  SluiceConnOptions o_;
+  Recorder& rec_;
+  InFlight inflight_;
+  SluiceRequestBuilder builder_;
+  size_t pad_to_ = 0;
+  std::vector<uint8_t> buf_;
+  wire::Answer answer_;
+};
+
+class SluiceTcpConn final : public StreamConn {
+ public:
+  SluiceTcpConn(int fd, const SluiceConnOptions& o, ThreadContext& ctx)
+      : StreamConn(fd, ctx.recorder->stats),
+        o_(o),
+        rec_(*ctx.recorder),
+        inflight_(o.window),
+        builder_(o.batch, *o.keys, *ctx.keys) {}
+  bool has_room() const override { return inflight_.has_room(); }
+  void send(int64_t start) override {
+    const uint64_t id = inflight_.take(start);
+    const std::vector<uint8_t>& msg = builder_.build(id, 0);
+    frame_.clear();
+    wire::append_frame(msg, frame_);
+    out_.append(reinterpret_cast<const char*>(frame_.data()), frame_.size());
+  }
+  void on_readable(int64_t now) override {
+    const bool ok = read_available();
+    const std::string_view in = pending_input();
+    reader_.feed({reinterpret_cast<const uint8_t*>(in.data()), in.size()});
+    consume(in.size());
+    for (size_t i = 0; i < 1'000'000; ++i) {
+      const auto frame = reader_.next();
+      if (!frame) break;
+      if (wire::decode_answer(*frame, answer_) != wire::Code::kOk) {
+        stats_->note_error("undecodable tcp answer");
+        continue;
+      }
+      int64_t start = 0;
+      if (!inflight_.finish(answer_.id, start)) {
+        stats_->note_error("tcp answer with an unknown id");
+        continue;
+      }
+      if (judge_answer(answer_, o_.batch, *stats_)) rec_.complete(start, now, o_.batch);
+    }
+    if (reader_.failed()) {
+      stats_->note_error("bad frame length from the server");
+      fail();
+    }
+    if (!ok) fail();
+  }
+
+ private:
+  SluiceConnOptions o_;
+  Recorder& rec_;
+  InFlight inflight_;
+  SluiceRequestBuilder builder_;
+  std::vector<uint8_t> frame_;
+  wire::FrameReader reader_;
+  wire::Answer answer_;
+};
+
+// ---- RESP -------------------------------------------------------------------------------------
+
+struct RespReply {
+  char type = 0;          // '+', '-', ':', '$', '*'
+  int64_t integer = 0;    // ':'
+  std::string_view text;  // '+', '-', '$' (empty and null = true for a null bulk)
+  bool null = false;
+  std::vector<std::string_view> elems;  // '*': elements (bulk, simple or integer text)
+};
+
+// One reply from the front of `in`: bytes consumed, 0 when incomplete, -1 when malformed or
+// nested deeper than one array (no command used here answers that way).
+long parse_resp(std::string_view in, RespReply& r) {
+  r.elems.clear();
+  r.null = false;
+  r.text = {};
+  size_t pos = 0;
+  // Reads a CRLF-terminated line after pos; 1 ok, 0 incomplete, -1 malformed.
+  auto line = [&](std::string_view& out) -> int {
+    const size_t cr = in.find('\r', pos);
+    if (cr == std::string_view::npos || cr + 1 >= in.size()) return 0;
+    if (in[cr + 1] != '\n') return -1;
+    out = in.substr(pos, cr - pos);
+    pos = cr + 2;
+    return 1;
+  };
+  // One scalar element at pos (type byte included) into `out`; same returns as line().
+  auto scalar = [&](char& type, std::string_view& out, bool& is_null) -> int {
+    if (pos >= in.size()) return 0;
+    type = in[pos++];
+    std::string_view l;
+    if (const int s = line(l); s <= 0) return s;
+    if (type == '+' || type == '-' || type == ':') {
+      out = l;
+      return 1;
+    }
+    if (type != '$') return -1;
+    int64_t len = 0;
+    if (!parse_int(l, len)) return -1;
+    if (len < 0) {
+      is_null = true;
+      out = {};
+      return 1;
+    }
+    const auto ulen = static_cast<size_t>(len);
+    if (in.size() - pos < ulen + 2) return 0;
+    out = in.substr(pos, ulen);
+    pos += ulen + 2;
+    return 1;
+  };
+  if (in.empty()) return 0;
+  if (in[0] != '*') {
+    const int s = scalar(r.type, r.text, r.null);
+    if (s <= 0) return s;
+    if (r.type == ':' && !parse_int(r.text, r.integer)) return -1;
+    return static_cast<long>(pos);
+  }
+  r.type = '*';
+  ++pos;
+  std::string_view l;
+  if (const int s = line(l); s <= 0) return s;
+  int64_t count = 0;
+  if (!parse_int(l, count)) return -1;
+  if (count < 0) {
+    r.null = true;
+    return static_cast<long>(pos);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    char t = 0;
+    std::string_view e;
+    bool en = false;
+    if (pos < in.size() && in[pos] == '*') return -1;
+    const int s = scalar(t, e, en);
+    if (s <= 0) return s;
+    r.elems.push_back(e);
+  }
+  return static_cast<long>(pos);
+}
+
+void append_bulk(std::string& out, std::string_view s) {
+  out += '$';
+  out += std::to_string(s.size());
+  out += "\r\n";
+  out.append(s);
+  out += "\r\n";
+}
+
+void append_array_header(std::string& out, size_t n) {
+  out += '*';
+  out += std::to_string(n);
+  out += "\r\n";
+}
+
+void append_command(std::string& out, std::initializer_list<std::string_view> args) {
+  append_array_header(out, args.size());
+  for (std::string_view a : args) append_bulk(out, a);
+}
+
+}  // namespace
+
+const char* const kSeed003Script = R"lua(local key = KEYS[1] -- unique key per user
+local limit = tonumber(ARGV[1]) -- allowed number of requests within the window
+local windowSize = tonumber(ARGV[2]) -- window size in milliseconds, e.g 60000 (for 1 minute)
+local currentTime = tonumber(ARGV[3]) -- current epoch milli
+
+-- Remove expired elements from the sorted set
+redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. currentTime - windowSize)
+
+-- Get the current count from the sorted set
+local currentCount = redis.call('ZCARD', key)
+
+if currentCount >= limit then
+	return currentCount
+end
+
+local member = currentTime .. '-' .. redis.call('INCR', key .. ':counter')
+
+redis.call('ZADD', key, currentTime, member)
+redis.call('PEXPIRE', key .. ':counter', windowSize)
+
+return currentCount+1
+)lua";
+
+namespace {
+
+// Seed 002 (Figma), as written: an hourly limit counted in a hash of per-minute counters.
+//   per check:  HINCRBY <key> <unix minute> 1    count this request in the current minute
+//               EXPIRE  <key> 3600               "it also sets the hash to expire an hour later"
+//               HGETALL <key>                    the client sums the fields in the window
+// The three commands need nothing from each other's replies, so they are written together (one
+// round trip), without MULTI and without Lua (the seed chose not to add Lua). The window is the
+// seed's harsher variant: the last hour and one minute (61 fields) unless the current second is
+// a whole minute, then the last 60. Denied when the sum (this request included) exceeds the
+// limit. Cleanup: when a reply holds more than kStaleFieldsBeforeCleanup fields older than the
+// window, an HDEL of those fields rides along with the connection's next request ("we regularly
+// remove these counters when there are a considerable number of them"). The field is the unix
+// minute (seconds / 60).
+constexpr int64_t kHashWindowMinutes = 60;
+constexpr size_t kStaleFieldsBeforeCleanup = 8;
+
+class RedisConn final : public StreamConn {
+ public:
+  RedisConn(int fd, const RedisConnOptions& o, ThreadContext& ctx)
+      : StreamConn(fd, ctx.recorder->stats),
+        o_(o),
+        rec_(*ctx.recorder),
+        stream_(*ctx.keys),
+        units_(o.window) {
+    limit_text_ = std::to_string(o.limit);
+    per_check_ = o.scheme == RedisScheme::kHashMinutes ? 3 : 1;
+  }
+  bool has_room() const override { return count_ < units_.size(); }
+  void send(int64_t start) override {
+    Unit& u = units_[(head_ + count_) % units_.size()];
+    ++count_;
+    u = Unit{start, o_.batch, o_.batch * per_check_, 0};
+    const int64_t now_ms = epoch_ms();
+    for (uint32_t i = 0; i < o_.batch; ++i) {
+      const std::string& name = o_.keys->names[stream_.next()];
+      switch (o_.scheme) {
+        case RedisScheme::kIncr:
+          append_command(out_, {"INCR", name});
+          break;
+        case RedisScheme::kLuaLog: {
+          key_.assign(name).append("-rate-limit-v1");  // seed 003's key
+          char now_text[24];
+          const auto r = std::to_chars(now_text, now_text + sizeof now_text, now_ms);
+          append_command(out_, {"EVALSHA", o_.lua_sha, "1", key_, limit_text_, "60000",
+                                std::string_view(now_text, static_cast<size_t>(r.ptr - now_text))});
+          break;
+        }
+        case RedisScheme::kHashMinutes: {
+          key_.assign("rl:").append(name);
+          const std::string minute = std::to_string(now_ms / 60'000);
+          append_command(out_, {"HINCRBY", key_, minute, "1"});
+          append_command(out_, {"EXPIRE", key_, "3600"});
+          append_command(out_, {"HGETALL", key_});
+          break;
+        }
+      }
+    }
+    if (!cleanup_.empty()) {
+      out_ += cleanup_;
+      cleanup_.clear();
+      ++u.replies_total;  // the HDEL's reply comes after this unit's own
+    }
+  }
+  void on_readable(int64_t now) override {
+    const bool ok = read_available();
+    // Bounded: each pass consumes one reply or stops.
+    for (size_t guard = 0; guard < 1'000'000; ++guard) {
+      const std::string_view in = pending_input();
+      if (in.empty()) break;
+      const long used = parse_resp(in, reply_);
+      if (used == 0) break;
+      if (used < 0) {
+        stats_->note_error("malformed RESP reply");
+        fail();
+        return;
+      }
+      handle_reply(now);
+      consume(static_cast<size_t>(used));
+    }
+    if (!ok) fail();
+  }
+
+ private:
+  struct Unit {
+    int64_t start = 0;
+    uint32_t checks = 0;
+    uint32_t replies_total = 0;
+    uint32_t replies_seen = 0;
+  };
+
+  void handle_reply(int64_t now) {
+    if (count_ == 0) {
+      stats_->note_error("RESP reply with nothing in flight");
+      return;
+    }
+    Unit& u = units_[head_];
+    const uint32_t idx = u.replies_seen++;
+    if (reply_.type == '-') {
+      stats_->note_error("redis: " + std::string(reply_.text));
+    } else if (idx < u.checks * per_check_) {
+      judge(idx % per_check_);
+    }
+    if (u.replies_seen == u.replies_total) {
+      rec_.complete(u.start, now, u.checks);
+      head_ = (head_ + 1) % units_.size();
+      --count_;
+    }
+  }
+
+  void judge(uint32_t cmd) {
+    switch (o_.scheme) {
+      case RedisScheme::kIncr:
+        if (reply_.type != ':') return stats_->note_error("INCR: unexpected reply");
+        if (static_cast<uint64_t>(reply_.integer) > o_.limit) ++stats_->denied;
+        return;
+      case RedisScheme::kLuaLog:
+        // Seed 003's caller: denied when requestsInWindow >= limit.
+        if (reply_.type != ':') return stats_->note_error("EVALSHA: unexpected reply");
+        if (static_cast<uint64_t>(reply_.integer) >= o_.limit) ++stats_->denied;
+        return;
+      case RedisScheme::kHashMinutes:
+        if (cmd < 2) {
+          if (reply_.type != ':') stats_->note_error("HINCRBY/EXPIRE: unexpected reply");
+          return;
+        }
+        if (reply_.type != '*' || reply_.elems.size() % 2 != 0) {
+          return stats_->note_error("HGETALL: unexpected reply");
+        }
+        judge_minutes();
+        return;
+    }
+  }
+
+  void judge_minutes() {
+    const int64_t now_s = epoch_ms() / 1000;
+    const int64_t minute = now_s / 60;
+    const int64_t oldest = minute - kHashWindowMinutes + (now_s % 60 == 0 ? 1 : 0);
+    uint64_t sum = 0;
+    stale_.clear();
+    for (size_t i = 0; i + 1 < reply_.elems.size(); i += 2) {
+      int64_t field = 0;
+      uint64_t value = 0;
+      if (!parse_int(reply_.elems[i], field) || !parse_int(reply_.elems[i + 1], value)) {
+        return stats_->note_error("HGETALL: non-numeric field");
+      }
+      if (field >= oldest) {
+        sum += value;
+      } else {
+        stale_.push_back(reply_.elems[i]);
+      }
+    }
+    if (sum > o_.limit) ++stats_->denied;
+    if (stale_.size() > kStaleFieldsBeforeCleanup && cleanup_.empty()) {
+      // The key is not in the reply; rebuild it from the fields' owner is impossible, so the
+      // HDEL names the key of the check being judged: the current unit's check order is the
+      // order of keys drawn, which we do not keep. Instead remember the key at send time.
+      cleanup_key_pending_ = true;
+    }
+  }
+
+  RedisConnOptions o_;
+  Recorder& rec_;
+  KeyStream& stream_;
+  std::vector<Unit> units_;
+  size_t head_ = 0, count_ = 0;
+  uint32_t per_check_ = 1;
+  std::string limit_text_;
+  std::string key_;
+  RespReply reply_;
+  std::vector<std::string_view> stale_;
+  std::string cleanup_;
+  bool cleanup_key_pending_ = false;
+};
+
+}  // namespace
+
+}  // namespace sluice::bench

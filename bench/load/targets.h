@@ -1,0 +1,95 @@
+// The targets of the load benchmark: the protocols the generator speaks, one Conn type each,
+// and the blocking helpers used around a row (readiness probes, script load, preloading).
+//
+//   sluiced UDP / TCP   the check protocol of lib/wire (one check domain "bench", entry k=<key>)
+//   Redis               seed 003's Lua sliding log, seed 002's hash of minute counters, plain INCR
+//   memcached           seed 001's two counters (get of both buckets, then incr or add)
+//
+// The RESP and memcached text clients are written here over plain non-blocking sockets.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "load/driver.h"
+
+namespace sluice::bench {
+
+// The same keyspace for every target: key i is "u<i>".
+struct Keyspace {
+  std::vector<std::string> names;
+  explicit Keyspace(uint32_t n);
+};
+
+// ---- sluiced ----------------------------------------------------------------------------------
+
+inline constexpr std::string_view kSluiceDomain = "bench";
+inline constexpr std::string_view kSluiceEntryKey = "k";
+
+struct SluiceConnOptions {
+  uint16_t port = 0;
+  uint32_t batch = 1;               // checks per datagram / frame
+  uint32_t window = 1;              // datagrams or frames in flight per socket / connection
+  uint32_t udp_room_per_check = 0;  // UDP padding, as libsluice: 64 + this many bytes per check
+  int64_t udp_timeout_ns = 200'000'000;
+  const Keyspace* keys = nullptr;
+};
+std::unique_ptr<Conn> make_sluice_udp(const SluiceConnOptions& o, ThreadContext& ctx);
+std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext& ctx);
+
+// Sends one check over TCP and one over UDP and waits for both answers; "" when both came.
+std::string sluice_probe(uint16_t port, int timeout_ms);
+
+// GET `path` from an HTTP port (HTTP/1.1, Connection: close); "" or the error. Body in `body`.
+std::string http_get(uint16_t port, const std::string& path, std::string& body);
+
+// ---- Redis ------------------------------------------------------------------------------------
+
+enum class RedisScheme {
+  kIncr,         // INCR <key>
+  kLuaLog,       // seed 003: EVALSHA of kSeed003Script
+  kHashMinutes,  // seed 002: HINCRBY + EXPIRE + HGETALL, summed by the client
+};
+
+// Seed 003's script, verbatim.
+extern const char* const kSeed003Script;
+
+struct RedisConnOptions {
+  uint16_t port = 0;
+  uint32_t batch = 1;   // checks whose commands are written together (pipelined by `batch`)
+  uint32_t window = 1;  // such groups in flight per connection
+  RedisScheme scheme = RedisScheme::kIncr;
+  std::string lua_sha;  // kLuaLog: SHA1 returned by SCRIPT LOAD
+  uint64_t limit = 0;
+  const Keyspace* keys = nullptr;
+};
+std::unique_ptr<Conn> make_redis(const RedisConnOptions& o, ThreadContext& ctx);
+
+std::string redis_probe(uint16_t port, int timeout_ms);
+// Runs one command; the reply as text (":1", "+OK", "$<bulk>", "-ERR ...") in `reply`.
+std::string redis_command(uint16_t port, const std::vector<std::string>& args, std::string& reply);
+// Seed 002 steady state: every key's hash gets one count in each of the 60 minutes before now.
+std::string redis_preload_minutes(uint16_t port, const Keyspace& keys, int64_t now_ms);
+
+// ---- memcached --------------------------------------------------------------------------------
+
+struct MemcachedConnOptions {
+  uint16_t port = 0;
+  uint64_t limit = 0;
+  const Keyspace* keys = nullptr;
+};
+std::unique_ptr<Conn> make_memcached(const MemcachedConnOptions& o, ThreadContext& ctx);
+
+std::string memcached_probe(uint16_t port, int timeout_ms);
+std::string memcached_flush_all(uint16_t port);
+// Seed 001 steady state: every key's previous-minute bucket exists (count 1).
+std::string memcached_preload_previous(uint16_t port, const Keyspace& keys, int64_t now_ms);
+
+// Bucket TTL for seed 001 with a one-minute window: the current and the previous bucket are
+// read, so a bucket must live two minutes.
+inline constexpr int kMemcachedBucketTtlS = 120;
+
+}  // namespace sluice::bench
