@@ -518,6 +518,7 @@ class RedisConn final : public StreamConn {
         rec_(*ctx.recorder),
         stream_(*ctx.keys),
         units_(o.window) {
+    for (Unit& u : units_) u.keys.resize(o.batch);
     limit_text_ = std::to_string(o.limit);
     per_check_ = o.scheme == RedisScheme::kHashMinutes ? 3 : 1;
   }
@@ -525,26 +526,31 @@ class RedisConn final : public StreamConn {
   void send(int64_t start) override {
     Unit& u = units_[(head_ + count_) % units_.size()];
     ++count_;
-    u = Unit{start, o_.batch, o_.batch * per_check_, 0};
+    u.start = start;
+    u.replies_total = o_.batch * per_check_;
+    u.replies_seen = 0;
     const int64_t now_ms = epoch_ms();
+    char now_text[24];
+    const auto now_end = std::to_chars(now_text, now_text + sizeof now_text, now_ms).ptr;
+    const std::string_view now_sv(now_text, static_cast<size_t>(now_end - now_text));
     for (uint32_t i = 0; i < o_.batch; ++i) {
-      const std::string& name = o_.keys->names[stream_.next()];
+      const uint32_t k = stream_.next();
+      u.keys[i] = k;
+      const std::string& name = o_.keys->names[k];
       switch (o_.scheme) {
         case RedisScheme::kIncr:
           append_command(out_, {"INCR", name});
           break;
-        case RedisScheme::kLuaLog: {
+        case RedisScheme::kLuaLog:
           key_.assign(name).append("-rate-limit-v1");  // seed 003's key
-          char now_text[24];
-          const auto r = std::to_chars(now_text, now_text + sizeof now_text, now_ms);
-          append_command(out_, {"EVALSHA", o_.lua_sha, "1", key_, limit_text_, "60000",
-                                std::string_view(now_text, static_cast<size_t>(r.ptr - now_text))});
+          append_command(out_, {"EVALSHA", o_.lua_sha, "1", key_, limit_text_, "60000", now_sv});
           break;
-        }
         case RedisScheme::kHashMinutes: {
           key_.assign("rl:").append(name);
-          const std::string minute = std::to_string(now_ms / 60'000);
-          append_command(out_, {"HINCRBY", key_, minute, "1"});
+          char minute[24];
+          const auto mend = std::to_chars(minute, minute + sizeof minute, now_ms / 60'000).ptr;
+          append_command(out_, {"HINCRBY", key_,
+                                std::string_view(minute, static_cast<size_t>(mend - minute)), "1"});
           append_command(out_, {"EXPIRE", key_, "3600"});
           append_command(out_, {"HGETALL", key_});
           break;
@@ -555,6 +561,7 @@ class RedisConn final : public StreamConn {
       out_ += cleanup_;
       cleanup_.clear();
       ++u.replies_total;  // the HDEL's reply comes after this unit's own
+      ++cleanups_sent_;
     }
   }
   void on_readable(int64_t now) override {
@@ -579,9 +586,9 @@ class RedisConn final : public StreamConn {
  private:
   struct Unit {
     int64_t start = 0;
-    uint32_t checks = 0;
     uint32_t replies_total = 0;
     uint32_t replies_seen = 0;
+    std::vector<uint32_t> keys;  // the key of each check, in order
   };
 
   void handle_reply(int64_t now) {
@@ -593,17 +600,17 @@ class RedisConn final : public StreamConn {
     const uint32_t idx = u.replies_seen++;
     if (reply_.type == '-') {
       stats_->note_error("redis: " + std::string(reply_.text));
-    } else if (idx < u.checks * per_check_) {
-      judge(idx % per_check_);
+    } else if (idx < o_.batch * per_check_) {
+      judge(idx % per_check_, u.keys[idx / per_check_]);
     }
     if (u.replies_seen == u.replies_total) {
-      rec_.complete(u.start, now, u.checks);
+      rec_.complete(u.start, now, o_.batch);
       head_ = (head_ + 1) % units_.size();
       --count_;
     }
   }
 
-  void judge(uint32_t cmd) {
+  void judge(uint32_t cmd, uint32_t key) {
     switch (o_.scheme) {
       case RedisScheme::kIncr:
         if (reply_.type != ':') return stats_->note_error("INCR: unexpected reply");
@@ -622,17 +629,17 @@ class RedisConn final : public StreamConn {
         if (reply_.type != '*' || reply_.elems.size() % 2 != 0) {
           return stats_->note_error("HGETALL: unexpected reply");
         }
-        judge_minutes();
+        judge_minutes(key);
         return;
     }
   }
 
-  void judge_minutes() {
+  void judge_minutes(uint32_t key) {
     const int64_t now_s = epoch_ms() / 1000;
     const int64_t minute = now_s / 60;
     const int64_t oldest = minute - kHashWindowMinutes + (now_s % 60 == 0 ? 1 : 0);
     uint64_t sum = 0;
-    stale_.clear();
+    size_t stale = 0;
     for (size_t i = 0; i + 1 < reply_.elems.size(); i += 2) {
       int64_t field = 0;
       uint64_t value = 0;
@@ -642,15 +649,21 @@ class RedisConn final : public StreamConn {
       if (field >= oldest) {
         sum += value;
       } else {
-        stale_.push_back(reply_.elems[i]);
+        ++stale;
       }
     }
     if (sum > o_.limit) ++stats_->denied;
-    if (stale_.size() > kStaleFieldsBeforeCleanup && cleanup_.empty()) {
-      // The key is not in the reply; rebuild it from the fields' owner is impossible, so the
-      // HDEL names the key of the check being judged: the current unit's check order is the
-      // order of keys drawn, which we do not keep. Instead remember the key at send time.
-      cleanup_key_pending_ = true;
+    if (stale > kStaleFieldsBeforeCleanup && cleanup_.empty()) {
+      key_.assign("rl:").append(o_.keys->names[key]);
+      append_array_header(cleanup_, 2 + stale);
+      append_bulk(cleanup_, "HDEL");
+      append_bulk(cleanup_, key_);
+      for (size_t i = 0; i + 1 < reply_.elems.size(); i += 2) {
+        int64_t field = 0;
+        if (parse_int(reply_.elems[i], field) && field < oldest) {
+          append_bulk(cleanup_, reply_.elems[i]);
+        }
+      }
     }
   }
 
@@ -663,11 +676,442 @@ class RedisConn final : public StreamConn {
   std::string limit_text_;
   std::string key_;
   RespReply reply_;
-  std::vector<std::string_view> stale_;
-  std::string cleanup_;
-  bool cleanup_key_pending_ = false;
+  std::string cleanup_;  // an HDEL to send with the next request
+  uint64_t cleanups_sent_ = 0;
 };
 
+// ---- memcached (seed 001) ----------------------------------------------------------------------
+
+// Seed 001 (sliding window, fixed rate), as its library does it per check:
+//   1. get <key>:<bucket> <key>:<bucket-1>            one multi-get of both buckets
+//   2. estimate = previous * (share of the previous bucket still inside the window) + current;
+//      denied when estimate + 1 > limit (nothing is written);
+//   3. otherwise incr <key>:<bucket> 1; on NOT_FOUND add it with value 1 and a TTL of two
+//      windows; if the add loses a race (NOT_STORED), incr again.
+// Buckets are one minute (the window). Steps 1 and 3 depend on each other (the decision comes
+// between them), so a check costs two round trips, three on a bucket's first hit.
+class MemcachedConn final : public StreamConn {
+ public:
+  MemcachedConn(int fd, const MemcachedConnOptions& o, ThreadContext& ctx)
+      : StreamConn(fd, ctx.recorder->stats), o_(o), rec_(*ctx.recorder), stream_(*ctx.keys) {}
+  bool has_room() const override { return state_ == State::kIdle; }
+  void send(int64_t start) override {
+    start_ = start;
+    now_ms_ = epoch_ms();
+    const int64_t bucket = now_ms_ / 60'000;
+    const std::string& name = o_.keys->names[stream_.next()];
+    cur_key_.assign(name).append(":").append(std::to_string(bucket));
+    prev_key_.assign(name).append(":").append(std::to_string(bucket - 1));
+    cur_ = prev_ = 0;
+    out_.append("get ").append(cur_key_).append(" ").append(prev_key_).append("\r\n");
+    state_ = State::kGet;
+  }
+  void on_readable(int64_t now) override {
+    const bool ok = read_available();
+    for (size_t guard = 0; guard < 1'000'000 && state_ != State::kIdle; ++guard) {
+      const std::string_view in = pending_input();
+      const size_t eol = in.find("\r\n");
+      if (eol == std::string_view::npos) break;
+      const std::string_view line = in.substr(0, eol);
+      size_t used = eol + 2;
+      if (state_ == State::kGet && line.starts_with("VALUE ")) {
+        // VALUE <key> <flags> <bytes>\r\n<data>\r\n
+        const size_t sp3 = line.rfind(' ');
+        size_t bytes = 0;
+        if (!parse_int(line.substr(sp3 + 1), bytes)) {
+          stats_->note_error("memcached: bad VALUE line");
+          fail();
+          return;
+        }
+        if (in.size() < used + bytes + 2) break;  // data not complete yet
+        const std::string_view key = line.substr(6, line.find(' ', 6) - 6);
+        uint64_t v = 0;
+        if (!parse_int(in.substr(used, bytes), v)) stats_->note_error("memcached: bad value");
+        (key == cur_key_ ? cur_ : prev_) = v;
+        used += bytes + 2;
+      } else {
+        handle_line(line, now);
+      }
+      consume(used);
+    }
+    flush();
+    if (!ok) fail();
+  }
+
+ private:
+  enum class State { kIdle, kGet, kIncr, kAdd, kIncrAgain };
+
+  void handle_line(std::string_view line, int64_t now) {
+    if (line == "ERROR" || line.starts_with("CLIENT_ERROR") || line.starts_with("SERVER_ERROR")) {
+      stats_->note_error("memcached: " + std::string(line));
+      finish(now);
+      return;
+    }
+    uint64_t v = 0;
+    switch (state_) {
+      case State::kGet: {
+        if (line != "END") return stats_->note_error("memcached: unexpected get reply");
+        const double into = static_cast<double>(now_ms_ % 60'000) / 60'000.0;
+        const double estimate = static_cast<double>(prev_) * (1.0 - into) +
+                                static_cast<double>(cur_);
+        if (estimate + 1 > static_cast<double>(o_.limit)) {
+          ++stats_->denied;
+          finish(now);
+          return;
+        }
+        out_.append("incr ").append(cur_key_).append(" 1\r\n");
+        state_ = State::kIncr;
+        return;
+      }
+      case State::kIncr:
+      case State::kIncrAgain:
+        if (parse_int(line, v)) return finish(now);
+        if (line == "NOT_FOUND" && state_ == State::kIncr) {
+          out_.append("add ").append(cur_key_).append(" 0 ")
+              .append(std::to_string(kMemcachedBucketTtlS)).append(" 1\r\n1\r\n");
+          state_ = State::kAdd;
+          return;
+        }
+        stats_->note_error("memcached: unexpected incr reply " + std::string(line));
+        return finish(now);
+      case State::kAdd:
+        if (line == "STORED") return finish(now);
+        if (line == "NOT_STORED") {
+          out_.append("incr ").append(cur_key_).append(" 1\r\n");
+          state_ = State::kIncrAgain;
+          return;
+        }
+        stats_->note_error("memcached: unexpected add reply " + std::string(line));
+        return finish(now);
+      case State::kIdle:
+        stats_->note_error("memcached: reply with nothing in flight");
+        return;
+    }
+  }
+  void finish(int64_t now) {
+    rec_.complete(start_, now, 1);
+    state_ = State::kIdle;
+  }
+
+  MemcachedConnOptions o_;
+  Recorder& rec_;
+  KeyStream& stream_;
+  State state_ = State::kIdle;
+  int64_t start_ = 0;
+  int64_t now_ms_ = 0;
+  std::string cur_key_, prev_key_;
+  uint64_t cur_ = 0, prev_ = 0;
+};
+
+// ---- blocking helpers for setup -----------------------------------------------------------------
+
+class SyncClient {
+ public:
+  ~SyncClient() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  std::string connect(uint16_t port, int timeout_ms) {
+    std::string err;
+    fd_ = tcp_connect(port, timeout_ms, err);
+    return err;
+  }
+  std::string send_all(std::string_view data, int timeout_ms) {
+    size_t off = 0;
+    const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
+    while (off < data.size()) {
+      const ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (n > 0) {
+        off += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return std::string("send: ") + std::strerror(errno);
+      }
+      if (now_ns() > deadline) return "send timed out";
+      pollfd p{fd_, POLLOUT, 0};
+      ::poll(&p, 1, 10);
+    }
+    return "";
+  }
+  // Reads until done(buf) is true, EOF (then `eof` is set) or the timeout.
+  std::string read_until(const std::function<bool(std::string_view)>& done, int timeout_ms,
+                         bool* eof = nullptr) {
+    const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
+    char tmp[65'536];
+    while (!done(buf)) {
+      const int64_t left_ms = (deadline - now_ns()) / 1'000'000;
+      if (left_ms <= 0) return "timed out waiting for a reply";
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 100))) <= 0) continue;
+      const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+      if (n > 0) {
+        buf.append(tmp, static_cast<size_t>(n));
+      } else if (n == 0) {
+        if (eof) *eof = true;
+        return done(buf) ? "" : "connection closed";
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return std::string("recv: ") + std::strerror(errno);
+      }
+    }
+    return "";
+  }
+  int fd() const { return fd_; }
+  std::string buf;
+
+ private:
+  int fd_ = -1;
+};
+
+// Counts complete RESP replies at the front of `in` (stops at the first incomplete one).
+size_t count_resp_replies(std::string_view in, bool& malformed) {
+  RespReply r;
+  size_t n = 0;
+  malformed = false;
+  while (!in.empty()) {
+    const long used = parse_resp(in, r);
+    if (used < 0) {
+      malformed = true;
+      break;
+    }
+    if (used == 0) break;
+    in.remove_prefix(static_cast<size_t>(used));
+    ++n;
+  }
+  return n;
+}
+
 }  // namespace
+
+// ---- factories ---------------------------------------------------------------------------------
+
+std::unique_ptr<Conn> make_sluice_udp(const SluiceConnOptions& o, ThreadContext& ctx) {
+  std::string err;
+  const int fd = udp_connect(o.port, err);
+  if (fd < 0) throw std::runtime_error(err);
+  return std::make_unique<SluiceUdpConn>(fd, o, ctx);
+}
+
+std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext& ctx) {
+  std::string err;
+  const int fd = tcp_connect(o.port, 2000, err);
+  if (fd < 0) throw std::runtime_error(err);
+  return std::make_unique<SluiceTcpConn>(fd, o, ctx);
+}
+
+std::unique_ptr<Conn> make_redis(const RedisConnOptions& o, ThreadContext& ctx) {
+  std::string err;
+  const int fd = tcp_connect(o.port, 2000, err);
+  if (fd < 0) throw std::runtime_error(err);
+  return std::make_unique<RedisConn>(fd, o, ctx);
+}
+
+std::unique_ptr<Conn> make_memcached(const MemcachedConnOptions& o, ThreadContext& ctx) {
+  std::string err;
+  const int fd = tcp_connect(o.port, 2000, err);
+  if (fd < 0) throw std::runtime_error(err);
+  return std::make_unique<MemcachedConn>(fd, o, ctx);
+}
+
+// ---- probes and setup ---------------------------------------------------------------------------
+
+std::string sluice_probe(uint16_t port, int timeout_ms) {
+  const wire::Entry entry{kSluiceEntryKey, "probe"};
+  const wire::Check check{kSluiceDomain, std::span<const wire::Entry>(&entry, 1), 0};
+  std::vector<uint8_t> msg, frame;
+  wire::encode_request(1, std::span<const wire::Check>(&check, 1), 512, msg);
+  wire::Answer answer;
+
+  SyncClient tcp;
+  if (std::string e = tcp.connect(port, timeout_ms); !e.empty()) return "tcp: " + e;
+  wire::append_frame(msg, frame);
+  if (std::string e = tcp.send_all({reinterpret_cast<const char*>(frame.data()), frame.size()},
+                                   timeout_ms);
+      !e.empty()) {
+    return "tcp: " + e;
+  }
+  wire::FrameReader reader;
+  std::optional<std::span<const uint8_t>> got;
+  const std::string e = tcp.read_until(
+      [&](std::string_view b) {
+        if (b.empty()) return false;
+        reader.feed({reinterpret_cast<const uint8_t*>(b.data()), b.size()});
+        tcp.buf.clear();
+        got = reader.next();
+        return got.has_value();
+      },
+      timeout_ms);
+  if (!e.empty()) return "tcp: " + e;
+  if (wire::decode_answer(*got, answer) != wire::Code::kOk || answer.code != wire::Code::kOk ||
+      answer.decisions.size() != 1 || answer.decisions[0].code != wire::Code::kOk) {
+    return "tcp: unexpected answer to a probe check (is domain \"bench\" in the rules?)";
+  }
+
+  std::string err;
+  const int u = udp_connect(port, err);
+  if (u < 0) return err;
+  std::vector<uint8_t> buf(65'536);
+  const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
+  std::string result = "udp: no answer";
+  // Bounded: one datagram per 100 ms until the deadline.
+  while (now_ns() < deadline) {
+    if (::send(u, msg.data(), msg.size(), 0) < 0) {
+      result = std::string("udp send: ") + std::strerror(errno);
+    }
+    pollfd p{u, POLLIN, 0};
+    if (::poll(&p, 1, 100) == 1) {
+      const ssize_t n = ::recv(u, buf.data(), buf.size(), 0);
+      if (n > 0 && wire::decode_answer({buf.data(), static_cast<size_t>(n)}, answer) ==
+                       wire::Code::kOk &&
+          answer.code == wire::Code::kOk) {
+        result.clear();
+        break;
+      }
+    }
+  }
+  ::close(u);
+  return result;
+}
+
+std::string http_get(uint16_t port, const std::string& path, std::string& body) {
+  SyncClient c;
+  if (std::string e = c.connect(port, 1000); !e.empty()) return e;
+  const std::string req =
+      "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  if (std::string e = c.send_all(req, 1000); !e.empty()) return e;
+  bool eof = false;
+  const std::string e = c.read_until([&](std::string_view) { return eof; }, 3000, &eof);
+  if (!eof) return e.empty() ? "no end of response" : e;
+  const size_t hdr_end = c.buf.find("\r\n\r\n");
+  if (!c.buf.starts_with("HTTP/1.") || hdr_end == std::string::npos) return "not an HTTP answer";
+  body = c.buf.substr(hdr_end + 4);
+  return "";
+}
+
+std::string redis_probe(uint16_t port, int timeout_ms) {
+  SyncClient c;
+  if (std::string e = c.connect(port, timeout_ms); !e.empty()) return e;
+  if (std::string e = c.send_all("PING\r\n", timeout_ms); !e.empty()) return e;
+  if (std::string e = c.read_until([](std::string_view b) { return b.find("\r\n") != b.npos; },
+                                   timeout_ms);
+      !e.empty()) {
+    return e;
+  }
+  return c.buf.starts_with("+PONG") ? "" : "unexpected PING reply: " + c.buf;
+}
+
+std::string redis_command(uint16_t port, const std::vector<std::string>& args,
+                          std::string& reply) {
+  SyncClient c;
+  if (std::string e = c.connect(port, 2000); !e.empty()) return e;
+  std::string cmd;
+  append_array_header(cmd, args.size());
+  for (const std::string& a : args) append_bulk(cmd, a);
+  if (std::string e = c.send_all(cmd, 2000); !e.empty()) return e;
+  RespReply r;
+  bool bad = false;
+  if (std::string e = c.read_until(
+          [&](std::string_view b) { return count_resp_replies(b, bad) >= 1 || bad; }, 10'000);
+      !e.empty()) {
+    return e;
+  }
+  if (bad || parse_resp(c.buf, r) <= 0) return "malformed reply";
+  switch (r.type) {
+    case ':':
+      reply = ":" + std::to_string(r.integer);
+      break;
+    case '$':
+      reply = "$" + std::string(r.text);
+      break;
+    case '*':
+      reply = "*" + std::to_string(r.elems.size());
+      break;
+    default:
+      reply = std::string(1, r.type) + std::string(r.text);
+  }
+  return r.type == '-' ? "redis: " + std::string(r.text) : "";
+}
+
+std::string redis_preload_minutes(uint16_t port, const Keyspace& keys, int64_t now_ms) {
+  SyncClient c;
+  if (std::string e = c.connect(port, 2000); !e.empty()) return e;
+  const int64_t minute = now_ms / 60'000;
+  std::vector<std::string> fields;
+  for (int64_t m = minute - kHashWindowMinutes; m < minute; ++m) fields.push_back(std::to_string(m));
+  constexpr size_t kChunk = 500;
+  // Bounded: keys / kChunk round trips.
+  for (size_t first = 0; first < keys.names.size(); first += kChunk) {
+    const size_t last = std::min(keys.names.size(), first + kChunk);
+    std::string cmds;
+    for (size_t i = first; i < last; ++i) {
+      const std::string key = "rl:" + keys.names[i];
+      append_array_header(cmds, 2 + 2 * fields.size());
+      append_bulk(cmds, "HSET");
+      append_bulk(cmds, key);
+      for (const std::string& f : fields) {
+        append_bulk(cmds, f);
+        append_bulk(cmds, "1");
+      }
+      append_command(cmds, {"EXPIRE", key, "3600"});
+    }
+    if (std::string e = c.send_all(cmds, 10'000); !e.empty()) return e;
+    const size_t want = 2 * (last - first);
+    bool bad = false;
+    if (std::string e = c.read_until(
+            [&](std::string_view b) { return count_resp_replies(b, bad) >= want || bad; }, 10'000);
+        !e.empty()) {
+      return e;
+    }
+    if (bad) return "malformed reply while preloading";
+    if (c.buf.find('-') != std::string::npos && c.buf.find("\r\n-") != std::string::npos) {
+      return "error reply while preloading";
+    }
+    c.buf.clear();
+  }
+  return "";
+}
+
+std::string memcached_probe(uint16_t port, int timeout_ms) {
+  SyncClient c;
+  if (std::string e = c.connect(port, timeout_ms); !e.empty()) return e;
+  if (std::string e = c.send_all("version\r\n", timeout_ms); !e.empty()) return e;
+  if (std::string e = c.read_until([](std::string_view b) { return b.find("\r\n") != b.npos; },
+                                   timeout_ms);
+      !e.empty()) {
+    return e;
+  }
+  return c.buf.starts_with("VERSION") ? "" : "unexpected version reply: " + c.buf;
+}
+
+std::string memcached_flush_all(uint16_t port) {
+  SyncClient c;
+  if (std::string e = c.connect(port, 2000); !e.empty()) return e;
+  if (std::string e = c.send_all("flush_all\r\n", 2000); !e.empty()) return e;
+  if (std::string e = c.read_until([](std::string_view b) { return b.find("\r\n") != b.npos; },
+                                   5000);
+      !e.empty()) {
+    return e;
+  }
+  return c.buf.starts_with("OK") ? "" : "unexpected flush_all reply: " + c.buf;
+}
+
+std::string memcached_preload_previous(uint16_t port, const Keyspace& keys, int64_t now_ms) {
+  SyncClient c;
+  if (std::string e = c.connect(port, 2000); !e.empty()) return e;
+  const std::string prev = std::to_string(now_ms / 60'000 - 1);
+  std::string cmds;
+  for (const std::string& name : keys.names) {
+    cmds.append("set ").append(name).append(":").append(prev).append(" 0 ")
+        .append(std::to_string(kMemcachedBucketTtlS)).append(" 1 noreply\r\n1\r\n");
+  }
+  cmds.append("version\r\n");  // the answer to this says every set before it was handled
+  if (std::string e = c.send_all(cmds, 10'000); !e.empty()) return e;
+  if (std::string e = c.read_until(
+          [](std::string_view b) { return b.find("VERSION") != b.npos && b.ends_with("\r\n"); },
+          10'000);
+      !e.empty()) {
+    return e;
+  }
+  return c.buf.starts_with("VERSION") ? "" : "unexpected reply while preloading: " + c.buf;
+}
 
 }  // namespace sluice::bench

@@ -224,6 +224,10 @@ struct Node::Impl {
   explicit Impl(NodeOptions o) : opt(std::move(o)) {
     if (!opt.clock) opt.clock = system_now_ms;
     if (opt.threads == 0) opt.threads = 1;
+    // Malformed listen addresses are config errors: report them before anything starts.
+    for (const std::string* l : {&opt.udp_listen, &opt.tcp_listen}) {
+      if (!l->empty()) parse_listen(*l);
+    }
     started_ms = opt.clock();
     std::string errors;
     auto policy = load_policy(errors);
