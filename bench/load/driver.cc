@@ -21,6 +21,8 @@ Conn::~Conn() {
 
 void RowStats::merge(const RowStats& o) {
   latency.merge(o.latency);
+  send_lag.merge(o.send_lag);
+  arrival.merge(o.arrival);
   checks += o.checks;
   units += o.units;
   denied += o.denied;
@@ -39,7 +41,8 @@ KeyStream::KeyStream(uint32_t keys, bool zipf, double zipf_s, uint64_t seed) {
   std::mt19937_64 rng(seed);
   if (!zipf) {
     std::uniform_int_distribution<uint32_t> d(0, keys - 1);
-    for (uint32_t& k : ring_) k = d(rng);
+    for (uint32_t& k : ring_)
+      k = d(rng);
     return;
   }
   // Zipf(s) by inverse CDF: rank r (0-based) has weight 1 / (r + 1)^s. Ranks are scattered over
@@ -51,7 +54,8 @@ KeyStream::KeyStream(uint32_t keys, bool zipf, double zipf_s, uint64_t seed) {
     cdf[r] = sum;
   }
   std::vector<uint32_t> perm(keys);
-  for (uint32_t i = 0; i < keys; ++i) perm[i] = i;
+  for (uint32_t i = 0; i < keys; ++i)
+    perm[i] = i;
   std::shuffle(perm.begin(), perm.end(), rng);
   std::uniform_real_distribution<double> u(0.0, sum);
   for (uint32_t& k : ring_) {
@@ -68,8 +72,8 @@ struct ThreadResult {
   std::string fatal;
 };
 
-void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned t,
-                unsigned nconns, int64_t t0, ThreadResult& out) {
+void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned t, unsigned nconns,
+                int64_t t0, ThreadResult& out) {
   KeyStream keys(opt.keys, opt.zipf, opt.zipf_s, opt.seed * 1'000'003u + t);
   Recorder rec;
   rec.stats = &out.stats;
@@ -84,7 +88,8 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
   };
   std::vector<Slot> conns;
   try {
-    for (unsigned i = 0; i < nconns; ++i) conns.push_back(Slot{make_conn(ctx)});
+    for (unsigned i = 0; i < nconns; ++i)
+      conns.push_back(Slot{make_conn(ctx)});
   } catch (const std::exception& e) {
     out.fatal = e.what();
     return;
@@ -128,7 +133,8 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
   auto refill = [&](Slot& s, int64_t now) {
     if (s.dead) return;
     // Bounded by the connection's window.
-    for (int guard = 0; guard < 4096 && s.conn->has_room(); ++guard) s.conn->send(now);
+    for (int guard = 0; guard < 4096 && s.conn->has_room(); ++guard)
+      s.conn->send(now);
     s.conn->flush();
     retire_if_failed(s);
     set_out(s);
@@ -136,7 +142,8 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
 
   int64_t now = now_ns();
   if (!open_loop) {
-    for (Slot& s : conns) refill(s, now);
+    for (Slot& s : conns)
+      refill(s, now);
   }
 
   constexpr int kMaxEvents = 256;
@@ -150,7 +157,10 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
 
     int64_t wait_ns = 1'000'000;
     if (open_loop) {
-      const auto due = static_cast<uint64_t>(static_cast<double>(now - t0) * 1e-9 * unit_rate);
+      // Unit k is due at t0 + k / unit_rate: units 0 .. due-1 are due by now.
+      const uint64_t due =
+          now < t0 ? 0
+                   : static_cast<uint64_t>(static_cast<double>(now - t0) * 1e-9 * unit_rate) + 1;
       touched.clear();
       while (sent_units < due) {
         Slot* pick = nullptr;
@@ -165,7 +175,10 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
         if (pick == nullptr) break;  // every window is full: the backlog waits (and ages)
         const auto sched =
             t0 + static_cast<int64_t>(static_cast<double>(sent_units) / unit_rate * 1e9);
-        pick->conn->send(sched);
+        if (rec.in_window(now)) {
+          out.stats.send_lag.record(static_cast<uint64_t>(std::max<int64_t>(now - sched, 0)));
+        }
+        pick->conn->send(now);
         ++sent_units;
         if (std::find(touched.begin(), touched.end(), pick) == touched.end()) {
           touched.push_back(pick);
@@ -176,9 +189,10 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
         retire_if_failed(*s);
         set_out(*s);
       }
+      // The next unsent unit's schedule (units are numbered from 0).
       const auto next_due =
-          t0 + static_cast<int64_t>(static_cast<double>(sent_units + 1) / unit_rate * 1e9);
-      wait_ns = std::clamp<int64_t>(next_due - now_ns(), 0, 1'000'000);
+          t0 + static_cast<int64_t>(static_cast<double>(sent_units) / unit_rate * 1e9);
+      wait_ns = std::clamp<int64_t>(next_due - now_ns(), kOpenLoopTickNs, 1'000'000);
     }
 
     timespec ts{0, static_cast<long>(wait_ns)};
@@ -213,8 +227,10 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
     }
   }
   if (open_loop) {
+    // Units due up to one tick before the end: later ones were not late, the row just ended.
     const auto due_at_end =
-        static_cast<uint64_t>(static_cast<double>(end - t0) * 1e-9 * unit_rate);
+        static_cast<uint64_t>(static_cast<double>(end - kOpenLoopTickNs - t0) * 1e-9 * unit_rate) +
+        1;
     out.stats.unsent = due_at_end > sent_units ? due_at_end - sent_units : 0;
   }
   ::close(ep);
@@ -232,11 +248,11 @@ RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn) {
   o.threads = threads;
   for (unsigned t = 0; t < threads; ++t) {
     const unsigned n = opt.conns / threads + (t < opt.conns % threads ? 1 : 0);
-    pool.emplace_back([&o, &make_conn, t, n, t0, &results] {
-      run_thread(o, make_conn, t, n, t0, results[t]);
-    });
+    pool.emplace_back(
+        [&o, &make_conn, t, n, t0, &results] { run_thread(o, make_conn, t, n, t0, results[t]); });
   }
-  for (std::thread& th : pool) th.join();
+  for (std::thread& th : pool)
+    th.join();
   RowStats total;
   for (const ThreadResult& r : results) {
     if (!r.fatal.empty()) throw std::runtime_error(r.fatal);

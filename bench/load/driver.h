@@ -7,11 +7,12 @@
 // Closed loop (rate 0): every connection is refilled to its window as soon as answers come back,
 // so the figure is the most the server answers with that many requests in flight.
 // Open loop (rate R checks/s): units are due at fixed intervals (R / threads / batch per second
-// per thread) and sent on a connection with room; latency is measured from the time a unit was
-// due, not from when it left, so a generator or a window that falls behind shows up as latency
-// (no coordinated omission). Units still unsent at the end are reported as `unsent`.
+// per thread) and sent on a connection with room. The generator wakes at most every
+// kOpenLoopTickNs and sends what has come due (so its own wake-ups do not eat the CPU the server
+// needs); how late each unit left against its schedule is kept apart (`send_lag`), and units
+// still unsent at the end (every window full: the server is not keeping up) are `unsent`.
 //
-// Latency of a unit is answer time minus start time (std::chrono::steady_clock); each check of a
+// Latency of a unit is answer time minus send time (std::chrono::steady_clock); each check of a
 // batch is recorded with its unit's latency. Only answers that arrive inside the measured window
 // (after the warm-up, before the end) count towards checks/s and the histogram.
 //
@@ -43,19 +44,23 @@ inline int64_t epoch_ms() {
       .count();
 }
 
+inline constexpr int64_t kOpenLoopTickNs = 50'000;
+
 struct RowStats {
   LatencyHistogram latency;
-  uint64_t checks = 0;          // checks answered inside the measured window
-  uint64_t units = 0;           // requests (datagrams, frames, command groups) answered in it
-  uint64_t denied = 0;          // checks answered "not allowed" (should stay 0)
-  uint64_t errors = 0;          // error replies, malformed or unexpected answers
-  uint64_t lost = 0;            // UDP requests unanswered within the timeout
-  uint64_t send_failures = 0;   // UDP sends refused by the local kernel (EAGAIN, ENOBUFS)
-  uint64_t late_answers = 0;    // UDP answers that came after their request was given up
-  uint64_t conn_failures = 0;   // connections that closed or failed during the row
-  uint64_t unsent = 0;          // open loop: units due but never sent
-  double seconds = 0;           // length of the measured window
-  std::string first_error;      // the first error seen, for the report
+  LatencyHistogram send_lag;   // open loop: send time minus scheduled time, per unit
+  LatencyHistogram arrival;    // UDP: send -> the answer's kernel receive timestamp, per check
+  uint64_t checks = 0;         // checks answered inside the measured window
+  uint64_t units = 0;          // requests (datagrams, frames, command groups) answered in it
+  uint64_t denied = 0;         // checks answered "not allowed" (should stay 0)
+  uint64_t errors = 0;         // error replies, malformed or unexpected answers
+  uint64_t lost = 0;           // UDP requests unanswered within the timeout
+  uint64_t send_failures = 0;  // UDP sends refused by the local kernel (EAGAIN, ENOBUFS)
+  uint64_t late_answers = 0;   // UDP answers that came after their request was given up
+  uint64_t conn_failures = 0;  // connections that closed or failed during the row
+  uint64_t unsent = 0;         // open loop: units due but never sent
+  double seconds = 0;          // length of the measured window
+  std::string first_error;     // the first error seen, for the report
 
   void merge(const RowStats& o);
   void note_error(const std::string& what) {
@@ -126,10 +131,10 @@ class Conn {
 using ConnFactory = std::function<std::unique_ptr<Conn>(ThreadContext&)>;
 
 struct DriveOptions {
-  unsigned threads = 1;      // generator threads (1 or 2)
-  unsigned conns = 16;       // connections or sockets, spread over the threads
-  uint32_t batch = 1;        // checks per unit (for open-loop pacing)
-  double rate = 0;           // offered checks/s; 0 = closed loop
+  unsigned threads = 1;  // generator threads (1 or 2)
+  unsigned conns = 16;   // connections or sockets, spread over the threads
+  uint32_t batch = 1;    // checks per unit (for open-loop pacing)
+  double rate = 0;       // offered checks/s; 0 = closed loop
   double warmup_s = 0.5;
   double seconds = 5;
   uint32_t keys = 10'000;

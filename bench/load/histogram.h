@@ -27,7 +27,8 @@ class LatencyHistogram {
   }
 
   void merge(const LatencyHistogram& o) {
-    for (size_t i = 0; i < kBuckets; ++i) counts_[i] += o.counts_[i];
+    for (size_t i = 0; i < kBuckets; ++i)
+      counts_[i] += o.counts_[i];
     total_ += o.total_;
     max_ = std::max(max_, o.max_);
   }

@@ -1,7 +1,9 @@
 #include "load/process.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -18,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 namespace sluice::bench {
@@ -26,7 +29,9 @@ namespace {
 
 volatile sig_atomic_t g_stop = 0;
 
-extern "C" void on_stop_signal(int) { g_stop = 1; }
+extern "C" void on_stop_signal(int) {
+  g_stop = 1;
+}
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
@@ -48,16 +53,29 @@ void install_stop_signals() {
   signal(SIGPIPE, SIG_IGN);
 }
 
-bool stop_requested() { return g_stop != 0; }
+bool stop_requested() {
+  return g_stop != 0;
+}
 
-std::string ChildProcess::start(const std::vector<std::string>& argv,
-                                const std::string& log_path) {
+std::string ChildProcess::start(const std::vector<std::string>& argv, const std::string& log_path,
+                                const std::string& run_as) {
   if (argv.empty()) return "empty command";
+  bool switch_user = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  if (!run_as.empty() && ::geteuid() == 0) {
+    const passwd* pw = ::getpwnam(run_as.c_str());  // before fork: not async-signal-safe
+    if (pw == nullptr) return "no user " + run_as;
+    switch_user = true;
+    uid = pw->pw_uid;
+    gid = pw->pw_gid;
+  }
   name_ = argv[0];
   log_path_ = log_path;
   std::vector<char*> args;
   args.reserve(argv.size() + 1);
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
 
   const int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -69,7 +87,11 @@ std::string ChildProcess::start(const std::vector<std::string>& argv,
     return std::string("fork: ") + std::strerror(errno);
   }
   if (pid == 0) {
-    // Child: only async-signal-safe calls until exec.
+    // Child: only async-signal-safe calls until exec. Credentials first: changing them clears
+    // the death signal.
+    if (switch_user && (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0)) {
+      ::_exit(126);
+    }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
     struct sigaction dfl {};
@@ -165,13 +187,36 @@ std::string self_exe_path() {
   return ec ? std::string() : p.string();
 }
 
+namespace {
+
+constexpr std::string_view kTempPrefix = "sluice-bench-load-";
+
+void remove_stale_temp_dirs(const std::filesystem::path& base) {
+  std::error_code ec;
+  // Bounded by the directory's entries.
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+    if (!e.path().filename().string().starts_with(kTempPrefix)) continue;
+    std::ifstream in(e.path() / "pid");
+    long pid = 0;
+    if (!(in >> pid) || pid <= 0) continue;  // not ours, or still being set up
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // still running
+    std::error_code rm;
+    std::filesystem::remove_all(e.path(), rm);
+  }
+}
+
+}  // namespace
+
 TempDir::TempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/sluice-bench-load-XXXXXX";
+  const char* env = std::getenv("TMPDIR");
+  const std::string base = env && *env ? env : "/tmp";
+  remove_stale_temp_dirs(base);
+  std::string tmpl = base + "/" + std::string(kTempPrefix) + "XXXXXX";
   if (::mkdtemp(tmpl.data()) == nullptr) {
     throw std::runtime_error("mkdtemp " + tmpl + ": " + std::strerror(errno));
   }
   path_ = tmpl;
+  std::ofstream(path_ + "/pid") << ::getpid() << "\n";
 }
 
 TempDir::~TempDir() {

@@ -29,8 +29,12 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   // Starts argv[0] (looked up in PATH when it has no '/') with stdout and stderr appended to
-  // log_path. Returns "" or why it could not start.
-  std::string start(const std::vector<std::string>& argv, const std::string& log_path);
+  // log_path. With run_as non-empty (and only when running as root), the child switches to that
+  // user before exec: a server that switched by itself (memcached -u) would lose its death
+  // signal, which the kernel clears on any change of credentials. Returns "" or why it could not
+  // start.
+  std::string start(const std::vector<std::string>& argv, const std::string& log_path,
+                    const std::string& run_as = "");
   // True while the child has not exited (reaps it when it has).
   bool running();
   // SIGTERM, wait up to `grace`, then SIGKILL and reap. Idempotent.
@@ -58,7 +62,9 @@ std::string file_tail(const std::string& path, size_t max_bytes = 2000);
 // Path of the running executable (/proc/self/exe), "" if unknown.
 std::string self_exe_path();
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents by the destructor.
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents by the destructor. It
+// holds a file "pid" naming the benchmark's process; the constructor first removes directories
+// of earlier runs whose process is gone (killed -9, so their destructor never ran).
 class TempDir {
  public:
   TempDir();

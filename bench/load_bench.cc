@@ -1,0 +1,885 @@
+// sluice-bench-load: checks per second and latency of sluiced over loopback UDP and TCP, against
+// the seeds' own designs run for real on the same machine in the same run (DESIGN.md, "Numbers
+// that matter"):
+//   Redis + seed 003's Lua sliding log, Redis + seed 002's hash of minute counters,
+//   memcached + seed 001's two counters, and plain Redis INCR as the floor of any Redis design.
+//
+// One run: starts sluiced, redis-server and memcached on free loopback ports (only those the
+// selected rows need), waits until each answers (bounded), drives the rows one after another with
+// the same generator settings, prints one table, the ratios and the issue's targets, and stops
+// every server (also on error or SIGINT/SIGTERM; children die with the benchmark even on kill -9).
+//
+// Rows and what is in flight (defaults; the table prints it per row):
+//   sluiced-udp-single   8 UDP sockets x 8 datagrams of 1 check
+//   sluiced-udp-batch32  8 UDP sockets x 2 datagrams of 32 checks          (512 checks)
+//   sluiced-tcp-single   16 connections x 32 frames of 1 check, pipelined (512 checks)
+//   sluiced-tcp-batch32  16 connections x 1 frame of 32 checks             (512 checks)
+//   redis-*-single       16 connections x 1 check, unpipelined (a request waits for its answer)
+//   redis-*-pipe32       16 connections x 1 group of 32 checks' commands  (512 checks)
+//   memcached-single     16 connections x 1 check (get, then incr: two round trips)
+// UDP keeps fewer datagrams in flight than TCP keeps frames: each one is a separate buffer in the
+// server's socket (default receive buffer), and more only queue there (measured: 64 and 256 in
+// flight give the same checks/s, 4x the latency). Before each Redis row: FLUSHALL (the script
+// stays loaded); before the hash row, each key gets the 60 earlier minutes' fields (the steady
+// state of an hourly window, so HGETALL returns 61 fields); before the memcached row: flush_all,
+// then each key's previous-minute bucket. The Lua sliding log is not preloaded (a steady state
+// holds every request of the last minute per key: too much to write), so its sorted sets stay
+// small during a row, which flatters that baseline.
+//
+// Generator: load/driver.h (epoll, a window of requests in flight per connection, closed loop or
+// fixed offered rate). Protocol clients: load/targets.h (the check protocol of lib/wire, RESP and
+// memcached text, written here over plain sockets). Run with --help for the options.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "load/driver.h"
+#include "load/process.h"
+#include "load/targets.h"
+
+namespace {
+
+namespace bench = sluice::bench;
+
+// Far above any key's traffic in a row, so every check is allowed and counted everywhere: the
+// figures are the cost of the counting path.
+constexpr uint64_t kLimit = 1'000'000'000;
+
+struct Options {
+  bool json = false;
+  bool half_rate = false;
+  bool list = false;
+  std::vector<std::string> only;
+  double seconds = 5;
+  double warmup = 0.5;
+  uint32_t keys = 10'000;
+  bool zipf = false;
+  double rate = 0;
+  uint32_t connections = 16;
+  uint32_t depth = 32;       // sluiced TCP single checks: frames in flight per connection
+  uint32_t batch_depth = 1;  // batch rows (sluiced TCP, Redis pipelined): groups per connection
+  uint32_t batch = 32;
+  uint32_t udp_sockets = 8;
+  uint32_t udp_window = 8;
+  uint32_t udp_batch_window = 2;
+  uint32_t udp_room = 288;  // libsluice's default udp_answer_room_per_check
+  uint32_t gen_threads = 1;
+  uint32_t server_threads = 2;
+  std::string sluiced;
+};
+
+enum class Server { kSluiced, kRedis, kMemcached };
+
+enum class Kind {
+  kSluiceUdp,
+  kSluiceTcp,
+  kRedisLua,
+  kRedisHash,
+  kRedisIncr,
+  kMemcached,
+};
+
+struct RowDef {
+  std::string name;       // for --only
+  std::string target;     // table and JSON
+  std::string transport;  // "udp" | "tcp"
+  Kind kind;
+  uint32_t batch;  // checks per datagram / frame / pipelined group
+  Server server;
+};
+
+std::vector<RowDef> all_rows(const Options& o) {
+  const uint32_t b = o.batch;
+  const std::string bs = std::to_string(b);
+  return {
+      {"sluiced-udp-single", "sluiced", "udp", Kind::kSluiceUdp, 1, Server::kSluiced},
+      {"sluiced-udp-batch" + bs, "sluiced", "udp", Kind::kSluiceUdp, b, Server::kSluiced},
+      {"sluiced-tcp-single", "sluiced", "tcp", Kind::kSluiceTcp, 1, Server::kSluiced},
+      {"sluiced-tcp-batch" + bs, "sluiced", "tcp", Kind::kSluiceTcp, b, Server::kSluiced},
+      {"redis-lua-single", "redis-lua", "tcp", Kind::kRedisLua, 1, Server::kRedis},
+      {"redis-lua-pipe" + bs, "redis-lua", "tcp", Kind::kRedisLua, b, Server::kRedis},
+      {"redis-hash-single", "redis-hash", "tcp", Kind::kRedisHash, 1, Server::kRedis},
+      {"redis-hash-pipe" + bs, "redis-hash", "tcp", Kind::kRedisHash, b, Server::kRedis},
+      {"memcached-single", "memcached", "tcp", Kind::kMemcached, 1, Server::kMemcached},
+      {"redis-incr-single", "redis-incr", "tcp", Kind::kRedisIncr, 1, Server::kRedis},
+      {"redis-incr-pipe" + bs, "redis-incr", "tcp", Kind::kRedisIncr, b, Server::kRedis},
+  };
+}
+
+bool selected(const Options& o, const std::string& name) {
+  if (o.only.empty()) return true;
+  for (const std::string& n : o.only) {
+    if (name == n || (name.size() > n.size() && name.starts_with(n) && name[n.size()] == '-')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+constexpr const char* kHelp = R"(usage: sluice-bench-load [options]
+  --only NAME[,NAME]   rows to run: a row name (--list) or a prefix of one ending at '-'
+                       (sluiced, sluiced-udp, redis, redis-lua, ...); default: every row
+  --list               print the row names and exit
+  --half-rate          also measure sluiced-udp-single at its max rate, then at half that rate
+                       (open loop) for the p99 target
+  --json               last line: {"rows":[{"target":..,"transport":..,"batch":..,
+                       "checks_per_sec":..,"p50_us":..,"p99_us":..,"p999_us":..}]}
+  --seconds S          measured seconds per row (5)
+  --warmup S           unmeasured seconds before each row (0.5)
+  --keys N             keyspace, the same for every target (10000)
+  --dist uniform|zipf  key popularity (uniform; zipf: s = 0.99)
+  --rate R             offered checks/s, open loop, for every row; 0 = closed loop (0)
+  --connections C      TCP connections per row (16)
+  --depth D            sluiced TCP single checks: frames in flight per connection (32)
+  --batch B            checks per datagram / frame / pipelined group in batch rows (32)
+  --batch-depth D      batch rows over TCP: frames / groups in flight per connection (1)
+  --udp-sockets U      UDP sockets (8)
+  --udp-window W       UDP single checks: datagrams in flight per socket (8)
+  --udp-batch-window W UDP batches: datagrams in flight per socket (2)
+  --udp-room BYTES     UDP padding per check, as libsluice's udp_answer_room_per_check (288)
+  --gen-threads 1|2    generator threads (1: the machine has 2 cores for generator and server)
+  --server-threads N   sluiced --threads (2)
+  --sluiced PATH       sluiced binary (default: <build>/daemon/sluiced beside this program)
+)";
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr, "sluice-bench-load: %s\n%s", why, kHelp);
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value for " + a).c_str());
+      return argv[++i];
+    };
+    auto num = [&](double lo, double hi) {
+      const std::string v = val();
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(d >= lo && d <= hi)) {
+        usage((a + " wants a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]")
+                  .c_str());
+      }
+      return d;
+    };
+    auto u32 = [&](double lo, double hi) { return static_cast<uint32_t>(num(lo, hi)); };
+    if (a == "--json") {
+      o.json = true;
+    } else if (a == "--half-rate") {
+      o.half_rate = true;
+    } else if (a == "--list") {
+      o.list = true;
+    } else if (a == "--only") {
+      std::stringstream ss(val());
+      for (std::string n; std::getline(ss, n, ',');) {
+        if (!n.empty()) o.only.push_back(n);
+      }
+    } else if (a == "--seconds") {
+      o.seconds = num(0.1, 600);
+    } else if (a == "--warmup") {
+      o.warmup = num(0, 60);
+    } else if (a == "--keys") {
+      o.keys = u32(1, 10'000'000);
+    } else if (a == "--dist") {
+      const std::string d = val();
+      if (d != "uniform" && d != "zipf") usage("--dist is uniform or zipf");
+      o.zipf = d == "zipf";
+    } else if (a == "--rate") {
+      o.rate = num(0, 1e9);
+    } else if (a == "--connections") {
+      o.connections = u32(1, 1024);
+    } else if (a == "--depth") {
+      o.depth = u32(1, 4096);
+    } else if (a == "--batch-depth") {
+      o.batch_depth = u32(1, 1024);
+    } else if (a == "--batch") {
+      o.batch = u32(2, 1024);
+    } else if (a == "--udp-sockets") {
+      o.udp_sockets = u32(1, 1024);
+    } else if (a == "--udp-window") {
+      o.udp_window = u32(1, 4096);
+    } else if (a == "--udp-batch-window") {
+      o.udp_batch_window = u32(1, 4096);
+    } else if (a == "--udp-room") {
+      o.udp_room = u32(0, 2048);
+    } else if (a == "--gen-threads") {
+      o.gen_threads = u32(1, 2);
+    } else if (a == "--server-threads") {
+      o.server_threads = u32(1, 64);
+    } else if (a == "--sluiced") {
+      o.sluiced = val();
+    } else if (a == "--help" || a == "-h") {
+      std::fputs(kHelp, stdout);
+      std::exit(0);
+    } else {
+      usage(("unknown option " + a).c_str());
+    }
+  }
+  return o;
+}
+
+// ---- servers ----------------------------------------------------------------------------------
+
+struct Servers {
+  bench::TempDir dir;
+  bench::ChildProcess sluiced, redis, memcached;
+  uint16_t sluice_port = 0, admin_port = 0, redis_port = 0, memcached_port = 0;
+  std::string lua_sha;
+  std::string redis_version, memcached_version;
+};
+
+// Waits until probe() returns "" (bounded by timeout), failing early when the child exits.
+void wait_ready(bench::ChildProcess& child, const std::function<std::string()>& probe,
+                int timeout_ms) {
+  const int64_t deadline = bench::now_ns() + int64_t{timeout_ms} * 1'000'000;
+  std::string last = "not started";
+  while (bench::now_ns() < deadline && !bench::stop_requested()) {
+    if (!child.running()) {
+      throw std::runtime_error(child.name() + " exited (" + child.exit_status() + "); log:\n" +
+                               bench::file_tail(child.log_path()));
+    }
+    last = probe();
+    if (last.empty()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  throw std::runtime_error(child.name() + " did not answer within " + std::to_string(timeout_ms) +
+                           " ms (" + last + "); log:\n" + bench::file_tail(child.log_path()));
+}
+
+std::string default_sluiced() {
+  // <build>/bench/sluice-bench-load -> <build>/daemon/sluiced
+  const std::filesystem::path self = bench::self_exe_path();
+  if (self.empty()) return "";
+  return (self.parent_path().parent_path() / "daemon" / "sluiced").string();
+}
+
+void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool need_memcached,
+                   Servers& s) {
+  constexpr int kReadyMs = 15'000;
+  if (need_sluiced) {
+    const std::string exe = o.sluiced.empty() ? default_sluiced() : o.sluiced;
+    if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
+      throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
+    }
+    const std::string rules = s.dir.path() + "/rules.yaml";
+    std::ofstream(rules) << "# written by sluice-bench-load\n"
+                            "domains:\n"
+                            "  - name: bench\n"
+                            "    rules:\n"
+                            "      - name: per-k\n"
+                            "        key: [k]\n"
+                            "        limits: ["
+                         << kLimit << "/1m]\n";
+    s.sluice_port = bench::free_loopback_port();
+    s.admin_port = bench::free_loopback_port();
+    const std::string udp = "127.0.0.1:" + std::to_string(s.sluice_port);
+    const std::string err = s.sluiced.start(
+        {exe, "--udp", udp, "--tcp", udp, "--admin", "127.0.0.1:" + std::to_string(s.admin_port),
+         "--rules", rules, "--threads", std::to_string(o.server_threads), "--log-level", "warn",
+         "--data-dir", s.dir.path() + "/sluiced-data"},
+        s.dir.path() + "/sluiced.log");
+    if (!err.empty()) throw std::runtime_error("sluiced: " + err);
+  }
+  if (need_redis) {
+    s.redis_port = bench::free_loopback_port();
+    const std::string err = s.redis.start(
+        {"redis-server", "--port", std::to_string(s.redis_port), "--bind", "127.0.0.1", "--save",
+         "", "--appendonly", "no", "--daemonize", "no", "--dir", s.dir.path()},
+        s.dir.path() + "/redis.log");
+    if (!err.empty()) throw std::runtime_error("redis-server: " + err);
+  }
+  if (need_memcached) {
+    s.memcached_port = bench::free_loopback_port();
+    // memcached refuses to run as root; as root the benchmark starts it as "nobody" itself
+    // rather than with -u (see ChildProcess::start: the death signal must survive).
+    const std::string err =
+        s.memcached.start({"memcached", "-l", "127.0.0.1", "-p", std::to_string(s.memcached_port),
+                           "-U", "0", "-t", "2"},
+                          s.dir.path() + "/memcached.log", "nobody");
+    if (!err.empty()) throw std::runtime_error("memcached: " + err);
+  }
+  if (need_sluiced) {
+    wait_ready(
+        s.sluiced, [&] { return bench::sluice_probe(s.sluice_port, 500); }, kReadyMs);
+  }
+  if (need_redis) {
+    wait_ready(
+        s.redis, [&] { return bench::redis_probe(s.redis_port, 500); }, kReadyMs);
+    std::string reply;
+    if (std::string e =
+            bench::redis_command(s.redis_port, {"SCRIPT", "LOAD", bench::kSeed003Script}, reply);
+        !e.empty() || reply.size() != 41) {
+      throw std::runtime_error("redis SCRIPT LOAD: " + (e.empty() ? reply : e));
+    }
+    s.lua_sha = reply.substr(1);
+    if (bench::redis_command(s.redis_port, {"INFO", "server"}, reply).empty()) {
+      const size_t p = reply.find("redis_version:");
+      if (p != std::string::npos) {
+        s.redis_version = reply.substr(p + 14, reply.find_first_of("\r\n", p) - p - 14);
+      }
+    }
+  }
+  if (need_memcached) {
+    wait_ready(
+        s.memcached,
+        [&] { return bench::memcached_probe(s.memcached_port, 500, &s.memcached_version); },
+        kReadyMs);
+  }
+}
+
+std::string fmt_num(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+// ---- sluiced and kernel counters around a row ---------------------------------------------------
+
+using Counters = std::map<std::string, double>;
+
+// The sluiced metrics this report cares about (sum over label sets where there are several).
+Counters sluiced_metrics(uint16_t admin_port) {
+  Counters c;
+  std::string body;
+  if (!bench::http_get(admin_port, "/metrics", body).empty()) return c;
+  std::istringstream in(body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    if (sp == std::string::npos) continue;
+    std::string name = line.substr(0, sp);
+    const double v = std::strtod(line.c_str() + sp + 1, nullptr);
+    for (const char* keep :
+         {"sluice_dropped_datagrams_total", "sluice_rejected_requests_total",
+          "sluice_bad_frames_total", "sluice_rejected_checks_total", "sluice_no_room_total",
+          "sluice_checks_total", "sluice_requests_total{transport=\"udp\"}",
+          "sluice_requests_total{transport=\"tcp\"}", "sluice_evictions_total"}) {
+      if (name == keep || (name.starts_with(keep) && name[std::strlen(keep)] == '{')) {
+        c[keep] += v;
+      }
+    }
+  }
+  return c;
+}
+
+// Kernel-wide UDP counters from /proc/net/snmp (receive-buffer overflows drop datagrams).
+Counters udp_snmp() {
+  Counters c;
+  std::ifstream in("/proc/net/snmp");
+  std::string names, values;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with("Udp: ")) continue;
+    if (names.empty()) {
+      names = line;
+    } else {
+      values = line;
+      break;
+    }
+  }
+  std::istringstream n(names), v(values);
+  std::string key, val;
+  n >> key;
+  v >> val;
+  while (n >> key && v >> val)
+    c[key] = std::strtod(val.c_str(), nullptr);
+  return c;
+}
+
+// CPU seconds (user + system) used so far by a child (all its threads), or by this process.
+double child_cpu_s(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream f(stat.substr(close + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  // Fields after the name start at 3 (state); utime is 14, stime 15.
+  for (int i = 3; i <= 15 && f >> field; ++i) {
+    if (i == 14) utime = std::strtod(field.c_str(), nullptr);
+    if (i == 15) stime = std::strtod(field.c_str(), nullptr);
+  }
+  return (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// CPU seconds every CPU of the machine spent busy so far (/proc/stat: all but idle and iowait).
+double machine_busy_s() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  in >> cpu;
+  double v[10] = {};
+  for (double& x : v)
+    in >> x;
+  const double total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+  return (total - v[3] - v[4]) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+double self_cpu_s() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
+
+double delta(const Counters& before, const Counters& after, const std::string& k) {
+  const auto a = after.find(k);
+  const auto b = before.find(k);
+  return (a == after.end() ? 0 : a->second) - (b == before.end() ? 0 : b->second);
+}
+
+// ---- rows -------------------------------------------------------------------------------------
+
+struct RowResult {
+  RowDef def;
+  std::string inflight;  // "16 conn x 32 frames" ...
+  double offered_rate = 0;
+  bench::RowStats stats;
+  std::string notes;
+  std::string error;        // the row could not run
+  double gen_cores = 0;     // CPU used by the generator over the row, in cores
+  double server_cores = 0;  // CPU used by the server under test over the row, in cores
+  double other_cores = 0;   // CPU used by everything else on the machine (other work, kernel)
+  double checks_per_sec() const {
+    return stats.seconds > 0 ? static_cast<double>(stats.checks) / stats.seconds : 0;
+  }
+  double us(double q) const { return static_cast<double>(stats.latency.quantile_ns(q)) / 1000.0; }
+  // UDP: send -> the answer's arrival at the generator's socket (kernel timestamp).
+  double arrival_us(double q) const {
+    return static_cast<double>(stats.arrival.quantile_ns(q)) / 1000.0;
+  }
+};
+
+RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::Keyspace& keys,
+                  double rate) {
+  RowResult r;
+  r.def = def;
+  r.offered_rate = rate;
+  bench::DriveOptions d;
+  d.threads = o.gen_threads;
+  d.batch = def.batch;
+  d.rate = rate;
+  d.warmup_s = o.warmup;
+  d.seconds = o.seconds;
+  d.keys = o.keys;
+  d.zipf = o.zipf;
+  bench::ConnFactory factory;
+  std::string bs = std::to_string(def.batch);
+
+  switch (def.kind) {
+    case Kind::kSluiceUdp: {
+      bench::SluiceConnOptions so;
+      so.port = s.sluice_port;
+      so.batch = def.batch;
+      so.window = def.batch == 1 ? o.udp_window : o.udp_batch_window;
+      so.udp_room_per_check = o.udp_room;
+      so.keys = &keys;
+      d.conns = o.udp_sockets;
+      r.inflight =
+          std::to_string(d.conns) + " sock x " + std::to_string(so.window) + " dgram of " + bs;
+      factory = [so](bench::ThreadContext& ctx) { return bench::make_sluice_udp(so, ctx); };
+      break;
+    }
+    case Kind::kSluiceTcp: {
+      bench::SluiceConnOptions so;
+      so.port = s.sluice_port;
+      so.batch = def.batch;
+      // Single checks: many frames in flight per connection. Batches: as many frames of `batch`
+      // checks per connection as Redis pipelined by `batch` has groups (--batch-depth).
+      so.window = def.batch == 1 ? o.depth : o.batch_depth;
+      so.keys = &keys;
+      d.conns = o.connections;
+      r.inflight =
+          std::to_string(d.conns) + " conn x " + std::to_string(so.window) + " frame of " + bs;
+      factory = [so](bench::ThreadContext& ctx) { return bench::make_sluice_tcp(so, ctx); };
+      break;
+    }
+    case Kind::kRedisLua:
+    case Kind::kRedisHash:
+    case Kind::kRedisIncr: {
+      std::string reply;
+      if (std::string e = bench::redis_command(s.redis_port, {"FLUSHALL"}, reply); !e.empty()) {
+        throw std::runtime_error("redis FLUSHALL: " + e);
+      }
+      if (def.kind == Kind::kRedisHash) {
+        if (std::string e = bench::redis_preload_minutes(s.redis_port, keys, bench::epoch_ms());
+            !e.empty()) {
+          throw std::runtime_error("redis preload: " + e);
+        }
+      }
+      bench::RedisConnOptions ro;
+      ro.port = s.redis_port;
+      ro.batch = def.batch;
+      // Unpipelined: one command (group) at a time; pipelined: --batch-depth groups of `batch`.
+      ro.window = def.batch == 1 ? 1 : o.batch_depth;
+      ro.scheme = def.kind == Kind::kRedisLua    ? bench::RedisScheme::kLuaLog
+                  : def.kind == Kind::kRedisHash ? bench::RedisScheme::kHashMinutes
+                                                 : bench::RedisScheme::kIncr;
+      ro.lua_sha = s.lua_sha;
+      ro.limit = kLimit;
+      ro.keys = &keys;
+      d.conns = o.connections;
+      r.inflight = std::to_string(d.conns) + " conn x " + std::to_string(ro.window) + " group of " +
+                   bs + " check" + (def.batch == 1 ? "" : "s");
+      if (def.kind == Kind::kRedisHash) r.inflight += " (3 cmd each)";
+      factory = [ro](bench::ThreadContext& ctx) { return bench::make_redis(ro, ctx); };
+      break;
+    }
+    case Kind::kMemcached: {
+      if (std::string e = bench::memcached_flush_all(s.memcached_port); !e.empty()) {
+        throw std::runtime_error("memcached flush_all: " + e);
+      }
+      if (std::string e =
+              bench::memcached_preload_previous(s.memcached_port, keys, bench::epoch_ms());
+          !e.empty()) {
+        throw std::runtime_error("memcached preload: " + e);
+      }
+      bench::MemcachedConnOptions mo;
+      mo.port = s.memcached_port;
+      mo.limit = kLimit;
+      mo.keys = &keys;
+      d.conns = o.connections;
+      r.inflight = std::to_string(d.conns) + " conn x 1 check (2 round trips)";
+      factory = [mo](bench::ThreadContext& ctx) { return bench::make_memcached(mo, ctx); };
+      break;
+    }
+  }
+
+  const bool sluiced = def.server == Server::kSluiced;
+  const Counters m0 = sluiced ? sluiced_metrics(s.admin_port) : Counters{};
+  const pid_t server_pid = def.server == Server::kSluiced ? s.sluiced.pid()
+                           : def.server == Server::kRedis ? s.redis.pid()
+                                                          : s.memcached.pid();
+  const Counters k0 = udp_snmp();
+  const double g0 = self_cpu_s(), c0 = child_cpu_s(server_pid), m0b = machine_busy_s();
+  const int64_t w0 = bench::now_ns();
+  r.stats = bench::drive(d, factory);
+  const double wall = static_cast<double>(bench::now_ns() - w0) * 1e-9;
+  r.gen_cores = (self_cpu_s() - g0) / wall;
+  r.server_cores = (child_cpu_s(server_pid) - c0) / wall;
+  r.other_cores = std::max(0.0, (machine_busy_s() - m0b) / wall - r.gen_cores - r.server_cores);
+  const Counters k1 = udp_snmp();
+  const Counters m1 = sluiced ? sluiced_metrics(s.admin_port) : Counters{};
+
+  std::string notes;
+  auto add = [&](const std::string& what, double v) {
+    if (v <= 0) return;
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s%s %.0f", notes.empty() ? "" : ", ", what.c_str(), v);
+    notes += buf;
+  };
+  const bench::RowStats& st = r.stats;
+  add("errors", static_cast<double>(st.errors));
+  add("denied", static_cast<double>(st.denied));
+  add("lost", static_cast<double>(st.lost));
+  add("late", static_cast<double>(st.late_answers));
+  add("send-EAGAIN", static_cast<double>(st.send_failures));
+  add("conn-failures", static_cast<double>(st.conn_failures));
+  add("unsent", static_cast<double>(st.unsent));
+  if (st.arrival.count() > 0) {
+    notes += std::string(notes.empty() ? "" : ", ") + "at-socket p50/p99/p99.9 us " +
+             fmt_num(r.arrival_us(0.5), 1) + "/" + fmt_num(r.arrival_us(0.99), 1) + "/" +
+             fmt_num(r.arrival_us(0.999), 1);
+  }
+  if (rate > 0 && st.send_lag.count() > 0) {
+    add("send-lag-p99-us", static_cast<double>(st.send_lag.quantile_ns(0.99)) / 1000.0);
+  }
+  if (def.transport == "udp") {
+    add("kernel-udp-rcvbuf-drops", delta(k0, k1, "RcvbufErrors"));
+    add("kernel-udp-sndbuf-drops", delta(k0, k1, "SndbufErrors"));
+  }
+  if (sluiced) {
+    add("sluiced-dropped", delta(m0, m1, "sluice_dropped_datagrams_total"));
+    add("sluiced-rejected-req", delta(m0, m1, "sluice_rejected_requests_total"));
+    add("sluiced-rejected-checks", delta(m0, m1, "sluice_rejected_checks_total"));
+    add("sluiced-bad-frames", delta(m0, m1, "sluice_bad_frames_total"));
+    add("sluiced-no-room", delta(m0, m1, "sluice_no_room_total"));
+  }
+  if (!st.first_error.empty())
+    notes += (notes.empty() ? "" : "; ") + ("first error: " + st.first_error);
+  r.notes = notes;
+  return r;
+}
+
+// ---- output -----------------------------------------------------------------------------------
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("model name")) {
+      const size_t p = line.find(':');
+      return p == std::string::npos ? "" : line.substr(p + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+const RowResult* find_row(const std::vector<RowResult>& rows, const std::string& name) {
+  for (const RowResult& r : rows) {
+    if (r.def.name == name && r.error.empty()) return &r;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  bench::install_stop_signals();
+  std::vector<RowDef> rows;
+  for (const RowDef& r : all_rows(o)) {
+    if (selected(o, r.name)) rows.push_back(r);
+  }
+  if (o.list) {
+    for (const RowDef& r : all_rows(o))
+      std::printf("%s\n", r.name.c_str());
+    return 0;
+  }
+  const std::string udp_single = "sluiced-udp-single";
+  if (rows.empty() && !o.half_rate) usage("--only selects no row (see --list)");
+
+  bool need_sluiced = o.half_rate, need_redis = false, need_memcached = false;
+  for (const RowDef& r : rows) {
+    need_sluiced |= r.server == Server::kSluiced;
+    need_redis |= r.server == Server::kRedis;
+    need_memcached |= r.server == Server::kMemcached;
+  }
+
+  std::vector<RowResult> results;
+  std::optional<RowResult> half;
+  std::string sluiced_report;
+  bool interrupted = false;
+  try {
+    Servers s;
+    start_servers(o, need_sluiced, need_redis, need_memcached, s);
+    const bench::Keyspace keys(o.keys);
+
+    std::fprintf(stderr, "sluice-bench-load: servers up (%s%s%s), %zu row(s) of %.1f s\n",
+                 need_sluiced ? "sluiced " : "", need_redis ? "redis " : "",
+                 need_memcached ? "memcached" : "", rows.size() + (o.half_rate ? 1 : 0),
+                 o.seconds + o.warmup);
+    for (const RowDef& def : rows) {
+      if (bench::stop_requested()) break;
+      std::fprintf(stderr, "  %-22s ...", def.name.c_str());
+      std::fflush(stderr);
+      RowResult r;
+      try {
+        r = run_row(o, def, s, keys, o.rate);
+      } catch (const std::exception& e) {
+        r.def = def;
+        r.error = e.what();
+      }
+      if (bench::stop_requested()) {
+        std::fprintf(stderr, " interrupted\n");
+      } else if (r.error.empty()) {
+        std::fprintf(stderr, " %.0f checks/s, p99 %.0f us\n", r.checks_per_sec(), r.us(0.99));
+      } else {
+        std::fprintf(stderr, " failed: %s\n", r.error.c_str());
+      }
+      results.push_back(std::move(r));
+    }
+    if (o.half_rate && !bench::stop_requested()) {
+      const RowResult* max = find_row(results, udp_single);
+      RowResult measured;
+      if (max == nullptr) {
+        std::fprintf(stderr, "  %-22s ...", "sluiced-udp-single (max)");
+        measured = run_row(o, all_rows(o)[0], s, keys, 0);
+        std::fprintf(stderr, " %.0f checks/s\n", measured.checks_per_sec());
+        results.push_back(measured);
+        max = &results.back();
+      }
+      const double rate = max->checks_per_sec() / 2;
+      std::fprintf(stderr, "  %-22s ... at %.0f checks/s", "sluiced-udp-single@half", rate);
+      RowDef def = all_rows(o)[0];
+      def.name = "sluiced-udp-single@half";
+      def.target = "sluiced-half-rate";
+      half = run_row(o, def, s, keys, rate);
+      std::fprintf(stderr, " p99 %.0f us\n", half->us(0.99));
+    }
+    interrupted = bench::stop_requested();
+    if (s.sluiced.pid() > 0 && !s.sluiced.running()) {
+      sluiced_report = "sluiced exited during the run (" + s.sluiced.exit_status() + "); log:\n" +
+                       bench::file_tail(s.sluiced.log_path());
+    }
+    // Servers stop here (destructors), before printing.
+    std::string log = s.sluiced.pid() > 0 ? s.sluiced.log_path() : "";
+    s.sluiced.stop();
+    if (!log.empty()) {
+      const std::string tail = bench::file_tail(log, 1500);
+      if (!tail.empty()) sluiced_report += "sluiced log (warn and above):\n" + tail;
+    }
+    s.redis.stop();
+    s.memcached.stop();
+    std::fprintf(stderr, "sluice-bench-load: servers stopped (redis %s, memcached %s)\n",
+                 s.redis_version.empty() ? "-" : s.redis_version.c_str(),
+                 s.memcached_version.empty() ? "-" : s.memcached_version.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sluice-bench-load: %s\n", e.what());
+    return 1;
+  }
+  if (interrupted) {
+    std::fprintf(stderr, "sluice-bench-load: interrupted; servers stopped\n");
+    return 130;
+  }
+
+  // ---- the report ----
+  char date[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M", std::localtime(&t));
+  const unsigned cpus = std::thread::hardware_concurrency();
+  std::printf("# sluice-bench-load, %s\n\n", date);
+  std::printf(
+      "machine: %u CPUs (%s). Generator (%u thread%s) and the server under test share them:\n"
+      "every figure includes the generator's own CPU use. One target at a time.\n",
+      cpus, cpu_model().c_str(), o.gen_threads, o.gen_threads == 1 ? "" : "s");
+  std::printf(
+      "servers: sluiced --threads %u; redis-server (single-threaded); memcached -t 2.\n"
+      "load: %u keys %s, %s, %.1f s per row after %.1f s warm-up; every check allowed "
+      "(limit %" PRIu64
+      "/min).\n"
+      "sluiced UDP requests padded as libsluice does (64 + %u bytes per check).\n\n",
+      o.server_threads, o.keys, o.zipf ? "zipf(0.99)" : "uniform",
+      o.rate > 0 ? ("open loop at " + fmt_num(o.rate, 0) + " checks/s").c_str()
+                 : "closed loop (as fast as answers come back)",
+      o.seconds, o.warmup, kLimit, o.udp_room);
+
+  std::vector<const RowResult*> table;
+  for (const RowResult& r : results)
+    table.push_back(&r);
+  if (half) table.push_back(&*half);
+  std::printf(
+      "| row | target | transport | batch | in flight | checks/s | p50 us | p99 us | "
+      "p99.9 us | cpu gen/srv/other | notes |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const RowResult* r : table) {
+    if (!r->error.empty()) {
+      std::printf("| %s | %s | %s | %u | | failed | | | | | %s |\n", r->def.name.c_str(),
+                  r->def.target.c_str(), r->def.transport.c_str(), r->def.batch, r->error.c_str());
+      continue;
+    }
+    std::string inflight = r->inflight;
+    if (r->offered_rate > 0) inflight += ", offered " + fmt_num(r->offered_rate, 0) + "/s";
+    const std::string cpu = fmt_num(r->gen_cores, 2) + "/" + fmt_num(r->server_cores, 2) + "/" +
+                            fmt_num(r->other_cores, 2);
+    std::printf("| %s | %s | %s | %u | %s | %s | %s | %s | %s | %s | %s |\n", r->def.name.c_str(),
+                r->def.target.c_str(), r->def.transport.c_str(), r->def.batch, inflight.c_str(),
+                fmt_num(r->checks_per_sec(), 0).c_str(), fmt_num(r->us(0.5), 1).c_str(),
+                fmt_num(r->us(0.99), 1).c_str(), fmt_num(r->us(0.999), 1).c_str(), cpu.c_str(),
+                r->notes.empty() ? "" : r->notes.c_str());
+  }
+
+  // Ratios: each Sluice row against the baselines of the same shape.
+  const std::string b = std::to_string(o.batch);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> pairs = {
+      {"sluiced-udp-single",
+       {"redis-lua-single", "redis-hash-single", "memcached-single", "redis-incr-single"}},
+      {"sluiced-tcp-single",
+       {"redis-lua-single", "redis-hash-single", "memcached-single", "redis-incr-single"}},
+      {"sluiced-udp-batch" + b,
+       {"redis-lua-pipe" + b, "redis-hash-pipe" + b, "redis-incr-pipe" + b}},
+      {"sluiced-tcp-batch" + b,
+       {"redis-lua-pipe" + b, "redis-hash-pipe" + b, "redis-incr-pipe" + b}},
+  };
+  std::printf("\n## Sluice vs baselines (checks/s)\n\n");
+  bool any = false;
+  for (const auto& [mine, theirs] : pairs) {
+    const RowResult* a = find_row(results, mine);
+    if (a == nullptr) continue;
+    for (const std::string& other : theirs) {
+      const RowResult* c = find_row(results, other);
+      if (c == nullptr || c->checks_per_sec() <= 0) continue;
+      std::printf("%s vs %s: %.2fx\n", mine.c_str(), other.c_str(),
+                  a->checks_per_sec() / c->checks_per_sec());
+      any = true;
+    }
+  }
+  if (!any) std::printf("(no pair of rows ran)\n");
+
+  // The issue's targets, judged on this run only.
+  std::printf("\n## Targets (this run)\n\n");
+  auto judge_ratio = [&](const std::string& mine, const std::string& other, double want) {
+    const RowResult* a = find_row(results, mine);
+    const RowResult* c = find_row(results, other);
+    if (a == nullptr || c == nullptr || c->checks_per_sec() <= 0) {
+      std::printf("- %s >= %.1fx %s: not measured\n", mine.c_str(), want, other.c_str());
+      return;
+    }
+    const double ratio = a->checks_per_sec() / c->checks_per_sec();
+    std::printf("- %s >= %.1fx %s: %.2fx, %s\n", mine.c_str(), want, other.c_str(), ratio,
+                ratio >= want ? "MET" : "NOT MET");
+  };
+  judge_ratio(udp_single, "redis-lua-single", 3.0);
+  judge_ratio(udp_single, "redis-incr-single", 1.5);
+  if (half) {
+    const double p99 = half->us(0.99);
+    std::printf(
+        "- p99 <= 200 us at half the max rate (sluiced udp single at %.0f checks/s "
+        "offered, %.0f answered/s): p99 %.1f us, %s (answers' arrival at the generator's "
+        "socket: p99 %.1f us)\n",
+        half->offered_rate, half->checks_per_sec(), p99, p99 <= 200 ? "MET" : "NOT MET",
+        half->arrival_us(0.99));
+  } else {
+    std::printf("- p99 <= 200 us at half the max rate: not measured (run with --half-rate)\n");
+  }
+  for (const std::string& row : {"sluiced-udp-batch" + b, "sluiced-tcp-batch" + b}) {
+    const RowResult* a = find_row(results, row);
+    if (a == nullptr) {
+      std::printf("- %s >= 1M checks/s: not measured\n", row.c_str());
+    } else {
+      std::printf("- %s >= 1M checks/s: %.0f, %s\n", row.c_str(), a->checks_per_sec(),
+                  a->checks_per_sec() >= 1e6 ? "MET" : "NOT MET");
+    }
+    judge_ratio(row, "redis-incr-pipe" + b, 1.0);
+  }
+  if (!sluiced_report.empty())
+    std::printf("\n## sluiced\n\n```\n%s\n```\n", sluiced_report.c_str());
+
+  if (o.json) {
+    std::string j = "{\"rows\":[";
+    bool first = true;
+    for (const RowResult* r : table) {
+      if (!r->error.empty()) continue;
+      j += first ? "" : ",";
+      first = false;
+      j += "{\"target\":\"" + json_escape(r->def.target) + "\",\"transport\":\"" +
+           r->def.transport + "\",\"batch\":" + std::to_string(r->def.batch) +
+           ",\"checks_per_sec\":" + fmt_num(r->checks_per_sec(), 0) +
+           ",\"p50_us\":" + fmt_num(r->us(0.5), 1) + ",\"p99_us\":" + fmt_num(r->us(0.99), 1) +
+           ",\"p999_us\":" + fmt_num(r->us(0.999), 1) + "}";
+    }
+    j += "]}";
+    std::printf("%s\n", j.c_str());
+  }
+  return 0;
+}
