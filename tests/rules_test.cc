@@ -15,53 +15,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-// Counts heap allocations so a test can show that a warm resolve() allocates nothing. Every
-// replaceable form of new/delete that pairs with these is replaced, so sanitizers see malloc/free
-// on both sides. malloc and free sit behind out-of-line helpers: once inlined, g++ -O3 would see
-// free() of a pointer from operator new and warn (-Wmismatched-new-delete).
-namespace {
-size_t g_allocations = 0;
-
-[[gnu::noinline]] void* counted_malloc(size_t n) noexcept {
-  ++g_allocations;
-  return std::malloc(n == 0 ? 1 : n);
-}
-[[gnu::noinline]] void counted_free(void* p) noexcept {
-  std::free(p);
-}
-}  // namespace
-
-void* operator new(size_t n) {
-  if (void* p = counted_malloc(n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](size_t n) {
-  return ::operator new(n);
-}
-void* operator new(size_t n, const std::nothrow_t&) noexcept {
-  return counted_malloc(n);
-}
-void* operator new[](size_t n, const std::nothrow_t&) noexcept {
-  return counted_malloc(n);
-}
-void operator delete(void* p) noexcept {
-  counted_free(p);
-}
-void operator delete[](void* p) noexcept {
-  counted_free(p);
-}
-void operator delete(void* p, size_t) noexcept {
-  counted_free(p);
-}
-void operator delete[](void* p, size_t) noexcept {
-  counted_free(p);
-}
-void operator delete(void* p, const std::nothrow_t&) noexcept {
-  counted_free(p);
-}
-void operator delete[](void* p, const std::nothrow_t&) noexcept {
-  counted_free(p);
-}
+#include "alloc_counter.h"  // this binary counts its heap allocations
 
 using namespace sluice::rules;
 using sluice::window::Estimator;
@@ -1139,9 +1093,10 @@ TEST_CASE("a warm resolve allocates nothing") {
   Overrides ov;
   REQUIRE(ov.set(Override{
               "oauth", {{"client_id", "shop-17"}}, {limit_of(5000, kMin)}, "", {}, 0}) == "");
-  const size_t before_compile = g_allocations;
+  const size_t before_compile = sluice::testing::allocations();
   auto p = compile_text(seeds_text(), ov);
-  CHECK(g_allocations > before_compile);  // the counter does see the library's allocations
+  CHECK(sluice::testing::allocations() >
+        before_compile);  // the counter does see the library's allocations
   const std::vector<Descriptor> oauth{{"grant_type", "client_credentials"},
                                       {"client_id", "shop-17"}};
   const std::vector<Descriptor> dns{{"ip", "1.2.3.4"}, {"user", "7"}, {"plan", "starter"}};
@@ -1153,7 +1108,7 @@ TEST_CASE("a warm resolve allocates nothing") {
   Resolution out;
   out.rules.reserve(64);
   out.limits.reserve(64);
-  const size_t before = g_allocations;
+  const size_t before = sluice::testing::allocations();
   for (int i = 0; i < 100; ++i) {
     out.clear();
     p->resolve({"oauth", oauth}, kNow, out);
@@ -1162,7 +1117,7 @@ TEST_CASE("a warm resolve allocates nothing") {
     p->resolve({"oauth", long_key}, kNow, out);
     p->resolve({"unknown", dns}, kNow, out);
   }
-  CHECK(g_allocations == before);
+  CHECK(sluice::testing::allocations() == before);
   CHECK(out.rules.size() == 4);  // per-client, per-ip, per-user, token-per-user
 }
 

@@ -27,25 +27,7 @@
 
 #include "check.capnp.h"
 
-// ---- allocation counting: every operator new in this binary goes through here -----------------
-
-namespace {
-std::atomic<uint64_t> g_news{0};
-}  // namespace
-
-// noinline: g++ -O3 would otherwise inline free() into callers that it sees pairing `new` with
-// `free` and report -Wmismatched-new-delete.
-[[gnu::noinline]] void* operator new(std::size_t n) {
-  g_news.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-[[gnu::noinline]] void operator delete(void* p) noexcept {
-  std::free(p);
-}
-[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
+#include "alloc_counter.h"  // this binary counts its heap allocations
 
 namespace {
 
@@ -1014,18 +996,18 @@ TEST_CASE("once warm, decoding requests and encoding and decoding answers alloca
   encode_answer(1, Code::kOk, decisions, 0, out);
   REQUIRE(decode_answer(out, a) == Code::kOk);
 
-  uint64_t before = g_news.load();
+  uint64_t before = sluice::testing::allocations();
   for (int i = 0; i < 50; ++i)
     REQUIRE(d.decode(i % 2 ? small : big) == Code::kOk);
-  CHECK(g_news.load() - before == 0);
-  before = g_news.load();
+  CHECK(sluice::testing::allocations() - before == 0);
+  before = sluice::testing::allocations();
   for (int i = 0; i < 50; ++i)
     encode_answer(1, Code::kOk, decisions, 0, out);
-  CHECK(g_news.load() - before == 0);
-  before = g_news.load();
+  CHECK(sluice::testing::allocations() - before == 0);
+  before = sluice::testing::allocations();
   for (int i = 0; i < 50; ++i)
     REQUIRE(decode_answer(out, a) == Code::kOk);
-  CHECK(g_news.load() - before == 0);
+  CHECK(sluice::testing::allocations() - before == 0);
 }
 
 // ==== names ======================================================================================
