@@ -247,7 +247,7 @@ TEST_CASE("modes, consistency and check errors have stable names") {
   CHECK(to_string(Consistency::kGossip) == "gossip");
   CHECK(to_string(CheckError::kNone) == "none");
   CHECK(to_string(CheckError::kUnknownDomain) == "unknown_domain");
-  CHECK(to_string(CheckError::kDuplicateDescriptor) == "duplicate_descriptor");
+  CHECK(to_string(CheckError::kDuplicateDescriptor) == "duplicate_entry");
 }
 
 // ---- the seeds' scenarios ---------------------------------------------------------------------

@@ -175,13 +175,13 @@ std::string_view to_string(CheckError e) {
     case CheckError::kUnknownDomain:
       return "unknown_domain";
     case CheckError::kTooManyDescriptors:
-      return "too_many_descriptors";
+      return "too_many_entries";
     case CheckError::kEntryTooLong:
       return "entry_too_long";
     case CheckError::kEmptyDescriptorKey:
-      return "empty_descriptor_key";
+      return "empty_entry_key";
     case CheckError::kDuplicateDescriptor:
-      return "duplicate_descriptor";
+      return "duplicate_entry";
     case CheckError::kHitsTooLarge:
       return "hits_too_large";
   }
