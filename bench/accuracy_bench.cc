@@ -49,6 +49,7 @@
 
 #include "engine/engine.h"
 #include "exact_log.h"
+#include "json_rows.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
 #include "traces.h"
@@ -316,24 +317,19 @@ void print_table(const Options& opt, const std::vector<Row>& rows) {
 }
 
 void print_json(const std::vector<Row>& rows) {
-  std::string s = "{\"rows\":[";
-  char buf[512];
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    std::snprintf(buf, sizeof buf,
-                  "%s{\"trace\":\"%s\",\"window_s\":%" PRId64
-                  ",\"mode\":\"%s\",\"counting\":\"%s\",\"bucket_ms\":%" PRId64
-                  ",\"requests\":%" PRIu64
-                  ",\"wrongly_allowed_pct\":%.6g,\"wrongly_denied_pct\":%.6g"
-                  ",\"max_window_over_limit\":%.6g}",
-                  i == 0 ? "" : ",", r.trace.c_str(), r.window_ms / 1000,
-                  std::string(window::to_string(r.mode)).c_str(), r.count_all ? "all" : "admitted",
-                  r.bucket_ms, r.requests, pct(r.wrongly_allowed, r.requests),
-                  pct(r.wrongly_denied, r.requests), r.max_window_over_limit);
-    s += buf;
+  nlohmann::json out = nlohmann::json::array();
+  for (const Row& r : rows) {
+    out.push_back({{"trace", r.trace},
+                   {"window_s", r.window_ms / 1000},
+                   {"mode", window::to_string(r.mode)},
+                   {"counting", r.count_all ? "all" : "admitted"},
+                   {"bucket_ms", r.bucket_ms},
+                   {"requests", r.requests},
+                   {"wrongly_allowed_pct", pct(r.wrongly_allowed, r.requests)},
+                   {"wrongly_denied_pct", pct(r.wrongly_denied, r.requests)},
+                   {"max_window_over_limit", r.max_window_over_limit}});
   }
-  s += "]}";
-  std::printf("%s\n", s.c_str());
+  sluice::bench::print_json_rows(out);
 }
 
 }  // namespace

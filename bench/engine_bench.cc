@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "json_rows.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
 #include "traces.h"
@@ -338,20 +339,16 @@ void print_table(const Options& opt, const std::vector<Row>& rows) {
 }
 
 void print_json(const std::vector<Row>& rows) {
-  std::string s = "{\"rows\":[";
-  char buf[384];
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    std::snprintf(buf, sizeof buf,
-                  "%s{\"keys\":%" PRIu64
-                  ",\"distribution\":\"%s\",\"checks_per_sec\":%.0f,\"bytes_per_key\":%.2f"
-                  ",\"rss_bytes_per_key\":%.2f,\"table_bytes_per_key\":%.2f}",
-                  i == 0 ? "" : ",", r.keys, r.dist.c_str(), r.checks_per_sec, r.bytes_per_key,
-                  r.rss_bytes_per_key, r.table_bytes_per_key);
-    s += buf;
+  nlohmann::json out = nlohmann::json::array();
+  for (const Row& r : rows) {
+    out.push_back({{"keys", r.keys},
+                   {"distribution", r.dist},
+                   {"checks_per_sec", r.checks_per_sec},
+                   {"bytes_per_key", r.bytes_per_key},
+                   {"rss_bytes_per_key", r.rss_bytes_per_key},
+                   {"table_bytes_per_key", r.table_bytes_per_key}});
   }
-  s += "]}";
-  std::printf("%s\n", s.c_str());
+  sluice::bench::print_json_rows(out);
 }
 
 }  // namespace

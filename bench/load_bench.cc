@@ -51,6 +51,7 @@
 #include <thread>
 #include <vector>
 
+#include "json_rows.h"
 #include "load/driver.h"
 #include "load/process.h"
 #include "load/targets.h"
@@ -629,15 +630,6 @@ RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::
 
 // ---- output -----------------------------------------------------------------------------------
 
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (const char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);) {
@@ -869,20 +861,18 @@ int main(int argc, char** argv) {
     std::printf("\n## sluiced\n\n```\n%s\n```\n", sluiced_report.c_str());
 
   if (o.json) {
-    std::string j = "{\"rows\":[";
-    bool first = true;
+    nlohmann::json json_rows = nlohmann::json::array();
     for (const RowResult* r : table) {
       if (!r->error.empty()) continue;
-      j += first ? "" : ",";
-      first = false;
-      j += "{\"target\":\"" + json_escape(r->def.target) + "\",\"transport\":\"" +
-           r->def.transport + "\",\"batch\":" + std::to_string(r->def.batch) +
-           ",\"checks_per_sec\":" + fmt_num(r->checks_per_sec(), 0) +
-           ",\"p50_us\":" + fmt_num(r->us(0.5), 1) + ",\"p99_us\":" + fmt_num(r->us(0.99), 1) +
-           ",\"p999_us\":" + fmt_num(r->us(0.999), 1) + "}";
+      json_rows.push_back({{"target", r->def.target},
+                           {"transport", r->def.transport},
+                           {"batch", r->def.batch},
+                           {"checks_per_sec", r->checks_per_sec()},
+                           {"p50_us", r->us(0.5)},
+                           {"p99_us", r->us(0.99)},
+                           {"p999_us", r->us(0.999)}});
     }
-    j += "]}";
-    std::printf("%s\n", j.c_str());
+    bench::print_json_rows(json_rows);
   }
   return 0;
 }
