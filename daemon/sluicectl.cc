@@ -11,7 +11,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/client.h"
@@ -118,8 +120,15 @@ int print_result(const sluice::Result& r, const std::string& server, bool as_jso
   return r.allowed ? kAllowed : kDenied;
 }
 
-// GET http://admin/path; returns the body, or an empty optional with the error printed.
-std::optional<std::string> http_get(const std::string& admin, const std::string& path) {
+struct HttpReply {
+  unsigned status = 0;
+  std::string body;
+};
+
+// One request to the admin port; nullopt (with the error printed) when it cannot be made.
+std::optional<HttpReply> http_call(const std::string& admin, http::verb verb,
+                                   const std::string& path, const std::string& body = "",
+                                   int timeout_s = 30) {
   const auto colon = admin.rfind(':');
   if (colon == std::string::npos) {
     std::fprintf(stderr, "sluicectl: --admin '%s' is not host:port\n", admin.c_str());
@@ -131,36 +140,266 @@ std::optional<std::string> http_get(const std::string& admin, const std::string&
     boost::asio::io_context io;
     boost::asio::ip::tcp::resolver resolver(io);
     boost::beast::tcp_stream stream(io);
-    stream.expires_after(std::chrono::seconds(5));
+    stream.expires_after(std::chrono::seconds(timeout_s));
     stream.connect(resolver.resolve(host, admin.substr(colon + 1)));
-    http::request<http::empty_body> req{http::verb::get, path, 11};
+    http::request<http::string_body> req{verb, path, 11};
     req.set(http::field::host, host);
+    if (verb == http::verb::post) {
+      req.set(http::field::content_type, "application/json");
+      req.body() = body;
+      req.prepare_payload();
+    }
     http::write(stream, req);
     boost::beast::flat_buffer buf;
     http::response<http::string_body> res;
     http::read(stream, buf, res);
-    if (res.result() != http::status::ok) {
-      std::fprintf(stderr, "sluicectl: %s%s answered %u\n", admin.c_str(), path.c_str(),
-                   res.result_int());
-      return std::nullopt;
-    }
-    return res.body();
+    return HttpReply{res.result_int(), res.body()};
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sluicectl: %s: %s\n", admin.c_str(), e.what());
     return std::nullopt;
   }
 }
 
-int run_status(const std::string& admin, bool as_json) {
-  const auto body = http_get(admin, "/v1/status");
-  if (!body) return kError;
-  if (as_json) {
-    std::printf("%s\n", body->c_str());
-    return kAllowed;
-  }
+// The parsed JSON of a 200 answer; otherwise prints the node's error and returns nullopt.
+// `not_found` is set (and nothing printed) for a 404 when the caller asks for it.
+std::optional<json> call_json(const std::string& admin, http::verb verb, const std::string& path,
+                              const json& body = nullptr, bool* not_found = nullptr) {
+  const auto r = http_call(admin, verb, path, body.is_null() ? "" : body.dump());
+  if (!r) return std::nullopt;
   json j;
   try {
-    j = json::parse(*body);
+    j = json::parse(r->body);
+  } catch (const std::exception&) {
+    std::fprintf(stderr, "sluicectl: %s%s answered %u with a body that is not JSON\n",
+                 admin.c_str(), path.c_str(), r->status);
+    return std::nullopt;
+  }
+  if (r->status == 404 && not_found != nullptr) {
+    *not_found = true;
+    return std::nullopt;
+  }
+  if (r->status != 200) {
+    const std::string msg = j.contains("error") && j["error"].is_string()
+                                ? j["error"].get<std::string>()
+                                : r->body;
+    std::fprintf(stderr, "sluicectl: %s (HTTP %u from %s)\n", msg.c_str(), r->status,
+                 admin.c_str());
+    return std::nullopt;
+  }
+  return j;
+}
+
+// Splits key=value arguments into a JSON object; false (printed) on a malformed one.
+bool descriptors_json(const std::vector<std::string>& pairs, json& out) {
+  out = json::object();
+  for (const auto& p : pairs) {
+    const auto eq = p.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::fprintf(stderr, "sluicectl: '%s' is not key=value\n", p.c_str());
+      return false;
+    }
+    out[p.substr(0, eq)] = p.substr(eq + 1);
+  }
+  if (out.empty()) {
+    std::fprintf(stderr, "sluicectl: name at least one key=value descriptor entry\n");
+    return false;
+  }
+  return true;
+}
+
+std::string describe(const json& o) {
+  std::string s = o.value("domain", "");
+  for (const auto& [k, v] : o.at("descriptors").items())
+    s += " " + k + "=" + v.get<std::string>();
+  return s;
+}
+
+std::string override_text(const json& o) {
+  std::string s = describe(o) + ":";
+  if (!o.at("limits").empty()) {
+    std::string lims;
+    for (const auto& l : o.at("limits"))
+      lims += (lims.empty() ? "" : ", ") + std::to_string(l.at("limit").get<uint64_t>()) + "/" +
+              l.at("window").get<std::string>();
+    s += " limits " + lims;
+  }
+  if (!o.at("plan").get<std::string>().empty()) s += " plan " + o.at("plan").get<std::string>();
+  if (!o.at("mode").is_null()) s += " mode " + o.at("mode").get<std::string>();
+  s += o.at("ttl_left_s").is_null()
+           ? std::string(", no expiry")
+           : ", expires in " + std::to_string(o.at("ttl_left_s").get<int64_t>()) + "s";
+  return s;
+}
+
+void print_json(const json& j) {
+  std::printf("%s\n", j.dump().c_str());
+}
+
+int run_override_set(const std::string& admin, const std::string& path, json body, bool as_json) {
+  const auto j = call_json(admin, http::verb::post, path, body);
+  if (!j) return kError;
+  if (as_json) {
+    print_json(*j);
+  } else {
+    std::printf("set %s\n", override_text(j->at("override")).c_str());
+  }
+  return kAllowed;
+}
+
+int run_override_get(const std::string& admin, const json& target, bool as_json) {
+  bool not_found = false;
+  const auto j = call_json(admin, http::verb::post, "/v1/overrides/get", target, &not_found);
+  if (not_found) {
+    if (as_json) {
+      print_json(json{{"override", nullptr}});
+    } else {
+      std::printf("no override\n");
+    }
+    return kDenied;
+  }
+  if (!j) return kError;
+  if (as_json) {
+    print_json(*j);
+  } else {
+    std::printf("%s\n", override_text(j->at("override")).c_str());
+  }
+  return kAllowed;
+}
+
+int run_override_del(const std::string& admin, const json& target, bool as_json) {
+  bool not_found = false;
+  const auto j = call_json(admin, http::verb::post, "/v1/overrides/delete", target, &not_found);
+  if (not_found) {
+    if (as_json) {
+      print_json(json{{"deleted", false}});
+    } else {
+      std::printf("no override to delete\n");
+    }
+    return kDenied;
+  }
+  if (!j) return kError;
+  if (as_json) {
+    print_json(*j);
+  } else {
+    std::printf("deleted\n");
+  }
+  return kAllowed;
+}
+
+int run_override_list(const std::string& admin, const std::string& domain, bool as_json) {
+  const auto j = call_json(admin, http::verb::get,
+                           domain.empty() ? "/v1/overrides" : "/v1/overrides?domain=" + domain);
+  if (!j) return kError;
+  if (as_json) {
+    print_json(*j);
+    return kAllowed;
+  }
+  if (j->at("overrides").empty()) std::printf("no overrides\n");
+  for (const auto& o : j->at("overrides"))
+    std::printf("%s\n", override_text(o).c_str());
+  return kAllowed;
+}
+
+int run_inspect(const std::string& admin, const json& target, bool as_json) {
+  const auto j = call_json(admin, http::verb::post, "/v1/inspect", target);
+  if (!j) return kError;
+  if (as_json) {
+    print_json(*j);
+    return kAllowed;
+  }
+  const int64_t now = j->at("now_ms").get<int64_t>();
+  std::printf("%s%s\n", describe(*j).c_str(),
+              j->at("allowlisted").get<bool>() ? "  (allowlisted: never limited)" : "");
+  if (j->at("rules").empty()) std::printf("  no rule applies\n");
+  for (const auto& r : j->at("rules")) {
+    std::string key;
+    for (const auto& [k, v] : r.at("key").items())
+      key += (key.empty() ? "" : " ") + k + "=" + v.get<std::string>();
+    std::printf("rule %s  key %s  mode %s  %s%s\n", r.at("rule").get<std::string>().c_str(),
+                key.c_str(), r.at("mode").get<std::string>().c_str(),
+                r.at("estimator").get<std::string>().c_str(),
+                r.at("count_denied").get<bool>() ? "  counts denied" : "");
+    if (!r.at("override").is_null()) {
+      std::printf("  override  %s\n", override_text(r.at("override")).c_str());
+    }
+    for (const auto& l : r.at("limits")) {
+      std::printf("  %-24s %llu/%s  estimate %.2f  remaining %llu  reset %s  counter %s\n",
+                  l.at("name").get<std::string>().c_str(),
+                  static_cast<unsigned long long>(l.at("limit").get<uint64_t>()),
+                  l.at("window").get<std::string>().c_str(), l.at("estimate").get<double>(),
+                  static_cast<unsigned long long>(l.at("remaining").get<uint64_t>()),
+                  seconds_text(l.at("reset_ms").get<int64_t>()).c_str(),
+                  l.at("counter").get<std::string>().c_str());
+      if (l.at("buckets").empty()) {
+        std::printf("    no counter yet (nothing counted in this window)\n");
+        continue;
+      }
+      std::printf("    %-12s %10s %10s\n", "bucket age", "this node", "others");
+      for (const auto& b : l.at("buckets")) {
+        std::printf("    %-12s %10u %10u\n",
+                    seconds_text(now - b.at("start_ms").get<int64_t>()).c_str(),
+                    b.at("own").get<unsigned>(), b.at("others").get<unsigned>());
+      }
+    }
+  }
+  return kAllowed;
+}
+
+int run_top(const std::string& admin, int n, bool watch, double interval_s, int count,
+            bool as_json) {
+  for (int round = 1;; ++round) {
+    const auto j = call_json(admin, http::verb::get, "/v1/top?n=" + std::to_string(n));
+    if (!j) return kError;
+    if (as_json) {
+      print_json(*j);
+    } else {
+      if (watch) std::printf("\033[H\033[2J");  // clear the terminal between refreshes
+      const int64_t now = j->at("now_ms").get<int64_t>();
+      std::printf("%-10s %-28s %-32s %15s %7s %8s %9s %8s\n", "state", "rule", "key",
+                  "used/limit", "%", "window", "exceeded", "last");
+      if (j->at("keys").empty()) std::printf("(no key at 80 %% or more of a limit)\n");
+      for (const auto& k : j->at("keys")) {
+        const std::string used = std::to_string(k.at("used").get<uint64_t>()) + "/" +
+                                 std::to_string(k.at("limit").get<uint64_t>());
+        std::printf("%-10s %-28s %-32s %15s %6.1f%% %8s %9llu %8s\n",
+                    k.at("state").get<std::string>().c_str(),
+                    k.at("rule").get<std::string>().c_str(), k.at("key").get<std::string>().c_str(),
+                    used.c_str(), k.at("percent").get<double>(),
+                    k.at("window").get<std::string>().c_str(),
+                    static_cast<unsigned long long>(k.at("exceeded").get<uint64_t>()),
+                    seconds_text(now - k.at("last_ms").get<int64_t>()).c_str());
+      }
+    }
+    std::fflush(stdout);
+    if (!watch || (count > 0 && round >= count)) return kAllowed;
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000)));
+  }
+}
+
+int run_snapshot(const std::string& admin, bool full, bool as_json) {
+  const auto j = call_json(admin, http::verb::post, full ? "/v1/snapshot?full=1" : "/v1/snapshot");
+  if (!j) return kError;
+  if (as_json) {
+    print_json(*j);
+  } else {
+    std::printf("snapshot%s: %llu counters written, %llu deleted, %.1f KiB in %.1f ms\n",
+                j->at("full").get<bool>() ? " (full)" : "",
+                static_cast<unsigned long long>(j->at("written").get<uint64_t>()),
+                static_cast<unsigned long long>(j->at("deleted").get<uint64_t>()),
+                j->at("bytes").get<double>() / 1024.0, j->at("duration_ms").get<double>());
+  }
+  return kAllowed;
+}
+
+int run_status(const std::string& admin, bool as_json) {
+  const auto got = call_json(admin, http::verb::get, "/v1/status");
+  if (!got) return kError;
+  if (as_json) {
+    print_json(*got);
+    return kAllowed;
+  }
+  const json& j = *got;
+  try {
     const auto& n = j.at("node");
     const auto& e = j.at("engine");
     std::printf("node      up %llds, %d threads, udp %d tcp %d admin %d\n",
@@ -174,6 +413,35 @@ int run_status(const std::string& admin, bool as_json) {
                 e.at("evicted_expired").get<unsigned long long>(),
                 e.at("evicted_live").get<unsigned long long>());
     std::printf("checks    %llu\n", e.at("checks").get<unsigned long long>());
+    if (j.contains("process")) {
+      std::printf("memory    %.1f MiB resident\n",
+                  j["process"].at("rss_bytes").get<double>() / 1048576.0);
+    }
+    if (j.contains("persistence")) {
+      const auto& p = j["persistence"];
+      if (!p.at("enabled").get<bool>()) {
+        std::printf("data      none: counters and overrides live in memory only\n");
+      } else {
+        const auto& last = p.at("last_snapshot");
+        std::string age = last.at("age_ms").is_null()
+                              ? std::string("no snapshot yet")
+                              : "last snapshot " + seconds_text(last.at("age_ms").get<int64_t>()) +
+                                    " ago";
+        std::printf("data      %s: %s (%llu written, %.1f KiB, %.1f ms%s), %.1f MiB on disk, "
+                    "%llu overrides\n",
+                    p.at("dir").get<std::string>().c_str(), age.c_str(),
+                    static_cast<unsigned long long>(last.at("written").get<uint64_t>()),
+                    last.at("bytes").get<double>() / 1024.0, last.at("duration_ms").get<double>(),
+                    last.at("ok").get<bool>() ? "" : ", FAILED",
+                    p.at("disk_bytes").get<double>() / 1048576.0,
+                    static_cast<unsigned long long>(p.at("overrides").get<uint64_t>()));
+        std::printf("restored  %llu counters at start in %.1f ms (%llu expired, %llu unreadable)\n",
+                    static_cast<unsigned long long>(p.at("restored").at("counters").get<uint64_t>()),
+                    p.at("restored").at("duration_ms").get<double>(),
+                    static_cast<unsigned long long>(p.at("restored").at("expired").get<uint64_t>()),
+                    static_cast<unsigned long long>(p.at("restored").at("malformed").get<uint64_t>()));
+      }
+    }
     if (j.contains("rules")) {
       std::printf("%-32s %12s %12s %12s %12s\n", "rule", "allowed", "denied", "shadow", "would-deny");
       for (const auto& r : j["rules"]) {
@@ -224,8 +492,104 @@ int main(int argc, char** argv) {
   status->add_option("--admin", admin, "node admin HTTP address host:port");
   status->add_flag("--json", as_json, "print JSON");
 
+  // Operator commands talk to the admin port.
+  const auto admin_opt = [&](CLI::App* c) {
+    c->add_option("--admin", admin, "node admin HTTP address host:port");
+    c->add_flag("--json", as_json, "print JSON");
+  };
+  auto* ovr = app.add_subcommand("override", "set, get, list or delete runtime overrides");
+  ovr->require_subcommand(1);
+  std::vector<std::string> limits;
+  std::string mode, ttl, plan;
+  auto* ovr_set = ovr->add_subcommand(
+      "set", "new limits and/or mode for one key, stored (WAL synced) and applied at once");
+  ovr_set->add_option("domain", domain, "rules domain")->required();
+  ovr_set->add_option("entries", pairs, "the key's descriptor entries key=value")->required();
+  ovr_set->add_option("--limit", limits, "N/window, e.g. 500/1m (repeatable)");
+  ovr_set->add_option("--mode", mode, "enforce | dry-run | shadow");
+  ovr_set->add_option("--ttl", ttl, "expire after e.g. 90s, 30m, 24h, 7d (default: never)");
+  ovr_set->add_option("--plan", plan, "use this plan's limits");
+  admin_opt(ovr_set);
+  auto* ovr_get = ovr->add_subcommand("get", "show the override of one key (exit 1: none)");
+  ovr_get->add_option("domain", domain, "rules domain")->required();
+  ovr_get->add_option("entries", pairs, "descriptor entries key=value")->required();
+  admin_opt(ovr_get);
+  auto* ovr_del = ovr->add_subcommand("del", "delete the override of one key (exit 1: none)");
+  ovr_del->alias("delete");
+  ovr_del->add_option("domain", domain, "rules domain")->required();
+  ovr_del->add_option("entries", pairs, "descriptor entries key=value")->required();
+  admin_opt(ovr_del);
+  auto* ovr_list = ovr->add_subcommand("list", "every override in force");
+  ovr_list->add_option("domain", domain, "only this domain");
+  admin_opt(ovr_list);
+
+  auto* plan_cmd = app.add_subcommand("plan", "subscription plans");
+  plan_cmd->require_subcommand(1);
+  auto* plan_assign = plan_cmd->add_subcommand(
+      "assign", "put one key on a plan of its domain: DOMAIN key=value PLAN");
+  std::vector<std::string> assign_args;
+  plan_assign->add_option("args", assign_args, "DOMAIN key=value... PLAN")->required()->expected(3, -1);
+  plan_assign->add_option("--ttl", ttl, "expire after e.g. 30d (default: never)");
+  admin_opt(plan_assign);
+
+  auto* insp = app.add_subcommand(
+      "inspect", "a key's rules, overrides, buckets and estimates on a node");
+  insp->add_option("domain", domain, "rules domain")->required();
+  insp->add_option("entries", pairs, "descriptor entries key=value")->required();
+  admin_opt(insp);
+
+  auto* top = app.add_subcommand(
+      "top", "keys nearest to or over their limits, and keys a dry-run rule would deny");
+  int top_n = 20;
+  bool watch = false;
+  double interval_s = 2.0;
+  int count = 0;
+  top->add_option("-n,--limit", top_n, "rows")->check(CLI::Range(1, 512));
+  top->add_flag("--watch", watch, "refresh until interrupted");
+  top->add_option("--interval", interval_s, "seconds between refreshes")->check(CLI::Range(0.1, 3600.0));
+  top->add_option("--count", count, "with --watch: stop after this many refreshes");
+  admin_opt(top);
+
+  auto* snap = app.add_subcommand("snapshot", "write a snapshot of the node's counters now");
+  bool full = false;
+  snap->add_flag("--full", full, "write every counter, not only those changed since the last");
+  admin_opt(snap);
+
   CLI11_PARSE(app, argc, argv);
   if (*check) return run_check(server, tcp, timeout_ms, domain, pairs, hits, repeat, as_json);
   if (*status) return run_status(admin, as_json);
+  if (*ovr || *plan_cmd || *insp) {
+    json target{{"domain", domain}};
+    if (*plan_assign) {
+      target["domain"] = assign_args.front();
+      pairs.assign(assign_args.begin() + 1, assign_args.end() - 1);
+      plan = assign_args.back();
+    }
+    json d;
+    if (!*ovr_list && !descriptors_json(pairs, d)) return kError;
+    target["descriptors"] = d;
+    if (*ovr_set) {
+      if (limits.empty() && mode.empty() && plan.empty()) {
+        std::fprintf(stderr, "sluicectl: give --limit, --mode or --plan\n");
+        return kError;
+      }
+      target["limits"] = limits;
+      if (!mode.empty()) target["mode"] = mode;
+      if (!plan.empty()) target["plan"] = plan;
+      if (!ttl.empty()) target["ttl"] = ttl;
+      return run_override_set(admin, "/v1/overrides", target, as_json);
+    }
+    if (*plan_assign) {
+      target["plan"] = plan;
+      if (!ttl.empty()) target["ttl"] = ttl;
+      return run_override_set(admin, "/v1/plans", target, as_json);
+    }
+    if (*ovr_get) return run_override_get(admin, target, as_json);
+    if (*ovr_del) return run_override_del(admin, target, as_json);
+    if (*ovr_list) return run_override_list(admin, domain, as_json);
+    if (*insp) return run_inspect(admin, target, as_json);
+  }
+  if (*top) return run_top(admin, top_n, watch, interval_s, count, as_json);
+  if (*snap) return run_snapshot(admin, full, as_json);
   return kError;
 }

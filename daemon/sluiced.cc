@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   std::string udp, tcp, admin, rules, data_dir, log_level;
   unsigned threads = 0;
   bool check_only = false;
+  bool init_data = false;
+  bool repair_data = false;
   app.add_option("--config", config_file,
                  "config file (YAML, docs/operations.md); without one: the embedded default "
                  "(one node, loopback only, example rules)");
@@ -23,12 +25,19 @@ int main(int argc, char** argv) {
   app.add_option("--admin", admin, "admin HTTP listener, e.g. 127.0.0.1:7351 ('' disables)");
   app.add_option("--rules", rules, "rules file (YAML, docs/rules.md)");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 256));
-  app.add_option("--data-dir", data_dir, "data directory");
+  app.add_option("--data-dir", data_dir,
+                 "data directory: RocksDB snapshots and overrides ('' keeps everything in memory)");
+  app.add_flag("--init-data", init_data,
+               "create the data directory when it is missing or empty (a node's first start)");
+  app.add_flag("--repair-data", repair_data,
+               "run RocksDB's repair on the data directory, then exit (docs/operations.md)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
   app.add_flag("--check", check_only, "validate the config and rules, then exit");
   CLI11_PARSE(app, argc, argv);
 
-  if (!config_file.empty()) {
+  if (config_file.empty()) {
+    opt.init_data = true;  // the embedded default is for trying Sluice out: ./data on first run
+  } else {
     if (const std::string err = sluice::node::load_node_config(config_file, opt); !err.empty()) {
       std::fprintf(stderr, "sluiced: %s\n", err.c_str());
       return 2;
@@ -42,7 +51,21 @@ int main(int argc, char** argv) {
   if (app.count("--threads")) opt.threads = threads;
   if (app.count("--data-dir")) opt.data_dir = data_dir;
   if (app.count("--log-level")) opt.log_level = log_level;
+  if (init_data) opt.init_data = true;
   spdlog::set_level(spdlog::level::from_str(opt.log_level));
+
+  if (repair_data) {
+    try {
+      sluice::store::Store::repair(opt.data_dir);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "sluiced: %s\n", e.what());
+      return 2;
+    }
+    std::printf("sluiced: repaired %s; start the node as usual\n", opt.data_dir.c_str());
+    return 0;
+  }
+  // --check validates without touching the data directory (a running node may hold it).
+  if (check_only) opt.data_dir.clear();
 
   try {
     sluice::node::Node node(opt);

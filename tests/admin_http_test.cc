@@ -193,6 +193,7 @@ struct TestNode {
     opt.threads = 1;
     opt.rules_file = (dir / "rules.yaml").string();
     opt.data_dir = (dir / "data").string();
+    opt.init_data = true;
     opt.clock = [this] { return now.load(); };
     node = std::make_unique<sluice::node::Node>(opt);
     thread = std::thread([this] { node->run(/*handle_signals=*/false); });

@@ -3,7 +3,8 @@
 // Robin Hood linear probing with backward-shift deletion, so lookups of present keys stay short at
 // high load and erasing leaves no tombstones. Slots are fixed-size runs of 32-bit words (so every
 // access has one type and no aliasing games):
-//   [0..1] counter id (0 = empty slot), [2..3] head bucket number (bit 63: has remote state),
+//   [0..1] counter id (0 = empty slot), [2..3] head bucket number and flags in its top bits
+//   (bit 63: has remote state; 62: changed since the last export; 61: exported at least once),
 //   [4 .. 4+R)  own counts, [4+R .. 4+2R) others' counts      (R = ring size of the spec)
 // One slot of a one-minute limit with one-minute buckets (R = 2) is 32 bytes.
 //
@@ -26,6 +27,9 @@ class CounterTable {
  public:
   static constexpr size_t kMinCapacity = 16;
   static constexpr uint64_t kRemoteFlag = 1ull << 63;
+  static constexpr uint64_t kDirtyFlag = 1ull << 62;     // counted since the last export
+  static constexpr uint64_t kPersistedFlag = 1ull << 61;  // a store holds a record of it
+  static constexpr uint64_t kFlagMask = kRemoteFlag | kDirtyFlag | kPersistedFlag;
 
   explicit CounterTable(const window::WindowSpec& spec);
 
@@ -57,10 +61,15 @@ class CounterTable {
     const uint32_t* s = slot(i);
     return static_cast<uint64_t>(s[1]) << 32 | s[0];
   }
-  int64_t head_at(size_t i) const { return static_cast<int64_t>(raw_head(i) & ~kRemoteFlag); }
+  int64_t head_at(size_t i) const { return static_cast<int64_t>(raw_head(i) & ~kFlagMask); }
   bool has_remote(size_t i) const { return (raw_head(i) & kRemoteFlag) != 0; }
-  void set_head(size_t i, int64_t head);  // keeps the remote flag
-  void set_remote(size_t i);
+  bool has_flag(size_t i, uint64_t flag) const { return (raw_head(i) & flag) != 0; }
+  void set_head(size_t i, int64_t head);  // keeps the flags
+  void set_flags(size_t i, uint64_t flags) { slot(i)[3] |= static_cast<uint32_t>(flags >> 32); }
+  void clear_flags(size_t i, uint64_t flags) { slot(i)[3] &= ~static_cast<uint32_t>(flags >> 32); }
+  void set_remote(size_t i) { set_flags(i, kRemoteFlag); }
+  // The slot's raw words (counter, head with flags, own, others), for export.
+  std::span<const uint32_t> words(size_t i) const { return {slot(i), stride_}; }
   std::span<uint32_t> own(size_t i) { return {slot(i) + 4, ring_}; }
   std::span<uint32_t> others(size_t i) { return {slot(i) + 4 + ring_, ring_}; }
   std::span<const uint32_t> own(size_t i) const { return {slot(i) + 4, ring_}; }
@@ -68,8 +77,8 @@ class CounterTable {
   window::RingView view(size_t i) const { return {own(i), others(i), head_at(i)}; }
 
   // Erases every counter that has expired at now (all buckets out of the window) and records the
-  // earliest bucket at which a remaining one could expire. `on_erase(counter, had_remote)` is
-  // called for each. Returns how many were erased.
+  // earliest bucket at which a remaining one could expire. `on_erase(index)` is called for each
+  // just before it is erased. Returns how many were erased.
   template <class OnErase>
   size_t erase_expired(int64_t now_ms, OnErase&& on_erase);
   // False when no counter can have expired yet at now (so a full scan would find nothing).
@@ -123,7 +132,7 @@ size_t CounterTable::erase_expired(int64_t now_ms, OnErase&& on_erase) {
       continue;
     }
     if (window::expired(head_at(i), spec_, now_ms)) {
-      on_erase(counter_at(i), has_remote(i));
+      on_erase(i);
       erase_at(i);  // shifts the next cluster member into i: look at i again
       ++erased;
       continue;

@@ -57,6 +57,22 @@ struct RemoteRing {
   std::vector<std::pair<int64_t, uint32_t>> buckets;
 };
 
+// A key near or over a limit (see HotKey); a fixed array per shard so tracking never allocates.
+struct HotSlot {
+  uint64_t counter = 0;  // 0 = free
+  uint32_t stats_id = 0;
+  Mode mode = Mode::kEnforce;
+  uint8_t key_len = 0;
+  uint64_t limit = 0;
+  int64_t window_ms = 0;
+  uint64_t used = 0;
+  uint64_t exceeded = 0;
+  int64_t first_ms = 0;
+  int64_t last_ms = 0;
+  std::array<char, 120> key{};
+};
+constexpr size_t kHotPerShard = 8;
+
 struct Shard {
   alignas(64) SpinLock lock;
   // Guarded by lock (the pointers are atomic only for prefetch from outside it).
@@ -68,6 +84,8 @@ struct Shard {
   uint64_t budget = 0;
   uint64_t evicted_expired = 0;
   uint64_t evicted_live = 0;
+  std::vector<uint8_t> erased_keys;  // record keys of exported counters dropped since
+  std::array<HotSlot, kHotPerShard> hot{};
 };
 
 // The immutable per-policy view the hot path needs: the policy and its index maps into the
@@ -103,6 +121,49 @@ std::atomic<uint64_t> next_engine_uid{1};
 uint64_t remote_key(uint64_t counter, uint32_t spec_id) {
   return counter ^ (static_cast<uint64_t>(spec_id) * 0x9E3779B97F4A7C15ull);
 }
+
+// ---- record codec (see engine.h): explicit byte order, so a data directory can move hosts ----
+constexpr uint8_t kRecordVersion = 1;
+
+void put_be(uint8_t* p, uint64_t v, int bytes) {
+  for (int i = bytes - 1; i >= 0; --i, v >>= 8)
+    p[i] = static_cast<uint8_t>(v);
+}
+uint64_t get_be(const uint8_t* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v = v << 8 | p[i];
+  return v;
+}
+void append_le(std::vector<uint8_t>& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i, v >>= 8)
+    out.push_back(static_cast<uint8_t>(v));
+}
+
+void encode_key(uint64_t counter, const window::WindowSpec& spec, uint8_t* out) {
+  put_be(out, counter, 8);
+  put_be(out + 8, static_cast<uint64_t>(spec.window_ms), 4);
+  put_be(out + 12, static_cast<uint64_t>(spec.bucket_ms), 4);
+}
+
+// Reads little-endian fields from a value, failing (not throwing) past the end.
+class RecordReader {
+ public:
+  explicit RecordReader(std::span<const uint8_t> b) : b_(b) {}
+  bool read(uint64_t& v, int bytes) {
+    if (b_.size() - pos_ < static_cast<size_t>(bytes)) return false;
+    v = 0;
+    for (int i = bytes - 1; i >= 0; --i)
+      v = v << 8 | b_[pos_ + static_cast<size_t>(i)];
+    pos_ += static_cast<size_t>(bytes);
+    return true;
+  }
+  bool done() const { return pos_ == b_.size(); }
+
+ private:
+  std::span<const uint8_t> b_;
+  size_t pos_ = 0;
+};
 
 }  // namespace
 
@@ -213,10 +274,18 @@ struct Engine::Impl {
     sh.remote.erase(remote_key(counter, spec_id));
   }
 
+  // Forgets what only the table's slot `i` refers to, just before the slot is erased.
+  void forget(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id) {
+    if (t.has_remote(i)) drop_remote(sh, t.counter_at(i), spec_id);
+    if (t.has_flag(i, CounterTable::kPersistedFlag)) {
+      const size_t at = sh.erased_keys.size();
+      sh.erased_keys.resize(at + kRecordKeyBytes);
+      encode_key(t.counter_at(i), t.spec(), sh.erased_keys.data() + at);
+    }
+  }
+
   size_t erase_expired(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms) {
-    const size_t n = t.erase_expired(now_ms, [&](uint64_t counter, bool had_remote) {
-      if (had_remote) drop_remote(sh, counter, spec_id);
-    });
+    const size_t n = t.erase_expired(now_ms, [&](size_t i) { forget(sh, t, i, spec_id); });
     sh.evicted_expired += n;
     return n;
   }
@@ -261,7 +330,7 @@ struct Engine::Impl {
     const int64_t victim = t.pick_victim(now_ms, pinned, kVictimSample);
     if (victim < 0) return false;
     const auto v = static_cast<size_t>(victim);
-    if (t.has_remote(v)) drop_remote(sh, t.counter_at(v), spec_id);
+    forget(sh, t, v, spec_id);
     t.erase_at(v);
     ++sh.evicted_live;
     return true;
@@ -288,12 +357,91 @@ struct Engine::Impl {
       shards[static_cast<size_t>(std::countr_zero(m))].lock.unlock();
   }
 
-  void decide(const State& st, const rules::ResolvedRequest& rr, uint64_t hits, int64_t now_ms,
-              BatchResult& out, Decision& d);
+  // Appends the value of slot `i`'s record (see engine.h) to `out`.
+  void encode_value(const Shard& sh, const CounterTable& t, size_t i, uint32_t spec_id,
+                    std::vector<uint8_t>& out) const {
+    const uint32_t ring = t.ring();
+    out.push_back(kRecordVersion);
+    append_le(out, static_cast<uint64_t>(t.head_at(i)), 8);
+    append_le(out, ring, 2);
+    for (uint32_t v : t.own(i))
+      append_le(out, v, 4);
+    for (uint32_t v : t.others(i))
+      append_le(out, v, 4);
+    const std::vector<RemoteRing>* nodes = nullptr;
+    if (t.has_remote(i)) {
+      auto it = sh.remote.find(remote_key(t.counter_at(i), spec_id));
+      if (it != sh.remote.end()) nodes = &it->second;
+    }
+    append_le(out, nodes ? nodes->size() : 0, 2);
+    if (nodes == nullptr) return;
+    for (const RemoteRing& n : *nodes) {
+      append_le(out, n.node, 2);
+      for (const auto& [bucket, total] : n.buckets) {
+        append_le(out, static_cast<uint64_t>(bucket), 8);
+        append_le(out, total, 4);
+      }
+    }
+  }
+
+  // Records that a check left a key at 80 % or more of a limit, or over it (HotKey).
+  void note_hot(Shard& sh, uint64_t counter, uint32_t stats_id, const rules::AppliedRule& ar,
+                const rules::Limit& limit, const rules::CheckRequest& req, uint64_t used,
+                bool exceeded, int64_t now_ms) {
+    const uint64_t lim = limit.requests;
+    HotSlot* slot = nullptr;
+    for (HotSlot& h : sh.hot) {
+      if (h.counter == counter) slot = &h;
+    }
+    if (slot == nullptr) {
+      // A free or stale slot, else the least full one if the new key is at least as full.
+      for (HotSlot& h : sh.hot) {
+        const bool stale = h.counter == 0 || h.last_ms + h.window_ms < now_ms;
+        if (stale) {
+          slot = &h;
+          break;
+        }
+        if (slot == nullptr || h.used * slot->limit < slot->used * h.limit) slot = &h;
+      }
+      if (slot->counter != 0 && slot->last_ms + slot->window_ms >= now_ms &&
+          used * slot->limit < slot->used * lim) {
+        return;
+      }
+      *slot = HotSlot{};
+      slot->counter = counter;
+      slot->first_ms = now_ms;
+      size_t len = 0;
+      for (const std::string& name : ar.rule->key) {
+        for (const rules::Descriptor& d : req.descriptors) {
+          if (d.key != name) continue;
+          for (std::string_view part : {std::string_view(len ? "," : ""), d.key,
+                                        std::string_view("="), d.value}) {
+            const size_t n = std::min(part.size(), slot->key.size() - len);
+            std::copy_n(part.data(), n, slot->key.data() + len);
+            len += n;
+          }
+          break;
+        }
+      }
+      slot->key_len = static_cast<uint8_t>(len);
+    }
+    slot->stats_id = stats_id;
+    slot->mode = ar.mode;
+    slot->limit = lim;
+    slot->window_ms = limit.spec.window_ms;
+    slot->used = used;
+    slot->last_ms = now_ms;
+    if (exceeded) ++slot->exceeded;
+  }
+
+  void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
+              int64_t now_ms, BatchResult& out, Decision& d);
 };
 
-void Engine::Impl::decide(const State& st, const rules::ResolvedRequest& rr, uint64_t hits,
-                          int64_t now_ms, BatchResult& out, Decision& d) {
+void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
+                          const rules::ResolvedRequest& rr, int64_t now_ms, BatchResult& out,
+                          Decision& d) {
+  const uint64_t hits = req.hits;
   Scratch& sc = tls_scratch;
   const rules::Resolution& res = sc.res;
   const auto* rules_begin = res.rules.data() + rr.first_rule;
@@ -418,9 +566,17 @@ void Engine::Impl::decide(const State& st, const rules::ResolvedRequest& rr, uin
       const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), t.spec().bucket_ms);
       if (counted && hits > 0) {
         window::add(t.own(i), window::bucket_of(now_eff, t.spec().bucket_ms), hits);
+        t.set_flags(i, CounterTable::kDirtyFlag);
       }
-      const window::LimitState ls = window::limit_state(t.view(i), t.spec(), ar.rule->estimator,
-                                                        now_eff, hits, lims[k].limit->requests);
+      const uint64_t lim = lims[k].limit->requests;
+      const window::LimitState ls =
+          window::limit_state(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits, lim);
+      const uint64_t used = lim - std::min(lim, ls.remaining);
+      if (!sc.limit_ok[k] || used * 5 >= lim * 4) {
+        note_hot(shards[lims[k].counter & shard_mask], lims[k].counter,
+                 st.stats_ids[ar.stats_index], ar, *lims[k].limit, req, used, !sc.limit_ok[k],
+                 now_ms);
+      }
       LimitResult lr;
       lr.rule = ar.rule;
       lr.limit = lims[k].limit;
@@ -494,7 +650,7 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
       d.allowed = true;
       continue;
     }
-    im.decide(st, rr, batch[n].hits, now_ms, out, d);
+    im.decide(st, batch[n], rr, now_ms, out, d);
   }
   im.checks.fetch_add(batch.size(), std::memory_order_relaxed);
   if (allowlisted) im.allowlisted.fetch_add(allowlisted, std::memory_order_relaxed);
@@ -543,6 +699,7 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
     const uint32_t known = slot.first == t.bucket ? slot.second : 0;
     if (t.total <= known) continue;  // a duplicate or an older report
     window::add(tbl.others(i), t.bucket, t.total - known);
+    tbl.set_flags(i, CounterTable::kDirtyFlag);
     slot = {t.bucket, t.total};
     ++changed;
   }
@@ -637,6 +794,214 @@ EngineStats Engine::stats() const {
                             im.rejected[e].load(std::memory_order_relaxed));
   }
   return s;
+}
+
+std::vector<HotKey> Engine::hot_keys(int64_t now_ms, size_t max) const {
+  Impl& im = *impl_;
+  std::vector<std::string> names;
+  {
+    std::lock_guard g(im.state_mu);
+    names = im.stats_names;
+  }
+  std::vector<HotKey> out;
+  for (uint32_t n = 0; n <= im.shard_mask; ++n) {
+    Shard& sh = im.shards[n];
+    std::lock_guard g(sh.lock);
+    for (const HotSlot& h : sh.hot) {
+      if (h.counter == 0 || h.last_ms + h.window_ms < now_ms) continue;
+      HotKey k;
+      k.rule = h.stats_id < names.size() ? names[h.stats_id] : std::string("?");
+      k.key.assign(h.key.data(), h.key_len);
+      k.mode = h.mode;
+      k.limit = h.limit;
+      k.window_ms = h.window_ms;
+      k.used = h.used;
+      k.exceeded = h.exceeded;
+      k.first_ms = h.first_ms;
+      k.last_ms = h.last_ms;
+      out.push_back(std::move(k));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const HotKey& a, const HotKey& b) {
+    __extension__ typedef unsigned __int128 u128;
+    const u128 fa = static_cast<u128>(a.used) * b.limit;
+    const u128 fb = static_cast<u128>(b.used) * a.limit;
+    if (fa != fb) return fa > fb;
+    if (a.exceeded != b.exceeded) return a.exceeded > b.exceeded;
+    return a.last_ms > b.last_ms;
+  });
+  if (out.size() > max) out.resize(max);
+  return out;
+}
+
+bool Engine::export_step(ExportCursor& c, size_t max_slots, RecordSink& sink) {
+  Impl& im = *impl_;
+  if (c.shard > im.shard_mask) return true;
+  c.buf.clear();
+  c.ends.clear();
+  c.erased.clear();
+  bool shard_done = false;
+  {
+    Shard& sh = im.shards[c.shard];
+    std::lock_guard g(sh.lock);
+    // The shard's dropped keys go out before any of its records of this pass, so a counter that
+    // was dropped and created again ends up stored.
+    if (c.table == 0 && c.slot == 0) c.erased.swap(sh.erased_keys);
+    while (c.table < sh.owned.size() &&
+           (sh.owned[c.table] == nullptr || c.slot >= sh.owned[c.table]->capacity())) {
+      ++c.table;
+      c.slot = 0;
+    }
+    if (c.table >= sh.owned.size()) {
+      shard_done = true;
+    } else {
+      CounterTable& t = *sh.owned[c.table];
+      const size_t end = std::min(t.capacity(), c.slot + std::max<size_t>(max_slots, 1));
+      for (size_t i = c.slot; i < end; ++i) {
+        if (!t.occupied(i)) continue;
+        if (!c.all && !t.has_flag(i, CounterTable::kDirtyFlag)) continue;
+        const size_t at = c.buf.size();
+        c.buf.resize(at + kRecordKeyBytes);
+        encode_key(t.counter_at(i), t.spec(), c.buf.data() + at);
+        im.encode_value(sh, t, i, c.table, c.buf);
+        c.ends.push_back(static_cast<uint32_t>(c.buf.size()));
+        t.clear_flags(i, CounterTable::kDirtyFlag);
+        t.set_flags(i, CounterTable::kPersistedFlag);
+      }
+      // Slots move only within a table (Robin Hood shifts, rehash): a changed counter that moves
+      // behind the cursor keeps its flag and goes out with the next pass.
+      c.slot = end;
+    }
+  }
+  for (size_t at = 0; at + kRecordKeyBytes <= c.erased.size(); at += kRecordKeyBytes)
+    sink.erase({c.erased.data() + at, kRecordKeyBytes});
+  size_t begin = 0;
+  for (uint32_t end : c.ends) {
+    sink.put({c.buf.data() + begin, kRecordKeyBytes},
+             {c.buf.data() + begin + kRecordKeyBytes, end - begin - kRecordKeyBytes});
+    begin = end;
+  }
+  if (shard_done) {
+    ++c.shard;
+    c.table = 0;
+    c.slot = 0;
+  }
+  return c.shard > im.shard_mask;
+}
+
+void Engine::mark_all_changed() {
+  Impl& im = *impl_;
+  for (uint32_t n = 0; n <= im.shard_mask; ++n) {
+    Shard& sh = im.shards[n];
+    std::lock_guard g(sh.lock);
+    for (const auto& t : sh.owned) {
+      if (t == nullptr) continue;
+      for (size_t i = 0; i < t->capacity(); ++i) {
+        if (t->occupied(i)) t->set_flags(i, CounterTable::kDirtyFlag);
+      }
+    }
+  }
+}
+
+ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const uint8_t> value,
+                                   int64_t now_ms) {
+  Impl& im = *impl_;
+  if (key.size() != kRecordKeyBytes) return ImportResult::kMalformed;
+  const uint64_t counter = get_be(key.data(), 8);
+  window::WindowSpec spec;
+  spec.window_ms = static_cast<int64_t>(get_be(key.data() + 8, 4));
+  spec.bucket_ms = static_cast<int64_t>(get_be(key.data() + 12, 4));
+  if (counter == 0 || !window::validate(spec).empty()) return ImportResult::kMalformed;
+  const uint32_t ring = spec.ring_size();
+
+  RecordReader r(value);
+  uint64_t version = 0, head_u = 0, ring_u = 0;
+  if (!r.read(version, 1) || version != kRecordVersion || !r.read(head_u, 8) ||
+      !r.read(ring_u, 2) || ring_u != ring) {
+    return ImportResult::kMalformed;
+  }
+  const auto head = static_cast<int64_t>(head_u);
+  if (head < 0 || (head_u & CounterTable::kFlagMask) != 0) return ImportResult::kMalformed;
+  // Counts straight into a scratch image; nothing changes until the whole value has parsed.
+  thread_local std::vector<uint32_t> own, others;
+  thread_local std::vector<RemoteRing> nodes;
+  own.assign(ring, 0);
+  others.assign(ring, 0);
+  for (auto* v : {&own, &others}) {
+    for (uint32_t& x : *v) {
+      uint64_t w = 0;
+      if (!r.read(w, 4)) return ImportResult::kMalformed;
+      x = static_cast<uint32_t>(w);
+    }
+  }
+  uint64_t n_nodes = 0;
+  if (!r.read(n_nodes, 2)) return ImportResult::kMalformed;
+  nodes.resize(n_nodes);
+  for (RemoteRing& n : nodes) {
+    uint64_t id = 0;
+    if (!r.read(id, 2)) return ImportResult::kMalformed;
+    n.node = static_cast<uint16_t>(id);
+    n.buckets.resize(ring);
+    for (auto& [bucket, total] : n.buckets) {
+      uint64_t b = 0, t = 0;
+      if (!r.read(b, 8) || !r.read(t, 4)) return ImportResult::kMalformed;
+      bucket = static_cast<int64_t>(b);
+      total = static_cast<uint32_t>(t);
+    }
+  }
+  if (!r.done()) return ImportResult::kMalformed;
+  if (window::expired(head, spec, now_ms)) return ImportResult::kExpired;
+
+  uint32_t spec_id;
+  {
+    std::lock_guard g(im.state_mu);
+    spec_id = im.spec_id_locked(spec);
+  }
+  Shard& sh = im.shards[counter & im.shard_mask];
+  std::lock_guard g(sh.lock);
+  CounterTable& t = im.table(sh, spec_id);
+  std::array<uint64_t, 1> pins{counter};
+  bool inserted = false;
+  const int64_t found = im.find_or_insert(sh, t, spec_id, counter, now_ms, pins, inserted);
+  if (found < 0) return ImportResult::kNoRoom;
+  const auto i = static_cast<size_t>(found);
+  const auto rr = static_cast<int64_t>(ring);
+  const auto pos = [rr](int64_t b) { return static_cast<size_t>(((b % rr) + rr) % rr); };
+  if (inserted) {
+    t.set_head(i, head);
+    std::copy(own.begin(), own.end(), t.own(i).begin());
+    std::copy(others.begin(), others.end(), t.others(i).begin());
+  } else {
+    // Both to the newer head, then the larger count per bucket (idempotent).
+    const int64_t h = window::advance(t.own(i), t.others(i), t.head_at(i), head);
+    t.set_head(i, h);
+    for (int64_t b = std::max(h, head) - rr + 1; b <= std::min(h, head); ++b) {
+      t.own(i)[pos(b)] = std::max(t.own(i)[pos(b)], own[pos(b)]);
+      t.others(i)[pos(b)] = std::max(t.others(i)[pos(b)], others[pos(b)]);
+    }
+  }
+  t.set_flags(i, CounterTable::kPersistedFlag);
+  if (!nodes.empty()) {
+    t.set_remote(i);
+    auto& known = sh.remote[remote_key(counter, spec_id)];
+    for (const RemoteRing& n : nodes) {
+      RemoteRing* have = nullptr;
+      for (auto& k : known) {
+        if (k.node == n.node) have = &k;
+      }
+      if (have == nullptr) {
+        known.push_back(n);
+        continue;
+      }
+      for (size_t p = 0; p < ring; ++p) {
+        auto& mine = have->buckets[p];
+        const auto& theirs = n.buckets[p];
+        if (theirs.first > mine.first || (theirs.first == mine.first && theirs.second > mine.second))
+          mine = theirs;
+      }
+    }
+  }
+  return ImportResult::kImported;
 }
 
 }  // namespace sluice::engine

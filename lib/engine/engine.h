@@ -107,6 +107,51 @@ struct RemoteTotal {
   uint32_t total = 0;  // that node's own total in the bucket
 };
 
+// A key near or over one of its limits, as `sluicectl top` shows it (seed 000's two charts: the
+// keys nearest their limits, and the keys a dry-run rule would deny). Tracked when a check leaves
+// a key at 80 % or more of a limit, or exceeds it; a few per shard, the fullest kept.
+struct HotKey {
+  std::string rule;  // "<domain>/<rule>"
+  std::string key;   // the rule's key entries, "user=42,ip=203.0.113.9" (at most 120 bytes)
+  rules::Mode mode = rules::Mode::kEnforce;
+  uint64_t limit = 0;
+  int64_t window_ms = 0;
+  uint64_t used = 0;      // limit - remaining after the last check
+  uint64_t exceeded = 0;  // checks that exceeded this limit since the key entered the list
+  int64_t first_ms = 0;   // when it entered the list
+  int64_t last_ms = 0;    // the last check that found it at 80 % or more
+};
+
+// ---- persistence and handoff: counters as records ----------------------------------------------
+// A record is one counter's full state: key = 16 bytes (counter id, big-endian, then window_ms and
+// bucket_ms as big-endian u32), value = versioned little-endian bytes (head bucket, own and others
+// per ring position, and what each other node reported). Importing a record is idempotent.
+inline constexpr size_t kRecordKeyBytes = 16;
+
+class RecordSink {
+ public:
+  virtual ~RecordSink() = default;
+  virtual void put(std::span<const uint8_t> key, std::span<const uint8_t> value) = 0;
+  virtual void erase(std::span<const uint8_t> key) = 0;  // the counter is gone (expired, evicted)
+};
+
+// Where an export pass stands; reuse one across calls (its buffers then stop allocating).
+struct ExportCursor {
+  bool all = false;  // export every counter, not only the changed ones (a full snapshot)
+  uint32_t shard = 0;
+  uint32_t table = 0;
+  size_t slot = 0;
+  std::vector<uint8_t> buf;  // encoded records of the current step
+  std::vector<uint32_t> ends;
+  std::vector<uint8_t> erased;  // keys of counters dropped since the last export
+  void restart(bool export_all) {
+    *this = ExportCursor{};
+    all = export_all;
+  }
+};
+
+enum class ImportResult : uint8_t { kImported, kExpired, kMalformed, kNoRoom };
+
 // What a counter holds, for inspection and tests.
 struct CounterView {
   int64_t head = 0;           // newest bucket number
@@ -141,6 +186,21 @@ class Engine {
 
   std::optional<CounterView> inspect(uint64_t counter, const window::WindowSpec& spec) const;
   EngineStats stats() const;
+  // Keys near or over a limit whose last such check is within the limit's window, fullest first.
+  std::vector<HotKey> hot_keys(int64_t now_ms, size_t max) const;
+
+  // One step of an export pass: visits at most `max_slots` slots of one table under one shard
+  // lock, copies the records of counters changed since they were last exported (every counter
+  // when cursor.all) and marks them unchanged; then, without the lock, hands them to `sink`, with
+  // the keys of exported counters that were dropped since. Returns true when the pass is done.
+  // Checks wait at most for one step's copy (the lock is never held while the sink runs).
+  bool export_step(ExportCursor& cursor, size_t max_slots, RecordSink& sink);
+  // Marks every counter changed, so the next export pass writes them all (after a failed write).
+  void mark_all_changed();
+  // Imports a record (a restore, or a handoff). A counter already present keeps, per bucket, the
+  // larger of both counts. Expired records are skipped; malformed ones change nothing.
+  ImportResult import_record(std::span<const uint8_t> key, std::span<const uint8_t> value,
+                             int64_t now_ms);
 
   struct Impl;
 

@@ -14,6 +14,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <fstream>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -23,7 +24,10 @@
 #include <unordered_set>
 #include <vector>
 
+#include <unistd.h>
+
 #include "engine/engine.h"
+#include "node/admin_ops.h"
 #include "node/node.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
@@ -45,7 +49,6 @@ constexpr size_t kMaxConnections = 256;
 constexpr auto kIoTimeout = std::chrono::seconds(30);
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 constexpr uint64_t kMaxHits = 1'000'000'000;
-constexpr int kMaxJsonDepth = 8;
 
 // "host:port" or "[v6]:port" -> endpoint; throws naming the address.
 tcp::endpoint parse_listen(const std::string& listen) {
@@ -96,36 +99,6 @@ bool iequals_prefix(std::string_view s, std::string_view prefix) {
     const auto a = static_cast<unsigned char>(s[i]);
     const auto b = static_cast<unsigned char>(prefix[i]);
     if (std::tolower(a) != std::tolower(b)) return false;
-  }
-  return true;
-}
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-// Percent-decodes a query component ('+' is a space, as in HTML forms). False on a malformed
-// escape ('%' not followed by two hex digits).
-bool percent_decode(std::string_view in, std::string& out) {
-  out.clear();
-  out.reserve(in.size());
-  for (size_t i = 0; i < in.size(); ++i) {
-    const char c = in[i];
-    if (c == '%') {
-      if (i + 2 >= in.size()) return false;
-      const int hi = hex_value(in[i + 1]);
-      const int lo = hex_value(in[i + 2]);
-      if (hi < 0 || lo < 0) return false;
-      out.push_back(static_cast<char>(hi * 16 + lo));
-      i += 2;
-    } else if (c == '+') {
-      out.push_back(' ');
-    } else {
-      out.push_back(c);
-    }
   }
   return true;
 }
@@ -408,33 +381,18 @@ std::string parse_hits_text(std::string_view s, uint64_t& out) {
   return "";
 }
 
-struct TooDeep {};
 
 // Parses the /v1/check body. Returns "" or the error for a 400 answer.
 std::string parse_check_body(std::string_view body, CheckInput& in) {
   Json j;
-  try {
-    j = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) throw TooDeep{};
-      return true;
-    });
-  } catch (const Json::parse_error& e) {
-    return "malformed JSON at byte " + std::to_string(e.byte);
-  } catch (const TooDeep&) {
-    return "JSON nested deeper than " + std::to_string(kMaxJsonDepth);
-  }
-  if (!j.is_object()) return "the body must be a JSON object";
+  if (std::string err = parse_json_object(body, j); !err.empty()) return err;
   for (const auto& [key, value] : j.items()) {
     if (key == "domain") {
       if (!value.is_string()) return "domain must be a string";
       in.domain = value.get<std::string>();
       in.has_domain = true;
     } else if (key == "descriptors") {
-      if (!value.is_object()) return "descriptors must be an object of strings";
-      for (const auto& [dk, dv] : value.items()) {
-        if (!dv.is_string()) return "descriptors." + dk + " must be a string";
-        in.entries.emplace_back(dk, dv.get<std::string>());
-      }
+      if (std::string err = parse_descriptors(value, in.entries); !err.empty()) return err;
     } else if (key == "hits") {
       if (value.is_number_unsigned()) {
         const uint64_t v = value.get<uint64_t>();
@@ -472,21 +430,10 @@ std::string parse_auth_input(std::string_view query, const Fields& fields, Check
     }
     return "";
   };
-  std::string key;
-  std::string value;
-  while (!query.empty()) {
-    const size_t amp = query.find('&');
-    const std::string_view part = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (part.empty()) continue;
-    const size_t eq = part.find('=');
-    const std::string_view k = part.substr(0, eq);
-    const std::string_view v =
-        eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
-    if (!percent_decode(k, key) || !percent_decode(v, value)) {
-      return "malformed percent-escape in the query string";
-    }
-    if (std::string err = take(key, value); !err.empty()) return err;
+  std::vector<std::pair<std::string, std::string>> params;
+  if (!parse_query(query, params)) return "malformed percent-escape in the query string";
+  for (auto& [k, v] : params) {
+    if (std::string err = take(std::move(k), std::move(v)); !err.empty()) return err;
   }
   constexpr std::string_view kPrefix = "X-Sluice-";
   for (const auto& f : fields) {
@@ -583,7 +530,60 @@ std::string render_metrics(AdminHttp::State& st) {
     m.sample("sluice_check_latency_us_bucket", {"le", le}, cumulative);
   }
   m.one("sluice_check_latency_us_count", "counter", "UDP/TCP requests timed.", cumulative);
+
+  const PersistenceStatus p = st.node.persistence();
+  if (p.enabled) {
+    m.family("sluice_snapshots_total", "counter", "Snapshot passes to the data directory.");
+    m.sample("sluice_snapshots_total", {"result", "ok"},
+             p.snapshots.passes - p.snapshots.failures);
+    m.sample("sluice_snapshots_total", {"result", "failed"}, p.snapshots.failures);
+    m.one("sluice_snapshot_last_written", "gauge", "Counters written by the last snapshot pass.",
+          p.snapshots.last.written);
+    m.one("sluice_snapshot_last_bytes", "gauge", "Bytes written by the last snapshot pass.",
+          p.snapshots.last.bytes);
+    m.one("sluice_snapshot_last_unixtime_ms", "gauge",
+          "When the last snapshot pass finished (ms since the epoch; 0 = none yet).",
+          static_cast<uint64_t>(p.snapshots.last_ms));
+    m.one("sluice_data_disk_bytes", "gauge", "Bytes of the data directory's RocksDB files.",
+          p.disk_bytes);
+    m.one("sluice_restored_counters", "gauge", "Counters restored from the data directory at start.",
+          p.restored.restored);
+  }
+  m.one("sluice_overrides", "gauge", "Runtime overrides in force.", p.overrides);
   return m.take();
+}
+
+// Resident memory of this process (Linux /proc), 0 when unknown.
+uint64_t resident_bytes() {
+  std::ifstream f("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  if (!(f >> size >> resident)) return 0;
+  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+Json persistence_json(const PersistenceStatus& p, int64_t now) {
+  const auto& last = p.snapshots.last;
+  return Json{
+      {"enabled", p.enabled},
+      {"dir", p.dir},
+      {"snapshot_interval_ms", p.snapshot_interval_ms},
+      {"snapshots", p.snapshots.passes},
+      {"snapshot_failures", p.snapshots.failures},
+      {"last_snapshot",
+       {{"age_ms", p.snapshots.last_ms == 0 ? Json(nullptr) : Json(now - p.snapshots.last_ms)},
+        {"ok", last.ok},
+        {"written", last.written},
+        {"deleted", last.erased},
+        {"bytes", last.bytes},
+        {"duration_ms", static_cast<double>(last.duration_us) / 1000.0}}},
+      {"disk_bytes", p.disk_bytes},
+      {"overrides", p.overrides},
+      {"restored",
+       {{"counters", p.restored.restored},
+        {"expired", p.restored.expired},
+        {"malformed", p.restored.malformed},
+        {"no_room", p.restored.no_room},
+        {"duration_ms", static_cast<double>(p.restored.duration_us) / 1000.0}}}};
 }
 
 std::string render_status(AdminHttp::State& st) {
@@ -627,6 +627,8 @@ std::string render_status(AdminHttp::State& st) {
         {"reloads", nc.reloads},
         {"reload_failures", nc.reload_failures}}},
       {"rules", std::move(rules)},
+      {"process", {{"rss_bytes", resident_bytes()}}},
+      {"persistence", persistence_json(st.node.persistence(), now)},
   };
   return j.dump() + "\n";
 }
@@ -813,6 +815,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (o.shadow) res_.set("Sluice-Shadow", "1");
       res_.result(http::status::no_content);
       return;
+    }
+    const std::string_view method(req.method_string().data(), req.method_string().size());
+    if (auto r = handle_ops(st_->node, method, path, query, req.body())) {
+      if (!r->allow.empty()) res_.set(http::field::allow, r->allow);
+      return json(static_cast<http::status>(r->status), r->body);
     }
     json(http::status::not_found, Json{{"error", "not found"}});
   }

@@ -57,6 +57,15 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
         out.rules_file = v.as<std::string>();
       } else if (key == "data_dir") {
         out.data_dir = v.as<std::string>();
+      } else if (key == "init_data") {
+        out.init_data = v.as<bool>();
+      } else if (key == "snapshot_interval_ms") {
+        const auto ms = v.as<int64_t>();
+        if (ms < 10 || ms > 3'600'000) {
+          fail(v, key, "must be between 10 and 3600000");
+        } else {
+          out.snapshot_interval_ms = ms;
+        }
       } else if (key == "memory_cap_mb") {
         const auto mb = v.as<uint64_t>();
         if (mb < 1 || mb > (uint64_t{1} << 24)) {
@@ -84,7 +93,8 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
       } else {
         fail(kv.first, key,
              "unknown setting (expected one of: udp, tcp, admin, threads, rules, data_dir, "
-             "memory_cap_mb, hash_seed, sweep_interval_ms, log_level)");
+             "init_data, snapshot_interval_ms, memory_cap_mb, hash_seed, sweep_interval_ms, "
+             "log_level)");
       }
     } catch (const YAML::Exception&) {
       fail(v, key, "has the wrong type");

@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 
 #include "node/admin_http.h"
+#include "node/node_state.h"
 
 namespace sluice::node {
 
@@ -53,12 +54,6 @@ std::pair<asio::ip::address, uint16_t> parse_listen(const std::string& s) {
     throw std::runtime_error("listen address '" + s + "': bad port '" + port + "'");
   }
   return {addr, static_cast<uint16_t>(p)};
-}
-
-int64_t system_now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 size_t latency_bucket(int64_t us) {
@@ -231,45 +226,20 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   bool draining_ = false;
 };
 
-struct Node::Impl {
-  explicit Impl(NodeOptions o) : opt(std::move(o)) {
-    if (!opt.clock) opt.clock = system_now_ms;
-    if (opt.threads == 0) opt.threads = 1;
+struct Node::Impl : NodeState {
+  explicit Impl(NodeOptions o) : NodeState(std::move(o)) {
     // Malformed listen addresses are config errors: report them before anything starts.
     for (const std::string* l : {&opt.udp_listen, &opt.tcp_listen}) {
       if (!l->empty()) parse_listen(*l);
     }
-    started_ms = opt.clock();
-    std::string errors;
-    auto policy = load_policy(errors);
-    if (!policy) throw std::runtime_error(errors);
-    engine::EngineOptions eo;
-    eo.memory_cap_bytes = opt.memory_cap_bytes;
-    engine = std::make_unique<engine::Engine>(std::move(policy), eo);
   }
-
-  // Compiles the configured rules with the overrides in force; nullptr with `errors` set on
-  // failure.
-  std::shared_ptr<const rules::Policy> load_policy(std::string& errors) {
-    rules::ParseResult parsed = opt.rules_file.empty()
-                                    ? rules::parse_rules(embedded_rules(), "<embedded rules>")
-                                    : rules::load_rules_file(opt.rules_file);
-    if (!parsed.rules) {
-      for (const auto& e : parsed.errors) errors += e.to_string() + "\n";
-      if (!errors.empty()) errors.pop_back();
-      return nullptr;
-    }
-    std::lock_guard g(overrides_mu);
-    return rules::Policy::compile(std::move(*parsed.rules), overrides, opt.hash_seed);
-  }
-
-  NodeOptions opt;
-  int64_t started_ms = 0;
-  std::unique_ptr<engine::Engine> engine;
-  std::mutex overrides_mu;  // guards overrides (control paths only)
-  rules::Overrides overrides;
 
   asio::io_context control{1};
+  // The admin port has its own thread: operator actions may wait on the disk (overrides are
+  // synced, `snapshot` waits for a pass) without holding up accepts, timers or signals.
+  asio::io_context admin_io{1};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> admin_work;
+  std::thread admin_thread;
   std::optional<tcp::acceptor> acceptor;
   std::unique_ptr<AdminHttp> admin;
   std::optional<asio::signal_set> signals;
@@ -277,7 +247,6 @@ struct Node::Impl {
   std::vector<std::unique_ptr<Worker>> workers;
   size_t next_worker = 0;
   std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0};
-  std::atomic<uint64_t> reloads{0}, reload_failures{0};
   std::atomic<bool> stopped{false};
 };
 
@@ -383,19 +352,24 @@ void schedule_sweep(Node::Impl& n) {
     if (ec || n.stopped.load()) return;
     const size_t dropped = n.engine->sweep(n.opt.clock());
     if (dropped > 0) spdlog::debug("sweep: dropped {} expired counters", dropped);
+    // Expired overrides already stopped applying; dropping them touches the disk: admin thread.
+    if (n.admin_work) asio::post(n.admin_io, [&n] { n.prune_overrides(); });
     schedule_sweep(n);
   });
 }
 
 }  // namespace
 
-Node::Node(NodeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Node::Node(NodeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  state_ = impl_.get();
+}
 
 Node::~Node() {
   stop();
   for (auto& w : impl_->workers) {
     if (w->thread.joinable()) w->thread.join();
   }
+  if (impl_->admin_thread.joinable()) impl_->admin_thread.join();
 }
 
 void Node::run(bool handle_signals) {
@@ -435,7 +409,7 @@ void Node::run(bool handle_signals) {
     n.tcp_port = n.acceptor->local_endpoint().port();
   }
   if (!n.opt.admin_listen.empty()) {
-    n.admin = std::make_unique<AdminHttp>(n.control, n.opt.admin_listen, *this);
+    n.admin = std::make_unique<AdminHttp>(n.admin_io, n.opt.admin_listen, *this);
     n.admin_port = n.admin->port();
   }
   // Declared here, referenced by the signal handler while control runs below.
@@ -463,6 +437,9 @@ void Node::run(bool handle_signals) {
     w->thread = std::thread([&io = w->io] { io.run(); });
   }
   if (n.acceptor) accept_next(n);
+  n.admin_work.emplace(n.admin_io.get_executor());
+  n.admin_thread = std::thread([&n] { n.admin_io.run(); });
+  n.start_snapshots();
   spdlog::info("sluiced serving: udp {} tcp {} admin {}, {} threads, rules {}", n.udp_port.load(),
                n.tcp_port.load(), n.admin_port.load(), n.opt.threads,
                n.opt.rules_file.empty() ? "<embedded>" : n.opt.rules_file);
@@ -471,6 +448,8 @@ void Node::run(bool handle_signals) {
   for (auto& w : n.workers) {
     if (w->thread.joinable()) w->thread.join();
   }
+  if (n.admin_thread.joinable()) n.admin_thread.join();
+  n.stop_snapshots();  // every check has been answered: this pass holds them all
   ready_ = false;
 }
 
@@ -480,7 +459,10 @@ void Node::stop() {
   asio::post(n.control, [&n] {
     boost::system::error_code ec;
     if (n.acceptor) n.acceptor->close(ec);
-    if (n.admin) n.admin->stop();
+    asio::post(n.admin_io, [&n] {
+      if (n.admin) n.admin->stop();
+      n.admin_work.reset();  // the admin thread ends once open answers are written
+    });
     if (n.signals) n.signals->cancel(ec);
     if (n.sweep_timer) n.sweep_timer->cancel();
     for (auto& w : n.workers) {
@@ -498,17 +480,7 @@ void Node::stop() {
 }
 
 std::string Node::reload() {
-  Impl& n = *impl_;
-  std::string errors;
-  auto policy = n.load_policy(errors);
-  if (!policy) {
-    n.reload_failures.fetch_add(1);
-    return errors;
-  }
-  n.engine->set_policy(std::move(policy));
-  n.reloads.fetch_add(1);
-  spdlog::info("rules reloaded from {}", n.opt.rules_file.empty() ? "<embedded>" : n.opt.rules_file);
-  return {};
+  return impl_->reload();
 }
 
 uint16_t Node::udp_port() const { return impl_->udp_port.load(); }

@@ -15,12 +15,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
 #include "rules/rules.h"
+#include "store/store.h"
 #include "wire/protocol.h"
 
 namespace sluice::node {
@@ -31,7 +33,9 @@ struct NodeOptions {
   std::string admin_listen = "127.0.0.1:7351";  // "" disables the admin HTTP port
   unsigned threads = 2;
   std::string rules_file;  // "" = the embedded example rules (deploy/rules.example.yaml)
-  std::string data_dir = "./data";
+  std::string data_dir = "./data";  // RocksDB snapshots and overrides; "" = memory only
+  bool init_data = false;            // create data_dir when it is missing or empty (first start)
+  int64_t snapshot_interval_ms = 1'000;
   std::string log_level = "info";  // applied by sluiced
   uint64_t memory_cap_bytes = 1ull << 30;
   uint64_t hash_seed = 0x5a1c3e0d5eedull;  // the same on every node of a cluster
@@ -62,6 +66,24 @@ struct NodeCounters {
   std::vector<uint64_t> latency_us_buckets;
 };
 
+// The outcome of an operator action (override set/del, plan assign).
+struct OpResult {
+  enum class Kind { kOk, kInvalid, kNotFound, kStorage } kind = Kind::kOk;
+  std::string message;  // why, when not kOk
+  bool ok() const { return kind == Kind::kOk; }
+};
+
+// What the node's persistence has done, for `sluicectl status` and /metrics.
+struct PersistenceStatus {
+  bool enabled = false;
+  std::string dir;
+  int64_t snapshot_interval_ms = 0;
+  store::RestoreResult restored;  // at start
+  store::Snapshotter::Status snapshots;
+  uint64_t disk_bytes = 0;
+  size_t overrides = 0;
+};
+
 // Handles one request message end to end, transport-independent: decode, decide, encode. One per
 // worker thread (it owns reusable buffers). Exposed for tests and the HTTP check endpoint.
 class CheckHandler {
@@ -82,6 +104,8 @@ class CheckHandler {
   std::unique_ptr<Scratch> s_;
   wire::Code last_code_ = wire::Code::kOk;
 };
+
+struct NodeState;
 
 class Node {
  public:
@@ -111,6 +135,23 @@ class Node {
 
   engine::Engine& engine();
   NodeCounters counters() const;
+
+  // Runtime overrides (DESIGN.md, Rules). set and delete write to the data directory first (WAL
+  // synced), then apply without a restart; the node's rules must have the override's domain and
+  // a rule keyed by exactly its entries (a plan must exist in the domain, and that rule must take
+  // plans). Thread-safe; they block on the disk, so never call them from a check thread.
+  OpResult set_override(rules::Override o);
+  OpResult delete_override(const std::string& domain,
+                           std::span<const std::pair<std::string, std::string>> entries);
+  std::optional<rules::Override> get_override(
+      const std::string& domain, std::span<const std::pair<std::string, std::string>> entries) const;
+  std::vector<rules::Override> list_overrides() const;
+  // Drops overrides whose TTL ran out (they already stopped applying) from memory and disk.
+  size_t prune_overrides();
+
+  // Runs a snapshot pass now; nullopt when the node has no data directory.
+  std::optional<store::SnapshotResult> snapshot_now(bool full);
+  PersistenceStatus persistence() const;
   int64_t now_ms() const;
   int64_t started_ms() const;
   const NodeOptions& options() const;
@@ -119,6 +160,7 @@ class Node {
 
  private:
   std::unique_ptr<Impl> impl_;
+  NodeState* state_ = nullptr;  // the part of *impl_ that node_ops.cc sees
   std::atomic<bool> ready_{false};
 };
 

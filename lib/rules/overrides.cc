@@ -34,13 +34,13 @@ std::string make_id(std::string_view domain, const std::vector<Entry>& sorted) {
   return id;
 }
 
-std::string lookup_id(std::string_view domain, std::span<const Entry> entries) {
+}  // namespace
+
+std::string override_id(std::string_view domain, std::span<const Entry> entries) {
   std::vector<Entry> sorted(entries.begin(), entries.end());
   sort_entries(sorted);
   return make_id(domain, sorted);
 }
-
-}  // namespace
 
 std::string Overrides::set(Override o) {
   if (o.domain.empty()) return "the override names no domain";
@@ -77,12 +77,12 @@ std::string Overrides::set(Override o) {
 }
 
 const Override* Overrides::get(std::string_view domain, std::span<const Entry> entries) const {
-  auto it = by_id_.find(lookup_id(domain, entries));
+  auto it = by_id_.find(override_id(domain, entries));
   return it == by_id_.end() ? nullptr : &it->second;
 }
 
 bool Overrides::del(std::string_view domain, std::span<const Entry> entries) {
-  return by_id_.erase(lookup_id(domain, entries)) > 0;
+  return by_id_.erase(override_id(domain, entries)) > 0;
 }
 
 size_t Overrides::prune(int64_t now_ms) {

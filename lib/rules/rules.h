@@ -129,6 +129,11 @@ struct Override {
   int64_t expires_at_ms = 0;  // 0 = never
 };
 
+// The identity of an override: its domain and entries in key order, length-prefixed (so no
+// choice of bytes makes two overrides collide). Stores key overrides by it.
+std::string override_id(std::string_view domain,
+                        std::span<const std::pair<std::string, std::string>> entries);
+
 // The in-memory overrides table (persistence is lib/store's). Not thread-safe: one owner makes
 // changes and publishes them by compiling a new Policy.
 class Overrides {

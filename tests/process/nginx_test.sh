@@ -97,6 +97,7 @@ admin: 127.0.0.1:$admin_port
 rules: $dir/rules.yaml
 threads: 1
 data_dir: $dir/data
+init_data: true
 log_level: warn
 EOF
 "$sluiced" --config "$dir/sluiced.yaml" >"$dir/sluiced.log" 2>&1 &

@@ -85,7 +85,8 @@ struct Daemon {
     std::ofstream(dir / "sluiced.yaml") << "udp: 127.0.0.1:" << port << "\ntcp: 127.0.0.1:" << port
                                         << "\nadmin: 127.0.0.1:" << admin << "\nrules: "
                                         << (dir / "rules.yaml").string()
-                                        << "\nthreads: 2\nlog_level: warn\n";
+                                        << "\nthreads: 2\nlog_level: warn\ndata_dir: "
+                                        << (dir / "data").string() << "\ninit_data: true\n";
     pid = ::fork();
     if (pid == 0) {
       const std::string bin = std::string(SLUICED_BIN);

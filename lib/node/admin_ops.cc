@@ -1,0 +1,428 @@
+// The operator endpoints of the admin port (admin_ops.h): overrides, plans, inspect, top,
+// snapshot. Plain functions from request to JSON; admin_http.cc does the HTTP.
+#include "node/admin_ops.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "engine/engine.h"
+#include "node/node.h"
+#include "rules/rules.h"
+#include "window/sliding_window.h"
+
+namespace sluice::node {
+namespace {
+
+using Json = nlohmann::json;
+using Entries = std::vector<std::pair<std::string, std::string>>;
+
+constexpr int kMaxJsonDepth = 8;
+constexpr size_t kMaxLimitsPerOverride = 8;
+constexpr size_t kDefaultTop = 20;
+constexpr size_t kMaxTop = 512;
+
+struct TooDeep {};
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+OpsReply reply(unsigned status, Json body) {
+  return OpsReply{status, std::move(body), {}};
+}
+OpsReply error(unsigned status, const std::string& message) {
+  return reply(status, Json{{"error", message}});
+}
+OpsReply method_not_allowed(const char* allow) {
+  OpsReply r = error(405, "method not allowed");
+  r.allow = allow;
+  return r;
+}
+
+std::optional<std::string> query_value(std::string_view query, std::string_view name) {
+  Entries params;
+  if (!parse_query(query, params)) return std::nullopt;
+  for (auto& [k, v] : params) {
+    if (k == name) return v;
+  }
+  return std::nullopt;
+}
+
+Json entries_json(const Entries& entries) {
+  Json j = Json::object();
+  for (const auto& [k, v] : entries)
+    j[k] = v;
+  return j;
+}
+
+Json limit_json(const rules::Limit& l) {
+  return Json{{"name", l.name},
+              {"limit", l.requests},
+              {"window", rules::format_duration(l.spec.window_ms)},
+              {"bucket", rules::format_duration(l.spec.bucket_ms)}};
+}
+
+Json override_json(const rules::Override& o, int64_t now_ms) {
+  Json limits = Json::array();
+  for (const rules::Limit& l : o.limits)
+    limits.push_back(limit_json(l));
+  Json j{{"domain", o.domain},
+         {"descriptors", entries_json(o.entries)},
+         {"limits", std::move(limits)},
+         {"plan", o.plan},
+         {"mode", o.mode ? Json(std::string(rules::to_string(*o.mode))) : Json(nullptr)},
+         {"expires_at_ms", o.expires_at_ms == 0 ? Json(nullptr) : Json(o.expires_at_ms)},
+         {"ttl_left_s", o.expires_at_ms == 0 ? Json(nullptr)
+                                             : Json(std::max<int64_t>(0, o.expires_at_ms - now_ms) /
+                                                    1000)}};
+  return j;
+}
+
+// The domain and descriptors every operator body names.
+std::string parse_target(const Json& j, std::string& domain, Entries& entries) {
+  if (!j.contains("domain") || !j["domain"].is_string()) return "domain (a string) is required";
+  domain = j["domain"].get<std::string>();
+  if (!j.contains("descriptors")) return "descriptors (an object of strings) is required";
+  if (std::string err = parse_descriptors(j["descriptors"], entries); !err.empty()) return err;
+  if (entries.empty()) return "descriptors must name at least one entry";
+  return "";
+}
+
+std::string check_fields(const Json& j, std::initializer_list<std::string_view> allowed) {
+  for (const auto& [key, value] : j.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      return "unknown field \"" + key + "\"";
+    }
+  }
+  return "";
+}
+
+// "ttl": "24h" | "90s" | seconds as a number; 0 or absent = no expiry.
+std::string parse_ttl(const Json& j, int64_t now_ms, int64_t& expires_at_ms) {
+  expires_at_ms = 0;
+  if (!j.contains("ttl") || j["ttl"].is_null()) return "";
+  const Json& t = j["ttl"];
+  int64_t ms = 0;
+  if (t.is_number_unsigned()) {
+    ms = static_cast<int64_t>(std::min<uint64_t>(t.get<uint64_t>(), 3'650ull * 86'400)) * 1000;
+  } else if (t.is_string()) {
+    const auto d = rules::parse_duration_ms(t.get<std::string>());
+    if (!d || *d < 0) return "ttl must be a duration such as 90s, 30m, 24h or 7d";
+    ms = *d;
+  } else {
+    return "ttl must be a duration such as 90s, 30m, 24h or 7d";
+  }
+  if (ms > 0) expires_at_ms = now_ms + ms;
+  return "";
+}
+
+OpsReply from_result(const OpResult& r, Json ok_body) {
+  switch (r.kind) {
+    case OpResult::Kind::kOk:
+      return reply(200, std::move(ok_body));
+    case OpResult::Kind::kInvalid:
+      return error(400, r.message);
+    case OpResult::Kind::kNotFound:
+      return error(404, r.message);
+    case OpResult::Kind::kStorage:
+      return error(503, "not stored, so not applied: " + r.message);
+  }
+  return error(500, "unexpected result");
+}
+
+OpsReply set_override(Node& node, const Json& j, bool plan_only) {
+  if (std::string err = plan_only
+                            ? check_fields(j, {"domain", "descriptors", "plan", "ttl"})
+                            : check_fields(j, {"domain", "descriptors", "limits", "mode", "ttl", "plan"});
+      !err.empty()) {
+    return error(400, err);
+  }
+  rules::Override o;
+  if (std::string err = parse_target(j, o.domain, o.entries); !err.empty()) return error(400, err);
+  if (j.contains("limits")) {
+    if (!j["limits"].is_array()) return error(400, "limits must be an array such as [\"500/1m\"]");
+    if (j["limits"].size() > kMaxLimitsPerOverride) {
+      return error(400, "at most " + std::to_string(kMaxLimitsPerOverride) + " limits");
+    }
+    for (const Json& l : j["limits"]) {
+      if (!l.is_string()) return error(400, "each limit must be a string such as \"500/1m\"");
+      rules::Limit lim;
+      if (std::string why = rules::parse_limit(l.get<std::string>(), 0, lim); !why.empty()) {
+        return error(400, "limit \"" + l.get<std::string>() + "\": " + why);
+      }
+      o.limits.push_back(std::move(lim));
+    }
+  }
+  if (j.contains("mode") && !j["mode"].is_null()) {
+    if (!j["mode"].is_string()) return error(400, "mode must be enforce, dry-run or shadow");
+    o.mode = rules::parse_mode(j["mode"].get<std::string>());
+    if (!o.mode) return error(400, "mode must be enforce, dry-run or shadow");
+  }
+  if (j.contains("plan")) {
+    if (!j["plan"].is_string()) return error(400, "plan must be a string");
+    o.plan = j["plan"].get<std::string>();
+  }
+  if (plan_only && o.plan.empty()) return error(400, "plan (a plan name) is required");
+  if (std::string err = parse_ttl(j, node.now_ms(), o.expires_at_ms); !err.empty()) {
+    return error(400, err);
+  }
+  const Entries entries = o.entries;
+  const std::string domain = o.domain;
+  const OpResult r = node.set_override(std::move(o));
+  if (!r.ok()) return from_result(r, {});
+  const auto stored = node.get_override(domain, entries);
+  return reply(200, Json{{"override", stored ? override_json(*stored, node.now_ms()) : Json()}});
+}
+
+OpsReply inspect(Node& node, const Json& j) {
+  if (std::string err = check_fields(j, {"domain", "descriptors"}); !err.empty()) {
+    return error(400, err);
+  }
+  std::string domain;
+  Entries entries;
+  if (std::string err = parse_target(j, domain, entries); !err.empty()) return error(400, err);
+  std::vector<rules::Descriptor> ds;
+  for (const auto& [k, v] : entries)
+    ds.push_back({k, v});
+  const int64_t now = node.now_ms();
+  const auto policy = node.engine().policy();
+  rules::Resolution res;
+  const rules::ResolvedRequest rr = policy->resolve({domain, ds, 0}, now, res);
+  if (rr.error != rules::CheckError::kNone) {
+    return error(400, "cannot resolve: " + std::string(rules::to_string(rr.error)));
+  }
+  Json rules_json = Json::array();
+  for (uint32_t r = 0; r < rr.num_rules; ++r) {
+    const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
+    // The override that applies is the one keyed by this rule's key entries.
+    Entries key;
+    for (const std::string& name : ar.rule->key) {
+      for (const auto& [k, v] : entries) {
+        if (k == name) key.emplace_back(k, v);
+      }
+    }
+    const auto ov = ar.overridden ? node.get_override(domain, key) : std::nullopt;
+    Json limits = Json::array();
+    for (uint32_t i = 0; i < ar.num_limits; ++i) {
+      const rules::AppliedLimit& al = res.limits[ar.first_limit + i];
+      const rules::Limit& lim = *al.limit;
+      const window::WindowSpec& spec = lim.spec;
+      Json lj = limit_json(lim);
+      char hex[17];
+      const auto [end, ec] = std::to_chars(hex, hex + sizeof hex, al.counter, 16);
+      lj["counter"] = std::string(hex, end);
+      const auto view = node.engine().inspect(al.counter, spec);
+      Json buckets = Json::array();
+      double estimate = 0;
+      window::LimitState ls{lim.requests, 0, 0};
+      if (view) {
+        const auto n = static_cast<int64_t>(view->own.size());
+        std::vector<uint32_t> own(view->own.size()), others(view->own.size());
+        for (int64_t b = view->head - n + 1, idx = 0; b <= view->head; ++b, ++idx) {
+          const auto pos = static_cast<size_t>(((b % n) + n) % n);
+          own[pos] = view->own[static_cast<size_t>(idx)];
+          others[pos] = view->others[static_cast<size_t>(idx)];
+          buckets.push_back(Json{{"start_ms", b * spec.bucket_ms},
+                                 {"own", own[pos]},
+                                 {"others", others[pos]}});
+        }
+        const window::RingView rv{own, others, view->head};
+        const int64_t at = window::effective_now(now, view->head, spec.bucket_ms);
+        estimate = window::estimate(rv, spec, ar.rule->estimator, at);
+        ls = window::limit_state(rv, spec, ar.rule->estimator, at, 0, lim.requests);
+      }
+      lj["estimate"] = estimate;
+      lj["remaining"] = ls.remaining;
+      lj["reset_ms"] = ls.reset_ms;
+      lj["buckets"] = std::move(buckets);
+      limits.push_back(std::move(lj));
+    }
+    rules_json.push_back(Json{{"rule", ar.rule->name},
+                              {"key", entries_json(key)},
+                              {"mode", std::string(rules::to_string(ar.mode))},
+                              {"estimator", std::string(window::to_string(ar.rule->estimator))},
+                              {"count_denied", ar.rule->count_denied},
+                              {"override", ov ? override_json(*ov, now) : Json(nullptr)},
+                              {"limits", std::move(limits)}});
+  }
+  return reply(200, Json{{"domain", domain},
+                         {"descriptors", entries_json(entries)},
+                         {"now_ms", now},
+                         {"allowlisted", rr.allowlisted},
+                         {"rules", std::move(rules_json)}});
+}
+
+OpsReply top(Node& node, std::string_view query) {
+  size_t n = kDefaultTop;
+  if (auto v = query_value(query, "n")) {
+    size_t parsed = 0;
+    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), parsed);
+    if (ec != std::errc() || end != v->data() + v->size() || parsed == 0 || parsed > kMaxTop) {
+      return error(400, "n must be an integer from 1 to " + std::to_string(kMaxTop));
+    }
+    n = parsed;
+  }
+  const int64_t now = node.now_ms();
+  Json keys = Json::array();
+  for (const engine::HotKey& k : node.engine().hot_keys(now, n)) {
+    const bool over = k.used >= k.limit || k.exceeded > 0;
+    const char* state = k.mode == rules::Mode::kDryRun ? (over ? "would-deny" : "near")
+                        : over                         ? "over"
+                                                       : "near";
+    keys.push_back(Json{{"rule", k.rule},
+                        {"key", k.key},
+                        {"mode", std::string(rules::to_string(k.mode))},
+                        {"state", state},
+                        {"limit", k.limit},
+                        {"window", rules::format_duration(k.window_ms)},
+                        {"used", k.used},
+                        {"percent", k.limit ? 100.0 * static_cast<double>(k.used) /
+                                                  static_cast<double>(k.limit)
+                                            : 0.0},
+                        {"exceeded", k.exceeded},
+                        {"since_ms", k.first_ms},
+                        {"last_ms", k.last_ms}});
+  }
+  return reply(200, Json{{"now_ms", now}, {"keys", std::move(keys)}});
+}
+
+OpsReply snapshot(Node& node, std::string_view query) {
+  const auto full = query_value(query, "full");
+  const auto r = node.snapshot_now(full && (*full == "1" || *full == "true"));
+  if (!r) return error(503, "persistence is off: the node has no data directory");
+  Json body{{"ok", r->ok},
+            {"full", r->full},
+            {"written", r->written},
+            {"deleted", r->erased},
+            {"bytes", r->bytes},
+            {"duration_ms", static_cast<double>(r->duration_us) / 1000.0}};
+  if (!r->ok) body["error"] = r->error;
+  return reply(r->ok ? 200 : 500, std::move(body));
+}
+
+}  // namespace
+
+bool percent_decode(std::string_view in, std::string& out) {
+  out.clear();
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const char c = in[i];
+    if (c == '%') {
+      if (i + 2 >= in.size()) return false;
+      const int hi = hex_value(in[i + 1]);
+      const int lo = hex_value(in[i + 2]);
+      if (hi < 0 || lo < 0) return false;
+      out.push_back(static_cast<char>(hi * 16 + lo));
+      i += 2;
+    } else if (c == '+') {
+      out.push_back(' ');
+    } else {
+      out.push_back(c);
+    }
+  }
+  return true;
+}
+
+bool parse_query(std::string_view query, std::vector<std::pair<std::string, std::string>>& out) {
+  std::string key, value;
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view part = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (part.empty()) continue;
+    const size_t eq = part.find('=');
+    const std::string_view k = part.substr(0, eq);
+    const std::string_view v =
+        eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
+    if (!percent_decode(k, key) || !percent_decode(v, value)) return false;
+    out.emplace_back(key, value);
+  }
+  return true;
+}
+
+std::string parse_json_object(std::string_view body, Json& out) {
+  try {
+    out = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxJsonDepth) throw TooDeep{};
+      return true;
+    });
+  } catch (const Json::parse_error& e) {
+    return "malformed JSON at byte " + std::to_string(e.byte);
+  } catch (const TooDeep&) {
+    return "JSON nested deeper than " + std::to_string(kMaxJsonDepth);
+  }
+  if (!out.is_object()) return "the body must be a JSON object";
+  return "";
+}
+
+std::string parse_descriptors(const Json& value, Entries& entries) {
+  if (!value.is_object()) return "descriptors must be an object of strings";
+  for (const auto& [k, v] : value.items()) {
+    if (!v.is_string()) return "descriptors." + k + " must be a string";
+    entries.emplace_back(k, v.get<std::string>());
+  }
+  return "";
+}
+
+std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::string_view path,
+                                   std::string_view query, std::string_view body) {
+  const bool get = method == "GET";
+  const bool post = method == "POST";
+  const auto with_body = [&](auto&& fn) -> OpsReply {
+    Json j;
+    if (std::string err = parse_json_object(body, j); !err.empty()) return error(400, err);
+    return fn(j);
+  };
+  if (path == "/v1/overrides") {
+    if (get) {
+      const auto domain = query_value(query, "domain");
+      const int64_t now = node.now_ms();
+      Json list = Json::array();
+      for (const rules::Override& o : node.list_overrides()) {
+        if (!domain || o.domain == *domain) list.push_back(override_json(o, now));
+      }
+      return reply(200, Json{{"overrides", std::move(list)}});
+    }
+    if (post) return with_body([&](const Json& j) { return set_override(node, j, false); });
+    return method_not_allowed("GET, POST");
+  }
+  if (path == "/v1/overrides/get" || path == "/v1/overrides/delete") {
+    if (!post) return method_not_allowed("POST");
+    return with_body([&](const Json& j) {
+      if (std::string err = check_fields(j, {"domain", "descriptors"}); !err.empty()) {
+        return error(400, err);
+      }
+      std::string domain;
+      Entries entries;
+      if (std::string err = parse_target(j, domain, entries); !err.empty()) return error(400, err);
+      if (path == "/v1/overrides/get") {
+        const auto o = node.get_override(domain, entries);
+        if (!o) return error(404, "no override for these descriptors");
+        return reply(200, Json{{"override", override_json(*o, node.now_ms())}});
+      }
+      return from_result(node.delete_override(domain, entries), Json{{"deleted", true}});
+    });
+  }
+  if (path == "/v1/plans") {
+    if (!post) return method_not_allowed("POST");
+    return with_body([&](const Json& j) { return set_override(node, j, true); });
+  }
+  if (path == "/v1/inspect") {
+    if (!post) return method_not_allowed("POST");
+    return with_body([&](const Json& j) { return inspect(node, j); });
+  }
+  if (path == "/v1/top") {
+    if (!get) return method_not_allowed("GET");
+    return top(node, query);
+  }
+  if (path == "/v1/snapshot") {
+    if (!post) return method_not_allowed("POST");
+    return snapshot(node, query);
+  }
+  return std::nullopt;
+}
+
+}  // namespace sluice::node

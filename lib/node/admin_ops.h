@@ -1,0 +1,50 @@
+// Private to lib/node: the operator endpoints of the admin port, as plain functions from a
+// request to a JSON answer (admin_http.cc does the HTTP). docs/http.md lists them.
+//
+//   GET  /v1/overrides[?domain=D]   every override in force
+//   POST /v1/overrides              set one: {"domain","descriptors":{..},"limits":["500/1m"],
+//                                   "mode","ttl":"24h","plan"}
+//   POST /v1/overrides/get          {"domain","descriptors"} -> the override, or 404
+//   POST /v1/overrides/delete       {"domain","descriptors"}
+//   POST /v1/plans                  {"domain","descriptors","plan"[,"ttl"]}: a plan assignment
+//   POST /v1/inspect                {"domain","descriptors"}: rules, overrides, buckets, estimates
+//   GET  /v1/top[?n=20]             keys nearest to or over their limits, and dry-run would-denies
+//   POST /v1/snapshot[?full=1]      a snapshot pass now
+//
+// They run on the admin thread and may block on the disk (an override is synced before 200).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace sluice::node {
+
+class Node;
+
+struct OpsReply {
+  unsigned status = 200;
+  nlohmann::json body;
+  std::string allow;  // for 405: the methods the path takes
+};
+
+// nullopt when `path` is not an operator endpoint.
+std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::string_view path,
+                                   std::string_view query, std::string_view body);
+
+// Percent-decodes a query component ('+' is a space). False on a malformed escape.
+bool percent_decode(std::string_view in, std::string& out);
+// Splits and decodes "a=1&b=2". False on a malformed escape.
+bool parse_query(std::string_view query, std::vector<std::pair<std::string, std::string>>& out);
+
+// Parses a request body that must be a JSON object, nesting bounded. "" or the error.
+std::string parse_json_object(std::string_view body, nlohmann::json& out);
+// Reads "descriptors": an object of strings, into entries. "" or the error.
+std::string parse_descriptors(const nlohmann::json& value,
+                              std::vector<std::pair<std::string, std::string>>& entries);
+
+}  // namespace sluice::node

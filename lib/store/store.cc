@@ -1,0 +1,444 @@
+#include "store/store.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/utilities/options_util.h>
+#include <rocksdb/write_batch.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+namespace sluice::store {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr const char* kFormatKey = "sluice.format";
+constexpr const char* kFormat = "1";
+constexpr const char* kCountersCf = "counters";
+constexpr const char* kOverridesCf = "overrides";
+constexpr size_t kRecordsPerBatch = 4096;  // records per RocksDB write of a snapshot
+constexpr size_t kSlotsPerStep = 256;      // slots visited per shard lock hold (export_step)
+
+int64_t elapsed_us(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               since)
+      .count();
+}
+
+std::string recovery_hint(const std::string& dir) {
+  return "To recover: stop every process using it and keep a copy, then run `sluiced "
+         "--repair-data --data-dir " +
+         dir +
+         "` (RocksDB repair keeps every record it can read); or move the directory aside and "
+         "start with --init-data (counters start empty; re-apply overrides from a `sluicectl "
+         "override list --json` backup). See docs/operations.md, \"Data directory\".";
+}
+
+rocksdb::DBOptions db_options() {
+  rocksdb::DBOptions o;
+  o.create_if_missing = true;
+  o.create_missing_column_families = true;
+  o.paranoid_checks = true;
+  o.max_background_jobs = 2;
+  o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  o.keep_log_file_num = 4;
+  o.max_total_wal_size = 256ull << 20;
+  return o;
+}
+
+std::vector<rocksdb::ColumnFamilyDescriptor> column_families() {
+  rocksdb::ColumnFamilyOptions counters;
+  // Records are small, rewritten every pass and read once at start: compression would cost
+  // snapshot and restore time for little space.
+  counters.compression = rocksdb::kNoCompression;
+  counters.write_buffer_size = 64ull << 20;
+  return {{rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+          {kCountersCf, counters},
+          {kOverridesCf, rocksdb::ColumnFamilyOptions()}};
+}
+
+rocksdb::Slice slice(std::span<const uint8_t> b) {
+  return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+// ---- overrides as JSON ------------------------------------------------------------------------
+
+Json override_to_json(const rules::Override& o) {
+  Json entries = Json::array();
+  for (const auto& [k, v] : o.entries)
+    entries.push_back(Json::array({k, v}));
+  Json limits = Json::array();
+  for (const rules::Limit& l : o.limits) {
+    limits.push_back(Json{{"name", l.name},
+                          {"requests", l.requests},
+                          {"window_ms", l.spec.window_ms},
+                          {"bucket_ms", l.spec.bucket_ms}});
+  }
+  Json j{{"domain", o.domain},
+         {"entries", std::move(entries)},
+         {"limits", std::move(limits)},
+         {"plan", o.plan},
+         {"expires_at_ms", o.expires_at_ms}};
+  if (o.mode) j["mode"] = std::string(rules::to_string(*o.mode));
+  return j;
+}
+
+// Throws (nlohmann or std::runtime_error) on anything unexpected; the caller reports it.
+rules::Override override_from_json(const Json& j) {
+  rules::Override o;
+  o.domain = j.at("domain").get<std::string>();
+  for (const auto& e : j.at("entries"))
+    o.entries.emplace_back(e.at(0).get<std::string>(), e.at(1).get<std::string>());
+  for (const auto& l : j.at("limits")) {
+    rules::Limit lim;
+    lim.name = l.at("name").get<std::string>();
+    lim.requests = l.at("requests").get<uint64_t>();
+    lim.spec.window_ms = l.at("window_ms").get<int64_t>();
+    lim.spec.bucket_ms = l.at("bucket_ms").get<int64_t>();
+    o.limits.push_back(std::move(lim));
+  }
+  o.plan = j.at("plan").get<std::string>();
+  o.expires_at_ms = j.at("expires_at_ms").get<int64_t>();
+  if (j.contains("mode")) {
+    o.mode = rules::parse_mode(j.at("mode").get<std::string>());
+    if (!o.mode) throw std::runtime_error("unknown mode");
+  }
+  return o;
+}
+
+// Snapshot records go into a write batch; the caller writes it every kRecordsPerBatch records.
+class BatchSink : public engine::RecordSink {
+ public:
+  explicit BatchSink(rocksdb::ColumnFamilyHandle* cf) : cf_(cf) {}
+  void put(std::span<const uint8_t> key, std::span<const uint8_t> value) override {
+    if (status_.ok()) status_ = batch.Put(cf_, slice(key), slice(value));
+    ++puts;
+  }
+  void erase(std::span<const uint8_t> key) override {
+    if (status_.ok()) status_ = batch.Delete(cf_, slice(key));
+    ++deletes;
+  }
+  const rocksdb::Status& status() const { return status_; }
+  rocksdb::WriteBatch batch;
+  uint64_t puts = 0;
+  uint64_t deletes = 0;
+
+ private:
+  rocksdb::ColumnFamilyHandle* cf_;
+  rocksdb::Status status_;
+};
+
+}  // namespace
+
+struct Store::Db {
+  std::unique_ptr<rocksdb::DB> db;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;  // default, counters, overrides
+  rocksdb::ColumnFamilyHandle* counters() const { return handles[1]; }
+  rocksdb::ColumnFamilyHandle* overrides() const { return handles[2]; }
+  ~Db() {
+    // Handles before the database (CONVENTIONS.md: RocksDB pitfalls).
+    if (db) {
+      for (auto* h : handles)
+        db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+      db->Close().PermitUncheckedError();
+    }
+  }
+};
+
+Store::Store(std::string dir, std::unique_ptr<Db> db) : dir_(std::move(dir)), db_(std::move(db)) {}
+Store::~Store() = default;
+
+std::unique_ptr<Store> Store::open(const std::string& dir, bool create) {
+  if (dir.empty()) throw StoreError("no data directory given");
+  std::error_code ec;
+  const bool exists = fs::exists(dir, ec);
+  if (ec) throw StoreError("data directory " + dir + ": " + ec.message());
+  bool fresh = false;
+  if (!exists || (fs::is_directory(dir, ec) && fs::is_empty(dir, ec))) {
+    if (!create) {
+      throw StoreError(
+          "data directory " + dir + (exists ? " is empty" : " does not exist") +
+          ". On a node's first start, create it with --init-data (or `init_data: true` in the "
+          "config). If this node ran before, its counters and overrides were there: check the "
+          "path and that its volume is mounted before creating a new one.");
+    }
+    fs::create_directories(dir, ec);
+    if (ec) throw StoreError("cannot create data directory " + dir + ": " + ec.message());
+    fresh = true;
+  } else if (!fs::is_directory(dir, ec)) {
+    throw StoreError("data directory " + dir + " is not a directory");
+  } else if (!fs::exists(fs::path(dir) / "CURRENT", ec)) {
+    throw StoreError("data directory " + dir +
+                     " is not empty but holds no RocksDB database (its CURRENT file is "
+                     "missing). If it is a Sluice data directory that lost files: " +
+                     recovery_hint(dir) + " Otherwise point data_dir at another directory.");
+  }
+
+  auto d = std::make_unique<Db>();
+  rocksdb::DB* raw = nullptr;
+  const rocksdb::Status s =
+      rocksdb::DB::Open(db_options(), dir, column_families(), &d->handles, &raw);
+  if (!s.ok()) {
+    std::string why = "RocksDB cannot open data directory " + dir + ": " + s.ToString() + ". ";
+    if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
+      why += "Another process (a second sluiced?) holds it: stop it, or give this node its own "
+             "data directory.";
+    } else {
+      why += recovery_hint(dir);
+    }
+    throw StoreError(why);
+  }
+  d->db.reset(raw);
+  std::string format;
+  const rocksdb::Status fs_ = d->db->Get(rocksdb::ReadOptions(), kFormatKey, &format);
+  if (fresh) {
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    const rocksdb::Status w = d->db->Put(wo, kFormatKey, kFormat);
+    if (!w.ok()) throw StoreError("cannot initialize data directory " + dir + ": " + w.ToString());
+  } else if (fs_.IsNotFound()) {
+    throw StoreError("data directory " + dir +
+                     " holds a RocksDB database that is not Sluice's (no sluice.format key). "
+                     "Point data_dir at the node's own directory. If it is the node's and only "
+                     "that key was lost: " +
+                     recovery_hint(dir));
+  } else if (!fs_.ok()) {
+    throw StoreError("data directory " + dir + ": reading sluice.format: " + fs_.ToString() +
+                     ". " + recovery_hint(dir));
+  } else if (format != kFormat) {
+    throw StoreError("data directory " + dir + " has data format " + format +
+                     ", this sluiced reads format " + kFormat);
+  }
+  return std::unique_ptr<Store>(new Store(dir, std::move(d)));
+}
+
+void Store::repair(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw StoreError("data directory " + dir + " does not exist");
+  rocksdb::Options options(db_options(), rocksdb::ColumnFamilyOptions());
+  const rocksdb::Status s = rocksdb::RepairDB(dir, options, column_families());
+  if (!s.ok()) throw StoreError("RocksDB repair of " + dir + " failed: " + s.ToString());
+  // Repair may lose the format marker with the default column family's files: write it again.
+  auto d = std::make_unique<Db>();
+  rocksdb::DB* raw = nullptr;
+  const rocksdb::Status o = rocksdb::DB::Open(db_options(), dir, column_families(), &d->handles, &raw);
+  if (!o.ok()) throw StoreError("after repair, RocksDB still cannot open " + dir + ": " + o.ToString());
+  d->db.reset(raw);
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  const rocksdb::Status w = d->db->Put(wo, kFormatKey, kFormat);
+  if (!w.ok()) throw StoreError("after repair of " + dir + ": " + w.ToString());
+}
+
+RestoreResult Store::restore(engine::Engine& engine, int64_t now_ms) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RestoreResult r;
+  rocksdb::ReadOptions ro;
+  ro.fill_cache = false;
+  ro.readahead_size = 4u << 20;
+  rocksdb::WriteBatch drop;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(db_->db->NewIterator(ro, db_->counters()));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      const rocksdb::Slice k = it->key();
+      const rocksdb::Slice v = it->value();
+      const auto res = engine.import_record(
+          {reinterpret_cast<const uint8_t*>(k.data()), k.size()},
+          {reinterpret_cast<const uint8_t*>(v.data()), v.size()}, now_ms);
+      switch (res) {
+        case engine::ImportResult::kImported:
+          ++r.restored;
+          break;
+        case engine::ImportResult::kExpired:
+          ++r.expired;
+          drop.Delete(db_->counters(), k).PermitUncheckedError();
+          break;
+        case engine::ImportResult::kMalformed:
+          ++r.malformed;
+          drop.Delete(db_->counters(), k).PermitUncheckedError();
+          break;
+        case engine::ImportResult::kNoRoom:
+          ++r.no_room;
+          break;
+      }
+    }
+    if (!it->status().ok()) {
+      throw StoreError("reading counters from " + dir_ + ": " + it->status().ToString() + ". " +
+                       recovery_hint(dir_));
+    }
+  }
+  if (drop.Count() > 0) {
+    const rocksdb::Status s = db_->db->Write(rocksdb::WriteOptions(), &drop);
+    if (!s.ok()) spdlog::warn("restore: deleting stale counter records failed: {}", s.ToString());
+  }
+  if (r.malformed > 0) {
+    spdlog::warn("restore: {} unreadable counter records in {} were deleted", r.malformed, dir_);
+  }
+  r.duration_us = elapsed_us(t0);
+  return r;
+}
+
+SnapshotResult Store::snapshot(engine::Engine& engine, bool full) {
+  std::lock_guard g(snapshot_mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  SnapshotResult r;
+  r.full = full;
+  BatchSink sink(db_->counters());
+  rocksdb::WriteOptions wo;  // WAL on, not synced: see the file comment of store.h
+  cursor_.restart(full);
+  bool done = false;
+  while (!done) {
+    done = engine.export_step(cursor_, kSlotsPerStep, sink);
+    if (sink.batch.Count() < kRecordsPerBatch && !done) continue;
+    rocksdb::Status s = sink.status();
+    if (s.ok() && sink.batch.Count() > 0) s = db_->db->Write(wo, &sink.batch);
+    if (!s.ok()) {
+      r.ok = false;
+      r.error = s.ToString();
+      // What this pass took out of the engine's change flags is not stored: write it all again.
+      engine.mark_all_changed();
+      break;
+    }
+    r.bytes += sink.batch.GetDataSize();
+    sink.batch.Clear();
+  }
+  r.written = sink.puts;
+  r.erased = sink.deletes;
+  r.duration_us = elapsed_us(t0);
+  return r;
+}
+
+std::vector<rules::Override> Store::load_overrides() {
+  std::vector<rules::Override> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->db->NewIterator(rocksdb::ReadOptions(), db_->overrides()));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    try {
+      out.push_back(override_from_json(Json::parse(it->value().ToStringView())));
+    } catch (const std::exception& e) {
+      throw StoreError("data directory " + dir_ + ": an override record is unreadable (" +
+                       e.what() + "). " + recovery_hint(dir_));
+    }
+  }
+  if (!it->status().ok()) {
+    throw StoreError("reading overrides from " + dir_ + ": " + it->status().ToString() + ". " +
+                     recovery_hint(dir_));
+  }
+  return out;
+}
+
+void Store::put_override(const rules::Override& o) {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  const rocksdb::Status s = db_->db->Put(wo, db_->overrides(), rules::override_id(o.domain, o.entries),
+                                         override_to_json(o).dump());
+  if (!s.ok()) throw StoreError("storing the override failed: " + s.ToString());
+  flush_overrides();
+}
+
+// Overrides also go to a table file right away: RocksDB's repair can read table files on their
+// own, while the log needs the manifest to know its column families.
+void Store::flush_overrides() {
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  const rocksdb::Status s = db_->db->Flush(fo, db_->overrides());
+  if (!s.ok()) spdlog::warn("flushing the overrides of {} failed: {}", dir_, s.ToString());
+}
+
+void Store::delete_override(std::string_view domain,
+                            std::span<const std::pair<std::string, std::string>> entries) {
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  const rocksdb::Status s =
+      db_->db->Delete(wo, db_->overrides(), rules::override_id(domain, entries));
+  if (!s.ok()) throw StoreError("deleting the override failed: " + s.ToString());
+  flush_overrides();
+}
+
+void Store::flush() {
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  const rocksdb::Status s = db_->db->Flush(fo, db_->handles);
+  if (!s.ok()) spdlog::warn("flushing {} failed: {}", dir_, s.ToString());
+}
+
+uint64_t Store::disk_bytes() const {
+  uint64_t total = 0;
+  for (auto* h : db_->handles) {
+    uint64_t v = 0;
+    if (db_->db->GetIntProperty(h, "rocksdb.total-sst-files-size", &v)) total += v;
+  }
+  rocksdb::VectorLogPtr wals;
+  if (db_->db->GetSortedWalFiles(wals).ok()) {
+    for (const auto& w : wals)
+      total += w->SizeFileBytes();
+  }
+  return total;
+}
+
+// ---- Snapshotter -----------------------------------------------------------------------------
+
+Snapshotter::Snapshotter(Store& store, engine::Engine& engine, int64_t interval_ms,
+                         std::function<int64_t()> clock)
+    : store_(store), engine_(engine), interval_ms_(std::max<int64_t>(interval_ms, 10)),
+      clock_(std::move(clock)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Snapshotter::~Snapshotter() { stop(); }
+
+SnapshotResult Snapshotter::pass(bool full) {
+  SnapshotResult r = store_.snapshot(engine_, full);
+  std::lock_guard g(mu_);
+  ++status_.passes;
+  if (!r.ok) {
+    ++status_.failures;
+    spdlog::error("snapshot to {} failed: {}; every counter will be written again next pass",
+                  store_.dir(), r.error);
+  }
+  status_.last = r;
+  status_.last_ms = clock_();
+  return r;
+}
+
+void Snapshotter::run() {
+  std::unique_lock lk(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lk, std::chrono::milliseconds(interval_ms_), [this] { return stopping_; });
+    if (stopping_) break;
+    lk.unlock();
+    pass(false);
+    lk.lock();
+  }
+}
+
+SnapshotResult Snapshotter::snapshot_now(bool full) {
+  return pass(full);  // Store::snapshot serializes passes
+}
+
+SnapshotResult Snapshotter::stop() {
+  std::lock_guard stop_guard(stop_mu_);
+  {
+    std::lock_guard g(mu_);
+    if (stopped_) return final_;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  SnapshotResult r = pass(false);
+  store_.flush();  // a clean stop leaves everything in table files
+  std::lock_guard g(mu_);
+  stopped_ = true;
+  final_ = r;
+  return r;
+}
+
+Snapshotter::Status Snapshotter::status() const {
+  std::lock_guard g(mu_);
+  return status_;
+}
+
+}  // namespace sluice::store

@@ -1,0 +1,151 @@
+// Persistence of a node in RocksDB: counter snapshots and runtime overrides (DESIGN.md,
+// "Persistence").
+//
+// Layout of a data directory: one RocksDB database with three column families.
+//   default    "sluice.format" -> "1" (written at creation; a database without it is not ours)
+//   counters   engine records (engine.h, "counters as records"): key 16 bytes, value the state
+//   overrides  rules::override_id -> the override as JSON (readable with RocksDB's `ldb`)
+//
+// Counters are written by snapshots: each pass writes the counters changed since the previous
+// pass (Engine::export_step) and deletes the ones the engine dropped, in batches, with the WAL on
+// but not synced (a killed process loses nothing the OS has; a power cut may lose the last pass).
+// Overrides are written with the WAL synced before the call returns: an acknowledged override
+// survives kill -9 and power loss alike.
+//
+// A directory is never reset silently: a missing or empty directory is created only when the
+// caller asks (first start, `sluiced --init-data`); a directory that is not a Sluice database, or
+// that RocksDB finds corrupt, is an error naming the directory and the way to recover
+// (docs/operations.md, "Data directory").
+//
+// Threads: a Store may be used from several threads (RocksDB is thread-safe; the snapshot cursor
+// is guarded). `Snapshotter` runs snapshots on its own thread, never on a check thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "rules/rules.h"
+
+namespace sluice::store {
+
+// Thrown at open (and by override writes) with a message for the operator.
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SnapshotResult {
+  bool ok = true;
+  std::string error;      // when !ok: what RocksDB said
+  bool full = false;      // every counter was written, not only the changed ones
+  uint64_t written = 0;   // records put
+  uint64_t erased = 0;    // records deleted (counters the engine dropped)
+  uint64_t bytes = 0;     // bytes of the write batches (keys, values, batch framing)
+  int64_t duration_us = 0;
+};
+
+struct RestoreResult {
+  uint64_t restored = 0;
+  uint64_t expired = 0;    // every bucket had left its window: deleted
+  uint64_t malformed = 0;  // unreadable records: logged and deleted
+  uint64_t no_room = 0;    // the memory cap left no room
+  int64_t duration_us = 0;
+};
+
+class Store {
+ public:
+  // Opens the database in `dir`. With `create`, a directory that does not exist or is empty
+  // becomes a new database; without it, that is an error (a data directory that vanished, or a
+  // volume that is not mounted, must not look like a first start). Throws StoreError.
+  static std::unique_ptr<Store> open(const std::string& dir, bool create);
+  // Runs RocksDB's repair on `dir` (keeps every record it can read). Throws StoreError.
+  static void repair(const std::string& dir);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  const std::string& dir() const { return dir_; }
+
+  // Loads every stored counter into `engine` (records still inside their windows at now);
+  // deletes expired and unreadable ones. Throws StoreError when the scan itself fails.
+  RestoreResult restore(engine::Engine& engine, int64_t now_ms);
+
+  // One snapshot pass (see the file comment). On a failed write the engine is told to mark every
+  // counter changed, so the next pass writes everything again: nothing is skipped for good.
+  SnapshotResult snapshot(engine::Engine& engine, bool full = false);
+
+  // Every stored override. Throws StoreError on a failed scan or an unreadable record.
+  std::vector<rules::Override> load_overrides();
+  // Writes (replaces) one override, WAL synced. Throws StoreError.
+  void put_override(const rules::Override& o);
+  // Deletes one override, WAL synced. Throws StoreError.
+  void delete_override(std::string_view domain,
+                       std::span<const std::pair<std::string, std::string>> entries);
+
+  // Writes every memtable to table files and waits (a clean stop calls it).
+  void flush();
+
+  // Bytes on disk: SST files plus live WAL files.
+  uint64_t disk_bytes() const;
+
+  struct Db;
+
+ private:
+  Store(std::string dir, std::unique_ptr<Db> db);
+  void flush_overrides();
+  std::string dir_;
+  std::unique_ptr<Db> db_;
+  std::mutex snapshot_mu_;  // one snapshot pass at a time (it owns the cursor)
+  engine::ExportCursor cursor_;
+};
+
+// Runs Store::snapshot every `interval_ms` on its own thread, on demand, and once more at stop().
+class Snapshotter {
+ public:
+  struct Status {
+    int64_t last_ms = 0;  // when the last pass finished (clock of the constructor), 0 = never
+    SnapshotResult last;
+    uint64_t passes = 0;
+    uint64_t failures = 0;
+  };
+
+  Snapshotter(Store& store, engine::Engine& engine, int64_t interval_ms,
+              std::function<int64_t()> clock);
+  ~Snapshotter();  // stop()
+  Snapshotter(const Snapshotter&) = delete;
+  Snapshotter& operator=(const Snapshotter&) = delete;
+
+  // Runs a pass now (waits for one in progress first) and returns its result.
+  SnapshotResult snapshot_now(bool full = false);
+  // Stops the thread after a final pass; idempotent. Returns that pass's result.
+  SnapshotResult stop();
+  Status status() const;
+
+ private:
+  SnapshotResult pass(bool full);
+  void run();
+
+  Store& store_;
+  engine::Engine& engine_;
+  int64_t interval_ms_;
+  std::function<int64_t()> clock_;
+  std::mutex stop_mu_;     // one stop() at a time (it joins the thread)
+  mutable std::mutex mu_;  // guards status_, stopping_, stopped_, final_
+  std::condition_variable cv_;
+  Status status_;
+  bool stopping_ = false;
+  bool stopped_ = false;
+  SnapshotResult final_;
+  std::thread thread_;
+};
+
+}  // namespace sluice::store

@@ -1,0 +1,366 @@
+#include "store/store.h"
+
+#include <doctest/doctest.h>
+#include <rocksdb/db.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "one_rule_policy.h"
+
+namespace {
+
+using namespace sluice;
+namespace fs = std::filesystem;
+
+constexpr int64_t kT0 = 28'333'333LL * 60'000;  // an epoch-aligned minute
+constexpr uint64_t kSeed = 7;
+
+struct TempDir {
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "sluice-store-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string sub(const char* name) const { return (fs::path(path) / name).string(); }
+  std::string path;
+};
+
+testing::OneRule per_user(uint64_t limit = 100) {
+  testing::OneRule o;
+  o.domain = "api";
+  o.rule = "per-user";
+  o.key = "user";
+  o.limit = limit;
+  return o;
+}
+
+struct Checker {
+  engine::Engine& e;
+  engine::BatchResult out;
+  bool check(const std::string& user, int64_t now, uint64_t hits = 1) {
+    const rules::Descriptor d[] = {{"user", user}};
+    const rules::CheckRequest req{"api", d, hits};
+    e.check({&req, 1}, now, out);
+    return out.decisions.at(0).allowed;
+  }
+};
+
+uint64_t counter_of(const engine::Engine& e, const std::string& user) {
+  const auto policy = e.policy();
+  const rules::Rule& r = policy->rules().domains[0].rules[0];
+  const std::string_view values[] = {user};
+  return rules::counter_id(rules::key_hash(kSeed, "api", r, values), r.limits[0].spec);
+}
+
+const window::WindowSpec kMinute = window::make_spec(60'000);
+
+}  // namespace
+
+TEST_CASE("a snapshot restored into a new engine gives every counter back") {
+  TempDir tmp;
+  const auto policy = testing::one_rule_policy(per_user(), kSeed);
+  {
+    engine::Engine e(policy);
+    Checker c{e, {}};
+    for (int u = 0; u < 500; ++u)
+      for (int i = 0; i <= u % 7; ++i)
+        c.check("u" + std::to_string(u), kT0 + 1000);
+    auto store = store::Store::open(tmp.sub("db"), true);
+    const auto r = store->snapshot(e);
+    CHECK(r.ok);
+    CHECK(r.written == 500);
+    CHECK(r.bytes > 500 * engine::kRecordKeyBytes);
+  }
+  engine::Engine e2(policy);
+  auto store = store::Store::open(tmp.sub("db"), false);
+  const auto rr = store->restore(e2, kT0 + 2000);
+  CHECK(rr.restored == 500);
+  CHECK(rr.expired == 0);
+  CHECK(rr.malformed == 0);
+  for (int u = 0; u < 500; u += 37) {
+    const auto v = e2.inspect(counter_of(e2, "u" + std::to_string(u)), kMinute);
+    REQUIRE(v.has_value());
+    CHECK(v->own.back() == static_cast<uint32_t>(u % 7 + 1));
+  }
+  // The restored counts decide: user u1 had 2 of 100, so 98 more fit and the 99th does not.
+  Checker c{e2, {}};
+  CHECK(c.check("u1", kT0 + 3000, 98));
+  CHECK_FALSE(c.check("u1", kT0 + 3000));
+}
+
+TEST_CASE("a snapshot writes only the counters changed since the previous one") {
+  TempDir tmp;
+  engine::Engine e(testing::one_rule_policy(per_user(), kSeed));
+  Checker c{e, {}};
+  for (int u = 0; u < 100; ++u)
+    c.check("u" + std::to_string(u), kT0);
+  auto store = store::Store::open(tmp.sub("db"), true);
+  CHECK(store->snapshot(e).written == 100);
+  CHECK(store->snapshot(e).written == 0);
+  c.check("u5", kT0 + 10);
+  c.check("u6", kT0 + 10);
+  c.check("new", kT0 + 10);
+  CHECK(store->snapshot(e).written == 3);
+  // A full snapshot writes everything regardless.
+  const auto full = store->snapshot(e, true);
+  CHECK(full.full);
+  CHECK(full.written == 101);
+  // A denied check that counts nothing changes nothing.
+  engine::Engine e2(testing::one_rule_policy(per_user(1), kSeed));
+  Checker c2{e2, {}};
+  CHECK(c2.check("x", kT0));
+  CHECK(store->snapshot(e2).written == 1);
+  CHECK_FALSE(c2.check("x", kT0));
+  CHECK(store->snapshot(e2).written == 0);
+}
+
+TEST_CASE("counters the engine drops are deleted from the store, and one created again is kept") {
+  TempDir tmp;
+  const auto policy = testing::one_rule_policy(per_user(), kSeed);
+  engine::Engine e(policy);
+  Checker c{e, {}};
+  c.check("gone", kT0);
+  c.check("again", kT0);
+  auto store = store::Store::open(tmp.sub("db"), true);
+  CHECK(store->snapshot(e).written == 2);
+  // Two minutes later both have expired; the sweep drops them.
+  const int64_t later = kT0 + 2 * 60'000;
+  CHECK(e.sweep(later) == 2);
+  c.check("again", later);  // created again before the next snapshot
+  const auto r = store->snapshot(e);
+  CHECK(r.erased == 2);
+  CHECK(r.written == 1);
+  engine::Engine e2(policy);
+  const auto rr = store->restore(e2, later);
+  CHECK(rr.restored == 1);
+  CHECK(e2.inspect(counter_of(e2, "again"), kMinute).has_value());
+  CHECK_FALSE(e2.inspect(counter_of(e2, "gone"), kMinute).has_value());
+}
+
+TEST_CASE("restore skips and deletes records whose window has passed") {
+  TempDir tmp;
+  const auto policy = testing::one_rule_policy(per_user(), kSeed);
+  engine::Engine e(policy);
+  Checker c{e, {}};
+  c.check("old", kT0);
+  c.check("recent", kT0 + 60'000);
+  auto store = store::Store::open(tmp.sub("db"), true);
+  store->snapshot(e);
+  engine::Engine e2(policy);
+  const auto rr = store->restore(e2, kT0 + 2 * 60'000 + 5);
+  CHECK(rr.restored == 1);
+  CHECK(rr.expired == 1);
+  engine::Engine e3(policy);
+  const auto again = store->restore(e3, kT0 + 2 * 60'000 + 5);
+  CHECK(again.restored == 1);
+  CHECK(again.expired == 0);  // deleted by the first restore
+}
+
+TEST_CASE("remote totals survive a restart and merging them again counts nothing twice") {
+  TempDir tmp;
+  const auto policy = testing::one_rule_policy(per_user(), kSeed);
+  engine::Engine e(policy);
+  Checker c{e, {}};
+  c.check("k", kT0, 4);
+  const uint64_t ctr = counter_of(e, "k");
+  const int64_t b = window::bucket_of(kT0, 60'000);
+  const std::vector<engine::RemoteTotal> totals{{ctr, kMinute, 2, b, 30}, {ctr, kMinute, 3, b, 5}};
+  CHECK(e.merge(totals, kT0) == 2);
+  auto store = store::Store::open(tmp.sub("db"), true);
+  store->snapshot(e);
+  engine::Engine e2(policy);
+  store->restore(e2, kT0 + 100);
+  auto v = e2.inspect(ctr, kMinute);
+  REQUIRE(v.has_value());
+  CHECK(v->own.back() == 4);
+  CHECK(v->others.back() == 35);
+  CHECK(e2.merge(totals, kT0 + 100) == 0);  // the same reports again: nothing new
+  CHECK(e2.merge(std::vector<engine::RemoteTotal>{{ctr, kMinute, 2, b, 31}}, kT0 + 100) == 1);
+  v = e2.inspect(ctr, kMinute);
+  CHECK(v->others.back() == 36);
+}
+
+TEST_CASE("importing a record into a counter that exists keeps the larger count per bucket") {
+  const auto policy = testing::one_rule_policy(per_user(), kSeed);
+  engine::Engine a(policy);
+  Checker ca{a, {}};
+  ca.check("k", kT0, 10);
+  struct Collect : engine::RecordSink {
+    std::vector<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> recs;
+    void put(std::span<const uint8_t> k, std::span<const uint8_t> v) override {
+      recs.emplace_back(std::vector<uint8_t>(k.begin(), k.end()),
+                        std::vector<uint8_t>(v.begin(), v.end()));
+    }
+    void erase(std::span<const uint8_t>) override {}
+  } sink;
+  engine::ExportCursor cur;
+  cur.restart(false);
+  while (!a.export_step(cur, 64, sink)) {
+  }
+  REQUIRE(sink.recs.size() == 1);
+  engine::Engine b(policy);
+  Checker cb{b, {}};
+  cb.check("k", kT0, 3);
+  const auto& [k, v] = sink.recs[0];
+  CHECK(b.import_record(k, v, kT0) == engine::ImportResult::kImported);
+  CHECK(b.inspect(counter_of(b, "k"), kMinute)->own.back() == 10);
+  CHECK(b.import_record(k, v, kT0) == engine::ImportResult::kImported);  // idempotent
+  CHECK(b.inspect(counter_of(b, "k"), kMinute)->own.back() == 10);
+
+  SUBCASE("malformed records change nothing") {
+    std::vector<uint8_t> bad = v;
+    bad[0] = 99;  // unknown version
+    CHECK(b.import_record(k, bad, kT0) == engine::ImportResult::kMalformed);
+    bad = v;
+    bad.pop_back();  // truncated
+    CHECK(b.import_record(k, bad, kT0) == engine::ImportResult::kMalformed);
+    bad = v;
+    bad.push_back(0);  // trailing bytes
+    CHECK(b.import_record(k, bad, kT0) == engine::ImportResult::kMalformed);
+    std::vector<uint8_t> bad_key = k;
+    bad_key[15] = 7;  // a bucket that does not divide the window: an invalid spec
+    CHECK(b.import_record(bad_key, v, kT0) == engine::ImportResult::kMalformed);
+    CHECK(b.import_record(std::span<const uint8_t>(k).first(8), v, kT0) ==
+          engine::ImportResult::kMalformed);
+    CHECK(b.inspect(counter_of(b, "k"), kMinute)->own.back() == 10);
+  }
+}
+
+TEST_CASE("overrides are stored, listed and deleted") {
+  TempDir tmp;
+  auto store = store::Store::open(tmp.sub("db"), true);
+  rules::Override o;
+  o.domain = "api";
+  o.entries = {{"user", "42"}, {"ip", "10.0.0.1"}};
+  rules::Limit l;
+  REQUIRE(rules::parse_limit("500/1m", 0, l).empty());
+  o.limits = {l};
+  o.mode = rules::Mode::kDryRun;
+  o.expires_at_ms = kT0 + 86'400'000;
+  store->put_override(o);
+  rules::Override p;
+  p.domain = "api";
+  p.entries = {{"client_id", "shop-17"}};
+  p.plan = "starter";
+  store->put_override(p);
+  store.reset();
+
+  auto again = store::Store::open(tmp.sub("db"), false);
+  auto list = again->load_overrides();
+  REQUIRE(list.size() == 2);
+  const rules::Override* got = nullptr;
+  for (const auto& x : list)
+    if (x.plan.empty()) got = &x;
+  REQUIRE(got != nullptr);
+  CHECK(got->domain == "api");
+  CHECK(got->entries.size() == 2);
+  REQUIRE(got->limits.size() == 1);
+  CHECK(got->limits[0].requests == 500);
+  CHECK(got->limits[0].spec == l.spec);
+  CHECK(got->mode == rules::Mode::kDryRun);
+  CHECK(got->expires_at_ms == kT0 + 86'400'000);
+  // The same entries in another order name the same override.
+  const std::vector<std::pair<std::string, std::string>> reordered{{"ip", "10.0.0.1"},
+                                                                   {"user", "42"}};
+  again->delete_override("api", reordered);
+  list = again->load_overrides();
+  REQUIRE(list.size() == 1);
+  CHECK(list[0].plan == "starter");
+}
+
+TEST_CASE("a missing or empty data directory is created only when asked") {
+  TempDir tmp;
+  CHECK_THROWS_WITH_AS(store::Store::open(tmp.sub("nope"), false),
+                       doctest::Contains("does not exist"), store::StoreError);
+  CHECK_FALSE(fs::exists(tmp.sub("nope")));
+  fs::create_directories(tmp.sub("empty"));
+  CHECK_THROWS_WITH_AS(store::Store::open(tmp.sub("empty"), false), doctest::Contains("is empty"),
+                       store::StoreError);
+  CHECK(store::Store::open(tmp.sub("empty"), true) != nullptr);
+  CHECK(store::Store::open(tmp.sub("empty"), false) != nullptr);  // now initialized
+}
+
+TEST_CASE("a directory that is not a Sluice database is refused with the way out") {
+  TempDir tmp;
+  fs::create_directories(tmp.sub("other"));
+  std::ofstream(tmp.sub("other") + "/notes.txt") << "hello";
+  CHECK_THROWS_WITH_AS(store::Store::open(tmp.sub("other"), true),
+                       doctest::Contains("holds no RocksDB database"), store::StoreError);
+  // A RocksDB database of someone else's.
+  rocksdb::Options opts;
+  opts.create_if_missing = true;
+  rocksdb::DB* raw = nullptr;
+  REQUIRE(rocksdb::DB::Open(opts, tmp.sub("foreign"), &raw).ok());
+  delete raw;
+  CHECK_THROWS_WITH_AS(store::Store::open(tmp.sub("foreign"), false),
+                       doctest::Contains("not Sluice's"), store::StoreError);
+}
+
+TEST_CASE("a corrupt database is a clear error, and --repair-data brings its records back") {
+  TempDir tmp;
+  const auto policy = testing::one_rule_policy(per_user(), kSeed);
+  engine::Engine e(policy);
+  Checker c{e, {}};
+  for (int u = 0; u < 50; ++u)
+    c.check("u" + std::to_string(u), kT0, 3);
+  {
+    auto store = store::Store::open(tmp.sub("db"), true);
+    store->snapshot(e);
+    store->flush();  // as a clean stop does
+  }
+  // Garble the MANIFEST that CURRENT points at.
+  std::string manifest;
+  std::ifstream(tmp.sub("db") + "/CURRENT") >> manifest;
+  REQUIRE_FALSE(manifest.empty());
+  {
+    std::ofstream f(tmp.sub("db") + "/" + manifest, std::ios::binary | std::ios::trunc);
+    f << "this is not a manifest";
+  }
+  try {
+    store::Store::open(tmp.sub("db"), false);
+    FAIL("a corrupt database opened");
+  } catch (const store::StoreError& err) {
+    const std::string what = err.what();
+    CHECK(what.find(tmp.sub("db")) != std::string::npos);
+    CHECK(what.find("--repair-data") != std::string::npos);
+  }
+  store::Store::repair(tmp.sub("db"));
+  auto store = store::Store::open(tmp.sub("db"), false);
+  engine::Engine e2(policy);
+  CHECK(store->restore(e2, kT0 + 10).restored == 50);
+}
+
+TEST_CASE("a second process cannot open a data directory in use") {
+  TempDir tmp;
+  auto first = store::Store::open(tmp.sub("db"), true);
+  CHECK_THROWS_WITH_AS(store::Store::open(tmp.sub("db"), false),
+                       doctest::Contains("Another process"), store::StoreError);
+}
+
+TEST_CASE("the snapshotter writes on its interval, on demand, and once more at stop") {
+  TempDir tmp;
+  engine::Engine e(testing::one_rule_policy(per_user(), kSeed));
+  Checker c{e, {}};
+  auto store = store::Store::open(tmp.sub("db"), true);
+  int64_t fake_now = 1000;
+  store::Snapshotter snap(*store, e, 3'600'000, [&] { return fake_now; });  // interval: never
+  c.check("a", kT0);
+  const auto r = snap.snapshot_now();
+  CHECK(r.written == 1);
+  CHECK(snap.status().passes == 1);
+  CHECK(snap.status().last_ms == 1000);
+  c.check("b", kT0);
+  fake_now = 2000;
+  const auto last = snap.stop();
+  CHECK(last.written == 1);
+  CHECK(snap.status().passes == 2);
+  CHECK(snap.stop().written == 1);  // idempotent: the final result again
+}
