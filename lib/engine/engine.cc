@@ -182,6 +182,7 @@ struct Engine::Impl {
   // The same, readable without state_mu: an entry is written once, under state_mu, before its id
   // is published (in a State, or returned to merge), and never changes after.
   std::array<window::WindowSpec, kMaxSpecs> spec_by_id{};
+  std::atomic<uint32_t> num_specs{0};  // entries of spec_by_id written (release after the write)
   std::vector<std::string> stats_names;   // engine stats id -> "<domain>/<rule>"
   std::map<std::string, uint32_t, std::less<>> stats_by_name;
 
@@ -236,7 +237,19 @@ struct Engine::Impl {
     }
     spec_by_id[specs.size()] = spec;
     specs.push_back(spec);
+    num_specs.store(static_cast<uint32_t>(specs.size()), std::memory_order_release);
     return static_cast<uint32_t>(specs.size() - 1);
+  }
+
+  // The id of a spec, without state_mu when it is already registered (imports and merges look
+  // one up per record).
+  uint32_t spec_id(const window::WindowSpec& spec) {
+    const uint32_t n = num_specs.load(std::memory_order_acquire);
+    for (uint32_t i = 0; i < n; ++i) {
+      if (spec_by_id[i] == spec) return i;
+    }
+    std::lock_guard g(state_mu);
+    return spec_id_locked(spec);
   }
 
   const State& current_state() {
@@ -665,11 +678,7 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
   std::array<uint64_t, 1> no_pins{};
   for (const RemoteTotal& t : totals) {
     if (t.counter == 0 || t.node == im.opt.node_id || !window::validate(t.spec).empty()) continue;
-    uint32_t spec_id;
-    {
-      std::lock_guard g(im.state_mu);
-      spec_id = im.spec_id_locked(t.spec);
-    }
+    const uint32_t spec_id = im.spec_id(t.spec);
     Shard& sh = im.shards[t.counter & im.shard_mask];
     std::lock_guard g(sh.lock);
     CounterTable& tbl = im.table(sh, spec_id);
@@ -952,11 +961,7 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
   if (!r.done()) return ImportResult::kMalformed;
   if (window::expired(head, spec, now_ms)) return ImportResult::kExpired;
 
-  uint32_t spec_id;
-  {
-    std::lock_guard g(im.state_mu);
-    spec_id = im.spec_id_locked(spec);
-  }
+  const uint32_t spec_id = im.spec_id(spec);
   Shard& sh = im.shards[counter & im.shard_mask];
   std::lock_guard g(sh.lock);
   CounterTable& t = im.table(sh, spec_id);

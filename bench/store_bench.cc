@@ -1,0 +1,278 @@
+// sluice-bench-store: what persistence costs (issue 4's targets, DESIGN.md "Persistence").
+//
+// Rows:
+//   snapshot   N keys, every one changed (checked once), one Store::snapshot pass into a fresh
+//              RocksDB directory: time, records, bytes written (write-batch bytes) and the data
+//              directory's size after the pass; then a pass with nothing changed (the steady cost
+//              of the 1 s snapshot interval on an idle table).
+//   latency    check latency on one thread (one Engine::check of one key per sample, timed with
+//              steady_clock) while nothing else runs ("idle"), then while the main thread runs a
+//              snapshot pass of N changed keys ("during snapshot"); p50/p99/p99.9 of each and the
+//              ratio of the p99s (target: <= 2).
+//   restore    M keys written by a full snapshot, then Store::restore into a new engine: time
+//              (target: 10M keys <= 5 s) and restored count.
+// Keys are "user-<n>" in one domain with a 1e9-per-minute limit (every check counted); simulated
+// time stays inside one minute so nothing expires. The data directory is a fresh temporary one,
+// removed at exit. The generator and the engine share this machine's cores (2 here).
+//
+// Usage: sluice-bench-store [--json] [--snapshot-keys N] [--restore-keys M] [--latency-checks C]
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "json_rows.h"
+#include "one_rule_policy.h"
+#include "store/store.h"
+#include "traces.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace sluice;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kNowMs = testing::kTraceStartMs + 1'000;
+
+struct Options {
+  bool json = false;
+  uint64_t snapshot_keys = 1'000'000;
+  uint64_t restore_keys = 10'000'000;
+  uint64_t latency_checks = 3'000'000;  // idle samples; the snapshot phase takes what it lasts
+};
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+uint64_t dir_bytes(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (e.is_regular_file(ec)) total += e.file_size(ec);
+  }
+  return total;
+}
+
+struct TempDir {
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "sluice-bench-store-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      std::perror("mkdtemp");
+      std::exit(2);
+    }
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+std::shared_ptr<const rules::Policy> policy() {
+  testing::OneRule o;
+  o.domain = "bench";
+  o.key = "user";
+  o.limit = 1'000'000'000;
+  return testing::one_rule_policy(o, 1);
+}
+
+// Checks user-<i> once for every i in [0, n): every key live and changed.
+void fill(engine::Engine& e, uint64_t n) {
+  engine::BatchResult out;
+  char buf[32] = "user-";
+  for (uint64_t i = 0; i < n; ++i) {
+    const auto r = std::to_chars(buf + 5, buf + sizeof buf, i);
+    const rules::Descriptor d[] = {{"user", std::string_view(buf, static_cast<size_t>(r.ptr - buf))}};
+    const rules::CheckRequest req{"bench", d, 1};
+    e.check({&req, 1}, kNowMs, out);
+  }
+}
+
+struct Percentiles {
+  double p50 = 0, p99 = 0, p999 = 0;
+  size_t samples = 0;
+};
+
+Percentiles percentiles(std::vector<uint32_t>& ns) {
+  Percentiles p;
+  p.samples = ns.size();
+  if (ns.empty()) return p;
+  const auto at = [&](double q) {
+    const auto k = static_cast<size_t>(q * static_cast<double>(ns.size() - 1));
+    std::nth_element(ns.begin(), ns.begin() + static_cast<std::ptrdiff_t>(k), ns.end());
+    return static_cast<double>(ns[k]) / 1000.0;
+  };
+  p.p50 = at(0.50);
+  p.p99 = at(0.99);
+  p.p999 = at(0.999);
+  return p;
+}
+
+// Times single checks of random keys in [0, n) until `stop` (or `max` samples).
+void time_checks(engine::Engine& e, uint64_t n, const std::atomic<bool>& stop, size_t max,
+                 std::vector<uint32_t>& out) {
+  engine::BatchResult res;
+  std::mt19937_64 rng(7);
+  char buf[32] = "user-";
+  while (!stop.load(std::memory_order_relaxed) && out.size() < max) {
+    const auto r = std::to_chars(buf + 5, buf + sizeof buf, rng() % n);
+    const rules::Descriptor d[] = {{"user", std::string_view(buf, static_cast<size_t>(r.ptr - buf))}};
+    const rules::CheckRequest req{"bench", d, 1};
+    const auto t0 = Clock::now();
+    e.check({&req, 1}, kNowMs, res);
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    out.push_back(static_cast<uint32_t>(std::min<int64_t>(ns, UINT32_MAX)));
+  }
+}
+
+bool parse_u64(const char* s, uint64_t& out) {
+  const char* end = s + std::char_traits<char>::length(s);
+  const auto r = std::from_chars(s, end, out);
+  return r.ec == std::errc() && r.ptr == end;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--json") {
+      o.json = true;
+    } else if (a == "--snapshot-keys" && has_value && parse_u64(argv[++i], o.snapshot_keys)) {
+    } else if (a == "--restore-keys" && has_value && parse_u64(argv[++i], o.restore_keys)) {
+    } else if (a == "--latency-checks" && has_value && parse_u64(argv[++i], o.latency_checks)) {
+    } else {
+      std::fprintf(stderr,
+                   "usage: sluice-bench-store [--json] [--snapshot-keys N] [--restore-keys M] "
+                   "[--latency-checks C]\n");
+      return 2;
+    }
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  engine::EngineOptions eo;
+  eo.memory_cap_bytes = 8ull << 30;
+
+  // ---- snapshot of N changed keys, and the p99 of checks during it ----
+  {
+    TempDir tmp;
+    engine::Engine e(policy(), eo);
+    fill(e, o.snapshot_keys);
+    auto store = store::Store::open(tmp.path + "/data", true);
+
+    std::vector<uint32_t> idle, during;
+    idle.reserve(o.latency_checks);
+    during.reserve(64u << 20);
+    std::atomic<bool> stop{false};
+    time_checks(e, o.snapshot_keys, stop, o.latency_checks, idle);
+    // Every key changed again, so the pass below writes all N (the idle phase touched only some).
+    e.mark_all_changed();
+
+    std::atomic<bool> started{false};
+    std::thread checker([&] {
+      started = true;
+      time_checks(e, o.snapshot_keys, stop, during.capacity(), during);
+    });
+    while (!started.load()) std::this_thread::yield();
+    const auto t0 = Clock::now();
+    const store::SnapshotResult r = store->snapshot(e);
+    const double secs = seconds_since(t0);
+    stop = true;
+    checker.join();
+    store->flush();
+    const uint64_t disk = dir_bytes(tmp.path + "/data");
+    const auto t1 = Clock::now();
+    const store::SnapshotResult quiet = store->snapshot(e);
+    const double quiet_secs = seconds_since(t1);
+
+    const Percentiles pi = percentiles(idle);
+    const Percentiles pd = percentiles(during);
+    std::printf("snapshot of %llu changed keys: %.3f s, %llu records written (%.0f/s), %.1f MiB "
+                "written, %.1f MiB on disk after flush; a pass with nothing changed: %.1f ms "
+                "(%llu written)\n",
+                static_cast<unsigned long long>(o.snapshot_keys), secs,
+                static_cast<unsigned long long>(r.written), static_cast<double>(r.written) / secs,
+                static_cast<double>(r.bytes) / 1048576.0, static_cast<double>(disk) / 1048576.0,
+                quiet_secs * 1000.0, static_cast<unsigned long long>(quiet.written));
+    std::printf("check latency, one thread, %llu keys: idle p50 %.3f us p99 %.3f us p99.9 %.3f us "
+                "(%zu samples); during the snapshot p50 %.3f us p99 %.3f us p99.9 %.3f us (%zu "
+                "samples); p99 ratio %.2f\n",
+                static_cast<unsigned long long>(o.snapshot_keys), pi.p50, pi.p99, pi.p999,
+                pi.samples, pd.p50, pd.p99, pd.p999, pd.samples, pd.p99 / pi.p99);
+    rows.push_back({{"row", "snapshot"},
+                    {"keys", o.snapshot_keys},
+                    {"ok", r.ok},
+                    {"seconds", secs},
+                    {"records", r.written},
+                    {"bytes_written", r.bytes},
+                    {"disk_bytes_after_flush", disk},
+                    {"unchanged_pass_ms", quiet_secs * 1000.0}});
+    rows.push_back({{"row", "latency"},
+                    {"keys", o.snapshot_keys},
+                    {"idle_p50_us", pi.p50},
+                    {"idle_p99_us", pi.p99},
+                    {"idle_p999_us", pi.p999},
+                    {"snapshot_p50_us", pd.p50},
+                    {"snapshot_p99_us", pd.p99},
+                    {"snapshot_p999_us", pd.p999},
+                    {"snapshot_samples", pd.samples},
+                    {"p99_ratio", pd.p99 / pi.p99}});
+  }
+
+  // ---- restore of M keys ----
+  if (o.restore_keys > 0) {
+    TempDir tmp;
+    double write_secs = 0;
+    store::SnapshotResult w;
+    {
+      engine::Engine e(policy(), eo);
+      fill(e, o.restore_keys);
+      auto store = store::Store::open(tmp.path + "/data", true);
+      const auto t0 = Clock::now();
+      w = store->snapshot(e, true);
+      store->flush();
+      write_secs = seconds_since(t0);
+    }
+    const uint64_t disk = dir_bytes(tmp.path + "/data");
+    double secs = 0;
+    store::RestoreResult r;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      engine::Engine e(policy(), eo);
+      const auto t0 = Clock::now();
+      auto store = store::Store::open(tmp.path + "/data", false);
+      const auto t_open = Clock::now();
+      r = store->restore(e, kNowMs + 1);
+      secs = seconds_since(t0);
+      std::fprintf(stderr, "restore attempt %d: open %.3f s, total %.3f s\n", attempt,
+                   std::chrono::duration<double>(t_open - t0).count(), secs);
+    }
+    std::printf("restore of %llu keys: %.3f s (open + scan + import), %llu restored; written by a "
+                "full snapshot in %.3f s (%.1f MiB written, %.1f MiB on disk)\n",
+                static_cast<unsigned long long>(o.restore_keys), secs,
+                static_cast<unsigned long long>(r.restored), write_secs,
+                static_cast<double>(w.bytes) / 1048576.0, static_cast<double>(disk) / 1048576.0);
+    rows.push_back({{"row", "restore"},
+                    {"keys", o.restore_keys},
+                    {"seconds", secs},
+                    {"restored", r.restored},
+                    {"full_snapshot_seconds", write_secs},
+                    {"bytes_written", w.bytes},
+                    {"disk_bytes", disk}});
+  }
+  if (o.json) bench::print_json_rows(rows);
+  return 0;
+}
