@@ -333,8 +333,8 @@ TEST_CASE("merging remote totals is idempotent: duplicates and stale reports cha
   CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2, bucket, 12}}, kT0) == 0);
   // A newer total adds only the difference.
   CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2, bucket, 40}}, kT0) == 1);
-  // Reports under our own node id are ignored: our own count is authoritative.
-  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 0, bucket, 99}}, kT0) == 0);
+  // A report under our own node id lower than our count changes nothing.
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 0, bucket, 7}}, kT0) == 0);
   auto view = e.inspect(counter, lim.spec);
   REQUIRE(view.has_value());
   CHECK(view->head == bucket);
@@ -343,6 +343,86 @@ TEST_CASE("merging remote totals is idempotent: duplicates and stale reports cha
   // The global count decides: 10 + 65 = 75 of 100.
   CHECK(c.check({{"user", "1"}}, kT0, 25).allowed);
   CHECK_FALSE(c.check({{"user", "1"}}, kT0, 1).allowed);
+}
+
+TEST_CASE("a peer's report of this node's own count raises it, so counts lost to a crash return") {
+  // Node 0 counted 30, was killed before its snapshot held them, and restarted with 10; the owner
+  // still knows node 0's total of 30 and pushes it back.
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));
+  Checker c{e, {}, {}};
+  CHECK(c.check({{"user", "1"}}, kT0, 10).allowed);
+  const auto& lim = *c.limits()[0].limit;
+  const std::string_view values[] = {"1"};
+  const uint64_t counter =
+      rules::counter_id(rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
+  const int64_t bucket = window::bucket_of(kT0, 60'000);
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 0, bucket, 30}}, kT0) == 1);
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 0, bucket, 30}}, kT0) == 0);
+  CHECK(e.inspect(counter, lim.spec)->own.back() == 30);
+  CHECK(e.inspect(counter, lim.spec)->others.back() == 0);
+  CHECK(c.check({{"user", "1"}}, kT0, 70).allowed);
+  CHECK_FALSE(c.check({{"user", "1"}}, kT0, 1).allowed);
+}
+
+namespace {
+struct CollectSync : engine::SyncSink {
+  std::vector<std::vector<engine::RemoteTotal>> items;
+  std::vector<bool> with_others;
+  std::vector<std::vector<uint16_t>> reporters;
+  void item(const engine::SyncItem& it) override {
+    items.emplace_back(it.totals.begin(), it.totals.end());
+    with_others.push_back(it.with_others);
+    reporters.emplace_back(it.reporters.begin(), it.reporters.end());
+  }
+  void pass(Engine& e, bool owner, bool resend = false) {
+    items.clear();
+    with_others.clear();
+    reporters.clear();
+    engine::SyncCursor cur;
+    cur.restart(resend);
+    while (!e.sync_step(cur, 16, [owner](uint64_t) { return owner; }, *this)) {
+    }
+  }
+};
+}  // namespace
+
+TEST_CASE("a sync pass sends own totals of changed counters once, and the owner pushes others") {
+  engine::EngineOptions opt;
+  opt.node_id = 1;
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})), opt);
+  Checker c{e, {}, {}};
+  c.check({{"user", "1"}}, kT0, 3);
+  c.check({{"user", "2"}}, kT0, 4);
+  CollectSync s;
+  s.pass(e, false);
+  REQUIRE(s.items.size() == 2);
+  for (const auto& it : s.items) {
+    REQUIRE(it.size() == 1);
+    CHECK(it[0].node == 1);
+    CHECK((it[0].total == 3 || it[0].total == 4));
+  }
+  s.pass(e, false);
+  CHECK(s.items.empty());  // nothing changed since
+  // Another node reports on user 1: a non-owner sends nothing for that, the owner pushes it.
+  const auto& lim = *c.limits()[0].limit;
+  const std::string_view values[] = {"1"};
+  const uint64_t counter =
+      rules::counter_id(rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
+  const int64_t bucket = window::bucket_of(kT0, 60'000);
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 7, bucket, 20}}, kT0) == 1);
+  s.pass(e, false);
+  CHECK(s.items.empty());
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 7, bucket, 21}}, kT0) == 1);
+  s.pass(e, true);
+  REQUIRE(s.items.size() == 1);
+  CHECK(s.with_others[0]);
+  CHECK(s.reporters[0] == std::vector<uint16_t>{7});
+  REQUIRE(s.items[0].size() == 2);  // node 1's 3 and node 7's 21
+  // Anti-entropy: every counter changed since the last resend pass goes out again.
+  s.pass(e, false, true);
+  CHECK(s.items.size() == 2);
+  s.pass(e, false, true);
+  CHECK(s.items.empty());
 }
 
 TEST_CASE("merges in any order converge to the same count") {

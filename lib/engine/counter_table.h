@@ -4,7 +4,9 @@
 // high load and erasing leaves no tombstones. Slots are fixed-size runs of 32-bit words (so every
 // access has one type and no aliasing games):
 //   [0..1] counter id (0 = empty slot), [2..3] head bucket number and flags in its top bits
-//   (bit 63: has remote state; 62: changed since the last export; 61: exported at least once),
+//   (bit 63: has remote state; 62: changed since the last export; 61: exported at least once;
+//   60/59: own/others' counts changed since the last cluster sync; 58: changed since the last
+//   anti-entropy pass),
 //   [4 .. 4+R)  own counts, [4+R .. 4+2R) others' counts      (R = ring size of the spec)
 // One slot of a one-minute limit with one-minute buckets (R = 2) is 32 bytes.
 //
@@ -29,7 +31,11 @@ class CounterTable {
   static constexpr uint64_t kRemoteFlag = 1ull << 63;
   static constexpr uint64_t kDirtyFlag = 1ull << 62;     // counted since the last export
   static constexpr uint64_t kPersistedFlag = 1ull << 61;  // a store holds a record of it
-  static constexpr uint64_t kFlagMask = kRemoteFlag | kDirtyFlag | kPersistedFlag;
+  static constexpr uint64_t kOwnChangedFlag = 1ull << 60;     // own counts changed since last sync
+  static constexpr uint64_t kRemoteChangedFlag = 1ull << 59;  // others' counts changed since
+  static constexpr uint64_t kRecentFlag = 1ull << 58;  // changed since the last anti-entropy pass
+  static constexpr uint64_t kFlagMask = kRemoteFlag | kDirtyFlag | kPersistedFlag |
+                                        kOwnChangedFlag | kRemoteChangedFlag | kRecentFlag;
 
   explicit CounterTable(const window::WindowSpec& spec);
 

@@ -579,7 +579,8 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), t.spec().bucket_ms);
       if (counted && hits > 0) {
         window::add(t.own(i), window::bucket_of(now_eff, t.spec().bucket_ms), hits);
-        t.set_flags(i, CounterTable::kDirtyFlag);
+        t.set_flags(i, CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag |
+                           CounterTable::kRecentFlag);
       }
       const uint64_t lim = lims[k].limit->requests;
       const window::LimitState ls =
@@ -677,7 +678,7 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
   size_t changed = 0;
   std::array<uint64_t, 1> no_pins{};
   for (const RemoteTotal& t : totals) {
-    if (t.counter == 0 || t.node == im.opt.node_id || !window::validate(t.spec).empty()) continue;
+    if (t.counter == 0 || !window::validate(t.spec).empty()) continue;
     const uint32_t spec_id = im.spec_id(t.spec);
     Shard& sh = im.shards[t.counter & im.shard_mask];
     std::lock_guard g(sh.lock);
@@ -694,6 +695,15 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
     const int64_t head = tbl.head_at(i);
     const auto ring = static_cast<int64_t>(tbl.ring());
     if (t.bucket <= head - ring) continue;  // left the ring: outside every window
+    if (t.node == im.opt.node_id) {
+      // What a peer knows we counted: never lower than our own count, unless we lost some.
+      uint32_t& mine = tbl.own(i)[static_cast<size_t>(((t.bucket % ring) + ring) % ring)];
+      if (t.total <= mine) continue;
+      mine = t.total;
+      tbl.set_flags(i, CounterTable::kDirtyFlag);
+      ++changed;
+      continue;
+    }
     auto& nodes = sh.remote[remote_key(t.counter, spec_id)];
     tbl.set_remote(i);
     RemoteRing* rr = nullptr;
@@ -708,7 +718,8 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
     const uint32_t known = slot.first == t.bucket ? slot.second : 0;
     if (t.total <= known) continue;  // a duplicate or an older report
     window::add(tbl.others(i), t.bucket, t.total - known);
-    tbl.set_flags(i, CounterTable::kDirtyFlag);
+    tbl.set_flags(i, CounterTable::kDirtyFlag | CounterTable::kRemoteChangedFlag |
+                         CounterTable::kRecentFlag);
     slot = {t.bucket, t.total};
     ++changed;
   }
@@ -1007,6 +1018,94 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
     }
   }
   return ImportResult::kImported;
+}
+
+uint16_t Engine::node_id() const {
+  return impl_->opt.node_id;
+}
+
+bool Engine::sync_step(SyncCursor& c, size_t max_slots, const std::function<bool(uint64_t)>& owns,
+                       SyncSink& sink) {
+  Impl& im = *impl_;
+  if (c.shard > im.shard_mask) return true;
+  c.totals.clear();
+  c.reporters.clear();
+  c.items.clear();
+  bool shard_done = false;
+  {
+    Shard& sh = im.shards[c.shard];
+    std::lock_guard g(sh.lock);
+    while (c.table < sh.owned.size() &&
+           (sh.owned[c.table] == nullptr || c.slot >= sh.owned[c.table]->capacity())) {
+      ++c.table;
+      c.slot = 0;
+    }
+    if (c.table >= sh.owned.size()) {
+      shard_done = true;
+    } else {
+      CounterTable& t = *sh.owned[c.table];
+      const auto ring = static_cast<int64_t>(t.ring());
+      const size_t end = std::min(t.capacity(), c.slot + std::max<size_t>(max_slots, 1));
+      for (size_t i = c.slot; i < end; ++i) {
+        if (!t.occupied(i)) continue;
+        const bool recent = t.has_flag(i, CounterTable::kRecentFlag);
+        bool own_changed = t.has_flag(i, CounterTable::kOwnChangedFlag);
+        bool remote_changed = t.has_flag(i, CounterTable::kRemoteChangedFlag);
+        if (c.resend) {
+          if (!recent) continue;
+          own_changed = true;
+          remote_changed = t.has_remote(i);
+          t.clear_flags(i, CounterTable::kRecentFlag);
+        }
+        if (!own_changed && !remote_changed) continue;
+        t.clear_flags(i, CounterTable::kOwnChangedFlag | CounterTable::kRemoteChangedFlag);
+        const uint64_t counter = t.counter_at(i);
+        const bool with_others = remote_changed || own_changed ? owns(counter) : false;
+        if (!own_changed && !with_others) continue;  // others changed, and we do not own it
+        const int64_t head = t.head_at(i);
+        const auto own = t.own(i);
+        for (int64_t b = head - ring + 1; b <= head; ++b) {
+          const uint32_t v = own[static_cast<size_t>(((b % ring) + ring) % ring)];
+          if (v != 0) c.totals.push_back({counter, t.spec(), im.opt.node_id, b, v});
+        }
+        if (t.has_remote(i)) {
+          auto it = sh.remote.find(remote_key(counter, c.table));
+          if (it != sh.remote.end()) {
+            for (const RemoteRing& n : it->second) {
+              c.reporters.push_back(n.node);
+              if (!with_others) continue;
+              for (const auto& [bucket, total] : n.buckets) {
+                if (total != 0 && bucket > head - ring && bucket <= head) {
+                  c.totals.push_back({counter, t.spec(), n.node, bucket, total});
+                }
+              }
+            }
+          }
+        }
+        c.items.push_back({counter, c.table, with_others, static_cast<uint32_t>(c.totals.size()),
+                           static_cast<uint32_t>(c.reporters.size())});
+      }
+      c.slot = end;
+    }
+  }
+  uint32_t tb = 0, rb = 0;
+  for (const SyncCursor::Item& it : c.items) {
+    SyncItem si;
+    si.counter = it.counter;
+    si.spec = im.spec_by_id[it.spec_id];
+    si.with_others = it.with_others;
+    si.totals = {c.totals.data() + tb, it.totals_end - tb};
+    si.reporters = {c.reporters.data() + rb, it.reporters_end - rb};
+    tb = it.totals_end;
+    rb = it.reporters_end;
+    if (!si.totals.empty()) sink.item(si);
+  }
+  if (shard_done) {
+    ++c.shard;
+    c.table = 0;
+    c.slot = 0;
+  }
+  return c.shard > im.shard_mask;
 }
 
 }  // namespace sluice::engine

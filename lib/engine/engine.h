@@ -9,7 +9,9 @@
 // per bucket it holds this node's own total (`own`, grows only while the bucket lives) and the sum
 // of the totals other nodes reported (`others`). Remote totals arrive through `merge`, which keeps
 // the largest total seen per (counter, node, bucket) and adds only the difference to `others`:
-// applying the same report twice, or an older one after a newer one, changes nothing.
+// applying the same report twice, or an older one after a newer one, changes nothing. A report
+// under this node's own id (a peer telling a restarted node what it had counted before) raises
+// `own` to it, so a node that lost its last seconds of counting to kill -9 gets them back.
 //
 // Concurrency: counters are split over `shards` by counter identity; each shard has its own lock
 // (a short spinlock) and its own tables, so there is no global lock. A request whose counters live
@@ -26,6 +28,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -152,6 +155,44 @@ struct ExportCursor {
 
 enum class ImportResult : uint8_t { kImported, kExpired, kMalformed, kNoRoom };
 
+// ---- cluster sync: per-node bucket totals of changed counters (DESIGN.md, "Cluster") ---------
+// What one counter contributes to a sync pass: this node's own totals per bucket and, when this
+// node owns the counter, every other node's totals it knows (the owner pushes the merged state).
+struct SyncItem {
+  uint64_t counter = 0;
+  window::WindowSpec spec;
+  bool with_others = false;                // the totals include other nodes' (owner push)
+  std::span<const RemoteTotal> totals;     // node = this node's id for its own
+  std::span<const uint16_t> reporters;     // nodes that reported totals for this counter
+};
+
+class SyncSink {
+ public:
+  virtual ~SyncSink() = default;
+  virtual void item(const SyncItem& item) = 0;
+};
+
+struct SyncCursor {
+  bool resend = false;  // anti-entropy: every counter changed since the last resend pass
+  uint32_t shard = 0;
+  uint32_t table = 0;
+  size_t slot = 0;
+  std::vector<RemoteTotal> totals;
+  std::vector<uint16_t> reporters;
+  struct Item {
+    uint64_t counter;
+    uint32_t spec_id;
+    bool with_others;
+    uint32_t totals_end, reporters_end;
+  };
+  std::vector<Item> items;
+  void restart(bool resend_recent) {
+    shard = table = 0;
+    slot = 0;
+    resend = resend_recent;
+  }
+};
+
 // What a counter holds, for inspection and tests.
 struct CounterView {
   int64_t head = 0;           // newest bucket number
@@ -201,6 +242,15 @@ class Engine {
   // larger of both counts. Expired records are skipped; malformed ones change nothing.
   ImportResult import_record(std::span<const uint8_t> key, std::span<const uint8_t> value,
                              int64_t now_ms);
+
+  // One step of a sync pass (like export_step): the counters whose own counts changed since the
+  // last pass, and those whose others' counts changed when `owns(counter)` says this node owns
+  // them; marks them synced. With cursor.resend, every counter changed since the last resend pass
+  // instead (anti-entropy: a lost sync message is repaired by the next resend). Returns true
+  // when the pass is done. `owns` is called under a shard lock: it must not call the engine.
+  bool sync_step(SyncCursor& cursor, size_t max_slots, const std::function<bool(uint64_t)>& owns,
+                 SyncSink& sink);
+  uint16_t node_id() const;
 
   struct Impl;
 

@@ -120,7 +120,10 @@ inline uint64_t mix_counter(uint64_t key_hash, const window::WindowSpec& spec) {
   put_u64_le(buf + 8, static_cast<uint64_t>(spec.window_ms));
   put_u64_le(buf + 16, static_cast<uint64_t>(spec.bucket_ms));
   const uint64_t h = XXH3_64bits(buf, sizeof(buf));
-  return h == 0 ? 1 : h;  // the engine uses 0 as "empty slot"
+  // The high half is the key's (routing_key): every window of one key has the same owner in a
+  // cluster, so one node decides all of a rule's limits for that key together.
+  const uint64_t c = (key_hash & 0xFFFF'FFFF'0000'0000ull) | (h & 0xFFFF'FFFFull);
+  return c == 0 ? 1 : c;  // the engine uses 0 as "empty slot"
 }
 
 uint64_t allow_hash(std::string_view key, std::string_view value) {

@@ -9,7 +9,7 @@
 // Counter identity (stable across reloads and identical on every node that shares `hash_seed`):
 //   key_hash = XXH3(the values of the rule's key entries in rule order, each length-prefixed;
 //                   seed = XXH3(domain, rule name, key entry names; hash_seed))
-//   counter  = mix(key_hash, window_ms, bucket_ms)
+//   counter  = high 32 bits of key_hash | low 32 bits of XXH3(key_hash, window_ms, bucket_ms)
 // so a rule that survives a reload keeps its counters, a changed window starts a new counter, and
 // a changed limit value (an override, another plan) keeps counting in the same one.
 //
@@ -260,5 +260,10 @@ class Policy {
 uint64_t key_hash(uint64_t hash_seed, std::string_view domain, const Rule& rule,
                   std::span<const std::string_view> values);
 uint64_t counter_id(uint64_t key_hash, const window::WindowSpec& spec);
+// What places a counter on the cluster's hash ring: the part of its id that every window of the
+// same key shares.
+inline uint64_t routing_key(uint64_t counter) {
+  return counter >> 32;
+}
 
 }  // namespace sluice::rules
