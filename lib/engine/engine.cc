@@ -909,6 +909,20 @@ bool Engine::export_step(ExportCursor& c, size_t max_slots, RecordSink& sink) {
   return c.shard > im.shard_mask;
 }
 
+void Engine::mark_all_changed_for_sync() {
+  Impl& im = *impl_;
+  for (uint32_t n = 0; n <= im.shard_mask; ++n) {
+    Shard& sh = im.shards[n];
+    std::lock_guard g(sh.lock);
+    for (const auto& t : sh.owned) {
+      if (t == nullptr) continue;
+      for (size_t i = 0; i < t->capacity(); ++i) {
+        if (t->occupied(i)) t->set_flags(i, CounterTable::kRecentFlag);
+      }
+    }
+  }
+}
+
 void Engine::mark_all_changed() {
   Impl& im = *impl_;
   for (uint32_t n = 0; n <= im.shard_mask; ++n) {

@@ -251,6 +251,8 @@ class Engine {
   bool sync_step(SyncCursor& cursor, size_t max_slots, const std::function<bool(uint64_t)>& owns,
                  SyncSink& sink);
   uint16_t node_id() const;
+  // Marks every counter for the next resend sync pass (handoff after a membership change).
+  void mark_all_changed_for_sync();
 
   struct Impl;
 

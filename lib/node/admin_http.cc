@@ -28,6 +28,7 @@
 
 #include "engine/engine.h"
 #include "node/admin_ops.h"
+#include "node/node_cluster.h"
 #include "node/node.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
@@ -629,6 +630,7 @@ std::string render_status(AdminHttp::State& st) {
       {"rules", std::move(rules)},
       {"process", {{"rss_bytes", resident_bytes()}}},
       {"persistence", persistence_json(st.node.persistence(), now)},
+      {"cluster", cluster_json(st.node.cluster_status())},
   };
   return j.dump() + "\n";
 }

@@ -7,6 +7,7 @@
 
 #include "engine/engine.h"
 #include "node/node.h"
+#include "node/node_cluster.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
 
@@ -303,7 +304,101 @@ OpsReply snapshot(Node& node, std::string_view query) {
   return reply(r->ok ? 200 : 500, std::move(body));
 }
 
+const char* member_state(cluster::MemberState s) {
+  switch (s) {
+    case cluster::MemberState::kAlive:
+      return "alive";
+    case cluster::MemberState::kSuspect:
+      return "suspect";
+    case cluster::MemberState::kDead:
+      return "dead";
+    case cluster::MemberState::kLeft:
+      return "left";
+  }
+  return "?";
+}
+
+OpsReply ring_for(Node& node, const Json& j) {
+  if (std::string err = check_fields(j, {"domain", "descriptors"}); !err.empty()) {
+    return error(400, err);
+  }
+  std::string domain;
+  Entries entries;
+  if (std::string err = parse_target(j, domain, entries); !err.empty()) return error(400, err);
+  std::vector<rules::Descriptor> ds;
+  for (const auto& [k, v] : entries)
+    ds.push_back({k, v});
+  const auto policy = node.engine().policy();
+  rules::Resolution res;
+  const rules::ResolvedRequest rr = policy->resolve({domain, ds, 0}, node.now_ms(), res);
+  if (rr.error != rules::CheckError::kNone) {
+    return error(400, "cannot resolve: " + std::string(rules::to_string(rr.error)));
+  }
+  Json out = Json::array();
+  for (uint32_t r = 0; r < rr.num_rules; ++r) {
+    const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
+    Json limits = Json::array();
+    for (uint32_t i = 0; i < ar.num_limits; ++i) {
+      const rules::AppliedLimit& al = res.limits[ar.first_limit + i];
+      Json owners = Json::array();
+      for (const auto& [id, name] : node.owners_of(al.counter))
+        owners.push_back(Json{{"id", id}, {"name", name}});
+      limits.push_back(Json{{"name", al.limit->name}, {"owners", std::move(owners)}});
+    }
+    out.push_back(Json{{"rule", ar.rule->name},
+                       {"consistency", std::string(rules::to_string(ar.rule->consistency))},
+                       {"limits", std::move(limits)}});
+  }
+  return reply(200, Json{{"domain", domain}, {"rules", std::move(out)}});
+}
+
 }  // namespace
+
+Json cluster_json(const ClusterStatus& c) {
+  if (!c.enabled) return Json{{"enabled", false}};
+  Json members = Json::array();
+  for (const MemberStatus& m : c.members) {
+    members.push_back(Json{{"id", m.member.id},
+                           {"name", m.member.name},
+                           {"host", m.member.host},
+                           {"peer_port", m.member.peer_port},
+                           {"check_port", m.member.check_port},
+                           {"admin_port", m.member.admin_port},
+                           {"state", member_state(m.member.state)},
+                           {"incarnation", m.member.incarnation},
+                           {"share", m.share},
+                           {"self", m.member.id == c.self},
+                           {"last_heard_ms", m.last_heard_ms < 0 ? Json(nullptr) : Json(m.last_heard_ms)},
+                           {"sync_lag_ms", m.last_sync_ms < 0 ? Json(nullptr) : Json(m.last_sync_ms)}});
+  }
+  Json dropped = Json::object();
+  for (const auto& [reason, n] : c.dropped)
+    dropped[reason] = n;
+  const auto& ms = c.membership;
+  return Json{{"enabled", true},
+              {"self", c.self},
+              {"name", c.name},
+              {"join_state", c.join_state},
+              {"replicas", c.replicas},
+              {"members", std::move(members)},
+              {"dropped", std::move(dropped)},
+              {"datagrams_in", c.datagrams_in},
+              {"datagrams_out", c.datagrams_out},
+              {"send_errors", c.send_errors},
+              {"sync", {{"passes", c.sync_passes},
+                        {"totals_out", c.sync_totals_out},
+                        {"batches_out", c.sync_batches_out},
+                        {"totals_in", c.sync_totals_in},
+                        {"handoffs", c.handoffs}}},
+              {"membership", {{"probes_sent", ms.probes_sent},
+                              {"probes_failed", ms.probes_failed},
+                              {"suspicions_raised", ms.suspicions_raised},
+                              {"refutations", ms.refutations},
+                              {"deaths_declared", ms.deaths_declared},
+                              {"local_health", ms.local_health},
+                              {"identity_conflicts",
+                               ms.ignored_of(cluster::IgnoredReason::kIdentityConflict)}}}};
+}
 
 bool percent_decode(std::string_view in, std::string& out) {
   out.clear();
@@ -417,6 +512,27 @@ std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::str
   if (path == "/v1/top") {
     if (!get) return method_not_allowed("GET");
     return top(node, query);
+  }
+  if (path == "/v1/cluster") {
+    if (!get) return method_not_allowed("GET");
+    return reply(200, cluster_json(node.cluster_status()));
+  }
+  if (path == "/v1/ring") {
+    if (get) {
+      const ClusterStatus c = node.cluster_status();
+      Json shares = Json::array();
+      for (const MemberStatus& m : c.members) {
+        if (m.share > 0) shares.push_back(Json{{"id", m.member.id}, {"name", m.member.name}, {"share", m.share}});
+      }
+      return reply(200, Json{{"enabled", c.enabled}, {"replicas", c.replicas}, {"shares", std::move(shares)}});
+    }
+    if (post) return with_body([&](const Json& j) { return ring_for(node, j); });
+    return method_not_allowed("GET, POST");
+  }
+  if (path == "/v1/drain") {
+    if (!post) return method_not_allowed("POST");
+    if (!node.drain()) return error(409, "this node is not in a cluster");
+    return reply(200, Json{{"draining", true}});
   }
   if (path == "/v1/snapshot") {
     if (!post) return method_not_allowed("POST");

@@ -10,6 +10,10 @@
 //   POST /v1/inspect                {"domain","descriptors"}: rules, overrides, buckets, estimates
 //   GET  /v1/top[?n=20]             keys nearest to or over their limits, and dry-run would-denies
 //   POST /v1/snapshot[?full=1]      a snapshot pass now
+//   GET  /v1/cluster                members with state, incarnation, ring share, sync lag
+//   GET  /v1/ring                   each member's share of the keys
+//   POST /v1/ring                   {"domain","descriptors"}: the owners of each limit's counter
+//   POST /v1/drain                  leave the cluster (handing counters over), then stop
 //
 // They run on the admin thread and may block on the disk (an override is synced before 200).
 #pragma once
@@ -25,6 +29,7 @@
 namespace sluice::node {
 
 class Node;
+struct ClusterStatus;
 
 struct OpsReply {
   unsigned status = 200;
@@ -40,6 +45,9 @@ std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::str
 bool percent_decode(std::string_view in, std::string& out);
 // Splits and decodes "a=1&b=2". False on a malformed escape.
 bool parse_query(std::string_view query, std::vector<std::pair<std::string, std::string>>& out);
+
+// The cluster section of /v1/status and /v1/cluster.
+nlohmann::json cluster_json(const ClusterStatus& status);
 
 // Parses a request body that must be a JSON object, nesting bounded. "" or the error.
 std::string parse_json_object(std::string_view body, nlohmann::json& out);

@@ -19,7 +19,10 @@
 #include <sys/socket.h>
 
 #include "node/admin_http.h"
+#include "node/node_cluster.h"
 #include "node/node_state.h"
+
+#include <future>
 
 namespace sluice::node {
 
@@ -248,6 +251,8 @@ struct Node::Impl : NodeState {
   size_t next_worker = 0;
   std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0};
   std::atomic<bool> stopped{false};
+  std::unique_ptr<ClusterNode> cluster;  // null for a single node; control thread
+  std::optional<asio::steady_timer> drain_timer;
 };
 
 int64_t TcpSession::node_now() const { return w_.node.opt.clock(); }
@@ -437,6 +442,10 @@ void Node::run(bool handle_signals) {
     w->thread = std::thread([&io = w->io] { io.run(); });
   }
   if (n.acceptor) accept_next(n);
+  if (n.opt.cluster.enabled) {
+    n.cluster = std::make_unique<ClusterNode>(n.control, n);
+    n.cluster->start(n.udp_port.load() ? n.udp_port.load() : n.tcp_port.load(), n.admin_port.load());
+  }
   n.admin_work.emplace(n.admin_io.get_executor());
   n.admin_thread = std::thread([&n] { n.admin_io.run(); });
   n.start_snapshots();
@@ -458,6 +467,11 @@ void Node::stop() {
   if (n.stopped.exchange(true)) return;
   asio::post(n.control, [&n] {
     boost::system::error_code ec;
+    if (n.cluster) {
+      n.cluster->leave();  // the other members take over this node's keys, with its counts
+      n.cluster->stop();
+    }
+    if (n.drain_timer) n.drain_timer->cancel();
     if (n.acceptor) n.acceptor->close(ec);
     asio::post(n.admin_io, [&n] {
       if (n.admin) n.admin->stop();
@@ -481,6 +495,46 @@ void Node::stop() {
 
 std::string Node::reload() {
   return impl_->reload();
+}
+
+ClusterStatus Node::cluster_status() const {
+  Impl& n = *impl_;
+  if (!n.opt.cluster.enabled) return {};
+  auto done = std::make_shared<std::promise<ClusterStatus>>();
+  auto result = done->get_future();
+  asio::post(n.control, [&n, done] {
+    done->set_value(n.cluster && !n.stopped.load() ? n.cluster->status() : ClusterStatus{});
+  });
+  if (result.wait_for(std::chrono::seconds(2)) != std::future_status::ready) return {};
+  return result.get();
+}
+
+std::vector<std::pair<uint16_t, std::string>> Node::owners_of(uint64_t counter) const {
+  std::vector<std::pair<uint16_t, std::string>> out;
+  const Impl& n = *impl_;
+  if (!n.opt.cluster.enabled || !n.cluster) return out;
+  const ClusterNode::View v = n.cluster->view();
+  std::array<uint16_t, cluster::HashRing::kMaxReplicas> ids{};
+  const size_t k = v.ring->owners(rules::routing_key(counter), ids);
+  for (size_t i = 0; i < k; ++i)
+    out.emplace_back(ids[i], std::string(v.ring->name_of(ids[i])));
+  return out;
+}
+
+bool Node::drain() {
+  Impl& n = *impl_;
+  if (!n.opt.cluster.enabled) return false;
+  asio::post(n.control, [this, &n] {
+    if (!n.cluster || n.stopped.load()) return;
+    spdlog::info("drain: leaving the cluster, then stopping");
+    n.cluster->leave();
+    // A few gossip rounds for the news to spread while this node still answers, then stop.
+    n.drain_timer.emplace(n.control, std::chrono::milliseconds(1'000));
+    n.drain_timer->async_wait([this](boost::system::error_code ec) {
+      if (!ec) stop();
+    });
+  });
+  return true;
 }
 
 uint16_t Node::udp_port() const { return impl_->udp_port.load(); }

@@ -27,6 +27,22 @@
 
 namespace sluice::node {
 
+// Cluster membership and sync (docs/operations.md, "Cluster"). Disabled: one node on its own.
+struct ClusterOptions {
+  bool enabled = false;
+  uint16_t node_id = 0;        // unique in the cluster, 1..65535
+  std::string name;            // unique and stable across restarts; default "node-<id>"
+  std::string listen;          // peer UDP address, e.g. "127.0.0.1:7352"
+  std::string advertise;       // IP other nodes reach this node at; default: listen's address
+  std::vector<std::string> seeds;  // "host:port" of peers; DNS names resolve to every address
+  std::string secret;          // shared by every node, >= 16 bytes (or secret_file)
+  size_t replicas = 2;         // owner included
+  int64_t sync_interval_ms = 100;
+  int64_t anti_entropy_interval_ms = 5'000;
+  int64_t probe_interval_ms = 1'000;
+  int64_t forward_timeout_ms = 50;  // owner mode: decide locally when the owner is silent
+};
+
 struct NodeOptions {
   std::string udp_listen = "127.0.0.1:7350";    // "" disables UDP
   std::string tcp_listen = "127.0.0.1:7350";    // "" disables TCP
@@ -42,6 +58,7 @@ struct NodeOptions {
   int64_t sweep_interval_ms = 1'000;
   size_t max_tcp_pending_bytes = 4u << 20;  // per connection: stop reading past this much output
   std::function<int64_t()> clock;           // ms since the epoch; default: system clock
+  ClusterOptions cluster;
 };
 
 // Loads a node config file (YAML; see docs/operations.md for the fields). Returns "" or an error
@@ -106,6 +123,7 @@ class CheckHandler {
 };
 
 struct NodeState;
+struct ClusterStatus;
 
 class Node {
  public:
@@ -148,6 +166,15 @@ class Node {
   std::vector<rules::Override> list_overrides() const;
   // Drops overrides whose TTL ran out (they already stopped applying) from memory and disk.
   size_t prune_overrides();
+
+  // The cluster as this node sees it (enabled = false for a single node). Any thread; waits for
+  // the control thread (at most ~2 s).
+  struct ClusterStatus cluster_status() const;
+  // Owners of a counter (owner first); empty for a single node. Any thread.
+  std::vector<std::pair<uint16_t, std::string>> owners_of(uint64_t counter) const;
+  // Leaves the cluster gracefully (hands the counters to the next owners), then stops the node.
+  // False when the node is not in a cluster.
+  bool drain();
 
   // Runs a snapshot pass now; nullopt when the node has no data directory.
   std::optional<store::SnapshotResult> snapshot_now(bool full);

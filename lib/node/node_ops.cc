@@ -80,6 +80,7 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
 
   engine::EngineOptions eo;
   eo.memory_cap_bytes = opt.memory_cap_bytes;
+  if (opt.cluster.enabled) eo.node_id = opt.cluster.node_id;
   engine = std::make_unique<engine::Engine>(
       rules::Policy::compile(rules, overrides, opt.hash_seed), eo);
   if (store) {

@@ -1,0 +1,340 @@
+// sluice-bench-ring: balance, movement and lookup cost of the cluster's hash ring
+// (lib/cluster/hash_ring.h, rendezvous hashing).
+//
+// Per row (N nodes, named node-1..node-N with ids 1..N, and K seeded pseudo-random 64-bit keys,
+// like the engine's counter ids):
+//   - max/mean and min/mean of the primary load over the N nodes;
+//   - the fraction of keys whose primary changes when node N+1 joins (ideal 1/(N+1)) and when
+//     node 1 leaves (ideal 1/N), and "stray": keys whose primary moved without the joining or
+//     leaving node being involved (0 for a consistent hash);
+//   - ns per owners() lookup (owner + replicas, R = --replicas) and per owner() (primary only),
+//     timed with std::chrono::steady_clock over all K keys, best of --repeat passes.
+// With --vnodes V[,V..] (e.g. 100,1000) a second table shows a classic ring of V virtual nodes
+// per member (binary search, then a walk to R distinct nodes), built here only for comparison.
+// The default run (5 nodes first, then 3, 10 and 50; 1M keys) takes about 3 s on one core.
+//
+// Usage: sluice-bench-ring [--json] [--nodes N[,N..]] [--keys K] [--replicas R] [--repeat P]
+//          [--vnodes V[,V..]] [--seed S]
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cluster/hash_ring.h"
+#include "json_rows.h"
+
+namespace {
+
+using sluice::cluster::HashRing;
+using sluice::cluster::NodeId;
+using sluice::cluster::RingMember;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  bool json = false;
+  std::vector<uint64_t> nodes = {5, 3, 10, 50};
+  uint64_t keys = 1'000'000;
+  uint64_t replicas = 2;
+  uint64_t repeat = 3;
+  std::vector<uint64_t> vnodes;  // none: the comparison is opt-in
+  uint64_t seed = 42;
+};
+
+struct Row {
+  std::string scheme;  // "rendezvous" or "vnodes-<V>"
+  uint64_t nodes = 0;
+  uint64_t keys = 0;
+  double max_mean = 0;
+  double min_mean = 0;
+  double moved_add = 0;
+  double ideal_add = 0;
+  double moved_remove = 0;
+  double ideal_remove = 0;
+  uint64_t stray = 0;
+  double ns_owners = 0;
+  double ns_owner = 0;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "sluice-bench-ring: %s\n"
+               "usage: sluice-bench-ring [--json] [--nodes N[,N..]] [--keys K] [--replicas R]\n"
+               "         [--repeat P] [--vnodes V[,V..]] [--seed S]\n",
+               why);
+  std::exit(2);
+}
+
+uint64_t parse_u64(std::string_view s, const char* what) {
+  const std::string str(s);
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(str.c_str(), &end, 10);
+  if (str.empty() || *end != '\0') usage(what);
+  return v;
+}
+
+std::vector<uint64_t> parse_list(std::string_view v, const char* what) {
+  std::vector<uint64_t> out;
+  while (!v.empty()) {
+    const size_t c = v.find(',');
+    out.push_back(parse_u64(v.substr(0, c), what));
+    if (c == std::string_view::npos) break;
+    v.remove_prefix(c + 1);
+  }
+  return out;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) usage("missing value after an option");
+      return argv[++i];
+    };
+    if (a == "--json") {
+      o.json = true;
+    } else if (a == "--nodes") {
+      o.nodes = parse_list(value(), "--nodes takes numbers");
+      for (uint64_t n : o.nodes) {
+        if (n < 2 || n > 1'000) usage("--nodes must be between 2 and 1000");
+      }
+    } else if (a == "--keys") {
+      o.keys = parse_u64(value(), "--keys takes a number");
+      if (o.keys == 0 || o.keys > 100'000'000) usage("--keys must be between 1 and 1e8");
+    } else if (a == "--replicas") {
+      o.replicas = parse_u64(value(), "--replicas takes a number");
+      if (o.replicas < 1 || o.replicas > HashRing::kMaxReplicas) usage("--replicas: 1..8");
+    } else if (a == "--repeat") {
+      o.repeat = parse_u64(value(), "--repeat takes a number");
+      if (o.repeat == 0) usage("--repeat must be at least 1");
+    } else if (a == "--vnodes") {
+      o.vnodes = parse_list(value(), "--vnodes takes numbers");
+      std::erase(o.vnodes, 0);
+    } else if (a == "--seed") {
+      o.seed = parse_u64(value(), "--seed takes a number");
+    } else {
+      usage(a == "--help" || a == "-h" ? "help" : "unknown option");
+    }
+  }
+  return o;
+}
+
+std::vector<RingMember> members(uint64_t n) {
+  std::vector<RingMember> out;
+  for (uint64_t i = 1; i <= n; ++i)
+    out.push_back({static_cast<NodeId>(i), "node-" + std::to_string(i)});
+  return out;
+}
+
+// ---- the comparison: a ring of virtual nodes ------------------------------------------------
+
+class VnodeRing {
+ public:
+  VnodeRing(const std::vector<RingMember>& ms, uint64_t vnodes, size_t replicas)
+      : replicas_(std::min(replicas, ms.size())) {
+    for (const RingMember& m : ms) {
+      for (uint64_t v = 0; v < vnodes; ++v) {
+        const std::string label = m.name + "#" + std::to_string(v);
+        points_.push_back({XXH3_64bits(label.data(), label.size()), m.id});
+      }
+    }
+    std::sort(points_.begin(), points_.end(), [](const Point& a, const Point& b) {
+      return a.hash < b.hash || (a.hash == b.hash && a.id < b.id);
+    });
+  }
+  NodeId owner(uint64_t key) const { return points_[first(key)].id; }
+  size_t owners(uint64_t key, std::span<NodeId> out) const {
+    const size_t want = std::min(replicas_, out.size());
+    size_t got = 0;
+    for (size_t i = first(key), seen = 0; got < want && seen < points_.size(); ++seen) {
+      const NodeId id = points_[i].id;
+      if (std::find(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(got), id) ==
+          out.begin() + static_cast<std::ptrdiff_t>(got))
+        out[got++] = id;
+      if (++i == points_.size()) i = 0;
+    }
+    return got;
+  }
+
+ private:
+  struct Point {
+    uint64_t hash;
+    NodeId id;
+  };
+  size_t first(uint64_t key) const {
+    auto it = std::lower_bound(points_.begin(), points_.end(), key,
+                               [](const Point& p, uint64_t k) { return p.hash < k; });
+    return it == points_.end() ? 0 : static_cast<size_t>(it - points_.begin());
+  }
+  size_t replicas_;
+  std::vector<Point> points_;
+};
+
+// ---- measurements ----------------------------------------------------------------------------
+
+template <typename Ring>
+void balance(const Ring& ring, const std::vector<uint64_t>& keys, uint64_t nodes, Row& row) {
+  std::vector<uint64_t> load(nodes + 1, 0);
+  for (uint64_t k : keys)
+    ++load[ring.owner(k)];
+  const double mean = static_cast<double>(keys.size()) / static_cast<double>(nodes);
+  const auto [lo, hi] = std::minmax_element(load.begin() + 1, load.end());
+  row.max_mean = static_cast<double>(*hi) / mean;
+  row.min_mean = static_cast<double>(*lo) / mean;
+}
+
+// The fraction of keys whose primary differs between `before` and `after`; `stray` counts those
+// where neither side is `node` (the one that joined or left).
+template <typename Ring>
+double moved(const Ring& before, const Ring& after, const std::vector<uint64_t>& keys, NodeId node,
+             uint64_t& stray) {
+  uint64_t n = 0;
+  for (uint64_t k : keys) {
+    const NodeId b = before.owner(k);
+    const NodeId a = after.owner(k);
+    if (a != b) {
+      ++n;
+      if (a != node && b != node) ++stray;
+    }
+  }
+  return static_cast<double>(n) / static_cast<double>(keys.size());
+}
+
+// Best of `repeat` passes over every key, in ns per lookup. The sum of the answers is returned
+// through `sink` so the compiler cannot drop the lookups.
+template <typename Fn>
+double time_lookups(const std::vector<uint64_t>& keys, uint64_t repeat, Fn lookup, uint64_t& sink) {
+  double best = 1e300;
+  for (uint64_t r = 0; r < repeat; ++r) {
+    const auto t0 = Clock::now();
+    uint64_t sum = 0;
+    for (uint64_t k : keys)
+      sum += lookup(k);
+    const auto t1 = Clock::now();
+    sink += sum;
+    const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
+    best = std::min(best, ns / static_cast<double>(keys.size()));
+  }
+  return best;
+}
+
+template <typename Ring, typename MakeRing>
+Row measure(std::string scheme, uint64_t n, const Options& opt, const std::vector<uint64_t>& keys,
+            MakeRing make, uint64_t& sink) {
+  Row row;
+  row.scheme = std::move(scheme);
+  row.nodes = n;
+  row.keys = keys.size();
+  const Ring ring = make(members(n));
+  balance(ring, keys, n, row);
+  // Join: node n+1. Leave: node 1.
+  const Ring grown = make(members(n + 1));
+  auto fewer = members(n);
+  fewer.erase(fewer.begin());
+  const Ring shrunk = make(fewer);
+  row.moved_add = moved(ring, grown, keys, static_cast<NodeId>(n + 1), row.stray);
+  row.moved_remove = moved(ring, shrunk, keys, NodeId{1}, row.stray);
+  row.ideal_add = 1.0 / static_cast<double>(n + 1);
+  row.ideal_remove = 1.0 / static_cast<double>(n);
+  std::array<NodeId, HashRing::kMaxReplicas> out{};
+  const std::span<NodeId> span(out.data(), opt.replicas);
+  row.ns_owners = time_lookups(
+      keys, opt.repeat,
+      [&](uint64_t k) {
+        ring.owners(k, span);
+        return uint64_t{out[0]} + out[opt.replicas - 1];
+      },
+      sink);
+  row.ns_owner = time_lookups(
+      keys, opt.repeat, [&](uint64_t k) { return uint64_t{ring.owner(k)}; }, sink);
+  return row;
+}
+
+// HashRing::owner returns an optional: the comparison helpers want a NodeId.
+struct Rendezvous {
+  HashRing ring;
+  NodeId owner(uint64_t k) const { return *ring.owner(k); }
+  size_t owners(uint64_t k, std::span<NodeId> out) const { return ring.owners(k, out); }
+};
+
+void print_table(const char* title, const std::vector<Row>& rows) {
+  std::printf("# %s\n", title);
+  std::printf("%-12s %5s %9s %8s %8s %9s %9s %9s %9s %6s %10s %9s\n", "scheme", "nodes", "keys",
+              "max/mean", "min/mean", "moved_add", "ideal_add", "moved_rm", "ideal_rm", "stray",
+              "ns/owners", "ns/owner");
+  for (const Row& r : rows) {
+    std::printf("%-12s %5" PRIu64 " %9" PRIu64 " %8.4f %8.4f %9.4f %9.4f %9.4f %9.4f %6" PRIu64
+                " %10.1f %9.1f\n",
+                r.scheme.c_str(), r.nodes, r.keys, r.max_mean, r.min_mean, r.moved_add, r.ideal_add,
+                r.moved_remove, r.ideal_remove, r.stray, r.ns_owners, r.ns_owner);
+  }
+}
+
+void print_json(const std::vector<Row>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Row& r : rows) {
+    out.push_back({{"scheme", r.scheme},
+                   {"nodes", r.nodes},
+                   {"keys", r.keys},
+                   {"max_mean", r.max_mean},
+                   {"min_mean", r.min_mean},
+                   {"moved_add", r.moved_add},
+                   {"ideal_add", r.ideal_add},
+                   {"moved_remove", r.moved_remove},
+                   {"ideal_remove", r.ideal_remove},
+                   {"stray", r.stray},
+                   {"ns_per_owners", r.ns_owners},
+                   {"ns_per_owner", r.ns_owner}});
+  }
+  sluice::bench::print_json_rows(out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = parse_args(argc, argv);
+  std::mt19937_64 rng(opt.seed);
+  std::vector<uint64_t> keys(opt.keys);
+  for (auto& k : keys)
+    k = rng();
+  const size_t replicas = opt.replicas;
+  uint64_t sink = 0;
+
+  std::vector<Row> rendezvous;
+  for (uint64_t n : opt.nodes) {
+    rendezvous.push_back(measure<Rendezvous>(
+        "rendezvous", n, opt, keys,
+        [&](const std::vector<RingMember>& ms) { return Rendezvous{HashRing(ms, replicas)}; },
+        sink));
+  }
+  std::vector<Row> vnodes;
+  for (uint64_t v : opt.vnodes) {
+    for (uint64_t n : opt.nodes) {
+      vnodes.push_back(measure<VnodeRing>(
+          "vnodes-" + std::to_string(v), n, opt, keys,
+          [&](const std::vector<RingMember>& ms) { return VnodeRing(ms, v, replicas); }, sink));
+    }
+  }
+
+  std::printf("# %" PRIu64 " keys (seed %" PRIu64 "), R = %zu, best of %" PRIu64
+              " timed passes; checksum %" PRIu64 "\n",
+              opt.keys, opt.seed, replicas, opt.repeat, sink % 1000);
+  print_table("HashRing (rendezvous hashing)", rendezvous);
+  if (!vnodes.empty()) print_table("for comparison: a ring of virtual nodes", vnodes);
+  if (opt.json) {
+    std::vector<Row> all = rendezvous;
+    all.insert(all.end(), vnodes.begin(), vnodes.end());
+    print_json(all);
+  }
+  return 0;
+}

@@ -1,0 +1,86 @@
+#include "cluster/delta_sync.h"
+
+#include <algorithm>
+#include <array>
+
+#include "rules/rules.h"
+
+namespace sluice::cluster {
+
+class DeltaSync::Router : public engine::SyncSink {
+ public:
+  Router(DeltaSync& ds, const HashRing& ring, bool handoff, const Send& send)
+      : ds_(ds), ring_(ring), handoff_(handoff), send_(send) {}
+
+  void item(const engine::SyncItem& it) override {
+    std::array<NodeId, HashRing::kMaxReplicas> owners{};
+    const size_t n = ring_.owners(rules::routing_key(it.counter), owners);
+    dests_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      if (owners[i] != ds_.self_) dests_.push_back(owners[i]);
+    }
+    if (it.with_others) {
+      for (NodeId r : it.reporters) {
+        if (r != ds_.self_ && ring_.contains(r)) dests_.push_back(r);
+      }
+    }
+    std::sort(dests_.begin(), dests_.end());
+    dests_.erase(std::unique(dests_.begin(), dests_.end()), dests_.end());
+    if (dests_.empty()) return;
+    ++ds_.stats_.counters;
+    for (NodeId d : dests_) {
+      SyncBatch& b = batch_for(d);
+      for (const engine::RemoteTotal& t : it.totals) {
+        // A node is never sent its own totals back unless it is the owner's push (it may have
+        // lost them: a restart after kill -9).
+        if (t.node == d && !it.with_others) continue;
+        b.totals.push_back(t);
+        ++ds_.stats_.totals;
+        if (b.totals.size() >= ds_.max_totals_) flush(d, b);
+      }
+    }
+  }
+
+  void flush_all() {
+    for (auto& [d, b] : ds_.pending_) {
+      if (!b.totals.empty()) flush(d, b);
+    }
+  }
+
+ private:
+  SyncBatch& batch_for(NodeId d) {
+    SyncBatch& b = ds_.pending_[d];
+    b.from = ds_.self_;
+    b.handoff = handoff_;
+    return b;
+  }
+  void flush(NodeId d, SyncBatch& b) {
+    send_(d, b);
+    ++ds_.stats_.batches;
+    b.totals.clear();
+  }
+
+  DeltaSync& ds_;
+  const HashRing& ring_;
+  bool handoff_;
+  const Send& send_;
+  std::vector<NodeId> dests_;
+};
+
+DeltaSync::DeltaSync(engine::Engine& engine, NodeId self, size_t max_totals)
+    : engine_(engine), self_(self), max_totals_(std::max<size_t>(max_totals, 1)) {}
+
+void DeltaSync::pass(const HashRing& ring, Mode mode, bool handoff, const Send& send) {
+  ++stats_.passes;
+  if (mode == Mode::kEverything) engine_.mark_all_changed_for_sync();
+  Router router(*this, ring, handoff, send);
+  const auto owns = [&ring, this](uint64_t counter) {
+    return ring.owner(rules::routing_key(counter)) == self_;
+  };
+  cursor_.restart(mode != Mode::kChanged);
+  while (!engine_.sync_step(cursor_, 256, owns, router)) {
+  }
+  router.flush_all();
+}
+
+}  // namespace sluice::cluster

@@ -1,0 +1,428 @@
+// A node's part in the cluster (node_cluster.h): peer socket, membership, ring, delta sync.
+#include <utility>  // before Asio: Boost 1.74 with g++ 12 needs std::exchange declared
+
+#include "node/node_cluster.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <map>
+#include <random>
+#include <stdexcept>
+
+#include "cluster/delta_sync.h"
+#include "cluster/peer_codec.h"
+#include "node/node_state.h"
+
+namespace sluice::node {
+
+namespace asio = boost::asio;
+using asio::ip::udp;
+using cluster::Member;
+using cluster::MemberState;
+using cluster::NodeId;
+
+namespace {
+
+constexpr size_t kDatagramBytes = 65'536;
+constexpr int64_t kMaxTickDelayMs = 100;  // re-check membership at least this often
+
+// "host:port" (host: IP, [IPv6] or a DNS name).
+std::pair<std::string, std::string> split_host_port(const std::string& s) {
+  const auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon + 1 == s.size()) {
+    throw std::runtime_error("cluster address '" + s + "' has no port");
+  }
+  std::string host = s.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return {host, s.substr(colon + 1)};
+}
+
+uint16_t parse_port(const std::string& text, const std::string& what) {
+  char* end = nullptr;
+  const unsigned long p = std::strtoul(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || p > 65535) {
+    throw std::runtime_error(what + ": bad port '" + text + "'");
+  }
+  return static_cast<uint16_t>(p);
+}
+
+const char* state_name(MemberState s) {
+  switch (s) {
+    case MemberState::kAlive:
+      return "alive";
+    case MemberState::kSuspect:
+      return "suspect";
+    case MemberState::kDead:
+      return "dead";
+    case MemberState::kLeft:
+      return "left";
+  }
+  return "?";
+}
+
+bool in_ring(const Member& m) {
+  return m.state == MemberState::kAlive || m.state == MemberState::kSuspect;
+}
+
+}  // namespace
+
+struct ClusterNode::Impl : cluster::MembershipTransport {
+  Impl(asio::io_context& io_, NodeState& st_)
+      : io(io_), st(st_), opt(st_.opt.cluster), socket(io_), tick_timer(io_), sync_timer(io_) {
+    if (opt.node_id == 0) throw std::runtime_error("cluster.node_id must be 1..65535");
+    if (std::string why = cluster::PeerCodec::check_secret(opt.secret); !why.empty()) {
+      throw std::runtime_error("cluster.secret: " + why);
+    }
+    if (opt.listen.empty()) throw std::runtime_error("cluster.listen is required");
+    auto [host, port] = split_host_port(opt.listen);
+    boost::system::error_code ec;
+    listen_addr = asio::ip::make_address(host.empty() ? "0.0.0.0" : host, ec);
+    if (ec) throw std::runtime_error("cluster.listen '" + opt.listen + "': not an IP address");
+    listen_port = parse_port(port, "cluster.listen");
+    advertise = opt.advertise.empty() ? listen_addr.to_string() : opt.advertise;
+    if (advertise == "0.0.0.0" || advertise == "::") {
+      throw std::runtime_error(
+          "cluster.advertise is required when cluster.listen is a wildcard address");
+    }
+    if (opt.name.empty()) opt.name = "node-" + std::to_string(opt.node_id);
+    boot_id = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+    codec = std::make_unique<cluster::PeerCodec>(opt.secret, opt.node_id, boot_id);
+    delta = std::make_unique<cluster::DeltaSync>(*st.engine, opt.node_id);
+    published_ring = std::make_shared<const cluster::HashRing>(opt.replicas);
+  }
+
+  // ---- MembershipTransport ----
+  void send(const cluster::Endpoint& to, const cluster::MembershipMessage& m) override {
+    const cluster::PeerError e = codec->seal(m, st.opt.clock(), out);
+    if (e != cluster::PeerError::kOk) {
+      spdlog::warn("cluster: membership message not sealed: {}", cluster::to_string(e));
+      return;
+    }
+    send_raw(to, out);
+  }
+
+  void send_raw(const cluster::Endpoint& to, const std::vector<uint8_t>& bytes) {
+    boost::system::error_code ec;
+    const auto addr = asio::ip::make_address(to.host, ec);
+    if (ec) {
+      ++send_errors;
+      return;
+    }
+    socket.send_to(asio::buffer(bytes), udp::endpoint(addr, to.port), 0, ec);
+    if (ec) {
+      ++send_errors;
+    } else {
+      ++datagrams_out;
+    }
+  }
+
+  void send_batch(NodeId to, const cluster::SyncBatch& b) {
+    const auto m = members_by_id.find(to);
+    if (m == members_by_id.end()) return;
+    const cluster::PeerError e = codec->seal(b, st.opt.clock(), out);
+    if (e != cluster::PeerError::kOk) {
+      spdlog::warn("cluster: sync batch for node {} not sealed: {}", to, cluster::to_string(e));
+      return;
+    }
+    send_raw(cluster::peer_endpoint(m->second), out);
+  }
+
+  // ---- receiving ----
+  void receive() {
+    socket.async_receive_from(asio::buffer(in), sender, [this](boost::system::error_code ec,
+                                                               size_t n) {
+      if (ec == asio::error::operation_aborted || stopped) return;
+      if (!ec) on_datagram(n);
+      receive();
+    });
+  }
+
+  void on_datagram(size_t n) {
+    ++datagrams_in;
+    const int64_t now = st.opt.clock();
+    const cluster::PeerError e = codec->open({in.data(), n}, now, msg);
+    if (e != cluster::PeerError::kOk) {
+      ++dropped[std::string(cluster::to_string(e))];
+      if (e == cluster::PeerError::kBadTag) {
+        spdlog::debug("cluster: datagram from {} with a bad tag dropped (wrong secret?)",
+                      sender.address().to_string());
+      }
+      return;
+    }
+    heard[msg.header.sender] = now;
+    switch (msg.header.kind) {
+      case cluster::PeerKind::kMembership:
+        membership->on_message({sender.address().to_string(), sender.port()}, msg.membership,
+                               now);
+        after_membership_call();
+        break;
+      case cluster::PeerKind::kSync:
+        synced[msg.header.sender] = now;
+        sync_totals_in += msg.sync.totals.size();
+        st.engine->merge(msg.sync.totals, now);
+        break;
+      default:
+        ++dropped["unknown_kind"];
+        break;
+    }
+  }
+
+  // ---- timers ----
+  void arm_tick() {
+    const int64_t now = st.opt.clock();
+    const int64_t next = membership->next_deadline_ms();
+    const int64_t delay = std::clamp<int64_t>(next - now, 0, kMaxTickDelayMs);
+    tick_timer.expires_after(std::chrono::milliseconds(delay));
+    tick_timer.async_wait([this](boost::system::error_code ec) {
+      if (ec || stopped) return;
+      membership->tick(st.opt.clock());
+      after_membership_call();
+    });
+  }
+
+  void after_membership_call() {
+    if (ring_changed) rebuild_ring();
+    arm_tick();
+  }
+
+  void arm_sync() {
+    sync_timer.expires_after(std::chrono::milliseconds(opt.sync_interval_ms));
+    sync_timer.async_wait([this](boost::system::error_code ec) {
+      if (ec || stopped) return;
+      sync_pass();
+      arm_sync();
+    });
+  }
+
+  void sync_pass() {
+    const int64_t now = st.opt.clock();
+    cluster::DeltaSync::Mode mode = cluster::DeltaSync::Mode::kChanged;
+    bool handoff = false;
+    if (handoff_pending) {
+      mode = cluster::DeltaSync::Mode::kEverything;
+      handoff = true;
+      handoff_pending = false;
+      ++handoffs;
+    } else if (now - last_resend_ms >= opt.anti_entropy_interval_ms) {
+      mode = cluster::DeltaSync::Mode::kResend;
+      last_resend_ms = now;
+    }
+    delta->pass(ring, mode, handoff,
+                [this](NodeId to, const cluster::SyncBatch& b) { send_batch(to, b); });
+  }
+
+  // ---- ring ----
+  void on_member_change(const Member& m) {
+    const auto it = members_by_id.find(m.id);
+    const bool was_in = it != members_by_id.end() && in_ring(it->second);
+    if (it == members_by_id.end() || it->second.state != m.state) {
+      if (m.id != opt.node_id) {
+        spdlog::info("cluster: member {} ({}, {}:{}) is {} (incarnation {})", m.name, m.id, m.host,
+                     m.peer_port, state_name(m.state), m.incarnation);
+      }
+    }
+    members_by_id[m.id] = m;
+    if (was_in != in_ring(m)) ring_changed = true;
+    publish_members();
+    if (m.state == MemberState::kDead || m.state == MemberState::kLeft) {
+      // A later life of this node starts a new boot; the codec accepts it without our window.
+      codec->replay_guard().forget(m.id);
+    }
+  }
+
+  void publish_members() {
+    auto v = std::make_shared<std::vector<Member>>();
+    for (const auto& [id, m] : members_by_id)
+      v->push_back(m);
+    std::lock_guard g(published_mu);
+    published_members = std::move(v);
+  }
+
+  void rebuild_ring() {
+    ring_changed = false;
+    cluster::HashRing next(opt.replicas);
+    for (const auto& [id, m] : members_by_id) {
+      if (in_ring(m) && !(left && id == opt.node_id)) next.add(id, m.name);
+    }
+    ring = next;
+    handoff_pending = true;  // counters move: a full pass to the new owners and replicas
+    {
+      std::lock_guard g(published_mu);
+      published_ring = std::make_shared<const cluster::HashRing>(ring);
+    }
+    spdlog::info("cluster: ring now has {} members", ring.size());
+  }
+
+  asio::io_context& io;
+  NodeState& st;
+  ClusterOptions opt;
+  asio::ip::address listen_addr;
+  uint16_t listen_port = 0;
+  std::string advertise;
+  uint64_t boot_id = 0;
+  udp::socket socket;
+  asio::steady_timer tick_timer;
+  asio::steady_timer sync_timer;
+  udp::endpoint sender;
+  std::array<uint8_t, kDatagramBytes> in{};
+  std::vector<uint8_t> out;
+  cluster::PeerMessage msg;
+  std::unique_ptr<cluster::PeerCodec> codec;
+  std::unique_ptr<cluster::Membership> membership;
+  std::unique_ptr<cluster::DeltaSync> delta;
+  std::map<NodeId, Member> members_by_id;  // as membership reported them (control thread)
+  cluster::HashRing ring{2};
+  bool ring_changed = false;
+  bool handoff_pending = false;
+  bool left = false;
+  bool stopped = false;
+  int64_t last_resend_ms = 0;
+  // Statistics (control thread writes; the admin thread reads under published_mu via status()).
+  std::map<std::string, uint64_t> dropped;
+  std::map<NodeId, int64_t> heard, synced;
+  uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0, sync_totals_in = 0;
+  uint64_t handoffs = 0;
+
+  mutable std::mutex published_mu;  // guards published_ring and published_members
+  std::shared_ptr<const cluster::HashRing> published_ring;
+  std::shared_ptr<const std::vector<Member>> published_members =
+      std::make_shared<const std::vector<Member>>();
+};
+
+ClusterNode::ClusterNode(asio::io_context& control, NodeState& state)
+    : impl_(std::make_unique<Impl>(control, state)) {}
+
+ClusterNode::~ClusterNode() = default;
+
+void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
+  Impl& c = *impl_;
+  const udp::endpoint ep(c.listen_addr, c.listen_port);
+  boost::system::error_code ec;
+  c.socket.open(ep.protocol(), ec);
+  if (!ec) c.socket.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
+  if (!ec) c.socket.bind(ep, ec);
+  if (ec) throw std::runtime_error("cluster.listen " + c.opt.listen + ": " + ec.message());
+  c.listen_port = c.socket.local_endpoint().port();
+
+  Member self;
+  self.id = c.opt.node_id;
+  self.name = c.opt.name;
+  self.host = c.advertise;
+  self.peer_port = c.listen_port;
+  self.check_port = check_port;
+  self.admin_port = admin_port;
+  cluster::MembershipOptions mo;
+  mo.probe_interval_ms = c.opt.probe_interval_ms;
+  mo.probe_timeout_ms = std::max<int64_t>(1, c.opt.probe_interval_ms / 2);
+  mo.nack_timeout_ms = std::max<int64_t>(1, c.opt.probe_interval_ms * 2 / 5);
+  c.membership = std::make_unique<cluster::Membership>(self, mo, c, c.boot_id ^ c.opt.node_id);
+  c.membership->on_change([&c](const Member& m) { c.on_member_change(m); });
+  c.members_by_id[self.id] = c.membership->self();
+  c.rebuild_ring();
+  c.handoff_pending = false;
+
+  std::vector<cluster::Endpoint> seeds;
+  asio::ip::udp::resolver resolver(c.io);
+  for (const std::string& s : c.opt.seeds) {
+    auto [host, port] = split_host_port(s);
+    boost::system::error_code rec;
+    const auto results = resolver.resolve(host, port, rec);
+    if (rec) {
+      spdlog::warn("cluster: seed {} does not resolve: {}", s, rec.message());
+      continue;
+    }
+    for (const auto& r : results) {
+      seeds.push_back({r.endpoint().address().to_string(), r.endpoint().port()});
+    }
+  }
+  c.receive();
+  const int64_t now = c.st.opt.clock();
+  c.last_resend_ms = now;
+  if (!seeds.empty()) c.membership->join(seeds, now);
+  c.after_membership_call();
+  c.arm_sync();
+  spdlog::info("cluster: node {} ({}) on {}:{}, {} seed addresses, {} replicas, sync every {} ms",
+               c.opt.name, c.opt.node_id, c.advertise, c.listen_port, seeds.size(), c.opt.replicas,
+               c.opt.sync_interval_ms);
+}
+
+void ClusterNode::leave() {
+  Impl& c = *impl_;
+  if (c.left || !c.membership) return;
+  c.left = true;
+  const int64_t now = c.st.opt.clock();
+  c.membership->leave(now);
+  // Hand every counter to its owners without this node, now.
+  c.rebuild_ring();
+  c.sync_pass();
+  spdlog::info("cluster: left; counters handed to the remaining {} members", c.ring.size());
+}
+
+void ClusterNode::stop() {
+  Impl& c = *impl_;
+  if (c.stopped) return;
+  c.stopped = true;
+  boost::system::error_code ec;
+  c.tick_timer.cancel();
+  c.sync_timer.cancel();
+  c.socket.close(ec);
+}
+
+uint16_t ClusterNode::peer_port() const {
+  return impl_->listen_port;
+}
+
+ClusterNode::View ClusterNode::view() const {
+  std::lock_guard g(impl_->published_mu);
+  return {impl_->published_ring, impl_->published_members};
+}
+
+ClusterStatus ClusterNode::status() const {
+  const Impl& c = *impl_;
+  ClusterStatus s;
+  s.enabled = true;
+  s.self = c.opt.node_id;
+  s.name = c.opt.name;
+  s.replicas = c.opt.replicas;
+  if (!c.membership) return s;
+  s.join_state = std::string(cluster::to_string(c.membership->join_state()));
+  s.membership = c.membership->stats();
+  const int64_t now = c.st.opt.clock();
+  std::shared_ptr<const cluster::HashRing> ring;
+  {
+    std::lock_guard g(c.published_mu);
+    ring = c.published_ring;
+  }
+  const auto shares = ring->shares();
+  for (const Member& m : c.membership->members()) {
+    MemberStatus ms;
+    ms.member = m;
+    for (const auto& [id, share] : shares) {
+      if (id == m.id) ms.share = share;
+    }
+    if (auto h = c.heard.find(m.id); h != c.heard.end()) ms.last_heard_ms = now - h->second;
+    if (auto y = c.synced.find(m.id); y != c.synced.end()) ms.last_sync_ms = now - y->second;
+    s.members.push_back(std::move(ms));
+  }
+  for (const auto& [reason, n] : c.dropped)
+    s.dropped.emplace_back(reason, n);
+  s.datagrams_in = c.datagrams_in;
+  s.datagrams_out = c.datagrams_out;
+  s.send_errors = c.send_errors;
+  s.sync_passes = c.delta->stats().passes;
+  s.sync_totals_out = c.delta->stats().totals;
+  s.sync_batches_out = c.delta->stats().batches;
+  s.sync_totals_in = c.sync_totals_in;
+  s.handoffs = c.handoffs;
+  return s;
+}
+
+}  // namespace sluice::node

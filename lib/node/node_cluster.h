@@ -1,0 +1,92 @@
+// Private to lib/node: a node's part in the cluster. It owns the peer UDP socket, the membership
+// state machine (lib/cluster/membership.h), the hash ring over live members, and the delta sync
+// (lib/cluster/delta_sync.h), all on the node's control thread.
+//
+// Every sync interval the counters changed since the last pass go out as per-node bucket totals
+// (the non-owner's own to the owner and replicas; the owner's merged state to the replicas and
+// the nodes that reported); every anti-entropy interval the counters changed since the previous
+// resend go out again (a lost datagram is repaired); after every membership change a full pass
+// hands each key's counts to its new owner and replicas (join, leave, death). Arriving totals are
+// merged into the engine (idempotent). Every datagram is sealed with the cluster secret; a bad
+// tag, a replay, a stale boot or a skewed clock is dropped and counted.
+//
+// Thread-safety: start/leave/stop and the socket handlers run on the control io_context. The
+// ring and the status snapshot are published for other threads (workers forwarding checks, the
+// admin thread) under `published_mu`.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster/hash_ring.h"
+#include "cluster/membership.h"
+#include "cluster/messages.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace sluice::node {
+
+struct NodeState;
+
+struct MemberStatus {
+  cluster::Member member;
+  double share = 0;              // of keys owned as primary (0 unless alive or suspect)
+  int64_t last_heard_ms = -1;    // ms since the last datagram from it (-1: never)
+  int64_t last_sync_ms = -1;     // ms since the last sync batch from it (-1: never)
+};
+
+struct ClusterStatus {
+  bool enabled = false;
+  cluster::NodeId self = 0;
+  std::string name;
+  std::string join_state;
+  std::vector<MemberStatus> members;
+  cluster::MembershipStats membership;
+  std::vector<std::pair<std::string, uint64_t>> dropped;  // peer datagrams dropped, by reason
+  uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0;
+  uint64_t sync_passes = 0, sync_totals_out = 0, sync_totals_in = 0, sync_batches_out = 0;
+  uint64_t handoffs = 0;  // full passes after membership changes
+  size_t replicas = 0;
+};
+
+class ClusterNode {
+ public:
+  // Validates the options (throws std::runtime_error naming the problem).
+  ClusterNode(boost::asio::io_context& control, NodeState& state);
+  ~ClusterNode();
+  ClusterNode(const ClusterNode&) = delete;
+  ClusterNode& operator=(const ClusterNode&) = delete;
+
+  // Binds the peer socket (throws std::runtime_error), joins the seeds, starts the timers.
+  // `check_port` and `admin_port` are announced to the other members. Control thread.
+  void start(uint16_t check_port, uint16_t admin_port);
+  // Leaves gracefully: tells the members, then hands every counter to its next owners. Control
+  // thread; idempotent.
+  void leave();
+  // Cancels timers and closes the socket. Control thread; idempotent.
+  void stop();
+
+  uint16_t peer_port() const;
+  // Control thread (Node::cluster_status posts there).
+  ClusterStatus status() const;
+  // Any thread: the ring over live members and the members' records, as last published.
+  struct View {
+    std::shared_ptr<const cluster::HashRing> ring;
+    std::shared_ptr<const std::vector<cluster::Member>> members;
+  };
+  View view() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice::node

@@ -1,0 +1,83 @@
+# The node<->node peer protocol (filled in by the cluster work).
+@0x8f7c6f6beed8de66;
+
+# One UDP datagram between nodes is [Envelope as a single-segment message][32-byte tag], the tag
+# being HMAC-SHA256 over the message bytes with a key derived from the cluster secret
+# (lib/cluster/peer_codec.h). Nothing here is read before the tag has been checked.
+#
+# Versioning follows check.capnp: fields are only ever added, with new ordinals. `version` names
+# the revision of these rules; a receiver drops a datagram of another version (wrong_version).
+# `from` of the C++ messages is not carried in payloads: the authenticated envelope's `sender` is
+# the only sender there is.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("sluice::schema::peer");
+
+enum Kind {
+  membership @0;     # payload: Membership
+  sync @1;           # payload: SyncBatch
+  # Reserved for the forwarding and handoff work; a receiver that does not implement a kind
+  # drops the datagram as unknown_kind.
+  forward @2;
+  forwardAnswer @3;
+  handoff @4;
+}
+
+struct Envelope {
+  version @0 :UInt16 = 1;
+  sender @1 :UInt16;       # NodeId
+  bootId @2 :UInt64;       # chosen at the sender's start (wall-clock ms): a restart is newer
+  seq @3 :UInt64;          # per boot, from 1, one per datagram
+  sentMs @4 :Int64;        # the sender's wall clock when sealing
+  kind @5 :Kind;
+  payload @6 :AnyPointer;  # the struct `kind` names
+}
+
+enum MemberState {
+  alive @0;
+  suspect @1;
+  dead @2;
+  left @3;
+}
+
+struct Member {
+  id @0 :UInt16;
+  name @1 :Text;
+  host @2 :Text;
+  peerPort @3 :UInt16;
+  checkPort @4 :UInt16;
+  adminPort @5 :UInt16;
+  incarnation @6 :UInt32;
+  state @7 :MemberState;
+}
+
+enum MembershipKind {
+  ping @0;
+  ack @1;
+  pingReq @2;
+  nack @3;
+  join @4;
+  joinReply @5;
+}
+
+struct Membership {
+  kind @0 :MembershipKind;
+  seq @1 :UInt32;
+  target @2 :UInt16;
+  gossip @3 :List(Member);
+}
+
+# engine::RemoteTotal. Window and bucket fit 32 bits (at most a day in ms): 4 words per total.
+struct RemoteTotal {
+  counter @0 :UInt64;
+  bucket @1 :Int64;
+  windowMs @2 :UInt32;
+  bucketMs @3 :UInt32;
+  node @4 :UInt16;
+  total @5 :UInt32;
+}
+
+struct SyncBatch {
+  handoff @0 :Bool;
+  totals @1 :List(RemoteTotal);
+}
