@@ -25,6 +25,7 @@ struct CheckRequest {
   id @1 :UInt64;              # echoed in the answer; TCP answers may come back in any order
   checks @2 :List(Check);
   padding @3 :Data;           # UDP: room the client gives the answer (no amplification)
+  forwarded @4 :Bool;         # sent by a node to a key's owner: decide here, never forward again
 }
 
 enum Mode {

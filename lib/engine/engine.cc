@@ -1038,6 +1038,21 @@ uint16_t Engine::node_id() const {
   return impl_->opt.node_id;
 }
 
+std::optional<uint64_t> Engine::owner_routing_key(const rules::CheckRequest& req, int64_t now_ms) {
+  thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread
+  const State& st = impl_->current_state();
+  res.clear();
+  const rules::ResolvedRequest rr = st.policy->resolve(req, now_ms, res);
+  if (rr.error != CheckError::kNone || rr.allowlisted) return std::nullopt;
+  for (uint32_t r = 0; r < rr.num_rules; ++r) {
+    const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
+    if (ar.rule->consistency == rules::Consistency::kOwner && ar.num_limits > 0) {
+      return rules::routing_key(res.limits[ar.first_limit].counter);
+    }
+  }
+  return std::nullopt;
+}
+
 bool Engine::sync_step(SyncCursor& c, size_t max_slots, const std::function<bool(uint64_t)>& owns,
                        SyncSink& sink) {
   Impl& im = *impl_;

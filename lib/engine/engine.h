@@ -251,6 +251,10 @@ class Engine {
   bool sync_step(SyncCursor& cursor, size_t max_slots, const std::function<bool(uint64_t)>& owns,
                  SyncSink& sink);
   uint16_t node_id() const;
+  // The routing key (rules::routing_key) of the first rule applying to `req` whose consistency is
+  // `owner`: where a cluster decides the request. nullopt when none applies, or the request is
+  // invalid or allowlisted (it is then decided where it arrives). Allocates nothing once warm.
+  std::optional<uint64_t> owner_routing_key(const rules::CheckRequest& req, int64_t now_ms);
   // Marks every counter for the next resend sync pass (handoff after a membership change).
   void mark_all_changed_for_sync();
 

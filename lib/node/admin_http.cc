@@ -510,6 +510,13 @@ std::string render_metrics(AdminHttp::State& st) {
         nc.closed_connections_bad_frame);
   m.one("sluice_rejected_requests_total", "counter",
         "UDP/TCP requests answered with a request-level error code.", nc.rejected_requests);
+  m.one("sluice_forwarded_requests_total", "counter",
+        "Owner mode: client requests split to their keys' owners.", nc.forwarded_requests);
+  m.one("sluice_forwarded_parts_total", "counter", "Owner mode: parts sent to another node.",
+        nc.forwarded_parts);
+  m.one("sluice_forward_fallbacks_total", "counter",
+        "Owner mode: parts decided here because the owner was silent or unreachable.",
+        nc.forward_fallbacks);
   m.family("sluice_reloads_total", "counter", "Rules reloads by result.");
   m.sample("sluice_reloads_total", {"result", "ok"}, nc.reloads);
   m.sample("sluice_reloads_total", {"result", "failed"}, nc.reload_failures);
@@ -625,6 +632,9 @@ std::string render_status(AdminHttp::State& st) {
         {"dropped_datagrams", nc.dropped_datagrams},
         {"bad_frames", nc.closed_connections_bad_frame},
         {"rejected", nc.rejected_requests},
+        {"forwarded", nc.forwarded_requests},
+        {"forwarded_parts", nc.forwarded_parts},
+        {"forward_fallbacks", nc.forward_fallbacks},
         {"reloads", nc.reloads},
         {"reload_failures", nc.reload_failures}}},
       {"rules", std::move(rules)},

@@ -1,4 +1,5 @@
 // CheckHandler: decode a request, decide with the engine, encode the answer. No Asio here.
+#include <algorithm>
 #include <chrono>
 
 #include "node/node.h"
@@ -40,6 +41,8 @@ struct CheckHandler::Scratch {
   engine::BatchResult result;
   std::vector<wire::LimitView> limits;
   std::vector<wire::DecisionView> decisions;
+  std::vector<uint16_t> owners;         // per wire check: 0 = here, else the owner's id
+  std::vector<wire::Check> part_checks;  // one part of a split request
 };
 
 CheckHandler::CheckHandler(engine::Engine& engine)
@@ -49,15 +52,26 @@ CheckHandler::~CheckHandler() = default;
 
 bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_bytes,
                           int64_t now_ms, std::vector<uint8_t>& out) {
+  static thread_local ForwardPlan unused;
+  return handle_routed(request, max_answer_bytes, now_ms, out, nullptr, 0, unused) ==
+         Outcome::kAnswer;
+}
+
+CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> request,
+                                                  size_t max_answer_bytes, int64_t now_ms,
+                                                  std::vector<uint8_t>& out, CheckRouter* router,
+                                                  uint64_t first_id, ForwardPlan& plan) {
   Scratch& s = *s_;
+  const auto answered = [max_answer_bytes](size_t n) {
+    // A tiny request must not draw a larger answer (no amplification): drop it instead.
+    return max_answer_bytes == 0 || n <= max_answer_bytes ? Outcome::kAnswer : Outcome::kDrop;
+  };
   const wire::Code code = s.decoder.decode(request);
   last_code_ = code;
   if (code != wire::Code::kOk) {
     // Without an id the sender could not match an answer: drop (the caller counts it).
-    if (s.decoder.id() == 0) return false;
-    const size_t n = wire::encode_answer(s.decoder.id(), code, {}, max_answer_bytes, out);
-    // A tiny request must not draw a larger error answer (no amplification): drop it instead.
-    return max_answer_bytes == 0 || n <= max_answer_bytes;
+    if (s.decoder.id() == 0) return Outcome::kDrop;
+    return answered(wire::encode_answer(s.decoder.id(), code, {}, max_answer_bytes, out));
   }
 
   const auto checks = s.decoder.checks();
@@ -80,6 +94,9 @@ bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_by
                           std::span<const rules::Descriptor>(s.descriptors.data() + first,
                                                              c.entries.size()),
                           static_cast<uint64_t>(c.hits)});
+  }
+  if (router != nullptr && !s.decoder.forwarded() && split(router, now_ms, first_id, plan)) {
+    return Outcome::kForward;
   }
   engine_.check(s.requests, now_ms, s.result);
 
@@ -106,9 +123,52 @@ bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_by
     }
     s.decisions.push_back(dv);
   }
-  const size_t n =
-      wire::encode_answer(s.decoder.id(), wire::Code::kOk, s.decisions, max_answer_bytes, out);
-  return max_answer_bytes == 0 || n <= max_answer_bytes;
+  return answered(
+      wire::encode_answer(s.decoder.id(), wire::Code::kOk, s.decisions, max_answer_bytes, out));
+}
+
+bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
+                         ForwardPlan& plan) {
+  Scratch& s = *s_;
+  const auto checks = s.decoder.checks();
+  s.owners.assign(checks.size(), 0);
+  bool remote = false;
+  for (size_t i = 0; i < checks.size(); ++i) {
+    if (s.engine_index[i] == UINT32_MAX) continue;  // refused here: answered here
+    const auto key = engine_.owner_routing_key(s.requests[s.engine_index[i]], now_ms);
+    if (!key) continue;
+    s.owners[i] = router->owner_of(*key);
+    remote = remote || s.owners[i] != 0;
+  }
+  if (!remote) return false;
+  plan.client_id = s.decoder.id();
+  plan.num_checks = checks.size();
+  plan.used = 0;
+  for (size_t i = 0; i < checks.size(); ++i) {
+    ForwardPlan::Part* part = nullptr;
+    for (size_t p = 0; p < plan.used; ++p) {
+      if (plan.parts[p].owner == s.owners[i]) part = &plan.parts[p];
+    }
+    if (part == nullptr) {
+      if (plan.parts.size() <= plan.used) plan.parts.emplace_back();
+      part = &plan.parts[plan.used++];
+      part->owner = s.owners[i];
+      part->checks.clear();
+    }
+    part->checks.push_back(static_cast<uint32_t>(i));
+  }
+  for (size_t p = 0; p < plan.used; ++p) {
+    ForwardPlan::Part& part = plan.parts[p];
+    s.part_checks.clear();
+    for (uint32_t i : part.checks) {
+      s.part_checks.push_back(checks[i]);
+      // A check the decoder refused (negative cost, too many entries) is refused again there.
+    }
+    // Room for the owner's answer: it never answers larger than the request it got.
+    const size_t pad = std::min<size_t>(wire::kMaxDatagramBytes, 512 + 256 * part.checks.size());
+    wire::encode_request(first_id + p, s.part_checks, pad, part.request, /*forwarded=*/true);
+  }
+  return true;
 }
 
 }  // namespace sluice::node

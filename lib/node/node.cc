@@ -73,6 +73,9 @@ struct alignas(64) WorkerCounters {
   std::atomic<uint64_t> dropped_datagrams{0};
   std::atomic<uint64_t> bad_frames{0};
   std::atomic<uint64_t> rejected_requests{0};
+  std::atomic<uint64_t> forwarded_requests{0};  // client requests split to owners
+  std::atomic<uint64_t> forwarded_parts{0};     // parts sent to another node
+  std::atomic<uint64_t> forward_fallbacks{0};   // parts decided here: owner silent or unreachable
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
 };
 
@@ -97,6 +100,8 @@ struct Worker {
   std::vector<uint8_t> out;  // TCP answers
   CheckHandler handler;
   WorkerCounters counters;
+  struct Forwarder;  // cluster owner mode: null without a cluster (defined below)
+  std::unique_ptr<Forwarder> fwd;
   std::thread thread;
   std::list<std::weak_ptr<class TcpSession>> sessions;  // owned by this worker's thread
   bool stopping = false;                                 // this worker's thread only
@@ -108,6 +113,14 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       : w_(w), socket_(std::move(socket)), max_pending_(max_pending) {}
 
   void start() { read(); }
+
+  // An answer decided later (forwarded to the key's owner): queued like any other.
+  void deliver(std::span<const uint8_t> answer) {
+    if (socket_.is_open() && !(draining_ && !writing_ && !reading_)) {
+      wire::append_frame(answer, pending_);
+      flush();
+    }
+  }
 
   // Stop reading; answers already being written still go out, then the socket closes.
   void drain() {
@@ -160,7 +173,9 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   void serve(std::span<const uint8_t> frame) {
     const auto t0 = std::chrono::steady_clock::now();
     w_.counters.tcp_requests.fetch_add(1, std::memory_order_relaxed);
-    if (!w_.handler.handle(frame, wire::kMaxFrameBytes, node_now(), w_.out)) {
+    const CheckHandler::Outcome o = serve_frame(frame, t0);
+    if (o == CheckHandler::Outcome::kForward) return;  // answered when the owners have
+    if (o == CheckHandler::Outcome::kDrop) {
       // No id to answer to: the client cannot learn this request failed except by a closed
       // connection, which fails its in-flight requests over at once instead of at its timeout.
       w_.counters.bad_frames.fetch_add(1, std::memory_order_relaxed);
@@ -204,12 +219,18 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   }
 
   int64_t node_now() const;
+  CheckHandler::Outcome serve_frame(std::span<const uint8_t> frame,
+                                    std::chrono::steady_clock::time_point t0);
+
+ public:
   void record_latency(std::chrono::steady_clock::time_point t0) {
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
                         std::chrono::steady_clock::now() - t0)
                         .count();
     w_.counters.latency[latency_bucket(us)].fetch_add(1, std::memory_order_relaxed);
   }
+
+ private:
   std::string peer() const {
     boost::system::error_code ec;
     const auto ep = socket_.remote_endpoint(ec);
@@ -257,6 +278,304 @@ struct Node::Impl : NodeState {
 
 int64_t TcpSession::node_now() const { return w_.node.opt.clock(); }
 
+// ---- cluster owner mode: forwarding checks to the owner of their key ---------------------------
+//
+// A client request whose owner-mode checks belong to other nodes is split by owner
+// (CheckHandler::handle_routed); each part goes, marked forwarded, to its owner's check port from
+// this worker's forwarding socket, the owner decides it as it decides any request, and the
+// answers are merged into one answer to the client in the client's order. A part whose owner does
+// not answer within forward_timeout_ms (or cannot be sent to) is decided here: availability over
+// exactness, counted in sluice_forward_fallbacks_total. Everything runs on the worker's thread.
+struct Worker::Forwarder : CheckRouter {
+  // Where the client waits for its answer.
+  struct Client {
+    bool tcp = false;
+    sockaddr_storage addr{};
+    socklen_t addr_len = 0;
+    std::weak_ptr<TcpSession> session;
+  };
+  struct Pending {
+    bool busy = false;
+    uint32_t generation = 0;
+    Client client;
+    uint64_t client_id = 0;
+    size_t max_answer = 0;
+    int64_t deadline_ms = 0;
+    std::chrono::steady_clock::time_point t0;
+    size_t outstanding = 0;
+    std::vector<wire::Decision> decisions;  // per client check
+    std::vector<ForwardPlan::Part> parts;
+    std::vector<uint8_t> part_done;
+  };
+  static constexpr size_t kMaxParts = 256;  // part index in the low 8 bits of a forwarded id
+
+  Forwarder(Worker& w_, ClusterNode& c) : w(w_), cluster(c), socket(w_.io), timer(w_.io) {
+    socket.open(udp::v4());
+    socket.bind(udp::endpoint(asio::ip::address_v4::any(), 0));
+    socket.non_blocking(true);
+    receive();
+  }
+
+  // CheckRouter
+  uint16_t owner_of(uint64_t routing_key) override {
+    refresh();
+    const auto owner = view.ring->owner(routing_key);
+    if (!owner || *owner == cluster.self()) return 0;
+    return endpoint_of(*owner) ? *owner : 0;
+  }
+
+  std::optional<udp::endpoint> endpoint_of(uint16_t id) {
+    for (const cluster::Member& m : *view.members) {
+      if (m.id != id || m.check_port == 0) continue;
+      boost::system::error_code ec;
+      const auto addr = asio::ip::make_address(m.host, ec);
+      if (ec) return std::nullopt;
+      return udp::endpoint(addr, m.check_port);
+    }
+    return std::nullopt;
+  }
+
+  void refresh() {
+    const uint64_t v = cluster.view_version();
+    if (v == version) return;
+    view = cluster.view();
+    version = v;
+  }
+
+  // Handles one client request; kForward when its answer will come later.
+  CheckHandler::Outcome handle(std::span<const uint8_t> request, size_t max_answer, int64_t now,
+                               std::vector<uint8_t>& out, const Client& client,
+                               std::chrono::steady_clock::time_point t0) {
+    const size_t slot = take_slot();
+    Pending& p = pending[slot];
+    const uint64_t base = (static_cast<uint64_t>(p.generation) << 32) | (slot << 8);
+    const CheckHandler::Outcome o =
+        w.handler.handle_routed(request, max_answer, now, out, this, base, plan);
+    if (o != CheckHandler::Outcome::kForward || plan.used > kMaxParts) {
+      release(slot);
+      if (o == CheckHandler::Outcome::kForward) {  // more owners than ids: decide it all here
+        return w.handler.handle(request, max_answer, now, out) ? CheckHandler::Outcome::kAnswer
+                                                               : CheckHandler::Outcome::kDrop;
+      }
+      return o;
+    }
+    w.counters.forwarded_requests.fetch_add(1, std::memory_order_relaxed);
+    p.busy = true;
+    p.client = client;
+    p.client_id = plan.client_id;
+    p.max_answer = max_answer;
+    p.deadline_ms = now + cluster.forward_timeout_ms();
+    p.t0 = t0;
+    p.decisions.assign(plan.num_checks, wire::Decision{});
+    if (p.parts.size() < plan.used) p.parts.resize(plan.used);
+    p.part_done.assign(plan.used, 0);
+    p.outstanding = plan.used;
+    for (size_t i = 0; i < plan.used; ++i) {
+      std::swap(p.parts[i].checks, plan.parts[i].checks);
+      std::swap(p.parts[i].request, plan.parts[i].request);
+      p.parts[i].owner = plan.parts[i].owner;
+    }
+    for (size_t i = 0; i < plan.used && p.busy; ++i) {
+      const ForwardPlan::Part& part = p.parts[i];
+      std::optional<udp::endpoint> to;
+      if (part.owner != 0) to = endpoint_of(part.owner);
+      boost::system::error_code ec;
+      if (to) socket.send_to(asio::buffer(part.request), *to, 0, ec);
+      if (to && !ec) {
+        w.counters.forwarded_parts.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      if (part.owner != 0) w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      decide_here(slot, i, now);
+    }
+    if (pending[slot].busy) arm_timer();
+    return CheckHandler::Outcome::kForward;
+  }
+
+  size_t take_slot() {
+    if (free_slots.empty()) {
+      free_slots.push_back(pending.size());
+      pending.emplace_back();
+    }
+    const size_t slot = free_slots.back();
+    free_slots.pop_back();
+    pending[slot].generation = ++generation;
+    return slot;
+  }
+  void release(size_t slot) {
+    pending[slot].busy = false;
+    free_slots.push_back(slot);
+  }
+
+  // Decides part i of a pending request on this node (the part itself is marked forwarded).
+  void decide_here(size_t slot, size_t i, int64_t now) {
+    Pending& p = pending[slot];
+    if (!w.handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch) ||
+        wire::decode_answer(scratch, answer) != wire::Code::kOk) {
+      answer.decisions.clear();  // leaves those checks as malformed below
+    }
+    fill(slot, i);
+  }
+
+  // Copies a part's answer (in `answer`) into the request's decisions; finishes when complete.
+  void fill(size_t slot, size_t i) {
+    Pending& p = pending[slot];
+    if (!p.busy || p.part_done[i]) return;
+    p.part_done[i] = 1;
+    const auto& checks = p.parts[i].checks;
+    for (size_t k = 0; k < checks.size(); ++k) {
+      wire::Decision& d = p.decisions[checks[k]];
+      if (k < answer.decisions.size()) {
+        d = std::move(answer.decisions[k]);
+      } else {
+        d = wire::Decision{};
+        d.code = wire::Code::kMalformed;
+      }
+    }
+    if (--p.outstanding == 0) finish(slot);
+  }
+
+  void finish(size_t slot) {
+    Pending& p = pending[slot];
+    limit_views.clear();
+    views.clear();
+    for (const wire::Decision& d : p.decisions) {
+      for (const wire::LimitStatus& l : d.limits) {
+        limit_views.push_back({l.name, l.limit, l.window_ms, l.remaining, l.reset_ms,
+                               l.retry_after_ms, l.mode, l.exceeded});
+      }
+    }
+    size_t at = 0;
+    for (const wire::Decision& d : p.decisions) {
+      wire::DecisionView v;
+      v.code = d.code;
+      v.allowed = d.allowed;
+      v.would_deny = d.would_deny;
+      v.shadow = d.shadow;
+      v.allowlisted = d.allowlisted;
+      v.limits = std::span<const wire::LimitView>(limit_views.data() + at, d.limits.size());
+      at += d.limits.size();
+      views.push_back(v);
+    }
+    const size_t n = wire::encode_answer(p.client_id, wire::Code::kOk, views, p.max_answer, scratch);
+    if (p.max_answer == 0 || n <= p.max_answer) {
+      if (p.client.tcp) {
+        if (auto s = p.client.session.lock()) {
+          s->deliver(scratch);
+          s->record_latency(p.t0);
+        }
+      } else if (w.udp_socket) {
+        ::sendto(w.udp_socket->native_handle(), scratch.data(), scratch.size(), MSG_DONTWAIT,
+                 reinterpret_cast<const sockaddr*>(&p.client.addr), p.client.addr_len);
+        const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::steady_clock::now() - p.t0)
+                            .count();
+        w.counters.latency[latency_bucket(us)].fetch_add(1, std::memory_order_relaxed);
+      }
+    } else {
+      w.counters.dropped_datagrams.fetch_add(1, std::memory_order_relaxed);
+    }
+    release(slot);
+  }
+
+  void receive() {
+    socket.async_wait(udp::socket::wait_read, [this](boost::system::error_code ec) {
+      if (ec == asio::error::operation_aborted || w.stopping) return;
+      for (int n = 0; n < 64; ++n) {
+        boost::system::error_code rec;
+        udp::endpoint from;
+        const size_t got = socket.receive_from(asio::buffer(in), from, 0, rec);
+        if (rec) break;  // would block: drained
+        on_answer({in.data(), got});
+      }
+      receive();
+    });
+  }
+
+  void on_answer(std::span<const uint8_t> bytes) {
+    if (wire::decode_answer(bytes, answer) != wire::Code::kOk) return;  // undecodable: timeout
+    const uint64_t id = answer.id;
+    const auto slot = static_cast<size_t>((id >> 8) & 0xFFFFFF);
+    const size_t part = id & 0xFF;
+    if (slot >= pending.size()) return;
+    Pending& p = pending[slot];
+    if (!p.busy || p.generation != static_cast<uint32_t>(id >> 32) || part >= p.part_done.size()) {
+      return;  // late: already decided here after a timeout
+    }
+    fill(slot, part);
+  }
+
+  void arm_timer() {
+    if (timer_armed) return;
+    timer_armed = true;
+    timer.expires_after(std::chrono::milliseconds(std::max<int64_t>(1, cluster.forward_timeout_ms() / 4)));
+    timer.async_wait([this](boost::system::error_code ec) {
+      timer_armed = false;
+      if (ec || w.stopping) return;
+      const int64_t now = w.node.opt.clock();
+      bool any = false;
+      for (size_t slot = 0; slot < pending.size(); ++slot) {
+        if (!pending[slot].busy) continue;
+        if (pending[slot].deadline_ms > now) {
+          any = true;
+          continue;
+        }
+        for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
+          if (i < pending[slot].part_done.size() && !pending[slot].part_done[i]) {
+            w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+            decide_here(slot, i, now);
+          }
+        }
+      }
+      if (any) arm_timer();
+    });
+  }
+
+  void stop() {
+    const int64_t now = w.node.opt.clock();
+    for (size_t slot = 0; slot < pending.size(); ++slot) {
+      for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
+        if (i < pending[slot].part_done.size() && !pending[slot].part_done[i]) {
+          decide_here(slot, i, now);
+        }
+      }
+    }
+    boost::system::error_code ec;
+    timer.cancel();
+    socket.close(ec);
+  }
+
+  Worker& w;
+  ClusterNode& cluster;
+  udp::socket socket;
+  asio::steady_timer timer;
+  bool timer_armed = false;
+  ClusterNode::View view;
+  uint64_t version = 0;
+  ForwardPlan plan;
+  std::vector<Pending> pending;
+  std::vector<size_t> free_slots;
+  uint32_t generation = 0;
+  std::array<uint8_t, kUdpSlot> in{};
+  std::vector<uint8_t> scratch;
+  wire::Answer answer;
+  std::vector<wire::LimitView> limit_views;
+  std::vector<wire::DecisionView> views;
+};
+
+CheckHandler::Outcome TcpSession::serve_frame(std::span<const uint8_t> frame,
+                                              std::chrono::steady_clock::time_point t0) {
+  if (w_.fwd) {
+    Worker::Forwarder::Client c;
+    c.tcp = true;
+    c.session = weak_from_this();
+    return w_.fwd->handle(frame, wire::kMaxFrameBytes, node_now(), w_.out, c, t0);
+  }
+  return w_.handler.handle(frame, wire::kMaxFrameBytes, node_now(), w_.out)
+             ? CheckHandler::Outcome::kAnswer
+             : CheckHandler::Outcome::kDrop;
+}
+
 namespace {
 
 // Serves every datagram waiting on the socket, up to kUdpBurst per system call in each
@@ -287,7 +606,19 @@ void udp_serve_ready(Worker& w) {
       }
       std::vector<uint8_t>& out = w.udp_out[answers];
       // An answer is never larger than its request (no amplification).
-      if (w.handler.handle({w.udp_in.data() + i * kUdpSlot, n}, n, now, out)) {
+      const std::span<const uint8_t> request(w.udp_in.data() + i * kUdpSlot, n);
+      CheckHandler::Outcome o;
+      if (w.fwd) {
+        Worker::Forwarder::Client c;
+        c.addr = w.peers[i];
+        c.addr_len = w.msgs[i].msg_hdr.msg_namelen;
+        o = w.fwd->handle(request, n, now, out, c, t0);
+        if (o == CheckHandler::Outcome::kForward) continue;  // answered when the owners have
+      } else {
+        o = w.handler.handle(request, n, now, out) ? CheckHandler::Outcome::kAnswer
+                                                    : CheckHandler::Outcome::kDrop;
+      }
+      if (o == CheckHandler::Outcome::kAnswer) {
         if (w.handler.last_code() != wire::Code::kOk) {
           w.counters.rejected_requests.fetch_add(1, std::memory_order_relaxed);
         }
@@ -417,6 +748,15 @@ void Node::run(bool handle_signals) {
     n.admin = std::make_unique<AdminHttp>(n.admin_io, n.opt.admin_listen, *this);
     n.admin_port = n.admin->port();
   }
+  if (n.opt.cluster.enabled) {
+    n.cluster = std::make_unique<ClusterNode>(n.control, n);
+    n.cluster->start(n.udp_port.load(), n.admin_port.load());
+    // Owner mode forwards over UDP to the owners' check ports.
+    if (n.udp_port.load() != 0) {
+      for (auto& w : n.workers)
+        w->fwd = std::make_unique<Worker::Forwarder>(*w, *n.cluster);
+    }
+  }
   // Declared here, referenced by the signal handler while control runs below.
   std::function<void(boost::system::error_code, int)> on_signal;
   if (handle_signals) {
@@ -442,10 +782,6 @@ void Node::run(bool handle_signals) {
     w->thread = std::thread([&io = w->io] { io.run(); });
   }
   if (n.acceptor) accept_next(n);
-  if (n.opt.cluster.enabled) {
-    n.cluster = std::make_unique<ClusterNode>(n.control, n);
-    n.cluster->start(n.udp_port.load() ? n.udp_port.load() : n.tcp_port.load(), n.admin_port.load());
-  }
   n.admin_work.emplace(n.admin_io.get_executor());
   n.admin_thread = std::thread([&n] { n.admin_io.run(); });
   n.start_snapshots();
@@ -481,6 +817,7 @@ void Node::stop() {
     if (n.sweep_timer) n.sweep_timer->cancel();
     for (auto& w : n.workers) {
       asio::post(w->io, [&w = *w] {
+        if (w.fwd) w.fwd->stop();  // decides here what the owners have not answered yet
         w.stopping = true;
         boost::system::error_code e;
         if (w.udp_socket) w.udp_socket->close(e);
@@ -556,6 +893,9 @@ NodeCounters Node::counters() const {
     c.dropped_datagrams += k.dropped_datagrams.load(std::memory_order_relaxed);
     c.closed_connections_bad_frame += k.bad_frames.load(std::memory_order_relaxed);
     c.rejected_requests += k.rejected_requests.load(std::memory_order_relaxed);
+    c.forwarded_requests += k.forwarded_requests.load(std::memory_order_relaxed);
+    c.forwarded_parts += k.forwarded_parts.load(std::memory_order_relaxed);
+    c.forward_fallbacks += k.forward_fallbacks.load(std::memory_order_relaxed);
     for (size_t i = 0; i < kLatencyBuckets; ++i) {
       c.latency_us_buckets[i] += k.latency[i].load(std::memory_order_relaxed);
     }

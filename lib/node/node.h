@@ -76,6 +76,9 @@ struct NodeCounters {
   uint64_t dropped_datagrams = 0;  // undecodable, no id to answer to
   uint64_t closed_connections_bad_frame = 0;
   uint64_t rejected_requests = 0;  // answered with a request-level error code
+  uint64_t forwarded_requests = 0;  // owner mode: client requests split to their keys' owners
+  uint64_t forwarded_parts = 0;     // parts sent to another node
+  uint64_t forward_fallbacks = 0;   // parts decided here: the owner was silent or unreachable
   uint64_t reloads = 0;
   uint64_t reload_failures = 0;
   // check latency (decode + decide + encode, per request) histogram: bucket i counts requests
@@ -101,12 +104,43 @@ struct PersistenceStatus {
   size_t overrides = 0;
 };
 
+// Cluster owner mode: which node decides a check (CheckHandler::handle_routed).
+class CheckRouter {
+ public:
+  virtual ~CheckRouter() = default;
+  // 0 when this node decides checks with this routing key, else the owner's node id.
+  virtual uint16_t owner_of(uint64_t routing_key) = 0;
+};
+
+// A request split by owner (handle_routed returned kForward). Each part is a request of its own,
+// marked forwarded, with id `first_id + index`; the part with owner 0 is decided here. Reused:
+// parts[0..used) are valid.
+struct ForwardPlan {
+  struct Part {
+    uint16_t owner = 0;
+    std::vector<uint32_t> checks;  // indices into the client's request
+    std::vector<uint8_t> request;
+  };
+  uint64_t client_id = 0;
+  size_t num_checks = 0;
+  std::vector<Part> parts;
+  size_t used = 0;
+};
+
 // Handles one request message end to end, transport-independent: decode, decide, encode. One per
 // worker thread (it owns reusable buffers). Exposed for tests and the HTTP check endpoint.
 class CheckHandler {
  public:
   explicit CheckHandler(engine::Engine& engine);
   ~CheckHandler();
+
+  enum class Outcome { kAnswer, kDrop, kForward };
+  // handle(), except that with a router, a request that was not itself forwarded and holds
+  // checks whose owner-mode key another node owns is split by owner into `plan` (kForward):
+  // the caller sends each part to its owner and merges the answers. Part ids are first_id + i.
+  Outcome handle_routed(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
+                        std::vector<uint8_t>& out, CheckRouter* router, uint64_t first_id,
+                        ForwardPlan& plan);
   // Writes the answer to `out` and returns true, or returns false when the message cannot be
   // answered: not even an id could be read, or even the smallest answer would be larger than
   // max_answer_bytes. The caller drops it and counts the drop. max_answer_bytes > 0 caps the
@@ -117,6 +151,7 @@ class CheckHandler {
 
  private:
   struct Scratch;
+  bool split(CheckRouter* router, int64_t now_ms, uint64_t first_id, ForwardPlan& plan);
   engine::Engine& engine_;
   std::unique_ptr<Scratch> s_;
   wire::Code last_code_ = wire::Code::kOk;

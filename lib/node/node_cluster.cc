@@ -244,6 +244,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       v->push_back(m);
     std::lock_guard g(published_mu);
     published_members = std::move(v);
+    view_version.fetch_add(1, std::memory_order_release);
   }
 
   void rebuild_ring() {
@@ -257,6 +258,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     {
       std::lock_guard g(published_mu);
       published_ring = std::make_shared<const cluster::HashRing>(ring);
+      view_version.fetch_add(1, std::memory_order_release);
     }
     spdlog::info("cluster: ring now has {} members", ring.size());
   }
@@ -295,6 +297,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::shared_ptr<const cluster::HashRing> published_ring;
   std::shared_ptr<const std::vector<Member>> published_members =
       std::make_shared<const std::vector<Member>>();
+  std::atomic<uint64_t> view_version{1};
 };
 
 ClusterNode::ClusterNode(asio::io_context& control, NodeState& state)
@@ -378,6 +381,18 @@ void ClusterNode::stop() {
 
 uint16_t ClusterNode::peer_port() const {
   return impl_->listen_port;
+}
+
+uint64_t ClusterNode::view_version() const {
+  return impl_->view_version.load(std::memory_order_acquire);
+}
+
+cluster::NodeId ClusterNode::self() const {
+  return impl_->opt.node_id;
+}
+
+int64_t ClusterNode::forward_timeout_ms() const {
+  return impl_->opt.forward_timeout_ms;
 }
 
 ClusterNode::View ClusterNode::view() const {

@@ -82,6 +82,10 @@ class ClusterNode {
     std::shared_ptr<const std::vector<cluster::Member>> members;
   };
   View view() const;
+  // Grows whenever view() would return something new (cheap to poll from any thread).
+  uint64_t view_version() const;
+  cluster::NodeId self() const;
+  int64_t forward_timeout_ms() const;
 
   struct Impl;
 

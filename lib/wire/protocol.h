@@ -66,7 +66,7 @@ struct Check {
 // padding is added so the message is at least pad_to bytes: over UDP a node never answers with
 // more bytes than the request carried, so a client that wants every limit's details pads.
 void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
-                    std::vector<uint8_t>& out);
+                    std::vector<uint8_t>& out, bool forwarded = false);
 
 // Decodes requests with no allocation once warm. Views returned by checks() point into the
 // decoder's own buffer and stay valid until the next decode().
@@ -83,6 +83,8 @@ class RequestDecoder {
   Code decode(std::span<const uint8_t> bytes);
 
   uint64_t id() const { return id_; }  // 0 when the id itself could not be read
+  // Sent by another node to this key's owner (cluster owner mode): decide, never forward again.
+  bool forwarded() const { return forwarded_; }
   std::span<const Check> checks() const { return checks_; }
   // kOk, or kNegativeHits / kTooManyEntries for a check the engine must not see.
   Code check_code(size_t i) const { return codes_[i]; }
@@ -91,6 +93,7 @@ class RequestDecoder {
   struct Buffers;
   std::unique_ptr<Buffers> buf_;
   uint64_t id_ = 0;
+  bool forwarded_ = false;
   std::vector<Check> checks_;
   std::vector<Entry> entries_;
   std::vector<Code> codes_;
