@@ -334,11 +334,20 @@ int run_inspect(const std::string& admin, const json& target, bool as_json) {
         std::printf("    no counter yet (nothing counted in this window)\n");
         continue;
       }
-      std::printf("    %-12s %10s %10s\n", "bucket age", "this node", "others");
+      const json& nodes = l.contains("nodes") ? l.at("nodes") : json::array();
+      std::printf("    %-12s %10s %10s", "bucket age", "this node", "others");
+      for (const auto& n : nodes)
+        std::printf(" %9s%-3u", "node ", n.at("node").get<unsigned>());
+      std::printf("\n");
+      size_t row = 0;
       for (const auto& b : l.at("buckets")) {
-        std::printf("    %-12s %10u %10u\n",
+        std::printf("    %-12s %10u %10u",
                     seconds_text(now - b.at("start_ms").get<int64_t>()).c_str(),
                     b.at("own").get<unsigned>(), b.at("others").get<unsigned>());
+        for (const auto& n : nodes)
+          std::printf(" %12u", n.at("buckets").at(row).get<unsigned>());
+        std::printf("\n");
+        ++row;
       }
     }
   }
@@ -374,6 +383,61 @@ int run_top(const std::string& admin, int n, bool watch, double interval_s, int 
     if (!watch || (count > 0 && round >= count)) return kAllowed;
     std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000)));
   }
+}
+
+int run_ring(const std::string& admin, const std::string& domain,
+             const std::vector<std::string>& pairs, bool as_json) {
+  if (domain.empty()) {
+    const auto j = call_json(admin, http::verb::get, "/v1/ring");
+    if (!j) return kError;
+    if (as_json) {
+      print_json(*j);
+      return kAllowed;
+    }
+    if (!j->at("enabled").get<bool>()) {
+      std::printf("a single node: it owns every key\n");
+      return kAllowed;
+    }
+    std::printf("%-5s %-16s %8s   (%zu replicas per key)\n", "id", "member", "share",
+                j->at("replicas").get<size_t>());
+    for (const auto& m : j->at("shares")) {
+      std::printf("%-5u %-16s %7.2f%%\n", m.at("id").get<unsigned>(),
+                  m.at("name").get<std::string>().c_str(), 100.0 * m.at("share").get<double>());
+    }
+    return kAllowed;
+  }
+  json d;
+  if (!descriptors_json(pairs, d)) return kError;
+  const auto j = call_json(admin, http::verb::post, "/v1/ring",
+                           json{{"domain", domain}, {"descriptors", d}});
+  if (!j) return kError;
+  if (as_json) {
+    print_json(*j);
+    return kAllowed;
+  }
+  for (const auto& r : j->at("rules")) {
+    std::printf("rule %s (%s)\n", r.at("rule").get<std::string>().c_str(),
+                r.at("consistency").get<std::string>().c_str());
+    for (const auto& l : r.at("limits")) {
+      std::string owners;
+      for (const auto& o : l.at("owners"))
+        owners += (owners.empty() ? "owner " : ", replica ") + o.at("name").get<std::string>();
+      std::printf("  %-24s %s\n", l.at("name").get<std::string>().c_str(),
+                  owners.empty() ? "this node (single node)" : owners.c_str());
+    }
+  }
+  return kAllowed;
+}
+
+int run_drain(const std::string& admin, bool as_json) {
+  const auto j = call_json(admin, http::verb::post, "/v1/drain");
+  if (!j) return kError;
+  if (as_json) {
+    print_json(*j);
+  } else {
+    std::printf("draining: the node leaves the cluster, hands its counters over, then stops\n");
+  }
+  return kAllowed;
 }
 
 int run_snapshot(const std::string& admin, bool full, bool as_json) {
@@ -450,6 +514,32 @@ int run_status(const std::string& admin, bool as_json) {
                     r.at("denied").get<unsigned long long>(),
                     r.at("shadow_denied").get<unsigned long long>(),
                     r.at("would_deny").get<unsigned long long>());
+      }
+    }
+    if (j.contains("cluster") && j["cluster"].at("enabled").get<bool>()) {
+      const auto& c = j["cluster"];
+      std::printf("cluster   node %s (%u), %s, %zu replicas per key\n",
+                  c.at("name").get<std::string>().c_str(), c.at("self").get<unsigned>(),
+                  c.at("join_state").get<std::string>().c_str(), c.at("replicas").get<size_t>());
+      std::printf("%-5s %-16s %-22s %-8s %11s %7s %10s %10s\n", "id", "member", "peer", "state",
+                  "incarnation", "share", "heard", "sync lag");
+      for (const auto& m : c.at("members")) {
+        const auto ago = [](const json& v) {
+          return v.is_null() ? std::string("-") : seconds_text(v.get<int64_t>());
+        };
+        const std::string peer =
+            m.at("host").get<std::string>() + ":" + std::to_string(m.at("peer_port").get<int>());
+        std::printf("%-5u %-16s %-22s %-8s %11u %6.1f%% %10s %10s%s\n", m.at("id").get<unsigned>(),
+                    m.at("name").get<std::string>().c_str(), peer.c_str(),
+                    m.at("state").get<std::string>().c_str(), m.at("incarnation").get<unsigned>(),
+                    100.0 * m.at("share").get<double>(), ago(m.at("last_heard_ms")).c_str(),
+                    ago(m.at("sync_lag_ms")).c_str(), m.at("self").get<bool>() ? "  (this node)" : "");
+      }
+      if (!c.at("dropped").empty()) {
+        std::string d;
+        for (const auto& [reason, count] : c.at("dropped").items())
+          d += (d.empty() ? "" : ", ") + reason + " " + std::to_string(count.get<uint64_t>());
+        std::printf("peer datagrams dropped: %s\n", d.c_str());
       }
     }
   } catch (const std::exception& ex) {
@@ -555,7 +645,21 @@ int main(int argc, char** argv) {
   snap->add_flag("--full", full, "write every counter, not only those changed since the last");
   admin_opt(snap);
 
+  auto* ring = app.add_subcommand(
+      "ring", "each member's share of the keys, or the owners of a request's counters");
+  std::string ring_domain;
+  std::vector<std::string> ring_pairs;
+  ring->add_option("domain", ring_domain, "rules domain (omit for the members' shares)");
+  ring->add_option("entries", ring_pairs, "descriptor entries key=value");
+  admin_opt(ring);
+
+  auto* drain = app.add_subcommand(
+      "drain", "make the node leave the cluster gracefully (its keys move to the others), then stop");
+  admin_opt(drain);
+
   CLI11_PARSE(app, argc, argv);
+  if (*ring) return run_ring(admin, ring_domain, ring_pairs, as_json);
+  if (*drain) return run_drain(admin, as_json);
   if (*check) return run_check(server, tcp, timeout_ms, domain, pairs, hits, repeat, as_json);
   if (*status) return run_status(admin, as_json);
   if (*ovr || *plan_cmd || *insp) {

@@ -34,7 +34,9 @@ int rank(MemberState s) {
   return 0;
 }
 
-bool is_live(MemberState s) { return s == MemberState::kAlive || s == MemberState::kSuspect; }
+bool is_live(MemberState s) {
+  return s == MemberState::kAlive || s == MemberState::kSuspect;
+}
 
 bool same_address(const Member& a, const Member& b) {
   return a.host == b.host && a.peer_port == b.peer_port && a.check_port == b.check_port &&
@@ -83,6 +85,8 @@ std::string validate(const MembershipOptions& o) {
   if (o.retransmit_mult == 0) return "retransmit_mult must be at least 1";
   if (o.max_gossip_per_message < 2)
     return "max_gossip_per_message must be at least 2 (the recipient's record and our own)";
+  if (o.max_join_reply_entries < 2)
+    return "max_join_reply_entries must be at least 2 (our record and one more)";
   if (o.gossip_interval_ms <= 0) return "gossip_interval_ms must be positive";
   if (o.gossip_fanout == 0) return "gossip_fanout must be at least 1";
   if (o.dead_retention_ms <= 0) return "dead_retention_ms must be positive";
@@ -193,7 +197,12 @@ struct Membership::Impl {
     bool indirect_sent = false;
     std::vector<NodeId> relays;
     std::vector<NodeId> nacked_by;
+    bool confirmation = false;  // started because another member suspects the target
     bool all_nacked() const { return !relays.empty() && nacked_by.size() >= relays.size(); }
+    // A confirmation probe may end as soon as every relay has nacked (only a late direct ack
+    // could still come); a first accusation waits for the whole interval, so a member that
+    // answers late but within the interval is never suspected.
+    bool can_end_early() const { return confirmation && all_nacked(); }
   };
 
   // A kPingReq this node serves: it pinged `target` with `seq` for `origin`.
@@ -313,27 +322,27 @@ struct Membership::Impl {
   }
 
   void notify(const Member& m) {
-    for (const auto& listener : listeners) listener(m);
+    for (const auto& listener : listeners)
+      listener(m);
   }
 
   void ignore(IgnoredReason reason) { ++counters.ignored[static_cast<size_t>(reason)]; }
 
   void conflict(const std::string& known_name, const Member& claimed) {
     ignore(IgnoredReason::kIdentityConflict);
-    counters.last_identity_conflict = IdentityConflict{claimed.id, known_name, claimed.name,
-                                                       claimed.host};
+    counters.last_identity_conflict =
+        IdentityConflict{claimed.id, known_name, claimed.name, claimed.host};
   }
 
   void start(int64_t now) {
     if (started) return;
     started = true;
     // Random phases, so nodes started together do not probe in lockstep.
-    next_probe_at = now + static_cast<int64_t>(
-                              random_below(static_cast<uint64_t>(opt.probe_interval_ms)));
+    next_probe_at =
+        now + static_cast<int64_t>(random_below(static_cast<uint64_t>(opt.probe_interval_ms)));
     next_reconnect_at = now + opt.reconnect_interval_ms;
-    next_sync_at =
-        now + opt.sync_interval_ms +
-        static_cast<int64_t>(random_below(static_cast<uint64_t>(opt.sync_interval_ms)));
+    next_sync_at = now + opt.sync_interval_ms +
+                   static_cast<int64_t>(random_below(static_cast<uint64_t>(opt.sync_interval_ms)));
   }
 
   // ---- sending ----
@@ -378,7 +387,8 @@ struct Membership::Impl {
       if (e != nullptr && e->member.state != MemberState::kAlive) add(id);
     }
     if (to != nullptr) {
-      for (NodeId id : to->owed) add(id);
+      for (NodeId id : to->owed)
+        add(id);
       to->owed.clear();
     }
     if (self.state == MemberState::kLeft || to == nullptr || !to->heard_from) add(self.id);
@@ -565,8 +575,8 @@ struct Membership::Impl {
     }
     if (!supersedes(record, e.member)) {
       if (source == Source::kGossip && record.state == MemberState::kSuspect &&
-          e.member.state == MemberState::kSuspect &&
-          record.incarnation == e.member.incarnation && e.suspicion) {
+          e.member.state == MemberState::kSuspect && record.incarnation == e.member.incarnation &&
+          e.suspicion) {
         confirm(e, sender);
       } else if (!(record == e.member)) {
         ++counters.updates_stale;
@@ -617,6 +627,7 @@ struct Membership::Impl {
     p.seq = next_seq++;
     p.timeout_at_ms = now + scaled(opt.probe_timeout_ms);
     p.ends_at_ms = now + scaled(opt.probe_interval_ms);
+    p.confirmation = confirmation;
     probes.push_back(p);
     ++counters.probes_sent;
     if (confirmation) ++counters.confirmation_probes;
@@ -666,7 +677,7 @@ struct Membership::Impl {
         continue;
       }
       if (!p.indirect_sent && now >= p.timeout_at_ms) send_indirect(p);
-      if (now >= p.ends_at_ms || (p.all_nacked() && now >= p.timeout_at_ms)) {
+      if (now >= p.ends_at_ms || (p.can_end_early() && now >= p.timeout_at_ms)) {
         const Probe failed = std::move(p);
         probes.erase(probes.begin() + static_cast<std::ptrdiff_t>(i));
         probe_failed(failed, now);
@@ -733,7 +744,8 @@ struct Membership::Impl {
 
   void send_join_round(int64_t now) {
     ++join_rounds;
-    for (const Endpoint& seed : seeds) send_join(seed, now);
+    for (const Endpoint& seed : seeds)
+      send_join(seed, now);
   }
 
   void advance_join(int64_t now) {
@@ -756,14 +768,14 @@ struct Membership::Impl {
   }
 
   void reconnect(int64_t now) {
-    const std::vector<NodeId> dead = random_members(
-        1, [](const Entry& e) { return e.member.state == MemberState::kDead; });
+    const std::vector<NodeId> dead =
+        random_members(1, [](const Entry& e) { return e.member.state == MemberState::kDead; });
     if (!dead.empty()) send_gossip_ping(dead.front(), now);  // carries its Dead record
   }
 
   void sync(int64_t now) {
-    const std::vector<NodeId> peer = random_members(
-        1, [](const Entry& e) { return e.member.state == MemberState::kAlive; });
+    const std::vector<NodeId> peer =
+        random_members(1, [](const Entry& e) { return e.member.state == MemberState::kAlive; });
     if (!peer.empty()) send_join(peer_endpoint(entry(peer.front())->member), now);
   }
 
@@ -786,7 +798,7 @@ struct Membership::Impl {
     if (active && !alone()) d = std::min(d, next_probe_at);
     for (const Probe& p : probes) {
       d = std::min(d, p.ends_at_ms);
-      if (!p.indirect_sent || p.all_nacked()) d = std::min(d, p.timeout_at_ms);
+      if (!p.indirect_sent || p.can_end_early()) d = std::min(d, p.timeout_at_ms);
     }
     for (const RelayedProbe& r : relayed) {
       d = std::min(d, r.expires_at_ms);
@@ -827,8 +839,8 @@ struct Membership::Impl {
       Probe& p = probes[i];
       if (p.seq != m.seq) continue;
       const bool direct = m.from == p.target;
-      const bool relayed_ack = m.target == p.target &&
-                               std::find(p.relays.begin(), p.relays.end(), m.from) != p.relays.end();
+      const bool relayed_ack = m.target == p.target && std::find(p.relays.begin(), p.relays.end(),
+                                                                 m.from) != p.relays.end();
       if (!direct && !relayed_ack) break;
       probes.erase(probes.begin() + static_cast<std::ptrdiff_t>(i));
       ++counters.probe_acks;
@@ -911,16 +923,25 @@ struct Membership::Impl {
     apply(joiner, m.from, Source::kJoinRecord, now);
     if (Entry* e = entry(m.from)) e->heard_from = true;
     ++counters.joins_answered;
-    MembershipMessage reply;
-    reply.kind = MembershipKind::kJoinReply;
-    reply.from = self.id;
-    reply.seq = m.seq;
-    reply.target = m.from;
-    reply.gossip.reserve(members.size() + 1);
-    reply.gossip.push_back(self);
-    for (const auto& [id, e] : members) reply.gossip.push_back(e.member);
     if (Entry* e = entry(m.from)) e->owed.clear();  // the full list settles everything
-    send(from, std::move(reply));
+    // Every member we know, self first, in as many kJoinReply as max_join_reply_entries needs
+    // (the codec bounds the entries of one message); each is merged on its own.
+    std::vector<Member> all;
+    all.reserve(members.size() + 1);
+    all.push_back(self);
+    for (const auto& [id, e] : members)
+      all.push_back(e.member);
+    for (size_t first = 0; first < all.size(); first += opt.max_join_reply_entries) {
+      MembershipMessage reply;
+      reply.kind = MembershipKind::kJoinReply;
+      reply.from = self.id;
+      reply.seq = m.seq;
+      reply.target = m.from;
+      const size_t last = std::min(all.size(), first + opt.max_join_reply_entries);
+      reply.gossip.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
+                          all.begin() + static_cast<std::ptrdiff_t>(last));
+      send(from, std::move(reply));
+    }
   }
 
   void on_join_reply(const MembershipMessage& m, int64_t now) {
@@ -929,7 +950,8 @@ struct Membership::Impl {
       return;
     }
     ++counters.join_replies;
-    for (const Member& record : m.gossip) apply(record, m.from, Source::kMemberList, now);
+    for (const Member& record : m.gossip)
+      apply(record, m.from, Source::kMemberList, now);
     if (Entry* e = entry(m.from)) e->heard_from = true;
     settle_debts(m.from, now);
     if (join_state == JoinState::kJoining || join_state == JoinState::kNoSeedAnswered) {
@@ -941,8 +963,8 @@ struct Membership::Impl {
   void on_message(const Endpoint& from, const MembershipMessage& m, int64_t now) {
     ++counters.messages_received;
     if (m.from == self.id) {
-      if (m.kind == MembershipKind::kJoin && !m.gossip.empty() &&
-          m.gossip.front().id == self.id && m.gossip.front().name != self.name) {
+      if (m.kind == MembershipKind::kJoin && !m.gossip.empty() && m.gossip.front().id == self.id &&
+          m.gossip.front().name != self.name) {
         conflict(self.name, m.gossip.front());
       } else {
         ignore(IgnoredReason::kFromSelf);
@@ -961,7 +983,8 @@ struct Membership::Impl {
         return;
       }
     }
-    for (const Member& record : m.gossip) apply(record, m.from, Source::kGossip, now);
+    for (const Member& record : m.gossip)
+      apply(record, m.from, Source::kGossip, now);
     if (Entry* sender = entry(m.from)) sender->heard_from = true;
     switch (m.kind) {
       case MembershipKind::kPing:
@@ -1052,10 +1075,10 @@ void Membership::leave(int64_t now_ms) {
   s.probes.clear();
   s.notify(s.self);
   s.enqueue(s.self.id, now_ms);
-  const std::vector<NodeId> told = s.random_members(s.opt.leave_fanout, [](const Impl::Entry& e) {
-    return is_live(e.member.state);
-  });
-  for (NodeId id : told) s.send_gossip_ping(id, now_ms);  // every message now carries self
+  const std::vector<NodeId> told = s.random_members(
+      s.opt.leave_fanout, [](const Impl::Entry& e) { return is_live(e.member.state); });
+  for (NodeId id : told)
+    s.send_gossip_ping(id, now_ms);  // every message now carries self
   s.last_gossip_at = now_ms;
   s.next_gossip_at = s.queue.empty() ? kNoDeadline : now_ms + s.opt.gossip_interval_ms;
   s.finish(now_ms);
@@ -1075,7 +1098,9 @@ void Membership::tick(int64_t now_ms) {
   impl_->finish(now_ms);
 }
 
-int64_t Membership::next_deadline_ms() const { return impl_->next_deadline; }
+int64_t Membership::next_deadline_ms() const {
+  return impl_->next_deadline;
+}
 
 std::vector<Member> Membership::members() const {
   std::vector<Member> out;
@@ -1099,11 +1124,17 @@ std::optional<Member> Membership::find(NodeId id) const {
   return it->second.member;
 }
 
-const Member& Membership::self() const { return impl_->self; }
+const Member& Membership::self() const {
+  return impl_->self;
+}
 
-JoinState Membership::join_state() const { return impl_->join_state; }
+JoinState Membership::join_state() const {
+  return impl_->join_state;
+}
 
-void Membership::on_change(Listener listener) { impl_->listeners.push_back(std::move(listener)); }
+void Membership::on_change(Listener listener) {
+  impl_->listeners.push_back(std::move(listener));
+}
 
 MembershipStats Membership::stats() const {
   MembershipStats s = impl_->counters;
@@ -1126,7 +1157,8 @@ MembershipStats Membership::stats() const {
     }
   };
   count(impl_->self.state);
-  for (const auto& [id, e] : impl_->members) count(e.member.state);
+  for (const auto& [id, e] : impl_->members)
+    count(e.member.state);
   return s;
 }
 

@@ -14,9 +14,9 @@
 //    list of Alive and Suspect members (shuffled again after each pass; a new member is inserted
 //    at a random place). No ack within the probe timeout: it asks `indirect_probes` other Alive
 //    members to ping the target (kPingReq); each relay answers kAck when the target answers it, or
-//    kNack when it did not within `nack_timeout_ms`. No ack by the end of the probe interval (or
-//    earlier, once the probe timeout has passed and every relay has nacked: only a late direct
-//    ack could still come) and the target becomes Suspect.
+//    kNack when it did not within `nack_timeout_ms`. No ack by the end of the probe interval and
+//    the target becomes Suspect, so a member answering late but within the interval is never
+//    suspected.
 //  - Suspicion. A Suspect member is declared Dead when its suspicion timeout ends, unless it
 //    refutes first by gossiping Alive with a larger incarnation. The timeout starts at `max` and
 //    falls to `min` as independent confirmations arrive (Lifeguard):
@@ -28,8 +28,9 @@
 //    suspects a member itself (its own probe failed) gossips the Suspect entry; a Suspect entry
 //    in a ping, ack, ping-req or nack is therefore a confirmation by its sender. A node that
 //    learns of a suspicion it has not seen itself probes the member at once (a confirmation
-//    probe): a dead member is confirmed within about a probe interval, while a member that only
-//    drops some packets is usually answered, keeps the long timeout, and has time to refute.
+//    probe, which ends as soon as every relay has nacked and the probe timeout has passed): a
+//    dead member is confirmed within about a probe interval, while a member that only drops
+//    some packets is usually answered, keeps the long timeout, and has time to refute.
 //  - Local health (Lifeguard). Failed probes whose relays did not all nack, and refutations,
 //    raise a score in [0, max_local_health); successful probes lower it. The probe interval and
 //    the probe timeout are multiplied by (score + 1), so a node that is itself slow or
@@ -56,9 +57,10 @@
 //    restarted node therefore needs no stored incarnation: the seed's member list tells it.
 //  - Join. join() sends kJoin (gossip[0] = self) to the seeds and retries every
 //    join_retry_interval_ms, at most join_attempts rounds. A member answers kJoin with kJoinReply
-//    (every member it knows, self and Dead/Left ones included) and gossips the newcomer. After
-//    the attempts the state is kNoSeedAnswered; while such a node knows no other live member it
-//    keeps trying every rejoin_interval_ms, so nodes started in the wrong order still meet.
+//    (every member it knows, self and Dead/Left ones included, split over several messages of at
+//    most max_join_reply_entries) and gossips the newcomer. After the attempts the state is
+//    kNoSeedAnswered; while such a node knows no other live member it keeps trying every
+//    rejoin_interval_ms, so nodes started in the wrong order still meet.
 //  - Anti-entropy. Every sync_interval_ms a node sends kJoin to one random Alive member and
 //    merges the kJoinReply (memberlist's push-pull, pull half), repairing what lost gossip left.
 //  - Dead and Left members are kept dead_retention_ms, so a late message cannot resurrect them.
@@ -68,7 +70,8 @@
 //    members. The node stops probing but keeps answering pings and relaying until the caller
 //    stops it; others see Left, never Dead.
 //  - Hostile or stale input (unknown senders, acks and nacks for no pending probe, a second
-//    identity for a known id, malformed joins) is ignored and counted in stats(), never fatal.
+//    identity for a known id, malformed joins, a kPing whose `target` is another node's id, as
+//    when an address was reused) is ignored and counted in stats(), never fatal.
 //    Messages from members we believe Dead or Left are processed on purpose: their answers carry
 //    our record of them, which they refute if they are alive.
 #pragma once
@@ -95,7 +98,9 @@ struct Endpoint {
   friend bool operator==(const Endpoint&, const Endpoint&) = default;
 };
 
-inline Endpoint peer_endpoint(const Member& m) { return {m.host, m.peer_port}; }
+inline Endpoint peer_endpoint(const Member& m) {
+  return {m.host, m.peer_port};
+}
 
 // Sends membership messages, best effort: a message may be lost, delayed, duplicated or
 // reordered. Called from inside Membership's methods, so it must not call back into them.
@@ -111,15 +116,16 @@ class MembershipTransport {
 // tests/membership_test.cc for the measured figures); the long ceiling (6 x min) and the
 // confirmation probes keep a slow or lossy member alive.
 struct MembershipOptions {
-  int64_t probe_interval_ms = 1'000;  // one probe per interval (times the local health)
-  int64_t probe_timeout_ms = 500;     // direct ack expected within (times the local health)
-  int64_t nack_timeout_ms = 400;      // a relay nacks when the target is silent this long
-  uint32_t indirect_probes = 3;       // relays asked after a missed direct ack
-  uint32_t suspicion_mult = 1;        // min suspicion = mult * log10(N + 1) * probe interval
-  uint32_t suspicion_max_mult = 6;    // max suspicion = this * min
+  int64_t probe_interval_ms = 1'000;      // one probe per interval (times the local health)
+  int64_t probe_timeout_ms = 500;         // direct ack expected within (times the local health)
+  int64_t nack_timeout_ms = 400;          // a relay nacks when the target is silent this long
+  uint32_t indirect_probes = 3;           // relays asked after a missed direct ack
+  uint32_t suspicion_mult = 1;            // min suspicion = mult * log10(N + 1) * probe interval
+  uint32_t suspicion_max_mult = 6;        // max suspicion = this * min
   uint32_t expected_confirmations = 3;    // confirmations that bring the timeout down to min
   uint32_t retransmit_mult = 4;           // gossip sends per update: mult * ceil(log10(N + 1))
-  uint32_t max_gossip_per_message = 8;    // updates piggybacked per message (kJoinReply: all)
+  uint32_t max_gossip_per_message = 8;    // updates piggybacked per message
+  uint32_t max_join_reply_entries = 64;   // members per kJoinReply (peer_codec's max_gossip)
   int64_t gossip_interval_ms = 200;       // between gossip rounds while updates are pending
   uint32_t gossip_fanout = 3;             // members per gossip round
   uint32_t leave_fanout = 4;              // members told at once by leave()
@@ -156,12 +162,12 @@ enum class JoinState : uint8_t {
 
 // Why a message, or one update inside it, was ignored.
 enum class IgnoredReason : uint8_t {
-  kFromSelf,              // carries this node's id and name (our own message looped back)
-  kUnknownSender,         // `from` is no member we know, and the message did not introduce it
-  kUnknownSeq,            // kAck or kNack for no pending probe (late, duplicated or forged)
-  kIdentityConflict,      // a record for a known id under another name: never replaces it
-  kMalformed,             // kJoin without the sender's record, kPingReq about ourselves, ...
-  kUnexpectedJoinReply,   // kJoinReply we did not ask for
+  kFromSelf,             // carries this node's id and name (our own message looped back)
+  kUnknownSender,        // `from` is no member we know, and the message did not introduce it
+  kUnknownSeq,           // kAck or kNack for no pending probe (late, duplicated or forged)
+  kIdentityConflict,     // a record for a known id under another name: never replaces it
+  kMalformed,            // kJoin without the sender's record, kPingReq about ourselves, ...
+  kUnexpectedJoinReply,  // kJoinReply we did not ask for
   kCount,
 };
 inline constexpr size_t kIgnoredReasons = static_cast<size_t>(IgnoredReason::kCount);
@@ -187,9 +193,9 @@ struct MembershipStats {
   uint64_t probes_failed = 0;         // probes that ended without any ack
   uint64_t indirect_probes_sent = 0;  // kPingReq sent
   uint64_t nacks_received = 0;
-  uint64_t nacks_missed = 0;          // relays of a failed probe that sent neither ack nor nack
-  uint64_t relayed_probes = 0;        // kPingReq served for others
-  uint64_t suspicions_raised = 0;     // this node's own accusations (first or confirming)
+  uint64_t nacks_missed = 0;            // relays of a failed probe that sent neither ack nor nack
+  uint64_t relayed_probes = 0;          // kPingReq served for others
+  uint64_t suspicions_raised = 0;       // this node's own accusations (first or confirming)
   uint64_t confirmations_received = 0;  // independent accusations that shortened a timeout
   uint64_t refutations = 0;             // this node raised its incarnation to contradict a record
   uint64_t deaths_declared = 0;         // suspicion timeouts that ended on this node

@@ -772,6 +772,18 @@ std::optional<CounterView> Engine::inspect(uint64_t counter, const window::Windo
     cv.own.push_back(v.own[idx]);
     cv.others.push_back(v.others[idx]);
   }
+  if (t->has_remote(static_cast<size_t>(i))) {
+    auto it = sh.remote.find(remote_key(counter, spec_id));
+    if (it != sh.remote.end()) {
+      for (const RemoteRing& n : it->second) {
+        auto& row = cv.nodes.emplace_back(n.node, std::vector<uint32_t>(cv.own.size(), 0)).second;
+        for (const auto& [bucket, total] : n.buckets) {
+          const int64_t at = bucket - (v.head - r + 1);
+          if (at >= 0 && at < r) row[static_cast<size_t>(at)] = total;
+        }
+      }
+    }
+  }
   return cv;
 }
 

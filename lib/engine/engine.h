@@ -198,6 +198,8 @@ struct CounterView {
   int64_t head = 0;           // newest bucket number
   std::vector<uint32_t> own;  // own[i] is bucket head - (ring_size - 1) + i
   std::vector<uint32_t> others;
+  // What each other node reported, aligned like own (a bucket it reported nothing for: 0).
+  std::vector<std::pair<uint16_t, std::vector<uint32_t>>> nodes;
 };
 
 class Engine {

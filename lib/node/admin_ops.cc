@@ -235,6 +235,12 @@ OpsReply inspect(Node& node, const Json& j) {
         estimate = window::estimate(rv, spec, ar.rule->estimator, at);
         ls = window::limit_state(rv, spec, ar.rule->estimator, at, 0, lim.requests);
       }
+      Json nodes = Json::array();
+      if (view) {
+        for (const auto& [id, counts] : view->nodes)
+          nodes.push_back(Json{{"node", id}, {"buckets", counts}});
+      }
+      lj["nodes"] = std::move(nodes);
       lj["estimate"] = estimate;
       lj["remaining"] = ls.remaining;
       lj["reset_ms"] = ls.reset_ms;

@@ -22,44 +22,16 @@
 #include <vector>
 
 #include "client/client.h"
+#include "sluiced_process.h"
 #include "wire/protocol.h"
 
 namespace {
 
-namespace fs = std::filesystem;
+using sluice::testing::loopback;
 using sluice::wire::Answer;
 using sluice::wire::Check;
 using sluice::wire::Code;
 using sluice::wire::Entry;
-
-// A port free for both UDP and TCP on 127.0.0.1 right now.
-uint16_t free_port() {
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    const int t = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ::bind(t, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::getsockname(t, reinterpret_cast<sockaddr*>(&a), &len);
-    const uint16_t port = ntohs(a.sin_port);
-    const int u = ::socket(AF_INET, SOCK_DGRAM, 0);
-    const bool udp_ok = ::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(u);
-    ::close(t);
-    if (udp_ok) return port;
-  }
-  FAIL("no free port");
-  return 0;
-}
-
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
 
 constexpr const char* kRules = R"(domains:
   - name: t
@@ -69,115 +41,21 @@ constexpr const char* kRules = R"(domains:
         limits: [LIMIT/1m]
 )";
 
-struct Daemon {
-  fs::path dir;
-  uint16_t port = 0;
-  uint16_t admin = 0;
-  pid_t pid = -1;
+std::string per_user_rules(int limit) {
+  std::string r = kRules;
+  r.replace(r.find("LIMIT"), 5, std::to_string(limit));
+  return r;
+}
 
-  explicit Daemon(int limit) {
-    dir = fs::temp_directory_path() / ("sluiced-test-" + std::to_string(::getpid()) + "-" +
-                                       std::to_string(std::random_device{}()));
-    fs::create_directories(dir);
-    write_rules(limit);
-    port = free_port();
-    admin = free_port();
-    std::ofstream(dir / "sluiced.yaml") << "udp: 127.0.0.1:" << port << "\ntcp: 127.0.0.1:" << port
-                                        << "\nadmin: 127.0.0.1:" << admin << "\nrules: "
-                                        << (dir / "rules.yaml").string()
-                                        << "\nthreads: 2\nlog_level: warn\ndata_dir: "
-                                        << (dir / "data").string() << "\ninit_data: true\n";
-    pid = ::fork();
-    if (pid == 0) {
-      const std::string bin = std::string(SLUICED_BIN);
-      const std::string cfg = (dir / "sluiced.yaml").string();
-      ::execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), static_cast<char*>(nullptr));
-      std::_Exit(127);
-    }
-    REQUIRE(pid > 0);
-    // Ready when a check is answered (bounded: 10 s).
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < until) {
-      if (udp_check("probe", 0, "t").has_value()) return;
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) FAIL("sluiced exited at start");
-    }
-    FAIL("sluiced did not answer within 10 s");
+// A sluiced whose rules hold one per-user limit in domain `t` (data in its scratch directory).
+struct Daemon : sluice::testing::Daemon {
+  explicit Daemon(int limit) : sluice::testing::Daemon(config(limit)) {}
+  static sluice::testing::DaemonConfig config(int limit) {
+    sluice::testing::DaemonConfig c;
+    c.rules = per_user_rules(limit);
+    return c;
   }
-
-  ~Daemon() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-
-  void write_rules(int limit) {
-    std::string r = kRules;
-    r.replace(r.find("LIMIT"), 5, std::to_string(limit));
-    std::ofstream(dir / "rules.yaml.tmp") << r;
-    fs::rename(dir / "rules.yaml.tmp", dir / "rules.yaml");
-  }
-
-  // Sends raw bytes as one datagram; returns the answer bytes, or nullopt after the timeout.
-  std::optional<std::vector<uint8_t>> udp_raw(const std::vector<uint8_t>& bytes,
-                                              int timeout_ms = 300) const {
-    const int s = ::socket(AF_INET, SOCK_DGRAM, 0);
-    const sockaddr_in a = loopback(port);
-    ::sendto(s, bytes.data(), bytes.size(), 0, reinterpret_cast<const sockaddr*>(&a), sizeof a);
-    pollfd p{s, POLLIN, 0};
-    std::optional<std::vector<uint8_t>> out;
-    if (::poll(&p, 1, timeout_ms) == 1) {
-      std::vector<uint8_t> buf(70'000);
-      const ssize_t n = ::recv(s, buf.data(), buf.size(), 0);
-      if (n >= 0) {
-        buf.resize(static_cast<size_t>(n));
-        out = std::move(buf);
-      }
-    }
-    ::close(s);
-    return out;
-  }
-
-  std::optional<Answer> udp_check(const std::string& user, int64_t hits,
-                                  const std::string& domain = "t", size_t pad = 512) const {
-    const Entry e{"user", user};
-    const Check c{domain, {&e, 1}, hits};
-    std::vector<uint8_t> req;
-    sluice::wire::encode_request(42, {&c, 1}, pad, req);
-    auto bytes = udp_raw(req);
-    if (!bytes) return std::nullopt;
-    Answer a;
-    if (sluice::wire::decode_answer(*bytes, a) != Code::kOk) return std::nullopt;
-    return a;
-  }
-
-  int admitted(int n, const std::string& user) const {
-    int ok = 0;
-    for (int i = 0; i < n; ++i) {
-      auto a = udp_check(user, 1);
-      REQUIRE(a.has_value());
-      REQUIRE(a->decisions.size() == 1);
-      ok += a->decisions[0].allowed ? 1 : 0;
-    }
-    return ok;
-  }
-
-  // Waits for the process to exit (bounded); returns its wait status, or -1 on timeout.
-  int wait_exit(int timeout_ms) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < until) {
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return status;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
-  }
+  void write_rules(int limit) { sluice::testing::Daemon::write_rules(per_user_rules(limit)); }
 };
 
 int tcp_connect(uint16_t port) {
@@ -280,7 +158,8 @@ TEST_CASE("SIGHUP reloads the rules and keeps the counters") {
 
 TEST_CASE("a rules file with errors on SIGHUP leaves the old rules in force") {
   Daemon d(2);
-  std::ofstream(d.dir / "rules.yaml") << "domains: [ {name: t, rules: [ {name: x, limts: 1} ] } ]\n";
+  std::ofstream(d.dir / "rules.yaml")
+      << "domains: [ {name: t, rules: [ {name: x, limts: 1} ] } ]\n";
   REQUIRE(::kill(d.pid, SIGHUP) == 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   CHECK(d.admitted(3, "v") == 2);
@@ -306,7 +185,8 @@ TEST_CASE("hostile datagrams are dropped or answered with an error, and counters
   std::mt19937_64 rng(7);
   for (int i = 0; i < 50; ++i) {
     std::vector<uint8_t> junk(1 + rng() % 2000);
-    for (auto& b : junk) b = static_cast<uint8_t>(rng());
+    for (auto& b : junk)
+      b = static_cast<uint8_t>(rng());
     d.udp_raw(junk, 20);
   }
   std::vector<uint8_t> big(60'000, 0xff);
@@ -411,7 +291,8 @@ TEST_CASE("libsluice over UDP and TCP gets the same decisions from a real sluice
     client->check_batch(batch, results);
     REQUIRE(results.size() == 6);
     int batch_allowed = 0;
-    for (const auto& r : results) batch_allowed += r.allowed ? 1 : 0;
+    for (const auto& r : results)
+      batch_allowed += r.allowed ? 1 : 0;
     CHECK(batch_allowed == 4);
     CHECK(results.back().limits.at(0).remaining == 0);
   }
