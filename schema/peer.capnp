@@ -1,4 +1,4 @@
-# The node<->node peer protocol (filled in by the cluster work).
+# The node<->node peer protocol: membership and counter sync (docs/protocol.md, "Node to node").
 @0x8f7c6f6beed8de66;
 
 # One UDP datagram between nodes is [Envelope as a single-segment message][32-byte tag], the tag
@@ -16,8 +16,9 @@ $Cxx.namespace("sluice::schema::peer");
 enum Kind {
   membership @0;     # payload: Membership
   sync @1;           # payload: SyncBatch
-  # Reserved for the forwarding and handoff work; a receiver that does not implement a kind
-  # drops the datagram as unknown_kind.
+  # Reserved. Owner-mode checks travel as check requests (check.capnp, `forwarded` set) to the
+  # owner's check port, and handoff as SyncBatch with `handoff` set, so no node sends these; a
+  # receiver drops them as unknown_kind.
   forward @2;
   forwardAnswer @3;
   handoff @4;
