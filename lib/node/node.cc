@@ -319,7 +319,7 @@ struct Worker::Forwarder : CheckRouter {
   // CheckRouter
   uint16_t owner_of(uint64_t routing_key) override {
     refresh();
-    const auto owner = view.ring->owner(routing_key);
+    const auto owner = view.owner(routing_key, w.node.opt.clock());
     if (!owner || *owner == cluster.self()) return 0;
     return endpoint_of(*owner) ? *owner : 0;
   }

@@ -253,11 +253,24 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     for (const auto& [id, m] : members_by_id) {
       if (in_ring(m) && !(left && id == opt.node_id)) next.add(id, m.name);
     }
+    // The ring to keep routing by while the handoff pass reaches the new owners: the previous
+    // one, or, when this node has just joined others, the new one without this node.
+    auto handover = std::make_shared<cluster::HashRing>(ring);
+    const int64_t now = st.opt.clock();
+    const bool joining = (ring.size() <= 1 || (handover_without_self && now < handover_until_ms)) &&
+                         next.size() > 1 && next.contains(opt.node_id);
+    if (joining) {
+      *handover = next;  // members learned one by one while joining: never route to ourselves yet
+      handover->remove(opt.node_id);
+    }
+    handover_without_self = joining;
     ring = next;
     handoff_pending = true;  // counters move: a full pass to the new owners and replicas
     {
       std::lock_guard g(published_mu);
       published_ring = std::make_shared<const cluster::HashRing>(ring);
+      published_handover = std::move(handover);
+      handover_until_ms = now + 3 * opt.sync_interval_ms;
       view_version.fetch_add(1, std::memory_order_release);
     }
     spdlog::info("cluster: ring now has {} members", ring.size());
@@ -284,6 +297,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   cluster::HashRing ring{2};
   bool ring_changed = false;
   bool handoff_pending = false;
+  bool handover_without_self = false;  // the handover window is this node's own join
   bool left = false;
   bool stopped = false;
   int64_t last_resend_ms = 0;
@@ -298,6 +312,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::shared_ptr<const std::vector<Member>> published_members =
       std::make_shared<const std::vector<Member>>();
   std::atomic<uint64_t> view_version{1};
+  std::shared_ptr<const cluster::HashRing> published_handover;  // guarded by published_mu
+  int64_t handover_until_ms = 0;                                 // guarded by published_mu
 };
 
 ClusterNode::ClusterNode(asio::io_context& control, NodeState& state)
@@ -397,7 +413,17 @@ int64_t ClusterNode::forward_timeout_ms() const {
 
 ClusterNode::View ClusterNode::view() const {
   std::lock_guard g(impl_->published_mu);
-  return {impl_->published_ring, impl_->published_members};
+  return {impl_->published_ring, impl_->published_members, impl_->published_handover,
+          impl_->handover_until_ms};
+}
+
+std::optional<cluster::NodeId> ClusterNode::View::owner(uint64_t routing_key,
+                                                        int64_t now_ms) const {
+  if (handover_ring && now_ms < handover_until_ms) {
+    const auto before = handover_ring->owner(routing_key);
+    if (before && ring->contains(*before)) return before;
+  }
+  return ring->owner(routing_key);
 }
 
 ClusterStatus ClusterNode::status() const {

@@ -80,6 +80,14 @@ class ClusterNode {
   struct View {
     std::shared_ptr<const cluster::HashRing> ring;
     std::shared_ptr<const std::vector<cluster::Member>> members;
+    // Handover: until `handover_until_ms`, a key whose owner under `handover_ring` (the ring
+    // before the last change, or without this node right after it joined) is still a member
+    // stays with that owner, so a new owner is forwarded to only once the handoff pass has
+    // brought it the key's counts.
+    std::shared_ptr<const cluster::HashRing> handover_ring;
+    int64_t handover_until_ms = 0;
+    // The node that decides `routing_key` at now (see above); nullopt for an empty ring.
+    std::optional<cluster::NodeId> owner(uint64_t routing_key, int64_t now_ms) const;
   };
   View view() const;
   // Grows whenever view() would return something new (cheap to poll from any thread).
