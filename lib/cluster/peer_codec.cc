@@ -591,6 +591,18 @@ ReplayGuard& PeerCodec::replay_guard() {
   return impl_->guard;
 }
 
+void PeerCodec::sign(std::vector<uint8_t>& bytes) {
+  impl_->append_tag(bytes);
+}
+
+bool PeerCodec::verify(std::span<const uint8_t> datagram) {
+  if (datagram.size() < kPeerTagBytes) return false;
+  const size_t n = datagram.size() - kPeerTagBytes;
+  uint8_t want[kPeerTagBytes];
+  return impl_->tag(datagram.first(n), want) &&
+         CRYPTO_memcmp(want, datagram.data() + n, kPeerTagBytes) == 0;
+}
+
 void PeerCodec::TEST_sign(std::span<const uint8_t> message, std::vector<uint8_t>& out) {
   out.assign(message.begin(), message.end());
   impl_->append_tag(out);

@@ -171,6 +171,12 @@ class PeerCodec {
   const PeerLimits& limits() const;
   ReplayGuard& replay_guard();
 
+  // Appends this cluster's tag over `bytes` to `bytes` (owner-mode checks forwarded to another
+  // node's check port carry it, so a client cannot claim to be a node).
+  void sign(std::vector<uint8_t>& bytes);
+  // True when `datagram` is bytes followed by this cluster's tag over them (constant time).
+  bool verify(std::span<const uint8_t> datagram);
+
   // Test hook: `out` = message + this codec's tag over it, so tests can put arbitrary bytes
   // (crafted pointers, out-of-range enums, other versions) under a valid tag.
   void TEST_sign(std::span<const uint8_t> message, std::vector<uint8_t>& out);

@@ -778,8 +778,9 @@ std::optional<CounterView> Engine::inspect(uint64_t counter, const window::Windo
       for (const RemoteRing& n : it->second) {
         auto& row = cv.nodes.emplace_back(n.node, std::vector<uint32_t>(cv.own.size(), 0)).second;
         for (const auto& [bucket, total] : n.buckets) {
-          const int64_t at = bucket - (v.head - r + 1);
-          if (at >= 0 && at < r) row[static_cast<size_t>(at)] = total;
+          // Empty positions hold INT64_MIN: compare, never subtract.
+          if (bucket < v.head - r + 1 || bucket > v.head) continue;
+          row[static_cast<size_t>(bucket - (v.head - r + 1))] = total;
         }
       }
     }
@@ -946,6 +947,33 @@ void Engine::mark_all_changed() {
         if (t->occupied(i)) t->set_flags(i, CounterTable::kDirtyFlag);
       }
     }
+  }
+}
+
+std::optional<window::WindowSpec> Engine::record_spec(std::span<const uint8_t> key) {
+  if (key.size() != kRecordKeyBytes) return std::nullopt;
+  window::WindowSpec spec;
+  spec.window_ms = static_cast<int64_t>(get_be(key.data() + 8, 4));
+  spec.bucket_ms = static_cast<int64_t>(get_be(key.data() + 12, 4));
+  if (!window::validate(spec).empty()) return std::nullopt;
+  return spec;
+}
+
+void Engine::reserve(const window::WindowSpec& spec, size_t counters) {
+  Impl& im = *impl_;
+  if (!window::validate(spec).empty()) return;
+  const uint32_t spec_id = im.spec_id(spec);
+  const size_t per_shard = counters / (im.shard_mask + 1) + 1;
+  for (uint32_t n = 0; n <= im.shard_mask; ++n) {
+    Shard& sh = im.shards[n];
+    std::lock_guard g(sh.lock);
+    CounterTable& t = im.table(sh, spec_id);
+    const size_t want = (t.size() + per_shard) * 20 / 17 + 1;  // under the 85 % load
+    if (want <= t.capacity()) continue;
+    const uint64_t extra = CounterTable::bytes_for(want, spec) - t.bytes();
+    if (sh.bytes + extra > sh.budget) continue;  // the cap decides: grow as usual later
+    sh.bytes += extra;
+    t.rehash(want);
   }
 }
 

@@ -244,6 +244,11 @@ class Engine {
   // larger of both counts. Expired records are skipped; malformed ones change nothing.
   ImportResult import_record(std::span<const uint8_t> key, std::span<const uint8_t> value,
                              int64_t now_ms);
+  // Grows the tables of `spec` to hold `counters` more without rehashing on the way (a restore
+  // knows roughly how many it will import), within the memory cap. The window spec of a record
+  // key is `record_spec(key)`.
+  void reserve(const window::WindowSpec& spec, size_t counters);
+  static std::optional<window::WindowSpec> record_spec(std::span<const uint8_t> key);
 
   // One step of a sync pass (like export_step): the counters whose own counts changed since the
   // last pass, and those whose others' counts changed when `owns(counter)` says this node owns

@@ -517,6 +517,10 @@ std::string render_metrics(AdminHttp::State& st) {
   m.one("sluice_forward_fallbacks_total", "counter",
         "Owner mode: parts decided here because the owner was silent or unreachable.",
         nc.forward_fallbacks);
+  m.one("sluice_untrusted_forwards_total", "counter",
+        "Requests that claimed to be forwarded by a node without the cluster's tag (routed as "
+        "client requests).",
+        nc.untrusted_forwards);
   m.family("sluice_reloads_total", "counter", "Rules reloads by result.");
   m.sample("sluice_reloads_total", {"result", "ok"}, nc.reloads);
   m.sample("sluice_reloads_total", {"result", "failed"}, nc.reload_failures);

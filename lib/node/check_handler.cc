@@ -1,11 +1,14 @@
 // CheckHandler: decode a request, decide with the engine, encode the answer. No Asio here.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "node/node.h"
 
 namespace sluice::node {
 namespace {
+
+constexpr size_t kForwardTagBytes = 32;  // HMAC-SHA256 (cluster/peer_codec.h)
 
 wire::Code to_wire(rules::CheckError e) {
   switch (e) {
@@ -66,8 +69,25 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
     // A tiny request must not draw a larger answer (no amplification): drop it instead.
     return max_answer_bytes == 0 || n <= max_answer_bytes ? Outcome::kAnswer : Outcome::kDrop;
   };
+  // A part forwarded by another node ends with the cluster's tag: a single-segment message of
+  // exactly the rest of the datagram (read from its segment table) is checked, and stripped.
+  bool trusted = false;
+  if (verify_forward_ && request.size() > 8 + kForwardTagBytes) {
+    uint32_t segments_minus_one = 0, words = 0;
+    std::memcpy(&segments_minus_one, request.data(), 4);
+    std::memcpy(&words, request.data() + 4, 4);
+    const size_t message = 8 + static_cast<size_t>(words) * 8;
+    if (segments_minus_one == 0 && message + kForwardTagBytes == request.size() &&
+        verify_forward_(request)) {
+      request = request.first(message);
+      trusted = true;
+    }
+  }
   const wire::Code code = s.decoder.decode(request);
   last_code_ = code;
+  if (s.decoder.forwarded() && !trusted && code == wire::Code::kOk) {
+    untrusted_forwards_.fetch_add(1, std::memory_order_relaxed);
+  }
   if (code != wire::Code::kOk) {
     // Without an id the sender could not match an answer: drop (the caller counts it).
     if (s.decoder.id() == 0) return Outcome::kDrop;
@@ -95,7 +115,7 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
                                                              c.entries.size()),
                           static_cast<uint64_t>(c.hits)});
   }
-  if (router != nullptr && !s.decoder.forwarded() && split(router, now_ms, first_id, plan)) {
+  if (router != nullptr && !trusted && split(router, now_ms, first_id, plan)) {
     return Outcome::kForward;
   }
   engine_.check(s.requests, now_ms, s.result);

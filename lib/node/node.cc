@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 
 #include "node/admin_http.h"
+#include "cluster/peer_codec.h"
 #include "node/node_cluster.h"
 #include "node/node_state.h"
 
@@ -309,7 +310,10 @@ struct Worker::Forwarder : CheckRouter {
   };
   static constexpr size_t kMaxParts = 256;  // part index in the low 8 bits of a forwarded id
 
-  Forwarder(Worker& w_, ClusterNode& c) : w(w_), cluster(c), socket(w_.io), timer(w_.io) {
+  Forwarder(Worker& w_, ClusterNode& c, const std::string& secret)
+      : w(w_), cluster(c), socket(w_.io), timer(w_.io),
+        auth(std::make_unique<cluster::PeerCodec>(secret, c.self(), 0)) {
+    w.handler.set_forward_auth([this](std::span<const uint8_t> d) { return auth->verify(d); });
     socket.open(udp::v4());
     socket.bind(udp::endpoint(asio::ip::address_v4::any(), 0));
     socket.non_blocking(true);
@@ -374,6 +378,7 @@ struct Worker::Forwarder : CheckRouter {
       std::swap(p.parts[i].checks, plan.parts[i].checks);
       std::swap(p.parts[i].request, plan.parts[i].request);
       p.parts[i].owner = plan.parts[i].owner;
+      auth->sign(p.parts[i].request);  // the owner honours `forwarded` only under our tag
     }
     for (size_t i = 0; i < plan.used && p.busy; ++i) {
       const ForwardPlan::Part& part = p.parts[i];
@@ -549,6 +554,7 @@ struct Worker::Forwarder : CheckRouter {
   ClusterNode& cluster;
   udp::socket socket;
   asio::steady_timer timer;
+  std::unique_ptr<cluster::PeerCodec> auth;  // tags forwarded parts, checks received ones
   bool timer_armed = false;
   ClusterNode::View view;
   uint64_t version = 0;
@@ -754,7 +760,7 @@ void Node::run(bool handle_signals) {
     // Owner mode forwards over UDP to the owners' check ports.
     if (n.udp_port.load() != 0) {
       for (auto& w : n.workers)
-        w->fwd = std::make_unique<Worker::Forwarder>(*w, *n.cluster);
+        w->fwd = std::make_unique<Worker::Forwarder>(*w, *n.cluster, n.opt.cluster.secret);
     }
   }
   // Declared here, referenced by the signal handler while control runs below.
@@ -896,6 +902,7 @@ NodeCounters Node::counters() const {
     c.forwarded_requests += k.forwarded_requests.load(std::memory_order_relaxed);
     c.forwarded_parts += k.forwarded_parts.load(std::memory_order_relaxed);
     c.forward_fallbacks += k.forward_fallbacks.load(std::memory_order_relaxed);
+    c.untrusted_forwards += w->handler.untrusted_forwards();
     for (size_t i = 0; i < kLatencyBuckets; ++i) {
       c.latency_us_buckets[i] += k.latency[i].load(std::memory_order_relaxed);
     }

@@ -79,6 +79,7 @@ struct NodeCounters {
   uint64_t forwarded_requests = 0;  // owner mode: client requests split to their keys' owners
   uint64_t forwarded_parts = 0;     // parts sent to another node
   uint64_t forward_fallbacks = 0;   // parts decided here: the owner was silent or unreachable
+  uint64_t untrusted_forwards = 0;  // requests that claimed `forwarded` without the cluster's tag
   uint64_t reloads = 0;
   uint64_t reload_failures = 0;
   // check latency (decode + decide + encode, per request) histogram: bucket i counts requests
@@ -149,12 +150,23 @@ class CheckHandler {
               std::vector<uint8_t>& out);
   wire::Code last_code() const { return last_code_; }
 
+  // In a cluster: recognises a request that ends with the cluster's tag over the rest (an
+  // owner-mode part forwarded by another node; see node.cc). Only such a request's `forwarded`
+  // flag is honoured; a client's claim to be forwarded is ignored (the request is routed like any
+  // other) and counted.
+  void set_forward_auth(std::function<bool(std::span<const uint8_t>)> verify) {
+    verify_forward_ = std::move(verify);
+  }
+  uint64_t untrusted_forwards() const { return untrusted_forwards_.load(std::memory_order_relaxed); }
+
  private:
   struct Scratch;
   bool split(CheckRouter* router, int64_t now_ms, uint64_t first_id, ForwardPlan& plan);
   engine::Engine& engine_;
   std::unique_ptr<Scratch> s_;
   wire::Code last_code_ = wire::Code::kOk;
+  std::function<bool(std::span<const uint8_t>)> verify_forward_;
+  std::atomic<uint64_t> untrusted_forwards_{0};  // written by the worker, read by /metrics
 };
 
 struct NodeState;
