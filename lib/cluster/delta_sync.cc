@@ -74,8 +74,13 @@ void DeltaSync::pass(const HashRing& ring, Mode mode, bool handoff, const Send& 
   ++stats_.passes;
   if (mode == Mode::kEverything) engine_.mark_all_changed_for_sync();
   Router router(*this, ring, handoff, send);
+  // The owner and the replicas all push the merged state they hold: when the owner dies, its
+  // replica keeps every holder current during the seconds before membership declares it dead.
   const auto owns = [&ring, this](uint64_t counter) {
-    return ring.owner(rules::routing_key(counter)) == self_;
+    std::array<NodeId, HashRing::kMaxReplicas> owners{};
+    const size_t n = ring.owners(rules::routing_key(counter), owners);
+    return std::find(owners.begin(), owners.begin() + static_cast<std::ptrdiff_t>(n), self_) !=
+           owners.begin() + static_cast<std::ptrdiff_t>(n);
   };
   cursor_.restart(mode != Mode::kChanged);
   while (!engine_.sync_step(cursor_, 256, owns, router)) {

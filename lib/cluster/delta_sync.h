@@ -3,8 +3,9 @@
 //
 // Who gets what, per counter (owner = first of ring.owners(routing_key), replicas = the rest):
 //   - a node that does not own it sends its own bucket totals to the owner and the replicas;
-//   - the owner sends every node's totals it knows (the merged state) to the replicas and to
-//     every node that reported on the counter, so each holder decides from the global count.
+//   - the owner and each replica send every node's totals they know (the merged state) to the
+//     other owners and to every node that reported on the counter, so each holder decides from
+//     the global count, and keeps doing so while a dead owner is still only suspected.
 // Totals are per (counter, node, bucket) and only grow, and the engine keeps the largest it has
 // seen per node: a batch delivered twice, late, out of order or not at all never double-counts;
 // a lost one is repaired by the next change or the next anti-entropy pass (resend).

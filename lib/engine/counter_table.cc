@@ -42,16 +42,17 @@ int64_t CounterTable::find(uint64_t counter) const {
   return -1;
 }
 
-void CounterTable::place(uint32_t* src) {
+size_t CounterTable::place(uint32_t* src) {
   // `src` is carry_: the slot image to insert; swapped with richer occupants as it goes.
   uint64_t counter = static_cast<uint64_t>(src[1]) << 32 | src[0];
   size_t i = home(counter);
   size_t dist = 0;
+  size_t landed = SIZE_MAX;  // where the image first placed (the one inserted) went
   for (;;) {
     uint32_t* s = slot(i);
     if ((s[0] | s[1]) == 0) {
       std::memcpy(s, src, stride_ * sizeof(uint32_t));
-      return;
+      return landed == SIZE_MAX ? i : landed;
     }
     const size_t d = distance(i);
     if (d < dist) {
@@ -60,22 +61,24 @@ void CounterTable::place(uint32_t* src) {
       std::memcpy(src, spare_.data(), stride_ * sizeof(uint32_t));
       counter = static_cast<uint64_t>(src[1]) << 32 | src[0];
       dist = d;
+      if (landed == SIZE_MAX) landed = i;
     }
     if (++i == cap_) i = 0;
     ++dist;
   }
 }
 
-void CounterTable::insert_new(uint64_t counter, int64_t head) {
+size_t CounterTable::insert_new(uint64_t counter, int64_t head) {
   std::fill(carry_.begin(), carry_.end(), 0u);
   carry_[0] = static_cast<uint32_t>(counter);
   carry_[1] = static_cast<uint32_t>(counter >> 32);
   const auto h = static_cast<uint64_t>(head);
   carry_[2] = static_cast<uint32_t>(h);
   carry_[3] = static_cast<uint32_t>(h >> 32);
-  place(carry_.data());
+  const size_t at = place(carry_.data());
   ++size_;
   next_expiry_bucket_ = std::min(next_expiry_bucket_, head + static_cast<int64_t>(ring_));
+  return at;
 }
 
 void CounterTable::erase_at(size_t index) {

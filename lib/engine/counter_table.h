@@ -55,7 +55,8 @@ class CounterTable {
   // Index of the counter's slot, or -1.
   int64_t find(uint64_t counter) const;
   // Inserts a counter that is not present, with zero counts and the given head; requires !full().
-  void insert_new(uint64_t counter, int64_t head);
+  // Returns its slot index.
+  size_t insert_new(uint64_t counter, int64_t head);
   void erase_at(size_t index);
   void rehash(size_t new_capacity);
 
@@ -113,7 +114,7 @@ class CounterTable {
     return static_cast<size_t>((static_cast<u128>(counter * 0x9E3779B97F4A7C15ull) * cap) >> 64);
   }
   size_t distance(size_t i) const;
-  void place(uint32_t* src);  // Robin Hood insert of a slot image
+  size_t place(uint32_t* src);  // Robin Hood insert of a slot image; returns where it went
 
   window::WindowSpec spec_;
   uint32_t ring_;

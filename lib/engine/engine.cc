@@ -355,9 +355,8 @@ struct Engine::Impl {
     int64_t i = t.find(counter);
     if (i >= 0) return i;
     if (!make_room(sh, t, spec_id, now_ms, pinned)) return -1;
-    t.insert_new(counter, window::bucket_of(now_ms, t.spec().bucket_ms));
     inserted = true;
-    return t.find(counter);
+    return static_cast<int64_t>(t.insert_new(counter, window::bucket_of(now_ms, t.spec().bucket_ms)));
   }
 
   // Shards are locked in ascending order, so two requests never wait on each other in a cycle.

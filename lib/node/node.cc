@@ -15,6 +15,7 @@
 #include <optional>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
 #include <sys/socket.h>
 
@@ -274,7 +275,6 @@ struct Node::Impl : NodeState {
   std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0};
   std::atomic<bool> stopped{false};
   std::unique_ptr<ClusterNode> cluster;  // null for a single node; control thread
-  std::optional<asio::steady_timer> drain_timer;
 };
 
 int64_t TcpSession::node_now() const { return w_.node.opt.clock(); }
@@ -309,6 +309,10 @@ struct Worker::Forwarder : CheckRouter {
     std::vector<uint8_t> part_done;
   };
   static constexpr size_t kMaxParts = 256;  // part index in the low 8 bits of a forwarded id
+  // An owner that let a part time out is passed over (its replica decides) for this long, or
+  // until it answers again.
+  static constexpr int64_t kSilentMs = 1'000;
+  static constexpr uint32_t kSilentAfter = 3;
 
   Forwarder(Worker& w_, ClusterNode& c, const std::string& secret)
       : w(w_), cluster(c), socket(w_.io), timer(w_.io),
@@ -323,9 +327,32 @@ struct Worker::Forwarder : CheckRouter {
   // CheckRouter
   uint16_t owner_of(uint64_t routing_key) override {
     refresh();
-    const auto owner = view.owner(routing_key, w.node.opt.clock());
+    const int64_t now = w.node.opt.clock();
+    const auto owner = view.owner(routing_key, now);
     if (!owner || *owner == cluster.self()) return 0;
+    if (silent(*owner, now)) {
+      // The owner stopped answering (dead but not yet declared so, or overloaded): its first
+      // replica holds the merged counts, so it decides instead, exactly, without a timeout each.
+      std::array<uint16_t, cluster::HashRing::kMaxReplicas> owners{};
+      const size_t n = view.ring->owners(routing_key, owners);
+      for (size_t i = 0; i < n; ++i) {
+        if (owners[i] == cluster.self()) return 0;
+        if (!silent(owners[i], now) && endpoint_of(owners[i])) return owners[i];
+      }
+      return 0;
+    }
     return endpoint_of(*owner) ? *owner : 0;
+  }
+
+  bool silent(uint16_t id, int64_t now) const {
+    const auto it = silent_until.find(id);
+    return it != silent_until.end() && now < it->second;
+  }
+
+  // A dead owner times out every part sent to it; one slow moment times out a few. Only a run of
+  // kSilentAfter timeouts with no answer in between passes the owner over.
+  void note_timeout(uint16_t owner, int64_t now) {
+    if (++timeouts_in_a_row[owner] >= kSilentAfter) silent_until[owner] = now + kSilentMs;
   }
 
   std::optional<udp::endpoint> endpoint_of(uint16_t id) {
@@ -507,6 +534,8 @@ struct Worker::Forwarder : CheckRouter {
     if (!p.busy || p.generation != static_cast<uint32_t>(id >> 32) || part >= p.part_done.size()) {
       return;  // late: already decided here after a timeout
     }
+    silent_until.erase(p.parts[part].owner);  // it answers again
+    timeouts_in_a_row.erase(p.parts[part].owner);
     fill(slot, part);
   }
 
@@ -528,6 +557,7 @@ struct Worker::Forwarder : CheckRouter {
         for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
           if (i < pending[slot].part_done.size() && !pending[slot].part_done[i]) {
             w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+            note_timeout(pending[slot].parts[i].owner, now);
             decide_here(slot, i, now);
           }
         }
@@ -555,6 +585,8 @@ struct Worker::Forwarder : CheckRouter {
   udp::socket socket;
   asio::steady_timer timer;
   std::unique_ptr<cluster::PeerCodec> auth;  // tags forwarded parts, checks received ones
+  std::unordered_map<uint16_t, int64_t> silent_until;  // owner -> passed over until (ms)
+  std::unordered_map<uint16_t, uint32_t> timeouts_in_a_row;
   bool timer_armed = false;
   ClusterNode::View view;
   uint64_t version = 0;
@@ -813,7 +845,6 @@ void Node::stop() {
       n.cluster->leave();  // the other members take over this node's keys, with its counts
       n.cluster->stop();
     }
-    if (n.drain_timer) n.drain_timer->cancel();
     if (n.acceptor) n.acceptor->close(ec);
     asio::post(n.admin_io, [&n] {
       if (n.admin) n.admin->stop();
@@ -870,12 +901,9 @@ bool Node::drain() {
   asio::post(n.control, [this, &n] {
     if (!n.cluster || n.stopped.load()) return;
     spdlog::info("drain: leaving the cluster, then stopping");
-    n.cluster->leave();
-    // A few gossip rounds for the news to spread while this node still answers, then stop.
-    n.drain_timer.emplace(n.control, std::chrono::milliseconds(1'000));
-    n.drain_timer->async_wait([this](boost::system::error_code ec) {
-      if (!ec) stop();
-    });
+    // Leave and hand off (stop() does both), and stop answering at once: a node that kept
+    // deciding after it left would decide without the others' counts (clients retry the others).
+    stop();
   });
   return true;
 }

@@ -1,0 +1,482 @@
+// sluice-bench-cluster: the cluster scenarios of issue 5 with real sluiced processes on loopback
+// (tests/support/cluster_process.h), traffic through libsluice spread round-robin over the nodes.
+//
+//   stable-3, stable-5  owner and gossip rules, stable membership, 3x the limit offered
+//   seed000             seed 000's scenario: 10 nodes, 50/s limit, 500/s offered; owner mode, and
+//                       gossip at sync 10, 25, 50, 100, 250, 500, 1000 ms (over-admission against
+//                       the sync interval)
+//   kill9               kill -9 of the key's owner, one of 5 nodes, under traffic; restarted once
+//                       every survivor lists it dead (detect_s = kill until then)
+//   join                a 4th node joins 3 under traffic and then takes its share of it
+//   drain               the key's owner, one of 4 nodes, drains under traffic (POST /v1/drain)
+//   forwarding          p50 latency of an owner-mode check sent to a non-owner, minus the p50 of a
+//                       gossip-mode check sent to the same nodes (decided locally)
+//
+// admitted_over_limit = the largest number of checks admitted in any true 1 s window (exact, over
+// the clients' send times) / the limit; for several keys the worst key. offered_per_s is per key.
+// Rules (two_mode_rules): strict estimator, 100 ms buckets, so one node alone never exceeds the
+// limit in a true window.
+//
+//   sluice-bench-cluster [--json] [--quick] [--seconds S] [--scenario NAME] [--sluiced PATH]
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster_process.h"
+#include "json_rows.h"
+
+namespace {
+
+using namespace sluice::testing;
+using std::chrono::milliseconds;
+
+constexpr int64_t kWindowUs = 1'000'000;
+
+struct Row {
+  std::string scenario;
+  std::string mode;
+  size_t nodes = 0;
+  int64_t sync_ms = 0;
+  double offered_per_s = 0;  // per key
+  uint64_t limit_per_s = 0;
+  std::optional<double> admitted_over_limit;
+  uint64_t failed_checks = 0;
+  std::optional<double> detect_s;
+  std::optional<double> added_p50_us;
+  std::string note;
+};
+
+struct Settings {
+  std::string sluiced = SLUICED_BIN;
+  double seconds = 5;
+  bool quick = false;
+};
+
+double secs_since(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+ClusterSpec spec_for(const Settings& st, size_t nodes, uint64_t limit, int64_t sync_ms = 100) {
+  ClusterSpec s;
+  s.sluiced_bin = st.sluiced;
+  s.nodes = nodes;
+  s.rules_yaml = two_mode_rules(limit);
+  s.sync_interval_ms = sync_ms;
+  s.log_level = "warn";
+  return s;
+}
+
+milliseconds ms_of(double seconds) {
+  return milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
+}
+
+// Worst key of `domain` among the driver's keys: max admitted in a true window / limit.
+double worst_ratio(const std::vector<CheckRecord>& records, const LoadOptions& lo,
+                   const std::string& domain, uint64_t limit) {
+  double worst = 0;
+  for (size_t k = 0; k < lo.keys.size(); ++k) {
+    if (lo.key_domains[k] != domain) continue;
+    worst = std::max(worst, admitted_over_limit(records, static_cast<int>(k), kWindowUs, limit));
+  }
+  return worst;
+}
+
+uint64_t failed_of(const std::vector<CheckRecord>& records, const LoadOptions& lo,
+                   const std::string& domain) {
+  uint64_t n = 0;
+  for (const CheckRecord& r : records) {
+    if (r.outcome == CheckOutcome::kFailed && lo.key_domains[r.key] == domain) ++n;
+  }
+  return n;
+}
+
+std::vector<size_t> indices(size_t n, size_t skip = SIZE_MAX) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < n; ++i) {
+    if (i != skip) out.push_back(i);
+  }
+  return out;
+}
+
+// A key of `domain` whose owner is node `id` (tries prefix0, prefix1, ...); "" when none of 64.
+std::string key_owned_by(const LocalCluster& c, const std::string& domain,
+                         const std::string& prefix, uint16_t id) {
+  for (int i = 0; i < 64; ++i) {
+    const std::string k = prefix + std::to_string(i);
+    const auto o = c.owners(0, domain, k);
+    if (!o.empty() && o[0] == id) return k;
+  }
+  return "";
+}
+
+// One steady run of `domain`/`key` over every node; returns (ratio, failed).
+std::pair<double, uint64_t> steady(LocalCluster& c, const std::string& domain,
+                                   const std::string& key, double rate, double seconds,
+                                   uint64_t limit, std::string& err) {
+  LoadOptions lo;
+  lo.domain = domain;
+  lo.keys = {key};
+  lo.rate_per_s = rate;
+  lo.duration = ms_of(seconds);
+  lo.failover = false;
+  LoadDriver load(lo, c.check_ports());
+  if (err = load.start(indices(c.size())); !err.empty()) return {0, 0};
+  if (!load.wait()) err = "some checks never completed";
+  const auto records = load.records();
+  return {admitted_over_limit(records, 0, kWindowUs, limit), summarize(records).failed};
+}
+
+std::string run_stable(const Settings& st, size_t nodes, std::vector<Row>& rows) {
+  const uint64_t limit = 100;
+  const double rate = 300;
+  LocalCluster c(spec_for(st, nodes, limit));
+  if (std::string err = c.start(); !err.empty()) return err;
+  for (const char* mode : {"owner", "gossip"}) {
+    std::string err;
+    const std::string domain(1, mode[0]);
+    const auto [ratio, failed] =
+        steady(c, domain, std::string("stable-") + mode, rate, st.seconds, limit, err);
+    if (!err.empty()) return err;
+    rows.push_back({"stable-" + std::to_string(nodes), mode, nodes, 100, rate, limit, ratio, failed,
+                    std::nullopt, std::nullopt, ""});
+  }
+  return "";
+}
+
+std::string run_seed000(const Settings& st, std::vector<Row>& rows) {
+  const uint64_t limit = 50;
+  const double rate = 500;
+  std::vector<int64_t> syncs = {10, 25, 50, 100, 250, 500, 1000};
+  if (st.quick) syncs = {100};
+  for (int64_t sync : syncs) {
+    LocalCluster c(spec_for(st, 10, limit, sync));
+    if (std::string err = c.start(milliseconds(30000)); !err.empty()) return err;
+    std::vector<const char*> modes = {"gossip"};
+    if (sync == 100) modes.insert(modes.begin(), "owner");
+    for (const char* mode : modes) {
+      std::string err;
+      const std::string domain(1, mode[0]);
+      const auto [ratio, failed] =
+          steady(c, domain, std::string("seed000-") + mode, rate, st.seconds, limit, err);
+      if (!err.empty()) return err;
+      rows.push_back({"seed000", mode, 10, sync, rate, limit, ratio, failed, std::nullopt,
+                      std::nullopt,
+                      sync == 100 && std::string(mode) == "gossip" ? "issue target <= 1.05" : ""});
+      std::fprintf(stderr, "  seed000 %s sync %lld ms: %.3f\n", mode, static_cast<long long>(sync),
+                   ratio);
+    }
+  }
+  return "";
+}
+
+std::string run_kill9(const Settings& st, std::vector<Row>& rows) {
+  const size_t n = 5;
+  const uint64_t limit = 100;
+  const double rate = 300;  // per key
+  LocalCluster c(spec_for(st, n, limit));
+  if (std::string err = c.start(); !err.empty()) return err;
+  const auto og = c.owners(0, "g", "k9-g");
+  if (og.empty()) return "no owner for k9-g";
+  const size_t victim = static_cast<size_t>(og[0] - 1);
+  const uint16_t victim_id = og[0];
+  const std::string okey = key_owned_by(c, "o", "k9-o-", victim_id);
+  if (okey.empty()) return "no owner-mode key owned by the victim";
+  LoadOptions lo;
+  lo.keys = {"k9-g", okey};
+  lo.key_domains = {"g", "o"};
+  lo.rate_per_s = 2 * rate;
+  lo.duration = ms_of(std::max(st.seconds, 10.0));
+  lo.failover = true;
+  LoadDriver load(lo, c.check_ports());
+  if (std::string err = load.start(indices(n)); !err.empty()) return err;
+  std::this_thread::sleep_for(milliseconds(2000));
+  const auto killed = SteadyClock::now();
+  c.kill9(victim);
+  const auto survivors = indices(n, victim);
+  std::optional<double> detect;
+  if (wait_until([&] { return c.all_see(survivors, victim_id, "dead"); }, milliseconds(20000),
+                 milliseconds(50))) {
+    detect = secs_since(killed);
+  }
+  std::string note = "victim owned both keys";
+  if (std::string err = c.start_node(victim); !err.empty()) {
+    note += "; restart failed";
+  } else if (wait_until([&] { return c.all_see(indices(n), victim_id, "alive"); },
+                        milliseconds(15000), milliseconds(100))) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "; alive again %.1f s after the kill", secs_since(killed));
+    note += buf;
+  } else {
+    note += "; not alive everywhere 15 s after its restart";
+  }
+  if (!load.wait()) return "some checks never completed";
+  const auto records = load.records();
+  for (const char* mode : {"owner", "gossip"}) {
+    const std::string d(1, mode[0]);
+    rows.push_back({"kill9", mode, n, 100, rate, limit,
+                    worst_ratio(records, load.options(), d, limit),
+                    failed_of(records, load.options(), d), detect, std::nullopt, note});
+  }
+  return "";
+}
+
+std::string run_join(const Settings& st, std::vector<Row>& rows) {
+  const size_t n = 3;
+  const uint64_t limit = 50;
+  const double rate = 125;  // per key
+  LocalCluster c(spec_for(st, n, limit));
+  if (std::string err = c.start(); !err.empty()) return err;
+  const size_t joiner = c.configure_node();
+  LoadOptions lo;
+  lo.keys = {"j-a", "j-b", "j-c", "j-d", "j-e", "j-f"};
+  lo.key_domains = {"g", "g", "g", "o", "o", "o"};
+  lo.rate_per_s = rate * static_cast<double>(lo.keys.size());
+  lo.duration = ms_of(std::max(st.seconds, 8.0));
+  lo.failover = true;
+  LoadDriver load(lo, c.check_ports());
+  if (std::string err = load.start(indices(n)); !err.empty()) return err;
+  std::this_thread::sleep_for(milliseconds(2000));
+  const auto t0 = SteadyClock::now();
+  if (std::string err = c.start_node(joiner); !err.empty()) return err;
+  std::optional<double> detect;
+  if (c.wait_all_alive(milliseconds(15000))) detect = secs_since(t0);
+  load.set_targets(indices(n + 1));
+  size_t moved = 0;
+  for (size_t k = 0; k < lo.keys.size(); ++k) {
+    const auto o = c.owners(0, lo.key_domains[k], lo.keys[k]);
+    if (!o.empty() && o[0] == c.node(joiner).id) ++moved;
+  }
+  if (!load.wait()) return "some checks never completed";
+  const auto records = load.records();
+  const std::string note = "detect_s = start until alive everywhere; " + std::to_string(moved) +
+                           " of 6 keys moved to it";
+  for (const char* mode : {"owner", "gossip"}) {
+    const std::string d(1, mode[0]);
+    rows.push_back({"join", mode, n + 1, 100, rate, limit,
+                    worst_ratio(records, load.options(), d, limit),
+                    failed_of(records, load.options(), d), detect, std::nullopt, note});
+  }
+  return "";
+}
+
+std::string run_drain(const Settings& st, std::vector<Row>& rows) {
+  const size_t n = 4;
+  const uint64_t limit = 100;
+  const double rate = 300;  // per key
+  LocalCluster c(spec_for(st, n, limit));
+  if (std::string err = c.start(); !err.empty()) return err;
+  const auto og = c.owners(0, "g", "dr-g");
+  if (og.empty()) return "no owner for dr-g";
+  const size_t drained = static_cast<size_t>(og[0] - 1);
+  const uint16_t drained_id = og[0];
+  const std::string okey = key_owned_by(c, "o", "dr-o-", drained_id);
+  if (okey.empty()) return "no owner-mode key owned by the drained node";
+  LoadOptions lo;
+  lo.keys = {"dr-g", okey};
+  lo.key_domains = {"g", "o"};
+  lo.rate_per_s = 2 * rate;
+  lo.duration = ms_of(std::max(st.seconds, 7.0));
+  lo.failover = true;
+  LoadDriver load(lo, c.check_ports());
+  if (std::string err = load.start(indices(n)); !err.empty()) return err;
+  std::this_thread::sleep_for(milliseconds(2000));
+  const auto t0 = SteadyClock::now();
+  if (c.drain(drained).status != 200) return "POST /v1/drain failed";
+  std::optional<double> detect;
+  if (wait_until([&] { return c.all_see(indices(n, drained), drained_id, "left"); },
+                 milliseconds(10000), milliseconds(50))) {
+    detect = secs_since(t0);
+  }
+  const int status = c.wait_exit(drained, milliseconds(10000));
+  const std::string note = "detect_s = drain until all see it left; exit " +
+                           std::string(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0
+                                           ? "0"
+                                           : "NOT 0 (status " + std::to_string(status) + ")");
+  if (!load.wait()) return "some checks never completed";
+  const auto records = load.records();
+  for (const char* mode : {"owner", "gossip"}) {
+    const std::string d(1, mode[0]);
+    rows.push_back({"drain", mode, n, 100, rate, limit,
+                    worst_ratio(records, load.options(), d, limit),
+                    failed_of(records, load.options(), d), detect, std::nullopt, note});
+  }
+  return "";
+}
+
+std::string run_forwarding(const Settings& st, std::vector<Row>& rows) {
+  const size_t n = 3;
+  const uint64_t limit = 1'000'000'000;  // never reached: every check is admitted
+  const double rate = 250;
+  LocalCluster c(spec_for(st, n, limit));
+  if (std::string err = c.start(); !err.empty()) return err;
+  const auto oo = c.owners(0, "o", "fw");
+  if (oo.empty()) return "no owner for o/fw";
+  const size_t owner = static_cast<size_t>(oo[0] - 1);
+  const auto non_owners = indices(n, owner);
+  // Phases of one kind of traffic each, in rounds (gossip rule at the non-owners, owner rule at
+  // the non-owners: forwarded, owner rule at the owner: decided there), so slow drift of the
+  // machine hits every kind alike; p50 over each kind's pooled checks. A gossip check is decided
+  // where it lands, so its p50 at the same nodes is the baseline forwarding adds to. A last phase
+  // interleaves gossip and owner checks at the non-owners: whether forwarded checks delay the
+  // local ones behind them.
+  struct Phase {
+    std::vector<std::string> domains;
+    std::vector<size_t> targets;
+  };
+  const Phase gossip_local{{"g"}, non_owners};
+  const Phase forwarded{{"o"}, non_owners};
+  const Phase at_owner{{"o"}, {owner}};
+  const Phase mixed{{"g", "o"}, non_owners};
+  std::map<std::string, std::vector<int64_t>> lat;  // kind -> latencies (us) of decided checks
+  uint64_t failed = 0;
+  const auto run = [&](const Phase& ph, const std::string& kind, double seconds, std::string& err) {
+    LoadOptions lo;
+    lo.keys.assign(ph.domains.size(), "fw");
+    lo.key_domains = ph.domains;
+    lo.rate_per_s = rate * static_cast<double>(ph.domains.size());
+    lo.duration = ms_of(seconds);
+    lo.failover = false;
+    LoadDriver load(lo, c.check_ports());
+    if (err = load.start(ph.targets); !err.empty()) return;
+    if (!load.wait()) err = "some checks never completed";
+    for (const CheckRecord& r : load.records()) {
+      if (r.outcome == CheckOutcome::kFailed) {
+        ++failed;
+        continue;
+      }
+      if (kind.empty()) continue;  // warm-up
+      lat[kind + (ph.domains.size() > 1 ? "/" + ph.domains[r.key] : "")].push_back(r.latency_us);
+    }
+  };
+  const auto p50 = [&](const std::string& kind) -> int64_t {
+    auto& v = lat[kind];
+    if (v.empty()) return -1;
+    std::sort(v.begin(), v.end());
+    return v[(v.size() - 1) / 2];
+  };
+  std::string err;
+  run(mixed, "", 0.5, err);  // warm-up: clients, sockets, the owner's forwarding path
+  const int rounds = 3;
+  for (int round = 0; round < rounds && err.empty(); ++round) {
+    const double each = st.seconds / rounds;
+    run(gossip_local, "local", each, err);
+    if (err.empty()) run(forwarded, "forwarded", each, err);
+    if (err.empty()) run(at_owner, "at_owner", each, err);
+  }
+  if (err.empty()) run(mixed, "mixed", st.seconds / rounds, err);
+  if (!err.empty()) return err;
+  char note[240];
+  std::snprintf(note, sizeof note,
+                "p50 us (client + loopback included): owner rule at non-owners %lld, gossip rule "
+                "there %lld, owner rule at the owner %lld; interleaved at non-owners: gossip %lld, "
+                "owner %lld",
+                static_cast<long long>(p50("forwarded")), static_cast<long long>(p50("local")),
+                static_cast<long long>(p50("at_owner")), static_cast<long long>(p50("mixed/g")),
+                static_cast<long long>(p50("mixed/o")));
+  rows.push_back({"forwarding", "owner", n, 100, rate, limit, std::nullopt, failed, std::nullopt,
+                  static_cast<double>(p50("forwarded") - p50("local")), note});
+  return "";
+}
+
+std::string fmt_opt(const std::optional<double>& v, int decimals) {
+  if (!v) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, *v);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sluice-bench-cluster: cluster scenarios with real sluiced processes on loopback"};
+  Settings st;
+  bool json = false;
+  std::string only;
+  app.add_flag("--json", json, "last line of stdout: {\"rows\":[...]}");
+  app.add_flag("--quick", st.quick, "a short subset (stable-3, seed000 at 100 ms, forwarding)");
+  app.add_option("--seconds", st.seconds, "traffic per steady run (membership runs take more)")
+      ->check(CLI::Range(1.0, 120.0));
+  app.add_option("--scenario", only,
+                 "one of stable-3, stable-5, seed000, kill9, join, drain, forwarding");
+  app.add_option("--sluiced", st.sluiced, "the sluiced binary");
+  CLI11_PARSE(app, argc, argv);
+  if (st.quick && !app.count("--seconds")) st.seconds = 3;
+
+  struct Scenario {
+    const char* name;
+    bool quick;
+    std::function<std::string(std::vector<Row>&)> run;
+  };
+  const std::vector<Scenario> scenarios = {
+      {"stable-3", true, [&](auto& r) { return run_stable(st, 3, r); }},
+      {"stable-5", false, [&](auto& r) { return run_stable(st, 5, r); }},
+      {"seed000", true, [&](auto& r) { return run_seed000(st, r); }},
+      {"kill9", false, [&](auto& r) { return run_kill9(st, r); }},
+      {"join", false, [&](auto& r) { return run_join(st, r); }},
+      {"drain", false, [&](auto& r) { return run_drain(st, r); }},
+      {"forwarding", true, [&](auto& r) { return run_forwarding(st, r); }},
+  };
+  bool known = only.empty();
+  for (const Scenario& s : scenarios)
+    known = known || only == s.name;
+  if (!known) {
+    std::fprintf(stderr, "sluice-bench-cluster: unknown scenario '%s'\n", only.c_str());
+    return 2;
+  }
+
+  std::vector<Row> rows;
+  int failures = 0;
+  const auto t0 = SteadyClock::now();
+  for (const Scenario& s : scenarios) {
+    if (!only.empty() && only != s.name) continue;
+    if (only.empty() && st.quick && !s.quick) continue;
+    std::fprintf(stderr, "%s ...\n", s.name);
+    const auto ts = SteadyClock::now();
+    if (std::string err = s.run(rows); !err.empty()) {
+      std::fprintf(stderr, "sluice-bench-cluster: %s: %s\n", s.name, err.c_str());
+      ++failures;
+    }
+    std::fprintf(stderr, "%s: %.1f s\n", s.name, secs_since(ts));
+  }
+
+  std::printf("sluice-bench-cluster: %zu rows, %.0f s of traffic per steady run, %.0f s in all\n",
+              rows.size(), st.seconds, secs_since(t0));
+  std::printf("%-10s %-6s %5s %7s %9s %7s %10s %6s %8s %11s  %s\n", "scenario", "mode", "nodes",
+              "sync_ms", "offered/s", "limit/s", "adm/limit", "failed", "detect_s", "added_p50us",
+              "note");
+  for (const Row& r : rows) {
+    std::printf("%-10s %-6s %5zu %7lld %9.0f %7llu %10s %6llu %8s %11s  %s\n", r.scenario.c_str(),
+                r.mode.c_str(), r.nodes, static_cast<long long>(r.sync_ms), r.offered_per_s,
+                static_cast<unsigned long long>(r.limit_per_s),
+                fmt_opt(r.admitted_over_limit, 3).c_str(),
+                static_cast<unsigned long long>(r.failed_checks), fmt_opt(r.detect_s, 2).c_str(),
+                fmt_opt(r.added_p50_us, 0).c_str(), r.note.c_str());
+  }
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    const auto opt = [](const std::optional<double>& v) {
+      return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+    };
+    for (const Row& r : rows) {
+      out.push_back({{"scenario", r.scenario},
+                     {"mode", r.mode},
+                     {"nodes", r.nodes},
+                     {"sync_ms", r.sync_ms},
+                     {"offered_per_s", r.offered_per_s},
+                     {"limit_per_s", r.limit_per_s},
+                     {"admitted_over_limit", opt(r.admitted_over_limit)},
+                     {"failed_checks", r.failed_checks},
+                     {"detect_s", opt(r.detect_s)},
+                     {"added_p50_us", opt(r.added_p50_us)}});
+    }
+    sluice::bench::print_json_rows(out);
+  }
+  return failures == 0 ? 0 : 1;
+}
