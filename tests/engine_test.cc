@@ -553,3 +553,39 @@ TEST_CASE(
   }
   CHECK(counted == allowed.load());
 }
+
+TEST_CASE("gossip mode counts the hits the cluster has not acknowledged once per other node") {
+  engine::EngineOptions opt;
+  opt.node_id = 1;
+  rules::Rule r = rule("per-user", {"user"}, {limit("100/1m")});
+  r.consistency = rules::Consistency::kGossip;
+  Engine e(compile(one_domain({r})), opt);
+  Checker c{e, {}, {}};
+  CHECK(c.check({{"user", "1"}}, kT0, 10).allowed);
+  const auto& lim = *c.limits()[0].limit;
+  const std::string_view values[] = {"1"};
+  const uint64_t counter =
+      rules::counter_id(rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
+  const int64_t bucket = window::bucket_of(kT0, 60'000);
+  // Nodes 2 and 3 count this key too (20 each, as last reported).
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2, bucket, 20},
+                                                 {counter, lim.spec, 3, bucket, 20}},
+                kT0) == 2);
+  // Known: 10 own + 40 others = 50; our 10 are unacknowledged, so each of the 2 others may hold
+  // as many unseen: 50 + 20 = 70 effectively, and 31 more do not fit, 30 do.
+  CHECK_FALSE(c.check({{"user", "1"}}, kT0, 31).allowed);
+  // The owner pushes our own total back: acknowledged, the full remaining 50 is ours to use.
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 1, bucket, 10}}, kT0) == 0);
+  CHECK(c.check({{"user", "1"}}, kT0, 31).allowed);
+  // Now 41 own of which 31 unacknowledged: 2 x 31 = 62 more assumed elsewhere: nothing fits.
+  CHECK_FALSE(c.check({{"user", "1"}}, kT0, 1).allowed);
+  // An owner-mode rule on one node never assumes anything.
+  rules::Rule o = rule("per-user", {"user"}, {limit("100/1m")});
+  Engine e2(compile(one_domain({o})), opt);
+  Checker c2{e2, {}, {}};
+  CHECK(c2.check({{"user", "1"}}, kT0, 10).allowed);
+  CHECK(e2.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2, bucket, 20},
+                                                  {counter, lim.spec, 3, bucket, 20}},
+                 kT0) == 2);
+  CHECK(c2.check({{"user", "1"}}, kT0, 50).allowed);
+}

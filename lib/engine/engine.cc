@@ -448,6 +448,37 @@ struct Engine::Impl {
 
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, BatchResult& out, Decision& d);
+
+  // Gossip mode: this node's hits in the window that the cluster has not acknowledged yet (the
+  // owner or a replica pushes our own totals back to us), times the number of other nodes that
+  // count this key. Under traffic spread over N nodes each node then keeps to about 1/N of what
+  // is left between syncs; a node that is alone on a key loses at most one sync interval of
+  // budget to it.
+  uint64_t unacked_share(const Shard& sh, const CounterTable& t, size_t i, uint32_t spec_id) const {
+    const auto it = sh.remote.find(remote_key(t.counter_at(i), spec_id));
+    if (it == sh.remote.end()) return 0;
+    const RemoteRing* acked = nullptr;
+    uint64_t others = 0;
+    for (const RemoteRing& n : it->second) {
+      if (n.node == opt.node_id) {
+        acked = &n;
+      } else {
+        ++others;
+      }
+    }
+    if (others == 0) return 0;
+    const int64_t head = t.head_at(i);
+    const auto r = static_cast<int64_t>(t.ring());
+    const auto own = t.own(i);
+    uint64_t unacked = 0;
+    for (int64_t b = head - r + 1; b <= head; ++b) {
+      const auto pos = static_cast<size_t>(((b % r) + r) % r);
+      const uint32_t seen =
+          acked != nullptr && acked->buckets[pos].first == b ? acked->buckets[pos].second : 0;
+      if (own[pos] > seen) unacked += own[pos] - seen;
+    }
+    return others * unacked;
+  }
 };
 
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
@@ -527,7 +558,15 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), bms);
       t.set_head(
           i, window::advance(t.own(i), t.others(i), t.head_at(i), window::bucket_of(now_eff, bms)));
-      if (!window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits,
+      // Gossip mode: the other nodes that hold this key have hits we have not seen yet; assume
+      // each has as many unacknowledged hits as we have, so N nodes together stay near the limit
+      // instead of each spending it (see unacked_share).
+      const uint64_t others_unseen =
+          ar.rule->consistency == rules::Consistency::kGossip && t.has_remote(i)
+              ? unacked_share(shards[lims[k].counter & shard_mask], t, i,
+                              st.spec_ids[lims[k].spec_index])
+              : 0;
+      if (!window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits + others_unseen,
                           lims[k].limit->requests)) {
         sc.limit_ok[k] = 0;
         sc.rule_ok[r] = 0;
@@ -694,16 +733,31 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
     const int64_t head = tbl.head_at(i);
     const auto ring = static_cast<int64_t>(tbl.ring());
     if (t.bucket <= head - ring) continue;  // left the ring: outside every window
+    auto& nodes = sh.remote[remote_key(t.counter, spec_id)];
     if (t.node == im.opt.node_id) {
-      // What a peer knows we counted: never lower than our own count, unless we lost some.
-      uint32_t& mine = tbl.own(i)[static_cast<size_t>(((t.bucket % ring) + ring) % ring)];
+      // What the cluster knows we counted. Remembered (acknowledged hits, see unacked_share),
+      // and never lower than our own count, unless we lost some (a restart after kill -9).
+      const auto pos = static_cast<size_t>(((t.bucket % ring) + ring) % ring);
+      tbl.set_remote(i);
+      RemoteRing* self_ring = nullptr;
+      for (auto& n : nodes) {
+        if (n.node == t.node) self_ring = &n;
+      }
+      if (self_ring == nullptr) {
+        self_ring = &nodes.emplace_back(RemoteRing{t.node, {}});
+        self_ring->buckets.assign(tbl.ring(), {INT64_MIN, 0});
+      }
+      auto& ack = self_ring->buckets[pos];
+      if (ack.first < t.bucket || (ack.first == t.bucket && ack.second < t.total)) {
+        ack = {t.bucket, t.total};
+      }
+      uint32_t& mine = tbl.own(i)[pos];
       if (t.total <= mine) continue;
       mine = t.total;
       tbl.set_flags(i, CounterTable::kDirtyFlag);
       ++changed;
       continue;
     }
-    auto& nodes = sh.remote[remote_key(t.counter, spec_id)];
     tbl.set_remote(i);
     RemoteRing* rr = nullptr;
     for (auto& n : nodes) {
@@ -775,6 +829,7 @@ std::optional<CounterView> Engine::inspect(uint64_t counter, const window::Windo
     auto it = sh.remote.find(remote_key(counter, spec_id));
     if (it != sh.remote.end()) {
       for (const RemoteRing& n : it->second) {
+        if (n.node == im.opt.node_id) continue;  // what the cluster acknowledged of our own
         auto& row = cv.nodes.emplace_back(n.node, std::vector<uint32_t>(cv.own.size(), 0)).second;
         for (const auto& [bucket, total] : n.buckets) {
           // Empty positions hold INT64_MIN: compare, never subtract.
@@ -1140,6 +1195,7 @@ bool Engine::sync_step(SyncCursor& c, size_t max_slots, const std::function<bool
           auto it = sh.remote.find(remote_key(counter, c.table));
           if (it != sh.remote.end()) {
             for (const RemoteRing& n : it->second) {
+              if (n.node == im.opt.node_id) continue;  // our acknowledged totals: own went out
               c.reporters.push_back(n.node);
               if (!with_others) continue;
               for (const auto& [bucket, total] : n.buckets) {
