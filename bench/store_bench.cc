@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -249,26 +250,26 @@ int main(int argc, char** argv) {
       write_secs = seconds_since(t0);
     }
     const uint64_t disk = dir_bytes(tmp.path + "/data");
-    double secs = 0;
+    // Twice: right after the write (RocksDB still compacting what it flushed), then settled.
+    std::array<double, 2> secs{};
     store::RestoreResult r;
-    for (int attempt = 0; attempt < 2; ++attempt) {
+    for (size_t attempt = 0; attempt < secs.size(); ++attempt) {
       engine::Engine e(policy(), eo);
       const auto t0 = Clock::now();
       auto store = store::Store::open(tmp.path + "/data", false);
-      const auto t_open = Clock::now();
       r = store->restore(e, kNowMs + 1);
-      secs = seconds_since(t0);
-      std::fprintf(stderr, "restore attempt %d: open %.3f s, total %.3f s\n", attempt,
-                   std::chrono::duration<double>(t_open - t0).count(), secs);
+      secs[attempt] = seconds_since(t0);
     }
-    std::printf("restore of %llu keys: %.3f s (open + scan + import), %llu restored; written by a "
-                "full snapshot in %.3f s (%.1f MiB written, %.1f MiB on disk)\n",
-                static_cast<unsigned long long>(o.restore_keys), secs,
+    std::printf("restore of %llu keys: %.3f s right after the write, %.3f s settled (open + scan "
+                "+ import), %llu restored; written by a full snapshot in %.3f s (%.1f MiB written, "
+                "%.1f MiB on disk)\n",
+                static_cast<unsigned long long>(o.restore_keys), secs[0], secs[1],
                 static_cast<unsigned long long>(r.restored), write_secs,
                 static_cast<double>(w.bytes) / 1048576.0, static_cast<double>(disk) / 1048576.0);
     rows.push_back({{"row", "restore"},
                     {"keys", o.restore_keys},
-                    {"seconds", secs},
+                    {"seconds", secs[1]},
+                    {"seconds_right_after_write", secs[0]},
                     {"restored", r.restored},
                     {"full_snapshot_seconds", write_secs},
                     {"bytes_written", w.bytes},

@@ -140,8 +140,10 @@ void append_le(std::vector<uint8_t>& out, uint64_t v, int bytes) {
     out.push_back(static_cast<uint8_t>(v));
 }
 
+// The counter id goes little-endian: a scan in key order then visits ids in an order unrelated
+// to their high bits, which place them in a table (counter_table.h, home_in).
 void encode_key(uint64_t counter, const window::WindowSpec& spec, uint8_t* out) {
-  put_be(out, counter, 8);
+  put_be(out, __builtin_bswap64(counter), 8);
   put_be(out + 8, static_cast<uint64_t>(spec.window_ms), 4);
   put_be(out + 12, static_cast<uint64_t>(spec.bucket_ms), 4);
 }
@@ -1035,7 +1037,7 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
                                    int64_t now_ms) {
   Impl& im = *impl_;
   if (key.size() != kRecordKeyBytes) return ImportResult::kMalformed;
-  const uint64_t counter = get_be(key.data(), 8);
+  const uint64_t counter = __builtin_bswap64(get_be(key.data(), 8));
   window::WindowSpec spec;
   spec.window_ms = static_cast<int64_t>(get_be(key.data() + 8, 4));
   spec.bucket_ms = static_cast<int64_t>(get_be(key.data() + 12, 4));

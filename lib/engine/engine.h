@@ -126,8 +126,8 @@ struct HotKey {
 };
 
 // ---- persistence and handoff: counters as records ----------------------------------------------
-// A record is one counter's full state: key = 16 bytes (counter id, big-endian, then window_ms and
-// bucket_ms as big-endian u32), value = versioned little-endian bytes (head bucket, own and others
+// A record is one counter's full state: key = 16 bytes (counter id little-endian, then window_ms
+// and bucket_ms as big-endian u32), value = versioned little-endian bytes (head bucket, own and others
 // per ring position, and what each other node reported). Importing a record is idempotent.
 inline constexpr size_t kRecordKeyBytes = 16;
 
