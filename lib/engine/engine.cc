@@ -451,6 +451,17 @@ struct Engine::Impl {
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, BatchResult& out, Decision& d);
 
+  // Export and sync passes walk a shard's tables slot by slot across calls: the table the cursor
+  // (table, slot) is in, moved past tables that are absent or done; null when the shard is done.
+  static CounterTable* table_at_cursor(Shard& sh, uint32_t& table, size_t& slot) {
+    while (table < sh.owned.size() &&
+           (sh.owned[table] == nullptr || slot >= sh.owned[table]->capacity())) {
+      ++table;
+      slot = 0;
+    }
+    return table < sh.owned.size() ? sh.owned[table].get() : nullptr;
+  }
+
   // Gossip mode: this node's hits in the window that the cluster has not acknowledged yet (the
   // owner or a replica pushes our own totals back to us), times the number of other nodes that
   // count this key. Under traffic spread over N nodes each node then keeps to about 1/N of what
@@ -936,15 +947,11 @@ bool Engine::export_step(ExportCursor& c, size_t max_slots, RecordSink& sink) {
     // The shard's dropped keys go out before any of its records of this pass, so a counter that
     // was dropped and created again ends up stored.
     if (c.table == 0 && c.slot == 0) c.erased.swap(sh.erased_keys);
-    while (c.table < sh.owned.size() &&
-           (sh.owned[c.table] == nullptr || c.slot >= sh.owned[c.table]->capacity())) {
-      ++c.table;
-      c.slot = 0;
-    }
-    if (c.table >= sh.owned.size()) {
+    CounterTable* next = Impl::table_at_cursor(sh, c.table, c.slot);
+    if (next == nullptr) {
       shard_done = true;
     } else {
-      CounterTable& t = *sh.owned[c.table];
+      CounterTable& t = *next;
       const size_t end = std::min(t.capacity(), c.slot + std::max<size_t>(max_slots, 1));
       for (size_t i = c.slot; i < end; ++i) {
         if (!t.occupied(i)) continue;
@@ -1160,15 +1167,11 @@ bool Engine::sync_step(SyncCursor& c, size_t max_slots, const std::function<bool
   {
     Shard& sh = im.shards[c.shard];
     std::lock_guard g(sh.lock);
-    while (c.table < sh.owned.size() &&
-           (sh.owned[c.table] == nullptr || c.slot >= sh.owned[c.table]->capacity())) {
-      ++c.table;
-      c.slot = 0;
-    }
-    if (c.table >= sh.owned.size()) {
+    CounterTable* next = Impl::table_at_cursor(sh, c.table, c.slot);
+    if (next == nullptr) {
       shard_done = true;
     } else {
-      CounterTable& t = *sh.owned[c.table];
+      CounterTable& t = *next;
       const auto ring = static_cast<int64_t>(t.ring());
       const size_t end = std::min(t.capacity(), c.slot + std::max<size_t>(max_slots, 1));
       for (size_t i = c.slot; i < end; ++i) {

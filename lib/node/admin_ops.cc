@@ -178,23 +178,41 @@ OpsReply set_override(Node& node, const Json& j, bool plan_only) {
   return reply(200, Json{{"override", stored ? override_json(*stored, node.now_ms()) : Json()}});
 }
 
-OpsReply inspect(Node& node, const Json& j) {
+// A request named by an operator body ({"domain", "descriptors"}), resolved against the rules
+// in force, as inspect and ring show it.
+struct Target {
+  std::string domain;
+  Entries entries;
+  std::shared_ptr<const rules::Policy> policy;  // keeps res's rule and limit pointers alive
+  rules::Resolution res;
+  rules::ResolvedRequest rr;
+};
+
+// Fills `t`; an error reply when the body or the request is invalid.
+std::optional<OpsReply> resolve_target(Node& node, const Json& j, int64_t now, Target& t) {
   if (std::string err = check_fields(j, {"domain", "descriptors"}); !err.empty()) {
     return error(400, err);
   }
-  std::string domain;
-  Entries entries;
-  if (std::string err = parse_target(j, domain, entries); !err.empty()) return error(400, err);
+  if (std::string err = parse_target(j, t.domain, t.entries); !err.empty()) return error(400, err);
   std::vector<rules::Descriptor> ds;
-  for (const auto& [k, v] : entries)
+  for (const auto& [k, v] : t.entries)
     ds.push_back({k, v});
-  const int64_t now = node.now_ms();
-  const auto policy = node.engine().policy();
-  rules::Resolution res;
-  const rules::ResolvedRequest rr = policy->resolve({domain, ds, 0}, now, res);
-  if (rr.error != rules::CheckError::kNone) {
-    return error(400, "cannot resolve: " + std::string(rules::to_string(rr.error)));
+  t.policy = node.engine().policy();
+  t.rr = t.policy->resolve({t.domain, ds, 0}, now, t.res);
+  if (t.rr.error != rules::CheckError::kNone) {
+    return error(400, "cannot resolve: " + std::string(rules::to_string(t.rr.error)));
   }
+  return std::nullopt;
+}
+
+OpsReply inspect(Node& node, const Json& j) {
+  const int64_t now = node.now_ms();
+  Target t;
+  if (auto bad = resolve_target(node, j, now, t)) return *bad;
+  const std::string& domain = t.domain;
+  const Entries& entries = t.entries;
+  const rules::Resolution& res = t.res;
+  const rules::ResolvedRequest& rr = t.rr;
   Json rules_json = Json::array();
   for (uint32_t r = 0; r < rr.num_rules; ++r) {
     const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
@@ -310,36 +328,11 @@ OpsReply snapshot(Node& node, std::string_view query) {
   return reply(r->ok ? 200 : 500, std::move(body));
 }
 
-const char* member_state(cluster::MemberState s) {
-  switch (s) {
-    case cluster::MemberState::kAlive:
-      return "alive";
-    case cluster::MemberState::kSuspect:
-      return "suspect";
-    case cluster::MemberState::kDead:
-      return "dead";
-    case cluster::MemberState::kLeft:
-      return "left";
-  }
-  return "?";
-}
-
 OpsReply ring_for(Node& node, const Json& j) {
-  if (std::string err = check_fields(j, {"domain", "descriptors"}); !err.empty()) {
-    return error(400, err);
-  }
-  std::string domain;
-  Entries entries;
-  if (std::string err = parse_target(j, domain, entries); !err.empty()) return error(400, err);
-  std::vector<rules::Descriptor> ds;
-  for (const auto& [k, v] : entries)
-    ds.push_back({k, v});
-  const auto policy = node.engine().policy();
-  rules::Resolution res;
-  const rules::ResolvedRequest rr = policy->resolve({domain, ds, 0}, node.now_ms(), res);
-  if (rr.error != rules::CheckError::kNone) {
-    return error(400, "cannot resolve: " + std::string(rules::to_string(rr.error)));
-  }
+  Target t;
+  if (auto bad = resolve_target(node, j, node.now_ms(), t)) return *bad;
+  const rules::Resolution& res = t.res;
+  const rules::ResolvedRequest& rr = t.rr;
   Json out = Json::array();
   for (uint32_t r = 0; r < rr.num_rules; ++r) {
     const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
@@ -355,7 +348,7 @@ OpsReply ring_for(Node& node, const Json& j) {
                        {"consistency", std::string(rules::to_string(ar.rule->consistency))},
                        {"limits", std::move(limits)}});
   }
-  return reply(200, Json{{"domain", domain}, {"rules", std::move(out)}});
+  return reply(200, Json{{"domain", t.domain}, {"rules", std::move(out)}});
 }
 
 }  // namespace
@@ -370,7 +363,7 @@ Json cluster_json(const ClusterStatus& c) {
                            {"peer_port", m.member.peer_port},
                            {"check_port", m.member.check_port},
                            {"admin_port", m.member.admin_port},
-                           {"state", member_state(m.member.state)},
+                           {"state", std::string(cluster::to_string(m.member.state))},
                            {"incarnation", m.member.incarnation},
                            {"share", m.share},
                            {"self", m.member.id == c.self},

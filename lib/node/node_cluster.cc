@@ -52,20 +52,6 @@ uint16_t parse_port(const std::string& text, const std::string& what) {
   return static_cast<uint16_t>(p);
 }
 
-const char* state_name(MemberState s) {
-  switch (s) {
-    case MemberState::kAlive:
-      return "alive";
-    case MemberState::kSuspect:
-      return "suspect";
-    case MemberState::kDead:
-      return "dead";
-    case MemberState::kLeft:
-      return "left";
-  }
-  return "?";
-}
-
 bool in_ring(const Member& m) {
   return m.state == MemberState::kAlive || m.state == MemberState::kSuspect;
 }
@@ -226,7 +212,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     if (it == members_by_id.end() || it->second.state != m.state) {
       if (m.id != opt.node_id) {
         spdlog::info("cluster: member {} ({}, {}:{}) is {} (incarnation {})", m.name, m.id, m.host,
-                     m.peer_port, state_name(m.state), m.incarnation);
+                     m.peer_port, cluster::to_string(m.state), m.incarnation);
       }
     }
     members_by_id[m.id] = m;
