@@ -562,6 +562,48 @@ std::string render_metrics(AdminHttp::State& st) {
           p.restored.restored);
   }
   m.one("sluice_overrides", "gauge", "Runtime overrides in force.", p.overrides);
+
+  const ClusterStatus c = st.node.cluster_status();
+  if (c.enabled) {
+    m.family("sluice_cluster_members", "gauge", "Members this node knows, by state (self included).");
+    for (const auto state : {cluster::MemberState::kAlive, cluster::MemberState::kSuspect,
+                             cluster::MemberState::kDead, cluster::MemberState::kLeft}) {
+      uint64_t n = 0;
+      for (const MemberStatus& ms : c.members) n += ms.member.state == state ? 1 : 0;
+      m.sample("sluice_cluster_members", {"state", cluster::to_string(state)}, n);
+    }
+    m.family("sluice_cluster_sync_lag_ms", "gauge",
+             "Per member: ms since its last sync batch arrived (members never heard from: absent).");
+    for (const MemberStatus& ms : c.members) {
+      if (ms.last_sync_ms >= 0) {
+        m.sample("sluice_cluster_sync_lag_ms", {"member", ms.member.name},
+                 static_cast<uint64_t>(ms.last_sync_ms));
+      }
+    }
+    m.family("sluice_peer_dropped_total", "counter",
+             "Peer datagrams dropped, by reason (bad_tag: wrong secret or tampered; replayed; ...).");
+    for (const auto& [reason, n] : c.dropped) m.sample("sluice_peer_dropped_total", {"reason", reason}, n);
+    m.family("sluice_peer_datagrams_total", "counter", "Peer datagrams, by direction.");
+    m.sample("sluice_peer_datagrams_total", {"direction", "in"}, c.datagrams_in);
+    m.sample("sluice_peer_datagrams_total", {"direction", "out"}, c.datagrams_out);
+    m.one("sluice_sync_totals_sent_total", "counter", "Per-node bucket totals sent by sync passes.",
+          c.sync_totals_out);
+    m.one("sluice_sync_totals_received_total", "counter", "Per-node bucket totals received.",
+          c.sync_totals_in);
+    m.one("sluice_handoffs_total", "counter", "Full sync passes after membership changes.",
+          c.handoffs);
+    m.one("sluice_membership_deaths_declared_total", "counter",
+          "Members this node declared dead when their suspicion timed out.",
+          c.membership.deaths_declared);
+    m.one("sluice_membership_suspicions_total", "counter",
+          "Suspicions this node raised (missed probes).", c.membership.suspicions_raised);
+    m.one("sluice_membership_refutations_total", "counter",
+          "Times this node refuted a suspicion about itself (a sign it was slow).",
+          c.membership.refutations);
+    m.one("sluice_membership_local_health", "gauge",
+          "Lifeguard local health score: probes stretch by (score + 1) when this node is slow.",
+          c.membership.local_health);
+  }
   return m.take();
 }
 

@@ -444,6 +444,10 @@ TEST_CASE(
   MESSAGE("node 1 dropped.bad_tag: " << *before << " before, " << first.value_or(0) << ", then "
                                      << *later);
   CHECK(*later > first.value_or(0));
+  // Prometheus sees the same: the drops by reason, and three alive members.
+  const HttpReply metrics = c.get(0, "/metrics");
+  CHECK(metrics.body.find("sluice_peer_dropped_total{reason=\"bad_tag\"} ") != std::string::npos);
+  CHECK(metrics.body.find("sluice_cluster_members{state=\"alive\"} 3\n") != std::string::npos);
   for (size_t i = 0; i < 3; ++i) {
     const std::string state = c.member_state(i, rogue_id);
     CHECK_MESSAGE(state.empty(), "node " << i + 1 << " lists the rogue node as " << state);
