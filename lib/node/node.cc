@@ -355,22 +355,26 @@ struct Worker::Forwarder : CheckRouter {
     if (++timeouts_in_a_row[owner] >= kSilentAfter) silent_until[owner] = now + kSilentMs;
   }
 
-  std::optional<udp::endpoint> endpoint_of(uint16_t id) {
-    for (const cluster::Member& m : *view.members) {
-      if (m.id != id || m.check_port == 0) continue;
-      boost::system::error_code ec;
-      const auto addr = asio::ip::make_address(m.host, ec);
-      if (ec) return std::nullopt;
-      return udp::endpoint(addr, m.check_port);
-    }
-    return std::nullopt;
+  std::optional<udp::endpoint> endpoint_of(uint16_t id) const {
+    const auto it = endpoints.find(id);
+    if (it == endpoints.end()) return std::nullopt;
+    return it->second;
   }
 
+  // Takes the cluster's newest view, and parses the members' check addresses once per view
+  // rather than once per check.
   void refresh() {
     const uint64_t v = cluster.view_version();
     if (v == version) return;
     view = cluster.view();
     version = v;
+    endpoints.clear();
+    for (const cluster::Member& m : *view.members) {
+      if (m.check_port == 0) continue;
+      boost::system::error_code ec;
+      const auto addr = asio::ip::make_address(m.host, ec);
+      if (!ec) endpoints[m.id] = udp::endpoint(addr, m.check_port);
+    }
   }
 
   // Handles one client request; kForward when its answer will come later.
@@ -590,6 +594,7 @@ struct Worker::Forwarder : CheckRouter {
   bool timer_armed = false;
   ClusterNode::View view;
   uint64_t version = 0;
+  std::unordered_map<uint16_t, udp::endpoint> endpoints;  // members' check ports, of `view`
   ForwardPlan plan;
   std::vector<Pending> pending;
   std::vector<size_t> free_slots;
