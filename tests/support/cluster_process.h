@@ -242,13 +242,18 @@ inline HttpReply http_request(uint16_t port, const std::string& method, const st
 //     cluster's doing (sync lag, lost deltas), not the estimator's;
 //   - `total`: 1e12 per hour in 1-minute buckets, never reached, counting every admitted check,
 //     so /v1/inspect shows how many admitted checks each node knows of (own + others).
-inline std::string two_mode_rules(uint64_t limit_per_s) {
+// A gossip domain `g` and an owner domain `o`, one rule each keyed by `k`: `limit_per_s` per 1 s
+// window in 100 ms buckets by default (strict by default: one node alone never exceeds the limit in a true
+// window; weighted follows a sliding log more closely under bursts), plus a huge hourly `total`
+// that counts every admitted check.
+inline std::string two_mode_rules(uint64_t limit_per_s, const char* estimator = "strict",
+                                  const char* granularity = "100ms") {
   std::string out = "domains:\n";
   for (const char* mode : {"gossip", "owner"}) {
     out += std::string("  - name: ") + mode[0] + "\n    rules:\n      - name: per-key\n" +
-           "        key: [k]\n        estimator: strict\n        consistency: " + mode + "\n" +
-           "        limits:\n          - {limit: " + std::to_string(limit_per_s) +
-           ", window: 1s, granularity: 100ms}\n" +
+           "        key: [k]\n        estimator: " + estimator + "\n        consistency: " + mode +
+           "\n" + "        limits:\n          - {limit: " + std::to_string(limit_per_s) +
+           ", window: 1s, granularity: " + granularity + "}\n" +
            "          - {limit: 1000000000000, window: 1h, granularity: 1m, name: total}\n";
   }
   return out;
@@ -831,6 +836,23 @@ inline std::vector<int64_t> admit_times(const std::vector<CheckRecord>& records,
     out.push_back(r.send_us);
   }
   return out;
+}
+
+// The fewest admitted in any true window [t, t + window) with from_us <= t <= to_us - window,
+// over the limit, with t stepped every millisecond; nullopt when no such window fits.
+inline std::optional<double> admitted_min_over_limit(const std::vector<CheckRecord>& records,
+                                                     int key, int64_t window_us, uint64_t limit,
+                                                     int64_t from_us, int64_t to_us) {
+  std::vector<int64_t> times = admit_times(records, key);
+  std::sort(times.begin(), times.end());
+  if (to_us - window_us < from_us) return std::nullopt;
+  std::ptrdiff_t least = PTRDIFF_MAX;
+  for (int64_t t = from_us; t <= to_us - window_us; t += 1000) {
+    const auto lo = std::lower_bound(times.begin(), times.end(), t);
+    const auto hi = std::lower_bound(times.begin(), times.end(), t + window_us);
+    least = std::min(least, hi - lo);
+  }
+  return static_cast<double>(least) / static_cast<double>(limit);
 }
 
 // Max admitted in any true window of `window_us` for key `key`, over the limit.
