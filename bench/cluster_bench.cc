@@ -60,6 +60,9 @@ struct Row {
   std::optional<double> admitted_min_over_limit;  // fewest in a true window after the first
   std::optional<double> added_p99_us;
   std::string skew;  // even, one-node, three-nodes, moving ("" where traffic is not spread)
+  // Owner mode: parts decided in place of an owner that did not answer (the rule's fallback),
+  // summed over the nodes' sluice_forward_fallbacks_total during the run.
+  std::optional<double> fallbacks;
 };
 
 struct Settings {
@@ -130,24 +133,42 @@ std::string key_owned_by(const LocalCluster& c, const std::string& domain,
 enum class Skew { kEven, kOneNode, kThreeNodes, kMoving };
 const char* to_string(Skew s) {
   switch (s) {
-    case Skew::kEven: return "even";
-    case Skew::kOneNode: return "one-node";
-    case Skew::kThreeNodes: return "three-nodes";
-    case Skew::kMoving: return "moving";
+    case Skew::kEven:
+      return "even";
+    case Skew::kOneNode:
+      return "one-node";
+    case Skew::kThreeNodes:
+      return "three-nodes";
+    case Skew::kMoving:
+      return "moving";
   }
   return "?";
 }
 
 struct SteadyResult {
-  double max_ratio = 0;                // most admitted in a true window / limit
-  std::optional<double> min_ratio;     // fewest in a true window after the first / limit
+  double max_ratio = 0;             // most admitted in a true window / limit
+  std::optional<double> min_ratio;  // fewest in a true window after the first / limit
   uint64_t failed = 0;
+  std::optional<double> fallbacks;  // owner-mode parts decided by a fallback, all nodes
 };
 
+// sluice_forward_fallbacks_total summed over the running nodes; nullopt if one does not answer.
+std::optional<double> fallbacks_total(LocalCluster& c) {
+  double sum = 0;
+  const std::string name = "sluice_forward_fallbacks_total ";
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (!c.running(i)) continue;
+    const HttpReply m = c.get(i, "/metrics");
+    const size_t at = m.body.find("\n" + name);
+    if (m.status != 200 || at == std::string::npos) return std::nullopt;
+    sum += std::strtod(m.body.c_str() + at + 1 + name.size(), nullptr);
+  }
+  return sum;
+}
+
 // One steady run of `domain`/`key` spread over the nodes as `skew` says.
-SteadyResult steady(LocalCluster& c, const std::string& domain, const std::string& key,
-                    double rate, double seconds, uint64_t limit, std::string& err,
-                    Skew skew = Skew::kEven) {
+SteadyResult steady(LocalCluster& c, const std::string& domain, const std::string& key, double rate,
+                    double seconds, uint64_t limit, std::string& err, Skew skew = Skew::kEven) {
   LoadOptions lo;
   lo.domain = domain;
   lo.keys = {key};
@@ -155,6 +176,7 @@ SteadyResult steady(LocalCluster& c, const std::string& domain, const std::strin
   lo.duration = ms_of(seconds);
   lo.failover = false;
   LoadDriver load(lo, c.check_ports());
+  const std::optional<double> fallbacks_before = fallbacks_total(c);
   std::vector<size_t> targets = indices(c.size());
   if (skew == Skew::kOneNode || skew == Skew::kMoving) targets = {0};
   if (skew == Skew::kThreeNodes) targets = {0, 1, 2};
@@ -173,6 +195,9 @@ SteadyResult steady(LocalCluster& c, const std::string& domain, const std::strin
   r.min_ratio = admitted_min_over_limit(records, 0, kWindowUs, limit, kWindowUs,
                                         static_cast<int64_t>(seconds * 1e6));
   r.failed = summarize(records).failed;
+  if (const auto after = fallbacks_total(c); after && fallbacks_before) {
+    r.fallbacks = *after - *fallbacks_before;
+  }
   if (std::getenv("SLUICE_BENCH_TIMELINE") != nullptr) {  // admitted per 100 ms, for a look
     std::fprintf(stderr, "  %s admitted per 100 ms: %s\n", key.c_str(),
                  window_timeline(admit_times(records, 0), 100'000, 100'000, 0,
@@ -193,10 +218,24 @@ std::string run_stable(const Settings& st, size_t nodes, std::vector<Row>& rows)
     const SteadyResult r =
         steady(c, domain, std::string("stable-") + mode, rate, st.seconds, limit, err);
     if (!err.empty()) return err;
-    Row row{"stable-" + std::to_string(nodes), mode, nodes, 100, rate, limit, r.max_ratio,
-            r.failed, std::nullopt, std::nullopt, "", std::nullopt, std::nullopt, ""};
+    Row row{"stable-" + std::to_string(nodes),
+            mode,
+            nodes,
+            100,
+            rate,
+            limit,
+            r.max_ratio,
+            r.failed,
+            std::nullopt,
+            std::nullopt,
+            "",
+            std::nullopt,
+            std::nullopt,
+            "",
+            std::nullopt};
     row.admitted_min_over_limit = r.min_ratio;
     row.skew = "even";
+    if (std::string(mode) == "owner") row.fallbacks = r.fallbacks;
     rows.push_back(row);
   }
   return "";
@@ -213,7 +252,8 @@ std::string run_seed000(const Settings& st, std::vector<Row>& rows) {
     // (a true 1 s window can fall between two), weighted ones that free a burst as if it had been
     // spread over its bucket (up to ~1.2x in one node alone). 10 ms buckets keep the estimator's
     // own error near 1 %, so what the rows measure is the cluster's.
-    spec.rules_yaml = two_mode_rules(limit, std::getenv("SLUICE_BENCH_STRICT") ? "strict" : "weighted", "10ms");
+    spec.rules_yaml =
+        two_mode_rules(limit, std::getenv("SLUICE_BENCH_STRICT") ? "strict" : "weighted", "10ms");
     LocalCluster c(spec);
     if (std::string err = c.start(milliseconds(30000)); !err.empty()) return err;
     // Owner mode at 100 ms; gossip at every interval with even traffic, and with skewed traffic
@@ -222,7 +262,8 @@ std::string run_seed000(const Settings& st, std::vector<Row>& rows) {
     if (sync == 100) runs.emplace_back("owner", Skew::kEven);
     runs.emplace_back("gossip", Skew::kEven);
     if ((sync == 100 || sync == 250) && !st.quick) {
-      for (Skew s : {Skew::kOneNode, Skew::kThreeNodes, Skew::kMoving}) runs.emplace_back("gossip", s);
+      for (Skew s : {Skew::kOneNode, Skew::kThreeNodes, Skew::kMoving})
+        runs.emplace_back("gossip", s);
     }
     int round = 0;
     for (const auto& [mode, skew] : runs) {
@@ -233,12 +274,15 @@ std::string run_seed000(const Settings& st, std::vector<Row>& rows) {
       const double seconds = skew == Skew::kMoving ? std::max(st.seconds, 8.0) : st.seconds;
       const SteadyResult r = steady(c, domain, key, rate, seconds, limit, err, skew);
       if (!err.empty()) return err;
-      Row row{"seed000", mode, 10, sync, rate, limit, r.max_ratio, r.failed, std::nullopt,
-              std::nullopt, "", std::nullopt, std::nullopt, ""};
+      Row row{"seed000", mode,         10,           sync,         rate,
+              limit,     r.max_ratio,  r.failed,     std::nullopt, std::nullopt,
+              "",        std::nullopt, std::nullopt, "",           std::nullopt};
       row.admitted_min_over_limit = r.min_ratio;
       row.skew = to_string(skew);
+      if (mode == "owner") row.fallbacks = r.fallbacks;
       if (mode == "gossip" && (sync == 100 || sync == 250)) {
-        row.note = sync == 100 ? "goal: max <= 1.05, min >= 0.95" : "goal: max <= 1.10, min >= 0.95";
+        row.note =
+            sync == 100 ? "goal: max <= 1.05, min >= 0.95" : "goal: max <= 1.10, min >= 0.95";
       }
       rows.push_back(row);
       std::fprintf(stderr, "  seed000 %s %s sync %lld ms: max %.3f min %.3f\n", mode.c_str(),
@@ -295,7 +339,8 @@ std::string run_kill9(const Settings& st, std::vector<Row>& rows) {
     const std::string d(1, mode[0]);
     rows.push_back({"kill9", mode, n, 100, rate, limit,
                     worst_ratio(records, load.options(), d, limit),
-                    failed_of(records, load.options(), d), detect, std::nullopt, note, std::nullopt, std::nullopt, ""});
+                    failed_of(records, load.options(), d), detect, std::nullopt, note, std::nullopt,
+                    std::nullopt, "", std::nullopt});
   }
   return "";
 }
@@ -334,7 +379,8 @@ std::string run_join(const Settings& st, std::vector<Row>& rows) {
     const std::string d(1, mode[0]);
     rows.push_back({"join", mode, n + 1, 100, rate, limit,
                     worst_ratio(records, load.options(), d, limit),
-                    failed_of(records, load.options(), d), detect, std::nullopt, note, std::nullopt, std::nullopt, ""});
+                    failed_of(records, load.options(), d), detect, std::nullopt, note, std::nullopt,
+                    std::nullopt, "", std::nullopt});
   }
   return "";
 }
@@ -378,7 +424,8 @@ std::string run_drain(const Settings& st, std::vector<Row>& rows) {
     const std::string d(1, mode[0]);
     rows.push_back({"drain", mode, n, 100, rate, limit,
                     worst_ratio(records, load.options(), d, limit),
-                    failed_of(records, load.options(), d), detect, std::nullopt, note, std::nullopt, std::nullopt, ""});
+                    failed_of(records, load.options(), d), detect, std::nullopt, note, std::nullopt,
+                    std::nullopt, "", std::nullopt});
   }
   return "";
 }
@@ -454,7 +501,8 @@ std::string run_forwarding(const Settings& st, std::vector<Row>& rows) {
                 static_cast<long long>(p50("at_owner")), static_cast<long long>(p50("mixed/g")),
                 static_cast<long long>(p50("mixed/o")));
   rows.push_back({"forwarding", "owner", n, 100, rate, limit, std::nullopt, failed, std::nullopt,
-                  static_cast<double>(p50("forwarded") - p50("local")), note, std::nullopt, std::nullopt, ""});
+                  static_cast<double>(p50("forwarded") - p50("local")), note, std::nullopt,
+                  std::nullopt, "", std::nullopt});
   return "";
 }
 
@@ -521,19 +569,19 @@ int main(int argc, char** argv) {
 
   std::printf("sluice-bench-cluster: %zu rows, %.0f s of traffic per steady run, %.0f s in all\n",
               rows.size(), st.seconds, secs_since(t0));
-  std::printf("%-10s %-6s %-11s %5s %7s %9s %7s %9s %9s %6s %8s %11s %11s  %s\n", "scenario",
-              "mode", "skew", "nodes", "sync_ms", "offered/s", "limit/s", "max/limit",
-              "min/limit", "failed", "detect_s", "added_p50us", "added_p99us", "note");
+  std::printf("%-10s %-6s %-11s %5s %7s %9s %7s %9s %9s %6s %8s %11s %11s %9s  %s\n", "scenario",
+              "mode", "skew", "nodes", "sync_ms", "offered/s", "limit/s", "max/limit", "min/limit",
+              "failed", "detect_s", "added_p50us", "added_p99us", "fallbacks", "note");
   for (const Row& r : rows) {
-    std::printf("%-10s %-6s %-11s %5zu %7lld %9.0f %7llu %9s %9s %6llu %8s %11s %11s  %s\n",
-                r.scenario.c_str(), r.mode.c_str(), r.skew.empty() ? "-" : r.skew.c_str(),
-                r.nodes, static_cast<long long>(r.sync_ms), r.offered_per_s,
+    std::printf("%-10s %-6s %-11s %5zu %7lld %9.0f %7llu %9s %9s %6llu %8s %11s %11s %9s  %s\n",
+                r.scenario.c_str(), r.mode.c_str(), r.skew.empty() ? "-" : r.skew.c_str(), r.nodes,
+                static_cast<long long>(r.sync_ms), r.offered_per_s,
                 static_cast<unsigned long long>(r.limit_per_s),
                 fmt_opt(r.admitted_over_limit, 3).c_str(),
                 fmt_opt(r.admitted_min_over_limit, 3).c_str(),
                 static_cast<unsigned long long>(r.failed_checks), fmt_opt(r.detect_s, 2).c_str(),
                 fmt_opt(r.added_p50_us, 0).c_str(), fmt_opt(r.added_p99_us, 0).c_str(),
-                r.note.c_str());
+                fmt_opt(r.fallbacks, 0).c_str(), r.note.c_str());
   }
   if (json) {
     nlohmann::json out = nlohmann::json::array();
@@ -553,7 +601,8 @@ int main(int argc, char** argv) {
                      {"added_p50_us", opt(r.added_p50_us)},
                      {"added_p99_us", opt(r.added_p99_us)},
                      {"admitted_min_over_limit", opt(r.admitted_min_over_limit)},
-                     {"skew", r.skew.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.skew)}});
+                     {"skew", r.skew.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.skew)},
+                     {"fallbacks", opt(r.fallbacks)}});
     }
     sluice::bench::print_json_rows(out);
   }

@@ -26,6 +26,8 @@ struct CheckRequest {
   checks @2 :List(Check);
   padding @3 :Data;           # UDP: room the client gives the answer (no amplification)
   forwarded @4 :Bool;         # sent by a node to a key's owner: decide here, never forward again
+  redirected @5 :Bool;        # with forwarded: sent on by a key's owner that has just joined to
+                              # the owner before it, which decides it whatever its own ring says
 }
 
 enum Mode {

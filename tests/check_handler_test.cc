@@ -74,7 +74,7 @@ CheckSpec ip(const std::string& addr) {
 }
 
 std::vector<uint8_t> encode(uint64_t id, const std::vector<CheckSpec>& specs,
-                            bool forwarded = false, size_t pad_to = 0) {
+                            bool forwarded = false, size_t pad_to = 0, bool redirected = false) {
   std::vector<std::vector<wire::Entry>> entries(specs.size());
   std::vector<wire::Check> checks;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -83,7 +83,7 @@ std::vector<uint8_t> encode(uint64_t id, const std::vector<CheckSpec>& specs,
     checks.push_back({specs[i].domain, entries[i], specs[i].hits});
   }
   std::vector<uint8_t> out;
-  wire::encode_request(id, checks, pad_to, out, forwarded);
+  wire::encode_request(id, checks, pad_to, out, forwarded, redirected);
   return out;
 }
 
@@ -102,15 +102,24 @@ std::optional<uint64_t> routing_key(engine::Engine& e, const CheckSpec& c) {
 }
 
 // A router that knows a fixed owner per routing key (0 = this node, also for unknown keys) and
-// records every key it is asked about.
+// records every key it is asked about. `joining`: the keys in `previous` are this node's, and
+// stay with the node named there for now (forwarded checks of them go on, redirected).
 class FakeRouter final : public CheckRouter {
  public:
-  uint16_t owner_of(uint64_t routing_key) override {
+  Route route(uint64_t routing_key, bool forwarded) override {
     asked.push_back(routing_key);
+    if (joining) {
+      auto p = previous.find(routing_key);
+      if (p != previous.end()) return {p->second, true};
+    }
+    if (forwarded) return {};
     auto it = owners.find(routing_key);
-    return it == owners.end() ? default_owner : it->second;
+    return {it == owners.end() ? default_owner : it->second, false};
   }
+  bool redirecting() override { return joining; }
   std::map<uint64_t, uint16_t> owners;
+  std::map<uint64_t, uint16_t> previous;
+  bool joining = false;
   uint16_t default_owner = 0;
   std::vector<uint64_t> asked;
 };
@@ -635,4 +644,87 @@ TEST_CASE("a tagged message the verifier rejects, or with no verifier, is not a 
   CHECK(plan.used == 0);
   CHECK(f.handler.untrusted_forwards() == 0);
   CHECK(f.remaining("alice") == 3);
+}
+
+// ---- joining: keys stay with their previous owner, redirected ----------------------------------
+
+TEST_CASE(
+    "while joining, a forwarded part of keys this node now owns goes on, redirected, to their "
+    "previous owner") {
+  Fixture f;
+  FakeRouter router;
+  router.joining = true;
+  router.previous[*routing_key(*f.engine, user("moved"))] = 4;
+  f.handler.set_forward_auth([](std::span<const uint8_t>) { return true; });
+  const std::vector<uint8_t> datagram =
+      tagged(encode(77, {user("moved"), user("stays"), ip("10.0.0.1")}, true, 512));
+  ForwardPlan plan;
+  REQUIRE(f.handler.handle_routed(datagram, datagram.size(), kT0, f.out, &router, 100, plan) ==
+          Outcome::kForward);
+  CHECK(plan.client_id == 77);  // the forwarding node's id: the answer goes back under it
+  REQUIRE(plan.used == 2);
+  CHECK(plan.parts[0].owner == 4);
+  CHECK(plan.parts[0].redirected);
+  CHECK(plan.parts[0].checks == std::vector<uint32_t>{0});
+  CHECK(plan.parts[1].owner == 0);  // not a moved key: decided here, as forwarded
+  CHECK_FALSE(plan.parts[1].redirected);
+  CHECK(plan.parts[1].checks == std::vector<uint32_t>{1, 2});
+  wire::RequestDecoder dec;
+  REQUIRE(dec.decode(plan.parts[0].request) == wire::Code::kOk);
+  CHECK(dec.forwarded());
+  CHECK(dec.redirected());
+  REQUIRE(dec.checks().size() == 1);
+  CHECK(dec.checks()[0].entries[0].value == "moved");
+  CHECK(f.remaining("moved") == 3);  // nothing counted here for it
+}
+
+TEST_CASE("a redirected part is decided here even while this node is joining") {
+  Fixture f;
+  FakeRouter router;
+  router.joining = true;
+  router.previous[*routing_key(*f.engine, user("moved"))] = 4;
+  f.handler.set_forward_auth([](std::span<const uint8_t>) { return true; });
+  const std::vector<uint8_t> datagram = tagged(encode(78, {user("moved")}, true, 512, true));
+  ForwardPlan plan;
+  REQUIRE(f.handler.handle_routed(datagram, datagram.size(), kT0, f.out, &router, 100, plan) ==
+          Outcome::kAnswer);
+  CHECK(router.asked.empty());
+  const wire::Answer a = decode(f.out);
+  REQUIRE(a.decisions.size() == 1);
+  CHECK(a.decisions[0].allowed);
+  CHECK(f.remaining("moved") == 2);
+}
+
+TEST_CASE(
+    "a forwarded part is decided here, without asking the router, when this node is not joining") {
+  Fixture f;
+  FakeRouter router;
+  router.previous[*routing_key(*f.engine, user("moved"))] = 4;  // ignored: not joining
+  f.handler.set_forward_auth([](std::span<const uint8_t>) { return true; });
+  const std::vector<uint8_t> datagram = tagged(encode(79, {user("moved")}, true, 512));
+  ForwardPlan plan;
+  REQUIRE(f.handler.handle_routed(datagram, datagram.size(), kT0, f.out, &router, 100, plan) ==
+          Outcome::kAnswer);
+  CHECK(router.asked.empty());
+  CHECK(f.remaining("moved") == 2);
+}
+
+TEST_CASE("what the previous owner admitted for a redirected part is credited to it here") {
+  Fixture f;
+  const std::vector<uint8_t> part =
+      tagged(encode(5, {user("moved", 2), ip("10.0.0.1")}, true, 0, true));
+  wire::Answer answer;
+  answer.id = 5;
+  answer.decisions.resize(2);
+  answer.decisions[0].allowed = true;
+  answer.decisions[1].allowed = true;
+  f.handler.credit(part, answer, 2, kT0);
+  CHECK(f.remaining("moved") == 1);  // 2 of 3 admitted by node 2 for us
+  // A denied check is not credited.
+  wire::Answer denied = answer;
+  denied.decisions[0].allowed = false;
+  f.handler.credit(part, denied, 2, kT0);
+  CHECK(f.remaining("moved") == 1);
+  f.handler.credit(tagged(encode(6, {user("moved", 1)}, true, 0, true)), answer, 2, kT0);
+  CHECK(f.remaining("moved") == 0);  // a third hit admitted by node 2
 }

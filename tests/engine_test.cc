@@ -589,3 +589,70 @@ TEST_CASE("gossip mode counts the hits the cluster has not acknowledged once per
                  kT0) == 2);
   CHECK(c2.check({{"user", "1"}}, kT0, 50).allowed);
 }
+
+TEST_CASE("credit: what a previous owner admitted for us counts as its total until its report replaces it") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));
+  Checker c{e, {}, {}};
+  std::vector<Descriptor> ds{{"user", "1"}};
+  e.credit(CheckRequest{"api", ds, 30}, 2, kT0);
+  e.credit(CheckRequest{"api", ds, 10}, 2, kT0);
+  CHECK(c.check({{"user", "1"}}, kT0, 0).allowed);
+  const auto& lim = *c.limits()[0].limit;
+  const std::string_view values[] = {"1"};
+  const uint64_t counter =
+      rules::counter_id(rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
+  const int64_t bucket = window::bucket_of(kT0, 60'000);
+  CHECK(e.inspect(counter, lim.spec)->others.back() == 40);
+  // Node 2's own report of the same bucket: the larger total stands, nothing is added twice.
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2, bucket, 40}}, kT0) == 0);
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2, bucket, 45}}, kT0) == 1);
+  CHECK(e.inspect(counter, lim.spec)->others.back() == 45);
+  // Credit under our own id, or of nothing, changes nothing.
+  e.credit(CheckRequest{"api", ds, 5}, 0, kT0);
+  e.credit(CheckRequest{"api", ds, 0}, 2, kT0);
+  CHECK(e.inspect(counter, lim.spec)->others.back() == 45);
+  CHECK(e.inspect(counter, lim.spec)->own.back() == 0);
+  // 55 left of 100.
+  CHECK(c.check({{"user", "1"}}, kT0, 55).allowed);
+  CHECK_FALSE(c.check({{"user", "1"}}, kT0, 1).allowed);
+}
+
+TEST_CASE("fallback for a silent owner: share admits limit / members of this node's own hits, deny admits none") {
+  rules::Rule shared = rule("shared", {"user"}, {limit("100/1m")});
+  rules::Rule denied = rule("denied", {"ip"}, {limit("100/1m")});
+  denied.fallback = rules::Fallback::kDeny;
+  Engine e(compile(one_domain({shared, denied})));
+  std::vector<Descriptor> user{{"user", "1"}};
+  std::vector<Descriptor> ip{{"ip", "1"}};
+  BatchResult out;
+  auto admitted = [&](std::vector<Descriptor>& ds, int n, uint32_t members) {
+    int ok = 0;
+    for (int i = 0; i < n; ++i) {
+      CheckRequest req{"api", ds, 1};
+      e.check({&req, 1}, kT0, out, members);
+      ok += out.decisions[0].allowed ? 1 : 0;
+    }
+    return ok;
+  };
+  // 4 members: 25 of this node's own hits, then denied, with the limit's fields as usual.
+  CHECK(admitted(user, 40, 4) == 25);
+  CHECK_FALSE(out.decisions[0].allowed);
+  CHECK(out.limits_of(out.decisions[0])[0].exceeded);
+  // Decided as the owner again (the owner answers): the full limit counts, own hits included.
+  CHECK(admitted(user, 100, 0) == 75);
+  // What this node knows the others counted still counts: 95 known, 5 left, share or not.
+  std::vector<Descriptor> other{{"user", "2"}};
+  const auto& lim = *out.limits_of(out.decisions[0])[0].limit;
+  const std::string_view values[] = {"2"};
+  const uint64_t counter = rules::counter_id(
+      rules::key_hash(kSeed, "api", *out.limits_of(out.decisions[0])[0].rule, values), lim.spec);
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{
+                    {counter, lim.spec, 2, window::bucket_of(kT0, 60'000), 95}},
+                kT0) == 1);
+  CHECK(admitted(other, 20, 2) == 5);
+  // deny: nothing admitted while the owner is silent, and nothing counted.
+  CHECK(admitted(ip, 3, 4) == 0);
+  CHECK(admitted(ip, 100, 0) == 100);
+  const auto stats = e.stats();
+  CHECK(stats_of(stats, "api/denied").denied == 3);
+}

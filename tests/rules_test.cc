@@ -1487,3 +1487,40 @@ TEST_CASE("invalid overrides are refused with a reason and change nothing") {
       "same window 1m"));
   CHECK(contains(reason(Override{"d", {{"k", "v"}}, {}, "", m, -1}), "negative"));
 }
+
+TEST_CASE("fallback: share by default, deny when asked, an error on a gossip rule or an unknown value") {
+  const RuleSet rs = must_parse(R"(domains:
+  - name: api
+    rules:
+      - name: shared
+        key: [k]
+        limits: [1/1s]
+      - name: strict
+        key: [k]
+        limits: [1/1s]
+        fallback: deny
+)");
+  CHECK(rs.domains[0].rules[0].fallback == Fallback::kShare);
+  CHECK(rs.domains[0].rules[1].fallback == Fallback::kDeny);
+  CHECK(to_string(Fallback::kShare) == "share");
+  CHECK(to_string(Fallback::kDeny) == "deny");
+  ParseResult r = parse(R"(domains:
+  - name: api
+    rules:
+      - name: g
+        key: [k]
+        limits: [1/1s]
+        consistency: gossip
+        fallback: deny
+      - name: o
+        key: [k]
+        limits: [1/1s]
+        fallback: maybe
+)");
+  INFO(all_errors(r));
+  REQUIRE(r.errors.size() == 2);
+  CHECK(r.errors[0].field == "domains[0].rules[0].fallback");
+  CHECK(r.errors[0].line == 8);
+  CHECK(r.errors[0].message.find("consistency: owner") != std::string::npos);
+  CHECK(r.errors[1].field == "domains[0].rules[1].fallback");
+}

@@ -449,7 +449,7 @@ struct Engine::Impl {
   }
 
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
-              int64_t now_ms, BatchResult& out, Decision& d);
+              int64_t now_ms, uint32_t fallback_members, BatchResult& out, Decision& d);
 
   // Export and sync passes walk a shard's tables slot by slot across calls: the table the cursor
   // (table, slot) is in, moved past tables that are absent or done; null when the shard is done.
@@ -495,8 +495,8 @@ struct Engine::Impl {
 };
 
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
-                          const rules::ResolvedRequest& rr, int64_t now_ms, BatchResult& out,
-                          Decision& d) {
+                          const rules::ResolvedRequest& rr, int64_t now_ms,
+                          uint32_t fallback_members, BatchResult& out, Decision& d) {
   const uint64_t hits = req.hits;
   Scratch& sc = tls_scratch;
   const rules::Resolution& res = sc.res;
@@ -579,8 +579,17 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
               ? unacked_share(shards[lims[k].counter & shard_mask], t, i,
                               st.spec_ids[lims[k].spec_index])
               : 0;
-      if (!window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits + others_unseen,
-                          lims[k].limit->requests)) {
+      bool ok = window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff,
+                               hits + others_unseen, lims[k].limit->requests);
+      if (ok && fallback_members > 0 && ar.rule->consistency == rules::Consistency::kOwner) {
+        // Deciding for an owner that did not answer (see check()): denied, or within this node's
+        // share of the limit, counting only its own hits (what the others admit is theirs).
+        ok = ar.rule->fallback == rules::Fallback::kShare &&
+             window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
+                            ar.rule->estimator, now_eff, hits,
+                            lims[k].limit->requests / fallback_members);
+      }
+      if (!ok) {
         sc.limit_ok[k] = 0;
         sc.rule_ok[r] = 0;
       }
@@ -674,7 +683,8 @@ std::shared_ptr<const rules::Policy> Engine::policy() const {
   return impl_->state->policy;
 }
 
-void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out) {
+void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out,
+                   uint32_t fallback_members) {
   Impl& im = *impl_;
   const State& st = im.current_state();
   if (out.policy != st.policy) out.policy = st.policy;
@@ -715,7 +725,7 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
       d.allowed = true;
       continue;
     }
-    im.decide(st, batch[n], rr, now_ms, out, d);
+    im.decide(st, batch[n], rr, now_ms, fallback_members, out, d);
   }
   im.checks.fetch_add(batch.size(), std::memory_order_relaxed);
   if (allowlisted) im.allowlisted.fetch_add(allowlisted, std::memory_order_relaxed);
@@ -1154,6 +1164,45 @@ std::optional<uint64_t> Engine::owner_routing_key(const rules::CheckRequest& req
     }
   }
   return std::nullopt;
+}
+
+void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_ms) {
+  Impl& im = *impl_;
+  if (req.hits == 0 || node == im.opt.node_id) return;
+  thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread
+  thread_local std::vector<RemoteTotal> raised;
+  const State& st = im.current_state();
+  res.clear();
+  raised.clear();
+  const rules::ResolvedRequest rr = st.policy->resolve(req, now_ms, res);
+  if (rr.error != CheckError::kNone || rr.allowlisted) return;
+  for (uint32_t r = 0; r < rr.num_rules; ++r) {
+    const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
+    if (ar.rule->consistency != rules::Consistency::kOwner) continue;
+    for (uint32_t j = 0; j < ar.num_limits; ++j) {
+      const rules::AppliedLimit& al = res.limits[ar.first_limit + j];
+      const window::WindowSpec& spec = al.limit->spec;
+      const int64_t bucket = window::bucket_of(now_ms, spec.bucket_ms);
+      const uint32_t spec_id = im.spec_id(spec);
+      Shard& sh = im.shards[al.counter & im.shard_mask];
+      uint64_t known = 0;
+      {
+        std::lock_guard g(sh.lock);
+        const auto it = sh.remote.find(remote_key(al.counter, spec_id));
+        if (it != sh.remote.end()) {
+          for (const RemoteRing& n : it->second) {
+            if (n.node != node || n.buckets.empty()) continue;
+            const auto ring = static_cast<int64_t>(n.buckets.size());
+            const auto& slot = n.buckets[static_cast<size_t>(((bucket % ring) + ring) % ring)];
+            if (slot.first == bucket) known = slot.second;
+          }
+        }
+      }
+      const uint64_t total = std::min<uint64_t>(UINT32_MAX, known + req.hits);
+      raised.push_back({al.counter, spec, node, bucket, static_cast<uint32_t>(total)});
+    }
+  }
+  merge(raised, now_ms);
 }
 
 bool Engine::sync_step(SyncCursor& c, size_t max_slots, const std::function<bool(uint64_t)>& owns,

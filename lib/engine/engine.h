@@ -127,8 +127,8 @@ struct HotKey {
 
 // ---- persistence and handoff: counters as records ----------------------------------------------
 // A record is one counter's full state: key = 16 bytes (counter id little-endian, then window_ms
-// and bucket_ms as big-endian u32), value = versioned little-endian bytes (head bucket, own and others
-// per ring position, and what each other node reported). Importing a record is idempotent.
+// and bucket_ms as big-endian u32), value = versioned little-endian bytes (head bucket, own and
+// others per ring position, and what each other node reported). Importing a record is idempotent.
 inline constexpr size_t kRecordKeyBytes = 16;
 
 class RecordSink {
@@ -161,9 +161,9 @@ enum class ImportResult : uint8_t { kImported, kExpired, kMalformed, kNoRoom };
 struct SyncItem {
   uint64_t counter = 0;
   window::WindowSpec spec;
-  bool with_others = false;                // the totals include other nodes' (owner push)
-  std::span<const RemoteTotal> totals;     // node = this node's id for its own
-  std::span<const uint16_t> reporters;     // nodes that reported totals for this counter
+  bool with_others = false;             // the totals include other nodes' (owner push)
+  std::span<const RemoteTotal> totals;  // node = this node's id for its own
+  std::span<const uint16_t> reporters;  // nodes that reported totals for this counter
 };
 
 class SyncSink {
@@ -217,7 +217,12 @@ class Engine {
 
   // Decides a batch at now. `out` is cleared and filled: out.decisions[i] answers batch[i].
   // Requests in one batch are decided in order (a later one sees the hits of an earlier one).
-  void check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out);
+  // `fallback_members` > 0: the batch's owner did not answer (cluster owner mode) and this is
+  // one of that many members deciding in its place: each owner-mode rule decides by its
+  // `fallback` (rules::Fallback): denied, or admitted only within what this node knows of the
+  // limit and within limit / fallback_members of this node's own hits in the window.
+  void check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out,
+             uint32_t fallback_members = 0);
 
   // Applies remote totals (idempotent; see the file comment). Totals for buckets that have left
   // the counter's ring are ignored. Returns how many changed a count.
@@ -262,6 +267,13 @@ class Engine {
   // `owner`: where a cluster decides the request. nullopt when none applies, or the request is
   // invalid or allowlisted (it is then decided where it arrives). Allocates nothing once warm.
   std::optional<uint64_t> owner_routing_key(const rules::CheckRequest& req, int64_t now_ms);
+  // Owner mode, while this node takes over keys it has just come to own (a join): `node`, the
+  // owner before it, decided `req` for it and admitted it. Raises what this node knows `node`
+  // counted in each owner-mode counter of `req` by the request's hits, in the bucket of now. Every
+  // check of such a key passes through this node, so that is a lower bound of `node`'s own total,
+  // and its own report replaces it when it arrives (merge keeps the larger): nothing is counted
+  // twice, and this node does not admit again what `node` admitted before its report came.
+  void credit(const rules::CheckRequest& req, uint16_t node, int64_t now_ms);
   // Marks every counter for the next resend sync pass (handoff after a membership change).
   void mark_all_changed_for_sync();
 

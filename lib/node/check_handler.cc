@@ -12,23 +12,34 @@ constexpr size_t kForwardTagBytes = 32;  // HMAC-SHA256 (cluster/peer_codec.h)
 
 wire::Code to_wire(rules::CheckError e) {
   switch (e) {
-    case rules::CheckError::kNone: return wire::Code::kOk;
-    case rules::CheckError::kEmptyDomain: return wire::Code::kEmptyDomain;
-    case rules::CheckError::kUnknownDomain: return wire::Code::kUnknownDomain;
-    case rules::CheckError::kTooManyDescriptors: return wire::Code::kTooManyEntries;
-    case rules::CheckError::kEntryTooLong: return wire::Code::kEntryTooLong;
-    case rules::CheckError::kEmptyDescriptorKey: return wire::Code::kEmptyEntryKey;
-    case rules::CheckError::kDuplicateDescriptor: return wire::Code::kDuplicateEntry;
-    case rules::CheckError::kHitsTooLarge: return wire::Code::kHitsTooLarge;
+    case rules::CheckError::kNone:
+      return wire::Code::kOk;
+    case rules::CheckError::kEmptyDomain:
+      return wire::Code::kEmptyDomain;
+    case rules::CheckError::kUnknownDomain:
+      return wire::Code::kUnknownDomain;
+    case rules::CheckError::kTooManyDescriptors:
+      return wire::Code::kTooManyEntries;
+    case rules::CheckError::kEntryTooLong:
+      return wire::Code::kEntryTooLong;
+    case rules::CheckError::kEmptyDescriptorKey:
+      return wire::Code::kEmptyEntryKey;
+    case rules::CheckError::kDuplicateDescriptor:
+      return wire::Code::kDuplicateEntry;
+    case rules::CheckError::kHitsTooLarge:
+      return wire::Code::kHitsTooLarge;
   }
   return wire::Code::kMalformed;
 }
 
 wire::Mode to_wire(rules::Mode m) {
   switch (m) {
-    case rules::Mode::kEnforce: return wire::Mode::kEnforce;
-    case rules::Mode::kDryRun: return wire::Mode::kDryRun;
-    case rules::Mode::kShadow: return wire::Mode::kShadow;
+    case rules::Mode::kEnforce:
+      return wire::Mode::kEnforce;
+    case rules::Mode::kDryRun:
+      return wire::Mode::kDryRun;
+    case rules::Mode::kShadow:
+      return wire::Mode::kShadow;
   }
   return wire::Mode::kEnforce;
 }
@@ -44,7 +55,9 @@ struct CheckHandler::Scratch {
   engine::BatchResult result;
   std::vector<wire::LimitView> limits;
   std::vector<wire::DecisionView> decisions;
-  std::vector<uint16_t> owners;         // per wire check: 0 = here, else the owner's id
+  std::vector<CheckRouter::Route> routes;  // per wire check: where it is decided
+  wire::RequestDecoder credit_decoder;     // a redirected part, when its answer comes
+  std::vector<rules::Descriptor> credit_descriptors;
   std::vector<wire::Check> part_checks;  // one part of a split request
 };
 
@@ -53,11 +66,14 @@ CheckHandler::CheckHandler(engine::Engine& engine)
 
 CheckHandler::~CheckHandler() = default;
 
-bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_bytes,
-                          int64_t now_ms, std::vector<uint8_t>& out) {
+bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
+                          std::vector<uint8_t>& out, uint32_t fallback_members) {
   static thread_local ForwardPlan unused;
-  return handle_routed(request, max_answer_bytes, now_ms, out, nullptr, 0, unused) ==
-         Outcome::kAnswer;
+  fallback_members_ = fallback_members;
+  const bool answered =
+      handle_routed(request, max_answer_bytes, now_ms, out, nullptr, 0, unused) == Outcome::kAnswer;
+  fallback_members_ = 0;
+  return answered;
 }
 
 CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> request,
@@ -96,7 +112,8 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
 
   const auto checks = s.decoder.checks();
   size_t total_entries = 0;
-  for (const auto& c : checks) total_entries += c.entries.size();
+  for (const auto& c : checks)
+    total_entries += c.entries.size();
   s.requests.clear();
   s.descriptors.clear();
   s.engine_index.clear();
@@ -108,17 +125,21 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
     }
     const wire::Check& c = checks[i];
     const size_t first = s.descriptors.size();
-    for (const auto& e : c.entries) s.descriptors.push_back({e.key, e.value});
+    for (const auto& e : c.entries)
+      s.descriptors.push_back({e.key, e.value});
     s.engine_index.push_back(static_cast<uint32_t>(s.requests.size()));
-    s.requests.push_back({c.domain,
-                          std::span<const rules::Descriptor>(s.descriptors.data() + first,
-                                                             c.entries.size()),
-                          static_cast<uint64_t>(c.hits)});
+    s.requests.push_back(
+        {c.domain,
+         std::span<const rules::Descriptor>(s.descriptors.data() + first, c.entries.size()),
+         static_cast<uint64_t>(c.hits)});
   }
-  if (router != nullptr && !trusted && split(router, now_ms, first_id, plan)) {
+  // A forwarded request is decided here, unless this node has just joined and the owner before
+  // it still decides some of its keys; a redirected one is always decided here.
+  if (router != nullptr && (!trusted || (!s.decoder.redirected() && router->redirecting())) &&
+      split(router, now_ms, first_id, plan, trusted)) {
     return Outcome::kForward;
   }
-  engine_.check(s.requests, now_ms, s.result);
+  engine_.check(s.requests, now_ms, s.result, fallback_members_);
 
   s.limits.clear();
   s.limits.reserve(s.result.limits.size());
@@ -147,18 +168,18 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
       wire::encode_answer(s.decoder.id(), wire::Code::kOk, s.decisions, max_answer_bytes, out));
 }
 
-bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
-                         ForwardPlan& plan) {
+bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id, ForwardPlan& plan,
+                         bool forwarded) {
   Scratch& s = *s_;
   const auto checks = s.decoder.checks();
-  s.owners.assign(checks.size(), 0);
+  s.routes.assign(checks.size(), CheckRouter::Route{});
   bool remote = false;
   for (size_t i = 0; i < checks.size(); ++i) {
     if (s.engine_index[i] == UINT32_MAX) continue;  // refused here: answered here
     const auto key = engine_.owner_routing_key(s.requests[s.engine_index[i]], now_ms);
     if (!key) continue;
-    s.owners[i] = router->owner_of(*key);
-    remote = remote || s.owners[i] != 0;
+    s.routes[i] = router->route(*key, forwarded);
+    remote = remote || s.routes[i].node != 0;
   }
   if (!remote) return false;
   plan.client_id = s.decoder.id();
@@ -167,14 +188,16 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
   for (size_t i = 0; i < checks.size(); ++i) {
     ForwardPlan::Part* part = nullptr;
     for (size_t p = 0; p < plan.used; ++p) {
-      if (plan.parts[p].owner == s.owners[i]) part = &plan.parts[p];
+      if (plan.parts[p].owner == s.routes[i].node) part = &plan.parts[p];
     }
     if (part == nullptr) {
       if (plan.parts.size() <= plan.used) plan.parts.emplace_back();
       part = &plan.parts[plan.used++];
-      part->owner = s.owners[i];
+      part->owner = s.routes[i].node;
+      part->redirected = false;
       part->checks.clear();
     }
+    part->redirected = part->redirected || s.routes[i].redirect;
     part->checks.push_back(static_cast<uint32_t>(i));
   }
   for (size_t p = 0; p < plan.used; ++p) {
@@ -186,9 +209,31 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
     }
     // Room for the owner's answer: it never answers larger than the request it got.
     const size_t pad = std::min<size_t>(wire::kMaxDatagramBytes, 512 + 256 * part.checks.size());
-    wire::encode_request(first_id + p, s.part_checks, pad, part.request, /*forwarded=*/true);
+    wire::encode_request(first_id + p, s.part_checks, pad, part.request, /*forwarded=*/true,
+                         part.redirected);
   }
   return true;
+}
+
+void CheckHandler::credit(std::span<const uint8_t> part, const wire::Answer& answer, uint16_t node,
+                          int64_t now_ms) {
+  Scratch& s = *s_;
+  if (part.size() > kForwardTagBytes) part = part.first(part.size() - kForwardTagBytes);
+  if (s.credit_decoder.decode(part) != wire::Code::kOk) return;
+  const auto checks = s.credit_decoder.checks();
+  for (size_t i = 0; i < checks.size() && i < answer.decisions.size(); ++i) {
+    const wire::Decision& d = answer.decisions[i];
+    if (d.code != wire::Code::kOk || !d.allowed || d.allowlisted ||
+        s.credit_decoder.check_code(i) != wire::Code::kOk) {
+      continue;
+    }
+    s.credit_descriptors.clear();
+    for (const auto& e : checks[i].entries)
+      s.credit_descriptors.push_back({e.key, e.value});
+    const rules::CheckRequest req{checks[i].domain, s.credit_descriptors,
+                                  static_cast<uint64_t>(checks[i].hits)};
+    engine_.credit(req, node, now_ms);
+  }
 }
 
 }  // namespace sluice::node

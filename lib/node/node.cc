@@ -19,8 +19,8 @@
 
 #include <sys/socket.h>
 
-#include "node/admin_http.h"
 #include "cluster/peer_codec.h"
+#include "node/admin_http.h"
 #include "node/node_cluster.h"
 #include "node/node_state.h"
 
@@ -35,15 +35,16 @@ using asio::ip::udp;
 namespace {
 
 constexpr size_t kLatencyBuckets = 24;  // < 1 us ... < 2^23 us (8 s), last: slower
-constexpr size_t kUdpBurst = 32;          // datagrams per recvmmsg / sendmmsg
-constexpr size_t kUdpSlot = 65'536;       // one datagram's buffer (the largest UDP payload fits)
-constexpr int kUdpRounds = 8;             // bursts per wake-up before other work gets a turn
+constexpr size_t kUdpBurst = 32;        // datagrams per recvmmsg / sendmmsg
+constexpr size_t kUdpSlot = 65'536;     // one datagram's buffer (the largest UDP payload fits)
+constexpr int kUdpRounds = 8;           // bursts per wake-up before other work gets a turn
 
 // "127.0.0.1:7350", "[::1]:7350", ":7350" (all IPv4 interfaces). Hostnames are not resolved:
 // a listener must name an address.
 std::pair<asio::ip::address, uint16_t> parse_listen(const std::string& s) {
   const auto colon = s.rfind(':');
-  if (colon == std::string::npos) throw std::runtime_error("listen address '" + s + "' has no port");
+  if (colon == std::string::npos)
+    throw std::runtime_error("listen address '" + s + "' has no port");
   std::string host = s.substr(0, colon);
   const std::string port = s.substr(colon + 1);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
@@ -52,7 +53,8 @@ std::pair<asio::ip::address, uint16_t> parse_listen(const std::string& s) {
   if (host.empty()) host = "0.0.0.0";
   boost::system::error_code ec;
   const auto addr = asio::ip::make_address(host, ec);
-  if (ec) throw std::runtime_error("listen address '" + s + "': '" + host + "' is not an IP address");
+  if (ec)
+    throw std::runtime_error("listen address '" + s + "': '" + host + "' is not an IP address");
   char* end = nullptr;
   const unsigned long p = std::strtoul(port.c_str(), &end, 10);
   if (port.empty() || *end != '\0' || p > 65535) {
@@ -63,7 +65,8 @@ std::pair<asio::ip::address, uint16_t> parse_listen(const std::string& s) {
 
 size_t latency_bucket(int64_t us) {
   size_t b = 0;
-  while (b + 1 < kLatencyBuckets && (int64_t{1} << b) <= us) ++b;
+  while (b + 1 < kLatencyBuckets && (int64_t{1} << b) <= us)
+    ++b;
   return b;
 }
 
@@ -82,7 +85,6 @@ struct alignas(64) WorkerCounters {
 };
 
 }  // namespace
-
 
 // One worker thread: its io_context, its UDP socket, the TCP sessions handed to it.
 struct Worker {
@@ -106,7 +108,7 @@ struct Worker {
   std::unique_ptr<Forwarder> fwd;
   std::thread thread;
   std::list<std::weak_ptr<class TcpSession>> sessions;  // owned by this worker's thread
-  bool stopping = false;                                 // this worker's thread only
+  bool stopping = false;                                // this worker's thread only
 };
 
 class TcpSession : public std::enable_shared_from_this<TcpSession> {
@@ -226,9 +228,9 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
 
  public:
   void record_latency(std::chrono::steady_clock::time_point t0) {
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     w_.counters.latency[latency_bucket(us)].fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -277,7 +279,9 @@ struct Node::Impl : NodeState {
   std::unique_ptr<ClusterNode> cluster;  // null for a single node; control thread
 };
 
-int64_t TcpSession::node_now() const { return w_.node.opt.clock(); }
+int64_t TcpSession::node_now() const {
+  return w_.node.opt.clock();
+}
 
 // ---- cluster owner mode: forwarding checks to the owner of their key ---------------------------
 //
@@ -315,7 +319,10 @@ struct Worker::Forwarder : CheckRouter {
   static constexpr uint32_t kSilentAfter = 3;
 
   Forwarder(Worker& w_, ClusterNode& c, const std::string& secret)
-      : w(w_), cluster(c), socket(w_.io), timer(w_.io),
+      : w(w_),
+        cluster(c),
+        socket(w_.io),
+        timer(w_.io),
         auth(std::make_unique<cluster::PeerCodec>(secret, c.self(), 0)) {
     w.handler.set_forward_auth([this](std::span<const uint8_t> d) { return auth->verify(d); });
     socket.open(udp::v4());
@@ -325,23 +332,39 @@ struct Worker::Forwarder : CheckRouter {
   }
 
   // CheckRouter
-  uint16_t owner_of(uint64_t routing_key) override {
+  Route route(uint64_t routing_key, bool forwarded) override {
     refresh();
     const int64_t now = w.node.opt.clock();
-    const auto owner = view.owner(routing_key, now);
-    if (!owner || *owner == cluster.self()) return 0;
+    const auto owner = view.owner(routing_key);
+    if (!owner) return {};
+    if (*owner == cluster.self()) {
+      // Joining: the key stays with the owner before us, which has its counts, for now.
+      const auto before = view.previous_owner(routing_key, now);
+      if (before && *before != cluster.self() && !silent(*before, now) && endpoint_of(*before)) {
+        return {*before, true};
+      }
+      return {};
+    }
+    // Sent here as to the owner by a node whose ring differs from ours for the moment: decided
+    // here as asked (forwarding it on could send it back and forth).
+    if (forwarded) return {};
     if (silent(*owner, now)) {
       // The owner stopped answering (dead but not yet declared so, or overloaded): its first
       // replica holds the merged counts, so it decides instead, exactly, without a timeout each.
       std::array<uint16_t, cluster::HashRing::kMaxReplicas> owners{};
       const size_t n = view.ring->owners(routing_key, owners);
       for (size_t i = 0; i < n; ++i) {
-        if (owners[i] == cluster.self()) return 0;
-        if (!silent(owners[i], now) && endpoint_of(owners[i])) return owners[i];
+        if (owners[i] == cluster.self()) return {};
+        if (!silent(owners[i], now) && endpoint_of(owners[i])) return {owners[i], false};
       }
-      return 0;
+      return {};
     }
-    return endpoint_of(*owner) ? *owner : 0;
+    return {*owner, false};  // no check address known for it: decided here as a fallback
+  }
+
+  bool redirecting() override {
+    refresh();
+    return view.joining(w.node.opt.clock());
   }
 
   bool silent(uint16_t id, int64_t now) const {
@@ -409,6 +432,7 @@ struct Worker::Forwarder : CheckRouter {
       std::swap(p.parts[i].checks, plan.parts[i].checks);
       std::swap(p.parts[i].request, plan.parts[i].request);
       p.parts[i].owner = plan.parts[i].owner;
+      p.parts[i].redirected = plan.parts[i].redirected;
       auth->sign(p.parts[i].request);  // the owner honours `forwarded` only under our tag
     }
     for (size_t i = 0; i < plan.used && p.busy; ++i) {
@@ -422,7 +446,7 @@ struct Worker::Forwarder : CheckRouter {
         continue;
       }
       if (part.owner != 0) w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
-      decide_here(slot, i, now);
+      decide_here(slot, i, now, part.owner != 0);
     }
     if (pending[slot].busy) arm_timer();
     return CheckHandler::Outcome::kForward;
@@ -444,9 +468,14 @@ struct Worker::Forwarder : CheckRouter {
   }
 
   // Decides part i of a pending request on this node (the part itself is marked forwarded).
-  void decide_here(size_t slot, size_t i, int64_t now) {
+  // `fallback`: in place of an owner that did not answer, by each rule's `fallback` (deny, or
+  // this node's share of the limit among the ring's members), never as if it were the owner.
+  void decide_here(size_t slot, size_t i, int64_t now, bool fallback) {
     Pending& p = pending[slot];
-    if (!w.handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch) ||
+    const uint32_t members =
+        fallback ? static_cast<uint32_t>(std::max<size_t>(1, view.ring ? view.ring->size() : 1))
+                 : 0;
+    if (!w.handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch, members) ||
         wire::decode_answer(scratch, answer) != wire::Code::kOk) {
       answer.decisions.clear();  // leaves those checks as malformed below
     }
@@ -493,7 +522,8 @@ struct Worker::Forwarder : CheckRouter {
       at += d.limits.size();
       views.push_back(v);
     }
-    const size_t n = wire::encode_answer(p.client_id, wire::Code::kOk, views, p.max_answer, scratch);
+    const size_t n =
+        wire::encode_answer(p.client_id, wire::Code::kOk, views, p.max_answer, scratch);
     if (p.max_answer == 0 || n <= p.max_answer) {
       if (p.client.tcp) {
         if (auto s = p.client.session.lock()) {
@@ -540,13 +570,17 @@ struct Worker::Forwarder : CheckRouter {
     }
     silent_until.erase(p.parts[part].owner);  // it answers again
     timeouts_in_a_row.erase(p.parts[part].owner);
+    if (p.parts[part].redirected) {
+      w.handler.credit(p.parts[part].request, answer, p.parts[part].owner, w.node.opt.clock());
+    }
     fill(slot, part);
   }
 
   void arm_timer() {
     if (timer_armed) return;
     timer_armed = true;
-    timer.expires_after(std::chrono::milliseconds(std::max<int64_t>(1, cluster.forward_timeout_ms() / 4)));
+    timer.expires_after(
+        std::chrono::milliseconds(std::max<int64_t>(1, cluster.forward_timeout_ms() / 4)));
     timer.async_wait([this](boost::system::error_code ec) {
       timer_armed = false;
       if (ec || w.stopping) return;
@@ -562,7 +596,7 @@ struct Worker::Forwarder : CheckRouter {
           if (i < pending[slot].part_done.size() && !pending[slot].part_done[i]) {
             w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
             note_timeout(pending[slot].parts[i].owner, now);
-            decide_here(slot, i, now);
+            decide_here(slot, i, now, true);
           }
         }
       }
@@ -575,7 +609,7 @@ struct Worker::Forwarder : CheckRouter {
     for (size_t slot = 0; slot < pending.size(); ++slot) {
       for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
         if (i < pending[slot].part_done.size() && !pending[slot].part_done[i]) {
-          decide_here(slot, i, now);
+          decide_here(slot, i, now, pending[slot].parts[i].owner != 0);
         }
       }
     }
@@ -588,7 +622,7 @@ struct Worker::Forwarder : CheckRouter {
   ClusterNode& cluster;
   udp::socket socket;
   asio::steady_timer timer;
-  std::unique_ptr<cluster::PeerCodec> auth;  // tags forwarded parts, checks received ones
+  std::unique_ptr<cluster::PeerCodec> auth;            // tags forwarded parts, checks received ones
   std::unordered_map<uint16_t, int64_t> silent_until;  // owner -> passed over until (ms)
   std::unordered_map<uint16_t, uint32_t> timeouts_in_a_row;
   bool timer_armed = false;
@@ -659,7 +693,7 @@ void udp_serve_ready(Worker& w) {
         if (o == CheckHandler::Outcome::kForward) continue;  // answered when the owners have
       } else {
         o = w.handler.handle(request, n, now, out) ? CheckHandler::Outcome::kAnswer
-                                                    : CheckHandler::Outcome::kDrop;
+                                                   : CheckHandler::Outcome::kDrop;
       }
       if (o == CheckHandler::Outcome::kAnswer) {
         if (w.handler.last_code() != wire::Code::kOk) {
@@ -913,13 +947,27 @@ bool Node::drain() {
   return true;
 }
 
-uint16_t Node::udp_port() const { return impl_->udp_port.load(); }
-uint16_t Node::tcp_port() const { return impl_->tcp_port.load(); }
-uint16_t Node::admin_port() const { return impl_->admin_port.load(); }
-engine::Engine& Node::engine() { return *impl_->engine; }
-int64_t Node::now_ms() const { return impl_->opt.clock(); }
-int64_t Node::started_ms() const { return impl_->started_ms; }
-const NodeOptions& Node::options() const { return impl_->opt; }
+uint16_t Node::udp_port() const {
+  return impl_->udp_port.load();
+}
+uint16_t Node::tcp_port() const {
+  return impl_->tcp_port.load();
+}
+uint16_t Node::admin_port() const {
+  return impl_->admin_port.load();
+}
+engine::Engine& Node::engine() {
+  return *impl_->engine;
+}
+int64_t Node::now_ms() const {
+  return impl_->opt.clock();
+}
+int64_t Node::started_ms() const {
+  return impl_->started_ms;
+}
+const NodeOptions& Node::options() const {
+  return impl_->opt;
+}
 
 NodeCounters Node::counters() const {
   NodeCounters c;

@@ -30,13 +30,13 @@ namespace sluice::node {
 // Cluster membership and sync (docs/operations.md, "Cluster"). Disabled: one node on its own.
 struct ClusterOptions {
   bool enabled = false;
-  uint16_t node_id = 0;        // unique in the cluster, 1..65535
-  std::string name;            // unique and stable across restarts; default "node-<id>"
-  std::string listen;          // peer UDP address, e.g. "127.0.0.1:7352"
-  std::string advertise;       // IP other nodes reach this node at; default: listen's address
+  uint16_t node_id = 0;            // unique in the cluster, 1..65535
+  std::string name;                // unique and stable across restarts; default "node-<id>"
+  std::string listen;              // peer UDP address, e.g. "127.0.0.1:7352"
+  std::string advertise;           // IP other nodes reach this node at; default: listen's address
   std::vector<std::string> seeds;  // "host:port" of peers; DNS names resolve to every address
-  std::string secret;          // shared by every node, >= 16 bytes (or secret_file)
-  size_t replicas = 2;         // owner included
+  std::string secret;              // shared by every node, >= 16 bytes (or secret_file)
+  size_t replicas = 2;             // owner included
   int64_t sync_interval_ms = 100;
   int64_t anti_entropy_interval_ms = 5'000;
   int64_t probe_interval_ms = 1'000;
@@ -48,9 +48,9 @@ struct NodeOptions {
   std::string tcp_listen = "127.0.0.1:7350";    // "" disables TCP
   std::string admin_listen = "127.0.0.1:7351";  // "" disables the admin HTTP port
   unsigned threads = 2;
-  std::string rules_file;  // "" = the embedded example rules (deploy/rules.example.yaml)
+  std::string rules_file;           // "" = the embedded example rules (deploy/rules.example.yaml)
   std::string data_dir = "./data";  // RocksDB snapshots and overrides; "" = memory only
-  bool init_data = false;            // create data_dir when it is missing or empty (first start)
+  bool init_data = false;           // create data_dir when it is missing or empty (first start)
   int64_t snapshot_interval_ms = 1'000;
   std::string log_level = "info";  // applied by sluiced
   uint64_t memory_cap_bytes = 1ull << 30;
@@ -75,7 +75,7 @@ struct NodeCounters {
   uint64_t tcp_connections = 0;
   uint64_t dropped_datagrams = 0;  // undecodable, no id to answer to
   uint64_t closed_connections_bad_frame = 0;
-  uint64_t rejected_requests = 0;  // answered with a request-level error code
+  uint64_t rejected_requests = 0;   // answered with a request-level error code
   uint64_t forwarded_requests = 0;  // owner mode: client requests split to their keys' owners
   uint64_t forwarded_parts = 0;     // parts sent to another node
   uint64_t forward_fallbacks = 0;   // parts decided here: the owner was silent or unreachable
@@ -109,16 +109,25 @@ struct PersistenceStatus {
 class CheckRouter {
  public:
   virtual ~CheckRouter() = default;
-  // 0 when this node decides checks with this routing key, else the owner's node id.
-  virtual uint16_t owner_of(uint64_t routing_key) = 0;
+  struct Route {
+    uint16_t node = 0;      // 0: decided here, else the node that decides it
+    bool redirect = false;  // sent on as redirected: that node decides it whatever its ring says
+  };
+  // Where a check with this routing key is decided. `forwarded`: it came from another node,
+  // which sent it here as the owner; it is decided here unless this node has just joined and
+  // the key stays with its previous owner for now (then it goes on there, redirected).
+  virtual Route route(uint64_t routing_key, bool forwarded) = 0;
+  // True while route() may send forwarded checks on (this node is joining the cluster).
+  virtual bool redirecting() = 0;
 };
 
 // A request split by owner (handle_routed returned kForward). Each part is a request of its own,
-// marked forwarded, with id `first_id + index`; the part with owner 0 is decided here. Reused:
-// parts[0..used) are valid.
+// marked forwarded (and redirected when any of its checks is), with id `first_id + index`; the
+// part with owner 0 is decided here. Reused: parts[0..used) are valid.
 struct ForwardPlan {
   struct Part {
     uint16_t owner = 0;
+    bool redirected = false;
     std::vector<uint32_t> checks;  // indices into the client's request
     std::vector<uint8_t> request;
   };
@@ -136,9 +145,10 @@ class CheckHandler {
   ~CheckHandler();
 
   enum class Outcome { kAnswer, kDrop, kForward };
-  // handle(), except that with a router, a request that was not itself forwarded and holds
-  // checks whose owner-mode key another node owns is split by owner into `plan` (kForward):
-  // the caller sends each part to its owner and merges the answers. Part ids are first_id + i.
+  // handle(), except that with a router, a request that holds checks whose owner-mode key
+  // another node decides (CheckRouter::route; a forwarded request only while this node joins,
+  // never a redirected one) is split by owner into `plan` (kForward): the caller sends each part
+  // to its owner and merges the answers. Part ids are first_id + i.
   Outcome handle_routed(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
                         std::vector<uint8_t>& out, CheckRouter* router, uint64_t first_id,
                         ForwardPlan& plan);
@@ -146,9 +156,15 @@ class CheckHandler {
   // answered: not even an id could be read, or even the smallest answer would be larger than
   // max_answer_bytes. The caller drops it and counts the drop. max_answer_bytes > 0 caps the
   // answer (UDP: the request's size; TCP: the frame limit).
+  // `fallback_members` > 0: decided in place of an owner that did not answer, as one of that
+  // many members (engine::Engine::check).
   bool handle(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
-              std::vector<uint8_t>& out);
+              std::vector<uint8_t>& out, uint32_t fallback_members = 0);
   wire::Code last_code() const { return last_code_; }
+  // `part` (a signed part of a plan, as sent) was redirected to `node`, which answered `answer`:
+  // what it admitted is credited to it in this node's counters (engine::Engine::credit).
+  void credit(std::span<const uint8_t> part, const wire::Answer& answer, uint16_t node,
+              int64_t now_ms);
 
   // In a cluster: recognises a request that ends with the cluster's tag over the rest (an
   // owner-mode part forwarded by another node; see node.cc). Only such a request's `forwarded`
@@ -157,14 +173,18 @@ class CheckHandler {
   void set_forward_auth(std::function<bool(std::span<const uint8_t>)> verify) {
     verify_forward_ = std::move(verify);
   }
-  uint64_t untrusted_forwards() const { return untrusted_forwards_.load(std::memory_order_relaxed); }
+  uint64_t untrusted_forwards() const {
+    return untrusted_forwards_.load(std::memory_order_relaxed);
+  }
 
  private:
   struct Scratch;
-  bool split(CheckRouter* router, int64_t now_ms, uint64_t first_id, ForwardPlan& plan);
+  bool split(CheckRouter* router, int64_t now_ms, uint64_t first_id, ForwardPlan& plan,
+             bool forwarded);
   engine::Engine& engine_;
   std::unique_ptr<Scratch> s_;
   wire::Code last_code_ = wire::Code::kOk;
+  uint32_t fallback_members_ = 0;  // of the handle() call under way
   std::function<bool(std::span<const uint8_t>)> verify_forward_;
   std::atomic<uint64_t> untrusted_forwards_{0};  // written by the worker, read by /metrics
 };
@@ -209,7 +229,8 @@ class Node {
   OpResult delete_override(const std::string& domain,
                            std::span<const std::pair<std::string, std::string>> entries);
   std::optional<rules::Override> get_override(
-      const std::string& domain, std::span<const std::pair<std::string, std::string>> entries) const;
+      const std::string& domain,
+      std::span<const std::pair<std::string, std::string>> entries) const;
   std::vector<rules::Override> list_overrides() const;
   // Drops overrides whose TTL ran out (they already stopped applying) from memory and disk.
   size_t prune_overrides();

@@ -123,12 +123,12 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
 
   // ---- receiving ----
   void receive() {
-    socket.async_receive_from(asio::buffer(in), sender, [this](boost::system::error_code ec,
-                                                               size_t n) {
-      if (ec == asio::error::operation_aborted || stopped) return;
-      if (!ec) on_datagram(n);
-      receive();
-    });
+    socket.async_receive_from(asio::buffer(in), sender,
+                              [this](boost::system::error_code ec, size_t n) {
+                                if (ec == asio::error::operation_aborted || stopped) return;
+                                if (!ec) on_datagram(n);
+                                receive();
+                              });
   }
 
   void on_datagram(size_t n) {
@@ -146,8 +146,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     heard[msg.header.sender] = now;
     switch (msg.header.kind) {
       case cluster::PeerKind::kMembership:
-        membership->on_message({sender.address().to_string(), sender.port()}, msg.membership,
-                               now);
+        membership->on_message({sender.address().to_string(), sender.port()}, msg.membership, now);
         after_membership_call();
         break;
       case cluster::PeerKind::kSync:
@@ -239,24 +238,33 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     for (const auto& [id, m] : members_by_id) {
       if (in_ring(m) && !(left && id == opt.node_id)) next.add(id, m.name);
     }
-    // The ring to keep routing by while the handoff pass reaches the new owners: the previous
-    // one, or, when this node has just joined others, the new one without this node.
-    auto handover = std::make_shared<cluster::HashRing>(ring);
+    // Joining (see View): the first time this node meets the others, unless it has served alone
+    // for a while (then it holds counts of its own), and again for each member learned while
+    // still joining, its keys stay with their previous owners for three sync intervals: long
+    // enough for their counts to reach it.
     const int64_t now = st.opt.clock();
-    const bool joining = (ring.size() <= 1 || (handover_without_self && now < handover_until_ms)) &&
-                         next.size() > 1 && next.contains(opt.node_id);
-    if (joining) {
-      *handover = next;  // members learned one by one while joining: never route to ourselves yet
-      handover->remove(opt.node_id);
+    const int64_t hold = 3 * opt.sync_interval_ms;
+    std::shared_ptr<const cluster::HashRing> without_self;
+    if (next.size() > 1 && next.contains(opt.node_id)) {
+      if (!met_others) {
+        met_others = true;
+        if (now - started_ms <= kJoinWithinMs) fresh_until_ms = now + hold;
+      } else if (now < fresh_until_ms) {
+        fresh_until_ms = now + hold;  // members learned one by one while joining
+      }
+      if (now < fresh_until_ms) {
+        auto w = std::make_shared<cluster::HashRing>(next);
+        w->remove(opt.node_id);
+        without_self = std::move(w);
+      }
     }
-    handover_without_self = joining;
     ring = next;
     handoff_pending = true;  // counters move: a full pass to the new owners and replicas
     {
       std::lock_guard g(published_mu);
       published_ring = std::make_shared<const cluster::HashRing>(ring);
-      published_handover = std::move(handover);
-      handover_until_ms = now + 3 * opt.sync_interval_ms;
+      published_without_self = std::move(without_self);
+      published_fresh_until_ms = fresh_until_ms;
       view_version.fetch_add(1, std::memory_order_release);
     }
     spdlog::info("cluster: ring now has {} members", ring.size());
@@ -283,7 +291,12 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   cluster::HashRing ring{2};
   bool ring_changed = false;
   bool handoff_pending = false;
-  bool handover_without_self = false;  // the handover window is this node's own join
+  // Joining (View::joining): a node that served alone for longer than this before it met the
+  // others is not joining them: it holds counts of its own.
+  static constexpr int64_t kJoinWithinMs = 2'000;
+  int64_t started_ms = 0;
+  bool met_others = false;
+  int64_t fresh_until_ms = 0;  // control thread
   bool left = false;
   bool stopped = false;
   int64_t last_resend_ms = 0;
@@ -298,8 +311,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::shared_ptr<const std::vector<Member>> published_members =
       std::make_shared<const std::vector<Member>>();
   std::atomic<uint64_t> view_version{1};
-  std::shared_ptr<const cluster::HashRing> published_handover;  // guarded by published_mu
-  int64_t handover_until_ms = 0;                                 // guarded by published_mu
+  std::shared_ptr<const cluster::HashRing> published_without_self;  // guarded by published_mu
+  int64_t published_fresh_until_ms = 0;                             // guarded by published_mu
 };
 
 ClusterNode::ClusterNode(asio::io_context& control, NodeState& state)
@@ -309,6 +322,7 @@ ClusterNode::~ClusterNode() = default;
 
 void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
   Impl& c = *impl_;
+  c.started_ms = c.st.opt.clock();
   const udp::endpoint ep(c.listen_addr, c.listen_port);
   boost::system::error_code ec;
   c.socket.open(ep.protocol(), ec);
@@ -399,17 +413,18 @@ int64_t ClusterNode::forward_timeout_ms() const {
 
 ClusterNode::View ClusterNode::view() const {
   std::lock_guard g(impl_->published_mu);
-  return {impl_->published_ring, impl_->published_members, impl_->published_handover,
-          impl_->handover_until_ms};
+  return {impl_->published_ring, impl_->published_members, impl_->published_without_self,
+          impl_->published_fresh_until_ms};
 }
 
-std::optional<cluster::NodeId> ClusterNode::View::owner(uint64_t routing_key,
-                                                        int64_t now_ms) const {
-  if (handover_ring && now_ms < handover_until_ms) {
-    const auto before = handover_ring->owner(routing_key);
-    if (before && ring->contains(*before)) return before;
-  }
+std::optional<cluster::NodeId> ClusterNode::View::owner(uint64_t routing_key) const {
   return ring->owner(routing_key);
+}
+
+std::optional<cluster::NodeId> ClusterNode::View::previous_owner(uint64_t routing_key,
+                                                                 int64_t now_ms) const {
+  if (!joining(now_ms)) return std::nullopt;
+  return ring_without_self->owner(routing_key);
 }
 
 ClusterStatus ClusterNode::status() const {

@@ -37,9 +37,9 @@ struct NodeState;
 
 struct MemberStatus {
   cluster::Member member;
-  double share = 0;              // of keys owned as primary (0 unless alive or suspect)
-  int64_t last_heard_ms = -1;    // ms since the last datagram from it (-1: never)
-  int64_t last_sync_ms = -1;     // ms since the last sync batch from it (-1: never)
+  double share = 0;            // of keys owned as primary (0 unless alive or suspect)
+  int64_t last_heard_ms = -1;  // ms since the last datagram from it (-1: never)
+  int64_t last_sync_ms = -1;   // ms since the last sync batch from it (-1: never)
 };
 
 struct ClusterStatus {
@@ -80,14 +80,18 @@ class ClusterNode {
   struct View {
     std::shared_ptr<const cluster::HashRing> ring;
     std::shared_ptr<const std::vector<cluster::Member>> members;
-    // Handover: until `handover_until_ms`, a key whose owner under `handover_ring` (the ring
-    // before the last change, or without this node right after it joined) is still a member
-    // stays with that owner, so a new owner is forwarded to only once the handoff pass has
-    // brought it the key's counts.
-    std::shared_ptr<const cluster::HashRing> handover_ring;
-    int64_t handover_until_ms = 0;
-    // The node that decides `routing_key` at now (see above); nullopt for an empty ring.
-    std::optional<cluster::NodeId> owner(uint64_t routing_key, int64_t now_ms) const;
+    // Joining: for a while after this node first meets the others (`fresh_until_ms`), the keys
+    // it owns stay with the owner they had before it joined, `ring_without_self`'s owner, which
+    // holds their counts: every node routes by `ring`, so every check of such a key reaches this
+    // node, and this node sends it on (redirected) to that owner. One node thus decides each key
+    // whatever the others have learned, and nothing is decided twice (docs/architecture.md).
+    std::shared_ptr<const cluster::HashRing> ring_without_self;  // null when not joining
+    int64_t fresh_until_ms = 0;
+    // The node that owns `routing_key` under `ring`; nullopt for an empty ring.
+    std::optional<cluster::NodeId> owner(uint64_t routing_key) const;
+    bool joining(int64_t now_ms) const { return ring_without_self && now_ms < fresh_until_ms; }
+    // While joining: who decides a key this node owns (the owner before it); nullopt otherwise.
+    std::optional<cluster::NodeId> previous_owner(uint64_t routing_key, int64_t now_ms) const;
   };
   View view() const;
   // Grows whenever view() would return something new (cheap to poll from any thread).

@@ -43,6 +43,12 @@ std::optional<Mode> parse_mode(std::string_view s);  // "enforce" | "dry-run" | 
 enum class Consistency : uint8_t { kOwner, kGossip };
 std::string_view to_string(Consistency c);
 
+// Owner mode: how a node decides a check whose owner did not answer in time (or cannot be sent
+// to). kShare: by what it knows, and admitting at most limit / members of its own hits in the
+// window, so the nodes deciding alone together stay within the limit; kDeny: denied.
+enum class Fallback : uint8_t { kShare, kDeny };
+std::string_view to_string(Fallback f);
+
 // One "N requests per window" limit.
 struct Limit {
   std::string name;  // shown to callers; defaults to "<rule>:<N>/<window>" e.g. "per-ip:100/1m"
@@ -75,7 +81,8 @@ struct Rule {
   bool count_denied = false;  // denied requests count against the window too
   window::Estimator estimator = window::Estimator::kWeighted;
   Consistency consistency = Consistency::kOwner;
-  int line = 0;  // where it was declared (1-based), for messages
+  Fallback fallback = Fallback::kShare;  // owner mode only
+  int line = 0;                          // where it was declared (1-based), for messages
 };
 
 struct Plan {

@@ -395,7 +395,8 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
   if (!expect(n, YAML::NodeType::Map, line, path, "a map")) return;
   const Fields fields = read_fields(n, path,
                                     {"name", "match", "key", "limits", "plan", "mode",
-                                     "count_denied", "estimator", "granularity", "consistency"});
+                                     "count_denied", "estimator", "granularity", "consistency",
+                                     "fallback"});
   std::string name;
   if (const Field* f = fields.find("name")) {
     if (auto v = read_name(*f)) name = *v;
@@ -514,6 +515,14 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
     if (auto v = read_choice<Consistency>(
             *f, {{"owner", Consistency::kOwner}, {"gossip", Consistency::kGossip}})) {
       r.consistency = *v;
+    }
+  }
+  if (const Field* f = fields.find("fallback")) {
+    if (auto v = read_choice<Fallback>(*f, {{"share", Fallback::kShare}, {"deny", Fallback::kDeny}})) {
+      r.fallback = *v;
+      if (r.consistency != Consistency::kOwner) {
+        error(f->line, f->path, "applies to `consistency: owner` only (a gossip rule never waits for an owner)");
+      }
     }
   }
   r.name = name;
@@ -648,6 +657,10 @@ std::optional<Mode> parse_mode(std::string_view s) {
   if (s == "dry-run") return Mode::kDryRun;
   if (s == "shadow") return Mode::kShadow;
   return std::nullopt;
+}
+
+std::string_view to_string(Fallback f) {
+  return f == Fallback::kDeny ? "deny" : "share";
 }
 
 std::string_view to_string(Consistency c) {

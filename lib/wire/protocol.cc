@@ -384,7 +384,7 @@ std::string_view to_string(Mode m) {
 // ---- requests --------------------------------------------------------------------------------
 
 void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
-                    std::vector<uint8_t>& out, bool forwarded) {
+                    std::vector<uint8_t>& out, bool forwarded, bool redirected) {
   const size_t words = request_words(checks);
   const size_t bytes = (kSegmentTableWords + words) * kWordBytes;
   // Data grows the message by its size rounded up to words, so this padding makes the message
@@ -394,7 +394,8 @@ void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
   auto request = builder.initRoot<schema::CheckRequest>();
   request.setVersion(kVersion);
   request.setId(id);
-  if (forwarded) request.setForwarded(true);
+  if (forwarded || redirected) request.setForwarded(true);
+  if (redirected) request.setRedirected(true);
   if (padding > 0) request.initPadding(count(padding));
   if (checks.empty()) {
     serialize(builder, out);
@@ -430,6 +431,7 @@ RequestDecoder::~RequestDecoder() = default;
 Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
   id_ = 0;
   forwarded_ = false;
+  redirected_ = false;
   checks_.clear();
   entries_.clear();
   codes_.clear();
@@ -447,6 +449,7 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
       auto request = reader.getRoot<schema::CheckRequest>();
       id_ = request.getId();  // first, so that every error answer can carry it
       forwarded_ = request.getForwarded();
+      redirected_ = forwarded_ && request.getRedirected();
       if (request.getVersion() != kVersion) {
         result = Code::kUnsupportedVersion;
       } else {

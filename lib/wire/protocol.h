@@ -65,8 +65,10 @@ struct Check {
 // Encodes a request into `out` (replacing its contents). When pad_to is larger than the message,
 // padding is added so the message is at least pad_to bytes: over UDP a node never answers with
 // more bytes than the request carried, so a client that wants every limit's details pads.
+// `forwarded`: sent by a node to a key's owner; `redirected` (implies forwarded): sent on by an
+// owner that has just joined to the owner before it (cluster owner mode, docs/architecture.md).
 void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
-                    std::vector<uint8_t>& out, bool forwarded = false);
+                    std::vector<uint8_t>& out, bool forwarded = false, bool redirected = false);
 
 // Decodes requests with no allocation once warm. Views returned by checks() point into the
 // decoder's own buffer and stay valid until the next decode().
@@ -85,6 +87,8 @@ class RequestDecoder {
   uint64_t id() const { return id_; }  // 0 when the id itself could not be read
   // Sent by another node to this key's owner (cluster owner mode): decide, never forward again.
   bool forwarded() const { return forwarded_; }
+  // Sent on by a key's owner that has just joined to the owner before it: decide it here.
+  bool redirected() const { return redirected_; }
   std::span<const Check> checks() const { return checks_; }
   // kOk, or kNegativeHits / kTooManyEntries for a check the engine must not see.
   Code check_code(size_t i) const { return codes_[i]; }
@@ -94,6 +98,7 @@ class RequestDecoder {
   std::unique_ptr<Buffers> buf_;
   uint64_t id_ = 0;
   bool forwarded_ = false;
+  bool redirected_ = false;
   std::vector<Check> checks_;
   std::vector<Entry> entries_;
   std::vector<Code> codes_;
