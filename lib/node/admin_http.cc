@@ -7,6 +7,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -14,9 +15,9 @@
 
 #include <cctype>
 #include <charconv>
-#include <fstream>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -28,8 +29,8 @@
 
 #include "engine/engine.h"
 #include "node/admin_ops.h"
-#include "node/node_cluster.h"
 #include "node/node.h"
+#include "node/node_cluster.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
 #include "wire/protocol.h"
@@ -137,28 +138,6 @@ void append_label_value(std::string& out, std::string_view s) {
   }
 }
 
-wire::Code to_code(rules::CheckError e) {
-  switch (e) {
-    case rules::CheckError::kNone:
-      return wire::Code::kOk;
-    case rules::CheckError::kEmptyDomain:
-      return wire::Code::kEmptyDomain;
-    case rules::CheckError::kUnknownDomain:
-      return wire::Code::kUnknownDomain;
-    case rules::CheckError::kTooManyDescriptors:
-      return wire::Code::kTooManyEntries;
-    case rules::CheckError::kEntryTooLong:
-      return wire::Code::kEntryTooLong;
-    case rules::CheckError::kEmptyDescriptorKey:
-      return wire::Code::kEmptyEntryKey;
-    case rules::CheckError::kDuplicateDescriptor:
-      return wire::Code::kDuplicateEntry;
-    case rules::CheckError::kHitsTooLarge:
-      return wire::Code::kHitsTooLarge;
-  }
-  return wire::Code::kMalformed;
-}
-
 // ---- Prometheus text -------------------------------------------------------------------------
 
 class MetricsText {
@@ -225,8 +204,8 @@ struct AdminHttp::State : std::enable_shared_from_this<AdminHttp::State> {
   bool stopped = false;
   bool accepting = false;  // an async_accept is pending
   std::unordered_set<Connection*> connections;
-  engine::BatchResult result;  // reused by every check
-  uint64_t http_checks = 0;    // /v1/check and /v1/auth requests that reached the engine
+  uint64_t http_checks = 0;    // /v1/check and /v1/auth requests decided
+  uint64_t next_check_id = 0;  // ids of the check requests they become
   uint64_t accept_errors = 0;
 
   void accept();
@@ -259,71 +238,46 @@ struct CheckOutcome {
   std::vector<std::pair<std::string, std::string>> headers;
 };
 
-const char* mode_name(rules::Mode m) {
-  switch (m) {
-    case rules::Mode::kEnforce:
-      return "enforce";
-    case rules::Mode::kDryRun:
-      return "dry-run";
-    case rules::Mode::kShadow:
-      return "shadow";
-  }
-  return "enforce";
-}
-
-// Runs one check and builds the JSON body and the RateLimit headers (docs/http.md, "Headers").
-CheckOutcome run_check(AdminHttp::State& st, const CheckInput& in) {
-  std::vector<rules::Descriptor> descriptors;
-  descriptors.reserve(in.entries.size());
-  for (const auto& [k, v] : in.entries)
-    descriptors.push_back({k, v});
-  rules::CheckRequest req;
-  req.domain = in.domain;
-  req.descriptors = descriptors;
-  req.hits = in.hits;
-
-  engine::BatchResult& res = st.result;
-  st.node.engine().check(std::span<const rules::CheckRequest>(&req, 1), st.node.now_ms(), res);
-  ++st.http_checks;
-  const engine::Decision& d = res.decisions.at(0);
-
+// The JSON body and the RateLimit headers of one decided check (docs/http.md, "Headers"). The
+// check was decided like any other (Node::check_async: a worker, owner routing in a cluster), so
+// it arrives as the check protocol's answer.
+CheckOutcome outcome_of(const wire::Decision& d) {
   CheckOutcome o;
-  if (d.error != rules::CheckError::kNone) {
+  if (d.code != wire::Code::kOk && d.code != wire::Code::kNoRoom) {
     o.error = true;
-    o.code = to_code(d.error);
+    o.code = d.code;
     o.body = Json{{"allowed", false}, {"code", wire::to_string(o.code)}};
     return o;
   }
-  o.code = d.no_room ? wire::Code::kNoRoom : wire::Code::kOk;
+  o.code = d.code;
   o.allowed = d.allowed;
   o.would_deny = d.would_deny;
   o.shadow = d.shadow;
   o.allowlisted = d.allowlisted;
 
   Json limits = Json::array();
-  const engine::LimitResult* headline = nullptr;  // the enforcing limit the headers describe
+  const wire::LimitStatus* headline = nullptr;  // the enforcing limit the headers describe
   std::string policy_header;
-  for (const engine::LimitResult& lr : res.limits_of(d)) {
-    const rules::Limit& lim = *lr.limit;
-    const bool never = lr.retry_after_ms == window::kNever;
-    if (lr.exceeded && lr.mode == rules::Mode::kEnforce) o.enforce_denied = true;
+  for (const wire::LimitStatus& lr : d.limits) {
+    const bool never = lr.retry_after_ms < 0;
+    if (lr.exceeded && lr.mode == wire::Mode::kEnforce) o.enforce_denied = true;
     limits.push_back(Json{
-        {"name", lim.name},
-        {"limit", lim.requests},
-        {"window_s", ceil_seconds(lim.spec.window_ms)},
+        {"name", lr.name},
+        {"limit", lr.limit},
+        {"window_s", ceil_seconds(lr.window_ms)},
         {"remaining", lr.remaining},
         {"reset_s", ceil_seconds(lr.reset_ms)},
         {"retry_after_s", never ? Json(nullptr) : Json(ceil_seconds(lr.retry_after_ms))},
-        {"mode", mode_name(lr.mode)},
+        {"mode", wire::to_string(lr.mode)},
         {"exceeded", lr.exceeded},
     });
     // Headers speak for enforcing limits only: a dry-run limit must not slow callers down, and a
     // shadow limit must stay invisible to the caller it silently denies.
-    if (lr.mode != rules::Mode::kEnforce) continue;
+    if (lr.mode != wire::Mode::kEnforce) continue;
     if (!policy_header.empty()) policy_header += ", ";
-    append_sf_string(policy_header, lim.name);
-    policy_header += ";q=" + std::to_string(lim.requests);
-    policy_header += ";w=" + std::to_string(ceil_seconds(lim.spec.window_ms));
+    append_sf_string(policy_header, lr.name);
+    policy_header += ";q=" + std::to_string(lr.limit);
+    policy_header += ";w=" + std::to_string(ceil_seconds(lr.window_ms));
     // The most restrictive: an exceeded limit with the longest wait; else the lowest remaining
     // (ties: the later reset).
     if (headline == nullptr) {
@@ -350,16 +304,16 @@ CheckOutcome run_check(AdminHttp::State& st, const CheckInput& in) {
     // On a denial, Retry-After is the wait of the binding limit, and the reset the headers
     // announce is that same point in time (draft-ietf-httpapi-ratelimit-headers-11 section 6;
     // -06 section 5 for RateLimit-Reset), so a client never reads two different waits.
-    const bool retry = o.enforce_denied && headline->retry_after_ms != window::kNever;
+    const bool retry = o.enforce_denied && headline->retry_after_ms >= 0;
     const int64_t reset_s =
         retry ? ceil_seconds(headline->retry_after_ms) : ceil_seconds(headline->reset_ms);
     std::string ratelimit;
-    append_sf_string(ratelimit, headline->limit->name);
+    append_sf_string(ratelimit, headline->name);
     ratelimit += ";r=" + std::to_string(headline->remaining);
     ratelimit += ";t=" + std::to_string(reset_s);
     o.headers.emplace_back("RateLimit-Policy", std::move(policy_header));
     o.headers.emplace_back("RateLimit", std::move(ratelimit));
-    o.headers.emplace_back("RateLimit-Limit", std::to_string(headline->limit->requests));
+    o.headers.emplace_back("RateLimit-Limit", std::to_string(headline->limit));
     o.headers.emplace_back("RateLimit-Remaining", std::to_string(headline->remaining));
     o.headers.emplace_back("RateLimit-Reset", std::to_string(reset_s));
     if (retry) o.headers.emplace_back("Retry-After", std::to_string(reset_s));
@@ -381,7 +335,6 @@ std::string parse_hits_text(std::string_view s, uint64_t& out) {
   out = v;
   return "";
 }
-
 
 // Parses the /v1/check body. Returns "" or the error for a 400 answer.
 std::string parse_check_body(std::string_view body, CheckInput& in) {
@@ -546,8 +499,7 @@ std::string render_metrics(AdminHttp::State& st) {
   const PersistenceStatus p = st.node.persistence();
   if (p.enabled) {
     m.family("sluice_snapshots_total", "counter", "Snapshot passes to the data directory.");
-    m.sample("sluice_snapshots_total", {"result", "ok"},
-             p.snapshots.passes - p.snapshots.failures);
+    m.sample("sluice_snapshots_total", {"result", "ok"}, p.snapshots.passes - p.snapshots.failures);
     m.sample("sluice_snapshots_total", {"result", "failed"}, p.snapshots.failures);
     m.one("sluice_snapshot_last_written", "gauge", "Counters written by the last snapshot pass.",
           p.snapshots.last.written);
@@ -558,31 +510,36 @@ std::string render_metrics(AdminHttp::State& st) {
           static_cast<uint64_t>(p.snapshots.last_ms));
     m.one("sluice_data_disk_bytes", "gauge", "Bytes of the data directory's RocksDB files.",
           p.disk_bytes);
-    m.one("sluice_restored_counters", "gauge", "Counters restored from the data directory at start.",
-          p.restored.restored);
+    m.one("sluice_restored_counters", "gauge",
+          "Counters restored from the data directory at start.", p.restored.restored);
   }
   m.one("sluice_overrides", "gauge", "Runtime overrides in force.", p.overrides);
 
   const ClusterStatus c = st.node.cluster_status();
   if (c.enabled) {
-    m.family("sluice_cluster_members", "gauge", "Members this node knows, by state (self included).");
+    m.family("sluice_cluster_members", "gauge",
+             "Members this node knows, by state (self included).");
     for (const auto state : {cluster::MemberState::kAlive, cluster::MemberState::kSuspect,
                              cluster::MemberState::kDead, cluster::MemberState::kLeft}) {
       uint64_t n = 0;
-      for (const MemberStatus& ms : c.members) n += ms.member.state == state ? 1 : 0;
+      for (const MemberStatus& ms : c.members)
+        n += ms.member.state == state ? 1 : 0;
       m.sample("sluice_cluster_members", {"state", cluster::to_string(state)}, n);
     }
-    m.family("sluice_cluster_sync_lag_ms", "gauge",
-             "Per member: ms since its last sync batch arrived (members never heard from: absent).");
+    m.family(
+        "sluice_cluster_sync_lag_ms", "gauge",
+        "Per member: ms since its last sync batch arrived (members never heard from: absent).");
     for (const MemberStatus& ms : c.members) {
       if (ms.last_sync_ms >= 0) {
         m.sample("sluice_cluster_sync_lag_ms", {"member", ms.member.name},
                  static_cast<uint64_t>(ms.last_sync_ms));
       }
     }
-    m.family("sluice_peer_dropped_total", "counter",
-             "Peer datagrams dropped, by reason (bad_tag: wrong secret or tampered; replayed; ...).");
-    for (const auto& [reason, n] : c.dropped) m.sample("sluice_peer_dropped_total", {"reason", reason}, n);
+    m.family(
+        "sluice_peer_dropped_total", "counter",
+        "Peer datagrams dropped, by reason (bad_tag: wrong secret or tampered; replayed; ...).");
+    for (const auto& [reason, n] : c.dropped)
+      m.sample("sluice_peer_dropped_total", {"reason", reason}, n);
     m.family("sluice_peer_datagrams_total", "counter", "Peer datagrams, by direction.");
     m.sample("sluice_peer_datagrams_total", {"direction", "in"}, c.datagrams_in);
     m.sample("sluice_peer_datagrams_total", {"direction", "out"}, c.datagrams_out);
@@ -781,6 +738,56 @@ class Connection : public std::enable_shared_from_this<Connection> {
     res_.version(11);
     res_.keep_alive(req.keep_alive() && !st_->stopped);
     route(req);
+    if (!check_pending_) write();  // else finish_check() writes
+  }
+
+  // /v1/check and /v1/auth: the check goes the way every check port's does (Node::check_async);
+  // the answer is written when it comes back, on this connection's thread.
+  enum class Front { kCheck, kAuth };
+  void start_check(const CheckInput& in, Front front) {
+    std::vector<wire::Entry> entries;
+    entries.reserve(in.entries.size());
+    for (const auto& [k, v] : in.entries)
+      entries.push_back({k, v});
+    const wire::Check check{in.domain, entries, static_cast<int64_t>(in.hits)};
+    std::vector<uint8_t> request;
+    wire::encode_request(++st_->next_check_id, std::span<const wire::Check>(&check, 1), 0, request);
+    check_pending_ = true;
+    st_->node.check_async(std::move(request), [self = shared_from_this(), front,
+                                               &io = st_->io](std::span<const uint8_t> answer) {
+      asio::post(io, [self, front, bytes = std::vector<uint8_t>(answer.begin(), answer.end())] {
+        self->finish_check(bytes, front);
+      });
+    });
+  }
+
+  void finish_check(const std::vector<uint8_t>& bytes, Front front) {
+    check_pending_ = false;
+    wire::Answer a;
+    if (bytes.empty() || wire::decode_answer(bytes, a) != wire::Code::kOk ||
+        a.decisions.size() != 1) {
+      json(http::status::service_unavailable, Json{{"error", "no decision: the node is stopping"}});
+      return write();
+    }
+    ++st_->http_checks;
+    const CheckOutcome o = outcome_of(a.decisions[0]);
+    for (const auto& [name, value] : o.headers)
+      res_.set(name, value);
+    if (front == Front::kCheck) {
+      const http::status status = o.error            ? http::status::bad_request
+                                  : o.enforce_denied ? http::status::too_many_requests
+                                                     : http::status::ok;
+      json(status, o.body);
+    } else if (o.error) {
+      json(http::status::bad_request, o.body);
+    } else if (o.enforce_denied) {
+      json(http::status::forbidden, o.body);
+    } else {
+      // auth_request lets the request through on any 2xx. A shadow denial passes too (the
+      // caller must fail silently); the header lets nginx hand the verdict to the upstream.
+      if (o.shadow) res_.set("Sluice-Shadow", "1");
+      res_.result(http::status::no_content);
+    }
     write();
   }
 
@@ -849,13 +856,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (std::string err = parse_check_body(req.body(), in); !err.empty()) {
         return json(http::status::bad_request, Json{{"error", err}});
       }
-      CheckOutcome o = run_check(*st_, in);
-      for (auto& [name, value] : o.headers)
-        res_.set(name, value);
-      const http::status status = o.error            ? http::status::bad_request
-                                  : o.enforce_denied ? http::status::too_many_requests
-                                                     : http::status::ok;
-      return json(status, o.body);
+      return start_check(in, Front::kCheck);
     }
     if (path == "/v1/auth") {
       if (!get) return method_not_allowed("GET");
@@ -863,16 +864,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (std::string err = parse_auth_input(query, req, in); !err.empty()) {
         return json(http::status::bad_request, Json{{"error", err}});
       }
-      CheckOutcome o = run_check(*st_, in);
-      for (auto& [name, value] : o.headers)
-        res_.set(name, value);
-      if (o.error) return json(http::status::bad_request, o.body);
-      if (o.enforce_denied) return json(http::status::forbidden, o.body);
-      // auth_request lets the request through on any 2xx. A shadow denial passes too (the
-      // caller must fail silently); the header lets nginx hand the verdict to the upstream.
-      if (o.shadow) res_.set("Sluice-Shadow", "1");
-      res_.result(http::status::no_content);
-      return;
+      return start_check(in, Front::kAuth);
     }
     const std::string_view method(req.method_string().data(), req.method_string().size());
     if (auto r = handle_ops(st_->node, method, path, query, req.body())) {
@@ -889,6 +881,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<http::response<http::empty_body>> continue_;
   http::response<http::string_body> res_;
   bool reading_ = false;
+  bool check_pending_ = false;  // a check's answer is on its way (start_check)
 };
 
 }  // namespace

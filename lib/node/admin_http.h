@@ -7,8 +7,9 @@
 // in the listen backlog until one closes), 30 s to receive a request or send an answer.
 //
 // Threads: everything runs on the io_context given to the constructor, which must be run by one
-// thread (the node's control thread). Checks call Engine::check directly on that thread; the
-// engine is thread-safe, so the workers are never involved.
+// thread (the node's control thread). Checks go the way the check ports' do (Node::check_async:
+// decided on a worker, forwarded to the keys' owners in owner mode), and their answers come back
+// to that thread to be written.
 //
 // Lifetime: construct, stop() and destroy on the io_context's thread (or while it is not running).
 // Connections keep their state alive by themselves; after the AdminHttp is destroyed, handlers

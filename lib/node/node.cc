@@ -276,7 +276,8 @@ struct Node::Impl : NodeState {
   size_t next_worker = 0;
   std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0};
   std::atomic<bool> stopped{false};
-  std::unique_ptr<ClusterNode> cluster;  // null for a single node; control thread
+  std::atomic<size_t> next_async_worker{0};  // Node::check_async's round-robin
+  std::unique_ptr<ClusterNode> cluster;      // null for a single node; control thread
 };
 
 int64_t TcpSession::node_now() const {
@@ -298,6 +299,8 @@ struct Worker::Forwarder : CheckRouter {
     sockaddr_storage addr{};
     socklen_t addr_len = 0;
     std::weak_ptr<TcpSession> session;
+    // Another front (HTTP): called on this worker's thread with the answer.
+    std::function<void(std::span<const uint8_t>)> callback;
   };
   struct Pending {
     bool busy = false;
@@ -524,7 +527,12 @@ struct Worker::Forwarder : CheckRouter {
     }
     const size_t n =
         wire::encode_answer(p.client_id, wire::Code::kOk, views, p.max_answer, scratch);
-    if (p.max_answer == 0 || n <= p.max_answer) {
+    if (p.client.callback) {
+      const auto done = std::move(p.client.callback);
+      p.client.callback = nullptr;
+      done(n <= p.max_answer || p.max_answer == 0 ? std::span<const uint8_t>(scratch)
+                                                  : std::span<const uint8_t>());
+    } else if (p.max_answer == 0 || n <= p.max_answer) {
       if (p.client.tcp) {
         if (auto s = p.client.session.lock()) {
           s->deliver(scratch);
@@ -932,6 +940,33 @@ std::vector<std::pair<uint16_t, std::string>> Node::owners_of(uint64_t counter) 
   for (size_t i = 0; i < k; ++i)
     out.emplace_back(ids[i], std::string(v.ring->name_of(ids[i])));
   return out;
+}
+
+void Node::check_async(std::vector<uint8_t> request,
+                       std::function<void(std::span<const uint8_t>)> done) {
+  Impl& n = *impl_;
+  if (n.workers.empty() || n.stopped.load()) {
+    done({});
+    return;
+  }
+  Worker& w = *n.workers[n.next_async_worker.fetch_add(1) % n.workers.size()];
+  asio::post(w.io, [&w, request = std::move(request), done = std::move(done)]() mutable {
+    std::vector<uint8_t> out;
+    const int64_t now = w.node.opt.clock();
+    CheckHandler::Outcome o;
+    if (w.fwd) {
+      Worker::Forwarder::Client c;
+      c.callback = done;
+      o = w.fwd->handle(request, wire::kMaxFrameBytes, now, out, c,
+                        std::chrono::steady_clock::now());
+      if (o == CheckHandler::Outcome::kForward) return;  // `done` runs when the owners answered
+    } else {
+      o = w.handler.handle(request, wire::kMaxFrameBytes, now, out) ? CheckHandler::Outcome::kAnswer
+                                                                    : CheckHandler::Outcome::kDrop;
+    }
+    done(o == CheckHandler::Outcome::kAnswer ? std::span<const uint8_t>(out)
+                                             : std::span<const uint8_t>());
+  });
 }
 
 bool Node::drain() {

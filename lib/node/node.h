@@ -220,6 +220,12 @@ class Node {
 
   engine::Engine& engine();
   NodeCounters counters() const;
+  // Decides an encoded check request (wire::encode_request) the way the check ports do: on a
+  // worker, through the cluster's owner routing (forwarded to the keys' owners in owner mode).
+  // `done` runs on that worker's thread with the encoded answer, or with nothing when the node
+  // is stopping or the request has no id; it must be short and must not block. Any thread.
+  void check_async(std::vector<uint8_t> request,
+                   std::function<void(std::span<const uint8_t>)> done);
 
   // Runtime overrides (DESIGN.md, Rules). set and delete write to the data directory first (WAL
   // synced), then apply without a restart; the node's rules must have the override's domain and

@@ -495,24 +495,39 @@ TEST_CASE(
     clients.push_back(sluice::Client::create(co, &err));
     REQUIRE_MESSAGE(clients.back() != nullptr, err);
   }
-  for (int pass = 0; pass < 2; ++pass) {
+  // Over UDP round-robin, all to one node, and over HTTP (/v1/check) round-robin: every front
+  // takes the same routed path.
+  for (int pass = 0; pass < 3; ++pass) {
     const bool one_node = pass == 1;
+    const bool http = pass == 2;
     for (const std::string& v : variants) {
-      const std::string key = (one_node ? "one-" : "rr-") + v;
+      const std::string key = std::string(one_node ? "one-" : http ? "http-" : "rr-") + v;
       const sluice::Entry e[] = {{"r", v}, {"k", key}};
       size_t admitted = 0, failed = 0;
       std::string admitted_at;
       for (int i = 0; i < 101; ++i) {
         const size_t node = one_node ? 0 : static_cast<size_t>(i) % clients.size();
-        const sluice::Result r = clients[node]->check("o", e);
-        if (!r.decided() || r.code != sluice::wire::Code::kOk) ++failed;
-        if (r.allowed) ++admitted;
-        if (r.allowed && i >= 95) {
+        bool allowed = false;
+        if (http) {
+          const HttpReply r = c.post(
+              node, "/v1/check", Json{{"domain", "o"}, {"descriptors", {{"r", v}, {"k", key}}}});
+          const auto j = r.json();
+          if ((r.status != 200 && r.status != 429) || !j) ++failed;
+          allowed = r.status == 200 && j && j->value("allowed", false);
+        } else {
+          const sluice::Result r = clients[node]->check("o", e);
+          if (!r.decided() || r.code != sluice::wire::Code::kOk) ++failed;
+          allowed = r.allowed;
+        }
+        if (allowed) ++admitted;
+        if (allowed && i >= 95) {
           admitted_at += " #" + std::to_string(i) + " at node " + std::to_string(node + 1);
         }
       }
-      MESSAGE(v << std::string(one_node ? ", all to node 1" : ", round-robin") << ": admitted "
-                << admitted << " of 101, failed " << failed
+      MESSAGE(v << std::string(one_node ? ", all to node 1"
+                               : http   ? ", HTTP round-robin"
+                                        : ", round-robin")
+                << ": admitted " << admitted << " of 101, failed " << failed
                 << "; the last admitted:" << admitted_at);
       CHECK(failed == 0);
       CHECK(admitted == 100);
