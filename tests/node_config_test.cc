@@ -363,7 +363,7 @@ TEST_CASE("a config file that cannot be read is one error naming the file, and o
   const std::string missing = (fs::path(dir.path) / "no-such.yaml").string();
   NodeOptions out = non_default_options();
   const std::string err = load_node_config(missing, out);
-  CHECK(err == missing + ": cannot read the config file");
+  CHECK(err == missing + ": cannot read the config file: no such file or directory");
   check_same(out, non_default_options());
 }
 
@@ -531,8 +531,8 @@ cluster:
             l.at(4, "log_level", "must be one of trace, debug, info, warn, error, off"),
             l.at(6, "cluster.node_id", "must be between 1 and 65535"),
             l.at(9, "cluster.replicas", "must be between 1 and 8"),
-            l.at(6, "cluster.node_id", kNodeIdRequired),
-            l.at(6, "cluster.secret", kSecretRequired),
+            l.at(5, "cluster.node_id", kNodeIdRequired),
+            l.at(5, "cluster.secret", kSecretRequired),
         });
   CHECK(out.udp_listen == "127.0.0.1:1");  // valid fields are applied even when others fail
 }
@@ -608,9 +608,9 @@ TEST_CASE("every cluster field of the wrong type is an error naming its line and
       l.at(12, "cluster.probe_interval_ms", "has the wrong type"),
       l.at(13, "cluster.forward_timeout_ms", "has the wrong type"),
       l.at(14, "cluster.node_id", "has the wrong type"),
-      l.at(2, "cluster.node_id", kNodeIdRequired),
-      l.at(2, "cluster.listen", kListenRequired),
-      l.at(2, "cluster.secret", kSecretRequired),
+      l.at(1, "cluster.node_id", kNodeIdRequired),
+      l.at(1, "cluster.listen", kListenRequired),
+      l.at(1, "cluster.secret", kSecretRequired),
   };
   for (const auto& e : expected)
     CHECK_MESSAGE(contains(err, e), e);
@@ -679,19 +679,19 @@ TEST_CASE("node_id 0 is out of range and leaves the node without the required id
       out);
   CHECK(lines_of(err) == std::vector<std::string>{
                              l.at(4, "cluster.node_id", "must be between 1 and 65535"),
-                             l.at(3, "cluster.node_id", kNodeIdRequired),
+                             l.at(2, "cluster.node_id", kNodeIdRequired),
                          });
 }
 
 TEST_CASE("a cluster section missing node_id, listen and secret names each at the section's line") {
   Loader l;
   NodeOptions out;
-  // The section's line is where its map starts: its first key (block style), line 3 here.
+  // The section's line is the line of `cluster:` itself, line 2 here (not its first setting's).
   std::string err = l.load("threads: 2\ncluster:\n  name: lonely\n", out);
   CHECK(lines_of(err) == std::vector<std::string>{
-                             l.at(3, "cluster.node_id", kNodeIdRequired),
-                             l.at(3, "cluster.listen", kListenRequired),
-                             l.at(3, "cluster.secret", kSecretRequired),
+                             l.at(2, "cluster.node_id", kNodeIdRequired),
+                             l.at(2, "cluster.listen", kListenRequired),
+                             l.at(2, "cluster.secret", kSecretRequired),
                          });
   CHECK(out.cluster.enabled);
   CHECK(out.cluster.name == "lonely");
@@ -711,20 +711,22 @@ TEST_CASE("a cluster secret shorter than 16 bytes is refused") {
   NodeOptions out;
   const std::string err =
       l.load("cluster:\n  node_id: 1\n  listen: 127.0.0.1:7352\n  secret: 0123456789abcde\n", out);
-  CHECK(err == l.at(2, "cluster.secret", kSecretRequired));
+  CHECK(err == l.at(1, "cluster.secret", kSecretRequired));
   CHECK(out.cluster.secret == "0123456789abcde");  // read, then refused as too short
 }
 
-TEST_CASE("a secret_file that cannot be read names the setting, its line and the file") {
+TEST_CASE("a secret_file that cannot be read names the setting, its line, the file and why") {
   Loader l;
   const std::string missing = (fs::path(l.dir.path) / "missing.secret").string();
   NodeOptions out;
   const std::string err = l.load(
       "cluster:\n  node_id: 1\n  listen: 127.0.0.1:7352\n  secret_file: " + missing + "\n", out);
-  CHECK(contains(err, l.at(4, "cluster.secret_file", "cannot read " + missing)));
+  CHECK(contains(err, l.at(4, "cluster.secret_file",
+                           "cannot read " + missing + ": no such file or directory")));
   CHECK(lines_of(err) == std::vector<std::string>{
-                             l.at(4, "cluster.secret_file", "cannot read " + missing),
-                             l.at(2, "cluster.secret", kSecretRequired),
+                             l.at(4, "cluster.secret_file",
+                                  "cannot read " + missing + ": no such file or directory"),
+                             l.at(1, "cluster.secret", kSecretRequired),
                          });
 
   // A secret given before an unreadable secret_file is kept; only the file's error remains.
@@ -734,6 +736,235 @@ TEST_CASE("a secret_file that cannot be read names the setting, its line and the
       "  secret: 0123456789abcdef\n  secret_file: " +
           missing + "\n",
       with_secret);
-  CHECK(err2 == l.at(5, "cluster.secret_file", "cannot read " + missing));
+  CHECK(err2 ==
+        l.at(5, "cluster.secret_file", "cannot read " + missing + ": no such file or directory"));
+  CHECK(with_secret.cluster.secret == "0123456789abcdef");
+}
+
+// ---- empty values, and the line an error names --------------------------------------------------
+
+namespace {
+
+const std::string kEmpty = "must not be empty";
+const std::string kEmptyRules =
+    "must not be empty (leave rules out for the embedded example rules)";
+const std::string kEmptyDataDir = "must not be empty (write \"\" to keep everything in memory)";
+const std::string kEmptyCluster = "must not be empty (leave cluster out for a node on its own)";
+const std::string kEmptySeeds = "must not be empty (write [] for no seeds)";
+const std::string kEmptySeed = "must not contain an empty address";
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// Every way YAML spells "no value" after a key: nothing, a comment, ~ and null (any case).
+const char* const kNullSpellings[] = {"", "   # later", " ~", " null", " Null", " NULL"};
+
+}  // namespace
+
+TEST_CASE("an error names the line of its field, also when the value is left empty") {
+  // yaml-cpp gives an empty value the position of the next token; the error must not.
+  Loader l;
+  NodeOptions out = non_default_options();
+  std::string err =
+      l.load("udp: 127.0.0.1:1\ndata_dir:\n\n# the next setting\nlog_level: warn\n", out);
+  CHECK_MESSAGE(starts_with(err, l.file + ":2: data_dir: "), err);
+
+  err = l.load("threads: 2\ncluster:\n  node_id: 1\n  listen:\n  secret: 0123456789abcdef\n", out);
+  CHECK_MESSAGE(starts_with(err, l.file + ":4: cluster.listen: "), err);
+
+  // The last line of the file, with and without its newline.
+  err = l.load("udp: 127.0.0.1:1\nthreads:\n", out);
+  CHECK_MESSAGE(starts_with(err, l.file + ":2: threads: "), err);
+  err = l.load("udp: 127.0.0.1:1\nthreads:", out);
+  CHECK_MESSAGE(starts_with(err, l.file + ":2: threads: "), err);
+
+  // An empty cluster section followed by a top-level setting.
+  err = l.load("threads: 2\ncluster:\nudp: 127.0.0.1:1\n", out);
+  CHECK_MESSAGE(starts_with(err, l.file + ":2: cluster: "), err);
+
+  // A value written on the line after its key: the error names the key's line.
+  err = l.load("udp: 127.0.0.1:1\nthreads:\n  0\n", out);
+  CHECK(err == l.at(2, "threads", "must be between 1 and 256"));
+  err = l.load(
+      "cluster:\n  node_id: 1\n  listen: a:1\n  secret: 0123456789abcdef\n  replicas:\n"
+      "    9\n",
+      out);
+  CHECK(err == l.at(5, "cluster.replicas", "must be between 1 and 8"));
+}
+
+TEST_CASE("a top-level setting with no value is an error, never the string \"null\"") {
+  struct Case {
+    const char* field;
+    std::string why;
+  };
+  const Case cases[] = {
+      {"threads", kEmpty},        {"rules", kEmptyRules},           {"data_dir", kEmptyDataDir},
+      {"init_data", kEmpty},      {"snapshot_interval_ms", kEmpty}, {"memory_cap_mb", kEmpty},
+      {"hash_seed", kEmpty},      {"sweep_interval_ms", kEmpty},    {"log_level", kEmpty},
+      {"cluster", kEmptyCluster},
+  };
+  Loader l;
+  for (const Case& c : cases) {
+    for (const char* value : kNullSpellings) {
+      const std::string field = c.field, spelling = value;  // CAPTURE prints a char* as a pointer
+      CAPTURE(field);
+      CAPTURE(spelling);
+      NodeOptions out = non_default_options();
+      // The empty field on line 2, between two valid ones.
+      const std::string err = l.load(
+          std::string("udp: 127.0.0.1:1\n") + c.field + ":" + value + "\ntcp: 127.0.0.1:2\n", out);
+      CHECK(err == l.at(2, c.field, c.why));
+      // Nothing applied from the empty field; the others are.
+      NodeOptions expected = non_default_options();
+      expected.udp_listen = "127.0.0.1:1";
+      expected.tcp_listen = "127.0.0.1:2";
+      check_same(out, expected);
+    }
+  }
+}
+
+TEST_CASE("a cluster setting with no value is an error, never the string \"null\"") {
+  struct Case {
+    const char* field;
+    std::string why;
+  };
+  const Case cases[] = {
+      {"node_id", kEmpty},
+      {"name", kEmpty},
+      {"listen", kEmpty},
+      {"advertise", kEmpty},
+      {"seeds", kEmptySeeds},
+      {"secret", kEmpty},
+      {"secret_file", kEmpty},
+      {"replicas", kEmpty},
+      {"sync_interval_ms", kEmpty},
+      {"anti_entropy_interval_ms", kEmpty},
+      {"probe_interval_ms", kEmpty},
+      {"forward_timeout_ms", kEmpty},
+  };
+  Loader l;
+  for (const Case& c : cases) {
+    for (const char* value : kNullSpellings) {
+      const std::string field = c.field, spelling = value;  // CAPTURE prints a char* as a pointer
+      CAPTURE(field);
+      CAPTURE(spelling);
+      NodeOptions out = non_default_options();
+      // Lines 2-4 satisfy the required fields; the empty field is on line 5.
+      const std::string err =
+          l.load(std::string("cluster:\n  node_id: 12\n  listen: 127.0.0.1:7352\n"
+                             "  secret: 0123456789abcdef\n  ") +
+                     c.field + ":" + value + "\n  replicas: 3\n",
+                 out);
+      CHECK(err == l.at(5, std::string("cluster.") + c.field, c.why));
+      NodeOptions expected = non_default_options();
+      expected.cluster.enabled = true;
+      expected.cluster.node_id = 12;
+      expected.cluster.listen = "127.0.0.1:7352";
+      expected.cluster.secret = "0123456789abcdef";
+      expected.cluster.replicas = 3;
+      check_same(out, expected);
+    }
+  }
+}
+
+TEST_CASE("an empty cluster section does not enable clustering") {
+  Loader l;
+  NodeOptions out;
+  const std::string err = l.load("threads: 2\ncluster:\n", out);  // before l.at: it sets l.file
+  CHECK(err == l.at(2, "cluster", kEmptyCluster));
+  CHECK_FALSE(out.cluster.enabled);
+  CHECK(out.threads == 2);
+}
+
+TEST_CASE(
+    "an empty string is refused for rules and the cluster's strings, kept where it means off") {
+  Loader l;
+  {
+    NodeOptions out = non_default_options();
+    std::string err = l.load("rules: \"\"\n", out);
+    CHECK(err == l.at(1, "rules", kEmptyRules));
+    CHECK(out.rules_file == non_default_options().rules_file);
+    err = l.load("log_level: ''\n", out);
+    CHECK(err == l.at(1, "log_level", "must be one of trace, debug, info, warn, error, off"));
+    CHECK(out.log_level == non_default_options().log_level);
+  }
+  for (const std::string field : {"name", "listen", "advertise", "secret", "secret_file"}) {
+    CAPTURE(field);
+    NodeOptions out = non_default_options();
+    const std::string err = l.load(std::string("cluster:\n  node_id: 12\n  listen: 127.0.0.1:7352\n"
+                                               "  secret: 0123456789abcdef\n  ") +
+                                       field + ": \"\"\n",
+                                   out);
+    CHECK(err == l.at(5, "cluster." + field, kEmpty));
+    CHECK(out.cluster.name == non_default_options().cluster.name);
+    CHECK(out.cluster.listen == "127.0.0.1:7352");
+    CHECK(out.cluster.advertise == non_default_options().cluster.advertise);
+    CHECK(out.cluster.secret == "0123456789abcdef");
+  }
+  // A listener's "" and data_dir's "" keep their documented meaning (off, memory only): see
+  // "a listener given as null or as an empty string is disabled" and "init_data false and an
+  // empty data_dir are read as given".
+}
+
+TEST_CASE("a seed that is empty or null is refused, and no seed of that list is applied") {
+  Loader l;
+  const std::string head =
+      "cluster:\n  node_id: 12\n  listen: 127.0.0.1:7352\n  secret: 0123456789abcdef\n";
+  for (const char* seeds : {"  seeds: [10.0.0.1:7352, \"\"]\n", "  seeds: [10.0.0.1:7352, ~]\n",
+                            "  seeds:\n    - 10.0.0.1:7352\n    -\n    - 10.0.0.2:7352\n"}) {
+    const std::string list = seeds;
+    CAPTURE(list);
+    NodeOptions out = non_default_options();
+    const std::string err = l.load(head + list, out);
+    CHECK(err == l.at(5, "cluster.seeds", kEmptySeed));
+    CHECK(out.cluster.seeds == non_default_options().cluster.seeds);
+  }
+}
+
+TEST_CASE("a quoted null is the literal string, not an empty value") {
+  Loader l;
+  NodeOptions out;
+  CHECK(l.load("data_dir: \"null\"\nrules: '~'\ncluster:\n  node_id: 1\n  listen: a:1\n"
+               "  secret: 0123456789abcdef\n  name: \"NULL\"\n",
+               out) == "");
+  CHECK(out.data_dir == "null");
+  CHECK(out.rules_file == "~");
+  CHECK(out.cluster.name == "NULL");
+}
+
+// ---- files the config reads that are not files
+// ---------------------------------------------------
+
+TEST_CASE("a directory given as the config file is an error naming it, and out is kept") {
+  TempDir dir;
+  NodeOptions out = non_default_options();
+  CHECK(load_node_config(dir.path, out) ==
+        dir.path + ": cannot read the config file: is a directory");
+  check_same(out, non_default_options());
+}
+
+TEST_CASE("a directory given as secret_file is an error naming it, not an empty secret") {
+  Loader l;
+  const std::string secret_dir = (fs::path(l.dir.path) / "secrets").string();
+  REQUIRE(fs::create_directory(secret_dir));
+  NodeOptions out;
+  const std::string err = l.load(
+      "cluster:\n  node_id: 1\n  listen: 127.0.0.1:7352\n  secret_file: " + secret_dir + "\n", out);
+  CHECK(lines_of(err) ==
+        std::vector<std::string>{
+            l.at(4, "cluster.secret_file", "cannot read " + secret_dir + ": is a directory"),
+            l.at(1, "cluster.secret", kSecretRequired),
+        });
+  CHECK(out.cluster.secret == "");
+
+  // A valid secret given before it is kept.
+  NodeOptions with_secret;
+  const std::string err2 = l.load(
+      "cluster:\n  node_id: 1\n  listen: 127.0.0.1:7352\n"
+      "  secret: 0123456789abcdef\n  secret_file: " +
+          secret_dir + "\n",
+      with_secret);
+  CHECK(err2 == l.at(5, "cluster.secret_file", "cannot read " + secret_dir + ": is a directory"));
   CHECK(with_secret.cluster.secret == "0123456789abcdef");
 }

@@ -1,9 +1,14 @@
 // The node config file (YAML) and the embedded default rules.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
-#include <limits>
-#include <sstream>
+#include <cctype>
+#include <cerrno>
+#include <optional>
+#include <string_view>
+#include <system_error>
 
 #include "node/node.h"
 #include "node_embedded_rules.h"  // generated from deploy/rules.example.yaml
@@ -11,66 +16,195 @@
 namespace sluice::node {
 namespace {
 
-std::string where(const std::string& path, const YAML::Node& n, const std::string& field) {
-  return path + ":" + std::to_string(n.Mark().line + 1) + ": " + field + ": ";
+// Errors name the line of the setting's key. Not the value's: yaml-cpp gives a value left empty
+// (`data_dir:`) the position of the next token, which can be lines further down.
+std::string where(const std::string& path, const YAML::Node& key, const std::string& field) {
+  return path + ":" + std::to_string(key.Mark().line + 1) + ": " + field + ": ";
+}
+
+const char kEmpty[] = "must not be empty";
+
+// "is a directory", "no such file or directory": strerror's text, lowercased to follow a colon.
+std::string reason(int err) {
+  std::string why = std::generic_category().message(err);
+  if (!why.empty()) why[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(why[0])));
+  return why;
+}
+
+// Reads a whole file into `out`; "" or why not. A directory is refused: opening one for reading
+// succeeds, and std::ifstream then reads it as an empty file.
+std::string read_file(const std::string& path, std::string& out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return reason(errno);
+  std::string why;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    why = reason(errno);
+  } else if (S_ISDIR(st.st_mode)) {
+    why = reason(EISDIR);
+  } else {
+    std::string text;
+    char chunk[16 * 1024];
+    for (;;) {
+      const ssize_t n = ::read(fd, chunk, sizeof(chunk));
+      if (n > 0) {
+        text.append(chunk, static_cast<size_t>(n));
+      } else if (n == 0) {
+        out = std::move(text);
+        break;
+      } else if (errno != EINTR) {
+        why = reason(errno);
+        break;
+      }
+    }
+  }
+  ::close(fd);
+  return why;
 }
 
 std::string read_secret_file(const std::string& file, std::string& out) {
-  std::ifstream in(file);
-  if (!in) return "cannot read " + file;
-  std::stringstream text;
-  text << in.rdbuf();
-  out = text.str();
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ')) out.pop_back();
+  std::string text;
+  if (std::string why = read_file(file, text); !why.empty())
+    return "cannot read " + file + ": " + why;
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
+    text.pop_back();
+  out = std::move(text);
   return "";
 }
 
-// The `cluster:` map. Errors are appended through `fail`.
+// A string setting's text, or nothing when it is "" (the caller reports it). Throws
+// YAML::Exception when the value is not a scalar. Null values are reported before this is called:
+// yaml-cpp would read them as the string "null".
+std::optional<std::string> non_empty_text(const YAML::Node& v) {
+  std::string s = v.as<std::string>();
+  if (s.empty()) return std::nullopt;
+  return s;
+}
+
+constexpr std::string_view kTopLevelSettings[] = {"udp",
+                                                  "tcp",
+                                                  "admin",
+                                                  "threads",
+                                                  "rules",
+                                                  "data_dir",
+                                                  "init_data",
+                                                  "snapshot_interval_ms",
+                                                  "memory_cap_mb",
+                                                  "hash_seed",
+                                                  "sweep_interval_ms",
+                                                  "log_level",
+                                                  "cluster"};
+constexpr std::string_view kClusterSettings[] = {"node_id",
+                                                 "name",
+                                                 "listen",
+                                                 "advertise",
+                                                 "seeds",
+                                                 "secret",
+                                                 "secret_file",
+                                                 "replicas",
+                                                 "sync_interval_ms",
+                                                 "anti_entropy_interval_ms",
+                                                 "probe_interval_ms",
+                                                 "forward_timeout_ms"};
+
+template <size_t N>
+bool one_of(const std::string& key, const std::string_view (&names)[N]) {
+  for (std::string_view n : names)
+    if (key == n) return true;
+  return false;
+}
+
+template <size_t N>
+std::string unknown_setting(const std::string_view (&names)[N]) {
+  std::string why = "unknown setting (expected one of: ";
+  for (size_t i = 0; i < N; ++i) {
+    if (i) why += ", ";
+    why += names[i];
+  }
+  return why + ")";
+}
+
+// What an empty value should have been written as, when there is another way to say it.
+std::string empty_hint(const std::string& field) {
+  if (field == "rules") return " (leave rules out for the embedded example rules)";
+  if (field == "data_dir") return " (write \"\" to keep everything in memory)";
+  if (field == "cluster") return " (leave cluster out for a node on its own)";
+  if (field == "cluster.seeds") return " (write [] for no seeds)";
+  return "";
+}
+
+// The `cluster:` map; `section` is its key, the line that section-level errors name. Errors are
+// appended through `fail`.
 template <class Fail>
-void load_cluster(const YAML::Node& c, ClusterOptions& out, Fail&& fail) {
+void load_cluster(const YAML::Node& section, const YAML::Node& c, ClusterOptions& out,
+                  Fail&& fail) {
   if (!c.IsMap()) {
-    fail(c, "cluster", "must be a map of settings");
+    fail(section, "cluster", "must be a map of settings");
     return;
   }
   out.enabled = true;
   for (const auto& kv : c) {
-    const std::string key = kv.first.Scalar();
+    const YAML::Node& k = kv.first;
+    const std::string key = k.Scalar();
     const YAML::Node& v = kv.second;
     const std::string field = "cluster." + key;
+    auto bad = [&](const std::string& why) { fail(k, field, why); };
+    if (!one_of(key, kClusterSettings)) {
+      bad(unknown_setting(kClusterSettings));
+      continue;
+    }
+    if (v.IsNull()) {
+      bad(kEmpty + empty_hint(field));
+      continue;
+    }
     try {
       if (key == "node_id") {
         const auto id = v.as<int64_t>();
         if (id < 1 || id > 65535) {
-          fail(v, field, "must be between 1 and 65535");
+          bad("must be between 1 and 65535");
         } else {
           out.node_id = static_cast<uint16_t>(id);
         }
-      } else if (key == "name") {
-        out.name = v.as<std::string>();
-      } else if (key == "listen") {
-        out.listen = v.as<std::string>();
-      } else if (key == "advertise") {
-        out.advertise = v.as<std::string>();
+      } else if (key == "name" || key == "listen" || key == "advertise" || key == "secret") {
+        const std::optional<std::string> s = non_empty_text(v);
+        if (!s) {
+          bad(kEmpty);
+        } else if (key == "name") {
+          out.name = *s;
+        } else if (key == "listen") {
+          out.listen = *s;
+        } else if (key == "advertise") {
+          out.advertise = *s;
+        } else {
+          out.secret = *s;
+        }
       } else if (key == "seeds") {
-        out.seeds = v.as<std::vector<std::string>>();
-      } else if (key == "secret") {
-        out.secret = v.as<std::string>();
+        auto seeds = v.as<std::vector<std::string>>();
+        bool empty_seed = false;
+        for (const auto& seed : v)
+          if (seed.IsNull() || seed.as<std::string>().empty()) empty_seed = true;
+        if (empty_seed) {
+          bad("must not contain an empty address");
+        } else {
+          out.seeds = std::move(seeds);
+        }
       } else if (key == "secret_file") {
-        if (std::string err = read_secret_file(v.as<std::string>(), out.secret); !err.empty()) {
-          fail(v, field, err);
+        if (const std::optional<std::string> file = non_empty_text(v); !file) {
+          bad(kEmpty);
+        } else if (std::string err = read_secret_file(*file, out.secret); !err.empty()) {
+          bad(err);
         }
       } else if (key == "replicas") {
         const auto r = v.as<int64_t>();
         if (r < 1 || r > 8) {
-          fail(v, field, "must be between 1 and 8");
+          bad("must be between 1 and 8");
         } else {
           out.replicas = static_cast<size_t>(r);
         }
-      } else if (key == "sync_interval_ms" || key == "anti_entropy_interval_ms" ||
-                 key == "probe_interval_ms" || key == "forward_timeout_ms") {
+      } else {  // the intervals
         const auto ms = v.as<int64_t>();
         if (ms < 1 || ms > 600'000) {
-          fail(v, field, "must be between 1 and 600000");
+          bad("must be between 1 and 600000");
         } else if (key == "sync_interval_ms") {
           out.sync_interval_ms = ms;
         } else if (key == "anti_entropy_interval_ms") {
@@ -80,47 +214,57 @@ void load_cluster(const YAML::Node& c, ClusterOptions& out, Fail&& fail) {
         } else {
           out.forward_timeout_ms = ms;
         }
-      } else {
-        fail(kv.first, field,
-             "unknown setting (expected one of: node_id, name, listen, advertise, seeds, secret, "
-             "secret_file, replicas, sync_interval_ms, anti_entropy_interval_ms, "
-             "probe_interval_ms, forward_timeout_ms)");
       }
     } catch (const YAML::Exception&) {
-      fail(v, field, "has the wrong type");
+      bad("has the wrong type");
     }
   }
-  if (out.node_id == 0) fail(c, "cluster.node_id", "is required (1..65535, unique per node)");
-  if (out.listen.empty()) fail(c, "cluster.listen", "is required (the peer UDP address)");
+  if (out.node_id == 0) fail(section, "cluster.node_id", "is required (1..65535, unique per node)");
+  if (out.listen.empty()) fail(section, "cluster.listen", "is required (the peer UDP address)");
   if (out.secret.size() < 16) {
-    fail(c, "cluster.secret", "is required: at least 16 bytes shared by every node (or secret_file)");
+    fail(section, "cluster.secret",
+         "is required: at least 16 bytes shared by every node (or secret_file)");
   }
 }
 
 }  // namespace
 
-std::string_view embedded_rules() { return kEmbeddedRules; }
+std::string_view embedded_rules() {
+  return kEmbeddedRules;
+}
 
 std::string load_node_config(const std::string& path, NodeOptions& out) {
-  std::ifstream in(path);
-  if (!in) return path + ": cannot read the config file";
-  std::stringstream text;
-  text << in.rdbuf();
+  std::string text;
+  if (std::string why = read_file(path, text); !why.empty()) {
+    return path + ": cannot read the config file: " + why;
+  }
   YAML::Node root;
   try {
-    root = YAML::Load(text.str());
+    root = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
     return path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg;
   }
   if (root.IsNull()) return {};  // an empty file keeps every default
   if (!root.IsMap()) return path + ": the config must be a map of settings";
   std::string errors;
-  auto fail = [&](const YAML::Node& n, const std::string& field, const std::string& why) {
-    errors += where(path, n, field) + why + "\n";
+  auto fail = [&](const YAML::Node& key, const std::string& field, const std::string& why) {
+    errors += where(path, key, field) + why + "\n";
   };
   for (const auto& kv : root) {
-    const std::string key = kv.first.Scalar();
+    const YAML::Node& k = kv.first;
+    const std::string key = k.Scalar();
     const YAML::Node& v = kv.second;
+    auto bad = [&](const std::string& why) { fail(k, key, why); };
+    if (!one_of(key, kTopLevelSettings)) {
+      bad(unknown_setting(kTopLevelSettings));
+      continue;
+    }
+    // A listener left empty is off, as documented; every other setting needs a value.
+    const bool listener = key == "udp" || key == "tcp" || key == "admin";
+    if (v.IsNull() && !listener) {
+      bad(kEmpty + empty_hint(key));
+      continue;
+    }
     try {
       if (key == "udp") {
         out.udp_listen = v.IsNull() ? "" : v.as<std::string>();
@@ -131,29 +275,34 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
       } else if (key == "threads") {
         const int t = v.as<int>();
         if (t < 1 || t > 256) {
-          fail(v, key, "must be between 1 and 256");
+          bad("must be between 1 and 256");
         } else {
           out.threads = static_cast<unsigned>(t);
         }
       } else if (key == "rules") {
-        out.rules_file = v.as<std::string>();
+        // "" would silently serve the embedded example rules in production.
+        if (const std::optional<std::string> file = non_empty_text(v); !file) {
+          bad(kEmpty + empty_hint(key));
+        } else {
+          out.rules_file = *file;
+        }
       } else if (key == "data_dir") {
-        out.data_dir = v.as<std::string>();
+        out.data_dir = v.as<std::string>();  // "" = memory only, documented
       } else if (key == "cluster") {
-        load_cluster(v, out.cluster, fail);
+        load_cluster(k, v, out.cluster, fail);
       } else if (key == "init_data") {
         out.init_data = v.as<bool>();
       } else if (key == "snapshot_interval_ms") {
         const auto ms = v.as<int64_t>();
         if (ms < 10 || ms > 3'600'000) {
-          fail(v, key, "must be between 10 and 3600000");
+          bad("must be between 10 and 3600000");
         } else {
           out.snapshot_interval_ms = ms;
         }
       } else if (key == "memory_cap_mb") {
         const auto mb = v.as<uint64_t>();
         if (mb < 1 || mb > (uint64_t{1} << 24)) {
-          fail(v, key, "must be between 1 and 16777216 (MiB)");
+          bad("must be between 1 and 16777216 (MiB)");
         } else {
           out.memory_cap_bytes = mb << 20;
         }
@@ -162,26 +311,21 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
       } else if (key == "sweep_interval_ms") {
         const auto ms = v.as<int64_t>();
         if (ms < 10) {
-          fail(v, key, "must be at least 10");
+          bad("must be at least 10");
         } else {
           out.sweep_interval_ms = ms;
         }
       } else if (key == "log_level") {
         const auto lvl = v.as<std::string>();
-        if (lvl != "trace" && lvl != "debug" && lvl != "info" && lvl != "warn" &&
-            lvl != "error" && lvl != "off") {
-          fail(v, key, "must be one of trace, debug, info, warn, error, off");
+        if (lvl != "trace" && lvl != "debug" && lvl != "info" && lvl != "warn" && lvl != "error" &&
+            lvl != "off") {
+          bad("must be one of trace, debug, info, warn, error, off");
         } else {
           out.log_level = lvl;
         }
-      } else {
-        fail(kv.first, key,
-             "unknown setting (expected one of: udp, tcp, admin, threads, rules, data_dir, "
-             "init_data, snapshot_interval_ms, memory_cap_mb, hash_seed, sweep_interval_ms, "
-             "log_level, cluster)");
       }
     } catch (const YAML::Exception&) {
-      fail(v, key, "has the wrong type");
+      bad("has the wrong type");
     }
   }
   if (!errors.empty()) errors.pop_back();
