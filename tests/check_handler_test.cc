@@ -114,11 +114,14 @@ class FakeRouter final : public CheckRouter {
     }
     if (forwarded) return {};
     auto it = owners.find(routing_key);
-    return {it == owners.end() ? default_owner : it->second, false};
+    Route r{it == owners.end() ? default_owner : it->second, false};
+    if (auto b = backups.find(routing_key); b != backups.end()) r.backup = b->second;
+    return r;
   }
   bool redirecting() override { return joining; }
   std::map<uint64_t, uint16_t> owners;
   std::map<uint64_t, uint16_t> previous;
+  std::map<uint64_t, uint16_t> backups;  // the key's replica, asked when the owner is silent
   bool joining = false;
   uint16_t default_owner = 0;
   std::vector<uint64_t> asked;
@@ -727,4 +730,25 @@ TEST_CASE("what the previous owner admitted for a redirected part is credited to
   CHECK(f.remaining("moved") == 1);
   f.handler.credit(tagged(encode(6, {user("moved", 1)}, true, 0, true)), answer, 2, kT0);
   CHECK(f.remaining("moved") == 0);  // a third hit admitted by node 2
+}
+
+TEST_CASE("checks with one owner but different replicas go in different parts, each naming its replica") {
+  Fixture f;
+  FakeRouter router;
+  router.default_owner = 2;
+  router.backups[*routing_key(*f.engine, user("a"))] = 3;
+  router.backups[*routing_key(*f.engine, user("b"))] = 4;
+  router.backups[*routing_key(*f.engine, user("c"))] = 3;
+  const std::vector<uint8_t> request = encode(9, {user("a"), user("b"), user("c")});
+  ForwardPlan plan;
+  REQUIRE(f.handler.handle_routed(request, 0, kT0, f.out, &router, 100, plan) ==
+          Outcome::kForward);
+  REQUIRE(plan.used == 2);
+  CHECK(plan.parts[0].owner == 2);
+  CHECK(plan.parts[0].backup == 3);
+  CHECK(plan.parts[0].checks == std::vector<uint32_t>{0, 2});
+  CHECK(plan.parts[1].owner == 2);
+  CHECK(plan.parts[1].backup == 4);
+  CHECK(plan.parts[1].checks == std::vector<uint32_t>{1});
+  CHECK_FALSE(plan.parts[0].retried);
 }

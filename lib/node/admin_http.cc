@@ -468,8 +468,12 @@ std::string render_metrics(AdminHttp::State& st) {
   m.one("sluice_forwarded_parts_total", "counter", "Owner mode: parts sent to another node.",
         nc.forwarded_parts);
   m.one("sluice_forward_fallbacks_total", "counter",
-        "Owner mode: parts decided here because the owner was silent or unreachable.",
+        "Owner mode: parts decided here by the rule's fallback because neither the owner nor a "
+        "replica answered in time.",
         nc.forward_fallbacks);
+  m.one("sluice_forward_failovers_total", "counter",
+        "Owner mode: parts sent on to the key's replica because the owner did not answer in time.",
+        nc.forward_failovers);
   m.one("sluice_untrusted_forwards_total", "counter",
         "Requests that claimed to be forwarded by a node without the cluster's tag (routed as "
         "client requests).",
@@ -638,6 +642,7 @@ std::string render_status(AdminHttp::State& st) {
         {"forwarded", nc.forwarded_requests},
         {"forwarded_parts", nc.forwarded_parts},
         {"forward_fallbacks", nc.forward_fallbacks},
+        {"forward_failovers", nc.forward_failovers},
         {"reloads", nc.reloads},
         {"reload_failures", nc.reload_failures}}},
       {"rules", std::move(rules)},

@@ -187,13 +187,20 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
   plan.used = 0;
   for (size_t i = 0; i < checks.size(); ++i) {
     ForwardPlan::Part* part = nullptr;
+    const CheckRouter::Route& r = s.routes[i];
     for (size_t p = 0; p < plan.used; ++p) {
-      if (plan.parts[p].owner == s.routes[i].node) part = &plan.parts[p];
+      const ForwardPlan::Part& q = plan.parts[p];
+      if (q.owner == r.node && q.backup == r.backup && q.backup_here == r.backup_here) {
+        part = &plan.parts[p];
+      }
     }
     if (part == nullptr) {
       if (plan.parts.size() <= plan.used) plan.parts.emplace_back();
       part = &plan.parts[plan.used++];
-      part->owner = s.routes[i].node;
+      part->owner = r.node;
+      part->backup = r.backup;
+      part->backup_here = r.backup_here;
+      part->retried = false;
       part->redirected = false;
       part->checks.clear();
     }

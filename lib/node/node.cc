@@ -81,6 +81,7 @@ struct alignas(64) WorkerCounters {
   std::atomic<uint64_t> forwarded_requests{0};  // client requests split to owners
   std::atomic<uint64_t> forwarded_parts{0};     // parts sent to another node
   std::atomic<uint64_t> forward_fallbacks{0};   // parts decided here: owner silent or unreachable
+  std::atomic<uint64_t> forward_failovers{0};   // parts sent on to the key's replica
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
 };
 
@@ -290,8 +291,11 @@ int64_t TcpSession::node_now() const {
 // (CheckHandler::handle_routed); each part goes, marked forwarded, to its owner's check port from
 // this worker's forwarding socket, the owner decides it as it decides any request, and the
 // answers are merged into one answer to the client in the client's order. A part whose owner does
-// not answer within forward_timeout_ms (or cannot be sent to) is decided here: availability over
-// exactness, counted in sluice_forward_fallbacks_total. Everything runs on the worker's thread.
+// not answer within forward_timeout_ms (or cannot be sent to) goes to the key's next replica,
+// which holds the merged counts (sluice_forward_failovers_total); when that one does not answer
+// either, the part is decided here by each rule's `fallback`: its share of the limit, or deny
+// (sluice_forward_fallbacks_total), never as if this node were the owner. Everything runs on the
+// worker's thread.
 struct Worker::Forwarder : CheckRouter {
   // Where the client waits for its answer.
   struct Client {
@@ -338,12 +342,14 @@ struct Worker::Forwarder : CheckRouter {
   Route route(uint64_t routing_key, bool forwarded) override {
     refresh();
     const int64_t now = w.node.opt.clock();
-    const auto owner = view.owner(routing_key);
-    if (!owner) return {};
-    if (*owner == cluster.self()) {
+    std::array<uint16_t, cluster::HashRing::kMaxReplicas> owners{};
+    const size_t n = view.ring->owners(routing_key, owners);
+    if (n == 0) return {};
+    const uint16_t self = cluster.self();
+    if (owners[0] == self) {
       // Joining: the key stays with the owner before us, which has its counts, for now.
       const auto before = view.previous_owner(routing_key, now);
-      if (before && *before != cluster.self() && !silent(*before, now) && endpoint_of(*before)) {
+      if (before && *before != self && !silent(*before, now) && endpoint_of(*before)) {
         return {*before, true};
       }
       return {};
@@ -351,18 +357,26 @@ struct Worker::Forwarder : CheckRouter {
     // Sent here as to the owner by a node whose ring differs from ours for the moment: decided
     // here as asked (forwarding it on could send it back and forth).
     if (forwarded) return {};
-    if (silent(*owner, now)) {
-      // The owner stopped answering (dead but not yet declared so, or overloaded): its first
-      // replica holds the merged counts, so it decides instead, exactly, without a timeout each.
-      std::array<uint16_t, cluster::HashRing::kMaxReplicas> owners{};
-      const size_t n = view.ring->owners(routing_key, owners);
-      for (size_t i = 0; i < n; ++i) {
-        if (owners[i] == cluster.self()) return {};
+    // The first replica that can take over: the key's next owner that is not passed over.
+    const auto next_after = [&](size_t from) -> Route {
+      for (size_t i = from; i < n; ++i) {
+        if (owners[i] == self) return {0, false, 0, true};
         if (!silent(owners[i], now) && endpoint_of(owners[i])) return {owners[i], false};
       }
       return {};
+    };
+    if (silent(owners[0], now)) {
+      // The owner stopped answering (dead but not yet declared so, or overloaded): its first
+      // replica holds the merged counts, so it decides instead, exactly, without a timeout each.
+      const Route r = next_after(1);
+      return r.backup_here ? Route{} : r;
     }
-    return {*owner, false};  // no check address known for it: decided here as a fallback
+    // No check address known for the owner: decided here by the rule's fallback (handle()).
+    Route r{owners[0], false};
+    const Route b = next_after(1);
+    r.backup = b.node;
+    r.backup_here = b.backup_here;
+    return r;
   }
 
   bool redirecting() override {
@@ -436,23 +450,45 @@ struct Worker::Forwarder : CheckRouter {
       std::swap(p.parts[i].request, plan.parts[i].request);
       p.parts[i].owner = plan.parts[i].owner;
       p.parts[i].redirected = plan.parts[i].redirected;
+      p.parts[i].backup = plan.parts[i].backup;
+      p.parts[i].backup_here = plan.parts[i].backup_here;
+      p.parts[i].retried = false;
       auth->sign(p.parts[i].request);  // the owner honours `forwarded` only under our tag
     }
     for (size_t i = 0; i < plan.used && p.busy; ++i) {
-      const ForwardPlan::Part& part = p.parts[i];
-      std::optional<udp::endpoint> to;
-      if (part.owner != 0) to = endpoint_of(part.owner);
-      boost::system::error_code ec;
-      if (to) socket.send_to(asio::buffer(part.request), *to, 0, ec);
-      if (to && !ec) {
+      ForwardPlan::Part& part = p.parts[i];
+      if (part.owner == 0) {
+        decide_here(slot, i, now, false);
+        continue;
+      }
+      if (send_part(part.owner, part)) {
         w.counters.forwarded_parts.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
-      if (part.owner != 0) w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
-      decide_here(slot, i, now, part.owner != 0);
+      // The owner cannot be sent to: its replica, or the rule's fallback.
+      part.retried = true;
+      if (part.backup_here) {
+        w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
+        decide_here(slot, i, now, false);
+      } else if (part.backup != 0 && send_part(part.backup, part)) {
+        w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+        decide_here(slot, i, now, true);
+      }
     }
     if (pending[slot].busy) arm_timer();
     return CheckHandler::Outcome::kForward;
+  }
+
+  // Sends a part (signed, as planned) to node `to`; false when it has no address or the send
+  // failed.
+  bool send_part(uint16_t to, const ForwardPlan::Part& part) {
+    const auto ep = endpoint_of(to);
+    if (!ep) return false;
+    boost::system::error_code ec;
+    socket.send_to(asio::buffer(part.request), *ep, 0, ec);
+    return !ec;
   }
 
   size_t take_slot() {
@@ -576,8 +612,10 @@ struct Worker::Forwarder : CheckRouter {
     if (!p.busy || p.generation != static_cast<uint32_t>(id >> 32) || part >= p.part_done.size()) {
       return;  // late: already decided here after a timeout
     }
-    silent_until.erase(p.parts[part].owner);  // it answers again
-    timeouts_in_a_row.erase(p.parts[part].owner);
+    if (!p.parts[part].retried) {  // the owner itself answered: it answers again
+      silent_until.erase(p.parts[part].owner);
+      timeouts_in_a_row.erase(p.parts[part].owner);
+    }
     if (p.parts[part].redirected) {
       w.handler.credit(p.parts[part].request, answer, p.parts[part].owner, w.node.opt.clock());
     }
@@ -600,12 +638,31 @@ struct Worker::Forwarder : CheckRouter {
           any = true;
           continue;
         }
+        bool retrying = false;
         for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
-          if (i < pending[slot].part_done.size() && !pending[slot].part_done[i]) {
-            w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
-            note_timeout(pending[slot].parts[i].owner, now);
-            decide_here(slot, i, now, true);
+          if (i >= pending[slot].part_done.size() || pending[slot].part_done[i]) continue;
+          ForwardPlan::Part& part = pending[slot].parts[i];
+          if (!part.retried) note_timeout(part.owner, now);
+          if (!part.retried && part.backup_here) {
+            // We are the key's replica: we hold its merged counts and decide it exactly.
+            w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
+            part.retried = true;
+            decide_here(slot, i, now, false);
+            continue;
           }
+          if (!part.retried && part.backup != 0 && send_part(part.backup, part)) {
+            // The owner did not answer: the key's replica holds the merged counts; ask it.
+            part.retried = true;
+            retrying = true;
+            w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
+            continue;
+          }
+          w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+          decide_here(slot, i, now, true);
+        }
+        if (retrying && pending[slot].busy) {
+          pending[slot].deadline_ms = now + cluster.forward_timeout_ms();
+          any = true;
         }
       }
       if (any) arm_timer();
@@ -1018,6 +1075,7 @@ NodeCounters Node::counters() const {
     c.forwarded_requests += k.forwarded_requests.load(std::memory_order_relaxed);
     c.forwarded_parts += k.forwarded_parts.load(std::memory_order_relaxed);
     c.forward_fallbacks += k.forward_fallbacks.load(std::memory_order_relaxed);
+    c.forward_failovers += k.forward_failovers.load(std::memory_order_relaxed);
     c.untrusted_forwards += w->handler.untrusted_forwards();
     for (size_t i = 0; i < kLatencyBuckets; ++i) {
       c.latency_us_buckets[i] += k.latency[i].load(std::memory_order_relaxed);

@@ -40,7 +40,10 @@ struct ClusterOptions {
   int64_t sync_interval_ms = 100;
   int64_t anti_entropy_interval_ms = 5'000;
   int64_t probe_interval_ms = 1'000;
-  int64_t forward_timeout_ms = 50;  // owner mode: decide locally when the owner is silent
+  // Owner mode: how long a forwarded check waits for the owner before it goes to the key's
+  // replica (and as long again for the replica before the rule's fallback decides it here).
+  // Twice this stays under libsluice's default 20 ms timeout.
+  int64_t forward_timeout_ms = 8;
 };
 
 struct NodeOptions {
@@ -79,6 +82,7 @@ struct NodeCounters {
   uint64_t forwarded_requests = 0;  // owner mode: client requests split to their keys' owners
   uint64_t forwarded_parts = 0;     // parts sent to another node
   uint64_t forward_fallbacks = 0;   // parts decided here: the owner was silent or unreachable
+  uint64_t forward_failovers = 0;   // parts sent on to the key's replica after the owner's timeout
   uint64_t untrusted_forwards = 0;  // requests that claimed `forwarded` without the cluster's tag
   uint64_t reloads = 0;
   uint64_t reload_failures = 0;
@@ -112,6 +116,10 @@ class CheckRouter {
   struct Route {
     uint16_t node = 0;      // 0: decided here, else the node that decides it
     bool redirect = false;  // sent on as redirected: that node decides it whatever its ring says
+    // Where the check goes if `node` does not answer in time: the key's next replica (it holds
+    // the merged counts); 0 = none (then the rule's fallback decides here).
+    uint16_t backup = 0;
+    bool backup_here = false;  // this node is that replica: it decides exactly
   };
   // Where a check with this routing key is decided. `forwarded`: it came from another node,
   // which sent it here as the owner; it is decided here unless this node has just joined and
@@ -128,6 +136,9 @@ struct ForwardPlan {
   struct Part {
     uint16_t owner = 0;
     bool redirected = false;
+    uint16_t backup = 0;           // Route::backup of every check in the part
+    bool backup_here = false;      // Route::backup_here of every check in the part
+    bool retried = false;          // sent to the backup after the owner's timeout
     std::vector<uint32_t> checks;  // indices into the client's request
     std::vector<uint8_t> request;
   };

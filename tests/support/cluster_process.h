@@ -3,7 +3,8 @@
 //
 //   LocalCluster: configures and starts N nodes (node i has node_id i + 1, its own check, admin
 //     and peer ports, a data directory, a config file and a log under one temp directory; node 1
-//     is every other node's seed), waits until every node lists every other one alive, kills
+//     is every other node's seed; ClusterSpec::placement may put a node at another address and
+//     start it through a command prefix, as netns_cluster.h does with network namespaces), waits until every node lists every other one alive, kills
 //     (SIGKILL), terminates (SIGTERM), restarts, adds and drains nodes, and talks to their admin
 //     ports over a tiny blocking HTTP/1.1 client (JSON bodies, nlohmann_json).
 //   LoadDriver: open-loop traffic through libsluice (one Client per node, whose node list starts
@@ -87,6 +88,13 @@ inline sockaddr_in loopback_addr(uint16_t port) {
   return a;
 }
 
+// `host` is an IPv4 literal; an unparsable one gives 0.0.0.0 (connects then fail).
+inline sockaddr_in ipv4_addr(const std::string& host, uint16_t port) {
+  sockaddr_in a = loopback_addr(port);
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
+  return a;
+}
+
 // A loopback port free for both TCP and UDP right now, never one handed out before by this
 // process (a cluster takes many ports at once; the kernel may offer a released one again).
 inline uint16_t free_loopback_port() {
@@ -139,10 +147,11 @@ struct HttpReply {
   }
 };
 
-// One request on a fresh connection ("Connection: close"), the whole exchange within `timeout`.
-inline HttpReply http_request(uint16_t port, const std::string& method, const std::string& path,
-                              const std::string& body = "",
-                              milliseconds timeout = milliseconds(2000)) {
+// One request to host:port (an IPv4 literal) on a fresh connection ("Connection: close"), the
+// whole exchange within `timeout`.
+inline HttpReply http_request_at(const std::string& host, uint16_t port, const std::string& method,
+                                 const std::string& path, const std::string& body = "",
+                                 milliseconds timeout = milliseconds(2000)) {
   HttpReply reply;
   const auto deadline = SteadyClock::now() + timeout;
   auto left_ms = [&]() {
@@ -155,7 +164,7 @@ inline HttpReply http_request(uint16_t port, const std::string& method, const st
     int fd;
     ~Closer() { ::close(fd); }
   } closer{s};
-  const sockaddr_in a = loopback_addr(port);
+  const sockaddr_in a = ipv4_addr(host, port);
   if (::connect(s, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
     if (errno != EINPROGRESS) return reply;
     pollfd p{s, POLLOUT, 0};
@@ -164,7 +173,8 @@ inline HttpReply http_request(uint16_t port, const std::string& method, const st
     socklen_t len = sizeof err;
     if (::getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) return reply;
   }
-  std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  std::string req =
+      method + " " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n";
   if (!body.empty() || method == "POST") {
     req +=
         "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
@@ -233,6 +243,13 @@ inline HttpReply http_request(uint16_t port, const std::string& method, const st
   return reply;
 }
 
+// The same on loopback.
+inline HttpReply http_request(uint16_t port, const std::string& method, const std::string& path,
+                              const std::string& body = "",
+                              milliseconds timeout = milliseconds(2000)) {
+  return http_request_at("127.0.0.1", port, method, path, body, timeout);
+}
+
 // ---- the cluster -------------------------------------------------------------------------------
 
 // Rules for the cluster tests and benchmark: domain "g" (consistency: gossip) and domain "o"
@@ -259,6 +276,16 @@ inline std::string two_mode_rules(uint64_t limit_per_s, const char* estimator = 
   return out;
 }
 
+// Where a node runs: the IPv4 address its check, admin and peer ports bind to (and the others and
+// the tests reach it at), those ports (0: a free loopback port), and a command that sluiced's is
+// appended to, e.g. {"/usr/sbin/ip", "netns", "exec", "ns-1"} (which execs sluiced in place, so
+// the node's pid is sluiced's).
+struct NodePlacement {
+  std::string host = "127.0.0.1";
+  uint16_t check_port = 0, admin_port = 0, peer_port = 0;
+  std::vector<std::string> launch_prefix;
+};
+
 struct ClusterSpec {
   std::string sluiced_bin;  // path of the sluiced binary
   size_t nodes = 3;         // started by start()
@@ -266,19 +293,23 @@ struct ClusterSpec {
   int64_t sync_interval_ms = 100;
   int64_t probe_interval_ms = 1000;
   int64_t anti_entropy_interval_ms = 5000;
-  int64_t forward_timeout_ms = 50;
+  int64_t forward_timeout_ms = 8;  // the node default
   size_t replicas = 2;
   std::string secret = "sluice-cluster-test-secret-0123456789abcdef";
   unsigned threads = 1;  // per node: a 2-core machine runs up to 11 nodes plus the load
   std::string log_level = "info";
   milliseconds start_timeout{10000};  // per node: until its admin port answers
+  // Node i's (0-based) placement, asked once when it is configured; unset: loopback, free ports.
+  std::function<NodePlacement(size_t index)> placement;
 };
 
 struct NodeProcess {
   size_t index = 0;  // 0-based; node_id = index + 1
   uint16_t id = 0;
   std::string name;
+  std::string host = "127.0.0.1";  // the address every port of this node binds to
   uint16_t check_port = 0, admin_port = 0, peer_port = 0;
+  std::vector<std::string> launch_prefix;  // NodePlacement::launch_prefix
   std::filesystem::path config, data_dir, log;
   std::string secret;
   pid_t pid = -1;
@@ -323,6 +354,13 @@ class LocalCluster {
       out.push_back(n.check_port);
     return out;
   }
+  // "host:port" of every node's check port, for a LoadDriver of nodes placed off loopback.
+  std::vector<std::string> check_addresses() const {
+    std::vector<std::string> out;
+    for (const NodeProcess& n : nodes_)
+      out.push_back(n.host + ":" + std::to_string(n.check_port));
+    return out;
+  }
 
   // Configures and starts spec.nodes nodes, then waits until every one lists all of them alive.
   std::string start(milliseconds converge_timeout = milliseconds(20000)) {
@@ -342,9 +380,12 @@ class LocalCluster {
     n.index = nodes_.size();
     n.id = static_cast<uint16_t>(n.index + 1);
     n.name = "node-" + std::to_string(n.id);
-    n.check_port = free_loopback_port();
-    n.admin_port = free_loopback_port();
-    n.peer_port = free_loopback_port();
+    NodePlacement p = spec_.placement ? spec_.placement(n.index) : NodePlacement{};
+    n.host = p.host;
+    n.launch_prefix = std::move(p.launch_prefix);
+    n.check_port = p.check_port != 0 ? p.check_port : free_loopback_port();
+    n.admin_port = p.admin_port != 0 ? p.admin_port : free_loopback_port();
+    n.peer_port = p.peer_port != 0 ? p.peer_port : free_loopback_port();
     if (n.check_port == 0 || n.admin_port == 0 || n.peer_port == 0) return SIZE_MAX;
     n.secret = secret.value_or(spec_.secret);
     n.config = dir_ / (n.name + ".yaml");
@@ -366,25 +407,27 @@ class LocalCluster {
   void write_config(size_t i, bool restart) {
     const NodeProcess& n = nodes_.at(i);
     std::ofstream cfg(n.config, std::ios::trunc);
-    cfg << "udp: 127.0.0.1:" << n.check_port << "\ntcp: 127.0.0.1:" << n.check_port
-        << "\nadmin: 127.0.0.1:" << n.admin_port << "\nthreads: " << spec_.threads
+    cfg << "udp: " << n.host << ":" << n.check_port << "\ntcp: " << n.host << ":" << n.check_port
+        << "\nadmin: " << n.host << ":" << n.admin_port << "\nthreads: " << spec_.threads
         << "\nrules: " << (dir_ / "rules.yaml").string() << "\ndata_dir: " << n.data_dir.string()
         << "\ninit_data: true\nlog_level: " << spec_.log_level << "\ncluster:\n  node_id: " << n.id
-        << "\n  name: " << n.name << "\n  listen: 127.0.0.1:" << n.peer_port << "\n  secret: \""
+        << "\n  name: " << n.name << "\n  listen: " << n.host << ":" << n.peer_port << "\n  secret: \""
         << n.secret << "\"\n  replicas: " << spec_.replicas
         << "\n  sync_interval_ms: " << spec_.sync_interval_ms
         << "\n  anti_entropy_interval_ms: " << spec_.anti_entropy_interval_ms
         << "\n  probe_interval_ms: " << spec_.probe_interval_ms
         << "\n  forward_timeout_ms: " << spec_.forward_timeout_ms << "\n";
-    std::vector<uint16_t> seeds;
+    std::vector<std::string> seeds;
     for (const NodeProcess& other : nodes_) {
       if (other.index == i) continue;
-      if (restart || (other.index == 0)) seeds.push_back(other.peer_port);
+      if (restart || (other.index == 0)) {
+        seeds.push_back(other.host + ":" + std::to_string(other.peer_port));
+      }
     }
     if (!seeds.empty()) {
       cfg << "  seeds: [";
       for (size_t k = 0; k < seeds.size(); ++k)
-        cfg << (k ? ", " : "") << "127.0.0.1:" << seeds[k];
+        cfg << (k ? ", " : "") << seeds[k];
       cfg << "]\n";
     }
   }
@@ -396,8 +439,13 @@ class LocalCluster {
     if (running(i)) return n.name + " is already running";
     write_config(i, n.started);
     n.started = true;
-    const std::string bin = spec_.sluiced_bin;
-    const std::string cfg = n.config.string();
+    std::vector<std::string> args = n.launch_prefix;
+    for (const std::string& a : {spec_.sluiced_bin, std::string("--config"), n.config.string()})
+      args.push_back(a);
+    std::vector<char*> argv;  // built before fork: the child only execs
+    for (std::string& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
     const std::string log = n.log.string();
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
@@ -412,13 +460,15 @@ class LocalCluster {
         ::dup2(fd, 2);
         ::close(fd);
       }
-      ::execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), static_cast<char*>(nullptr));
+      ::execv(argv[0], argv.data());
       ::_exit(127);
     }
     n.pid = pid;
     n.last_exit_status = -1;
     const bool up = wait_until(
-        [&] { return !running(i) || http_request(n.admin_port, "GET", "/healthz").status == 200; },
+        [&] {
+          return !running(i) || http_request_at(n.host, n.admin_port, "GET", "/healthz").status == 200;
+        },
         spec_.start_timeout, milliseconds(20));
     if (!running(i)) return n.name + " exited at start: " + file_tail(n.log);
     if (!up) return n.name + " did not answer on its admin port: " + file_tail(n.log);
@@ -470,10 +520,10 @@ class LocalCluster {
   }
 
   HttpReply get(size_t i, const std::string& path) const {
-    return http_request(nodes_.at(i).admin_port, "GET", path);
+    return http_request_at(nodes_.at(i).host, nodes_.at(i).admin_port, "GET", path);
   }
   HttpReply post(size_t i, const std::string& path, const Json& body) const {
-    return http_request(nodes_.at(i).admin_port, "POST", path, body.dump());
+    return http_request_at(nodes_.at(i).host, nodes_.at(i).admin_port, "POST", path, body.dump());
   }
 
   // GET /v1/cluster as JSON; nullopt when the node does not answer.
@@ -652,10 +702,13 @@ struct LoadOptions {
 
 class LoadDriver {
  public:
-  // `ports`: the check port of every node that may receive traffic (index = node index), known
-  // up front so a node added later can be targeted with set_targets().
-  LoadDriver(LoadOptions options, std::vector<uint16_t> ports)
-      : opt_(std::move(options)), ports_(std::move(ports)) {
+  // `ports`: the check port on loopback of every node that may receive traffic (index = node
+  // index), known up front so a node added later can be targeted with set_targets().
+  LoadDriver(LoadOptions options, const std::vector<uint16_t>& ports)
+      : LoadDriver(std::move(options), loopback_addresses(ports)) {}
+  // The same with "host:port" addresses (LocalCluster::check_addresses()).
+  LoadDriver(LoadOptions options, std::vector<std::string> addresses)
+      : opt_(std::move(options)), addresses_(std::move(addresses)) {
     capacity_ = static_cast<size_t>(opt_.rate_per_s * static_cast<double>(opt_.duration.count()) /
                                     1000.0 * 1.05) +
                 16;
@@ -676,10 +729,10 @@ class LoadDriver {
     if (opt_.keys.empty() || targets.empty() || opt_.rate_per_s <= 0) return "nothing to send";
     if (opt_.key_domains.empty()) opt_.key_domains.assign(opt_.keys.size(), opt_.domain);
     if (opt_.key_domains.size() != opt_.keys.size()) return "key_domains and keys differ in size";
-    for (size_t i = 0; i < ports_.size(); ++i) {
+    for (size_t i = 0; i < addresses_.size(); ++i) {
       ClientOptions co;
-      for (size_t k = 0; k < (opt_.failover ? ports_.size() : 1); ++k) {
-        co.nodes.push_back("127.0.0.1:" + std::to_string(ports_[(i + k) % ports_.size()]));
+      for (size_t k = 0; k < (opt_.failover ? addresses_.size() : 1); ++k) {
+        co.nodes.push_back(addresses_[(i + k) % addresses_.size()]);
       }
       co.transport = opt_.transport;
       co.fail_mode = FailMode::kClosed;
@@ -731,6 +784,13 @@ class LoadDriver {
   }
 
  private:
+  static std::vector<std::string> loopback_addresses(const std::vector<uint16_t>& ports) {
+    std::vector<std::string> out;
+    for (uint16_t p : ports)
+      out.push_back("127.0.0.1:" + std::to_string(p));
+    return out;
+  }
+
   void pace() {
     const double period_us = 1e6 / opt_.rate_per_s;
     const int64_t end_us = static_cast<int64_t>(opt_.duration.count()) * 1000;
@@ -769,7 +829,7 @@ class LoadDriver {
   }
 
   LoadOptions opt_;
-  std::vector<uint16_t> ports_;
+  std::vector<std::string> addresses_;  // "host:port" per node index
   size_t capacity_ = 0;
   std::vector<CheckRecord> records_;  // sized once; slot k written by the pacer, then a callback
   std::atomic<size_t> sent_{0};
