@@ -21,9 +21,21 @@
 //
 // The memory cap is set to 8 GiB so nothing is evicted; the evicted counts are printed to show it.
 //
+// --scenario sync-cost (issue 10, item 7): what one cluster sync pass (Engine::sync_step until
+// done) costs with --keys idle counters and --active of them touched between passes. Every key is
+// checked once, then one pass and one resend pass leave all of them synced; then --passes passes
+// run as a node runs them (lib/node, DeltaSync::pass): 100 simulated ms apart, every 50th one a
+// resend pass (the 5 s anti-entropy interval), each after one check of every active key (a fixed
+// random set). Steps of 256 (DeltaSync's), a sink that only counts, owns() true for one counter
+// in three. Per pass, the thread's CPU time (CLOCK_THREAD_CPUTIME_ID) over its sync_step calls;
+// one row per kind of pass, p50/p99/max in ms and the counters it reported.
+//
 // Usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf] [--seconds S]
 //          [--checks N] [--limit N] [--shards N]
+//        sluice-bench-engine --scenario sync-cost [--json] [--keys N[,N..]] [--active N[,N..]]
+//          [--passes N] [--shards N]
 #include <malloc.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +43,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -60,7 +73,10 @@ constexpr int64_t kStartMs = testing::kTraceStartMs + 45'000;
 
 struct Options {
   bool json = false;
+  std::string scenario = "throughput";
   std::vector<uint64_t> keys = {1'000'000, 10'000'000};
+  std::vector<uint64_t> active = {0, 1'000, 10'000, 100'000};  // sync-cost: touched per pass
+  uint64_t passes = 500;                                       // sync-cost
   std::vector<std::string> dists = {"uniform", "zipf"};
   double seconds = 10.0;
   uint64_t checks = 20'000'000;
@@ -88,7 +104,9 @@ struct Row {
   std::fprintf(stderr,
                "sluice-bench-engine: %s\n"
                "usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf]\n"
-               "         [--seconds S] [--checks N] [--limit N] [--shards N] [--seed N]\n",
+               "         [--seconds S] [--checks N] [--limit N] [--shards N] [--seed N]\n"
+               "       sluice-bench-engine --scenario sync-cost [--json] [--keys N[,N..]]\n"
+               "         [--active N[,N..]] [--passes N] [--shards N] [--seed N]\n",
                why);
   std::exit(2);
 }
@@ -101,9 +119,20 @@ uint64_t parse_u64(std::string_view s, const char* what) {
   return v;
 }
 
+// Appends a comma list of numbers ("1000,100000") to `out`.
+void parse_list(std::string_view v, const char* what, std::vector<uint64_t>& out) {
+  while (!v.empty()) {
+    const size_t c = v.find(',');
+    out.push_back(parse_u64(v.substr(0, c), what));
+    if (c == std::string_view::npos) break;
+    v.remove_prefix(c + 1);
+  }
+}
+
 Options parse_args(int argc, char** argv) {
   Options o;
   bool keys_given = false;
+  bool active_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::string_view {
@@ -112,19 +141,25 @@ Options parse_args(int argc, char** argv) {
     };
     if (a == "--json") {
       o.json = true;
+    } else if (a == "--scenario") {
+      const std::string_view s = value();
+      if (s != "throughput" && s != "sync-cost") usage("--scenario takes throughput or sync-cost");
+      o.scenario = std::string(s);
     } else if (a == "--keys") {
       // Repeatable, and each may be a comma list.
       if (!keys_given) o.keys.clear();
       keys_given = true;
-      std::string_view v = value();
-      while (!v.empty()) {
-        const size_t c = v.find(',');
-        const uint64_t n = parse_u64(v.substr(0, c), "--keys takes numbers");
+      parse_list(value(), "--keys takes numbers", o.keys);
+      for (const uint64_t n : o.keys) {
         if (n == 0 || n > UINT32_MAX) usage("--keys must be between 1 and 2^32-1");
-        o.keys.push_back(n);
-        if (c == std::string_view::npos) break;
-        v.remove_prefix(c + 1);
       }
+    } else if (a == "--active") {
+      if (!active_given) o.active.clear();
+      active_given = true;
+      parse_list(value(), "--active takes numbers", o.active);
+    } else if (a == "--passes") {
+      o.passes = parse_u64(value(), "--passes takes a number");
+      if (o.passes == 0) usage("--passes must be at least 1");
     } else if (a == "--dist") {
       const std::string_view d = value();
       if (d != "uniform" && d != "zipf") usage("--dist takes uniform or zipf");
@@ -144,6 +179,12 @@ Options parse_args(int argc, char** argv) {
       o.seed = parse_u64(value(), "--seed takes a number");
     } else {
       usage(a == "--help" || a == "-h" ? "help" : "unknown option");
+    }
+  }
+  if (o.scenario == "sync-cost" && !keys_given) o.keys = {1'000'000};
+  for (const uint64_t keys : o.keys) {
+    for (const uint64_t n : o.active) {
+      if (n > keys) usage("--active must not exceed --keys");
     }
   }
   return o;
@@ -351,10 +392,158 @@ void print_json(const std::vector<Row>& rows) {
   sluice::bench::print_json_rows(out);
 }
 
+// ---- sync-cost ----------------------------------------------------------------------------------
+
+// Counts what a pass reports, and nothing else: the figure is the engine's side of a pass.
+struct CountingSink : sluice::engine::SyncSink {
+  uint64_t items = 0;
+  uint64_t totals = 0;
+  void item(const sluice::engine::SyncItem& it) override {
+    ++items;
+    totals += it.totals.size();
+  }
+};
+
+struct SyncRow {
+  uint64_t keys = 0;
+  uint64_t active = 0;
+  std::string pass;  // "changed" or "resend"
+  uint64_t passes = 0;
+  double cpu_ms_p50 = 0, cpu_ms_p99 = 0, cpu_ms_max = 0;
+  double items_per_pass = 0;  // counters reported, mean over the passes
+};
+
+double thread_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+// One pass as DeltaSync::pass runs it; returns the thread's CPU ms over its sync_step calls.
+double timed_sync_pass(Engine& engine, bool resend, CountingSink& sink) {
+  static const std::function<bool(uint64_t)> owns = [](uint64_t c) { return c % 3 == 0; };
+  sluice::engine::SyncCursor cursor;
+  cursor.restart(resend);
+  const double t0 = thread_cpu_ms();
+  while (!engine.sync_step(cursor, 256, owns, sink)) {
+  }
+  return thread_cpu_ms() - t0;
+}
+
+SyncRow summarize(uint64_t keys, uint64_t active, const char* pass, std::vector<double>& ms,
+                  uint64_t items) {
+  SyncRow r;
+  r.keys = keys;
+  r.active = active;
+  r.pass = pass;
+  r.passes = ms.size();
+  if (ms.empty()) return r;
+  std::sort(ms.begin(), ms.end());
+  const auto at = [&](double q) {
+    return ms[static_cast<size_t>(q * static_cast<double>(ms.size() - 1) + 0.5)];
+  };
+  r.cpu_ms_p50 = at(0.50);
+  r.cpu_ms_p99 = at(0.99);
+  r.cpu_ms_max = ms.back();
+  r.items_per_pass = static_cast<double>(items) / static_cast<double>(ms.size());
+  return r;
+}
+
+void run_sync_cost(const Options& opt, const KeyArena& arena, uint64_t keys, uint64_t active,
+                   std::vector<SyncRow>& rows) {
+  constexpr int64_t kPassMs = 100;       // the default sync interval
+  constexpr uint64_t kResendEvery = 50;  // 5 s anti-entropy interval / 100 ms
+  EngineOptions eo;
+  eo.memory_cap_bytes = 8ull << 30;
+  eo.shards = opt.shards;
+  eo.node_id = 1;
+  auto engine = std::make_unique<Engine>(make_policy(opt.limit, opt.seed), eo);
+  // Every key once (run_checks' clock: kStartMs + 1 ms per 1024 checks). Passes then run 100 ms
+  // apart: 500 of them cross one minute boundary, and nothing expires (1-minute limit).
+  uint64_t allowed = 0;
+  run_checks(
+      *engine, keys, 0, [&](uint64_t i) { return arena[i]; }, nullptr, &allowed);
+  int64_t now = kStartMs + static_cast<int64_t>(keys / kChecksPerMs) + 1;
+  CountingSink sink;
+  timed_sync_pass(*engine, false, sink);  // all of them go out once: the table is clean
+  timed_sync_pass(*engine, true, sink);
+  std::mt19937_64 rng(opt.seed);
+  std::vector<uint32_t> set(keys);
+  for (uint32_t i = 0; i < keys; ++i)
+    set[i] = i;
+  for (uint64_t i = 0; i < active; ++i)  // a partial Fisher-Yates: `active` distinct keys
+    std::swap(set[i], set[i + rng() % (keys - i)]);
+  set.resize(active);
+
+  std::vector<double> changed_ms, resend_ms;
+  uint64_t changed_items = 0, resend_items = 0;
+  for (uint64_t p = 1; p <= opt.passes; ++p) {
+    now += kPassMs;
+    run_checks(
+        *engine, active, static_cast<uint64_t>(now - kStartMs) * kChecksPerMs,
+        [&](uint64_t i) { return arena[set[i]]; }, nullptr, &allowed);
+    const bool resend = p % kResendEvery == 0;
+    sink.items = 0;
+    const double ms = timed_sync_pass(*engine, resend, sink);
+    (resend ? resend_ms : changed_ms).push_back(ms);
+    (resend ? resend_items : changed_items) += sink.items;
+    if (!resend && sink.items != active) {
+      std::fprintf(stderr,
+                   "warning: pass %" PRIu64 " reported %" PRIu64 " counters, not %" PRIu64 "\n", p,
+                   sink.items, active);
+    }
+  }
+  rows.push_back(summarize(keys, active, "changed", changed_ms, changed_items));
+  rows.push_back(summarize(keys, active, "resend", resend_ms, resend_items));
+}
+
+void print_sync_table(const Options& opt, const std::vector<SyncRow>& rows) {
+  std::printf(
+      "# sync-cost: one thread; %u shards; steps of 256; a pass every 100 ms (simulated),"
+      " every 50th a resend; CPU ms per pass\n",
+      opt.shards);
+  std::printf("%-10s %10s %8s %-8s %7s %10s %10s %10s %12s\n", "scenario", "keys", "active", "pass",
+              "passes", "cpu_p50", "cpu_p99", "cpu_max", "items/pass");
+  for (const auto& r : rows) {
+    std::printf("%-10s %10" PRIu64 " %8" PRIu64 " %-8s %7" PRIu64 " %10.3f %10.3f %10.3f %12.1f\n",
+                "sync-cost", r.keys, r.active, r.pass.c_str(), r.passes, r.cpu_ms_p50, r.cpu_ms_p99,
+                r.cpu_ms_max, r.items_per_pass);
+  }
+}
+
+void print_sync_json(const std::vector<SyncRow>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const SyncRow& r : rows) {
+    out.push_back({{"scenario", "sync-cost"},
+                   {"keys", r.keys},
+                   {"active", r.active},
+                   {"pass", r.pass},
+                   {"passes", r.passes},
+                   {"cpu_ms_p50", r.cpu_ms_p50},
+                   {"cpu_ms_p99", r.cpu_ms_p99},
+                   {"cpu_ms_max", r.cpu_ms_max},
+                   {"items_per_pass", r.items_per_pass}});
+  }
+  sluice::bench::print_json_rows(out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options opt = parse_args(argc, argv);
+  if (opt.scenario == "sync-cost") {
+    std::vector<SyncRow> rows;
+    for (const uint64_t keys : opt.keys) {
+      const KeyArena arena = make_keys(keys);
+      for (const uint64_t active : opt.active) {
+        run_sync_cost(opt, arena, keys, active, rows);
+        std::fprintf(stderr, "done sync-cost %" PRIu64 " keys, %" PRIu64 " active\n", keys, active);
+      }
+    }
+    print_sync_table(opt, rows);
+    if (opt.json) print_sync_json(rows);
+    return 0;
+  }
   std::vector<Row> rows;
   for (const uint64_t keys : opt.keys) {
     const KeyArena arena = make_keys(keys);

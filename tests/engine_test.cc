@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -423,6 +424,235 @@ TEST_CASE("a sync pass sends own totals of changed counters once, and the owner 
   CHECK(s.items.size() == 2);
   s.pass(e, false, true);
   CHECK(s.items.empty());
+}
+
+namespace {
+// Sync passes that cost what changed (issue 10 item 7): a shard lists the counters whose sync flags
+// went from clear to set, and a pass looks those up instead of walking every slot.
+
+// The counter of rule `per-user` (the one limit of `c`'s last check) for user `u`.
+uint64_t user_counter(const Checker& c, std::string_view u) {
+  const std::string_view values[] = {u};
+  return rules::counter_id(rules::key_hash(kSeed, "api", *c.limits()[0].rule, values),
+                           c.limits()[0].limit->spec);
+}
+
+// The counters a pass reported, sorted (each once, or the test sees the duplicate).
+std::vector<uint64_t> reported(const CollectSync& s) {
+  std::vector<uint64_t> out;
+  for (const auto& totals : s.items) {
+    REQUIRE_FALSE(totals.empty());
+    out.push_back(totals[0].counter);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+rules::RuleSet per_user(const char* lim = "1000/1m") {
+  return one_domain({rule("per-user", {"user"}, {limit(lim)})});
+}
+}  // namespace
+
+TEST_CASE("sync: a pass after k of N counters changed reports exactly those k, each once") {
+  engine::EngineOptions opt;
+  opt.node_id = 1;
+  Engine e(compile(per_user()), opt);
+  Checker c{e, {}, {}};
+  for (int u = 0; u < 500; ++u)
+    c.check({{"user", std::to_string(u)}}, kT0);
+  CollectSync s;
+  s.pass(e, false);  // the first pass walks the tables; later ones go by the lists
+  CHECK(s.items.size() == 500);
+  for (const std::vector<int>& touched :
+       {std::vector<int>{3, 77, 140, 141, 499}, std::vector<int>{0, 250}, std::vector<int>{}}) {
+    std::vector<uint64_t> want;
+    for (int u : touched) {
+      c.check({{"user", std::to_string(u)}}, kT0 + 1);
+      want.push_back(user_counter(c, std::to_string(u)));
+    }
+    std::sort(want.begin(), want.end());
+    s.pass(e, false);
+    CHECK(reported(s) == want);
+  }
+}
+
+TEST_CASE("sync: a counter changed twice between passes, by checks and by a merge, goes out once") {
+  engine::EngineOptions opt;
+  opt.node_id = 1;
+  Engine e(compile(per_user()), opt);
+  Checker c{e, {}, {}};
+  c.check({{"user", "1"}}, kT0);
+  CollectSync s;
+  s.pass(e, true);
+  c.check({{"user", "1"}}, kT0 + 1, 2);
+  c.check({{"user", "1"}}, kT0 + 2, 3);
+  const uint64_t counter = user_counter(c, "1");
+  const auto& spec = c.limits()[0].limit->spec;
+  const int64_t bucket = window::bucket_of(kT0, 60'000);
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, spec, 7, bucket, 4}}, kT0 + 3) == 1);
+  s.pass(e, true);
+  REQUIRE(s.items.size() == 1);
+  CHECK(s.with_others[0]);
+  REQUIRE(s.items[0].size() == 2);  // node 1's 6 and node 7's 4
+  CHECK(s.items[0][0].node == 1);
+  CHECK(s.items[0][0].total == 6);
+  CHECK(s.items[0][1].node == 7);
+  CHECK(s.items[0][1].total == 4);
+  s.pass(e, true);
+  CHECK(s.items.empty());
+}
+
+TEST_CASE(
+    "sync: a merge that changes others' counts goes out from an owner, not from a non-owner") {
+  engine::EngineOptions opt;
+  opt.node_id = 1;
+  Engine e(compile(per_user()), opt);
+  Checker c{e, {}, {}};
+  c.check({{"user", "1"}}, kT0);
+  const uint64_t counter = user_counter(c, "1");
+  const auto& spec = c.limits()[0].limit->spec;
+  const int64_t bucket = window::bucket_of(kT0, 60'000);
+  CollectSync s;
+  s.pass(e, false);
+  REQUIRE(s.items.size() == 1);
+  // Not the owner: others' counts are the owner's to push.
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, spec, 7, bucket, 10}}, kT0) == 1);
+  s.pass(e, false);
+  CHECK(s.items.empty());
+  // The owner pushes the merged state: its own total and node 7's, naming node 7 as a reporter.
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, spec, 7, bucket, 12}}, kT0) == 1);
+  s.pass(e, true);
+  REQUIRE(s.items.size() == 1);
+  CHECK(s.with_others[0]);
+  CHECK(s.reporters[0] == std::vector<uint16_t>{7});
+  CHECK(s.items[0].size() == 2);
+  // A counter this node never counted, created by the merge: the owner pushes it too.
+  const uint64_t other = counter ^ 0x5a5a0000u;
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{other, spec, 8, bucket, 3}}, kT0) == 1);
+  s.pass(e, false);
+  CHECK(s.items.empty());  // not owned: nothing of ours to send
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{other, spec, 8, bucket, 5}}, kT0) == 1);
+  s.pass(e, true);
+  REQUIRE(s.items.size() == 1);
+  CHECK(s.with_others[0]);
+  REQUIRE(s.items[0].size() == 1);
+  CHECK(s.items[0][0].node == 8);
+  CHECK(s.items[0][0].total == 5);
+}
+
+TEST_CASE("sync: listed counters that were swept or evicted before the pass are skipped") {
+  engine::EngineOptions opt;
+  opt.node_id = 1;
+  opt.shards = 1;
+  SUBCASE("swept, and one created again") {
+    Engine e(compile(per_user("10/1m")), opt);
+    Checker c{e, {}, {}};
+    CollectSync s;
+    s.pass(e, false);
+    for (int u = 0; u < 3; ++u)
+      c.check({{"user", std::to_string(u)}}, kT0);
+    CHECK(e.sweep(kT0 + 180'000) == 3);
+    c.check({{"user", "1"}}, kT0 + 180'000);
+    s.pass(e, false);
+    CHECK(reported(s) == std::vector<uint64_t>{user_counter(c, "1")});
+    REQUIRE(s.items[0].size() == 1);
+    CHECK(s.items[0][0].total == 1);
+  }
+  SUBCASE("evicted under the memory cap") {
+    opt.memory_cap_bytes = 8 * 1024;  // a table of 181 slots: 153 counters, then evictions
+    Engine e(compile(per_user()), opt);
+    Checker c{e, {}, {}};
+    for (int u = 0; u < 120; ++u)
+      c.check({{"user", "a" + std::to_string(u)}}, kT0);
+    CollectSync s;
+    s.pass(e, false);
+    CHECK(s.items.size() == 120);
+    for (int u = 0; u < 120; ++u)  // listed again; count 2 each
+      c.check({{"user", "a" + std::to_string(u)}}, kT0 + 1);
+    for (int u = 0; u < 60; ++u)  // count 5 each: the a's are the ones evicted
+      c.check({{"user", "b" + std::to_string(u)}}, kT0 + 2, 5);
+    const auto st = e.stats();
+    REQUIRE(st.evicted_live > 0);
+    s.pass(e, false);
+    const std::vector<uint64_t> got = reported(s);
+    CHECK(std::adjacent_find(got.begin(), got.end()) == got.end());
+    CHECK(got.size() == st.live_counters);  // every live counter changed since the last pass
+    const auto& spec = c.limits()[0].limit->spec;
+    for (const uint64_t counter : got)
+      CHECK(e.inspect(counter, spec).has_value());
+  }
+}
+
+TEST_CASE("sync: a resend pass sends every counter changed since the last resend, synced or not") {
+  engine::EngineOptions opt;
+  opt.node_id = 1;
+  Engine e(compile(per_user()), opt);
+  Checker c{e, {}, {}};
+  CollectSync s;
+  for (int u = 0; u < 50; ++u)
+    c.check({{"user", std::to_string(u)}}, kT0);
+  s.pass(e, false, true);
+  CHECK(s.items.size() == 50);
+  std::vector<uint64_t> want;
+  for (const char* u : {"3", "4", "5"}) {
+    c.check({{"user", u}}, kT0 + 1);
+    want.push_back(user_counter(c, u));
+    if (std::string_view(u) != "5") s.pass(e, false);  // 3 and 4 went out already; 5 did not
+  }
+  std::sort(want.begin(), want.end());
+  s.pass(e, false, true);
+  CHECK(reported(s) == want);
+  s.pass(e, false, true);
+  CHECK(s.items.empty());
+  s.pass(e, false);  // the resend took 5's change: nothing left for a normal pass
+  CHECK(s.items.empty());
+}
+
+TEST_CASE("sync: more changes than a shard lists: the pass walks, reports each once, then lists") {
+  engine::EngineOptions opt;
+  opt.node_id = 1;
+  opt.shards = 1;
+  Engine e(compile(per_user()), opt);
+  Checker c{e, {}, {}};
+  CollectSync s;
+  s.pass(e, false);
+  for (int round = 0; round < 2; ++round) {
+    for (int u = 0; u < 2000; ++u)  // far more than the list keeps (256 at this table size)
+      c.check({{"user", std::to_string(u)}}, kT0 + round);
+    s.pass(e, false);
+    const std::vector<uint64_t> got = reported(s);
+    CHECK(got.size() == 2000);
+    CHECK(std::adjacent_find(got.begin(), got.end()) == got.end());
+  }
+  c.check({{"user", "7"}}, kT0 + 2);
+  c.check({{"user", "8"}}, kT0 + 2);
+  s.pass(e, false);
+  CHECK(s.items.size() == 2);
+}
+
+TEST_CASE("sync: a step looks at no more listed counters than it is given") {
+  engine::EngineOptions opt;
+  opt.node_id = 1;
+  opt.shards = 1;
+  Engine e(compile(per_user()), opt);
+  Checker c{e, {}, {}};
+  CollectSync s;
+  s.pass(e, false);
+  for (int u = 0; u < 10; ++u)
+    c.check({{"user", std::to_string(u)}}, kT0);
+  engine::SyncCursor cur;
+  cur.restart(false);
+  const auto owns = [](uint64_t) { return false; };
+  size_t steps = 0;
+  bool done = false;
+  while (!done) {
+    const size_t before = s.items.size();
+    done = e.sync_step(cur, 3, owns, s);
+    CHECK(s.items.size() - before <= 3);
+    ++steps;
+  }
+  CHECK(s.items.size() == 10);
+  CHECK(steps >= 4);
 }
 
 TEST_CASE("merges in any order converge to the same count") {

@@ -5,10 +5,10 @@
 #include <bit>
 #include <map>
 #include <stdexcept>
-#include <thread>
 #include <unordered_map>
 
 #include "engine/counter_table.h"
+#include "engine/shard.h"
 
 namespace sluice::engine {
 namespace {
@@ -16,77 +16,8 @@ namespace {
 using rules::CheckError;
 using rules::Mode;
 
-// Specs an engine can hold tables for over its lifetime (reloads included). Tables are reached
-// through a fixed array of atomic pointers so prefetch can find them without the shard lock.
-constexpr size_t kMaxSpecs = 256;
 constexpr size_t kVictimSample = 32;
 constexpr size_t kNumCheckErrors = 8;
-
-// A short test-and-test-and-set lock. Critical sections are a few hash probes; a holder that
-// gets preempted is waited out with yield rather than burning the other core.
-class SpinLock {
- public:
-  void lock() {
-    for (int spins = 0; locked_.exchange(true, std::memory_order_acquire); ++spins) {
-      while (locked_.load(std::memory_order_relaxed)) {
-        if (++spins > 64) {
-          std::this_thread::yield();
-        } else {
-          __builtin_ia32_pause();
-        }
-      }
-    }
-  }
-  void unlock() { locked_.store(false, std::memory_order_release); }
-
- private:
-  std::atomic<bool> locked_{false};
-};
-
-struct RuleCounters {
-  uint64_t allowed = 0;
-  uint64_t denied = 0;
-  uint64_t shadow_denied = 0;
-  uint64_t would_deny = 0;
-};
-
-// What this node knows of one other node's totals for one counter: per ring position, the bucket
-// number and the largest total that node reported for it.
-struct RemoteRing {
-  uint16_t node;
-  std::vector<std::pair<int64_t, uint32_t>> buckets;
-};
-
-// A key near or over a limit (see HotKey); a fixed array per shard so tracking never allocates.
-struct HotSlot {
-  uint64_t counter = 0;  // 0 = free
-  uint32_t stats_id = 0;
-  Mode mode = Mode::kEnforce;
-  uint8_t key_len = 0;
-  uint64_t limit = 0;
-  int64_t window_ms = 0;
-  uint64_t used = 0;
-  uint64_t exceeded = 0;
-  int64_t first_ms = 0;
-  int64_t last_ms = 0;
-  std::array<char, 120> key{};
-};
-constexpr size_t kHotPerShard = 8;
-
-struct Shard {
-  alignas(64) SpinLock lock;
-  // Guarded by lock (the pointers are atomic only for prefetch from outside it).
-  std::array<std::atomic<CounterTable*>, kMaxSpecs> tables{};
-  std::vector<std::unique_ptr<CounterTable>> owned;              // index = spec id
-  std::vector<RuleCounters> rule_stats;                          // index = engine stats id
-  std::unordered_map<uint64_t, std::vector<RemoteRing>> remote;  // key: counter ^ spec salt
-  uint64_t bytes = 0;
-  uint64_t budget = 0;
-  uint64_t evicted_expired = 0;
-  uint64_t evicted_live = 0;
-  std::vector<uint8_t> erased_keys;  // record keys of exported counters dropped since
-  std::array<HotSlot, kHotPerShard> hot{};
-};
 
 // The immutable per-policy view the hot path needs: the policy and its index maps into the
 // engine's stable spec and stats registries.
@@ -117,10 +48,6 @@ thread_local std::array<TlsState, 4> tls_states;
 thread_local unsigned tls_next_victim = 0;
 
 std::atomic<uint64_t> next_engine_uid{1};
-
-uint64_t remote_key(uint64_t counter, uint32_t spec_id) {
-  return counter ^ (static_cast<uint64_t>(spec_id) * 0x9E3779B97F4A7C15ull);
-}
 
 // ---- record codec (see engine.h): explicit byte order, so a data directory can move hosts ----
 constexpr uint8_t kRecordVersion = 1;
@@ -451,17 +378,6 @@ struct Engine::Impl {
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, uint32_t fallback_members, BatchResult& out, Decision& d);
 
-  // Export and sync passes walk a shard's tables slot by slot across calls: the table the cursor
-  // (table, slot) is in, moved past tables that are absent or done; null when the shard is done.
-  static CounterTable* table_at_cursor(Shard& sh, uint32_t& table, size_t& slot) {
-    while (table < sh.owned.size() &&
-           (sh.owned[table] == nullptr || slot >= sh.owned[table]->capacity())) {
-      ++table;
-      slot = 0;
-    }
-    return table < sh.owned.size() ? sh.owned[table].get() : nullptr;
-  }
-
   // Gossip mode: this node's hits in the window that the cluster has not acknowledged yet (the
   // owner or a replica pushes our own totals back to us), times the number of other nodes that
   // count this key. Under traffic spread over N nodes each node then keeps to about 1/N of what
@@ -639,8 +555,9 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), t.spec().bucket_ms);
       if (counted && hits > 0) {
         window::add(t.own(i), window::bucket_of(now_eff, t.spec().bucket_ms), hits);
-        t.set_flags(i, CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag |
-                           CounterTable::kRecentFlag);
+        set_changed(
+            shards[lims[k].counter & shard_mask], t, i, st.spec_ids[lims[k].spec_index],
+            CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
       }
       const uint64_t lim = lims[k].limit->requests;
       const window::LimitState ls =
@@ -794,8 +711,9 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
     const uint32_t known = slot.first == t.bucket ? slot.second : 0;
     if (t.total <= known) continue;  // a duplicate or an older report
     window::add(tbl.others(i), t.bucket, t.total - known);
-    tbl.set_flags(i, CounterTable::kDirtyFlag | CounterTable::kRemoteChangedFlag |
-                         CounterTable::kRecentFlag);
+    set_changed(
+        sh, tbl, i, spec_id,
+        CounterTable::kDirtyFlag | CounterTable::kRemoteChangedFlag | CounterTable::kRecentFlag);
     slot = {t.bucket, t.total};
     ++changed;
   }
@@ -957,7 +875,7 @@ bool Engine::export_step(ExportCursor& c, size_t max_slots, RecordSink& sink) {
     // The shard's dropped keys go out before any of its records of this pass, so a counter that
     // was dropped and created again ends up stored.
     if (c.table == 0 && c.slot == 0) c.erased.swap(sh.erased_keys);
-    CounterTable* next = Impl::table_at_cursor(sh, c.table, c.slot);
+    CounterTable* next = table_at_cursor(sh, c.table, c.slot);
     if (next == nullptr) {
       shard_done = true;
     } else {
@@ -1208,82 +1126,9 @@ void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_m
 bool Engine::sync_step(SyncCursor& c, size_t max_slots, const std::function<bool(uint64_t)>& owns,
                        SyncSink& sink) {
   Impl& im = *impl_;
-  if (c.shard > im.shard_mask) return true;
-  c.totals.clear();
-  c.reporters.clear();
-  c.items.clear();
-  bool shard_done = false;
-  {
-    Shard& sh = im.shards[c.shard];
-    std::lock_guard g(sh.lock);
-    CounterTable* next = Impl::table_at_cursor(sh, c.table, c.slot);
-    if (next == nullptr) {
-      shard_done = true;
-    } else {
-      CounterTable& t = *next;
-      const auto ring = static_cast<int64_t>(t.ring());
-      const size_t end = std::min(t.capacity(), c.slot + std::max<size_t>(max_slots, 1));
-      for (size_t i = c.slot; i < end; ++i) {
-        if (!t.occupied(i)) continue;
-        const bool recent = t.has_flag(i, CounterTable::kRecentFlag);
-        bool own_changed = t.has_flag(i, CounterTable::kOwnChangedFlag);
-        bool remote_changed = t.has_flag(i, CounterTable::kRemoteChangedFlag);
-        if (c.resend) {
-          if (!recent) continue;
-          own_changed = true;
-          remote_changed = t.has_remote(i);
-          t.clear_flags(i, CounterTable::kRecentFlag);
-        }
-        if (!own_changed && !remote_changed) continue;
-        t.clear_flags(i, CounterTable::kOwnChangedFlag | CounterTable::kRemoteChangedFlag);
-        const uint64_t counter = t.counter_at(i);
-        const bool with_others = remote_changed || own_changed ? owns(counter) : false;
-        if (!own_changed && !with_others) continue;  // others changed, and we do not own it
-        const int64_t head = t.head_at(i);
-        const auto own = t.own(i);
-        for (int64_t b = head - ring + 1; b <= head; ++b) {
-          const uint32_t v = own[static_cast<size_t>(((b % ring) + ring) % ring)];
-          if (v != 0) c.totals.push_back({counter, t.spec(), im.opt.node_id, b, v});
-        }
-        if (t.has_remote(i)) {
-          auto it = sh.remote.find(remote_key(counter, c.table));
-          if (it != sh.remote.end()) {
-            for (const RemoteRing& n : it->second) {
-              if (n.node == im.opt.node_id) continue;  // our acknowledged totals: own went out
-              c.reporters.push_back(n.node);
-              if (!with_others) continue;
-              for (const auto& [bucket, total] : n.buckets) {
-                if (total != 0 && bucket > head - ring && bucket <= head) {
-                  c.totals.push_back({counter, t.spec(), n.node, bucket, total});
-                }
-              }
-            }
-          }
-        }
-        c.items.push_back({counter, c.table, with_others, static_cast<uint32_t>(c.totals.size()),
-                           static_cast<uint32_t>(c.reporters.size())});
-      }
-      c.slot = end;
-    }
-  }
-  uint32_t tb = 0, rb = 0;
-  for (const SyncCursor::Item& it : c.items) {
-    SyncItem si;
-    si.counter = it.counter;
-    si.spec = im.spec_by_id[it.spec_id];
-    si.with_others = it.with_others;
-    si.totals = {c.totals.data() + tb, it.totals_end - tb};
-    si.reporters = {c.reporters.data() + rb, it.reporters_end - rb};
-    tb = it.totals_end;
-    rb = it.reporters_end;
-    if (!si.totals.empty()) sink.item(si);
-  }
-  if (shard_done) {
-    ++c.shard;
-    c.table = 0;
-    c.slot = 0;
-  }
-  return c.shard > im.shard_mask;
+  return engine::sync_step({im.shards.get(), im.shard_mask + 1}, im.opt.node_id,
+                           {im.spec_by_id.data(), im.num_specs.load(std::memory_order_acquire)}, c,
+                           max_slots, owns, sink);
 }
 
 }  // namespace sluice::engine

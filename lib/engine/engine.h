@@ -172,11 +172,17 @@ class SyncSink {
   virtual void item(const SyncItem& item) = 0;
 };
 
+// Where a sync pass stands; reuse one across passes (its buffers then stop allocating). One pass
+// at a time per engine: a second cursor running at once can leave counters to the next resend.
 struct SyncCursor {
   bool resend = false;  // anti-entropy: every counter changed since the last resend pass
   uint32_t shard = 0;
+  // Within the shard (the engine's business): walking its slots at (table, slot), or going
+  // through the counters it listed as changed, positions [next, end).
+  uint8_t phase = 0;
   uint32_t table = 0;
   size_t slot = 0;
+  uint64_t next = 0, end = 0;
   std::vector<RemoteTotal> totals;
   std::vector<uint16_t> reporters;
   struct Item {
@@ -188,7 +194,9 @@ struct SyncCursor {
   std::vector<Item> items;
   void restart(bool resend_recent) {
     shard = table = 0;
+    phase = 0;
     slot = 0;
+    next = end = 0;
     resend = resend_recent;
   }
 };
@@ -260,6 +268,9 @@ class Engine {
   // them; marks them synced. With cursor.resend, every counter changed since the last resend pass
   // instead (anti-entropy: a lost sync message is repaired by the next resend). Returns true
   // when the pass is done. `owns` is called under a shard lock: it must not call the engine.
+  // A step looks at most at `max_slots` counters of one shard: the ones it listed as changed
+  // (a pass costs what changed), or its slots when it walks them (resend passes, a shard's first
+  // pass, and after more changes than its list holds).
   bool sync_step(SyncCursor& cursor, size_t max_slots, const std::function<bool(uint64_t)>& owns,
                  SyncSink& sink);
   uint16_t node_id() const;

@@ -1,0 +1,172 @@
+// Private to lib/engine: one shard of the engine's counters (engine.cc), and the cluster sync pass
+// that walks the shards (engine_sync.cc).
+//
+// A shard owns a slice of the counters (by counter id) and everything about them: its tables (one
+// per window spec), what other nodes reported, rule statistics, hot keys, and the list of counters
+// the next sync pass must look at. Its spinlock guards all of it; the engine's file comment
+// (engine.h) says how checks take several shard locks.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/counter_table.h"
+#include "engine/engine.h"
+#include "rules/rules.h"
+#include "window/sliding_window.h"
+
+namespace sluice::engine {
+
+// Specs an engine can hold tables for over its lifetime (reloads included). Tables are reached
+// through a fixed array of atomic pointers so prefetch can find them without the shard lock.
+constexpr size_t kMaxSpecs = 256;
+
+// A short test-and-test-and-set lock. Critical sections are a few hash probes; a holder that
+// gets preempted is waited out with yield rather than burning the other core.
+class SpinLock {
+ public:
+  void lock() {
+    for (int spins = 0; locked_.exchange(true, std::memory_order_acquire); ++spins) {
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (++spins > 64) {
+          std::this_thread::yield();
+        } else {
+          __builtin_ia32_pause();
+        }
+      }
+    }
+  }
+  void unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+struct RuleCounters {
+  uint64_t allowed = 0;
+  uint64_t denied = 0;
+  uint64_t shadow_denied = 0;
+  uint64_t would_deny = 0;
+};
+
+// What this node knows of one other node's totals for one counter: per ring position, the bucket
+// number and the largest total that node reported for it.
+struct RemoteRing {
+  uint16_t node;
+  std::vector<std::pair<int64_t, uint32_t>> buckets;
+};
+
+// A key near or over a limit (see HotKey); a fixed array per shard so tracking never allocates.
+struct HotSlot {
+  uint64_t counter = 0;  // 0 = free
+  uint32_t stats_id = 0;
+  rules::Mode mode = rules::Mode::kEnforce;
+  uint8_t key_len = 0;
+  uint64_t limit = 0;
+  int64_t window_ms = 0;
+  uint64_t used = 0;
+  uint64_t exceeded = 0;
+  int64_t first_ms = 0;
+  int64_t last_ms = 0;
+  std::array<char, 120> key{};
+};
+constexpr size_t kHotPerShard = 8;
+
+// The counters of a shard whose sync flags (kOwnChangedFlag, kRemoteChangedFlag) went from clear
+// to set since a sync pass last took the list, so a pass costs what changed, not what the tables
+// hold. The flags stay the truth: a counter is listed only on the clear-to-set transition (so at
+// most once until a pass clears its flags), and a pass skips entries whose counter is gone
+// (expired, evicted) or whose flags are clear. Slots move (Robin Hood inserts and erases,
+// rehash), so an entry names the counter, never its slot.
+//
+// `walk`: the list is not complete and the next pass walks every slot of the shard instead. So it
+// starts (an engine that never syncs keeps no list), and so it becomes when more counters change
+// between passes than `limit` (looking each one up would then cost more than the walk): listing
+// stops and the entries are dropped, which keeps the list within `limit` entries.
+struct SyncList {
+  struct Entry {
+    uint64_t counter;
+    uint32_t spec_id;
+  };
+  std::vector<Entry> entries;
+  uint64_t base = 0;  // position of entries[0] since the engine started (passes keep positions)
+  bool walk = true;
+
+  // At most this many entries for a shard whose tables take `table_bytes`: about one per 32 slots
+  // of a one-minute limit (32-byte slots), near where a pass's lookups (a cache miss each) cost
+  // what a walk of every slot costs (docs/benchmarks.md, "sync cost in proportion to what
+  // changed"). At most 1/64 of the table bytes, and nothing while the engine does not sync.
+  static uint64_t limit(uint64_t table_bytes) {
+    return std::max<uint64_t>(256, table_bytes / 1024);
+  }
+
+  void add(uint64_t counter, uint32_t spec_id, uint64_t table_bytes) {
+    if (walk) return;
+    if (entries.size() >= limit(table_bytes)) {
+      walk = true;
+      drop_front(entries.size());
+      return;
+    }
+    entries.push_back({counter, spec_id});
+  }
+  void drop_front(size_t n) {
+    entries.erase(entries.begin(), entries.begin() + static_cast<std::ptrdiff_t>(n));
+    base += n;
+  }
+};
+
+struct Shard {
+  alignas(64) SpinLock lock;
+  // Guarded by lock (the pointers are atomic only for prefetch from outside it).
+  std::array<std::atomic<CounterTable*>, kMaxSpecs> tables{};
+  std::vector<std::unique_ptr<CounterTable>> owned;              // index = spec id
+  std::vector<RuleCounters> rule_stats;                          // index = engine stats id
+  std::unordered_map<uint64_t, std::vector<RemoteRing>> remote;  // key: counter ^ spec salt
+  uint64_t bytes = 0;
+  uint64_t budget = 0;
+  uint64_t evicted_expired = 0;
+  uint64_t evicted_live = 0;
+  std::vector<uint8_t> erased_keys;  // record keys of exported counters dropped since
+  std::array<HotSlot, kHotPerShard> hot{};
+  SyncList sync_changed;  // for the next sync pass (not the resend pass: that walks)
+};
+
+inline uint64_t remote_key(uint64_t counter, uint32_t spec_id) {
+  return counter ^ (static_cast<uint64_t>(spec_id) * 0x9E3779B97F4A7C15ull);
+}
+
+// Sets `flags` on slot `i` of `t` (a table of `sh`, spec `spec_id`). Every place that sets a sync
+// flag (kOwnChangedFlag, kRemoteChangedFlag) goes through here, so the sync list stays complete.
+inline void set_changed(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id, uint64_t flags) {
+  constexpr uint64_t kSync = CounterTable::kOwnChangedFlag | CounterTable::kRemoteChangedFlag;
+  if ((flags & kSync) != 0 && !t.has_flag(i, kSync)) {
+    sh.sync_changed.add(t.counter_at(i), spec_id, sh.bytes);
+  }
+  t.set_flags(i, flags);
+}
+
+// Export and sync passes walk a shard's tables slot by slot across calls: the table the cursor
+// (table, slot) is in, moved past tables that are absent or done; null when the shard is done.
+inline CounterTable* table_at_cursor(Shard& sh, uint32_t& table, size_t& slot) {
+  while (table < sh.owned.size() &&
+         (sh.owned[table] == nullptr || slot >= sh.owned[table]->capacity())) {
+    ++table;
+    slot = 0;
+  }
+  return table < sh.owned.size() ? sh.owned[table].get() : nullptr;
+}
+
+// Engine::sync_step over `shards` (engine_sync.cc); `specs` maps spec ids to specs.
+bool sync_step(std::span<Shard> shards, uint16_t node_id, std::span<const window::WindowSpec> specs,
+               SyncCursor& cursor, size_t max_items, const std::function<bool(uint64_t)>& owns,
+               SyncSink& sink);
+
+}  // namespace sluice::engine
