@@ -820,7 +820,7 @@ TEST_CASE("gossip mode counts the hits the cluster has not acknowledged once per
   CHECK(c2.check({{"user", "1"}}, kT0, 50).allowed);
 }
 
-TEST_CASE("credit: what a previous owner admitted for us counts as its total until its report replaces it") {
+TEST_CASE("credit: what a previous owner admitted for us counts as its total until its report is larger") {
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));
   Checker c{e, {}, {}};
   std::vector<Descriptor> ds{{"user", "1"}};
@@ -842,6 +842,10 @@ TEST_CASE("credit: what a previous owner admitted for us counts as its total unt
   e.credit(CheckRequest{"api", ds, 0}, 2, kT0);
   CHECK(e.inspect(counter, lim.spec)->others.back() == 45);
   CHECK(e.inspect(counter, lim.spec)->own.back() == 0);
+  // A report may overtake the answer of a hit it already holds: credits are summed apart and the
+  // larger of that sum (45 now) and the report stands, so the same hit never counts twice.
+  e.credit(CheckRequest{"api", ds, 5}, 2, kT0);
+  CHECK(e.inspect(counter, lim.spec)->others.back() == 45);
   // 55 left of 100.
   CHECK(c.check({{"user", "1"}}, kT0, 55).allowed);
   CHECK_FALSE(c.check({{"user", "1"}}, kT0, 1).allowed);
@@ -885,4 +889,26 @@ TEST_CASE("fallback for a silent owner: share admits limit / members of this nod
   CHECK(admitted(ip, 100, 0) == 100);
   const auto stats = e.stats();
   CHECK(stats_of(stats, "api/denied").denied == 3);
+}
+
+TEST_CASE("set_capacity: with members out of reach every limit allows its reachable share, rounded down") {
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));
+  Checker c{e, {}, {}};
+  e.set_capacity(2, 5);  // two of five members in reach: 40 of 100 here
+  CHECK(c.admitted(60, {{"user", "a"}}, kT0) == 40);
+  CHECK(c.limits()[0].remaining == 0);
+  CHECK(c.limits()[0].exceeded);
+  // Everyone back: the whole limit, the 40 already counted included.
+  e.set_capacity(5, 5);
+  CHECK(c.admitted(100, {{"user", "a"}}, kT0) == 60);
+  // 1 of 3 of a limit of 100: 33; a limit smaller than the share rounds down to nothing.
+  e.set_capacity(1, 3);
+  CHECK(c.admitted(50, {{"user", "b"}}, kT0) == 33);
+  Engine small(compile(one_domain({rule("per-user", {"user"}, {limit("2/1m")})})));
+  Checker s{small, {}, {}};
+  small.set_capacity(1, 3);
+  CHECK(s.admitted(3, {{"user", "x"}}, kT0) == 0);
+  // No capacity set, or more reachable than expected: whole.
+  small.set_capacity(4, 3);
+  CHECK(s.admitted(3, {{"user", "x"}}, kT0) == 2);
 }

@@ -80,7 +80,7 @@ const std::string kTopLevelFields =
 const std::string kClusterFields =
     "unknown setting (expected one of: node_id, name, listen, advertise, seeds, secret, "
     "secret_file, replicas, sync_interval_ms, anti_entropy_interval_ms, probe_interval_ms, "
-    "forward_timeout_ms)";
+    "forward_timeout_ms, forget_dead_after_ms)";
 const std::string kNodeIdRequired = "is required (1..65535, unique per node)";
 const std::string kListenRequired = "is required (the peer UDP address)";
 const std::string kSecretRequired =
@@ -115,6 +115,7 @@ NodeOptions non_default_options() {
   o.cluster.anti_entropy_interval_ms = 22;
   o.cluster.probe_interval_ms = 33;
   o.cluster.forward_timeout_ms = 44;
+  o.cluster.forget_dead_after_ms = 55;
   return o;
 }
 
@@ -147,6 +148,7 @@ void check_same(const NodeOptions& a, const NodeOptions& b) {
   CHECK(a.cluster.anti_entropy_interval_ms == b.cluster.anti_entropy_interval_ms);
   CHECK(a.cluster.probe_interval_ms == b.cluster.probe_interval_ms);
   CHECK(a.cluster.forward_timeout_ms == b.cluster.forward_timeout_ms);
+  CHECK(a.cluster.forget_dead_after_ms == b.cluster.forget_dead_after_ms);
 }
 
 }  // namespace
@@ -292,6 +294,7 @@ cluster:
   anti_entropy_interval_ms: 600000
   probe_interval_ms: 1
   forward_timeout_ms: 75
+  forget_dead_after_ms: 0
 )",
                                  out);
   CHECK(err == "");
@@ -309,6 +312,7 @@ cluster:
   CHECK(out.cluster.anti_entropy_interval_ms == 600'000);
   CHECK(out.cluster.probe_interval_ms == 1);
   CHECK(out.cluster.forward_timeout_ms == 75);
+  CHECK(out.cluster.forget_dead_after_ms == 0);
 }
 
 TEST_CASE("the cluster's ranged fields accept their inclusive bounds; seeds may be empty") {
@@ -316,9 +320,10 @@ TEST_CASE("the cluster's ranged fields accept their inclusive bounds; seeds may 
   NodeOptions out;
   CHECK(l.load(R"(cluster: {node_id: 1, listen: "127.0.0.1:7352", secret: 0123456789abcdef0,
   replicas: 1, sync_interval_ms: 1, anti_entropy_interval_ms: 1, probe_interval_ms: 600000,
-  forward_timeout_ms: 600000, seeds: []}
+  forward_timeout_ms: 600000, forget_dead_after_ms: 86400000, seeds: []}
 )",
                out) == "");
+  CHECK(out.cluster.forget_dead_after_ms == 86'400'000);
   CHECK(out.cluster.enabled);
   CHECK(out.cluster.node_id == 1);
   CHECK(out.cluster.replicas == 1);
@@ -967,4 +972,18 @@ TEST_CASE("a directory given as secret_file is an error naming it, not an empty 
       with_secret);
   CHECK(err2 == l.at(5, "cluster.secret_file", "cannot read " + secret_dir + ": is a directory"));
   CHECK(with_secret.cluster.secret == "0123456789abcdef");
+}
+
+TEST_CASE("forget_dead_after_ms: 0 to a day; beyond either end or not a number is an error") {
+  Loader l;
+  NodeOptions out;
+  const std::string head = "cluster:\n  node_id: 1\n  listen: a:1\n  secret: 0123456789abcdef\n";
+  CHECK(l.load(head + "  forget_dead_after_ms: -1\n", out)
+            .find("cluster.forget_dead_after_ms: must be between 0 and 86400000 (a day)") !=
+        std::string::npos);
+  CHECK(l.load(head + "  forget_dead_after_ms: 86400001\n", out).find("must be between 0") !=
+        std::string::npos);
+  CHECK(l.load(head + "  forget_dead_after_ms: soon\n", out).find("has the wrong type") !=
+        std::string::npos);
+  CHECK(NodeOptions{}.cluster.forget_dead_after_ms == 300'000);
 }

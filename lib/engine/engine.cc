@@ -116,6 +116,16 @@ struct Engine::Impl {
   std::map<std::string, uint32_t, std::less<>> stats_by_name;
 
   std::atomic<uint64_t> checks{0};
+  // credit(): the hits credited per (counter, spec, node) in its latest bucket.
+  struct Credit {
+    int64_t bucket = INT64_MIN;
+    uint32_t total = 0;
+    int64_t last_ms = 0;
+  };
+  std::mutex credit_mu;
+  std::unordered_map<uint64_t, Credit> credits;  // guarded by credit_mu
+  // A cluster with members out of reach (set_capacity): reachable << 32 | expected; 0 = all.
+  std::atomic<uint64_t> capacity{0};
   std::atomic<uint64_t> allowlisted{0};
   std::atomic<uint64_t> no_room{0};
   std::array<std::atomic<uint64_t>, kNumCheckErrors> rejected{};
@@ -378,6 +388,15 @@ struct Engine::Impl {
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, uint32_t fallback_members, BatchResult& out, Decision& d);
 
+  // What a limit allows on this side of the cluster: limit x reachable / expected (see
+  // set_capacity), rounded down; the whole limit when every member is in reach.
+  static uint64_t share_of(uint64_t cap, uint64_t limit) {
+    const uint64_t reachable = cap >> 32;
+    const uint64_t expected = cap & 0xFFFFFFFFu;
+    if (expected == 0 || reachable >= expected) return limit;
+    return limit / expected * reachable + limit % expected * reachable / expected;  // no overflow
+  }
+
   // Gossip mode: this node's hits in the window that the cluster has not acknowledged yet (the
   // owner or a replica pushes our own totals back to us), times the number of other nodes that
   // count this key. Under traffic spread over N nodes each node then keeps to about 1/N of what
@@ -471,7 +490,9 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     return;
   }
 
-  // Bring each counter to now and evaluate its limit.
+  // Bring each counter to now and evaluate its limit (this side's share of it while members of
+  // the cluster are out of reach: set_capacity).
+  const uint64_t cap = capacity.load(std::memory_order_relaxed);
   sc.rule_ok.assign(rr.num_rules, 1);
   sc.limit_ok.assign(num_limits, 1);
   bool enforce_denied = false;
@@ -496,7 +517,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
                               st.spec_ids[lims[k].spec_index])
               : 0;
       bool ok = window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff,
-                               hits + others_unseen, lims[k].limit->requests);
+                               hits + others_unseen, share_of(cap, lims[k].limit->requests));
       if (ok && fallback_members > 0 && ar.rule->consistency == rules::Consistency::kOwner) {
         // Deciding for an owner that did not answer (see check()): denied, or within this node's
         // share of the limit, counting only its own hits (what the others admit is theirs).
@@ -559,7 +580,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
             shards[lims[k].counter & shard_mask], t, i, st.spec_ids[lims[k].spec_index],
             CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
       }
-      const uint64_t lim = lims[k].limit->requests;
+      const uint64_t lim = share_of(cap, lims[k].limit->requests);
       const window::LimitState ls =
           window::limit_state(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits, lim);
       const uint64_t used = lim - std::min(lim, ls.remaining);
@@ -1084,6 +1105,11 @@ std::optional<uint64_t> Engine::owner_routing_key(const rules::CheckRequest& req
   return std::nullopt;
 }
 
+void Engine::set_capacity(uint32_t reachable, uint32_t expected) {
+  impl_->capacity.store(static_cast<uint64_t>(reachable) << 32 | expected,
+                        std::memory_order_relaxed);
+}
+
 void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_ms) {
   Impl& im = *impl_;
   if (req.hits == 0 || node == im.opt.node_id) return;
@@ -1094,30 +1120,30 @@ void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_m
   raised.clear();
   const rules::ResolvedRequest rr = st.policy->resolve(req, now_ms, res);
   if (rr.error != CheckError::kNone || rr.allowlisted) return;
-  for (uint32_t r = 0; r < rr.num_rules; ++r) {
-    const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
-    if (ar.rule->consistency != rules::Consistency::kOwner) continue;
-    for (uint32_t j = 0; j < ar.num_limits; ++j) {
-      const rules::AppliedLimit& al = res.limits[ar.first_limit + j];
-      const window::WindowSpec& spec = al.limit->spec;
-      const int64_t bucket = window::bucket_of(now_ms, spec.bucket_ms);
-      const uint32_t spec_id = im.spec_id(spec);
-      Shard& sh = im.shards[al.counter & im.shard_mask];
-      uint64_t known = 0;
-      {
-        std::lock_guard g(sh.lock);
-        const auto it = sh.remote.find(remote_key(al.counter, spec_id));
-        if (it != sh.remote.end()) {
-          for (const RemoteRing& n : it->second) {
-            if (n.node != node || n.buckets.empty()) continue;
-            const auto ring = static_cast<int64_t>(n.buckets.size());
-            const auto& slot = n.buckets[static_cast<size_t>(((bucket % ring) + ring) % ring)];
-            if (slot.first == bucket) known = slot.second;
-          }
-        }
+  {
+    // The credits themselves are kept apart, per counter, node and bucket, and what is merged is
+    // their sum: merge keeps the larger of it and the node's own reports, both lower bounds of
+    // its total, so a report that already holds a credited hit (it may overtake the answer)
+    // never makes it count twice. Kept only while keys move (a join): a few entries.
+    std::lock_guard g(im.credit_mu);
+    if (im.credits.size() > 4096) {
+      std::erase_if(im.credits, [&](const auto& e) { return now_ms - e.second.last_ms > 600'000; });
+    }
+    for (uint32_t r = 0; r < rr.num_rules; ++r) {
+      const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
+      if (ar.rule->consistency != rules::Consistency::kOwner) continue;
+      for (uint32_t j = 0; j < ar.num_limits; ++j) {
+        const rules::AppliedLimit& al = res.limits[ar.first_limit + j];
+        const window::WindowSpec& spec = al.limit->spec;
+        const int64_t bucket = window::bucket_of(now_ms, spec.bucket_ms);
+        const uint64_t key = remote_key(al.counter, im.spec_id(spec)) ^
+                             (static_cast<uint64_t>(node) * 0xC2B2AE3D27D4EB4Full);
+        Impl::Credit& c = im.credits[key];
+        if (c.bucket != bucket) c = {bucket, 0, now_ms};
+        c.total = static_cast<uint32_t>(std::min<uint64_t>(UINT32_MAX, c.total + req.hits));
+        c.last_ms = now_ms;
+        raised.push_back({al.counter, spec, node, bucket, c.total});
       }
-      const uint64_t total = std::min<uint64_t>(UINT32_MAX, known + req.hits);
-      raised.push_back({al.counter, spec, node, bucket, static_cast<uint32_t>(total)});
     }
   }
   merge(raised, now_ms);

@@ -285,6 +285,11 @@ class Engine {
   // and its own report replaces it when it arrives (merge keeps the larger): nothing is counted
   // twice, and this node does not admit again what `node` admitted before its report came.
   void credit(const rules::CheckRequest& req, uint16_t node, int64_t now_ms);
+  // Cluster partitions (docs/architecture.md, "Members out of reach"): `reachable` of the
+  // `expected` members are in reach of this node, itself included. While fewer than expected,
+  // every limit allows limit x reachable / expected (rounded down) here, so the sides of a split
+  // together stay within the limit. Any thread; takes effect on the next check.
+  void set_capacity(uint32_t reachable, uint32_t expected);
   // Marks every counter for the next resend sync pass (handoff after a membership change).
   void mark_all_changed_for_sync();
 

@@ -530,6 +530,12 @@ std::string render_metrics(AdminHttp::State& st) {
         n += ms.member.state == state ? 1 : 0;
       m.sample("sluice_cluster_members", {"state", cluster::to_string(state)}, n);
     }
+    m.one("sluice_cluster_members_reachable", "gauge",
+          "Members in reach of this node, itself included (alive).", c.reachable);
+    m.one("sluice_cluster_members_expected", "gauge",
+          "Members this node expects: in reach, suspect, or dead for less than "
+          "forget_dead_after_ms. Below it, every limit allows reachable / expected here.",
+          c.expected);
     m.family(
         "sluice_cluster_sync_lag_ms", "gauge",
         "Per member: ms since its last sync batch arrived (members never heard from: absent).");

@@ -379,6 +379,8 @@ Json cluster_json(const ClusterStatus& c) {
               {"name", c.name},
               {"join_state", c.join_state},
               {"replicas", c.replicas},
+              {"members_reachable", c.reachable},
+              {"members_expected", c.expected},
               {"members", std::move(members)},
               {"dropped", std::move(dropped)},
               {"datagrams_in", c.datagrams_in},

@@ -105,7 +105,8 @@ constexpr std::string_view kClusterSettings[] = {"node_id",
                                                  "sync_interval_ms",
                                                  "anti_entropy_interval_ms",
                                                  "probe_interval_ms",
-                                                 "forward_timeout_ms"};
+                                                 "forward_timeout_ms",
+                                                 "forget_dead_after_ms"};
 
 template <size_t N>
 bool one_of(const std::string& key, const std::string_view (&names)[N]) {
@@ -200,6 +201,13 @@ void load_cluster(const YAML::Node& section, const YAML::Node& c, ClusterOptions
           bad("must be between 1 and 8");
         } else {
           out.replicas = static_cast<size_t>(r);
+        }
+      } else if (key == "forget_dead_after_ms") {
+        const auto ms = v.as<int64_t>();
+        if (ms < 0 || ms > 86'400'000) {
+          bad("must be between 0 and 86400000 (a day)");
+        } else {
+          out.forget_dead_after_ms = ms;
         }
       } else {  // the intervals
         const auto ms = v.as<int64_t>();

@@ -508,12 +508,10 @@ struct Worker::Forwarder : CheckRouter {
 
   // Decides part i of a pending request on this node (the part itself is marked forwarded).
   // `fallback`: in place of an owner that did not answer, by each rule's `fallback` (deny, or
-  // this node's share of the limit among the ring's members), never as if it were the owner.
+  // this node's share of the limit: 1 / the members expected), never as if it were the owner.
   void decide_here(size_t slot, size_t i, int64_t now, bool fallback) {
     Pending& p = pending[slot];
-    const uint32_t members =
-        fallback ? static_cast<uint32_t>(std::max<size_t>(1, view.ring ? view.ring->size() : 1))
-                 : 0;
+    const uint32_t members = fallback ? std::max<uint32_t>(1, view.expected_members) : 0;
     if (!w.handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch, members) ||
         wire::decode_answer(scratch, answer) != wire::Code::kOk) {
       answer.decisions.clear();  // leaves those checks as malformed below

@@ -44,6 +44,9 @@ struct ClusterOptions {
   // replica (and as long again for the replica before the rule's fallback decides it here).
   // Twice this stays under libsluice's default 20 ms timeout.
   int64_t forward_timeout_ms = 8;
+  // A member dead this long is no longer expected back: the limits stop counting its share out
+  // (docs/architecture.md, "Members out of reach"). A member that leaves (drain) is not expected.
+  int64_t forget_dead_after_ms = 300'000;
 };
 
 struct NodeOptions {

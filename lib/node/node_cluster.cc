@@ -175,7 +175,47 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
 
   void after_membership_call() {
     if (ring_changed) rebuild_ring();
+    update_capacity();
     arm_tick();
+  }
+
+  // Members out of reach (docs/architecture.md): `reachable` = alive members, this node included;
+  // `expected` = those plus the suspect ones and the ones dead for less than forget_dead_after_ms
+  // (a split and a death look the same from here). While fewer are reachable than expected, this
+  // side allows limit x reachable / expected of every limit, and a fallback this node's
+  // 1 / expected, so the sides of a split together stay within the limit.
+  void update_capacity() {
+    const int64_t now = st.opt.clock();
+    uint32_t reachable = 0, expected = 0;
+    for (const auto& [id, m] : members_by_id) {
+      if (m.state == MemberState::kLeft || (left && id == opt.node_id)) continue;
+      if (m.state == MemberState::kAlive) {
+        ++reachable;
+        ++expected;
+      } else if (m.state == MemberState::kSuspect) {
+        ++expected;
+      } else if (m.state == MemberState::kDead) {
+        const auto d = dead_since.find(id);
+        if (d != dead_since.end() && now - d->second < opt.forget_dead_after_ms) ++expected;
+      }
+    }
+    reachable = std::max<uint32_t>(reachable, 1);
+    expected = std::max(expected, reachable);
+    if (reachable == capacity_reachable && expected == capacity_expected) return;
+    if (reachable < expected) {
+      spdlog::warn(
+          "cluster: {} of {} members in reach: every limit allows {}/{} of itself here until the "
+          "others answer again (or have been dead for {} ms)",
+          reachable, expected, reachable, expected, opt.forget_dead_after_ms);
+    } else if (capacity_reachable < capacity_expected) {
+      spdlog::info("cluster: all {} members in reach again: limits whole", expected);
+    }
+    capacity_reachable = reachable;
+    capacity_expected = expected;
+    st.engine->set_capacity(reachable, expected);
+    std::lock_guard g(published_mu);
+    published_expected = expected;
+    view_version.fetch_add(1, std::memory_order_release);
   }
 
   void arm_sync() {
@@ -213,6 +253,11 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
         spdlog::info("cluster: member {} ({}, {}:{}) is {} (incarnation {})", m.name, m.id, m.host,
                      m.peer_port, cluster::to_string(m.state), m.incarnation);
       }
+    }
+    if (m.state == MemberState::kDead) {
+      dead_since.try_emplace(m.id, st.opt.clock());
+    } else {
+      dead_since.erase(m.id);
     }
     members_by_id[m.id] = m;
     if (was_in != in_ring(m)) ring_changed = true;
@@ -296,7 +341,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   static constexpr int64_t kJoinWithinMs = 2'000;
   int64_t started_ms = 0;
   bool met_others = false;
-  int64_t fresh_until_ms = 0;  // control thread
+  int64_t fresh_until_ms = 0;            // control thread
+  std::map<NodeId, int64_t> dead_since;  // when each dead member was first seen dead
+  uint32_t capacity_reachable = 1, capacity_expected = 1;
   bool left = false;
   bool stopped = false;
   int64_t last_resend_ms = 0;
@@ -313,6 +360,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::atomic<uint64_t> view_version{1};
   std::shared_ptr<const cluster::HashRing> published_without_self;  // guarded by published_mu
   int64_t published_fresh_until_ms = 0;                             // guarded by published_mu
+  uint32_t published_expected = 1;                                  // guarded by published_mu
 };
 
 ClusterNode::ClusterNode(asio::io_context& control, NodeState& state)
@@ -414,7 +462,7 @@ int64_t ClusterNode::forward_timeout_ms() const {
 ClusterNode::View ClusterNode::view() const {
   std::lock_guard g(impl_->published_mu);
   return {impl_->published_ring, impl_->published_members, impl_->published_without_self,
-          impl_->published_fresh_until_ms};
+          impl_->published_fresh_until_ms, impl_->published_expected};
 }
 
 std::optional<cluster::NodeId> ClusterNode::View::owner(uint64_t routing_key) const {
@@ -434,6 +482,8 @@ ClusterStatus ClusterNode::status() const {
   s.self = c.opt.node_id;
   s.name = c.opt.name;
   s.replicas = c.opt.replicas;
+  s.reachable = c.capacity_reachable;
+  s.expected = c.capacity_expected;
   if (!c.membership) return s;
   s.join_state = std::string(cluster::to_string(c.membership->join_state()));
   s.membership = c.membership->stats();

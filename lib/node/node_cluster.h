@@ -54,6 +54,8 @@ struct ClusterStatus {
   uint64_t sync_passes = 0, sync_totals_out = 0, sync_totals_in = 0, sync_batches_out = 0;
   uint64_t handoffs = 0;  // full passes after membership changes
   size_t replicas = 0;
+  // Members out of reach (docs/architecture.md): every limit allows reachable / expected here.
+  uint32_t reachable = 1, expected = 1;
 };
 
 class ClusterNode {
@@ -87,6 +89,9 @@ class ClusterNode {
     // whatever the others have learned, and nothing is decided twice (docs/architecture.md).
     std::shared_ptr<const cluster::HashRing> ring_without_self;  // null when not joining
     int64_t fresh_until_ms = 0;
+    // Members this node expects, in reach or not (dead ones until forgotten): a fallback decision
+    // takes 1 / expected of a limit (docs/architecture.md, "Members out of reach").
+    uint32_t expected_members = 1;
     // The node that owns `routing_key` under `ring`; nullopt for an empty ring.
     std::optional<cluster::NodeId> owner(uint64_t routing_key) const;
     bool joining(int64_t now_ms) const { return ring_without_self && now_ms < fresh_until_ms; }
