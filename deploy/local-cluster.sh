@@ -53,12 +53,29 @@ start() {
     echo "$!" >>"$dir/pids"
   done
   # Ready when every node answers /healthz (bounded: 10 s).
+  local down=""
   for i in $(seq 1 "$n"); do
+    local up=0 pid
+    pid=$(sed -n "${i}p" "$dir/pids")
     for _ in $(seq 1 100); do
-      if "$bin/sluicectl" status --admin "127.0.0.1:$(port_of "$i" 1)" >/dev/null 2>&1; then break; fi
+      if "$bin/sluicectl" status --admin "127.0.0.1:$(port_of "$i" 1)" >/dev/null 2>&1; then
+        up=1
+        break
+      fi
+      kill -0 "$pid" 2>/dev/null || break  # it exited: no use waiting
       sleep 0.1
     done
+    [ "$up" = 1 ] || down="$down $i"
   done
+  if [ -n "$down" ]; then
+    # Say which nodes did not come up and why (their logs), and leave nothing half-started.
+    for i in $down; do
+      echo "local-cluster: node $i is not up (exited, or no answer within 10 s); the end of $dir/node-$i.log:" >&2
+      tail -n 5 "$dir/node-$i.log" >&2 || true
+    done
+    stop >/dev/null
+    exit 1
+  fi
   echo "local-cluster: $n nodes up; checks on 127.0.0.1:$(port_of 1 0).., admin 127.0.0.1:$(port_of 1 1).. (logs in $dir)"
 }
 
