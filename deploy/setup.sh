@@ -26,6 +26,7 @@ packages=(
   clang libclang-rt-14-dev  # libFuzzer targets
   redis-server memcached nginx  # baselines for bench/ and the nginx auth_request test
   procps iproute2 curl python3
+  nftables                # partition faults in tests/cluster/partition_test.cc and the bench
 )
 
 missing=()

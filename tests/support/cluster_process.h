@@ -4,9 +4,10 @@
 //   LocalCluster: configures and starts N nodes (node i has node_id i + 1, its own check, admin
 //     and peer ports, a data directory, a config file and a log under one temp directory; node 1
 //     is every other node's seed; ClusterSpec::placement may put a node at another address and
-//     start it through a command prefix, as netns_cluster.h does with network namespaces), waits until every node lists every other one alive, kills
-//     (SIGKILL), terminates (SIGTERM), restarts, adds and drains nodes, and talks to their admin
-//     ports over a tiny blocking HTTP/1.1 client (JSON bodies, nlohmann_json).
+//     start it through a command prefix, as netns_cluster.h does with network namespaces), waits
+//     until every node lists every other one alive, kills (SIGKILL), terminates (SIGTERM),
+//     restarts, adds and drains nodes, and talks to their admin ports over a tiny blocking HTTP/1.1
+//     client (JSON bodies, nlohmann_json).
 //   LoadDriver: open-loop traffic through libsluice (one Client per node, whose node list starts
 //     with that node and continues with the others, so a failed node is retried elsewhere, or
 //     that node alone), checks spread round-robin over the target nodes and the keys, at an
@@ -411,8 +412,8 @@ class LocalCluster {
         << "\nadmin: " << n.host << ":" << n.admin_port << "\nthreads: " << spec_.threads
         << "\nrules: " << (dir_ / "rules.yaml").string() << "\ndata_dir: " << n.data_dir.string()
         << "\ninit_data: true\nlog_level: " << spec_.log_level << "\ncluster:\n  node_id: " << n.id
-        << "\n  name: " << n.name << "\n  listen: " << n.host << ":" << n.peer_port << "\n  secret: \""
-        << n.secret << "\"\n  replicas: " << spec_.replicas
+        << "\n  name: " << n.name << "\n  listen: " << n.host << ":" << n.peer_port
+        << "\n  secret: \"" << n.secret << "\"\n  replicas: " << spec_.replicas
         << "\n  sync_interval_ms: " << spec_.sync_interval_ms
         << "\n  anti_entropy_interval_ms: " << spec_.anti_entropy_interval_ms
         << "\n  probe_interval_ms: " << spec_.probe_interval_ms
@@ -467,7 +468,8 @@ class LocalCluster {
     n.last_exit_status = -1;
     const bool up = wait_until(
         [&] {
-          return !running(i) || http_request_at(n.host, n.admin_port, "GET", "/healthz").status == 200;
+          return !running(i) ||
+                 http_request_at(n.host, n.admin_port, "GET", "/healthz").status == 200;
         },
         spec_.start_timeout, milliseconds(20));
     if (!running(i)) return n.name + " exited at start: " + file_tail(n.log);
