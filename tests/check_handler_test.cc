@@ -397,7 +397,7 @@ TEST_CASE("handle_routed splits owner-mode checks by owner into forwarded parts"
       ip("192.0.2.1"),                   // 3 gossip -> here
       a2,                                // 4 -> node 2
       {"nowhere", {{"user", "a1"}}, 1},  // 5 unknown domain -> here
-      user("a1", -1),                    // 6 refused by the decoder -> here
+      user("a1", -1),                    // 6 refused by the decoder: in no part
   };
   const std::vector<uint8_t> request = encode(31337, checks);
   ForwardPlan plan;
@@ -417,9 +417,12 @@ TEST_CASE("handle_routed splits owner-mode checks by owner into forwarded parts"
   CHECK(plan.parts[0].owner == 2);
   CHECK(plan.parts[0].checks == std::vector<uint32_t>{0, 4});
   CHECK(plan.parts[1].owner == 0);
-  CHECK(plan.parts[1].checks == std::vector<uint32_t>{1, 3, 5, 6});
+  CHECK(plan.parts[1].checks == std::vector<uint32_t>{1, 3, 5});
   CHECK(plan.parts[2].owner == 3);
   CHECK(plan.parts[2].checks == std::vector<uint32_t>{2});
+  // The decoder's refusal is answered with its code by the caller (Worker::Forwarder).
+  CHECK(plan.refused ==
+        std::vector<std::pair<uint32_t, wire::Code>>{{6, wire::Code::kNegativeHits}});
 
   // Each part is a request of its own: marked forwarded, id first_id + index, the client's checks.
   wire::RequestDecoder dec;
@@ -450,11 +453,10 @@ TEST_CASE("handle_routed splits owner-mode checks by owner into forwarded parts"
   // The owner-0 part is decided here: an answer per check, in the part's order.
   const wire::Answer here = f.check(plan.parts[1].request);
   CHECK(here.id == 1001);
-  REQUIRE(here.decisions.size() == 4);
+  REQUIRE(here.decisions.size() == 3);
   CHECK(here.decisions[0].allowed);  // user c
   CHECK(here.decisions[1].allowed);  // gossip ip
   CHECK(here.decisions[2].code == wire::Code::kUnknownDomain);
-  CHECK(here.decisions[3].code == wire::Code::kNegativeHits);  // refused again here
   CHECK(f.remaining("c") == 2);
   CHECK(f.handler.untrusted_forwards() == 1);  // an untagged part claims `forwarded`
 
@@ -732,7 +734,8 @@ TEST_CASE("what the previous owner admitted for a redirected part is credited to
   CHECK(f.remaining("moved") == 0);  // a third hit admitted by node 2
 }
 
-TEST_CASE("checks with one owner but different replicas go in different parts, each naming its replica") {
+TEST_CASE(
+    "checks with one owner but different replicas go in different parts, each naming its replica") {
   Fixture f;
   FakeRouter router;
   router.default_owner = 2;
@@ -741,8 +744,7 @@ TEST_CASE("checks with one owner but different replicas go in different parts, e
   router.backups[*routing_key(*f.engine, user("c"))] = 3;
   const std::vector<uint8_t> request = encode(9, {user("a"), user("b"), user("c")});
   ForwardPlan plan;
-  REQUIRE(f.handler.handle_routed(request, 0, kT0, f.out, &router, 100, plan) ==
-          Outcome::kForward);
+  REQUIRE(f.handler.handle_routed(request, 0, kT0, f.out, &router, 100, plan) == Outcome::kForward);
   REQUIRE(plan.used == 2);
   CHECK(plan.parts[0].owner == 2);
   CHECK(plan.parts[0].backup == 3);
@@ -751,4 +753,26 @@ TEST_CASE("checks with one owner but different replicas go in different parts, e
   CHECK(plan.parts[1].backup == 4);
   CHECK(plan.parts[1].checks == std::vector<uint32_t>{1});
   CHECK_FALSE(plan.parts[0].retried);
+}
+
+TEST_CASE("a split request's checks the decoder refused go in no part and keep their code") {
+  Fixture f;
+  FakeRouter router;
+  router.default_owner = 2;  // every valid key elsewhere
+  CheckSpec too_many{"api", {}, 1};
+  for (int i = 0; i < 65; ++i)
+    too_many.entries.push_back({"k" + std::to_string(i), "v"});
+  const std::vector<uint8_t> request = encode(31, {user("a"), too_many, user("b", -1)});
+  ForwardPlan plan;
+  REQUIRE(f.handler.handle_routed(request, 0, kT0, f.out, &router, 100, plan) == Outcome::kForward);
+  REQUIRE(plan.used == 1);
+  CHECK(plan.parts[0].owner == 2);
+  CHECK(plan.parts[0].checks == std::vector<uint32_t>{0});
+  REQUIRE(plan.refused.size() == 2);
+  CHECK(plan.refused[0] == std::pair<uint32_t, wire::Code>{1, wire::Code::kTooManyEntries});
+  CHECK(plan.refused[1] == std::pair<uint32_t, wire::Code>{2, wire::Code::kNegativeHits});
+  // A reused plan forgets the refusals of the previous split.
+  REQUIRE(f.handler.handle_routed(encode(32, {user("a")}), 0, kT0, f.out, &router, 200, plan) ==
+          Outcome::kForward);
+  CHECK(plan.refused.empty());
 }

@@ -185,7 +185,12 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
   plan.client_id = s.decoder.id();
   plan.num_checks = checks.size();
   plan.used = 0;
+  plan.refused.clear();
   for (size_t i = 0; i < checks.size(); ++i) {
+    if (s.engine_index[i] == UINT32_MAX) {  // refused by the decoder: answered with its code
+      plan.refused.emplace_back(static_cast<uint32_t>(i), s.decoder.check_code(i));
+      continue;
+    }
     ForwardPlan::Part* part = nullptr;
     const CheckRouter::Route& r = s.routes[i];
     for (size_t p = 0; p < plan.used; ++p) {
@@ -210,10 +215,8 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
   for (size_t p = 0; p < plan.used; ++p) {
     ForwardPlan::Part& part = plan.parts[p];
     s.part_checks.clear();
-    for (uint32_t i : part.checks) {
+    for (uint32_t i : part.checks)
       s.part_checks.push_back(checks[i]);
-      // A check the decoder refused (negative cost, too many entries) is refused again there.
-    }
     // Room for the owner's answer: it never answers larger than the request it got.
     const size_t pad = std::min<size_t>(wire::kMaxDatagramBytes, 512 + 256 * part.checks.size());
     wire::encode_request(first_id + p, s.part_checks, pad, part.request, /*forwarded=*/true,

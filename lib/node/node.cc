@@ -442,6 +442,7 @@ struct Worker::Forwarder : CheckRouter {
     p.deadline_ms = now + cluster.forward_timeout_ms();
     p.t0 = t0;
     p.decisions.assign(plan.num_checks, wire::Decision{});
+    for (const auto& [i, code] : plan.refused) p.decisions[i].code = code;
     if (p.parts.size() < plan.used) p.parts.resize(plan.used);
     p.part_done.assign(plan.used, 0);
     p.outstanding = plan.used;

@@ -149,6 +149,9 @@ struct ForwardPlan {
   size_t num_checks = 0;
   std::vector<Part> parts;
   size_t used = 0;
+  // Checks the decoder refused (too many entries, a negative cost): in no part, answered here
+  // with their code.
+  std::vector<std::pair<uint32_t, wire::Code>> refused;
 };
 
 // Handles one request message end to end, transport-independent: decode, decide, encode. One per
