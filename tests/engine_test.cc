@@ -381,7 +381,8 @@ struct CollectSync : engine::SyncSink {
     reporters.clear();
     engine::SyncCursor cur;
     cur.restart(resend);
-    while (!e.sync_step(cur, 16, [owner](uint64_t) { return owner; }, *this)) {
+    while (!e.sync_step(
+        cur, 16, [owner](uint64_t) { return owner; }, *this)) {
     }
   }
 };
@@ -784,43 +785,56 @@ TEST_CASE(
   CHECK(counted == allowed.load());
 }
 
-TEST_CASE("gossip mode counts the hits the cluster has not acknowledged once per other node") {
+TEST_CASE(
+    "gossip quota: a node admits, of its own hits, its share of the limit by demand known "
+    "everywhere") {
   engine::EngineOptions opt;
-  opt.node_id = 1;
-  rules::Rule r = rule("per-user", {"user"}, {limit("100/1m")});
+  opt.node_id = 2;
+  rules::Rule r = rule("per-user", {"user"}, {limit("100/10s", 100)});
   r.consistency = rules::Consistency::kGossip;
   Engine e(compile(one_domain({r})), opt);
+  e.set_gossip_lag(300);  // 3 buckets; demand is summed over 200 ms (2 buckets) before that
+  e.set_capacity(3, 3);   // three members
   Checker c{e, {}, {}};
-  CHECK(c.check({{"user", "1"}}, kT0, 10).allowed);
+  const int64_t t0 = kT0 - kT0 % 10'000;  // a bucket boundary
+  // A cold key (nobody's demand is old enough): an equal part per member, 33 or 34 of 100.
+  const int cold = c.admitted(50, {{"user", "1"}}, t0);
+  CHECK(cold >= 33);
+  CHECK(cold <= 34);
   const auto& lim = *c.limits()[0].limit;
   const std::string_view values[] = {"1"};
   const uint64_t counter =
       rules::counter_id(rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
-  const int64_t bucket = window::bucket_of(kT0, 60'000);
-  // Nodes 2 and 3 count this key too (20 each, as last reported).
-  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2, bucket, 20},
-                                                 {counter, lim.spec, 3, bucket, 20}},
-                kT0) == 2);
-  // Known: 10 own + 40 others = 50; our 10 are unacknowledged, so each of the 2 others may hold
-  // as many unseen: 50 + 20 = 70 effectively, and 31 more do not fit, 30 do.
-  CHECK_FALSE(c.check({{"user", "1"}}, kT0, 31).allowed);
-  // The owner pushes our own total back: acknowledged, the full remaining 50 is ours to use.
-  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 1, bucket, 10}}, kT0) == 0);
-  CHECK(c.check({{"user", "1"}}, kT0, 31).allowed);
-  // Now 41 own of which 31 unacknowledged: 2 x 31 = 62 more assumed elsewhere: nothing fits.
-  CHECK_FALSE(c.check({{"user", "1"}}, kT0, 1).allowed);
-  // An owner-mode rule on one node never assumes anything.
-  rules::Rule o = rule("per-user", {"user"}, {limit("100/1m")});
+  const uint64_t demand = counter ^ (1ull << 31);  // the twin (engine.cc, kDemandBit)
+  const int64_t b0 = window::bucket_of(t0, 100);
+  // Demand 500 ms later, in the range it is read from (buckets b0+1 and b0+2): this node 10 per
+  // bucket (its own checks), node 1 10 per bucket, node 3 none. Our share: 20 of 40.
+  CHECK_FALSE(c.check({{"user", "1"}}, t0 + 100, 10).allowed);  // over the cold part: denied,
+  CHECK_FALSE(c.check({{"user", "1"}}, t0 + 200, 10).allowed);  // but counted as demand
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{demand, lim.spec, 1, b0 + 1, 10},
+                                                 {demand, lim.spec, 1, b0 + 2, 10}},
+                t0 + 200) == 2);
+  // Quota 50 (systematic rounding after node 1's 20 of 40: exactly 50 whatever the key's
+  // offset); `cold` of our own hits are in the window already.
+  const int more = c.admitted(60, {{"user", "1"}}, t0 + 500);
+  CHECK(more == 50 - cold);
+  CHECK_FALSE(c.check({{"user", "1"}}, t0 + 500).allowed);
+  // The limit as this node knows it still holds: others' admitted hits count in full.
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 1, b0 + 4, 100}}, t0 + 500) ==
+        1);
+  CHECK_FALSE(c.check({{"user", "1"}}, t0 + 9'900).allowed);
+  // An owner-mode rule keeps no demand and no quota.
+  rules::Rule o = rule("per-user", {"user"}, {limit("100/10s", 100)});
   Engine e2(compile(one_domain({o})), opt);
+  e2.set_capacity(3, 3);
   Checker c2{e2, {}, {}};
-  CHECK(c2.check({{"user", "1"}}, kT0, 10).allowed);
-  CHECK(e2.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2, bucket, 20},
-                                                  {counter, lim.spec, 3, bucket, 20}},
-                 kT0) == 2);
-  CHECK(c2.check({{"user", "1"}}, kT0, 50).allowed);
+  CHECK(c2.admitted(150, {{"user", "1"}}, t0) == 100);
+  CHECK_FALSE(e2.inspect(demand, lim.spec).has_value());
 }
 
-TEST_CASE("credit: what a previous owner admitted for us counts as its total until its report is larger") {
+TEST_CASE(
+    "credit: what a previous owner admitted for us counts as its total until its report is "
+    "larger") {
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));
   Checker c{e, {}, {}};
   std::vector<Descriptor> ds{{"user", "1"}};
@@ -851,7 +865,9 @@ TEST_CASE("credit: what a previous owner admitted for us counts as its total unt
   CHECK_FALSE(c.check({{"user", "1"}}, kT0, 1).allowed);
 }
 
-TEST_CASE("fallback for a silent owner: share admits limit / members of this node's own hits, deny admits none") {
+TEST_CASE(
+    "fallback for a silent owner: share admits limit / members of this node's own hits, deny "
+    "admits none") {
   rules::Rule shared = rule("shared", {"user"}, {limit("100/1m")});
   rules::Rule denied = rule("denied", {"ip"}, {limit("100/1m")});
   denied.fallback = rules::Fallback::kDeny;
@@ -880,8 +896,8 @@ TEST_CASE("fallback for a silent owner: share admits limit / members of this nod
   const std::string_view values[] = {"2"};
   const uint64_t counter = rules::counter_id(
       rules::key_hash(kSeed, "api", *out.limits_of(out.decisions[0])[0].rule, values), lim.spec);
-  CHECK(e.merge(std::vector<engine::RemoteTotal>{
-                    {counter, lim.spec, 2, window::bucket_of(kT0, 60'000), 95}},
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 2,
+                                                  window::bucket_of(kT0, 60'000), 95}},
                 kT0) == 1);
   CHECK(admitted(other, 20, 2) == 5);
   // deny: nothing admitted while the owner is silent, and nothing counted.
@@ -891,7 +907,9 @@ TEST_CASE("fallback for a silent owner: share admits limit / members of this nod
   CHECK(stats_of(stats, "api/denied").denied == 3);
 }
 
-TEST_CASE("set_capacity: with members out of reach every limit allows its reachable share, rounded down") {
+TEST_CASE(
+    "set_capacity: with members out of reach every limit allows its reachable share, rounded "
+    "down") {
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));
   Checker c{e, {}, {}};
   e.set_capacity(2, 5);  // two of five members in reach: 40 of 100 here

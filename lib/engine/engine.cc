@@ -31,12 +31,21 @@ struct State {
 struct Scratch {
   rules::Resolution res;
   std::vector<rules::ResolvedRequest> reqs;
-  std::vector<size_t> slots;  // slot index per limit of the current request
+  std::vector<size_t> slots;  // slot index per counter of the current request (limits, twins)
   std::vector<CounterTable*> tables;
-  std::vector<uint64_t> pinned;
+  std::vector<uint64_t> pinned;    // counter id per entry of slots
+  std::vector<uint32_t> spec_of;   // engine spec id per entry of slots
+  std::vector<uint32_t> twin;      // per limit: index of its demand twin in slots, or 0
   std::vector<uint8_t> rule_ok;
   std::vector<uint8_t> limit_ok;
 };
+
+// Gossip mode in a cluster (docs/architecture.md, "Gossip quotas"): every limit's counter has a
+// twin that counts demand (every check's hits, admitted or not) in the same buckets. It syncs like
+// any counter, so every node learns how much traffic each node sees for the key, and each node
+// admits, of its own hits in the window, only its demand-weighted quota of the limit. The twin
+// keeps the routing half (high 32 bits: same owner) and the shard bits of its counter.
+constexpr uint64_t kDemandBit = 1ull << 31;
 thread_local Scratch tls_scratch;
 
 struct TlsState {
@@ -116,6 +125,10 @@ struct Engine::Impl {
   std::map<std::string, uint32_t, std::less<>> stats_by_name;
 
   std::atomic<uint64_t> checks{0};
+  // Gossip quotas: demand older than this has reached every node holding the key (two sync
+  // intervals: a node's report to the owner, the owner's push to the others).
+  std::atomic<int64_t> gossip_lag_ms{200};
+  static constexpr int64_t kDemandHorizonMs = 200;  // demand summed over this much time
   // credit(): the hits credited per (counter, spec, node) in its latest bucket.
   struct Credit {
     int64_t bucket = INT64_MIN;
@@ -397,35 +410,70 @@ struct Engine::Impl {
     return limit / expected * reachable + limit % expected * reachable / expected;  // no overflow
   }
 
-  // Gossip mode: this node's hits in the window that the cluster has not acknowledged yet (the
-  // owner or a replica pushes our own totals back to us), times the number of other nodes that
-  // count this key. Under traffic spread over N nodes each node then keeps to about 1/N of what
-  // is left between syncs; a node that is alone on a key loses at most one sync interval of
-  // budget to it.
-  uint64_t unacked_share(const Shard& sh, const CounterTable& t, size_t i, uint32_t spec_id) const {
-    const auto it = sh.remote.find(remote_key(t.counter_at(i), spec_id));
-    if (it == sh.remote.end()) return 0;
-    const RemoteRing* acked = nullptr;
-    uint64_t others = 0;
-    for (const RemoteRing& n : it->second) {
-      if (n.node == opt.node_id) {
-        acked = &n;
-      } else {
-        ++others;
+  // Gossip mode in a cluster: this node's quota of `limit`, the part of it that this node may
+  // admit of its own hits in the window, by its share of the key's demand (the twin counter
+  // `dt`/`di`: every node's checks, admitted or not). Demand is summed over kDemandHorizonMs of
+  // buckets that end `gossip_lag_ms` ago, which every node holding the key has heard of by then,
+  // so every node works out the same shares, and the quotas, rounded systematically in node-id
+  // order with one offset per key, add up to the limit exactly: budget that frees is claimed by
+  // the node whose quota it is, not by every node at once. A node with no demand in that range
+  // (traffic that just moved to it) uses the newest buckets instead, until its own show there;
+  // when no node has shown demand yet, the whole limit (the check itself is the only demand).
+  uint64_t gossip_quota(const Shard& sh, const CounterTable& dt, size_t di, uint32_t spec_id,
+                        uint64_t limit, uint64_t cap) const {
+    __extension__ typedef unsigned __int128 u128;
+    const auto r = static_cast<int64_t>(dt.ring());
+    const int64_t bms = dt.spec().bucket_ms;
+    const int64_t head = dt.head_at(di);
+    const int64_t horizon = std::clamp<int64_t>((kDemandHorizonMs + bms - 1) / bms, 1, r - 1);
+    const int64_t lag = std::clamp<int64_t>(
+        (gossip_lag_ms.load(std::memory_order_relaxed) + bms - 1) / bms, 0, r - 1 - horizon);
+    const std::vector<RemoteRing>* nodes = nullptr;
+    if (dt.has_remote(di)) {
+      const auto it = sh.remote.find(remote_key(dt.counter_at(di), spec_id));
+      if (it != sh.remote.end()) nodes = &it->second;
+    }
+    const auto pos_of = [r](int64_t b) { return static_cast<size_t>(((b % r) + r) % r); };
+    struct Sums {
+      u128 mine = 0, before = 0, total = 0;
+    };
+    const auto sums = [&](int64_t from, int64_t to) {
+      Sums out;
+      for (int64_t b = from; b <= to; ++b) out.mine += dt.own(di)[pos_of(b)];
+      out.total = out.mine;
+      if (nodes == nullptr) return out;
+      for (const RemoteRing& n : *nodes) {
+        if (n.node == opt.node_id || n.buckets.empty()) continue;
+        u128 d = 0;
+        for (int64_t b = from; b <= to; ++b) {
+          const auto& e = n.buckets[pos_of(b)];
+          if (e.first == b) d += e.second;
+        }
+        out.total += d;
+        if (n.node < opt.node_id) out.before += d;
       }
+      return out;
+    };
+    constexpr u128 kOne = static_cast<u128>(1) << 32;
+    const u128 offset = (dt.counter_at(di) * 0x9E3779B97F4A7C15ull) >> 32;  // [0, 1) x 2^32
+    Sums s = sums(head - lag - horizon + 1, head - lag);
+    // The range must hold demand from its start: otherwise the key only just got traffic, and
+    // the nodes' views of the range may not agree yet.
+    const Sums first_half = sums(head - lag - horizon + 1, head - lag - horizon / 2);
+    if (s.total == 0 || first_half.total == 0) {
+      // Nobody's demand is old enough to be known everywhere (a key just getting traffic): an
+      // equal part of the limit per member, rounded up or down by a per-node offset, so that the
+      // parts add up to the limit on average and a burst on a cold key stays within it.
+      const uint64_t members = std::max<uint64_t>(1, cap & 0xFFFFFFFFu);
+      const u128 mine = (dt.counter_at(di) + opt.node_id * 0x9E3779B97F4A7C15ull) >> 32;
+      return static_cast<uint64_t>((static_cast<u128>(limit) * kOne + mine * members) /
+                                   (members * kOne));
     }
-    if (others == 0) return 0;
-    const int64_t head = t.head_at(i);
-    const auto r = static_cast<int64_t>(t.ring());
-    const auto own = t.own(i);
-    uint64_t unacked = 0;
-    for (int64_t b = head - r + 1; b <= head; ++b) {
-      const auto pos = static_cast<size_t>(((b % r) + r) % r);
-      const uint32_t seen =
-          acked != nullptr && acked->buckets[pos].first == b ? acked->buckets[pos].second : 0;
-      if (own[pos] > seen) unacked += own[pos] - seen;
-    }
-    return others * unacked;
+    if (s.mine == 0) s = sums(head - lag - horizon + 1, head);  // demand that just moved here
+    const u128 l = limit;
+    const u128 hi = (l * (s.before + s.mine) * kOne + offset * s.total) / (s.total * kOne);
+    const u128 lo = (l * s.before * kOne + offset * s.total) / (s.total * kOne);
+    return static_cast<uint64_t>(hi - lo);
   }
 };
 
@@ -442,38 +490,55 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     num_limits += rules_begin[r].num_limits;
   const rules::AppliedLimit* lims = res.limits.data() + first_limit;
 
-  // Lock every shard the request touches; its counters are decided and counted atomically.
+  // Every counter the request touches: its limits' counters, then, for gossip rules in a
+  // cluster, their demand twins (same shard: the twin keeps the low bits).
   uint64_t shard_set = 0;
   sc.pinned.clear();
+  sc.spec_of.clear();
+  sc.twin.assign(num_limits, 0);
   for (uint32_t k = 0; k < num_limits; ++k) {
     shard_set |= 1ull << (lims[k].counter & shard_mask);
     sc.pinned.push_back(lims[k].counter);
+    sc.spec_of.push_back(st.spec_ids[lims[k].spec_index]);
   }
+  if (opt.node_id != 0) {
+    uint32_t k = 0;
+    for (uint32_t r = 0; r < rr.num_rules; ++r) {
+      const rules::AppliedRule& ar = rules_begin[r];
+      for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
+        if (ar.rule->consistency != rules::Consistency::kGossip) continue;
+        sc.twin[k] = static_cast<uint32_t>(sc.pinned.size());
+        sc.pinned.push_back(lims[k].counter ^ kDemandBit);
+        sc.spec_of.push_back(sc.spec_of[k]);
+      }
+    }
+  }
+  const size_t num_counters = sc.pinned.size();
+  // Lock every shard the request touches; its counters are decided and counted atomically.
   lock_shards(shard_set);
 
   // Find or create every counter. An insert may move other slots of its table (Robin Hood), so
   // when anything was inserted the slots are looked up again before use. A sibling's insert can
   // only remove an expired counter of this request (live ones are pinned), which held nothing:
   // the next attempt recreates it.
-  sc.slots.resize(num_limits);
-  sc.tables.resize(num_limits);
+  sc.slots.resize(num_counters);
+  sc.tables.resize(num_counters);
   bool missing = true;
   for (int attempt = 0; attempt < 3 && missing; ++attempt) {
     bool inserted = false;
     missing = false;
-    for (uint32_t k = 0; k < num_limits; ++k) {
-      Shard& sh = shards[lims[k].counter & shard_mask];
-      const uint32_t spec_id = st.spec_ids[lims[k].spec_index];
-      CounterTable& t = table(sh, spec_id);
+    for (size_t k = 0; k < num_counters; ++k) {
+      Shard& sh = shards[sc.pinned[k] & shard_mask];
+      CounterTable& t = table(sh, sc.spec_of[k]);
       sc.tables[k] = &t;
       const int64_t i =
-          find_or_insert(sh, t, spec_id, lims[k].counter, now_ms, sc.pinned, inserted);
+          find_or_insert(sh, t, sc.spec_of[k], sc.pinned[k], now_ms, sc.pinned, inserted);
       if (i < 0) missing = true;
       sc.slots[k] = static_cast<size_t>(i);
     }
     if (inserted && !missing) {
-      for (uint32_t k = 0; k < num_limits; ++k) {
-        const int64_t i = sc.tables[k]->find(lims[k].counter);
+      for (size_t k = 0; k < num_counters; ++k) {
+        const int64_t i = sc.tables[k]->find(sc.pinned[k]);
         if (i < 0) missing = true;
         sc.slots[k] = static_cast<size_t>(i);
       }
@@ -493,6 +558,14 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
   // Bring each counter to now and evaluate its limit (this side's share of it while members of
   // the cluster are out of reach: set_capacity).
   const uint64_t cap = capacity.load(std::memory_order_relaxed);
+  for (size_t k = num_limits; k < num_counters; ++k) {  // demand twins
+    CounterTable& t = *sc.tables[k];
+    const size_t i = sc.slots[k];
+    const int64_t bms = t.spec().bucket_ms;
+    const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), bms);
+    t.set_head(
+        i, window::advance(t.own(i), t.others(i), t.head_at(i), window::bucket_of(now_eff, bms)));
+  }
   sc.rule_ok.assign(rr.num_rules, 1);
   sc.limit_ok.assign(num_limits, 1);
   bool enforce_denied = false;
@@ -508,16 +581,18 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), bms);
       t.set_head(
           i, window::advance(t.own(i), t.others(i), t.head_at(i), window::bucket_of(now_eff, bms)));
-      // Gossip mode: the other nodes that hold this key have hits we have not seen yet; assume
-      // each has as many unacknowledged hits as we have, so N nodes together stay near the limit
-      // instead of each spending it (see unacked_share).
-      const uint64_t others_unseen =
-          ar.rule->consistency == rules::Consistency::kGossip && t.has_remote(i)
-              ? unacked_share(shards[lims[k].counter & shard_mask], t, i,
-                              st.spec_ids[lims[k].spec_index])
-              : 0;
-      bool ok = window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff,
-                               hits + others_unseen, share_of(cap, lims[k].limit->requests));
+      const uint64_t limit = share_of(cap, lims[k].limit->requests);
+      bool ok = window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits, limit);
+      if (ok && sc.twin[k] != 0 && hits > 0) {
+        // Gossip mode: within the limit as far as this node knows; of its own hits in the
+        // window it may hold only its quota (gossip_quota), so the nodes' admissions add up to
+        // the limit even though none has seen the others' latest.
+        const size_t tw = sc.twin[k];
+        const uint64_t quota = gossip_quota(shards[lims[k].counter & shard_mask], *sc.tables[tw],
+                                            sc.slots[tw], sc.spec_of[tw], limit, cap);
+        ok = window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
+                            ar.rule->estimator, now_eff, hits, quota);
+      }
       if (ok && fallback_members > 0 && ar.rule->consistency == rules::Consistency::kOwner) {
         // Deciding for an owner that did not answer (see check()): denied, or within this node's
         // share of the limit, counting only its own hits (what the others admit is theirs).
@@ -579,6 +654,15 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         set_changed(
             shards[lims[k].counter & shard_mask], t, i, st.spec_ids[lims[k].spec_index],
             CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
+      }
+      if (sc.twin[k] != 0 && hits > 0) {  // demand: every check, admitted or not
+        const size_t tw = sc.twin[k];
+        CounterTable& dt = *sc.tables[tw];
+        const size_t di = sc.slots[tw];
+        window::add(dt.own(di), window::bucket_of(now_eff, dt.spec().bucket_ms), hits);
+        set_changed(shards[sc.pinned[tw] & shard_mask], dt, di, sc.spec_of[tw],
+                    CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag |
+                        CounterTable::kRecentFlag);
       }
       const uint64_t lim = share_of(cap, lims[k].limit->requests);
       const window::LimitState ls =
@@ -1103,6 +1187,10 @@ std::optional<uint64_t> Engine::owner_routing_key(const rules::CheckRequest& req
     }
   }
   return std::nullopt;
+}
+
+void Engine::set_gossip_lag(int64_t ms) {
+  impl_->gossip_lag_ms.store(std::max<int64_t>(ms, 0), std::memory_order_relaxed);
 }
 
 void Engine::set_capacity(uint32_t reachable, uint32_t expected) {

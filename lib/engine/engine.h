@@ -290,6 +290,9 @@ class Engine {
   // every limit allows limit x reachable / expected (rounded down) here, so the sides of a split
   // together stay within the limit. Any thread; takes effect on the next check.
   void set_capacity(uint32_t reachable, uint32_t expected);
+  // Gossip mode in a cluster: how long a node's demand takes to reach every node holding a key
+  // (two sync intervals); quotas are worked out from demand at least this old. Any thread.
+  void set_gossip_lag(int64_t ms);
   // Marks every counter for the next resend sync pass (handoff after a membership change).
   void mark_all_changed_for_sync();
 

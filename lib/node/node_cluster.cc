@@ -82,6 +82,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
                                         .count());
     codec = std::make_unique<cluster::PeerCodec>(opt.secret, opt.node_id, boot_id);
     delta = std::make_unique<cluster::DeltaSync>(*st.engine, opt.node_id);
+    st.engine->set_gossip_lag(3 * opt.sync_interval_ms + 100);
     published_ring = std::make_shared<const cluster::HashRing>(opt.replicas);
   }
 
