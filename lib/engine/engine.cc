@@ -33,9 +33,9 @@ struct Scratch {
   std::vector<rules::ResolvedRequest> reqs;
   std::vector<size_t> slots;  // slot index per counter of the current request (limits, twins)
   std::vector<CounterTable*> tables;
-  std::vector<uint64_t> pinned;    // counter id per entry of slots
-  std::vector<uint32_t> spec_of;   // engine spec id per entry of slots
-  std::vector<uint32_t> twin;      // per limit: index of its demand twin in slots, or 0
+  std::vector<uint64_t> pinned;   // counter id per entry of slots
+  std::vector<uint32_t> spec_of;  // engine spec id per entry of slots
+  std::vector<uint32_t> twin;     // per limit: index of its demand twin in slots, or 0
   std::vector<uint8_t> rule_ok;
   std::vector<uint8_t> limit_ok;
 };
@@ -120,8 +120,8 @@ struct Engine::Impl {
   // The same, readable without state_mu: an entry is written once, under state_mu, before its id
   // is published (in a State, or returned to merge), and never changes after.
   std::array<window::WindowSpec, kMaxSpecs> spec_by_id{};
-  std::atomic<uint32_t> num_specs{0};  // entries of spec_by_id written (release after the write)
-  std::vector<std::string> stats_names;   // engine stats id -> "<domain>/<rule>"
+  std::atomic<uint32_t> num_specs{0};    // entries of spec_by_id written (release after the write)
+  std::vector<std::string> stats_names;  // engine stats id -> "<domain>/<rule>"
   std::map<std::string, uint32_t, std::less<>> stats_by_name;
 
   std::atomic<uint64_t> checks{0};
@@ -308,7 +308,8 @@ struct Engine::Impl {
     if (i >= 0) return i;
     if (!make_room(sh, t, spec_id, now_ms, pinned)) return -1;
     inserted = true;
-    return static_cast<int64_t>(t.insert_new(counter, window::bucket_of(now_ms, t.spec().bucket_ms)));
+    return static_cast<int64_t>(
+        t.insert_new(counter, window::bucket_of(now_ms, t.spec().bucket_ms)));
   }
 
   // Shards are locked in ascending order, so two requests never wait on each other in a cycle.
@@ -378,8 +379,8 @@ struct Engine::Impl {
       for (const std::string& name : ar.rule->key) {
         for (const rules::Descriptor& d : req.descriptors) {
           if (d.key != name) continue;
-          for (std::string_view part : {std::string_view(len ? "," : ""), d.key,
-                                        std::string_view("="), d.value}) {
+          for (std::string_view part :
+               {std::string_view(len ? "," : ""), d.key, std::string_view("="), d.value}) {
             const size_t n = std::min(part.size(), slot->key.size() - len);
             std::copy_n(part.data(), n, slot->key.data() + len);
             len += n;
@@ -400,6 +401,16 @@ struct Engine::Impl {
 
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, uint32_t fallback_members, BatchResult& out, Decision& d);
+
+  // Moves a counter's ring to now (its buckets that left the window are zeroed); returns the time
+  // to evaluate it at (window::effective_now).
+  static int64_t bring_to_now(CounterTable& t, size_t i, int64_t now_ms) {
+    const int64_t bms = t.spec().bucket_ms;
+    const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), bms);
+    t.set_head(
+        i, window::advance(t.own(i), t.others(i), t.head_at(i), window::bucket_of(now_eff, bms)));
+    return now_eff;
+  }
 
   // What a limit allows on this side of the cluster: limit x reachable / expected (see
   // set_capacity), rounded down; the whole limit when every member is in reach.
@@ -439,7 +450,8 @@ struct Engine::Impl {
     };
     const auto sums = [&](int64_t from, int64_t to) {
       Sums out;
-      for (int64_t b = from; b <= to; ++b) out.mine += dt.own(di)[pos_of(b)];
+      for (int64_t b = from; b <= to; ++b)
+        out.mine += dt.own(di)[pos_of(b)];
       out.total = out.mine;
       if (nodes == nullptr) return out;
       for (const RemoteRing& n : *nodes) {
@@ -558,14 +570,8 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
   // Bring each counter to now and evaluate its limit (this side's share of it while members of
   // the cluster are out of reach: set_capacity).
   const uint64_t cap = capacity.load(std::memory_order_relaxed);
-  for (size_t k = num_limits; k < num_counters; ++k) {  // demand twins
-    CounterTable& t = *sc.tables[k];
-    const size_t i = sc.slots[k];
-    const int64_t bms = t.spec().bucket_ms;
-    const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), bms);
-    t.set_head(
-        i, window::advance(t.own(i), t.others(i), t.head_at(i), window::bucket_of(now_eff, bms)));
-  }
+  for (size_t k = num_limits; k < num_counters; ++k)  // demand twins
+    bring_to_now(*sc.tables[k], sc.slots[k], now_ms);
   sc.rule_ok.assign(rr.num_rules, 1);
   sc.limit_ok.assign(num_limits, 1);
   bool enforce_denied = false;
@@ -577,10 +583,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
-      const int64_t bms = t.spec().bucket_ms;
-      const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), bms);
-      t.set_head(
-          i, window::advance(t.own(i), t.others(i), t.head_at(i), window::bucket_of(now_eff, bms)));
+      const int64_t now_eff = bring_to_now(t, i, now_ms);
       const uint64_t limit = share_of(cap, lims[k].limit->requests);
       bool ok = window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits, limit);
       if (ok && sc.twin[k] != 0 && hits > 0) {
@@ -660,9 +663,9 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         CounterTable& dt = *sc.tables[tw];
         const size_t di = sc.slots[tw];
         window::add(dt.own(di), window::bucket_of(now_eff, dt.spec().bucket_ms), hits);
-        set_changed(shards[sc.pinned[tw] & shard_mask], dt, di, sc.spec_of[tw],
-                    CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag |
-                        CounterTable::kRecentFlag);
+        set_changed(
+            shards[sc.pinned[tw] & shard_mask], dt, di, sc.spec_of[tw],
+            CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
       }
       const uint64_t lim = share_of(cap, lims[k].limit->requests);
       const window::LimitState ls =
@@ -780,7 +783,7 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
     if (t.bucket <= head - ring) continue;  // left the ring: outside every window
     auto& nodes = sh.remote[remote_key(t.counter, spec_id)];
     if (t.node == im.opt.node_id) {
-      // What the cluster knows we counted. Remembered (acknowledged hits, see unacked_share),
+      // What the cluster knows we counted. Remembered (acknowledged hits),
       // and never lower than our own count, unless we lost some (a restart after kill -9).
       const auto pos = static_cast<size_t>(((t.bucket % ring) + ring) % ring);
       tbl.set_remote(i);
@@ -1162,7 +1165,8 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
       for (size_t p = 0; p < ring; ++p) {
         auto& mine = have->buckets[p];
         const auto& theirs = n.buckets[p];
-        if (theirs.first > mine.first || (theirs.first == mine.first && theirs.second > mine.second))
+        if (theirs.first > mine.first ||
+            (theirs.first == mine.first && theirs.second > mine.second))
           mine = theirs;
       }
     }

@@ -466,10 +466,6 @@ ClusterNode::View ClusterNode::view() const {
           impl_->published_fresh_until_ms, impl_->published_expected};
 }
 
-std::optional<cluster::NodeId> ClusterNode::View::owner(uint64_t routing_key) const {
-  return ring->owner(routing_key);
-}
-
 std::optional<cluster::NodeId> ClusterNode::View::previous_owner(uint64_t routing_key,
                                                                  int64_t now_ms) const {
   if (!joining(now_ms)) return std::nullopt;

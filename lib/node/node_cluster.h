@@ -92,8 +92,6 @@ class ClusterNode {
     // Members this node expects, in reach or not (dead ones until forgotten): a fallback decision
     // takes 1 / expected of a limit (docs/architecture.md, "Members out of reach").
     uint32_t expected_members = 1;
-    // The node that owns `routing_key` under `ring`; nullopt for an empty ring.
-    std::optional<cluster::NodeId> owner(uint64_t routing_key) const;
     bool joining(int64_t now_ms) const { return ring_without_self && now_ms < fresh_until_ms; }
     // While joining: who decides a key this node owns (the owner before it); nullopt otherwise.
     std::optional<cluster::NodeId> previous_owner(uint64_t routing_key, int64_t now_ms) const;
