@@ -81,4 +81,9 @@ struct RemoteTotal {
 struct SyncBatch {
   handoff @0 :Bool;
   totals @1 :List(RemoteTotal);
+  # The newest `sentMs` the sender has received from the receiver (0: none yet), so the receiver
+  # knows its own datagrams get through: a member is in reach only both ways (docs/architecture.md,
+  # "Members out of reach"). Every node sends at least an empty batch to every member each
+  # heartbeat period.
+  heardMs @2 :Int64;
 }

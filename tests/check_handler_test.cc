@@ -113,15 +113,20 @@ class FakeRouter final : public CheckRouter {
       if (p != previous.end()) return {p->second, true};
     }
     if (forwarded) return {};
+    if (auto l = lost.find(routing_key); l != lost.end()) {
+      Route r;
+      r.fallback = true;
+      r.fallback_since_ms = l->second;
+      return r;
+    }
     auto it = owners.find(routing_key);
-    Route r{it == owners.end() ? default_owner : it->second, false};
-    if (auto b = backups.find(routing_key); b != backups.end()) r.backup = b->second;
-    return r;
+    return {it == owners.end() ? default_owner : it->second, false};
   }
   bool redirecting() override { return joining; }
   std::map<uint64_t, uint16_t> owners;
   std::map<uint64_t, uint16_t> previous;
-  std::map<uint64_t, uint16_t> backups;  // the key's replica, asked when the owner is silent
+  // Keys whose owner and replicas are all out of reach, and since when: decided here by fallback.
+  std::map<uint64_t, int64_t> lost;
   bool joining = false;
   uint16_t default_owner = 0;
   std::vector<uint64_t> asked;
@@ -735,24 +740,51 @@ TEST_CASE("what the previous owner admitted for a redirected part is credited to
 }
 
 TEST_CASE(
-    "checks with one owner but different replicas go in different parts, each naming its replica") {
+    "checks whose owners are all out of reach go in one part decided here by fallback, from the "
+    "latest loss") {
   Fixture f;
   FakeRouter router;
   router.default_owner = 2;
-  router.backups[*routing_key(*f.engine, user("a"))] = 3;
-  router.backups[*routing_key(*f.engine, user("b"))] = 4;
-  router.backups[*routing_key(*f.engine, user("c"))] = 3;
+  router.lost[*routing_key(*f.engine, user("b"))] = kT0 - 100;
+  router.lost[*routing_key(*f.engine, user("c"))] = kT0 - 50;
   const std::vector<uint8_t> request = encode(9, {user("a"), user("b"), user("c")});
   ForwardPlan plan;
   REQUIRE(f.handler.handle_routed(request, 0, kT0, f.out, &router, 100, plan) == Outcome::kForward);
   REQUIRE(plan.used == 2);
   CHECK(plan.parts[0].owner == 2);
-  CHECK(plan.parts[0].backup == 3);
-  CHECK(plan.parts[0].checks == std::vector<uint32_t>{0, 2});
-  CHECK(plan.parts[1].owner == 2);
-  CHECK(plan.parts[1].backup == 4);
-  CHECK(plan.parts[1].checks == std::vector<uint32_t>{1});
-  CHECK_FALSE(plan.parts[0].retried);
+  CHECK_FALSE(plan.parts[0].fallback);
+  CHECK(plan.parts[0].checks == std::vector<uint32_t>{0});
+  CHECK(plan.parts[1].owner == 0);
+  CHECK(plan.parts[1].fallback);
+  CHECK(plan.parts[1].fallback_since_ms == kT0 - 50);
+  CHECK(plan.parts[1].checks == std::vector<uint32_t>{1, 2});
+}
+
+TEST_CASE("a request whose every owner is out of reach is still split: one fallback part") {
+  Fixture f;
+  FakeRouter router;
+  router.lost[*routing_key(*f.engine, user("a"))] = kT0;
+  const std::vector<uint8_t> request = encode(3, {user("a")});
+  ForwardPlan plan;
+  REQUIRE(f.handler.handle_routed(request, 0, kT0, f.out, &router, 100, plan) == Outcome::kForward);
+  REQUIRE(plan.used == 1);
+  CHECK(plan.parts[0].owner == 0);
+  CHECK(plan.parts[0].fallback);
+  CHECK(plan.parts[0].fallback_since_ms == kT0);
+}
+
+TEST_CASE("a fallback decision in place of an owner lost just now admits nothing; a window on, a "
+          "share") {
+  // `api`: 3 per minute; one member: a share of 3, growing from the loss over one minute.
+  Fixture f;
+  const std::vector<uint8_t> request = encode(5, {user("a")});
+  CHECK(f.handler.handle(request, 0, kT0, f.out, engine::Fallback{1, kT0}));
+  wire::Answer a;
+  REQUIRE(wire::decode_answer(f.out, a) == wire::Code::kOk);
+  CHECK_FALSE(a.decisions.at(0).allowed);
+  CHECK(f.handler.handle(request, 0, kT0 + 60'000, f.out, engine::Fallback{1, kT0}));
+  REQUIRE(wire::decode_answer(f.out, a) == wire::Code::kOk);
+  CHECK(a.decisions.at(0).allowed);
 }
 
 TEST_CASE("a split request's checks the decoder refused go in no part and keep their code") {

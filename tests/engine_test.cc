@@ -879,7 +879,7 @@ TEST_CASE(
     int ok = 0;
     for (int i = 0; i < n; ++i) {
       CheckRequest req{"api", ds, 1};
-      e.check({&req, 1}, kT0, out, members);
+      e.check({&req, 1}, kT0, out, engine::Fallback{members});
       ok += out.decisions[0].allowed ? 1 : 0;
     }
     return ok;
@@ -905,6 +905,30 @@ TEST_CASE(
   CHECK(admitted(ip, 100, 0) == 100);
   const auto stats = e.stats();
   CHECK(stats_of(stats, "api/denied").denied == 3);
+}
+
+TEST_CASE("a fallback's share grows from nothing when the owner was lost to whole one window later") {
+  Engine e(compile(one_domain({rule("shared", {"user"}, {limit("100/1m")})})));
+  BatchResult out;
+  // 4 members: the whole share is 25. Each user is a key of its own, with no hits before.
+  auto admitted = [&](const char* user, int64_t now, engine::Fallback f) {
+    std::vector<Descriptor> ds{{"user", user}};
+    int ok = 0;
+    for (int i = 0; i < 40; ++i) {
+      CheckRequest req{"api", ds, 1};
+      e.check({&req, 1}, now, out, f);
+      ok += out.decisions[0].allowed ? 1 : 0;
+    }
+    return ok;
+  };
+  const int64_t lost = kT0;
+  CHECK(admitted("a", lost, {4, lost}) == 0);              // nothing at the moment it was lost
+  CHECK(admitted("b", lost + 15'000, {4, lost}) == 6);     // a quarter of a window: 25 / 4
+  CHECK(admitted("c", lost + 30'000, {4, lost}) == 12);    // half: 25 / 2, rounded down
+  CHECK(admitted("d", lost + 60'000, {4, lost}) == 25);    // one window on: the whole share
+  CHECK(admitted("e", lost + 600'000, {4, lost}) == 25);
+  CHECK(admitted("f", lost - 1, {4, lost}) == 0);          // a clock behind: nothing yet
+  CHECK(admitted("g", lost, {4, INT64_MIN}) == 25);        // no time given: whole at once
 }
 
 TEST_CASE(

@@ -36,7 +36,7 @@ struct DeltaSyncStats {
 
 class DeltaSync {
  public:
-  using Send = std::function<void(NodeId to, const SyncBatch& batch)>;
+  using Send = std::function<void(NodeId to, SyncBatch& batch)>;  // may set batch.heard_ms
 
   // `max_totals` per batch keeps a sealed batch inside one datagram (the codec's limit).
   DeltaSync(engine::Engine& engine, NodeId self, size_t max_totals = 1'000);

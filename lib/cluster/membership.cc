@@ -1084,6 +1084,16 @@ void Membership::leave(int64_t now_ms) {
   s.finish(now_ms);
 }
 
+void Membership::reconnect(NodeId id, int64_t now_ms) {
+  Impl& s = *impl_;
+  s.start(now_ms);
+  const Impl::Entry* e = s.entry(id);
+  if (e != nullptr && e->member.state == MemberState::kDead && s.self.state == MemberState::kAlive) {
+    s.send_gossip_ping(id, now_ms);  // carries its Dead record, which it refutes if alive
+  }
+  s.finish(now_ms);
+}
+
 void Membership::on_message(const Endpoint& from, const MembershipMessage& message,
                             int64_t now_ms) {
   impl_->start(now_ms);

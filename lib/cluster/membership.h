@@ -236,6 +236,12 @@ class Membership {
   // news spread. Idempotent.
   void leave(int64_t now_ms);
 
+  // Member `id` was heard from (any authenticated datagram): if this node believes it Dead, pings
+  // it at once carrying that record, as the reconnect round does, so that a healed partition
+  // merges within a round trip rather than at the next reconnect_interval_ms. The caller bounds
+  // how often it calls this.
+  void reconnect(NodeId id, int64_t now_ms);
+
   // One incoming message; `from` is where it came from (answers go there).
   void on_message(const Endpoint& from, const MembershipMessage& message, int64_t now_ms);
 

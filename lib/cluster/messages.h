@@ -59,6 +59,9 @@ struct SyncBatch {
   NodeId from = 0;
   bool handoff = false;  // the receiver now owns (or replicates) these keys
   std::vector<engine::RemoteTotal> totals;
+  // The newest envelope sentMs the sender has received from the receiver (0: none): proof that
+  // the receiver's datagrams reach the sender. Empty batches carrying only this are heartbeats.
+  int64_t heard_ms = 0;
 };
 
 }  // namespace sluice::cluster

@@ -403,6 +403,7 @@ struct PeerCodec::Impl {
   PeerError read_sync(ps::SyncBatch::Reader in, NodeId from, SyncBatch& out) {
     out.from = from;
     out.handoff = in.getHandoff();
+    out.heard_ms = in.getHeardMs();
     auto totals = in.getTotals();
     if (totals.size() > limits.max_totals) return PeerError::kTooManyEntries;
     out.totals.resize(totals.size());
@@ -538,6 +539,7 @@ PeerError PeerCodec::seal(const SyncBatch& b, int64_t now_ms, std::vector<uint8_
                      [&](capnp::AnyPointer::Builder payload) {
                        auto o = payload.initAs<ps::SyncBatch>();
                        o.setHandoff(b.handoff);
+                       o.setHeardMs(b.heard_ms);
                        if (b.totals.empty()) return;
                        auto list = o.initTotals(count(b.totals.size()));
                        for (size_t i = 0; i < b.totals.size(); ++i) {

@@ -400,7 +400,7 @@ struct Engine::Impl {
   }
 
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
-              int64_t now_ms, uint32_t fallback_members, BatchResult& out, Decision& d);
+              int64_t now_ms, Fallback fallback, BatchResult& out, Decision& d);
 
   // Moves a counter's ring to now (its buckets that left the window are zeroed); returns the time
   // to evaluate it at (window::effective_now).
@@ -419,6 +419,17 @@ struct Engine::Impl {
     const uint64_t expected = cap & 0xFFFFFFFFu;
     if (expected == 0 || reachable >= expected) return limit;
     return limit / expected * reachable + limit % expected * reachable / expected;  // no overflow
+  }
+
+  // A fallback decision's share of `limit` (Fallback): limit / members, times the part of a
+  // window gone since the owner was lost (rounded down; nothing at that moment).
+  static uint64_t fallback_share(uint64_t limit, const Fallback& f, int64_t now_ms,
+                                 int64_t window_ms) {
+    const uint64_t whole = limit / f.members;
+    if (f.since_ms == INT64_MIN || window_ms <= 0 || now_ms - f.since_ms >= window_ms) return whole;
+    if (now_ms <= f.since_ms) return 0;
+    const auto gone = static_cast<double>(now_ms - f.since_ms) / static_cast<double>(window_ms);
+    return static_cast<uint64_t>(static_cast<double>(whole) * gone);  // gone < 1: never above
   }
 
   // Gossip mode in a cluster: this node's quota of `limit`, the part of it that this node may
@@ -491,7 +502,7 @@ struct Engine::Impl {
 
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
                           const rules::ResolvedRequest& rr, int64_t now_ms,
-                          uint32_t fallback_members, BatchResult& out, Decision& d) {
+                          Fallback fallback, BatchResult& out, Decision& d) {
   const uint64_t hits = req.hits;
   Scratch& sc = tls_scratch;
   const rules::Resolution& res = sc.res;
@@ -596,13 +607,15 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         ok = window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
                             ar.rule->estimator, now_eff, hits, quota);
       }
-      if (ok && fallback_members > 0 && ar.rule->consistency == rules::Consistency::kOwner) {
-        // Deciding for an owner that did not answer (see check()): denied, or within this node's
-        // share of the limit, counting only its own hits (what the others admit is theirs).
+      if (ok && fallback.members > 0 && ar.rule->consistency == rules::Consistency::kOwner) {
+        // Deciding for an owner that cannot be asked (see check()): denied, or within this
+        // node's share of the limit, counting only its own hits (what the others admit is
+        // theirs), the share growing over one window from when the owner was lost.
         ok = ar.rule->fallback == rules::Fallback::kShare &&
              window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
                             ar.rule->estimator, now_eff, hits,
-                            lims[k].limit->requests / fallback_members);
+                            fallback_share(lims[k].limit->requests, fallback, now_ms,
+                                           t.spec().window_ms));
       }
       if (!ok) {
         sc.limit_ok[k] = 0;
@@ -709,7 +722,7 @@ std::shared_ptr<const rules::Policy> Engine::policy() const {
 }
 
 void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out,
-                   uint32_t fallback_members) {
+                   Fallback fallback) {
   Impl& im = *impl_;
   const State& st = im.current_state();
   if (out.policy != st.policy) out.policy = st.policy;
@@ -750,7 +763,7 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
       d.allowed = true;
       continue;
     }
-    im.decide(st, batch[n], rr, now_ms, fallback_members, out, d);
+    im.decide(st, batch[n], rr, now_ms, fallback, out, d);
   }
   im.checks.fetch_add(batch.size(), std::memory_order_relaxed);
   if (allowlisted) im.allowlisted.fetch_add(allowlisted, std::memory_order_relaxed);

@@ -210,6 +210,16 @@ struct CounterView {
   std::vector<std::pair<uint16_t, std::vector<uint32_t>>> nodes;
 };
 
+// Cluster owner mode: a batch decided in place of its keys' owner, which cannot be asked
+// (docs/architecture.md, "Members out of reach"). This node cannot tell how much of its share the
+// owner already gave its clients in the current window, so its share grows from nothing at
+// `since_ms` (when the owner was lost) to the whole of it one window later: the sides of a split
+// then never admit together more than the limit in any window.
+struct Fallback {
+  uint32_t members = 0;          // 0: not a fallback; else this node's share is 1 / members
+  int64_t since_ms = INT64_MIN;  // INT64_MIN: the whole share at once
+};
+
 class Engine {
  public:
   Engine(std::shared_ptr<const rules::Policy> policy, EngineOptions options = {});
@@ -225,12 +235,13 @@ class Engine {
 
   // Decides a batch at now. `out` is cleared and filled: out.decisions[i] answers batch[i].
   // Requests in one batch are decided in order (a later one sees the hits of an earlier one).
-  // `fallback_members` > 0: the batch's owner did not answer (cluster owner mode) and this is
+  // `fallback.members` > 0: the batch's owner cannot be asked (cluster owner mode) and this is
   // one of that many members deciding in its place: each owner-mode rule decides by its
   // `fallback` (rules::Fallback): denied, or admitted only within what this node knows of the
-  // limit and within limit / fallback_members of this node's own hits in the window.
+  // limit and within its share of the limit: limit / members x the part of a window gone since
+  // `fallback.since_ms`, of this node's own hits in the window.
   void check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out,
-             uint32_t fallback_members = 0);
+             Fallback fallback = {});
 
   // Applies remote totals (idempotent; see the file comment). Totals for buckets that have left
   // the counter's ring are ignored. Returns how many changed a count.

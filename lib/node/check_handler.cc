@@ -67,12 +67,12 @@ CheckHandler::CheckHandler(engine::Engine& engine)
 CheckHandler::~CheckHandler() = default;
 
 bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
-                          std::vector<uint8_t>& out, uint32_t fallback_members) {
+                          std::vector<uint8_t>& out, engine::Fallback fallback) {
   static thread_local ForwardPlan unused;
-  fallback_members_ = fallback_members;
+  fallback_ = fallback;
   const bool answered =
       handle_routed(request, max_answer_bytes, now_ms, out, nullptr, 0, unused) == Outcome::kAnswer;
-  fallback_members_ = 0;
+  fallback_ = {};
   return answered;
 }
 
@@ -139,7 +139,7 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
       split(router, now_ms, first_id, plan, trusted)) {
     return Outcome::kForward;
   }
-  engine_.check(s.requests, now_ms, s.result, fallback_members_);
+  engine_.check(s.requests, now_ms, s.result, fallback_);
 
   s.limits.clear();
   s.limits.reserve(s.result.limits.size());
@@ -179,7 +179,7 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
     const auto key = engine_.owner_routing_key(s.requests[s.engine_index[i]], now_ms);
     if (!key) continue;
     s.routes[i] = router->route(*key, forwarded);
-    remote = remote || s.routes[i].node != 0;
+    remote = remote || s.routes[i].node != 0 || s.routes[i].fallback;
   }
   if (!remote) return false;
   plan.client_id = s.decoder.id();
@@ -195,20 +195,18 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
     const CheckRouter::Route& r = s.routes[i];
     for (size_t p = 0; p < plan.used; ++p) {
       const ForwardPlan::Part& q = plan.parts[p];
-      if (q.owner == r.node && q.backup == r.backup && q.backup_here == r.backup_here) {
-        part = &plan.parts[p];
-      }
+      if (q.owner == r.node && q.fallback == r.fallback) part = &plan.parts[p];
     }
     if (part == nullptr) {
       if (plan.parts.size() <= plan.used) plan.parts.emplace_back();
       part = &plan.parts[plan.used++];
       part->owner = r.node;
-      part->backup = r.backup;
-      part->backup_here = r.backup_here;
-      part->retried = false;
+      part->fallback = r.fallback;
+      part->fallback_since_ms = r.fallback_since_ms;
       part->redirected = false;
       part->checks.clear();
     }
+    part->fallback_since_ms = std::max(part->fallback_since_ms, r.fallback_since_ms);
     part->redirected = part->redirected || s.routes[i].redirect;
     part->checks.push_back(static_cast<uint32_t>(i));
   }

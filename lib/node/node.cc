@@ -81,7 +81,7 @@ struct alignas(64) WorkerCounters {
   std::atomic<uint64_t> forwarded_requests{0};  // client requests split to owners
   std::atomic<uint64_t> forwarded_parts{0};     // parts sent to another node
   std::atomic<uint64_t> forward_fallbacks{0};   // parts decided here: owner silent or unreachable
-  std::atomic<uint64_t> forward_failovers{0};   // parts sent on to the key's replica
+  std::atomic<uint64_t> forward_failovers{0};   // checks a replica decided: owner out of reach
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
 };
 
@@ -290,12 +290,18 @@ int64_t TcpSession::node_now() const {
 // A client request whose owner-mode checks belong to other nodes is split by owner
 // (CheckHandler::handle_routed); each part goes, marked forwarded, to its owner's check port from
 // this worker's forwarding socket, the owner decides it as it decides any request, and the
-// answers are merged into one answer to the client in the client's order. A part whose owner does
-// not answer within forward_timeout_ms (or cannot be sent to) goes to the key's next replica,
-// which holds the merged counts (sluice_forward_failovers_total); when that one does not answer
-// either, the part is decided here by each rule's `fallback`: its share of the limit, or deny
-// (sluice_forward_fallbacks_total), never as if this node were the owner. Everything runs on the
-// worker's thread.
+// answers are merged into one answer to the client in the client's order.
+//
+// Who decides a key (docs/architecture.md, "Members out of reach"): the first of its owner and
+// replicas that is in reach (ClusterNode::View::out_of_reach); a replica holds the merged counts,
+// and decides within its side's part of the limit (Engine::set_capacity). When none is in reach,
+// this node decides by the rule's `fallback`: its share, growing over one window from when the
+// last of them went out of reach, or deny (sluice_forward_fallbacks_total). A part whose owner,
+// in reach, does not answer within forward_timeout_ms is denied here (counted the same way): the
+// owner may have admitted it, and admitting it here too could count it twice; an owner that lets
+// kSilentAfter parts in a row time out is not waited for (the parts are denied at once) for
+// kSilentMs, or until it answers again. A check decided by a replica because the owner is out of
+// reach is counted in sluice_forward_failovers_total. Everything runs on the worker's thread.
 struct Worker::Forwarder : CheckRouter {
   // Where the client waits for its answer.
   struct Client {
@@ -349,7 +355,8 @@ struct Worker::Forwarder : CheckRouter {
     if (owners[0] == self) {
       // Joining: the key stays with the owner before us, which has its counts, for now.
       const auto before = view.previous_owner(routing_key, now);
-      if (before && *before != self && !silent(*before, now) && endpoint_of(*before)) {
+      if (before && *before != self && view.reachable(*before) && !silent(*before, now) &&
+          endpoint_of(*before)) {
         return {*before, true};
       }
       return {};
@@ -357,25 +364,25 @@ struct Worker::Forwarder : CheckRouter {
     // Sent here as to the owner by a node whose ring differs from ours for the moment: decided
     // here as asked (forwarding it on could send it back and forth).
     if (forwarded) return {};
-    // The first replica that can take over: the key's next owner that is not passed over.
-    const auto next_after = [&](size_t from) -> Route {
-      for (size_t i = from; i < n; ++i) {
-        if (owners[i] == self) return {0, false, 0, true};
-        if (!silent(owners[i], now) && endpoint_of(owners[i])) return {owners[i], false};
+    // The first of the owner and replicas in reach decides (this node, when it is that one).
+    int64_t lost_ms = INT64_MIN;  // when the last of those before it went out of reach
+    for (size_t i = 0; i < n; ++i) {
+      if (const auto since = view.out_since(owners[i]); since && owners[i] != self) {
+        lost_ms = std::max(lost_ms, *since);
+        continue;
       }
-      return {};
-    };
-    if (silent(owners[0], now)) {
-      // The owner stopped answering (dead but not yet declared so, or overloaded): its first
-      // replica holds the merged counts, so it decides instead, exactly, without a timeout each.
-      const Route r = next_after(1);
-      return r.backup_here ? Route{} : r;
+      // A replica takes over (sluice_forward_failovers_total).
+      if (i > 0) w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
+      if (owners[i] == self) return {};
+      if (silent(owners[i], now) || !endpoint_of(owners[i])) return fallback_from(now);
+      return {owners[i], false};
     }
-    // No check address known for the owner: decided here by the rule's fallback (handle()).
-    Route r{owners[0], false};
-    const Route b = next_after(1);
-    r.backup = b.node;
-    r.backup_here = b.backup_here;
+    return fallback_from(lost_ms);
+  }
+  static Route fallback_from(int64_t since_ms) {
+    Route r;
+    r.fallback = true;
+    r.fallback_since_ms = since_ms;
     return r;
   }
 
@@ -451,32 +458,25 @@ struct Worker::Forwarder : CheckRouter {
       std::swap(p.parts[i].request, plan.parts[i].request);
       p.parts[i].owner = plan.parts[i].owner;
       p.parts[i].redirected = plan.parts[i].redirected;
-      p.parts[i].backup = plan.parts[i].backup;
-      p.parts[i].backup_here = plan.parts[i].backup_here;
-      p.parts[i].retried = false;
+      p.parts[i].fallback = plan.parts[i].fallback;
+      p.parts[i].fallback_since_ms = plan.parts[i].fallback_since_ms;
       auth->sign(p.parts[i].request);  // the owner honours `forwarded` only under our tag
     }
     for (size_t i = 0; i < plan.used && p.busy; ++i) {
       ForwardPlan::Part& part = p.parts[i];
       if (part.owner == 0) {
-        decide_here(slot, i, now, false);
+        if (part.fallback) w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+        decide_here(slot, i, now, part.fallback ? std::optional(part.fallback_since_ms)
+                                                : std::nullopt);
         continue;
       }
       if (send_part(part.owner, part)) {
         w.counters.forwarded_parts.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
-      // The owner cannot be sent to: its replica, or the rule's fallback.
-      part.retried = true;
-      if (part.backup_here) {
-        w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
-        decide_here(slot, i, now, false);
-      } else if (part.backup != 0 && send_part(part.backup, part)) {
-        w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
-      } else {
-        w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
-        decide_here(slot, i, now, true);
-      }
+      // The owner cannot be sent to: denied here (see above).
+      w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      decide_here(slot, i, now, now);
     }
     if (pending[slot].busy) arm_timer();
     return CheckHandler::Outcome::kForward;
@@ -508,12 +508,14 @@ struct Worker::Forwarder : CheckRouter {
   }
 
   // Decides part i of a pending request on this node (the part itself is marked forwarded).
-  // `fallback`: in place of an owner that did not answer, by each rule's `fallback` (deny, or
-  // this node's share of the limit: 1 / the members expected), never as if it were the owner.
-  void decide_here(size_t slot, size_t i, int64_t now, bool fallback) {
+  // `fallback_since`: in place of an owner that cannot be asked since then, by each rule's
+  // `fallback` (deny, or this node's share of the limit, 1 / the members expected, growing over
+  // one window from then: engine::Fallback), never as if it were the owner.
+  void decide_here(size_t slot, size_t i, int64_t now, std::optional<int64_t> fallback_since) {
     Pending& p = pending[slot];
-    const uint32_t members = fallback ? std::max<uint32_t>(1, view.expected_members) : 0;
-    if (!w.handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch, members) ||
+    engine::Fallback f;
+    if (fallback_since) f = {std::max<uint32_t>(1, view.expected_members), *fallback_since};
+    if (!w.handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch, f) ||
         wire::decode_answer(scratch, answer) != wire::Code::kOk) {
       answer.decisions.clear();  // leaves those checks as malformed below
     }
@@ -611,10 +613,8 @@ struct Worker::Forwarder : CheckRouter {
     if (!p.busy || p.generation != static_cast<uint32_t>(id >> 32) || part >= p.part_done.size()) {
       return;  // late: already decided here after a timeout
     }
-    if (!p.parts[part].retried) {  // the owner itself answered: it answers again
-      silent_until.erase(p.parts[part].owner);
-      timeouts_in_a_row.erase(p.parts[part].owner);
-    }
+    silent_until.erase(p.parts[part].owner);  // it answers again
+    timeouts_in_a_row.erase(p.parts[part].owner);
     if (p.parts[part].redirected) {
       w.handler.credit(p.parts[part].request, answer, p.parts[part].owner, w.node.opt.clock());
     }
@@ -637,31 +637,13 @@ struct Worker::Forwarder : CheckRouter {
           any = true;
           continue;
         }
-        bool retrying = false;
         for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
           if (i >= pending[slot].part_done.size() || pending[slot].part_done[i]) continue;
-          ForwardPlan::Part& part = pending[slot].parts[i];
-          if (!part.retried) note_timeout(part.owner, now);
-          if (!part.retried && part.backup_here) {
-            // We are the key's replica: we hold its merged counts and decide it exactly.
-            w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
-            part.retried = true;
-            decide_here(slot, i, now, false);
-            continue;
-          }
-          if (!part.retried && part.backup != 0 && send_part(part.backup, part)) {
-            // The owner did not answer: the key's replica holds the merged counts; ask it.
-            part.retried = true;
-            retrying = true;
-            w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
-            continue;
-          }
+          // The owner, in reach, did not answer: it may have admitted the part, so it is denied
+          // here (a share from now is nothing), never admitted twice.
+          note_timeout(pending[slot].parts[i].owner, now);
           w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
-          decide_here(slot, i, now, true);
-        }
-        if (retrying && pending[slot].busy) {
-          pending[slot].deadline_ms = now + cluster.forward_timeout_ms();
-          any = true;
+          decide_here(slot, i, now, now);
         }
       }
       if (any) arm_timer();
@@ -673,7 +655,11 @@ struct Worker::Forwarder : CheckRouter {
     for (size_t slot = 0; slot < pending.size(); ++slot) {
       for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
         if (i < pending[slot].part_done.size() && !pending[slot].part_done[i]) {
-          decide_here(slot, i, now, pending[slot].parts[i].owner != 0);
+          const ForwardPlan::Part& part = pending[slot].parts[i];
+          decide_here(slot, i, now,
+                      part.owner != 0 ? std::optional(now)
+                      : part.fallback ? std::optional(part.fallback_since_ms)
+                                      : std::nullopt);
         }
       }
     }

@@ -119,10 +119,10 @@ class CheckRouter {
   struct Route {
     uint16_t node = 0;      // 0: decided here, else the node that decides it
     bool redirect = false;  // sent on as redirected: that node decides it whatever its ring says
-    // Where the check goes if `node` does not answer in time: the key's next replica (it holds
-    // the merged counts); 0 = none (then the rule's fallback decides here).
-    uint16_t backup = 0;
-    bool backup_here = false;  // this node is that replica: it decides exactly
+    // Decided here (node 0) in place of an owner that cannot be asked, by the rule's fallback,
+    // with the share that grows from `fallback_since_ms` (engine::Fallback).
+    bool fallback = false;
+    int64_t fallback_since_ms = 0;
   };
   // Where a check with this routing key is decided. `forwarded`: it came from another node,
   // which sent it here as the owner; it is decided here unless this node has just joined and
@@ -139,10 +139,9 @@ struct ForwardPlan {
   struct Part {
     uint16_t owner = 0;
     bool redirected = false;
-    uint16_t backup = 0;           // Route::backup of every check in the part
-    bool backup_here = false;      // Route::backup_here of every check in the part
-    bool retried = false;          // sent to the backup after the owner's timeout
-    std::vector<uint32_t> checks;  // indices into the client's request
+    bool fallback = false;            // owner 0: Route::fallback of every check in the part
+    int64_t fallback_since_ms = 0;    // the latest of its checks' Route::fallback_since_ms
+    std::vector<uint32_t> checks;     // indices into the client's request
     std::vector<uint8_t> request;
   };
   uint64_t client_id = 0;
@@ -173,10 +172,9 @@ class CheckHandler {
   // answered: not even an id could be read, or even the smallest answer would be larger than
   // max_answer_bytes. The caller drops it and counts the drop. max_answer_bytes > 0 caps the
   // answer (UDP: the request's size; TCP: the frame limit).
-  // `fallback_members` > 0: decided in place of an owner that did not answer, as one of that
-  // many members (engine::Engine::check).
+  // `fallback`: decided in place of an owner that cannot be asked (engine::Engine::check).
   bool handle(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
-              std::vector<uint8_t>& out, uint32_t fallback_members = 0);
+              std::vector<uint8_t>& out, engine::Fallback fallback = {});
   wire::Code last_code() const { return last_code_; }
   // `part` (a signed part of a plan, as sent) was redirected to `node`, which answered `answer`:
   // what it admitted is credited to it in this node's counters (engine::Engine::credit).
@@ -201,7 +199,7 @@ class CheckHandler {
   engine::Engine& engine_;
   std::unique_ptr<Scratch> s_;
   wire::Code last_code_ = wire::Code::kOk;
-  uint32_t fallback_members_ = 0;  // of the handle() call under way
+  engine::Fallback fallback_;  // of the handle() call under way
   std::function<bool(std::span<const uint8_t>)> verify_forward_;
   std::atomic<uint64_t> untrusted_forwards_{0};  // written by the worker, read by /metrics
 };

@@ -60,7 +60,13 @@ bool in_ring(const Member& m) {
 
 struct ClusterNode::Impl : cluster::MembershipTransport {
   Impl(asio::io_context& io_, NodeState& st_)
-      : io(io_), st(st_), opt(st_.opt.cluster), socket(io_), tick_timer(io_), sync_timer(io_) {
+      : io(io_),
+        st(st_),
+        opt(st_.opt.cluster),
+        socket(io_),
+        tick_timer(io_),
+        sync_timer(io_),
+        reach_timer(io_) {
     if (opt.node_id == 0) throw std::runtime_error("cluster.node_id must be 1..65535");
     if (std::string why = cluster::PeerCodec::check_secret(opt.secret); !why.empty()) {
       throw std::runtime_error("cluster.secret: " + why);
@@ -111,9 +117,11 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     }
   }
 
-  void send_batch(NodeId to, const cluster::SyncBatch& b) {
+  void send_batch(NodeId to, cluster::SyncBatch& b) {
     const auto m = members_by_id.find(to);
     if (m == members_by_id.end()) return;
+    const auto h = heard_sent.find(to);
+    b.heard_ms = h == heard_sent.end() ? 0 : h->second;  // tells `to` its datagrams reach us
     const cluster::PeerError e = codec->seal(b, st.opt.clock(), out);
     if (e != cluster::PeerError::kOk) {
       spdlog::warn("cluster: sync batch for node {} not sealed: {}", to, cluster::to_string(e));
@@ -144,17 +152,35 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       }
       return;
     }
-    heard[msg.header.sender] = now;
+    const NodeId from = msg.header.sender;
+    heard[from] = now;
+    int64_t& sent = heard_sent[from];
+    sent = std::max(sent, msg.header.sent_ms);
+    if (const auto m = members_by_id.find(from);
+        m != members_by_id.end() && m->second.state == MemberState::kDead) {
+      // A member we believe dead is talking to us (a healed partition): tell it now, so it
+      // refutes and the views merge within a round trip (at most one such ping per reach period).
+      int64_t& at = reconnected_at[from];
+      if (now - at >= reach_timeout_ms()) {
+        at = now;
+        membership->reconnect(from, now);
+        after_membership_call();
+      }
+    }
     switch (msg.header.kind) {
       case cluster::PeerKind::kMembership:
         membership->on_message({sender.address().to_string(), sender.port()}, msg.membership, now);
         after_membership_call();
         break;
-      case cluster::PeerKind::kSync:
-        synced[msg.header.sender] = now;
+      case cluster::PeerKind::kSync: {
+        int64_t& echo = echoed[from];
+        echo = std::max(echo, msg.sync.heard_ms);
+        if (msg.sync.totals.empty()) break;  // a heartbeat
+        synced[from] = now;
         sync_totals_in += msg.sync.totals.size();
         st.engine->merge(msg.sync.totals, now);
         break;
+      }
       default:
         ++dropped["unknown_kind"];
         break;
@@ -180,30 +206,105 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     arm_tick();
   }
 
-  // Members out of reach (docs/architecture.md): `reachable` = alive members, this node included;
-  // `expected` = those plus the suspect ones and the ones dead for less than forget_dead_after_ms
-  // (a split and a death look the same from here). While fewer are reachable than expected, this
-  // side allows limit x reachable / expected of every limit, and a fallback this node's
-  // 1 / expected, so the sides of a split together stay within the limit.
+  // ---- reach ----
+  // Members out of reach (docs/architecture.md): a member is in reach while datagrams go both
+  // ways: it was heard from within reach_timeout_ms, and it echoed (SyncBatch::heard_ms) one of
+  // ours sent within that time. Every node sends every member at least an empty batch each
+  // heartbeat period, so a cut is seen within reach_timeout_ms, long before membership suspects
+  // anyone, and a one-way fault is seen on both sides.
+  int64_t heartbeat_ms() const {
+    // Half a sync interval; at least 1 ms per member, so a node sends at most ~1,000 a second.
+    return std::max<int64_t>({opt.sync_interval_ms / 2, static_cast<int64_t>(members_by_id.size()),
+                              1});
+  }
+  int64_t reach_timeout_ms() const {
+    return std::max<int64_t>({kMinReachTimeoutMs, 3 * opt.sync_interval_ms, 6 * heartbeat_ms()});
+  }
+  bool in_reach(NodeId id, int64_t now) const {
+    const auto h = heard.find(id);
+    const auto e = echoed.find(id);
+    const int64_t t = reach_timeout_ms();
+    return h != heard.end() && e != echoed.end() && now - h->second <= t && now - e->second <= t;
+  }
+  bool counted(const Member& m, int64_t now) const {  // expected: not left, not long dead
+    if (m.state == MemberState::kLeft || (left && m.id == opt.node_id)) return false;
+    if (m.state != MemberState::kDead) return true;
+    const auto d = dead_since.find(m.id);
+    return d != dead_since.end() && now - d->second < opt.forget_dead_after_ms;
+  }
+
+  void arm_reach() {
+    reach_timer.expires_after(std::chrono::milliseconds(
+        std::clamp<int64_t>(opt.sync_interval_ms / 4, kMinReachTickMs, kMaxReachTickMs)));
+    reach_timer.async_wait([this](boost::system::error_code ec) {
+      if (ec || stopped) return;
+      const int64_t now = st.opt.clock();
+      if (now - last_heartbeat_ms >= heartbeat_ms()) {
+        last_heartbeat_ms = now;
+        for (const auto& [id, m] : members_by_id) {
+          if (id == opt.node_id || !counted(m, now)) continue;
+          heartbeat.totals.clear();
+          heartbeat.handoff = false;
+          send_batch(id, heartbeat);
+        }
+      }
+      update_capacity();
+      arm_reach();
+    });
+  }
+
+  // `reachable` = this node and the live (alive or suspect) members in reach; `expected` = this
+  // node and the members not left and not dead for forget_dead_after_ms or more (a split and a
+  // death look the same from here). While fewer are reachable than expected, this side allows
+  // limit x reachable / expected of every limit, a key whose owner and replicas are all out of
+  // reach is decided here by its rule's fallback (1 / expected of the limit, or deny), so the
+  // sides of a split together stay within the limit. A member that comes back in reach gets a
+  // full sync pass (what each side counted meanwhile).
   void update_capacity() {
     const int64_t now = st.opt.clock();
     uint32_t reachable = 0, expected = 0;
+    std::vector<std::pair<NodeId, int64_t>> lost;  // sorted: members_by_id is
     for (const auto& [id, m] : members_by_id) {
-      if (m.state == MemberState::kLeft || (left && id == opt.node_id)) continue;
-      if (m.state == MemberState::kAlive) {
+      if (!counted(m, now)) continue;
+      ++expected;
+      const bool live = m.state == MemberState::kAlive || m.state == MemberState::kSuspect;
+      if (id == opt.node_id || (live && in_reach(id, now))) {
         ++reachable;
-        ++expected;
-      } else if (m.state == MemberState::kSuspect) {
-        ++expected;
-      } else if (m.state == MemberState::kDead) {
-        const auto d = dead_since.find(id);
-        if (d != dead_since.end() && now - d->second < opt.forget_dead_after_ms) ++expected;
+      } else if (live) {
+        // Out of reach since its last datagram either way, as far as we can tell.
+        const auto was = std::lower_bound(out_of_reach.begin(), out_of_reach.end(),
+                                          std::pair<NodeId, int64_t>{id, INT64_MIN});
+        const bool already = was != out_of_reach.end() && was->first == id;
+        lost.emplace_back(id, already ? was->second : now);
+        if (!already) {
+          spdlog::warn("cluster: member {} out of reach (nothing both ways for {} ms)", id,
+                       reach_timeout_ms());
+        }
       }
     }
     reachable = std::max<uint32_t>(reachable, 1);
     expected = std::max(expected, reachable);
+    if (lost != out_of_reach) {
+      for (const auto& [id, since] : out_of_reach) {
+        const auto now_out = std::lower_bound(lost.begin(), lost.end(),
+                                              std::pair<NodeId, int64_t>{id, INT64_MIN});
+        if (now_out == lost.end() || now_out->first != id) {
+          handoff_pending = true;  // back in reach: both sides' counts since the cut go over
+          spdlog::info("cluster: member {} in reach again after {} ms", id, now - since);
+        }
+      }
+      out_of_reach = lost;
+      std::lock_guard g(published_mu);
+      published_out_of_reach =
+          std::make_shared<const std::vector<std::pair<NodeId, int64_t>>>(std::move(lost));
+      view_version.fetch_add(1, std::memory_order_release);
+    }
     if (reachable == capacity_reachable && expected == capacity_expected) return;
-    if (reachable < expected) {
+    if (reachable == 1 && expected > 1) {
+      spdlog::warn("cluster: cut off: none of the {} other members in reach; every limit allows "
+                   "1/{} of itself here",
+                   expected - 1, expected);
+    } else if (reachable < expected) {
       spdlog::warn(
           "cluster: {} of {} members in reach: every limit allows {}/{} of itself here until the "
           "others answer again (or have been dead for {} ms)",
@@ -241,8 +342,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       mode = cluster::DeltaSync::Mode::kResend;
       last_resend_ms = now;
     }
-    delta->pass(ring, mode, handoff,
-                [this](NodeId to, const cluster::SyncBatch& b) { send_batch(to, b); });
+    delta->pass(ring, mode, handoff, [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); });
   }
 
   // ---- ring ----
@@ -255,10 +355,19 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
                      m.peer_port, cluster::to_string(m.state), m.incarnation);
       }
     }
+    const bool was_live = it != members_by_id.end() && (it->second.state == MemberState::kAlive ||
+                                                        it->second.state == MemberState::kSuspect);
     if (m.state == MemberState::kDead) {
       dead_since.try_emplace(m.id, st.opt.clock());
     } else {
       dead_since.erase(m.id);
+    }
+    if (m.state == MemberState::kAlive && !was_live && m.id != opt.node_id) {
+      // Newly met (or back from the dead, having just answered): in reach until the heartbeats
+      // say otherwise, so meeting a member does not shrink the limits for a reach period.
+      const int64_t now = st.opt.clock();
+      heard[m.id] = std::max(heard[m.id], now);
+      echoed[m.id] = std::max(echoed[m.id], now);
     }
     members_by_id[m.id] = m;
     if (was_in != in_ring(m)) ring_changed = true;
@@ -326,6 +435,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   udp::socket socket;
   asio::steady_timer tick_timer;
   asio::steady_timer sync_timer;
+  asio::steady_timer reach_timer;
   udp::endpoint sender;
   std::array<uint8_t, kDatagramBytes> in{};
   std::vector<uint8_t> out;
@@ -350,7 +460,15 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   int64_t last_resend_ms = 0;
   // Statistics (control thread writes; the admin thread reads under published_mu via status()).
   std::map<std::string, uint64_t> dropped;
-  std::map<NodeId, int64_t> heard, synced;
+  std::map<NodeId, int64_t> heard, synced;  // our clock, last datagram / non-empty sync batch
+  // Reach: the newest envelope sentMs each member sent us (its clock; echoed back to it), and the
+  // newest of ours each member echoed (our clock).
+  std::map<NodeId, int64_t> heard_sent, echoed, reconnected_at;
+  std::vector<std::pair<NodeId, int64_t>> out_of_reach;  // (live member, since), sorted by id
+  int64_t last_heartbeat_ms = 0;
+  cluster::SyncBatch heartbeat;
+  static constexpr int64_t kMinReachTimeoutMs = 250;
+  static constexpr int64_t kMinReachTickMs = 5, kMaxReachTickMs = 250;
   uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0, sync_totals_in = 0;
   uint64_t handoffs = 0;
 
@@ -362,6 +480,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::shared_ptr<const cluster::HashRing> published_without_self;  // guarded by published_mu
   int64_t published_fresh_until_ms = 0;                             // guarded by published_mu
   uint32_t published_expected = 1;                                  // guarded by published_mu
+  // guarded by published_mu
+  std::shared_ptr<const std::vector<std::pair<NodeId, int64_t>>> published_out_of_reach =
+      std::make_shared<const std::vector<std::pair<NodeId, int64_t>>>();
 };
 
 ClusterNode::ClusterNode(asio::io_context& control, NodeState& state)
@@ -417,6 +538,7 @@ void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
   if (!seeds.empty()) c.membership->join(seeds, now);
   c.after_membership_call();
   c.arm_sync();
+  c.arm_reach();
   spdlog::info("cluster: node {} ({}) on {}:{}, {} seed addresses, {} replicas, sync every {} ms",
                c.opt.name, c.opt.node_id, c.advertise, c.listen_port, seeds.size(), c.opt.replicas,
                c.opt.sync_interval_ms);
@@ -441,6 +563,7 @@ void ClusterNode::stop() {
   boost::system::error_code ec;
   c.tick_timer.cancel();
   c.sync_timer.cancel();
+  c.reach_timer.cancel();
   c.socket.close(ec);
 }
 
@@ -462,8 +585,9 @@ int64_t ClusterNode::forward_timeout_ms() const {
 
 ClusterNode::View ClusterNode::view() const {
   std::lock_guard g(impl_->published_mu);
-  return {impl_->published_ring, impl_->published_members, impl_->published_without_self,
-          impl_->published_fresh_until_ms, impl_->published_expected};
+  return {impl_->published_ring,          impl_->published_members,
+          impl_->published_without_self, impl_->published_fresh_until_ms,
+          impl_->published_expected,     impl_->published_out_of_reach};
 }
 
 std::optional<cluster::NodeId> ClusterNode::View::previous_owner(uint64_t routing_key,

@@ -15,6 +15,7 @@
 // admin thread) under `published_mu`.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -92,6 +93,19 @@ class ClusterNode {
     // Members this node expects, in reach or not (dead ones until forgotten): a fallback decision
     // takes 1 / expected of a limit (docs/architecture.md, "Members out of reach").
     uint32_t expected_members = 1;
+    // Live members out of reach (no datagram both ways for a reach period), sorted: routing
+    // passes them over; a key whose owner and replicas are all out of reach is decided here by
+    // its rule's fallback.
+    // (id, since when in ms), sorted by id.
+    std::shared_ptr<const std::vector<std::pair<cluster::NodeId, int64_t>>> out_of_reach;
+    std::optional<int64_t> out_since(cluster::NodeId id) const {
+      if (!out_of_reach) return std::nullopt;
+      const auto it = std::lower_bound(out_of_reach->begin(), out_of_reach->end(),
+                                       std::pair<cluster::NodeId, int64_t>{id, INT64_MIN});
+      if (it == out_of_reach->end() || it->first != id) return std::nullopt;
+      return it->second;
+    }
+    bool reachable(cluster::NodeId id) const { return !out_since(id); }
     bool joining(int64_t now_ms) const { return ring_without_self && now_ms < fresh_until_ms; }
     // While joining: who decides a key this node owns (the owner before it); nullopt otherwise.
     std::optional<cluster::NodeId> previous_owner(uint64_t routing_key, int64_t now_ms) const;
