@@ -22,6 +22,7 @@ enum Kind {
   forward @2;
   forwardAnswer @3;
   handoff @4;
+  overrides @5;      # payload: OverrideSync
 }
 
 struct Envelope {
@@ -66,6 +67,53 @@ struct Membership {
   seq @1 :UInt32;
   target @2 :UInt16;
   gossip @3 :List(Member);
+}
+
+# Cluster-wide overrides and plan assignments (docs/architecture.md, "Overrides across the
+# cluster"): versioned records, last writer wins, deletes as tombstones.
+enum OverrideSyncKind {
+  push @0;    # records just written: merge them
+  digest @1;  # the sender's digest (count, hash): answer with `full` when yours differs
+  full @2;    # one part of the sender's whole table
+}
+
+enum OverrideMode {
+  keep @0;     # the rule's mode
+  enforce @1;
+  dryRun @2;
+  shadow @3;
+}
+
+struct OverrideEntry {
+  key @0 :Text;
+  value @1 :Text;
+}
+
+struct OverrideLimit {
+  name @0 :Text;
+  requests @1 :UInt64;
+  windowMs @2 :UInt32;
+  bucketMs @3 :UInt32;
+}
+
+struct OverrideRecord {
+  versionMs @0 :Int64;     # the writer's wall clock at the write
+  versionNode @1 :UInt16;  # the writer; ties of versionMs go to the larger id
+  deleted @2 :Bool;        # a tombstone: domain and entries only
+  domain @3 :Text;
+  entries @4 :List(OverrideEntry);
+  limits @5 :List(OverrideLimit);
+  plan @6 :Text;
+  mode @7 :OverrideMode;
+  expiresAtMs @8 :Int64;   # 0 = never
+}
+
+struct OverrideSync {
+  kind @0 :OverrideSyncKind;
+  count @1 :UInt32;        # the sender's digest: how many records it holds
+  hash @2 :UInt64;         # and the sum of XXH3 over their canonical encodings
+  wantFull @3 :Bool;       # `full`: the tables differed, send yours back
+  records @4 :List(OverrideRecord);
 }
 
 # engine::RemoteTotal. Window and bucket fit 32 bits (at most a day in ms): 4 words per total.

@@ -517,7 +517,7 @@ TEST_CASE("peer_codec: drops envelopes of another version or kind") {
   CHECK(p.open_built([](ps::Envelope::Builder env) { env.setVersion(0); }) ==
         PeerError::kWrongVersion);
   for (auto kind : {ps::Kind::FORWARD, ps::Kind::FORWARD_ANSWER, ps::Kind::HANDOFF,
-                    static_cast<ps::Kind>(5), static_cast<ps::Kind>(65'535)}) {
+                    static_cast<ps::Kind>(6), static_cast<ps::Kind>(65'535)}) {
     CAPTURE(static_cast<int>(kind));
     CHECK(p.open_built([&](ps::Envelope::Builder env) {
       env.setKind(kind);
@@ -769,6 +769,13 @@ void check_bounds(const PeerMessage& got) {
       CHECK(m.name.size() <= kMaxPeerNameBytes);
       CHECK(m.host.size() <= kMaxPeerNameBytes);
       CHECK(static_cast<int>(m.state) <= 3);
+    }
+  } else if (got.header.kind == PeerKind::kOverrides) {
+    CHECK(got.overrides.records.size() <= 512);
+    for (const OverrideRecord& r : got.overrides.records) {
+      CHECK(r.value.domain.size() <= OverrideBounds{}.max_string_bytes);
+      CHECK(r.value.entries.size() <= OverrideBounds{}.max_entries);
+      CHECK(r.value.limits.size() <= OverrideBounds{}.max_limits);
     }
   } else {
     CHECK(got.header.kind == PeerKind::kSync);

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <rocksdb/db.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -274,6 +275,65 @@ TEST_CASE("overrides are stored, listed and deleted") {
   list = again->load_overrides();
   REQUIRE(list.size() == 1);
   CHECK(list[0].plan == "starter");
+}
+
+TEST_CASE("override records keep their versions and tombstones; old records read as version 0") {
+  TempDir tmp;
+  auto store = store::Store::open(tmp.sub("db"), true);
+  // A record as nodes before cluster-wide overrides wrote it: no version.
+  rules::Override old;
+  old.domain = "api";
+  old.entries = {{"user", "7"}};
+  old.plan = "gold";
+  store->put_override(old);
+  cluster::OverrideRecord set;
+  set.value.domain = "api";
+  set.value.entries = {{"ip", "10.0.0.1"}, {"user", "42"}};
+  rules::Limit l;
+  REQUIRE(rules::parse_limit("500/1m", 0, l).empty());
+  set.value.limits = {l};
+  set.value.mode = rules::Mode::kShadow;
+  set.value.expires_at_ms = kT0 + 60'000;
+  set.version = {kT0 + 5, 3};
+  cluster::OverrideRecord tomb;
+  tomb.value.domain = "api";
+  tomb.value.entries = {{"user", "gone"}};
+  tomb.version = {kT0 + 9, 65'535};
+  tomb.deleted = true;
+  const std::vector<cluster::OverrideRecord> batch{set, tomb};
+  store->put_override_records(batch);
+  store.reset();
+
+  auto again = store::Store::open(tmp.sub("db"), false);
+  auto records = again->load_override_records();
+  REQUIRE(records.size() == 3);
+  const auto find = [&](const std::string& user) -> const cluster::OverrideRecord* {
+    for (const auto& r : records) {
+      for (const auto& [k, v] : r.value.entries)
+        if (k == "user" && v == user) return &r;
+    }
+    return nullptr;
+  };
+  const cluster::OverrideRecord* got_old = find("7");
+  const cluster::OverrideRecord* got_set = find("42");
+  const cluster::OverrideRecord* got_tomb = find("gone");
+  REQUIRE(got_old != nullptr);
+  REQUIRE(got_set != nullptr);
+  REQUIRE(got_tomb != nullptr);
+  CHECK(got_old->version == cluster::OverrideVersion{0, 0});
+  CHECK_FALSE(got_old->deleted);
+  CHECK(got_old->value.plan == "gold");
+  CHECK(*got_set == set);
+  CHECK(*got_tomb == tomb);
+  // load_overrides() lists what is in force: tombstones left out.
+  CHECK(again->load_overrides().size() == 2);
+  // Erasing by id (forgetting records past their horizon).
+  const std::vector<std::string> ids{cluster::record_id(tomb),
+                                     rules::override_id(old.domain, old.entries)};
+  again->erase_override_records(ids);
+  records = again->load_override_records();
+  REQUIRE(records.size() == 1);
+  CHECK(records[0] == set);
 }
 
 TEST_CASE("a missing or empty data directory is created only when asked") {

@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "cluster/override_codec.h"
 #include "peer.capnp.h"
 #include "window/sliding_window.h"
 
@@ -40,7 +41,8 @@ constexpr size_t kRootPointerWords = 1;
 constexpr size_t kMinDatagramBytes =
     (kSegmentTableWords + kRootPointerWords) * kWordBytes + kPeerTagBytes;
 
-// Envelope -> payload -> gossip -> Member -> name is 5 deep: a deeper message is not one of ours.
+// Envelope -> payload -> gossip -> Member -> name is 5 deep, Envelope -> payload -> records ->
+// record -> entries -> entry -> key 7: a deeper message is not one of ours.
 constexpr int kNestingLimit = 8;
 // Each object of a well-formed message is read once; four times the message size leaves room and
 // still stops amplification (many pointers aimed at one object, lists of zero-sized structs).
@@ -54,6 +56,10 @@ static_assert(static_cast<uint16_t>(ps::Kind::MEMBERSHIP) ==
 static_assert(static_cast<uint16_t>(ps::Kind::SYNC) == static_cast<uint16_t>(PeerKind::kSync));
 static_assert(static_cast<uint16_t>(ps::Kind::HANDOFF) ==
               static_cast<uint16_t>(PeerKind::kHandoff));
+static_assert(static_cast<uint16_t>(ps::Kind::OVERRIDES) ==
+              static_cast<uint16_t>(PeerKind::kOverrides));
+static_assert(static_cast<uint16_t>(ps::OverrideSyncKind::FULL) ==
+              static_cast<uint16_t>(OverrideSyncKind::kFull));
 static_assert(static_cast<uint16_t>(ps::MembershipKind::JOIN_REPLY) ==
               static_cast<uint16_t>(MembershipKind::kJoinReply));
 static_assert(static_cast<uint16_t>(ps::MemberState::LEFT) ==
@@ -212,6 +218,8 @@ std::string_view to_string(PeerKind k) {
       return "forward_answer";
     case PeerKind::kHandoff:
       return "handoff";
+    case PeerKind::kOverrides:
+      return "overrides";
   }
   return "unknown";
 }
@@ -436,7 +444,8 @@ struct PeerCodec::Impl {
       return PeerError::kClockSkew;
     const auto kind = static_cast<uint16_t>(env.getKind());
     if (kind != static_cast<uint16_t>(PeerKind::kMembership) &&
-        kind != static_cast<uint16_t>(PeerKind::kSync))
+        kind != static_cast<uint16_t>(PeerKind::kSync) &&
+        kind != static_cast<uint16_t>(PeerKind::kOverrides))
       return PeerError::kUnknownKind;
     h.kind = static_cast<PeerKind>(kind);
     if (PeerError e = guard.check(h.sender, h.boot_id, h.seq); e != PeerError::kOk) return e;
@@ -445,7 +454,10 @@ struct PeerCodec::Impl {
     const PeerError e =
         h.kind == PeerKind::kMembership
             ? read_membership(payload.getAs<ps::Membership>(), h.sender, out.membership)
-            : read_sync(payload.getAs<ps::SyncBatch>(), h.sender, out.sync);
+        : h.kind == PeerKind::kSync
+            ? read_sync(payload.getAs<ps::SyncBatch>(), h.sender, out.sync)
+            : detail::read_override_sync(payload.getAs<ps::OverrideSync>(), h.sender, limits,
+                                         out.overrides);
     if (e == PeerError::kOk) guard.record(h.sender, h.boot_id, h.seq);
     return e;
   }
@@ -553,6 +565,18 @@ PeerError PeerCodec::seal(const SyncBatch& b, int64_t now_ms, std::vector<uint8_
                          r.setNode(t.node);
                          r.setTotal(t.total);
                        }
+                     });
+}
+
+PeerError PeerCodec::seal(const OverrideSyncMessage& m, int64_t now_ms,
+                          std::vector<uint8_t>& out) {
+  if (PeerError e = detail::check_override_sync(m, impl_->limits); e != PeerError::kOk) {
+    out.clear();
+    return e;
+  }
+  return impl_->seal(PeerKind::kOverrides, envelope_words() + detail::override_sync_words(m),
+                     now_ms, out, [&](capnp::AnyPointer::Builder payload) {
+                       detail::write_override_sync(payload.initAs<ps::OverrideSync>(), m);
                      });
 }
 

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "cluster/messages.h"
+#include "cluster/override_table.h"
 
 namespace sluice::cluster {
 
@@ -58,6 +59,7 @@ enum class PeerKind : uint8_t {
   kForward = 2,        // reserved: a forwarded check batch
   kForwardAnswer = 3,  // reserved: the owner's answers to a forwarded batch
   kHandoff = 4,        // reserved: bulk handoff of a key range
+  kOverrides = 5,      // OverrideSyncMessage (override_table.h)
 };
 std::string_view to_string(PeerKind k);  // "membership", "sync", "forward", ...
 
@@ -89,6 +91,8 @@ struct PeerLimits {
   size_t max_totals = 2'048;           // SyncBatch::totals; 32 bytes each on the wire, so at the
                                        // default datagram size the size binds first (2'043 fit)
   int64_t max_clock_skew_ms = 30'000;  // either way
+  size_t max_override_records = 512;   // OverrideSyncMessage::records; a record's strings are
+                                       // bounded by OverrideBounds (at most ~19 KB each)
 };
 
 // The authenticated header of a datagram.
@@ -107,6 +111,7 @@ struct PeerMessage {
   PeerHeader header;
   MembershipMessage membership;  // header.kind == kMembership
   SyncBatch sync;                // header.kind == kSync
+  OverrideSyncMessage overrides;  // header.kind == kOverrides
 };
 
 // Per sender: the newest boot id seen and a sliding window of the last kWindow sequence numbers
@@ -139,6 +144,10 @@ class ReplayGuard {
   std::unordered_map<NodeId, Window> windows_;
 };
 
+// How many of `records`, from the first, one OverrideSyncMessage datagram holds under `limits`
+// (at least 1 for any record within OverrideBounds at the default datagram size).
+size_t fit_overrides(std::span<const OverrideRecord> records, const PeerLimits& limits);
+
 class PeerCodec {
  public:
   // Empty when `secret` can key a cluster, else a sentence saying why not (for config checks).
@@ -159,6 +168,8 @@ class PeerCodec {
   // number is used). `from` is not sent: the receiver takes the envelope's sender, self().
   PeerError seal(const MembershipMessage& m, int64_t now_ms, std::vector<uint8_t>& out);
   PeerError seal(const SyncBatch& b, int64_t now_ms, std::vector<uint8_t>& out);
+  // Records over what one datagram holds are refused (kTooLarge): split with fit_overrides().
+  PeerError seal(const OverrideSyncMessage& m, int64_t now_ms, std::vector<uint8_t>& out);
 
   // Checks and decodes one datagram received at `now_ms`. On kOk the datagram was recorded in the
   // replay guard (it will not be accepted again) and `out` holds it. On any other value nothing

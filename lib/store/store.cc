@@ -117,6 +117,25 @@ rules::Override override_from_json(const Json& j) {
   return o;
 }
 
+// A versioned record (cluster/override_table.h): the override's fields plus its version and
+// whether it is a tombstone. A record written before versions has none: version 0, a set.
+Json record_to_json(const cluster::OverrideRecord& r) {
+  Json j = override_to_json(r.value);
+  j["version_ms"] = r.version.ms;
+  j["version_node"] = r.version.node;
+  if (r.deleted) j["deleted"] = true;
+  return j;
+}
+
+cluster::OverrideRecord record_from_json(const Json& j) {
+  cluster::OverrideRecord r;
+  r.value = override_from_json(j);
+  r.version.ms = j.value("version_ms", int64_t{0});
+  r.version.node = j.value("version_node", uint16_t{0});
+  r.deleted = j.value("deleted", false);
+  return r;
+}
+
 // Snapshot records go into a write batch; the caller writes it every kRecordsPerBatch records.
 class BatchSink : public engine::RecordSink {
  public:
@@ -361,10 +380,18 @@ SnapshotResult Store::snapshot(engine::Engine& engine, bool full) {
 
 std::vector<rules::Override> Store::load_overrides() {
   std::vector<rules::Override> out;
+  for (cluster::OverrideRecord& r : load_override_records()) {
+    if (!r.deleted) out.push_back(std::move(r.value));
+  }
+  return out;
+}
+
+std::vector<cluster::OverrideRecord> Store::load_override_records() {
+  std::vector<cluster::OverrideRecord> out;
   std::unique_ptr<rocksdb::Iterator> it(db_->db->NewIterator(rocksdb::ReadOptions(), db_->overrides()));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     try {
-      out.push_back(override_from_json(Json::parse(it->value().ToStringView())));
+      out.push_back(record_from_json(Json::parse(it->value().ToStringView())));
     } catch (const std::exception& e) {
       throw StoreError("data directory " + dir_ + ": an override record is unreadable (" +
                        e.what() + "). " + recovery_hint(dir_));
@@ -383,6 +410,35 @@ void Store::put_override(const rules::Override& o) {
   const rocksdb::Status s = db_->db->Put(wo, db_->overrides(), rules::override_id(o.domain, o.entries),
                                          override_to_json(o).dump());
   if (!s.ok()) throw StoreError("storing the override failed: " + s.ToString());
+  flush_overrides();
+}
+
+void Store::put_override_records(std::span<const cluster::OverrideRecord> records) {
+  if (records.empty()) return;
+  rocksdb::WriteBatch batch;
+  for (const cluster::OverrideRecord& r : records) {
+    const rocksdb::Status s =
+        batch.Put(db_->overrides(), cluster::record_id(r), record_to_json(r).dump());
+    if (!s.ok()) throw StoreError("storing overrides failed: " + s.ToString());
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  const rocksdb::Status s = db_->db->Write(wo, &batch);
+  if (!s.ok()) throw StoreError("storing overrides failed: " + s.ToString());
+  flush_overrides();
+}
+
+void Store::erase_override_records(std::span<const std::string> ids) {
+  if (ids.empty()) return;
+  rocksdb::WriteBatch batch;
+  for (const std::string& id : ids) {
+    const rocksdb::Status s = batch.Delete(db_->overrides(), id);
+    if (!s.ok()) throw StoreError("deleting overrides failed: " + s.ToString());
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  const rocksdb::Status s = db_->db->Write(wo, &batch);
+  if (!s.ok()) throw StoreError("deleting overrides failed: " + s.ToString());
   flush_overrides();
 }
 

@@ -4,7 +4,9 @@
 // Layout of a data directory: one RocksDB database with three column families.
 //   default    "sluice.format" -> "1" (written at creation; a database without it is not ours)
 //   counters   engine records (engine.h, "counters as records"): key 16 bytes, value the state
-//   overrides  rules::override_id -> the override as JSON (readable with RocksDB's `ldb`)
+//   overrides  rules::override_id -> the override as JSON (readable with RocksDB's `ldb`), with
+//              its cluster version and, for a delete kept as a tombstone, "deleted": true
+//              (cluster/override_table.h); a record without a version reads as version 0
 //
 // Counters are written by snapshots: each pass writes the counters changed since the previous
 // pass (Engine::export_step) and deletes the ones the engine dropped, in batches, with the WAL on
@@ -32,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster/override_table.h"
 #include "engine/engine.h"
 #include "rules/rules.h"
 
@@ -83,9 +86,16 @@ class Store {
   // counter changed, so the next pass writes everything again: nothing is skipped for good.
   SnapshotResult snapshot(engine::Engine& engine, bool full = false);
 
-  // Every stored override. Throws StoreError on a failed scan or an unreadable record.
+  // Every stored override (tombstones left out). Throws StoreError on a failed scan or an
+  // unreadable record.
   std::vector<rules::Override> load_overrides();
-  // Writes (replaces) one override, WAL synced. Throws StoreError.
+  // Every stored record, tombstones included. Throws as load_overrides.
+  std::vector<cluster::OverrideRecord> load_override_records();
+  // Writes (replaces) records in one batch, WAL synced. Throws StoreError.
+  void put_override_records(std::span<const cluster::OverrideRecord> records);
+  // Erases records by id (cluster::record_id) in one batch, WAL synced. Throws StoreError.
+  void erase_override_records(std::span<const std::string> ids);
+  // Writes (replaces) one override as a version-0 record, WAL synced. Throws StoreError.
   void put_override(const rules::Override& o);
   // Deletes one override, WAL synced. Throws StoreError.
   void delete_override(std::string_view domain,
