@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "engine/counter_table.h"
+#include "engine/engine_impl.h"
 #include "engine/shard.h"
 
 namespace sluice::engine {
@@ -15,17 +16,6 @@ namespace {
 
 using rules::CheckError;
 using rules::Mode;
-
-constexpr size_t kVictimSample = 32;
-constexpr size_t kNumCheckErrors = 8;
-
-// The immutable per-policy view the hot path needs: the policy and its index maps into the
-// engine's stable spec and stats registries.
-struct State {
-  std::shared_ptr<const rules::Policy> policy;
-  std::vector<uint32_t> spec_ids;
-  std::vector<uint32_t> stats_ids;
-};
 
 // Per-thread scratch reused by every check on the thread (check is not re-entrant).
 struct Scratch {
@@ -40,12 +30,6 @@ struct Scratch {
   std::vector<uint8_t> limit_ok;
 };
 
-// Gossip mode in a cluster (docs/architecture.md, "Gossip quotas"): every limit's counter has a
-// twin that counts demand (every check's hits, admitted or not) in the same buckets. It syncs like
-// any counter, so every node learns how much traffic each node sees for the key, and each node
-// admits, of its own hits in the window, only its demand-weighted quota of the limit. The twin
-// keeps the routing half (high 32 bits: same owner) and the shard bits of its counter.
-constexpr uint64_t kDemandBit = 1ull << 31;
 thread_local Scratch tls_scratch;
 
 struct TlsState {
@@ -105,404 +89,67 @@ class RecordReader {
 
 }  // namespace
 
-struct Engine::Impl {
-  EngineOptions opt;
-  uint64_t uid = next_engine_uid.fetch_add(1);
-  uint32_t shard_mask;
-  std::unique_ptr<Shard[]> shards;
+uint64_t Engine::Impl::new_uid() {
+  return next_engine_uid.fetch_add(1);
+}
 
-  // Guards state, specs, stats_names (writers and slow readers). Lock order: state_mu before any
-  // shard lock; code holding a shard lock never takes state_mu.
-  mutable std::mutex state_mu;
-  std::shared_ptr<const State> state;
-  std::atomic<uint64_t> version{0};
-  std::vector<window::WindowSpec> specs;  // engine spec id -> spec
-  // The same, readable without state_mu: an entry is written once, under state_mu, before its id
-  // is published (in a State, or returned to merge), and never changes after.
-  std::array<window::WindowSpec, kMaxSpecs> spec_by_id{};
-  std::atomic<uint32_t> num_specs{0};    // entries of spec_by_id written (release after the write)
-  std::vector<std::string> stats_names;  // engine stats id -> "<domain>/<rule>"
-  std::map<std::string, uint32_t, std::less<>> stats_by_name;
-
-  std::atomic<uint64_t> checks{0};
-  // Gossip quotas: demand older than this has reached every node holding the key (two sync
-  // intervals: a node's report to the owner, the owner's push to the others).
-  std::atomic<int64_t> gossip_lag_ms{200};
-  static constexpr int64_t kDemandHorizonMs = 200;  // demand summed over this much time
-  // credit(): the hits credited per (counter, spec, node) in its latest bucket.
-  struct Credit {
-    int64_t bucket = INT64_MIN;
-    uint32_t total = 0;
-    int64_t last_ms = 0;
-  };
-  std::mutex credit_mu;
-  std::unordered_map<uint64_t, Credit> credits;  // guarded by credit_mu
-  // A cluster with members out of reach (set_capacity): reachable << 32 | expected; 0 = all.
-  std::atomic<uint64_t> capacity{0};
-  std::atomic<uint64_t> allowlisted{0};
-  std::atomic<uint64_t> no_room{0};
-  std::array<std::atomic<uint64_t>, kNumCheckErrors> rejected{};
-
-  explicit Impl(EngineOptions o) : opt(o) {
-    uint32_t n = std::clamp<uint32_t>(o.shards, 1, 64);
-    n = std::bit_floor(n);
-    opt.shards = n;
-    shard_mask = n - 1;
-    shards = std::make_unique<Shard[]>(n);
-    for (uint32_t i = 0; i < n; ++i)
-      shards[i].budget = opt.memory_cap_bytes / n;
+const State& Engine::Impl::current_state() {
+  const uint64_t v = version.load(std::memory_order_acquire);
+  TlsState* hit = nullptr;
+  for (auto& e : tls_states) {
+    if (e.engine_uid == uid) hit = &e;
   }
-
-  // Registers the policy's specs and rules; called with state_mu held.
-  std::shared_ptr<const State> build_state(std::shared_ptr<const rules::Policy> p) {
-    auto s = std::make_shared<State>();
-    for (const auto& spec : p->window_specs())
-      s->spec_ids.push_back(spec_id_locked(spec));
-    for (uint32_t i = 0; i < p->num_stats_slots(); ++i) {
-      const std::string_view name = p->stats_name(i);
-      auto it = stats_by_name.find(name);
-      if (it == stats_by_name.end()) {
-        it = stats_by_name.emplace(std::string(name), static_cast<uint32_t>(stats_names.size()))
-                 .first;
-        stats_names.emplace_back(name);
-      }
-      s->stats_ids.push_back(it->second);
-    }
-    for (uint32_t i = 0; i <= shard_mask; ++i) {
-      Shard& sh = shards[i];
-      std::lock_guard g(sh.lock);
-      if (sh.rule_stats.size() < stats_names.size()) sh.rule_stats.resize(stats_names.size());
-    }
-    s->policy = std::move(p);
-    return s;
+  if (hit == nullptr) {
+    hit = &tls_states[tls_next_victim++ % tls_states.size()];
+    hit->engine_uid = uid;
+    hit->version = 0;
   }
-
-  // Stable id of a spec; registers it (tables are created lazily per shard). state_mu held.
-  uint32_t spec_id_locked(const window::WindowSpec& spec) {
-    for (uint32_t i = 0; i < specs.size(); ++i) {
-      if (specs[i] == spec) return i;
-    }
-    if (specs.size() >= kMaxSpecs) {
-      // More distinct windows than any sane rule set uses; reuse the last id would corrupt
-      // counts, so refuse loudly (rules validation keeps real configs far below this).
-      throw std::length_error("sluice engine: more than 256 distinct window specs");
-    }
-    spec_by_id[specs.size()] = spec;
-    specs.push_back(spec);
-    num_specs.store(static_cast<uint32_t>(specs.size()), std::memory_order_release);
-    return static_cast<uint32_t>(specs.size() - 1);
-  }
-
-  // The id of a spec, without state_mu when it is already registered (imports and merges look
-  // one up per record).
-  uint32_t spec_id(const window::WindowSpec& spec) {
-    const uint32_t n = num_specs.load(std::memory_order_acquire);
-    for (uint32_t i = 0; i < n; ++i) {
-      if (spec_by_id[i] == spec) return i;
-    }
+  if (hit->version != v || !hit->state) {
     std::lock_guard g(state_mu);
-    return spec_id_locked(spec);
+    hit->state = state;
+    hit->version = version.load(std::memory_order_relaxed);
   }
+  return *hit->state;
+}
 
-  const State& current_state() {
-    const uint64_t v = version.load(std::memory_order_acquire);
-    TlsState* hit = nullptr;
-    for (auto& e : tls_states) {
-      if (e.engine_uid == uid) hit = &e;
-    }
-    if (hit == nullptr) {
-      hit = &tls_states[tls_next_victim++ % tls_states.size()];
-      hit->engine_uid = uid;
-      hit->version = 0;
-    }
-    if (hit->version != v || !hit->state) {
-      std::lock_guard g(state_mu);
-      hit->state = state;
-      hit->version = version.load(std::memory_order_relaxed);
-    }
-    return *hit->state;
+void Engine::Impl::forget(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id) {
+  if (t.has_remote(i)) drop_remote(sh, t.counter_at(i), spec_id);
+  if (t.has_flag(i, CounterTable::kPersistedFlag)) {
+    const size_t at = sh.erased_keys.size();
+    sh.erased_keys.resize(at + kRecordKeyBytes);
+    encode_key(t.counter_at(i), t.spec(), sh.erased_keys.data() + at);
   }
+}
 
-  CounterTable& table(Shard& sh, uint32_t spec_id) {
-    CounterTable* t = sh.tables[spec_id].load(std::memory_order_relaxed);
-    if (t != nullptr) return *t;
-    // Called with shard locks held: must not take state_mu (set_policy holds state_mu while it
-    // takes shard locks). spec_by_id[spec_id] was written before the id was handed out.
-    if (sh.owned.size() <= spec_id) sh.owned.resize(spec_id + 1);
-    sh.owned[spec_id] = std::make_unique<CounterTable>(spec_by_id[spec_id]);
-    t = sh.owned[spec_id].get();
-    sh.tables[spec_id].store(t, std::memory_order_release);
-    return *t;
+void Engine::Impl::encode_value(const Shard& sh, const CounterTable& t, size_t i, uint32_t spec_id,
+                                std::vector<uint8_t>& out) const {
+  const uint32_t ring = t.ring();
+  out.push_back(kRecordVersion);
+  append_le(out, static_cast<uint64_t>(t.head_at(i)), 8);
+  append_le(out, ring, 2);
+  for (uint32_t v : t.own(i))
+    append_le(out, v, 4);
+  for (uint32_t v : t.others(i))
+    append_le(out, v, 4);
+  const std::vector<RemoteRing>* nodes = nullptr;
+  if (t.has_remote(i)) {
+    auto it = sh.remote.find(remote_key(t.counter_at(i), spec_id));
+    if (it != sh.remote.end()) nodes = &it->second;
   }
-
-  void drop_remote(Shard& sh, uint64_t counter, uint32_t spec_id) {
-    sh.remote.erase(remote_key(counter, spec_id));
-  }
-
-  // Forgets what only the table's slot `i` refers to, just before the slot is erased.
-  void forget(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id) {
-    if (t.has_remote(i)) drop_remote(sh, t.counter_at(i), spec_id);
-    if (t.has_flag(i, CounterTable::kPersistedFlag)) {
-      const size_t at = sh.erased_keys.size();
-      sh.erased_keys.resize(at + kRecordKeyBytes);
-      encode_key(t.counter_at(i), t.spec(), sh.erased_keys.data() + at);
+  append_le(out, nodes ? nodes->size() : 0, 2);
+  if (nodes == nullptr) return;
+  for (const RemoteRing& n : *nodes) {
+    append_le(out, n.node, 2);
+    for (const auto& [bucket, total] : n.buckets) {
+      append_le(out, static_cast<uint64_t>(bucket), 8);
+      append_le(out, total, 4);
     }
   }
-
-  size_t erase_expired(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms) {
-    const size_t n = t.erase_expired(now_ms, [&](size_t i) { forget(sh, t, i, spec_id); });
-    sh.evicted_expired += n;
-    return n;
-  }
-
-  bool try_grow(Shard& sh, CounterTable& t) {
-    const size_t cap = t.grown_capacity();
-    const uint64_t extra = CounterTable::bytes_for(cap, t.spec()) - t.bytes();
-    if (sh.bytes + extra > sh.budget) return false;
-    sh.bytes += extra;
-    t.rehash(cap);
-    return true;
-  }
-
-  // Returns memory to the shard from tables that are mostly empty.
-  void shrink_if_sparse(Shard& sh, CounterTable& t) {
-    if (t.capacity() <= CounterTable::kMinCapacity || t.size() * 4 >= t.capacity()) return;
-    const uint64_t before = t.bytes();
-    t.rehash(std::max(CounterTable::kMinCapacity, t.size() * 2));
-    sh.bytes = sh.bytes - before + t.bytes();
-  }
-
-  // Makes room for one more counter in `t` (see the file comment of engine.h for the order).
-  // Returns false only when the table has no storage and the budget allows none.
-  bool make_room(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms,
-                 std::span<const uint64_t> pinned) {
-    if (!t.full()) return true;
-    if (t.capacity() > 0 && t.may_have_expired(now_ms)) {
-      erase_expired(sh, t, spec_id, now_ms);
-      if (!t.full()) return true;
-    }
-    if (try_grow(sh, t)) return true;
-    // Other tables of this shard may hold expired counters and spare capacity.
-    for (size_t id = 0; id < sh.owned.size(); ++id) {
-      CounterTable* o = sh.owned[id].get();
-      if (o == nullptr || o == &t) continue;
-      if (o->may_have_expired(now_ms)) erase_expired(sh, *o, static_cast<uint32_t>(id), now_ms);
-      shrink_if_sparse(sh, *o);
-    }
-    if (try_grow(sh, t)) return true;
-    if (t.capacity() == 0) return false;
-    // Every counter left in this table is live: evict the one that matters least.
-    const int64_t victim = t.pick_victim(now_ms, pinned, kVictimSample);
-    if (victim < 0) return false;
-    const auto v = static_cast<size_t>(victim);
-    forget(sh, t, v, spec_id);
-    t.erase_at(v);
-    ++sh.evicted_live;
-    return true;
-  }
-
-  // Finds or creates a counter's slot. Returns -1 when no room can be made.
-  int64_t find_or_insert(Shard& sh, CounterTable& t, uint32_t spec_id, uint64_t counter,
-                         int64_t now_ms, std::span<const uint64_t> pinned, bool& inserted) {
-    int64_t i = t.find(counter);
-    if (i >= 0) return i;
-    if (!make_room(sh, t, spec_id, now_ms, pinned)) return -1;
-    inserted = true;
-    return static_cast<int64_t>(
-        t.insert_new(counter, window::bucket_of(now_ms, t.spec().bucket_ms)));
-  }
-
-  // Shards are locked in ascending order, so two requests never wait on each other in a cycle.
-  void lock_shards(uint64_t set) {
-    for (uint64_t m = set; m != 0; m &= m - 1)
-      shards[static_cast<size_t>(std::countr_zero(m))].lock.lock();
-  }
-  void unlock_shards(uint64_t set) {
-    for (uint64_t m = set; m != 0; m &= m - 1)
-      shards[static_cast<size_t>(std::countr_zero(m))].lock.unlock();
-  }
-
-  // Appends the value of slot `i`'s record (see engine.h) to `out`.
-  void encode_value(const Shard& sh, const CounterTable& t, size_t i, uint32_t spec_id,
-                    std::vector<uint8_t>& out) const {
-    const uint32_t ring = t.ring();
-    out.push_back(kRecordVersion);
-    append_le(out, static_cast<uint64_t>(t.head_at(i)), 8);
-    append_le(out, ring, 2);
-    for (uint32_t v : t.own(i))
-      append_le(out, v, 4);
-    for (uint32_t v : t.others(i))
-      append_le(out, v, 4);
-    const std::vector<RemoteRing>* nodes = nullptr;
-    if (t.has_remote(i)) {
-      auto it = sh.remote.find(remote_key(t.counter_at(i), spec_id));
-      if (it != sh.remote.end()) nodes = &it->second;
-    }
-    append_le(out, nodes ? nodes->size() : 0, 2);
-    if (nodes == nullptr) return;
-    for (const RemoteRing& n : *nodes) {
-      append_le(out, n.node, 2);
-      for (const auto& [bucket, total] : n.buckets) {
-        append_le(out, static_cast<uint64_t>(bucket), 8);
-        append_le(out, total, 4);
-      }
-    }
-  }
-
-  // Records that a check left a key at 80 % or more of a limit, or over it (HotKey).
-  void note_hot(Shard& sh, uint64_t counter, uint32_t stats_id, const rules::AppliedRule& ar,
-                const rules::Limit& limit, const rules::CheckRequest& req, uint64_t used,
-                bool exceeded, int64_t now_ms) {
-    const uint64_t lim = limit.requests;
-    HotSlot* slot = nullptr;
-    for (HotSlot& h : sh.hot) {
-      if (h.counter == counter) slot = &h;
-    }
-    if (slot == nullptr) {
-      // A free or stale slot, else the least full one if the new key is at least as full.
-      for (HotSlot& h : sh.hot) {
-        const bool stale = h.counter == 0 || h.last_ms + h.window_ms < now_ms;
-        if (stale) {
-          slot = &h;
-          break;
-        }
-        if (slot == nullptr || h.used * slot->limit < slot->used * h.limit) slot = &h;
-      }
-      if (slot->counter != 0 && slot->last_ms + slot->window_ms >= now_ms &&
-          used * slot->limit < slot->used * lim) {
-        return;
-      }
-      *slot = HotSlot{};
-      slot->counter = counter;
-      slot->first_ms = now_ms;
-      size_t len = 0;
-      for (const std::string& name : ar.rule->key) {
-        for (const rules::Descriptor& d : req.descriptors) {
-          if (d.key != name) continue;
-          for (std::string_view part :
-               {std::string_view(len ? "," : ""), d.key, std::string_view("="), d.value}) {
-            const size_t n = std::min(part.size(), slot->key.size() - len);
-            std::copy_n(part.data(), n, slot->key.data() + len);
-            len += n;
-          }
-          break;
-        }
-      }
-      slot->key_len = static_cast<uint8_t>(len);
-    }
-    slot->stats_id = stats_id;
-    slot->mode = ar.mode;
-    slot->limit = lim;
-    slot->window_ms = limit.spec.window_ms;
-    slot->used = used;
-    slot->last_ms = now_ms;
-    if (exceeded) ++slot->exceeded;
-  }
-
-  void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
-              int64_t now_ms, Fallback fallback, BatchResult& out, Decision& d);
-
-  // Moves a counter's ring to now (its buckets that left the window are zeroed); returns the time
-  // to evaluate it at (window::effective_now).
-  static int64_t bring_to_now(CounterTable& t, size_t i, int64_t now_ms) {
-    const int64_t bms = t.spec().bucket_ms;
-    const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), bms);
-    t.set_head(
-        i, window::advance(t.own(i), t.others(i), t.head_at(i), window::bucket_of(now_eff, bms)));
-    return now_eff;
-  }
-
-  // What a limit allows on this side of the cluster: limit x reachable / expected (see
-  // set_capacity), rounded down; the whole limit when every member is in reach.
-  static uint64_t share_of(uint64_t cap, uint64_t limit) {
-    const uint64_t reachable = cap >> 32;
-    const uint64_t expected = cap & 0xFFFFFFFFu;
-    if (expected == 0 || reachable >= expected) return limit;
-    return limit / expected * reachable + limit % expected * reachable / expected;  // no overflow
-  }
-
-  // A fallback decision's share of `limit` (Fallback): limit / members, times the part of a
-  // window gone since the owner was lost (rounded down; nothing at that moment).
-  static uint64_t fallback_share(uint64_t limit, const Fallback& f, int64_t now_ms,
-                                 int64_t window_ms) {
-    const uint64_t whole = limit / f.members;
-    if (f.since_ms == INT64_MIN || window_ms <= 0 || now_ms - f.since_ms >= window_ms) return whole;
-    if (now_ms <= f.since_ms) return 0;
-    const auto gone = static_cast<double>(now_ms - f.since_ms) / static_cast<double>(window_ms);
-    return static_cast<uint64_t>(static_cast<double>(whole) * gone);  // gone < 1: never above
-  }
-
-  // Gossip mode in a cluster: this node's quota of `limit`, the part of it that this node may
-  // admit of its own hits in the window, by its share of the key's demand (the twin counter
-  // `dt`/`di`: every node's checks, admitted or not). Demand is summed over kDemandHorizonMs of
-  // buckets that end `gossip_lag_ms` ago, which every node holding the key has heard of by then,
-  // so every node works out the same shares, and the quotas, rounded systematically in node-id
-  // order with one offset per key, add up to the limit exactly: budget that frees is claimed by
-  // the node whose quota it is, not by every node at once. A node with no demand in that range
-  // (traffic that just moved to it) uses the newest buckets instead, until its own show there;
-  // when no node has shown demand yet, the whole limit (the check itself is the only demand).
-  uint64_t gossip_quota(const Shard& sh, const CounterTable& dt, size_t di, uint32_t spec_id,
-                        uint64_t limit, uint64_t cap) const {
-    __extension__ typedef unsigned __int128 u128;
-    const auto r = static_cast<int64_t>(dt.ring());
-    const int64_t bms = dt.spec().bucket_ms;
-    const int64_t head = dt.head_at(di);
-    const int64_t horizon = std::clamp<int64_t>((kDemandHorizonMs + bms - 1) / bms, 1, r - 1);
-    const int64_t lag = std::clamp<int64_t>(
-        (gossip_lag_ms.load(std::memory_order_relaxed) + bms - 1) / bms, 0, r - 1 - horizon);
-    const std::vector<RemoteRing>* nodes = nullptr;
-    if (dt.has_remote(di)) {
-      const auto it = sh.remote.find(remote_key(dt.counter_at(di), spec_id));
-      if (it != sh.remote.end()) nodes = &it->second;
-    }
-    const auto pos_of = [r](int64_t b) { return static_cast<size_t>(((b % r) + r) % r); };
-    struct Sums {
-      u128 mine = 0, before = 0, total = 0;
-    };
-    const auto sums = [&](int64_t from, int64_t to) {
-      Sums out;
-      for (int64_t b = from; b <= to; ++b)
-        out.mine += dt.own(di)[pos_of(b)];
-      out.total = out.mine;
-      if (nodes == nullptr) return out;
-      for (const RemoteRing& n : *nodes) {
-        if (n.node == opt.node_id || n.buckets.empty()) continue;
-        u128 d = 0;
-        for (int64_t b = from; b <= to; ++b) {
-          const auto& e = n.buckets[pos_of(b)];
-          if (e.first == b) d += e.second;
-        }
-        out.total += d;
-        if (n.node < opt.node_id) out.before += d;
-      }
-      return out;
-    };
-    constexpr u128 kOne = static_cast<u128>(1) << 32;
-    const u128 offset = (dt.counter_at(di) * 0x9E3779B97F4A7C15ull) >> 32;  // [0, 1) x 2^32
-    Sums s = sums(head - lag - horizon + 1, head - lag);
-    // The range must hold demand from its start: otherwise the key only just got traffic, and
-    // the nodes' views of the range may not agree yet.
-    const Sums first_half = sums(head - lag - horizon + 1, head - lag - horizon / 2);
-    if (s.total == 0 || first_half.total == 0) {
-      // Nobody's demand is old enough to be known everywhere (a key just getting traffic): an
-      // equal part of the limit per member, rounded up or down by a per-node offset, so that the
-      // parts add up to the limit on average and a burst on a cold key stays within it.
-      const uint64_t members = std::max<uint64_t>(1, cap & 0xFFFFFFFFu);
-      const u128 mine = (dt.counter_at(di) + opt.node_id * 0x9E3779B97F4A7C15ull) >> 32;
-      return static_cast<uint64_t>((static_cast<u128>(limit) * kOne + mine * members) /
-                                   (members * kOne));
-    }
-    if (s.mine == 0) s = sums(head - lag - horizon + 1, head);  // demand that just moved here
-    const u128 l = limit;
-    const u128 hi = (l * (s.before + s.mine) * kOne + offset * s.total) / (s.total * kOne);
-    const u128 lo = (l * s.before * kOne + offset * s.total) / (s.total * kOne);
-    return static_cast<uint64_t>(hi - lo);
-  }
-};
+}
 
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
-                          const rules::ResolvedRequest& rr, int64_t now_ms,
-                          Fallback fallback, BatchResult& out, Decision& d) {
+                          const rules::ResolvedRequest& rr, int64_t now_ms, Fallback fallback,
+                          BatchResult& out, Decision& d) {
   const uint64_t hits = req.hits;
   Scratch& sc = tls_scratch;
   const rules::Resolution& res = sc.res;
@@ -772,75 +419,6 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
   }
 }
 
-size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
-  Impl& im = *impl_;
-  size_t changed = 0;
-  std::array<uint64_t, 1> no_pins{};
-  for (const RemoteTotal& t : totals) {
-    if (t.counter == 0 || !window::validate(t.spec).empty()) continue;
-    const uint32_t spec_id = im.spec_id(t.spec);
-    Shard& sh = im.shards[t.counter & im.shard_mask];
-    std::lock_guard g(sh.lock);
-    CounterTable& tbl = im.table(sh, spec_id);
-    bool inserted = false;
-    const int64_t found = im.find_or_insert(sh, tbl, spec_id, t.counter, now_ms, no_pins, inserted);
-    if (found < 0) continue;
-    const auto i = static_cast<size_t>(found);
-    const int64_t bms = t.spec.bucket_ms;
-    const int64_t now_eff = window::effective_now(now_ms, tbl.head_at(i), bms);
-    // A peer's clock may run slightly ahead: let its bucket open the ring, never go back.
-    const int64_t target = std::max(window::bucket_of(now_eff, bms), t.bucket);
-    tbl.set_head(i, window::advance(tbl.own(i), tbl.others(i), tbl.head_at(i), target));
-    const int64_t head = tbl.head_at(i);
-    const auto ring = static_cast<int64_t>(tbl.ring());
-    if (t.bucket <= head - ring) continue;  // left the ring: outside every window
-    auto& nodes = sh.remote[remote_key(t.counter, spec_id)];
-    if (t.node == im.opt.node_id) {
-      // What the cluster knows we counted. Remembered (acknowledged hits),
-      // and never lower than our own count, unless we lost some (a restart after kill -9).
-      const auto pos = static_cast<size_t>(((t.bucket % ring) + ring) % ring);
-      tbl.set_remote(i);
-      RemoteRing* self_ring = nullptr;
-      for (auto& n : nodes) {
-        if (n.node == t.node) self_ring = &n;
-      }
-      if (self_ring == nullptr) {
-        self_ring = &nodes.emplace_back(RemoteRing{t.node, {}});
-        self_ring->buckets.assign(tbl.ring(), {INT64_MIN, 0});
-      }
-      auto& ack = self_ring->buckets[pos];
-      if (ack.first < t.bucket || (ack.first == t.bucket && ack.second < t.total)) {
-        ack = {t.bucket, t.total};
-      }
-      uint32_t& mine = tbl.own(i)[pos];
-      if (t.total <= mine) continue;
-      mine = t.total;
-      tbl.set_flags(i, CounterTable::kDirtyFlag);
-      ++changed;
-      continue;
-    }
-    tbl.set_remote(i);
-    RemoteRing* rr = nullptr;
-    for (auto& n : nodes) {
-      if (n.node == t.node) rr = &n;
-    }
-    if (rr == nullptr) {
-      rr = &nodes.emplace_back(RemoteRing{t.node, {}});
-      rr->buckets.assign(tbl.ring(), {INT64_MIN, 0});
-    }
-    auto& slot = rr->buckets[static_cast<size_t>(((t.bucket % ring) + ring) % ring)];
-    const uint32_t known = slot.first == t.bucket ? slot.second : 0;
-    if (t.total <= known) continue;  // a duplicate or an older report
-    window::add(tbl.others(i), t.bucket, t.total - known);
-    set_changed(
-        sh, tbl, i, spec_id,
-        CounterTable::kDirtyFlag | CounterTable::kRemoteChangedFlag | CounterTable::kRecentFlag);
-    slot = {t.bucket, t.total};
-    ++changed;
-  }
-  return changed;
-}
-
 size_t Engine::sweep(int64_t now_ms, size_t max_slots) {
   Impl& im = *impl_;
   size_t dropped = 0;
@@ -1034,20 +612,6 @@ bool Engine::export_step(ExportCursor& c, size_t max_slots, RecordSink& sink) {
   return c.shard > im.shard_mask;
 }
 
-void Engine::mark_all_changed_for_sync() {
-  Impl& im = *impl_;
-  for (uint32_t n = 0; n <= im.shard_mask; ++n) {
-    Shard& sh = im.shards[n];
-    std::lock_guard g(sh.lock);
-    for (const auto& t : sh.owned) {
-      if (t == nullptr) continue;
-      for (size_t i = 0; i < t->capacity(); ++i) {
-        if (t->occupied(i)) t->set_flags(i, CounterTable::kRecentFlag);
-      }
-    }
-  }
-}
-
 void Engine::mark_all_changed() {
   Impl& im = *impl_;
   for (uint32_t n = 0; n <= im.shard_mask; ++n) {
@@ -1185,81 +749,6 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
     }
   }
   return ImportResult::kImported;
-}
-
-uint16_t Engine::node_id() const {
-  return impl_->opt.node_id;
-}
-
-std::optional<uint64_t> Engine::owner_routing_key(const rules::CheckRequest& req, int64_t now_ms) {
-  thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread
-  const State& st = impl_->current_state();
-  res.clear();
-  const rules::ResolvedRequest rr = st.policy->resolve(req, now_ms, res);
-  if (rr.error != CheckError::kNone || rr.allowlisted) return std::nullopt;
-  for (uint32_t r = 0; r < rr.num_rules; ++r) {
-    const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
-    if (ar.rule->consistency == rules::Consistency::kOwner && ar.num_limits > 0) {
-      return rules::routing_key(res.limits[ar.first_limit].counter);
-    }
-  }
-  return std::nullopt;
-}
-
-void Engine::set_gossip_lag(int64_t ms) {
-  impl_->gossip_lag_ms.store(std::max<int64_t>(ms, 0), std::memory_order_relaxed);
-}
-
-void Engine::set_capacity(uint32_t reachable, uint32_t expected) {
-  impl_->capacity.store(static_cast<uint64_t>(reachable) << 32 | expected,
-                        std::memory_order_relaxed);
-}
-
-void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_ms) {
-  Impl& im = *impl_;
-  if (req.hits == 0 || node == im.opt.node_id) return;
-  thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread
-  thread_local std::vector<RemoteTotal> raised;
-  const State& st = im.current_state();
-  res.clear();
-  raised.clear();
-  const rules::ResolvedRequest rr = st.policy->resolve(req, now_ms, res);
-  if (rr.error != CheckError::kNone || rr.allowlisted) return;
-  {
-    // The credits themselves are kept apart, per counter, node and bucket, and what is merged is
-    // their sum: merge keeps the larger of it and the node's own reports, both lower bounds of
-    // its total, so a report that already holds a credited hit (it may overtake the answer)
-    // never makes it count twice. Kept only while keys move (a join): a few entries.
-    std::lock_guard g(im.credit_mu);
-    if (im.credits.size() > 4096) {
-      std::erase_if(im.credits, [&](const auto& e) { return now_ms - e.second.last_ms > 600'000; });
-    }
-    for (uint32_t r = 0; r < rr.num_rules; ++r) {
-      const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
-      if (ar.rule->consistency != rules::Consistency::kOwner) continue;
-      for (uint32_t j = 0; j < ar.num_limits; ++j) {
-        const rules::AppliedLimit& al = res.limits[ar.first_limit + j];
-        const window::WindowSpec& spec = al.limit->spec;
-        const int64_t bucket = window::bucket_of(now_ms, spec.bucket_ms);
-        const uint64_t key = remote_key(al.counter, im.spec_id(spec)) ^
-                             (static_cast<uint64_t>(node) * 0xC2B2AE3D27D4EB4Full);
-        Impl::Credit& c = im.credits[key];
-        if (c.bucket != bucket) c = {bucket, 0, now_ms};
-        c.total = static_cast<uint32_t>(std::min<uint64_t>(UINT32_MAX, c.total + req.hits));
-        c.last_ms = now_ms;
-        raised.push_back({al.counter, spec, node, bucket, c.total});
-      }
-    }
-  }
-  merge(raised, now_ms);
-}
-
-bool Engine::sync_step(SyncCursor& c, size_t max_slots, const std::function<bool(uint64_t)>& owns,
-                       SyncSink& sink) {
-  Impl& im = *impl_;
-  return engine::sync_step({im.shards.get(), im.shard_mask + 1}, im.opt.node_id,
-                           {im.spec_by_id.data(), im.num_specs.load(std::memory_order_acquire)}, c,
-                           max_slots, owns, sink);
 }
 
 }  // namespace sluice::engine

@@ -1,0 +1,228 @@
+// The engine's cluster-facing parts (DESIGN.md, "Cluster"; docs/architecture.md, "The cluster"):
+// merges of other nodes' totals, credits while keys move, sync passes (engine_sync.cc walks the
+// shards), gossip quotas, and what a node in a partial cluster allows (set_capacity).
+#include <algorithm>
+
+#include "engine/engine_impl.h"
+
+namespace sluice::engine {
+
+using rules::CheckError;
+
+uint64_t Engine::Impl::gossip_quota(const Shard& sh, const CounterTable& dt, size_t di,
+                                    uint32_t spec_id, uint64_t limit, uint64_t cap) const {
+  __extension__ typedef unsigned __int128 u128;
+  const auto r = static_cast<int64_t>(dt.ring());
+  const int64_t bms = dt.spec().bucket_ms;
+  const int64_t head = dt.head_at(di);
+  const int64_t horizon = std::clamp<int64_t>((kDemandHorizonMs + bms - 1) / bms, 1, r - 1);
+  const int64_t lag = std::clamp<int64_t>(
+      (gossip_lag_ms.load(std::memory_order_relaxed) + bms - 1) / bms, 0, r - 1 - horizon);
+  const std::vector<RemoteRing>* nodes = nullptr;
+  if (dt.has_remote(di)) {
+    const auto it = sh.remote.find(remote_key(dt.counter_at(di), spec_id));
+    if (it != sh.remote.end()) nodes = &it->second;
+  }
+  const auto pos_of = [r](int64_t b) { return static_cast<size_t>(((b % r) + r) % r); };
+  struct Sums {
+    u128 mine = 0, before = 0, total = 0;
+  };
+  const auto sums = [&](int64_t from, int64_t to) {
+    Sums out;
+    for (int64_t b = from; b <= to; ++b)
+      out.mine += dt.own(di)[pos_of(b)];
+    out.total = out.mine;
+    if (nodes == nullptr) return out;
+    for (const RemoteRing& n : *nodes) {
+      if (n.node == opt.node_id || n.buckets.empty()) continue;
+      u128 d = 0;
+      for (int64_t b = from; b <= to; ++b) {
+        const auto& e = n.buckets[pos_of(b)];
+        if (e.first == b) d += e.second;
+      }
+      out.total += d;
+      if (n.node < opt.node_id) out.before += d;
+    }
+    return out;
+  };
+  constexpr u128 kOne = static_cast<u128>(1) << 32;
+  const u128 offset = (dt.counter_at(di) * 0x9E3779B97F4A7C15ull) >> 32;  // [0, 1) x 2^32
+  Sums s = sums(head - lag - horizon + 1, head - lag);
+  // The range must hold demand from its start: otherwise the key only just got traffic, and
+  // the nodes' views of the range may not agree yet.
+  const Sums first_half = sums(head - lag - horizon + 1, head - lag - horizon / 2);
+  if (s.total == 0 || first_half.total == 0) {
+    // Nobody's demand is old enough to be known everywhere (a key just getting traffic): an
+    // equal part of the limit per member, rounded up or down by a per-node offset, so that the
+    // parts add up to the limit on average and a burst on a cold key stays within it.
+    const uint64_t members = std::max<uint64_t>(1, cap & 0xFFFFFFFFu);
+    const u128 mine = (dt.counter_at(di) + opt.node_id * 0x9E3779B97F4A7C15ull) >> 32;
+    return static_cast<uint64_t>((static_cast<u128>(limit) * kOne + mine * members) /
+                                 (members * kOne));
+  }
+  if (s.mine == 0) s = sums(head - lag - horizon + 1, head);  // demand that just moved here
+  const u128 l = limit;
+  const u128 hi = (l * (s.before + s.mine) * kOne + offset * s.total) / (s.total * kOne);
+  const u128 lo = (l * s.before * kOne + offset * s.total) / (s.total * kOne);
+  return static_cast<uint64_t>(hi - lo);
+}
+
+size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
+  Impl& im = *impl_;
+  size_t changed = 0;
+  std::array<uint64_t, 1> no_pins{};
+  for (const RemoteTotal& t : totals) {
+    if (t.counter == 0 || !window::validate(t.spec).empty()) continue;
+    const uint32_t spec_id = im.spec_id(t.spec);
+    Shard& sh = im.shards[t.counter & im.shard_mask];
+    std::lock_guard g(sh.lock);
+    CounterTable& tbl = im.table(sh, spec_id);
+    bool inserted = false;
+    const int64_t found = im.find_or_insert(sh, tbl, spec_id, t.counter, now_ms, no_pins, inserted);
+    if (found < 0) continue;
+    const auto i = static_cast<size_t>(found);
+    const int64_t bms = t.spec.bucket_ms;
+    const int64_t now_eff = window::effective_now(now_ms, tbl.head_at(i), bms);
+    // A peer's clock may run slightly ahead: let its bucket open the ring, never go back.
+    const int64_t target = std::max(window::bucket_of(now_eff, bms), t.bucket);
+    tbl.set_head(i, window::advance(tbl.own(i), tbl.others(i), tbl.head_at(i), target));
+    const int64_t head = tbl.head_at(i);
+    const auto ring = static_cast<int64_t>(tbl.ring());
+    if (t.bucket <= head - ring) continue;  // left the ring: outside every window
+    auto& nodes = sh.remote[remote_key(t.counter, spec_id)];
+    if (t.node == im.opt.node_id) {
+      // What the cluster knows we counted. Remembered (acknowledged hits),
+      // and never lower than our own count, unless we lost some (a restart after kill -9).
+      const auto pos = static_cast<size_t>(((t.bucket % ring) + ring) % ring);
+      tbl.set_remote(i);
+      RemoteRing* self_ring = nullptr;
+      for (auto& n : nodes) {
+        if (n.node == t.node) self_ring = &n;
+      }
+      if (self_ring == nullptr) {
+        self_ring = &nodes.emplace_back(RemoteRing{t.node, {}});
+        self_ring->buckets.assign(tbl.ring(), {INT64_MIN, 0});
+      }
+      auto& ack = self_ring->buckets[pos];
+      if (ack.first < t.bucket || (ack.first == t.bucket && ack.second < t.total)) {
+        ack = {t.bucket, t.total};
+      }
+      uint32_t& mine = tbl.own(i)[pos];
+      if (t.total <= mine) continue;
+      mine = t.total;
+      tbl.set_flags(i, CounterTable::kDirtyFlag);
+      ++changed;
+      continue;
+    }
+    tbl.set_remote(i);
+    RemoteRing* rr = nullptr;
+    for (auto& n : nodes) {
+      if (n.node == t.node) rr = &n;
+    }
+    if (rr == nullptr) {
+      rr = &nodes.emplace_back(RemoteRing{t.node, {}});
+      rr->buckets.assign(tbl.ring(), {INT64_MIN, 0});
+    }
+    auto& slot = rr->buckets[static_cast<size_t>(((t.bucket % ring) + ring) % ring)];
+    const uint32_t known = slot.first == t.bucket ? slot.second : 0;
+    if (t.total <= known) continue;  // a duplicate or an older report
+    window::add(tbl.others(i), t.bucket, t.total - known);
+    set_changed(
+        sh, tbl, i, spec_id,
+        CounterTable::kDirtyFlag | CounterTable::kRemoteChangedFlag | CounterTable::kRecentFlag);
+    slot = {t.bucket, t.total};
+    ++changed;
+  }
+  return changed;
+}
+
+void Engine::mark_all_changed_for_sync() {
+  Impl& im = *impl_;
+  for (uint32_t n = 0; n <= im.shard_mask; ++n) {
+    Shard& sh = im.shards[n];
+    std::lock_guard g(sh.lock);
+    for (const auto& t : sh.owned) {
+      if (t == nullptr) continue;
+      for (size_t i = 0; i < t->capacity(); ++i) {
+        if (t->occupied(i)) t->set_flags(i, CounterTable::kRecentFlag);
+      }
+    }
+  }
+}
+
+uint16_t Engine::node_id() const {
+  return impl_->opt.node_id;
+}
+
+std::optional<uint64_t> Engine::owner_routing_key(const rules::CheckRequest& req, int64_t now_ms) {
+  thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread
+  const State& st = impl_->current_state();
+  res.clear();
+  const rules::ResolvedRequest rr = st.policy->resolve(req, now_ms, res);
+  if (rr.error != CheckError::kNone || rr.allowlisted) return std::nullopt;
+  for (uint32_t r = 0; r < rr.num_rules; ++r) {
+    const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
+    if (ar.rule->consistency == rules::Consistency::kOwner && ar.num_limits > 0) {
+      return rules::routing_key(res.limits[ar.first_limit].counter);
+    }
+  }
+  return std::nullopt;
+}
+
+void Engine::set_gossip_lag(int64_t ms) {
+  impl_->gossip_lag_ms.store(std::max<int64_t>(ms, 0), std::memory_order_relaxed);
+}
+
+void Engine::set_capacity(uint32_t reachable, uint32_t expected) {
+  impl_->capacity.store(static_cast<uint64_t>(reachable) << 32 | expected,
+                        std::memory_order_relaxed);
+}
+
+void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_ms) {
+  Impl& im = *impl_;
+  if (req.hits == 0 || node == im.opt.node_id) return;
+  thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread
+  thread_local std::vector<RemoteTotal> raised;
+  const State& st = im.current_state();
+  res.clear();
+  raised.clear();
+  const rules::ResolvedRequest rr = st.policy->resolve(req, now_ms, res);
+  if (rr.error != CheckError::kNone || rr.allowlisted) return;
+  {
+    // The credits themselves are kept apart, per counter, node and bucket, and what is merged is
+    // their sum: merge keeps the larger of it and the node's own reports, both lower bounds of
+    // its total, so a report that already holds a credited hit (it may overtake the answer)
+    // never makes it count twice. Kept only while keys move (a join): a few entries.
+    std::lock_guard g(im.credit_mu);
+    if (im.credits.size() > 4096) {
+      std::erase_if(im.credits, [&](const auto& e) { return now_ms - e.second.last_ms > 600'000; });
+    }
+    for (uint32_t r = 0; r < rr.num_rules; ++r) {
+      const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
+      if (ar.rule->consistency != rules::Consistency::kOwner) continue;
+      for (uint32_t j = 0; j < ar.num_limits; ++j) {
+        const rules::AppliedLimit& al = res.limits[ar.first_limit + j];
+        const window::WindowSpec& spec = al.limit->spec;
+        const int64_t bucket = window::bucket_of(now_ms, spec.bucket_ms);
+        const uint64_t key = remote_key(al.counter, im.spec_id(spec)) ^
+                             (static_cast<uint64_t>(node) * 0xC2B2AE3D27D4EB4Full);
+        Impl::Credit& c = im.credits[key];
+        if (c.bucket != bucket) c = {bucket, 0, now_ms};
+        c.total = static_cast<uint32_t>(std::min<uint64_t>(UINT32_MAX, c.total + req.hits));
+        c.last_ms = now_ms;
+        raised.push_back({al.counter, spec, node, bucket, c.total});
+      }
+    }
+  }
+  merge(raised, now_ms);
+}
+
+bool Engine::sync_step(SyncCursor& c, size_t max_slots, const std::function<bool(uint64_t)>& owns,
+                       SyncSink& sink) {
+  Impl& im = *impl_;
+  return engine::sync_step({im.shards.get(), im.shard_mask + 1}, im.opt.node_id,
+                           {im.spec_by_id.data(), im.num_specs.load(std::memory_order_acquire)}, c,
+                           max_slots, owns, sink);
+}
+
+}  // namespace sluice::engine

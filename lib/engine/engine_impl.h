@@ -1,0 +1,337 @@
+// Private to lib/engine: the state behind Engine (Engine::Impl), shared by engine.cc (checks,
+// sweeps, inspection, records), engine_cluster.cc (merges of other nodes' totals, credits, sync
+// passes, gossip quotas, reach) and engine_carry.cc. The engine's file comment (engine.h) says
+// what it does; shard.h what a shard holds and which lock guards it.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/counter_table.h"
+#include "engine/engine.h"
+#include "engine/shard.h"
+
+namespace sluice::engine {
+
+constexpr size_t kVictimSample = 32;
+constexpr size_t kNumCheckErrors = 8;
+
+// The immutable per-policy view the hot path needs: the policy and its index maps into the
+// engine's stable spec and stats registries.
+struct State {
+  std::shared_ptr<const rules::Policy> policy;
+  std::vector<uint32_t> spec_ids;
+  std::vector<uint32_t> stats_ids;
+};
+
+// Gossip mode in a cluster (docs/architecture.md, "Gossip quotas"): every limit's counter has a
+// twin that counts demand (every check's hits, admitted or not) in the same buckets. It syncs like
+// any counter, so every node learns how much traffic each node sees for the key, and each node
+// admits, of its own hits in the window, only its demand-weighted quota of the limit. The twin
+// keeps the routing half (high 32 bits: same owner) and the shard bits of its counter.
+constexpr uint64_t kDemandBit = 1ull << 31;
+
+struct Engine::Impl {
+  static uint64_t new_uid();  // a process-wide id per engine (engine.cc)
+  EngineOptions opt;
+  uint64_t uid = new_uid();
+  uint32_t shard_mask;
+  std::unique_ptr<Shard[]> shards;
+
+  // Guards state, specs, stats_names (writers and slow readers). Lock order: state_mu before any
+  // shard lock; code holding a shard lock never takes state_mu.
+  mutable std::mutex state_mu;
+  std::shared_ptr<const State> state;
+  std::atomic<uint64_t> version{0};
+  std::vector<window::WindowSpec> specs;  // engine spec id -> spec
+  // The same, readable without state_mu: an entry is written once, under state_mu, before its id
+  // is published (in a State, or returned to merge), and never changes after.
+  std::array<window::WindowSpec, kMaxSpecs> spec_by_id{};
+  std::atomic<uint32_t> num_specs{0};    // entries of spec_by_id written (release after the write)
+  std::vector<std::string> stats_names;  // engine stats id -> "<domain>/<rule>"
+  std::map<std::string, uint32_t, std::less<>> stats_by_name;
+
+  std::atomic<uint64_t> checks{0};
+  // Gossip quotas: demand older than this has reached every node holding the key (two sync
+  // intervals: a node's report to the owner, the owner's push to the others).
+  std::atomic<int64_t> gossip_lag_ms{200};
+  static constexpr int64_t kDemandHorizonMs = 200;  // demand summed over this much time
+  // credit(): the hits credited per (counter, spec, node) in its latest bucket.
+  struct Credit {
+    int64_t bucket = INT64_MIN;
+    uint32_t total = 0;
+    int64_t last_ms = 0;
+  };
+  std::mutex credit_mu;
+  std::unordered_map<uint64_t, Credit> credits;  // guarded by credit_mu
+  // A cluster with members out of reach (set_capacity): reachable << 32 | expected; 0 = all.
+  std::atomic<uint64_t> capacity{0};
+  std::atomic<uint64_t> allowlisted{0};
+  std::atomic<uint64_t> no_room{0};
+  std::array<std::atomic<uint64_t>, kNumCheckErrors> rejected{};
+
+  explicit Impl(EngineOptions o) : opt(o) {
+    uint32_t n = std::clamp<uint32_t>(o.shards, 1, 64);
+    n = std::bit_floor(n);
+    opt.shards = n;
+    shard_mask = n - 1;
+    shards = std::make_unique<Shard[]>(n);
+    for (uint32_t i = 0; i < n; ++i)
+      shards[i].budget = opt.memory_cap_bytes / n;
+  }
+
+  // Registers the policy's specs and rules; called with state_mu held.
+  std::shared_ptr<const State> build_state(std::shared_ptr<const rules::Policy> p) {
+    auto s = std::make_shared<State>();
+    for (const auto& spec : p->window_specs())
+      s->spec_ids.push_back(spec_id_locked(spec));
+    for (uint32_t i = 0; i < p->num_stats_slots(); ++i) {
+      const std::string_view name = p->stats_name(i);
+      auto it = stats_by_name.find(name);
+      if (it == stats_by_name.end()) {
+        it = stats_by_name.emplace(std::string(name), static_cast<uint32_t>(stats_names.size()))
+                 .first;
+        stats_names.emplace_back(name);
+      }
+      s->stats_ids.push_back(it->second);
+    }
+    for (uint32_t i = 0; i <= shard_mask; ++i) {
+      Shard& sh = shards[i];
+      std::lock_guard g(sh.lock);
+      if (sh.rule_stats.size() < stats_names.size()) sh.rule_stats.resize(stats_names.size());
+    }
+    s->policy = std::move(p);
+    return s;
+  }
+
+  // Stable id of a spec; registers it (tables are created lazily per shard). state_mu held.
+  uint32_t spec_id_locked(const window::WindowSpec& spec) {
+    for (uint32_t i = 0; i < specs.size(); ++i) {
+      if (specs[i] == spec) return i;
+    }
+    if (specs.size() >= kMaxSpecs) {
+      // More distinct windows than any sane rule set uses; reuse the last id would corrupt
+      // counts, so refuse loudly (rules validation keeps real configs far below this).
+      throw std::length_error("sluice engine: more than 256 distinct window specs");
+    }
+    spec_by_id[specs.size()] = spec;
+    specs.push_back(spec);
+    num_specs.store(static_cast<uint32_t>(specs.size()), std::memory_order_release);
+    return static_cast<uint32_t>(specs.size() - 1);
+  }
+
+  // The id of a spec, without state_mu when it is already registered (imports and merges look
+  // one up per record).
+  uint32_t spec_id(const window::WindowSpec& spec) {
+    const uint32_t n = num_specs.load(std::memory_order_acquire);
+    for (uint32_t i = 0; i < n; ++i) {
+      if (spec_by_id[i] == spec) return i;
+    }
+    std::lock_guard g(state_mu);
+    return spec_id_locked(spec);
+  }
+
+  // The policy snapshot this thread last used, re-read only when the version moved (engine.cc).
+  const State& current_state();
+
+  CounterTable& table(Shard& sh, uint32_t spec_id) {
+    CounterTable* t = sh.tables[spec_id].load(std::memory_order_relaxed);
+    if (t != nullptr) return *t;
+    // Called with shard locks held: must not take state_mu (set_policy holds state_mu while it
+    // takes shard locks). spec_by_id[spec_id] was written before the id was handed out.
+    if (sh.owned.size() <= spec_id) sh.owned.resize(spec_id + 1);
+    sh.owned[spec_id] = std::make_unique<CounterTable>(spec_by_id[spec_id]);
+    t = sh.owned[spec_id].get();
+    sh.tables[spec_id].store(t, std::memory_order_release);
+    return *t;
+  }
+
+  void drop_remote(Shard& sh, uint64_t counter, uint32_t spec_id) {
+    sh.remote.erase(remote_key(counter, spec_id));
+  }
+
+  // Forgets what only the table's slot `i` refers to, just before the slot is erased.
+  void forget(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id);
+
+  size_t erase_expired(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms) {
+    const size_t n = t.erase_expired(now_ms, [&](size_t i) { forget(sh, t, i, spec_id); });
+    sh.evicted_expired += n;
+    return n;
+  }
+
+  bool try_grow(Shard& sh, CounterTable& t) {
+    const size_t cap = t.grown_capacity();
+    const uint64_t extra = CounterTable::bytes_for(cap, t.spec()) - t.bytes();
+    if (sh.bytes + extra > sh.budget) return false;
+    sh.bytes += extra;
+    t.rehash(cap);
+    return true;
+  }
+
+  // Returns memory to the shard from tables that are mostly empty.
+  void shrink_if_sparse(Shard& sh, CounterTable& t) {
+    if (t.capacity() <= CounterTable::kMinCapacity || t.size() * 4 >= t.capacity()) return;
+    const uint64_t before = t.bytes();
+    t.rehash(std::max(CounterTable::kMinCapacity, t.size() * 2));
+    sh.bytes = sh.bytes - before + t.bytes();
+  }
+
+  // Makes room for one more counter in `t` (see the file comment of engine.h for the order).
+  // Returns false only when the table has no storage and the budget allows none.
+  bool make_room(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms,
+                 std::span<const uint64_t> pinned) {
+    if (!t.full()) return true;
+    if (t.capacity() > 0 && t.may_have_expired(now_ms)) {
+      erase_expired(sh, t, spec_id, now_ms);
+      if (!t.full()) return true;
+    }
+    if (try_grow(sh, t)) return true;
+    // Other tables of this shard may hold expired counters and spare capacity.
+    for (size_t id = 0; id < sh.owned.size(); ++id) {
+      CounterTable* o = sh.owned[id].get();
+      if (o == nullptr || o == &t) continue;
+      if (o->may_have_expired(now_ms)) erase_expired(sh, *o, static_cast<uint32_t>(id), now_ms);
+      shrink_if_sparse(sh, *o);
+    }
+    if (try_grow(sh, t)) return true;
+    if (t.capacity() == 0) return false;
+    // Every counter left in this table is live: evict the one that matters least.
+    const int64_t victim = t.pick_victim(now_ms, pinned, kVictimSample);
+    if (victim < 0) return false;
+    const auto v = static_cast<size_t>(victim);
+    forget(sh, t, v, spec_id);
+    t.erase_at(v);
+    ++sh.evicted_live;
+    return true;
+  }
+
+  // Finds or creates a counter's slot. Returns -1 when no room can be made.
+  int64_t find_or_insert(Shard& sh, CounterTable& t, uint32_t spec_id, uint64_t counter,
+                         int64_t now_ms, std::span<const uint64_t> pinned, bool& inserted) {
+    int64_t i = t.find(counter);
+    if (i >= 0) return i;
+    if (!make_room(sh, t, spec_id, now_ms, pinned)) return -1;
+    inserted = true;
+    return static_cast<int64_t>(
+        t.insert_new(counter, window::bucket_of(now_ms, t.spec().bucket_ms)));
+  }
+
+  // Shards are locked in ascending order, so two requests never wait on each other in a cycle.
+  void lock_shards(uint64_t set) {
+    for (uint64_t m = set; m != 0; m &= m - 1)
+      shards[static_cast<size_t>(std::countr_zero(m))].lock.lock();
+  }
+  void unlock_shards(uint64_t set) {
+    for (uint64_t m = set; m != 0; m &= m - 1)
+      shards[static_cast<size_t>(std::countr_zero(m))].lock.unlock();
+  }
+
+  // Appends the value of slot `i`'s record (see engine.h) to `out`.
+  void encode_value(const Shard& sh, const CounterTable& t, size_t i, uint32_t spec_id,
+                    std::vector<uint8_t>& out) const;
+
+  // Records that a check left a key at 80 % or more of a limit, or over it (HotKey).
+  void note_hot(Shard& sh, uint64_t counter, uint32_t stats_id, const rules::AppliedRule& ar,
+                const rules::Limit& limit, const rules::CheckRequest& req, uint64_t used,
+                bool exceeded, int64_t now_ms) {
+    const uint64_t lim = limit.requests;
+    HotSlot* slot = nullptr;
+    for (HotSlot& h : sh.hot) {
+      if (h.counter == counter) slot = &h;
+    }
+    if (slot == nullptr) {
+      // A free or stale slot, else the least full one if the new key is at least as full.
+      for (HotSlot& h : sh.hot) {
+        const bool stale = h.counter == 0 || h.last_ms + h.window_ms < now_ms;
+        if (stale) {
+          slot = &h;
+          break;
+        }
+        if (slot == nullptr || h.used * slot->limit < slot->used * h.limit) slot = &h;
+      }
+      if (slot->counter != 0 && slot->last_ms + slot->window_ms >= now_ms &&
+          used * slot->limit < slot->used * lim) {
+        return;
+      }
+      *slot = HotSlot{};
+      slot->counter = counter;
+      slot->first_ms = now_ms;
+      size_t len = 0;
+      for (const std::string& name : ar.rule->key) {
+        for (const rules::Descriptor& d : req.descriptors) {
+          if (d.key != name) continue;
+          for (std::string_view part :
+               {std::string_view(len ? "," : ""), d.key, std::string_view("="), d.value}) {
+            const size_t n = std::min(part.size(), slot->key.size() - len);
+            std::copy_n(part.data(), n, slot->key.data() + len);
+            len += n;
+          }
+          break;
+        }
+      }
+      slot->key_len = static_cast<uint8_t>(len);
+    }
+    slot->stats_id = stats_id;
+    slot->mode = ar.mode;
+    slot->limit = lim;
+    slot->window_ms = limit.spec.window_ms;
+    slot->used = used;
+    slot->last_ms = now_ms;
+    if (exceeded) ++slot->exceeded;
+  }
+
+  void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
+              int64_t now_ms, Fallback fallback, BatchResult& out, Decision& d);
+
+  // Moves a counter's ring to now (its buckets that left the window are zeroed); returns the time
+  // to evaluate it at (window::effective_now).
+  static int64_t bring_to_now(CounterTable& t, size_t i, int64_t now_ms) {
+    const int64_t bms = t.spec().bucket_ms;
+    const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), bms);
+    t.set_head(
+        i, window::advance(t.own(i), t.others(i), t.head_at(i), window::bucket_of(now_eff, bms)));
+    return now_eff;
+  }
+
+  // What a limit allows on this side of the cluster: limit x reachable / expected (see
+  // set_capacity), rounded down; the whole limit when every member is in reach.
+  static uint64_t share_of(uint64_t cap, uint64_t limit) {
+    const uint64_t reachable = cap >> 32;
+    const uint64_t expected = cap & 0xFFFFFFFFu;
+    if (expected == 0 || reachable >= expected) return limit;
+    return limit / expected * reachable + limit % expected * reachable / expected;  // no overflow
+  }
+
+  // A fallback decision's share of `limit` (Fallback): limit / members, times the part of a
+  // window gone since the owner was lost (rounded down; nothing at that moment).
+  static uint64_t fallback_share(uint64_t limit, const Fallback& f, int64_t now_ms,
+                                 int64_t window_ms) {
+    const uint64_t whole = limit / f.members;
+    if (f.since_ms == INT64_MIN || window_ms <= 0 || now_ms - f.since_ms >= window_ms) return whole;
+    if (now_ms <= f.since_ms) return 0;
+    const auto gone = static_cast<double>(now_ms - f.since_ms) / static_cast<double>(window_ms);
+    return static_cast<uint64_t>(static_cast<double>(whole) * gone);  // gone < 1: never above
+  }
+
+  // Gossip mode in a cluster: this node's quota of `limit`, the part of it that this node may
+  // admit of its own hits in the window, by its share of the key's demand (the twin counter
+  // `dt`/`di`: every node's checks, admitted or not). Demand is summed over kDemandHorizonMs of
+  // buckets that end `gossip_lag_ms` ago, which every node holding the key has heard of by then,
+  // so every node works out the same shares, and the quotas, rounded systematically in node-id
+  // order with one offset per key, add up to the limit exactly: budget that frees is claimed by
+  // the node whose quota it is, not by every node at once. A node with no demand in that range
+  // (traffic that just moved to it) uses the newest buckets instead, until its own show there;
+  // when no node has shown demand yet, the whole limit (the check itself is the only demand).
+  uint64_t gossip_quota(const Shard& sh, const CounterTable& dt, size_t di, uint32_t spec_id,
+                        uint64_t limit, uint64_t cap) const;
+};
+
+}  // namespace sluice::engine
