@@ -559,6 +559,21 @@ std::string render_metrics(AdminHttp::State& st) {
           c.sync_totals_in);
     m.one("sluice_handoffs_total", "counter", "Full sync passes after membership changes.",
           c.handoffs);
+    m.family("sluice_override_updates_total", "counter",
+             "Cluster-wide override records, by event: sent (pushes and full tables, per member), "
+             "received, applied (newer than this node's: persisted and in force), known (already "
+             "held), expired (past their horizon), dropped (refused: see "
+             "sluice_peer_dropped_total{reason=~\"override_.*\"}).");
+    m.sample("sluice_override_updates_total", {"event", "sent"}, c.overrides.records_sent);
+    m.sample("sluice_override_updates_total", {"event", "received"}, c.overrides.records_received);
+    m.sample("sluice_override_updates_total", {"event", "applied"}, c.overrides.applied);
+    m.sample("sluice_override_updates_total", {"event", "known"}, c.overrides.known);
+    m.sample("sluice_override_updates_total", {"event", "expired"}, c.overrides.expired);
+    m.sample("sluice_override_updates_total", {"event", "dropped"}, c.overrides.dropped);
+    m.one("sluice_override_records", "gauge",
+          "Override records this node holds, tombstones included (equal on every node once the "
+          "cluster agrees).",
+          c.overrides.records);
     m.one("sluice_membership_deaths_declared_total", "counter",
           "Members this node declared dead when their suspicion timed out.",
           c.membership.deaths_declared);

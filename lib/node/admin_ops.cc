@@ -82,6 +82,16 @@ Json override_json(const rules::Override& o, int64_t now_ms) {
   return j;
 }
 
+// override_json plus the record's cluster version: when it was written and by which node
+// (docs/architecture.md, "Overrides across the cluster").
+Json versioned_override_json(const Node& node, const rules::Override& o, int64_t now_ms) {
+  Json j = override_json(o, now_ms);
+  const auto v = node.override_version(o.domain, o.entries);
+  j["version_ms"] = v ? v->ms : 0;
+  j["origin_node"] = v ? v->node : 0;
+  return j;
+}
+
 // The domain and descriptors every operator body names.
 std::string parse_target(const Json& j, std::string& domain, Entries& entries) {
   if (!j.contains("domain") || !j["domain"].is_string()) return "domain (a string) is required";
@@ -175,7 +185,8 @@ OpsReply set_override(Node& node, const Json& j, bool plan_only) {
   const OpResult r = node.set_override(std::move(o));
   if (!r.ok()) return from_result(r, {});
   const auto stored = node.get_override(domain, entries);
-  return reply(200, Json{{"override", stored ? override_json(*stored, node.now_ms()) : Json()}});
+  return reply(200, Json{{"override", stored ? versioned_override_json(node, *stored, node.now_ms())
+                                              : Json()}});
 }
 
 // A request named by an operator body ({"domain", "descriptors"}), resolved against the rules
@@ -391,6 +402,18 @@ Json cluster_json(const ClusterStatus& c) {
                         {"batches_out", c.sync_batches_out},
                         {"totals_in", c.sync_totals_in},
                         {"handoffs", c.handoffs}}},
+              {"overrides", {{"records", c.overrides.records},
+                             {"digest", c.overrides.hash},
+                             {"records_sent", c.overrides.records_sent},
+                             {"records_received", c.overrides.records_received},
+                             {"applied", c.overrides.applied},
+                             {"known", c.overrides.known},
+                             {"expired", c.overrides.expired},
+                             {"dropped", c.overrides.dropped},
+                             {"pushes_sent", c.overrides.pushes_sent},
+                             {"digests_sent", c.overrides.digests_sent},
+                             {"digests_received", c.overrides.digests_received},
+                             {"full_sent", c.overrides.full_sent}}},
               {"membership", {{"probes_sent", ms.probes_sent},
                               {"probes_failed", ms.probes_failed},
                               {"suspicions_raised", ms.suspicions_raised},
@@ -478,7 +501,7 @@ std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::str
       const int64_t now = node.now_ms();
       Json list = Json::array();
       for (const rules::Override& o : node.list_overrides()) {
-        if (!domain || o.domain == *domain) list.push_back(override_json(o, now));
+        if (!domain || o.domain == *domain) list.push_back(versioned_override_json(node, o, now));
       }
       return reply(200, Json{{"overrides", std::move(list)}});
     }
@@ -497,7 +520,7 @@ std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::str
       if (path == "/v1/overrides/get") {
         const auto o = node.get_override(domain, entries);
         if (!o) return error(404, "no override for these descriptors");
-        return reply(200, Json{{"override", override_json(*o, node.now_ms())}});
+        return reply(200, Json{{"override", versioned_override_json(node, *o, node.now_ms())}});
       }
       return from_result(node.delete_override(domain, entries), Json{{"deleted", true}});
     });

@@ -253,7 +253,13 @@ class Node {
       const std::string& domain,
       std::span<const std::pair<std::string, std::string>> entries) const;
   std::vector<rules::Override> list_overrides() const;
-  // Drops overrides whose TTL ran out (they already stopped applying) from memory and disk.
+  // The cluster version of an override's record (when it was written, and by which node), or of
+  // its tombstone; nullopt when this node holds neither. Thread-safe.
+  std::optional<cluster::OverrideVersion> override_version(
+      const std::string& domain,
+      std::span<const std::pair<std::string, std::string>> entries) const;
+  // Drops overrides whose TTL ran out (they already stopped applying), and forgets records past
+  // their horizon (docs/architecture.md, "Overrides across the cluster") from memory and disk.
   size_t prune_overrides();
 
   // The cluster as this node sees it (enabled = false for a single node). Any thread; waits for

@@ -16,6 +16,7 @@
 #include "cluster/delta_sync.h"
 #include "cluster/peer_codec.h"
 #include "node/node_state.h"
+#include "node/override_sync.h"
 
 namespace sluice::node {
 
@@ -181,10 +182,33 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
         st.engine->merge(msg.sync.totals, now);
         break;
       }
+      case cluster::PeerKind::kOverrides:
+        if (overrides) overrides->on_message(msg.overrides);
+        break;
       default:
         ++dropped["unknown_kind"];
         break;
     }
+  }
+
+  // Cluster-wide overrides (override_sync.h): sealed and sent like every peer datagram.
+  bool send_overrides(NodeId to, const cluster::OverrideSyncMessage& m) {
+    const auto member = members_by_id.find(to);
+    if (member == members_by_id.end()) return false;
+    const cluster::PeerError e = codec->seal(m, st.opt.clock(), out);
+    if (e != cluster::PeerError::kOk) {
+      spdlog::warn("cluster: overrides for node {} not sealed: {}", to, cluster::to_string(e));
+      return false;
+    }
+    send_raw(cluster::peer_endpoint(member->second), out);
+    return true;
+  }
+  std::vector<NodeId> live_others() const {
+    std::vector<NodeId> ids;
+    for (const auto& [id, m] : members_by_id) {
+      if (id != opt.node_id && in_ring(m)) ids.push_back(id);
+    }
+    return ids;
   }
 
   // ---- timers ----
@@ -443,6 +467,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::unique_ptr<cluster::PeerCodec> codec;
   std::unique_ptr<cluster::Membership> membership;
   std::unique_ptr<cluster::DeltaSync> delta;
+  std::unique_ptr<OverrideSync> overrides;  // created by start()
   std::map<NodeId, Member> members_by_id;  // as membership reported them (control thread)
   cluster::HashRing ring{2};
   bool ring_changed = false;
@@ -532,6 +557,11 @@ void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
       seeds.push_back({r.endpoint().address().to_string(), r.endpoint().port()});
     }
   }
+  c.overrides = std::make_unique<OverrideSync>(
+      c.io, c.st, c.codec->limits(),
+      [&c](NodeId to, const cluster::OverrideSyncMessage& m) { return c.send_overrides(to, m); },
+      [&c] { return c.live_others(); }, c.dropped, c.boot_id ^ (uint64_t{c.opt.node_id} << 48));
+  c.overrides->start();
   c.receive();
   const int64_t now = c.st.opt.clock();
   c.last_resend_ms = now;
@@ -560,6 +590,7 @@ void ClusterNode::stop() {
   Impl& c = *impl_;
   if (c.stopped) return;
   c.stopped = true;
+  if (c.overrides) c.overrides->stop();
   boost::system::error_code ec;
   c.tick_timer.cancel();
   c.sync_timer.cancel();
@@ -635,6 +666,7 @@ ClusterStatus ClusterNode::status() const {
   s.sync_batches_out = c.delta->stats().batches;
   s.sync_totals_in = c.sync_totals_in;
   s.handoffs = c.handoffs;
+  if (c.overrides) s.overrides = c.overrides->stats();
   return s;
 }
 

@@ -27,6 +27,7 @@
 #include "cluster/hash_ring.h"
 #include "cluster/membership.h"
 #include "cluster/messages.h"
+#include "node/override_sync.h"
 
 namespace boost::asio {
 class io_context;
@@ -54,6 +55,7 @@ struct ClusterStatus {
   uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0;
   uint64_t sync_passes = 0, sync_totals_out = 0, sync_totals_in = 0, sync_batches_out = 0;
   uint64_t handoffs = 0;  // full passes after membership changes
+  OverrideSyncStats overrides;  // cluster-wide overrides (override_sync.h)
   size_t replicas = 0;
   // Members out of reach (docs/architecture.md): every limit allows reachable / expected here.
   uint32_t reachable = 1, expected = 1;

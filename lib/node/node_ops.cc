@@ -60,20 +60,31 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
 
   if (!opt.data_dir.empty()) {
     store = store::Store::open(opt.data_dir, opt.init_data);  // StoreError: a runtime_error
-    for (rules::Override& ov : store->load_overrides()) {
+    std::vector<std::string> forgotten;
+    for (cluster::OverrideRecord& rec : store->load_override_records()) {
+      const rules::Override& ov = rec.value;
       const std::string who = describe(ov.domain, ov.entries);
+      if (override_records.horizon_ms(rec) <= started_ms) {
+        forgotten.push_back(cluster::record_id(rec));
+        spdlog::info("override {} {} while the node was down: forgotten", who,
+                     rec.deleted ? "tombstone expired" : "expired");
+        continue;
+      }
+      override_records.merge(rec, started_ms);
+      if (rec.deleted) continue;
       if (ov.expires_at_ms != 0 && ov.expires_at_ms <= started_ms) {
-        store->delete_override(ov.domain, ov.entries);
-        spdlog::info("override {} expired while the node was down: deleted", who);
+        spdlog::info("override {} expired while the node was down (its record stays until {})",
+                     who, override_records.horizon_ms(rec));
         continue;
       }
       if (std::string why = check_applies_locked(ov); !why.empty()) {
         spdlog::warn("override {} has no effect under the current rules (kept): {}", who, why);
       }
-      if (std::string err = overrides.set(std::move(ov)); !err.empty()) {
+      if (std::string err = overrides.set(ov); !err.empty()) {
         spdlog::warn("stored override {} is invalid and ignored: {}", who, err);
       }
     }
+    store->erase_override_records(forgotten);
   } else {
     spdlog::warn("no data directory: counters and overrides live in memory only");
   }
@@ -172,25 +183,48 @@ std::string NodeState::check_applies_locked(const rules::Override& o) const {
   return {};
 }
 
+// A local write: stamped with a version above the one it replaces, checked as the peers will
+// check it, durable, applied, then handed to the cluster.
+OpResult NodeState::write_record_locked(cluster::OverrideRecord rec) {
+  using K = OpResult::Kind;
+  const int64_t now = opt.clock();
+  const rules::Override& o = rec.value;
+  rec.version = override_records.next_version(cluster::record_id(rec), override_writer(), now);
+  if (std::string why = cluster::check_record(rec, now); !why.empty()) {
+    return {K::kInvalid, why.substr(why.find(':') + 2)};
+  }
+  // Durable first: an override is acknowledged only once it is on disk.
+  if (store) {
+    try {
+      store->put_override_records({&rec, 1});
+    } catch (const store::StoreError& e) {
+      spdlog::error("override {} not {}: {}", describe(o.domain, o.entries),
+                    rec.deleted ? "deleted" : "set", e.what());
+      return {K::kStorage, e.what()};
+    }
+  }
+  if (rec.deleted) {
+    overrides.del(o.domain, o.entries);
+  } else {
+    overrides.set(o);
+  }
+  apply_locked();
+  spdlog::info("override {}: {} (version {}/{})", rec.deleted ? "deleted" : "set",
+               describe(o.domain, o.entries), rec.version.ms, rec.version.node);
+  override_records.merge(rec, now);
+  if (on_local_override) on_local_override(rec);
+  return {};
+}
+
 OpResult NodeState::set_override(rules::Override o) {
   using K = OpResult::Kind;
   std::lock_guard g(rules_mu);
   rules::Overrides next = overrides;
   if (std::string err = next.set(o); !err.empty()) return {K::kInvalid, err};
   if (std::string why = check_applies_locked(o); !why.empty()) return {K::kInvalid, why};
-  // Durable first: an override is acknowledged only once it is on disk.
-  if (store) {
-    try {
-      store->put_override(*next.get(o.domain, o.entries));
-    } catch (const store::StoreError& e) {
-      spdlog::error("override {} not set: {}", describe(o.domain, o.entries), e.what());
-      return {K::kStorage, e.what()};
-    }
-  }
-  overrides = std::move(next);
-  apply_locked();
-  spdlog::info("override set: {}", describe(o.domain, o.entries));
-  return {};
+  cluster::OverrideRecord rec;
+  rec.value = *next.get(o.domain, o.entries);  // entries sorted
+  return write_record_locked(std::move(rec));
 }
 
 OpResult NodeState::delete_override(const std::string& domain,
@@ -200,17 +234,11 @@ OpResult NodeState::delete_override(const std::string& domain,
   if (overrides.get(domain, entries) == nullptr) {
     return {K::kNotFound, "no override for " + describe(domain, entries)};
   }
-  if (store) {
-    try {
-      store->delete_override(domain, entries);
-    } catch (const store::StoreError& e) {
-      return {K::kStorage, e.what()};
-    }
-  }
-  overrides.del(domain, entries);
-  apply_locked();
-  spdlog::info("override deleted: {}", describe(domain, entries));
-  return {};
+  cluster::OverrideRecord rec;
+  rec.value.domain = domain;
+  rec.value.entries.assign(entries.begin(), entries.end());
+  rec.deleted = true;
+  return write_record_locked(std::move(rec));
 }
 
 size_t NodeState::prune_overrides() {
@@ -219,21 +247,100 @@ size_t NodeState::prune_overrides() {
   size_t n = 0;
   for (const rules::Override& o : overrides.list()) {
     if (o.expires_at_ms == 0 || o.expires_at_ms > now) continue;
-    if (store) {
-      try {
-        store->delete_override(o.domain, o.entries);
-      } catch (const store::StoreError& e) {
-        spdlog::warn("expired override {} stays on disk for now: {}", describe(o.domain, o.entries),
-                     e.what());
-        continue;
-      }
-    }
+    // Its record stays (on disk too) until its horizon, so that a node that missed the expiry
+    // cannot bring it back; every node prunes it at the same time.
     overrides.del(o.domain, o.entries);
     spdlog::info("override expired: {}", describe(o.domain, o.entries));
     ++n;
   }
   if (n > 0) apply_locked();
+  cluster::OverrideTable next = override_records;
+  const std::vector<std::string> gone = next.forget_expired(now);
+  if (!gone.empty()) {
+    try {
+      if (store) store->erase_override_records(gone);
+      override_records = std::move(next);
+      spdlog::info("{} override records past their horizon forgotten (tombstones and expired "
+                   "overrides older than {} ms)",
+                   gone.size(), override_records.tombstone_ttl_ms());
+    } catch (const store::StoreError& e) {
+      spdlog::warn("{} expired override records stay on disk for now: {}", gone.size(), e.what());
+    }
+  }
   return n;
+}
+
+NodeState::OverrideMerge NodeState::merge_overrides(
+    std::span<const cluster::OverrideRecord> records, uint16_t from) {
+  OverrideMerge m;
+  std::lock_guard g(rules_mu);
+  const int64_t now = opt.clock();
+  std::map<std::string, cluster::OverrideRecord> winners;  // by id: the newest of this batch
+  for (const cluster::OverrideRecord& r : records) {
+    if (std::string why = cluster::check_record(r, now); !why.empty()) {
+      ++m.dropped[std::string(cluster::reason_label(why))];
+      spdlog::warn("override {} from node {} dropped: {}", describe(r.value.domain, r.value.entries),
+                   from, why);
+      continue;
+    }
+    switch (override_records.offer(r, now)) {
+      case cluster::OverrideTable::Offer::kKnown:
+        ++m.known;
+        continue;
+      case cluster::OverrideTable::Offer::kExpired:
+        ++m.expired;
+        continue;
+      case cluster::OverrideTable::Offer::kNewer:
+        break;
+    }
+    auto [it, fresh] = winners.try_emplace(cluster::record_id(r), r);
+    if (!fresh && cluster::newer(r, it->second)) it->second = r;
+  }
+  if (winners.empty()) return m;
+  for (auto& [id, r] : winners)
+    m.applied.push_back(std::move(r));
+  // Durable before applied, as a local write.
+  if (store) {
+    try {
+      store->put_override_records(m.applied);
+    } catch (const store::StoreError& e) {
+      spdlog::error("{} overrides from node {} not stored, so not applied: {}", m.applied.size(),
+                    from, e.what());
+      m.dropped["storage"] += m.applied.size();
+      m.applied.clear();
+      return m;
+    }
+  }
+  for (const cluster::OverrideRecord& r : m.applied) {
+    override_records.merge(r, now);
+    const rules::Override& o = r.value;
+    const std::string who = describe(o.domain, o.entries);
+    if (r.deleted || (o.expires_at_ms != 0 && o.expires_at_ms <= now)) {
+      overrides.del(o.domain, o.entries);
+      spdlog::info("override {} from node {}: {} (version {}/{})",
+                   r.deleted ? "deleted" : "expired", from, who, r.version.ms, r.version.node);
+      continue;
+    }
+    if (std::string why = check_applies_locked(o); !why.empty()) {
+      spdlog::warn("override {} from node {} has no effect under this node's rules (kept): {}",
+                   who, from, why);
+    }
+    overrides.set(o);
+    spdlog::info("override set from node {}: {} (version {}/{})", from, who, r.version.ms,
+                 r.version.node);
+  }
+  apply_locked();
+  return m;
+}
+
+cluster::OverrideDigest NodeState::override_digest() {
+  std::lock_guard g(rules_mu);
+  return override_records.digest(opt.clock());
+}
+
+std::vector<cluster::OverrideRecord> NodeState::override_records_now() {
+  std::lock_guard g(rules_mu);
+  return override_records.records(opt.clock());
 }
 
 // ---- Node's operator API -----------------------------------------------------------------------
@@ -253,6 +360,15 @@ std::optional<rules::Override> Node::get_override(
   const rules::Override* o = state_->overrides.get(domain, entries);
   if (o == nullptr) return std::nullopt;
   return *o;
+}
+
+std::optional<cluster::OverrideVersion> Node::override_version(
+    const std::string& domain, std::span<const std::pair<std::string, std::string>> entries) const {
+  std::lock_guard g(state_->rules_mu);
+  const cluster::OverrideRecord* r =
+      state_->override_records.find(rules::override_id(domain, entries));
+  if (r == nullptr) return std::nullopt;
+  return r->version;
 }
 
 std::vector<rules::Override> Node::list_overrides() const {

@@ -3,10 +3,15 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "cluster/override_table.h"
 #include "engine/engine.h"
 #include "node/node.h"
 #include "rules/rules.h"
@@ -28,7 +33,26 @@ struct NodeState {
   OpResult set_override(rules::Override o);
   OpResult delete_override(const std::string& domain,
                            std::span<const std::pair<std::string, std::string>> entries);
+  // Drops expired overrides from the policy, and records past their horizon (tombstones after
+  // cluster::kDefaultTombstoneTtlMs) from memory and disk.
   size_t prune_overrides();
+
+  // Overrides from other nodes (lib/node/override_sync.h): each record is checked like a local
+  // write (cluster::check_record), the ones newer than this node's are persisted in one batch and
+  // then applied, and the policy is recompiled once.
+  struct OverrideMerge {
+    std::vector<cluster::OverrideRecord> applied;
+    size_t known = 0;    // this node holds it or something newer
+    size_t expired = 0;  // past its horizon
+    std::map<std::string, uint64_t> dropped;  // refused, by reason ("too_long", "storage", ...)
+  };
+  OverrideMerge merge_overrides(std::span<const cluster::OverrideRecord> records, uint16_t from);
+  cluster::OverrideDigest override_digest();
+  std::vector<cluster::OverrideRecord> override_records_now();
+  // The version node id of this node's writes: its cluster node id (0 without a cluster).
+  uint16_t override_writer() const { return opt.cluster.enabled ? opt.cluster.node_id : 0; }
+  // Stamps, checks, persists and applies a local set or delete (rules_mu held).
+  OpResult write_record_locked(cluster::OverrideRecord rec);
   // Why the override cannot take effect under the current rules, or "". rules_mu held.
   std::string check_applies_locked(const rules::Override& o) const;
 
@@ -46,7 +70,11 @@ struct NodeState {
 
   mutable std::mutex rules_mu;  // guards rules and overrides (control paths only)
   rules::RuleSet rules;         // as last parsed from the rules file
-  rules::Overrides overrides;
+  rules::Overrides overrides;   // in force: the live sets of override_records
+  cluster::OverrideTable override_records;  // every version and tombstone (the source of truth)
+  // Called with every record a local write (set, delete) made, under rules_mu, so the cluster
+  // can push it (it must not block). Set once before the admin thread starts; may stay empty.
+  std::function<void(const cluster::OverrideRecord&)> on_local_override;
 
   std::unique_ptr<engine::Engine> engine;
   std::atomic<uint64_t> reloads{0}, reload_failures{0};
