@@ -3,10 +3,11 @@
 // Robin Hood linear probing with backward-shift deletion, so lookups of present keys stay short at
 // high load and erasing leaves no tombstones. Slots are fixed-size runs of 32-bit words (so every
 // access has one type and no aliasing games):
-//   [0..1] counter id (0 = empty slot), [2..3] head bucket number and flags in its top bits
-//   (bit 63: has remote state; 62: changed since the last export; 61: exported at least once;
-//   60/59: own/others' counts changed since the last cluster sync; 58: changed since the last
-//   anti-entropy pass),
+//   [0..1] counter id (0 = empty slot), [2..3] head bucket number (bits 0..39: 2^40 buckets of
+//   at least 10 ms reach the 24th century) and flags in its top bits (bit 63: has remote state;
+//   62: changed since the last export; 61: exported at least once; 60/59: own/others' counts
+//   changed since the last cluster sync; 58: changed since the last anti-entropy pass; 57: holds
+//   counts carried over from other counters; 40..56: the policy epoch it last took them in),
 //   [4 .. 4+R)  own counts, [4+R .. 4+2R) others' counts      (R = ring size of the spec)
 // One slot of a one-minute limit with one-minute buckets (R = 2) is 32 bytes.
 //
@@ -34,8 +35,15 @@ class CounterTable {
   static constexpr uint64_t kOwnChangedFlag = 1ull << 60;     // own counts changed since last sync
   static constexpr uint64_t kRemoteChangedFlag = 1ull << 59;  // others' counts changed since
   static constexpr uint64_t kRecentFlag = 1ull << 58;  // changed since the last anti-entropy pass
+  static constexpr uint64_t kCarriedFlag = 1ull << 57;  // Shard::carried holds rings of it
+  // The policy epoch in which the counter last took its carry-over (engine_carry.cc); 0: never.
+  static constexpr int kEpochShift = 40;
+  static constexpr uint32_t kMaxEpoch = (1u << 17) - 1;
+  static constexpr uint64_t kEpochMask = static_cast<uint64_t>(kMaxEpoch) << kEpochShift;
+  // Everything in the head word that is not the head (set_head keeps it).
   static constexpr uint64_t kFlagMask = kRemoteFlag | kDirtyFlag | kPersistedFlag |
-                                        kOwnChangedFlag | kRemoteChangedFlag | kRecentFlag;
+                                        kOwnChangedFlag | kRemoteChangedFlag | kRecentFlag |
+                                        kCarriedFlag | kEpochMask;
 
   explicit CounterTable(const window::WindowSpec& spec);
 
@@ -75,6 +83,14 @@ class CounterTable {
   void set_flags(size_t i, uint64_t flags) { slot(i)[3] |= static_cast<uint32_t>(flags >> 32); }
   void clear_flags(size_t i, uint64_t flags) { slot(i)[3] &= ~static_cast<uint32_t>(flags >> 32); }
   void set_remote(size_t i) { set_flags(i, kRemoteFlag); }
+  uint32_t epoch_at(size_t i) const {
+    return static_cast<uint32_t>((raw_head(i) & kEpochMask) >> kEpochShift);
+  }
+  void set_epoch(size_t i, uint32_t epoch) {
+    const uint64_t e = static_cast<uint64_t>(epoch & kMaxEpoch) << kEpochShift;
+    slot(i)[3] =
+        static_cast<uint32_t>(((static_cast<uint64_t>(slot(i)[3]) << 32 & ~kEpochMask) | e) >> 32);
+  }
   // The slot's raw words (counter, head with flags, own, others), for export.
   std::span<const uint32_t> words(size_t i) const { return {slot(i), stride_}; }
   std::span<uint32_t> own(size_t i) { return {slot(i) + 4, ring_}; }

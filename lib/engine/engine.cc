@@ -114,6 +114,9 @@ const State& Engine::Impl::current_state() {
 
 void Engine::Impl::forget(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id) {
   if (t.has_remote(i)) drop_remote(sh, t.counter_at(i), spec_id);
+  if (t.has_flag(i, CounterTable::kCarriedFlag)) {
+    sh.carried.erase(remote_key(t.counter_at(i), spec_id));
+  }
   if (t.has_flag(i, CounterTable::kPersistedFlag)) {
     const size_t at = sh.erased_keys.size();
     sh.erased_keys.resize(at + kRecordKeyBytes);
@@ -230,8 +233,13 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
   const uint64_t cap = capacity.load(std::memory_order_relaxed);
   for (size_t k = num_limits; k < num_counters; ++k)  // demand twins
     bring_to_now(*sc.tables[k], sc.slots[k], now_ms);
-  sc.rule_ok.assign(rr.num_rules, 1);
-  sc.limit_ok.assign(num_limits, 1);
+  // Only the first num_rules / num_limits entries are this request's. The vectors only grow, so
+  // a warm check fills them in place (vector::assign is not always inlined, and then costs more
+  // than the fill).
+  if (sc.rule_ok.size() < rr.num_rules) sc.rule_ok.resize(rr.num_rules);
+  if (sc.limit_ok.size() < num_limits) sc.limit_ok.resize(num_limits);
+  std::fill_n(sc.rule_ok.begin(), rr.num_rules, uint8_t{1});
+  std::fill_n(sc.limit_ok.begin(), num_limits, uint8_t{1});
   bool enforce_denied = false;
   bool shadow_denied = false;
   bool dry_denied = false;
@@ -410,6 +418,8 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
       d.allowed = true;
       continue;
     }
+    if (rr.num_carry != 0) [[unlikely]]
+      im.carry_over(st, sc.res, rr, now_ms);
     im.decide(st, batch[n], rr, now_ms, fallback, out, d);
   }
   im.checks.fetch_add(batch.size(), std::memory_order_relaxed);

@@ -19,6 +19,14 @@
 // overrides) is an immutable snapshot swapped with set_policy(); each thread caches it and
 // re-reads only when its version changes. `check` may be called from any number of threads.
 //
+// Overrides keep the counts (engine_carry.cc): a counter's id mixes its window and bucket size, so
+// when an override or plan assignment (set, changed, deleted or expired) moves a key to limits of
+// other windows or buckets, the policy lists the counters the key counted in before
+// (rules::CarrySource), and the first check of each new counter under a new policy seeds it from
+// them: never fewer hits than they held, placed no earlier than they happened. The seeded counts
+// are part of `others` but never synced; every node seeds from what it holds itself, so nothing
+// counts twice. Keys without such sources pay one comparison per check.
+//
 // Memory: the tables of all shards together stay under `memory_cap_bytes`. A table that is full
 // first drops expired counters (every bucket has left the window: nothing is lost); only when no
 // expired counter remains in that table does it evict a live one (the sampled counter with the
@@ -205,7 +213,7 @@ struct SyncCursor {
 struct CounterView {
   int64_t head = 0;           // newest bucket number
   std::vector<uint32_t> own;  // own[i] is bucket head - (ring_size - 1) + i
-  std::vector<uint32_t> others;
+  std::vector<uint32_t> others;  // other nodes' totals, and counts carried over (engine_carry.cc)
   // What each other node reported, aligned like own (a bucket it reported nothing for: 0).
   std::vector<std::pair<uint16_t, std::vector<uint32_t>>> nodes;
 };

@@ -30,6 +30,7 @@ struct State {
   std::shared_ptr<const rules::Policy> policy;
   std::vector<uint32_t> spec_ids;
   std::vector<uint32_t> stats_ids;
+  uint32_t carry_epoch = 0;  // 1..kMaxEpoch, new with every policy (engine_carry.cc)
 };
 
 // Gossip mode in a cluster (docs/architecture.md, "Gossip quotas"): every limit's counter has a
@@ -109,6 +110,9 @@ struct Engine::Impl {
       if (sh.rule_stats.size() < stats_names.size()) sh.rule_stats.resize(stats_names.size());
     }
     s->policy = std::move(p);
+    s->carry_epoch = static_cast<uint32_t>((version.load(std::memory_order_relaxed) + 1) %
+                                           CounterTable::kMaxEpoch) +
+                     1;
     return s;
   }
 
@@ -288,6 +292,17 @@ struct Engine::Impl {
     if (exceeded) ++slot->exceeded;
   }
 
+  // Overrides keep the counts: for a request whose key counted in other counters before (an
+  // override changed: rr.num_carry > 0), seeds each counter of its rules that has not taken its
+  // carry-over under this policy from them (engine_carry.cc). Called before decide(); takes the
+  // locks of the request's shards and of the sources'.
+  struct Carried {
+    uint64_t counter;
+    uint32_t spec_id;
+    uint32_t rule;  // into Resolution::rules
+  };
+  void carry_over(const State& st, const rules::Resolution& res, const rules::ResolvedRequest& rr,
+                  int64_t now_ms);
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, Fallback fallback, BatchResult& out, Decision& d);
 

@@ -64,6 +64,16 @@ struct RemoteRing {
   std::vector<std::pair<int64_t, uint32_t>> buckets;
 };
 
+// Counts a counter took over from another counter of its key when an override changed its limits
+// (engine_carry.cc): per target ring position, the bucket number and the count. They are part of
+// the counter's `others` (so every estimate sees them) but never synced: every node seeds its own
+// from what it holds of the old counters (docs/architecture.md, "Overrides keep the counts").
+struct CarryRing {
+  uint64_t source = 0;       // the counter they came from
+  uint32_t source_spec = 0;  // its engine spec id
+  std::vector<std::pair<int64_t, uint32_t>> buckets;
+};
+
 // A key near or over a limit (see HotKey); a fixed array per shard so tracking never allocates.
 struct HotSlot {
   uint64_t counter = 0;  // 0 = free
@@ -130,6 +140,7 @@ struct Shard {
   std::vector<std::unique_ptr<CounterTable>> owned;              // index = spec id
   std::vector<RuleCounters> rule_stats;                          // index = engine stats id
   std::unordered_map<uint64_t, std::vector<RemoteRing>> remote;  // key: counter ^ spec salt
+  std::unordered_map<uint64_t, std::vector<CarryRing>> carried;  // same key (kCarriedFlag set)
   uint64_t bytes = 0;
   uint64_t budget = 0;
   uint64_t evicted_expired = 0;
@@ -163,6 +174,17 @@ inline CounterTable* table_at_cursor(Shard& sh, uint32_t& table, size_t& slot) {
   }
   return table < sh.owned.size() ? sh.owned[table].get() : nullptr;
 }
+
+// Overrides keep the counts (engine_carry.cc): brings the counter in slot `i` of `t` (engine spec
+// `spec_id`, in `shards[counter & (size - 1)]`), a counter of the request's rule `rule` (into
+// Resolution::rules), to now and seeds it from the counters that rule's key counted in before:
+// the entries of `carry` (the request's CarrySources) for `rule`. `spec_ids` maps policy spec
+// indexes to engine spec ids. Marks the counter as seeded in `epoch` (callers skip a counter whose
+// epoch_at() is that already). The caller holds the locks of the target's shard and of every
+// shard a source lives in.
+void seed_carry(std::span<Shard> shards, CounterTable& t, size_t i, uint32_t spec_id,
+                std::span<const rules::CarrySource> carry, uint32_t rule,
+                std::span<const uint32_t> spec_ids, int64_t now_ms, uint32_t epoch);
 
 // Engine::sync_step over `shards` (engine_sync.cc); `specs` maps spec ids to specs.
 bool sync_step(std::span<Shard> shards, uint16_t node_id, std::span<const window::WindowSpec> specs,

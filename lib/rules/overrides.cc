@@ -60,7 +60,10 @@ std::string Overrides::set(Override o) {
     if (l.requests == 0 || l.requests > kMaxRequests) {
       return "limit " + std::to_string(i + 1) + ": the request count must be from 1 to 2^40";
     }
-    if (std::string why = window::validate(l.spec); !why.empty()) {
+    // bucket_ms 0: no granularity given (the rule's, resolved when the policy is compiled).
+    const window::WindowSpec spec =
+        l.spec.bucket_ms == 0 ? window::make_spec(l.spec.window_ms) : l.spec;
+    if (std::string why = window::validate(spec); !why.empty()) {
       return "limit " + std::to_string(i + 1) + ": window: " + why;
     }
     for (size_t j = 0; j < i; ++j) {

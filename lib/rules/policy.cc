@@ -167,6 +167,191 @@ std::string default_limit_name(std::string_view owner, const Limit& l) {
          format_duration(l.spec.window_ms);
 }
 
+// Past limit sets kept per key (Policy::compile's `previous`): a key whose override changes more
+// often than this within the longest window keeps the newest ones; an older set's hits then carry
+// only through a newer set's counters (seeded when the key was checked under that set).
+constexpr size_t kMaxPast = 8;
+
+// The limits a rule applies to a request when no override gives limits: its own, or the plan the
+// request names (else the rule's default plan).
+LimitSpan base_limits(const CompiledDomain& cd, const CompiledRule& cr,
+                      std::span<const Descriptor> desc) {
+  if (cr.uses_plans) {
+    if (const std::string_view* plan = find_value(desc, cr.rule->plan_from)) {
+      for (const CompiledPlan& cp : cd.plans) {
+        if (cp.name == *plan) return cp.limits;
+      }
+    }
+  }
+  return cr.limits;
+}
+
+// The spec of an override limit that names no granularity (bucket_ms 0): the bucket of the rule's
+// limit with the same window, so it counts in the same counter; else the finest of the rule's
+// buckets that divides the window into at most kMaxBuckets; else the window's default.
+window::WindowSpec inherited_spec(int64_t window_ms, std::span<const LimitRef> rule_limits) {
+  for (const LimitRef& lr : rule_limits) {
+    if (lr.limit->spec.window_ms == window_ms) return lr.limit->spec;
+  }
+  int64_t bucket = 0;
+  for (const LimitRef& lr : rule_limits) {
+    const int64_t b = lr.limit->spec.bucket_ms;
+    if (window_ms % b == 0 && window_ms / b <= window::kMaxBuckets && (bucket == 0 || b < bucket)) {
+      bucket = b;
+    }
+  }
+  return window::make_spec(window_ms, bucket);
+}
+
+// Appends the counters of the limit sets `e`'s key was under before (an expired override's own,
+// and its past sets still within their windows), one group per set, and returns how many. The
+// set in force (`current`) is skipped: its counters are the ones being used.
+[[gnu::noinline]] uint32_t add_carry(const Policy::Impl& p, const CompiledDomain& cd,
+                                     const CompiledRule& cr, const CompiledOverride& e, uint64_t kh,
+                                     int64_t now_ms, LimitSpan current,
+                                     std::span<const Descriptor> desc, Resolution& out) {
+  const auto rule = static_cast<uint32_t>(out.rules.size());  // the rule being appended
+  uint32_t n = 0;
+  uint32_t group = 0;
+  auto add = [&](LimitSpan s) {
+    if (s.first == current.first && s.count == current.count) return;
+    for (uint32_t i = 0; i < s.count; ++i) {
+      const LimitRef& lr = p.limit_refs[s.first + i];
+      out.carry.push_back(CarrySource{mix_counter(kh, lr.limit->spec), lr.spec_index, rule, group});
+      ++n;
+    }
+    ++group;
+  };
+  if (e.active && e.has_limits && e.expires_at_ms != 0 && now_ms >= e.expires_at_ms) add(e.limits);
+  for (uint32_t k = 0; k < e.num_past; ++k) {
+    const PastLimits& pl = p.past[e.first_past + k];
+    if (pl.until_ms > now_ms) add(pl.base ? base_limits(cd, cr, desc) : pl.limits);
+  }
+  return n;
+}
+
+// Policy::compile with a previous policy: what each key whose limits change was under before.
+class CarryHistory {
+ public:
+  CarryHistory(Policy::Impl& p, const Policy::Impl& prev, int64_t now_ms)
+      : p_(p), prev_(prev), now_(now_ms) {
+    for (const window::WindowSpec& spec : p_.specs)
+      horizon_ = std::max(horizon_, spec.window_ms + spec.bucket_ms);
+    for (CompiledDomain& cd : p_.domains) {
+      for (CompiledRule& cr : cd.rules)
+        by_name_.emplace(p_.stats_names[cr.stats_index], std::pair{&cd, &cr});
+    }
+  }
+
+  // `spec_index` registers a spec in the new policy.
+  template <class SpecIndex>
+  void build(SpecIndex&& spec_index) {
+    // Keys with an override now and none before: they were under the rule's limits.
+    for (auto& [kh, e] : p_.overrides) {
+      if (prev_.overrides.count(kh) != 0 || !in_force_with_limits(e)) continue;
+      if (rule_of(e.stats_index, p_).second == nullptr) continue;
+      past_.clear();
+      past_.push_back({true, {}, now_ + horizon_});
+      e.first_past = static_cast<uint32_t>(p_.past.size());
+      e.num_past = static_cast<uint32_t>(past_.size());
+      p_.past.insert(p_.past.end(), past_.begin(), past_.end());
+    }
+    // Keys the previous policy had an entry for (an override, or a past).
+    for (const auto& [kh, pe] : prev_.overrides) {
+      CompiledRule* cr = rule_of(pe.stats_index, prev_).second;
+      if (cr == nullptr) continue;  // the rule is gone
+      auto nit = p_.overrides.find(kh);
+      CompiledOverride* ne = nit == p_.overrides.end() ? nullptr : &nit->second;
+      if (ne != nullptr && ne->stats_index != cr->stats_index) continue;  // key_hash collision
+      past_.clear();
+      const bool prev_limits = in_force_with_limits(pe);
+      const bool new_limits = ne != nullptr && in_force_with_limits(*ne);
+      const bool same = prev_limits == new_limits &&
+                        (!prev_limits || same_specs(prev_, pe.limits, p_, ne->limits));
+      if (!same) {
+        const int64_t until = now_ + std::max(horizon_, horizon(prev_, pe.limits));
+        if (prev_limits) {
+          past_.push_back({false, copy(pe.limits, spec_index), until});
+        } else {
+          past_.push_back({true, {}, until});
+        }
+      }
+      if (pe.active && pe.has_limits && !prev_limits) {  // expired: out of force since then
+        const int64_t until = pe.expires_at_ms + std::max(horizon_, horizon(prev_, pe.limits));
+        if (until > now_) past_.push_back({false, copy(pe.limits, spec_index), until});
+      }
+      for (uint32_t k = 0; k < pe.num_past && past_.size() < kMaxPast; ++k) {
+        const PastLimits& pl = prev_.past[pe.first_past + k];
+        if (pl.until_ms <= now_) continue;
+        past_.push_back(pl.base ? pl : PastLimits{false, copy(pl.limits, spec_index), pl.until_ms});
+      }
+      if (past_.size() > kMaxPast) past_.resize(kMaxPast);
+      if (past_.empty()) continue;
+      if (ne == nullptr) {
+        CompiledOverride co;
+        co.stats_index = cr->stats_index;
+        co.active = false;
+        ne = &p_.overrides.emplace(kh, co).first->second;
+        cr->has_overrides = true;
+      }
+      ne->first_past = static_cast<uint32_t>(p_.past.size());
+      ne->num_past = static_cast<uint32_t>(past_.size());
+      p_.past.insert(p_.past.end(), past_.begin(), past_.end());
+    }
+  }
+
+ private:
+  bool in_force_with_limits(const CompiledOverride& e) const {
+    return e.active && e.has_limits && (e.expires_at_ms == 0 || now_ < e.expires_at_ms);
+  }
+  // The rule (of the new policy) that stats slot `index` of `of` names.
+  std::pair<CompiledDomain*, CompiledRule*> rule_of(uint32_t index, const Policy::Impl& of) {
+    if (index >= of.stats_names.size()) return {nullptr, nullptr};
+    auto it = by_name_.find(of.stats_names[index]);
+    return it == by_name_.end() ? std::pair<CompiledDomain*, CompiledRule*>{nullptr, nullptr}
+                                : it->second;
+  }
+  // How long after a set stops being used its counters can hold hits in its own windows.
+  static int64_t horizon(const Policy::Impl& of, LimitSpan s) {
+    int64_t h = 0;
+    for (uint32_t i = 0; i < s.count; ++i) {
+      const window::WindowSpec& spec = of.limit_refs[s.first + i].limit->spec;
+      h = std::max(h, spec.window_ms + spec.bucket_ms);
+    }
+    return h;
+  }
+  static bool same_specs(const Policy::Impl& a, LimitSpan sa, const Policy::Impl& b, LimitSpan sb) {
+    if (sa.count != sb.count) return false;
+    for (uint32_t i = 0; i < sa.count; ++i) {
+      const window::WindowSpec& spec = a.limit_refs[sa.first + i].limit->spec;
+      bool found = false;
+      for (uint32_t j = 0; j < sb.count; ++j)
+        found |= b.limit_refs[sb.first + j].limit->spec == spec;
+      if (!found) return false;
+    }
+    return true;
+  }
+  // The previous policy's limits `s`, copied into the new one.
+  template <class SpecIndex>
+  LimitSpan copy(LimitSpan s, SpecIndex& spec_index) {
+    LimitSpan out{static_cast<uint32_t>(p_.limit_refs.size()), s.count};
+    for (uint32_t i = 0; i < s.count; ++i) {
+      const Limit& stored = p_.override_limits.emplace_back(*prev_.limit_refs[s.first + i].limit);
+      p_.limit_refs.push_back({&stored, spec_index(stored.spec)});
+    }
+    return out;
+  }
+
+  Policy::Impl& p_;
+  const Policy::Impl& prev_;
+  int64_t now_;
+  // How long a past set is kept: its counters' hits matter while any limit that may follow can
+  // still see them, so the longest window (and bucket) of any limit of this policy.
+  int64_t horizon_ = 0;
+  std::unordered_map<std::string_view, std::pair<CompiledDomain*, CompiledRule*>> by_name_;
+  std::vector<PastLimits> past_;
+};
+
 }  // namespace
 
 std::string_view to_string(CheckError e) {
@@ -204,12 +389,14 @@ Policy::Policy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Policy::~Policy() = default;
 
 std::shared_ptr<const Policy> Policy::compile(RuleSet rules, const Overrides& overrides,
-                                              uint64_t hash_seed, InputLimits input) {
+                                              uint64_t hash_seed, InputLimits input,
+                                              const Policy* previous, int64_t now_ms) {
   auto impl = std::make_unique<Impl>();
   Impl& p = *impl;
   p.rules = std::move(rules);  // never modified again: everything below points into it
   p.input = input;
   p.hash_seed = hash_seed;
+  p.compiled_at_ms = now_ms;
 
   auto spec_index = [&p](const window::WindowSpec& spec) {
     auto it = std::find(p.specs.begin(), p.specs.end(), spec);
@@ -288,8 +475,16 @@ std::shared_ptr<const Policy> Policy::compile(RuleSet rules, const Overrides& ov
         co.has_limits = true;
         co.limits = {static_cast<uint32_t>(p.limit_refs.size()),
                      static_cast<uint32_t>(o.limits.size())};
+        const std::span<const LimitRef> rule_limits(p.limit_refs.data() + cr.limits.first,
+                                                    cr.limits.count);
+        std::vector<window::WindowSpec> specs;  // limit_refs grows below: resolve them first
         for (const Limit& l : o.limits) {
-          Limit& stored = p.override_limits.emplace_back(l);
+          specs.push_back(l.spec.bucket_ms == 0 ? inherited_spec(l.spec.window_ms, rule_limits)
+                                                : l.spec);
+        }
+        for (size_t i = 0; i < o.limits.size(); ++i) {
+          Limit& stored = p.override_limits.emplace_back(o.limits[i]);
+          stored.spec = specs[i];
           if (stored.name.empty()) stored.name = default_limit_name(r.name, stored);
           p.limit_refs.push_back({&stored, spec_index(stored.spec)});
         }
@@ -304,6 +499,7 @@ std::shared_ptr<const Policy> Policy::compile(RuleSet rules, const Overrides& ov
       if (p.overrides.emplace(hash_values(cr.seed, values), co).second) cr.has_overrides = true;
     }
   }
+  if (previous != nullptr) CarryHistory(p, *previous->impl_, now_ms).build(spec_index);
   return std::shared_ptr<const Policy>(new Policy(std::move(impl)));
 }
 
@@ -311,6 +507,7 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
   const Impl& p = *impl_;
   ResolvedRequest res;
   res.first_rule = static_cast<uint32_t>(out.rules.size());  // valid even when nothing applies
+  res.first_carry = static_cast<uint32_t>(out.carry.size());
   // Validation in a fixed order, so a request with several faults always gets the same answer.
   if (req.domain.empty()) {
     res.error = CheckError::kEmptyDomain;
@@ -374,27 +571,25 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
     if (!complete) continue;
     const uint64_t kh = fits ? key.digest(cr.seed) : hash_long_key(cr.seed, rule.key, desc);
 
-    const CompiledOverride* ov = nullptr;
+    const CompiledOverride* entry = nullptr;  // the key's override, or what it was under before
+    const CompiledOverride* ov = nullptr;     // the override in force
     if (cr.has_overrides) {
       const auto oit = p.overrides.find(kh);
-      if (oit != p.overrides.end() && oit->second.stats_index == cr.stats_index &&
-          (oit->second.expires_at_ms == 0 || now_ms < oit->second.expires_at_ms)) {
-        ov = &oit->second;
+      if (oit != p.overrides.end() && oit->second.stats_index == cr.stats_index) {
+        entry = &oit->second;
+        if (entry->active && (entry->expires_at_ms == 0 || now_ms < entry->expires_at_ms)) {
+          ov = entry;
+        }
       }
     }
     LimitSpan span = cr.limits;
     if (ov != nullptr && ov->has_limits) {
       span = ov->limits;
     } else if (cr.uses_plans) {
-      if (const std::string_view* plan = find_value(desc, rule.plan_from)) {
-        for (const CompiledPlan& cp : cd.plans) {
-          if (cp.name == *plan) {
-            span = cp.limits;
-            break;
-          }
-        }
-      }
+      span = base_limits(cd, cr, desc);
     }
+    if (entry != nullptr)
+      res.num_carry += add_carry(p, cd, cr, *entry, kh, now_ms, span, desc, out);
 
     out.rules.push_back(
         AppliedRule{&rule, cr.stats_index, ov != nullptr && ov->has_mode ? ov->mode : rule.mode,

@@ -51,13 +51,26 @@ struct CompiledDomain {
   std::vector<std::pair<uint64_t, uint32_t>> allow_index;
 };
 
+// A limit set a key was under before its current one, kept while its counters can hold hits
+// inside a window (Policy::compile's `previous`).
+struct PastLimits {
+  bool base = false;     // the rule's own limits (or the request's plan's), resolved per request
+  LimitSpan limits;      // when !base: into Impl::limit_refs
+  int64_t until_ms = 0;  // from then on its counters hold nothing inside any of their windows
+};
+
+// A key's override (`active`), or only what it was under before (an override deleted or pruned
+// after it expired: `active` false, and nothing of the override applies).
 struct CompiledOverride {
   uint32_t stats_index = 0;  // the rule it belongs to; guards against a key_hash collision
-  bool has_limits = false;   // limits (own or an assigned plan's) replace the rule's
+  bool active = true;
+  bool has_limits = false;  // limits (own or an assigned plan's) replace the rule's
   bool has_mode = false;
   Mode mode = Mode::kEnforce;
   LimitSpan limits;
   int64_t expires_at_ms = 0;  // 0 = never
+  uint32_t first_past = 0;    // into Impl::past, newest first
+  uint32_t num_past = 0;
 };
 
 // Views into `rules` stay valid because the Impl lives behind a unique_ptr and `rules` is never
@@ -71,6 +84,8 @@ struct Policy::Impl {
   std::vector<LimitRef> limit_refs;
   std::deque<Limit> override_limits;  // a deque: pointers stay valid while it grows
   std::unordered_map<uint64_t, CompiledOverride> overrides;  // by key_hash
+  std::vector<PastLimits> past;
+  int64_t compiled_at_ms = 0;  // compile's now_ms
   std::vector<window::WindowSpec> specs;
   std::vector<std::string> stats_names;
 };

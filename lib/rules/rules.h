@@ -13,6 +13,12 @@
 // so a rule that survives a reload keeps its counters, a changed window starts a new counter, and
 // a changed limit value (an override, another plan) keeps counting in the same one.
 //
+// Overrides keep the counts: an override (or plan assignment) whose windows or buckets differ from
+// the limits the key was under counts in other counters. The compiled Policy remembers, per key,
+// the limit sets it was under before (while their counts can still be in a window), and resolve
+// lists their counters (`CarrySource`), from which the engine seeds the new ones the first time it
+// uses them after a policy change: the same in reverse when the override is deleted or expires.
+//
 // Thread safety: RuleSet and Overrides are plain values (no internal locking). A Policy is
 // immutable after compile() and may be shared by any number of threads.
 #pragma once
@@ -130,7 +136,11 @@ ParseResult load_rules_file(const std::string& path);
 struct Override {
   std::string domain;
   std::vector<std::pair<std::string, std::string>> entries;  // key=value, any order
-  std::vector<Limit> limits;  // empty = keep the rule's (or plan's) limits
+  // Empty = keep the rule's (or plan's) limits. A limit whose spec.bucket_ms is 0 names no
+  // granularity: it takes the bucket of the rule's limit with the same window (so it keeps
+  // counting in the same counter), else the finest of the rule's buckets that divides its window,
+  // else the window's default.
+  std::vector<Limit> limits;
   std::string plan;           // "" = keep; else the plan's limits (a plan assignment)
   std::optional<Mode> mode;   // nullopt = keep the rule's mode
   int64_t expires_at_ms = 0;  // 0 = never
@@ -201,6 +211,16 @@ struct AppliedLimit {
   uint32_t spec_index;  // into Policy::window_specs(); equals limit->spec
 };
 
+// A counter the key counted in under a limit set it was under before its current one (an
+// override set, changed, deleted or expired). The engine seeds each of the rule's counters from
+// these (engine.h, "Overrides keep the counts").
+struct CarrySource {
+  uint64_t counter;     // counter identity, as AppliedLimit::counter
+  uint32_t spec_index;  // into Policy::window_specs()
+  uint32_t rule;        // the AppliedRule whose counters it seeds: into Resolution::rules
+  uint32_t group;       // one per former limit set: the counters of a group counted the same hits
+};
+
 // One rule that applies to a request.
 struct AppliedRule {
   const Rule* rule;      // owned by the Policy
@@ -217,6 +237,8 @@ struct ResolvedRequest {
   bool allowlisted = false;
   uint32_t first_rule = 0;  // into Resolution::rules
   uint32_t num_rules = 0;
+  uint32_t first_carry = 0;  // into Resolution::carry, by rule; none for almost every request
+  uint32_t num_carry = 0;
 };
 
 // Caller-owned scratch that a batch of resolve() calls append to; clear() keeps capacity, so a
@@ -224,9 +246,11 @@ struct ResolvedRequest {
 struct Resolution {
   std::vector<AppliedRule> rules;
   std::vector<AppliedLimit> limits;
+  std::vector<CarrySource> carry;
   void clear() {
     rules.clear();
     limits.clear();
+    carry.clear();
   }
 };
 
@@ -235,14 +259,22 @@ class Policy {
   // Compiles rules and the overrides in force. Overrides for unknown domains, or whose entries
   // match no rule's key, are kept in `overrides` but have no effect. `hash_seed` must be the same
   // on every node of a cluster.
+  //
+  // `previous`: the policy this one replaces, at `now_ms`. Every key whose limits change between
+  // the two (an override set, changed to other windows or buckets, deleted, or expired) keeps, in
+  // this policy, the limit sets it was under before, for as long as their counts can be in a
+  // window; resolve lists their counters as CarrySource. Without it, nothing carries over.
   static std::shared_ptr<const Policy> compile(RuleSet rules, const Overrides& overrides,
-                                               uint64_t hash_seed, InputLimits input = {});
+                                               uint64_t hash_seed, InputLimits input = {},
+                                               const Policy* previous = nullptr,
+                                               int64_t now_ms = 0);
   ~Policy();
   Policy(const Policy&) = delete;
   Policy& operator=(const Policy&) = delete;
 
-  // Appends what applies to `req` at now (overrides expire by now) to `out`. Never allocates
-  // once `out` is warm; never throws.
+  // Appends what applies to `req` at now (overrides expire by now) to `out`, with the counters
+  // of the limit sets the key was under before (CarrySource: only for keys whose override changed
+  // within a window). Never allocates once `out` is warm; never throws.
   ResolvedRequest resolve(const CheckRequest& req, int64_t now_ms, Resolution& out) const;
 
   const RuleSet& rules() const;
