@@ -14,6 +14,10 @@
 //   drain               the key's owner, one of 4 nodes, drains under traffic (POST /v1/drain)
 //   forwarding          p50 (and p99) latency of an owner-mode check sent to a non-owner, minus the
 //                       p50 (p99) of a gossip-mode check sent to the same nodes (decided locally)
+//   overrides           cluster-wide overrides: 20 writes (sets and deletes, each on the next
+//                       node in turn) on 5 nodes, each timed from just before its admin POST
+//                       until every other node reports it (POST /v1/overrides/get polled every
+//                       ~5 ms): override_p50_ms, override_p99_ms, override_max_ms
 //   partition           5 nodes in network namespaces (tests/support/netns_cluster.h; root, ip and
 //                       nft, else skipped): a 2|3 split, a one-way fault, 30 % loss, each 10 s
 //                       under traffic, then healed (run_partition)
@@ -29,6 +33,7 @@
 //   sluice-bench-cluster [--json] [--quick] [--seconds S] [--scenario NAME] [--sluiced PATH]
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -67,6 +72,9 @@ struct Row {
   // Owner mode: parts decided in place of an owner that did not answer (the rule's fallback),
   // summed over the nodes' sluice_forward_fallbacks_total during the run.
   std::optional<double> fallbacks;
+  // overrides: ms from a write on one node until every node reports it.
+  std::optional<double> override_p50_ms = std::nullopt, override_p99_ms = std::nullopt,
+                        override_max_ms = std::nullopt;
 };
 
 struct Settings {
@@ -389,6 +397,62 @@ std::string run_join(const Settings& st, std::vector<Row>& rows) {
   return "";
 }
 
+// Cluster-wide overrides: how long a set (or delete) made on one node takes to be in force on
+// every node, as an operator would see it: each node's admin API asked every ~5 ms.
+std::string run_overrides(const Settings& st, std::vector<Row>& rows) {
+  const size_t n = st.quick ? 3 : 5;
+  const size_t writes = 20;
+  LocalCluster c(spec_for(st, n, 100));
+  if (std::string err = c.start(); !err.empty()) return err;
+  std::vector<double> took_ms, post_ms;
+  for (size_t w = 0; w < writes; ++w) {
+    const size_t writer = w % n;
+    const bool set = w % 2 == 0;  // a set, then its delete from the next node
+    const std::string key = "ovr-" + std::to_string(w / 2);
+    const Json target{{"domain", "g"}, {"descriptors", {{"k", key}}}};
+    Json body = target;
+    if (set) body["limits"] = {std::to_string(w + 1) + "/1s"};
+    const auto t0 = SteadyClock::now();
+    const HttpReply r = c.post(writer, set ? "/v1/overrides" : "/v1/overrides/delete", body);
+    if (r.status != 200) return "write " + std::to_string(w) + " refused: " + r.body;
+    post_ms.push_back(secs_since(t0) * 1000.0);  // the writer's own sync to disk included
+    std::vector<bool> seen(n, false);
+    seen[writer] = true;
+    const bool all = wait_until(
+        [&] {
+          for (size_t i = 0; i < n; ++i) {
+            if (seen[i]) continue;
+            const unsigned status = c.post(i, "/v1/overrides/get", target).status;
+            seen[i] = set ? status == 200 : status == 404;
+          }
+          return std::all_of(seen.begin(), seen.end(), [](bool b) { return b; });
+        },
+        milliseconds(10000), milliseconds(5));
+    if (!all) return "write " + std::to_string(w) + " not everywhere within 10 s";
+    took_ms.push_back(secs_since(t0) * 1000.0);
+  }
+  const auto pct_of = [](std::vector<double> v, double p) {
+    std::sort(v.begin(), v.end());
+    const size_t i = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+    return v[std::clamp<size_t>(i, 1, v.size()) - 1];
+  };
+  const auto pct = [&](double p) { return pct_of(took_ms, p); };
+  Row row{"overrides", "-", n, 100, 0, 0, std::nullopt, 0, std::nullopt, std::nullopt,
+          "", std::nullopt, std::nullopt, "", std::nullopt};
+  row.override_p50_ms = pct(50);
+  row.override_p99_ms = pct(99);
+  row.override_max_ms = pct(100);
+  char note[200];
+  std::snprintf(note, sizeof note,
+                "%zu writes (set, delete) until every node reports them: p50 %.1f ms, p99 %.1f "
+                "ms, max %.1f ms (the writer's POST alone: p50 %.1f ms)",
+                writes, *row.override_p50_ms, *row.override_p99_ms, *row.override_max_ms,
+                pct_of(post_ms, 50));
+  row.note = note;
+  rows.push_back(std::move(row));
+  return "";
+}
+
 std::string run_drain(const Settings& st, std::vector<Row>& rows) {
   const size_t n = 4;
   const uint64_t limit = 100;
@@ -645,7 +709,8 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", st.seconds, "traffic per steady run (membership runs take more)")
       ->check(CLI::Range(1.0, 120.0));
   app.add_option("--scenario", only,
-                 "one of stable-3, stable-5, seed000, kill9, join, drain, forwarding, partition");
+                 "one of stable-3, stable-5, seed000, kill9, join, drain, forwarding, overrides, "
+                 "partition");
   app.add_option("--sluiced", st.sluiced, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
   if (st.quick && !app.count("--seconds")) st.seconds = 3;
@@ -663,6 +728,7 @@ int main(int argc, char** argv) {
       {"join", false, [&](auto& r) { return run_join(st, r); }},
       {"drain", false, [&](auto& r) { return run_drain(st, r); }},
       {"forwarding", true, [&](auto& r) { return run_forwarding(st, r); }},
+      {"overrides", true, [&](auto& r) { return run_overrides(st, r); }},
       {"partition", false, [&](auto& r) { return run_partition(st, r); }},
   };
   bool known = only.empty();
@@ -724,6 +790,9 @@ int main(int argc, char** argv) {
                      {"admitted_min_over_limit", opt(r.admitted_min_over_limit)},
                      {"skew", r.skew.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.skew)},
                      {"fallbacks", opt(r.fallbacks)},
+                     {"override_p50_ms", opt(r.override_p50_ms)},
+                     {"override_p99_ms", opt(r.override_p99_ms)},
+                     {"override_max_ms", opt(r.override_max_ms)},
                      {"note", r.note}});
     }
     sluice::bench::print_json_rows(out);

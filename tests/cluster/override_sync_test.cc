@@ -129,7 +129,8 @@ TEST_CASE(
              Json{{"domain", "p"}, {"descriptors", {{"user", "bob"}}}, {"plan", "pro"}});
   REQUIRE_MESSAGE(r.status == 200, r.body);
   CHECK(all_converge(c, all, [&](size_t i) {
-    return listed(c, i, "p", "user", "bob").value("plan", "") == "pro";
+    const Json o = listed(c, i, "p", "user", "bob");
+    return !o.is_null() && o.value("plan", "") == "pro";
   }));
 
   // Delete alice's override on node 3: gone everywhere.
