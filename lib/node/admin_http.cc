@@ -553,6 +553,10 @@ std::string render_metrics(AdminHttp::State& st) {
     m.family("sluice_peer_datagrams_total", "counter", "Peer datagrams, by direction.");
     m.sample("sluice_peer_datagrams_total", {"direction", "in"}, c.datagrams_in);
     m.sample("sluice_peer_datagrams_total", {"direction", "out"}, c.datagrams_out);
+    m.family("sluice_peer_bytes_total", "counter",
+             "Peer UDP payload bytes (IP and UDP headers not counted), by direction.");
+    m.sample("sluice_peer_bytes_total", {"direction", "in"}, c.bytes_in);
+    m.sample("sluice_peer_bytes_total", {"direction", "out"}, c.bytes_out);
     m.one("sluice_sync_totals_sent_total", "counter", "Per-node bucket totals sent by sync passes.",
           c.sync_totals_out);
     m.one("sluice_sync_totals_received_total", "counter", "Per-node bucket totals received.",

@@ -396,6 +396,8 @@ Json cluster_json(const ClusterStatus& c) {
               {"dropped", std::move(dropped)},
               {"datagrams_in", c.datagrams_in},
               {"datagrams_out", c.datagrams_out},
+              {"bytes_in", c.bytes_in},
+              {"bytes_out", c.bytes_out},
               {"send_errors", c.send_errors},
               {"sync", {{"passes", c.sync_passes},
                         {"totals_out", c.sync_totals_out},

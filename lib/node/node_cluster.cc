@@ -115,6 +115,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       ++send_errors;
     } else {
       ++datagrams_out;
+      bytes_out += bytes.size();
     }
   }
 
@@ -143,6 +144,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
 
   void on_datagram(size_t n) {
     ++datagrams_in;
+    bytes_in += n;
     const int64_t now = st.opt.clock();
     const cluster::PeerError e = codec->open({in.data(), n}, now, msg);
     if (e != cluster::PeerError::kOk) {
@@ -495,6 +497,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   static constexpr int64_t kMinReachTimeoutMs = 250;
   static constexpr int64_t kMinReachTickMs = 5, kMaxReachTickMs = 250;
   uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0, sync_totals_in = 0;
+  uint64_t bytes_in = 0, bytes_out = 0;  // peer UDP payloads, dropped ones included
   uint64_t handoffs = 0;
 
   mutable std::mutex published_mu;  // guards published_ring and published_members
@@ -660,6 +663,8 @@ ClusterStatus ClusterNode::status() const {
     s.dropped.emplace_back(reason, n);
   s.datagrams_in = c.datagrams_in;
   s.datagrams_out = c.datagrams_out;
+  s.bytes_in = c.bytes_in;
+  s.bytes_out = c.bytes_out;
   s.send_errors = c.send_errors;
   s.sync_passes = c.delta->stats().passes;
   s.sync_totals_out = c.delta->stats().totals;

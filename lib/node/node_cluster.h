@@ -53,6 +53,7 @@ struct ClusterStatus {
   cluster::MembershipStats membership;
   std::vector<std::pair<std::string, uint64_t>> dropped;  // peer datagrams dropped, by reason
   uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0;
+  uint64_t bytes_in = 0, bytes_out = 0;  // peer UDP payload bytes (IP and UDP headers not counted)
   uint64_t sync_passes = 0, sync_totals_out = 0, sync_totals_in = 0, sync_batches_out = 0;
   uint64_t handoffs = 0;  // full passes after membership changes
   OverrideSyncStats overrides;  // cluster-wide overrides (override_sync.h)
