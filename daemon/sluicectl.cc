@@ -590,12 +590,14 @@ int main(int argc, char** argv) {
   auto* ovr = app.add_subcommand("override", "set, get, list or delete runtime overrides");
   ovr->require_subcommand(1);
   std::vector<std::string> limits;
-  std::string mode, ttl, plan;
+  std::string mode, ttl, plan, granularity;
   auto* ovr_set = ovr->add_subcommand(
       "set", "new limits and/or mode for one key, stored (WAL synced) and applied at once");
   ovr_set->add_option("domain", domain, "rules domain")->required();
   ovr_set->add_option("entries", pairs, "the key's descriptor entries key=value")->required();
   ovr_set->add_option("--limit", limits, "N/window, e.g. 500/1m (repeatable)");
+  ovr_set->add_option("--granularity", granularity,
+                      "bucket size of the limits, e.g. 1s (default: the rule's)");
   ovr_set->add_option("--mode", mode, "enforce | dry-run | shadow");
   ovr_set->add_option("--ttl", ttl, "expire after e.g. 90s, 30m, 24h, 7d (default: never)");
   ovr_set->add_option("--plan", plan, "use this plan's limits");
@@ -678,6 +680,7 @@ int main(int argc, char** argv) {
         return kError;
       }
       target["limits"] = limits;
+      if (!granularity.empty()) target["granularity"] = granularity;
       if (!mode.empty()) target["mode"] = mode;
       if (!plan.empty()) target["plan"] = plan;
       if (!ttl.empty()) target["ttl"] = ttl;

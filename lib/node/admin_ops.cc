@@ -63,7 +63,9 @@ Json limit_json(const rules::Limit& l) {
   return Json{{"name", l.name},
               {"limit", l.requests},
               {"window", rules::format_duration(l.spec.window_ms)},
-              {"bucket", rules::format_duration(l.spec.bucket_ms)}};
+              // null: none given, the rule's (an override's limits only)
+              {"bucket", l.spec.bucket_ms == 0 ? Json(nullptr)
+                                               : Json(rules::format_duration(l.spec.bucket_ms))}};
 }
 
 Json override_json(const rules::Override& o, int64_t now_ms) {
@@ -147,12 +149,23 @@ OpsReply from_result(const OpResult& r, Json ok_body) {
 OpsReply set_override(Node& node, const Json& j, bool plan_only) {
   if (std::string err = plan_only
                             ? check_fields(j, {"domain", "descriptors", "plan", "ttl"})
-                            : check_fields(j, {"domain", "descriptors", "limits", "mode", "ttl", "plan"});
+                            : check_fields(j, {"domain", "descriptors", "limits", "granularity",
+                                               "mode", "ttl", "plan"});
       !err.empty()) {
     return error(400, err);
   }
   rules::Override o;
   if (std::string err = parse_target(j, o.domain, o.entries); !err.empty()) return error(400, err);
+  // Without a granularity an override's limits count in the rule's buckets (bucket_ms 0), so one
+  // with the window of a rule's limit keeps its counter (rules.h, Override::limits).
+  int64_t bucket_ms = 0;
+  if (j.contains("granularity")) {
+    const auto g = j["granularity"].is_string()
+                       ? rules::parse_duration_ms(j["granularity"].get<std::string>())
+                       : std::nullopt;
+    if (!g) return error(400, "granularity must be a duration such as \"1s\" or \"10s\"");
+    bucket_ms = *g;
+  }
   if (j.contains("limits")) {
     if (!j["limits"].is_array()) return error(400, "limits must be an array such as [\"500/1m\"]");
     if (j["limits"].size() > kMaxLimitsPerOverride) {
@@ -161,9 +174,10 @@ OpsReply set_override(Node& node, const Json& j, bool plan_only) {
     for (const Json& l : j["limits"]) {
       if (!l.is_string()) return error(400, "each limit must be a string such as \"500/1m\"");
       rules::Limit lim;
-      if (std::string why = rules::parse_limit(l.get<std::string>(), 0, lim); !why.empty()) {
+      if (std::string why = rules::parse_limit(l.get<std::string>(), bucket_ms, lim); !why.empty()) {
         return error(400, "limit \"" + l.get<std::string>() + "\": " + why);
       }
+      if (bucket_ms == 0) lim.spec.bucket_ms = 0;  // the rule's
       o.limits.push_back(std::move(lim));
     }
   }

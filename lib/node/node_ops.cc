@@ -109,7 +109,10 @@ NodeState::~NodeState() {
 }
 
 void NodeState::apply_locked() {
-  engine->set_policy(rules::Policy::compile(rules, overrides, opt.hash_seed));
+  // Compiled from the policy in force, so a key whose limits change keeps the counts already in
+  // its window (rules.h, "Overrides keep the counts").
+  engine->set_policy(rules::Policy::compile(rules, overrides, opt.hash_seed, {},
+                                            engine->policy().get(), opt.clock()));
 }
 
 std::string NodeState::reload() {
