@@ -594,6 +594,8 @@ std::string fmt_opt(const std::optional<double>& v, int decimals) {
 //   split-2-3  nodes 1,2 and nodes 3,4,5 exchange no peer traffic and no forwarded checks
 //   one-way    the owner-mode key's owner sends to the others but receives nothing from them
 //   loss-30    every node drops 30 % of the packets the others send it, at random
+//   one-way-loss-30  node 3 alone drops 30 % of what the others send it (SLUICE_BENCH_FAULT=name
+//              runs one fault only)
 // The load driver, in the root namespace, reaches every node throughout. admitted_over_limit =
 // the most checks of the key the whole cluster admitted in a true 1 s window within the fault,
 // over the limit; detect_s = heal until every node lists all 5 alive (membership merged);
@@ -611,7 +613,9 @@ std::string run_partition(const Settings& st, std::vector<Row>& rows) {
   const uint64_t limit = 50;
   const double rate = 300;  // per key
   const sluice::ClientOptions client_defaults;
-  for (const std::string fault : {"split-2-3", "one-way", "loss-30"}) {
+  const char* only = std::getenv("SLUICE_BENCH_FAULT");  // run just this one fault
+  for (const std::string fault : {"split-2-3", "one-way", "loss-30", "one-way-loss-30"}) {
+    if (only != nullptr && fault != only) continue;
     ClusterSpec spec = spec_for(st, n, limit);
     spec.rules_yaml =  // as seed000: the estimator's own error stays near 1 %
         two_mode_rules(limit, std::getenv("SLUICE_BENCH_STRICT") ? "strict" : "weighted", "10ms");
@@ -639,9 +643,12 @@ std::string run_partition(const Settings& st, std::vector<Row>& rows) {
       const size_t victim = static_cast<size_t>(owner_o[0] - 1);
       o.apply = [victim](NetnsCluster& net_) { return net_.deafen(victim); };
       what = "node " + std::to_string(victim + 1) + " (the owner key's owner) receives nothing";
-    } else {
+    } else if (fault == "loss-30") {
       o.apply = [](NetnsCluster& net_) { return net_.lose(30); };
       what = "30 % of packets between nodes dropped";
+    } else {
+      o.apply = [](NetnsCluster& net_) { return net_.deafen(2, 30); };
+      what = "node 3 drops 30 % of the packets the others send it";
     }
     const std::optional<double> fallbacks_before = fallbacks_total(c);
     const FaultRunResult r = run_fault_under_load(net, o);
@@ -653,6 +660,11 @@ std::string run_partition(const Settings& st, std::vector<Row>& rows) {
     const auto opt_u = [](const std::optional<uint64_t>& v) {
       return v ? std::to_string(*v) : std::string("?");
     };
+    if (std::getenv("SLUICE_BENCH_TIMELINE") != nullptr) {  // admitted per 100 ms per node
+      for (int key = 0; key < 2; ++key)
+        std::fprintf(stderr, "  key %d admitted per 100 ms by node: %s\n", key,
+                     r.node_timeline(key, n).c_str());
+    }
     for (const char* mode : {"owner", "gossip"}) {
       const int key = mode[0] == 'o' ? 1 : 0;
       const uint16_t owner = mode[0] == 'o' ? owner_o[0] : owner_g[0];

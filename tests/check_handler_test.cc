@@ -112,6 +112,12 @@ class FakeRouter final : public CheckRouter {
       auto p = previous.find(routing_key);
       if (p != previous.end()) return {p->second, true};
     }
+    if (auto t = taken_over.find(routing_key); t != taken_over.end()) {
+      Route r;
+      r.takeover = true;
+      r.fallback_since_ms = t->second;
+      return r;
+    }
     if (forwarded) return {};
     if (auto l = lost.find(routing_key); l != lost.end()) {
       Route r;
@@ -122,11 +128,14 @@ class FakeRouter final : public CheckRouter {
     auto it = owners.find(routing_key);
     return {it == owners.end() ? default_owner : it->second, false};
   }
-  bool redirecting() override { return joining; }
+  bool routes_forwarded() override { return joining || !taken_over.empty(); }
   std::map<uint64_t, uint16_t> owners;
   std::map<uint64_t, uint16_t> previous;
   // Keys whose owner and replicas are all out of reach, and since when: decided here by fallback.
   std::map<uint64_t, int64_t> lost;
+  // Keys this node decides as their replica, their owner out of reach since then (takeover),
+  // whether the check came from a client or was forwarded here.
+  std::map<uint64_t, int64_t> taken_over;
   bool joining = false;
   uint16_t default_owner = 0;
   std::vector<uint64_t> asked;
@@ -771,6 +780,47 @@ TEST_CASE("a request whose every owner is out of reach is still split: one fallb
   CHECK(plan.parts[0].owner == 0);
   CHECK(plan.parts[0].fallback);
   CHECK(plan.parts[0].fallback_since_ms == kT0);
+}
+
+TEST_CASE("checks a replica takes over go in a part of their own, decided here as a takeover") {
+  Fixture f;
+  FakeRouter router;
+  router.default_owner = 2;
+  router.taken_over[*routing_key(*f.engine, user("a"))] = kT0 - 500;
+  const std::vector<uint8_t> request = encode(4, {user("a"), user("b"), user("a", 2)});
+  ForwardPlan plan;
+  REQUIRE(f.handler.handle_routed(request, 0, kT0, f.out, &router, 100, plan) == Outcome::kForward);
+  REQUIRE(plan.used == 2);
+  CHECK(plan.parts[0].owner == 0);
+  CHECK(plan.parts[0].takeover);
+  CHECK_FALSE(plan.parts[0].fallback);
+  CHECK(plan.parts[0].fallback_since_ms == kT0 - 500);
+  CHECK(plan.parts[0].checks == std::vector<uint32_t>{0, 2});
+  CHECK(plan.parts[1].owner == 2);
+  CHECK_FALSE(plan.parts[1].takeover);
+}
+
+TEST_CASE("a part forwarded to a replica whose owner is out of reach is decided as a takeover") {
+  Fixture f;
+  FakeRouter router;
+  f.handler.set_forward_auth([](std::span<const uint8_t>) { return true; });
+  const std::vector<uint8_t> datagram = tagged(encode(77, {user("a"), user("b")}, true, 512));
+  // Nothing out of reach: decided here as asked, the router not consulted.
+  ForwardPlan plan;
+  REQUIRE(f.handler.handle_routed(datagram, datagram.size(), kT0, f.out, &router, 1, plan) ==
+          Outcome::kAnswer);
+  CHECK(router.asked.empty());
+  // `a` taken over: its check in a takeover part decided here, `b` with it as before.
+  router.taken_over[*routing_key(*f.engine, user("a"))] = kT0;
+  REQUIRE(f.handler.handle_routed(datagram, datagram.size(), kT0, f.out, &router, 1, plan) ==
+          Outcome::kForward);
+  REQUIRE(plan.used == 2);
+  CHECK(plan.parts[0].owner == 0);
+  CHECK(plan.parts[0].takeover);
+  CHECK(plan.parts[0].checks == std::vector<uint32_t>{0});
+  CHECK(plan.parts[1].owner == 0);
+  CHECK_FALSE(plan.parts[1].takeover);
+  CHECK_FALSE(plan.parts[1].fallback);
 }
 
 TEST_CASE("a fallback decision in place of an owner lost just now admits nothing; a window on, a "

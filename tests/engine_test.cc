@@ -932,6 +932,47 @@ TEST_CASE("a fallback's share grows from nothing when the owner was lost to whol
 }
 
 TEST_CASE(
+    "a replica taking over an owner out of reach: nothing for one window, then this side's part "
+    "of the limit, every count it knows included, and gossip rules are not held back") {
+  rules::Rule gossip = rule("g", {"ip"}, {limit("100/1m")});
+  gossip.consistency = rules::Consistency::kGossip;
+  Engine e(compile(one_domain({rule("shared", {"user"}, {limit("100/1m")}), gossip})));
+  e.set_capacity(3, 5);  // this side: 60 of 100
+  BatchResult out;
+  auto admitted = [&](const char* entry, const char* value, int64_t now, engine::Fallback f,
+                      int tries = 100) {
+    std::vector<Descriptor> ds{{entry, value}};
+    int ok = 0;
+    for (int i = 0; i < tries; ++i) {
+      CheckRequest req{"api", ds, 1};
+      e.check({&req, 1}, now, out, f);
+      ok += out.decisions[0].allowed ? 1 : 0;
+    }
+    return ok;
+  };
+  const int64_t lost = kT0;
+  const engine::Fallback takeover{0, lost, true};
+  CHECK(admitted("user", "a", lost, takeover) == 0);           // nothing when the owner was lost
+  CHECK(admitted("user", "b", lost + 59'999, takeover) == 0);   // nor within that window
+  CHECK(out.limits_of(out.decisions[0])[0].remaining == 0);     // of what is allowed now
+  CHECK(admitted("user", "c", lost + 60'000, takeover) == 60);  // one window on: this side's part
+  // What the owner admitted before it was lost (its pushes) counts: 45 known, 15 left of 60.
+  std::vector<Descriptor> ds{{"user", "d"}};
+  CheckRequest probe{"api", ds, 0};
+  e.check({&probe, 1}, lost, out);
+  const auto& l = out.limits_of(out.decisions[0])[0];
+  const std::string_view values[] = {"d"};
+  const uint64_t counter = rules::counter_id(rules::key_hash(kSeed, "api", *l.rule, values),
+                                             l.limit->spec);
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, l.limit->spec, 2,
+                                                  window::bucket_of(lost, 60'000), 45}},
+                lost) == 1);
+  CHECK(admitted("user", "d", lost + 60'000, takeover) == 15);
+  // A gossip rule in the same decision is not an owner's key: its part of the limit at once.
+  CHECK(admitted("ip", "x", lost, takeover) == 60);
+}
+
+TEST_CASE(
     "set_capacity: with members out of reach every limit allows its reachable share, rounded "
     "down") {
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));

@@ -250,7 +250,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
       const int64_t now_eff = bring_to_now(t, i, now_ms);
-      const uint64_t limit = share_of(cap, lims[k].limit->requests);
+      const uint64_t limit = limit_here(cap, *lims[k].limit, *ar.rule, fallback, now_ms);
       bool ok = window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits, limit);
       if (ok && sc.twin[k] != 0 && hits > 0) {
         // Gossip mode: within the limit as far as this node knows; of its own hits in the
@@ -335,7 +335,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
             shards[sc.pinned[tw] & shard_mask], dt, di, sc.spec_of[tw],
             CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
       }
-      const uint64_t lim = share_of(cap, lims[k].limit->requests);
+      const uint64_t lim = limit_here(cap, *lims[k].limit, *ar.rule, fallback, now_ms);
       const window::LimitState ls =
           window::limit_state(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits, lim);
       const uint64_t used = lim - std::min(lim, ls.remaining);

@@ -223,9 +223,17 @@ struct CounterView {
 // owner already gave its clients in the current window, so its share grows from nothing at
 // `since_ms` (when the owner was lost) to the whole of it one window later: the sides of a split
 // then never admit together more than the limit in any window.
+//
+// `takeover` (members 0): the batch is decided here by a replica of its keys, in place of their
+// owner, which went out of reach at `since_ms` but may still be deciding on the other side of a
+// cut. The replica counts everything it knows (the owner's pushes included), but what the owner
+// admitted after its last push is unknown here (up to the whole limit, given just before the
+// cut was seen), so every owner-mode limit allows nothing until one window after `since_ms`,
+// when all of that has left the window, and this side's part of the limit from then.
 struct Fallback {
   uint32_t members = 0;          // 0: not a fallback; else this node's share is 1 / members
   int64_t since_ms = INT64_MIN;  // INT64_MIN: the whole share at once
+  bool takeover = false;         // members 0: a replica deciding for an owner out of reach
 };
 
 class Engine {
@@ -248,6 +256,8 @@ class Engine {
   // `fallback` (rules::Fallback): denied, or admitted only within what this node knows of the
   // limit and within its share of the limit: limit / members x the part of a window gone since
   // `fallback.since_ms`, of this node's own hits in the window.
+  // `fallback.takeover`: decided by a replica in place of an owner out of reach since
+  // `fallback.since_ms`; its owner-mode limits allow nothing for one window from then (Fallback).
   void check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out,
              Fallback fallback = {});
 

@@ -325,6 +325,17 @@ struct Engine::Impl {
     return limit / expected * reachable + limit % expected * reachable / expected;  // no overflow
   }
 
+  // What `l` allows in this decision: this side's part of it (share_of), and, for a replica
+  // taking over an owner-mode key (Fallback::takeover), nothing until one window after the owner
+  // went out of reach: the owner may have given its clients the whole limit just before, and
+  // those admissions leave every window only one window on.
+  static uint64_t limit_here(uint64_t cap, const rules::Limit& l, const rules::Rule& rule,
+                             const Fallback& f, int64_t now_ms) {
+    const uint64_t side = share_of(cap, l.requests);
+    if (!f.takeover || rule.consistency != rules::Consistency::kOwner) return side;
+    return f.since_ms != INT64_MIN && now_ms < f.since_ms + l.spec.window_ms ? 0 : side;
+  }
+
   // A fallback decision's share of `limit` (Fallback): limit / members, times the part of a
   // window gone since the owner was lost (rounded down; nothing at that moment).
   static uint64_t fallback_share(uint64_t limit, const Fallback& f, int64_t now_ms,

@@ -135,7 +135,7 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
   }
   // A forwarded request is decided here, unless this node has just joined and the owner before
   // it still decides some of its keys; a redirected one is always decided here.
-  if (router != nullptr && (!trusted || (!s.decoder.redirected() && router->redirecting())) &&
+  if (router != nullptr && (!trusted || (!s.decoder.redirected() && router->routes_forwarded())) &&
       split(router, now_ms, first_id, plan, trusted)) {
     return Outcome::kForward;
   }
@@ -179,7 +179,7 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
     const auto key = engine_.owner_routing_key(s.requests[s.engine_index[i]], now_ms);
     if (!key) continue;
     s.routes[i] = router->route(*key, forwarded);
-    remote = remote || s.routes[i].node != 0 || s.routes[i].fallback;
+    remote = remote || s.routes[i].node != 0 || s.routes[i].fallback || s.routes[i].takeover;
   }
   if (!remote) return false;
   plan.client_id = s.decoder.id();
@@ -195,13 +195,16 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
     const CheckRouter::Route& r = s.routes[i];
     for (size_t p = 0; p < plan.used; ++p) {
       const ForwardPlan::Part& q = plan.parts[p];
-      if (q.owner == r.node && q.fallback == r.fallback) part = &plan.parts[p];
+      if (q.owner == r.node && q.fallback == r.fallback && q.takeover == r.takeover) {
+        part = &plan.parts[p];
+      }
     }
     if (part == nullptr) {
       if (plan.parts.size() <= plan.used) plan.parts.emplace_back();
       part = &plan.parts[plan.used++];
       part->owner = r.node;
       part->fallback = r.fallback;
+      part->takeover = r.takeover;
       part->fallback_since_ms = r.fallback_since_ms;
       part->redirected = false;
       part->checks.clear();

@@ -361,9 +361,6 @@ struct Worker::Forwarder : CheckRouter {
       }
       return {};
     }
-    // Sent here as to the owner by a node whose ring differs from ours for the moment: decided
-    // here as asked (forwarding it on could send it back and forth).
-    if (forwarded) return {};
     // The first of the owner and replicas in reach decides (this node, when it is that one).
     int64_t lost_ms = INT64_MIN;  // when the last of those before it went out of reach
     for (size_t i = 0; i < n; ++i) {
@@ -371,12 +368,21 @@ struct Worker::Forwarder : CheckRouter {
         lost_ms = std::max(lost_ms, *since);
         continue;
       }
-      // A replica takes over (sluice_forward_failovers_total).
+      if (owners[i] == self) {
+        // A replica takes over (sluice_forward_failovers_total): the owner, out of reach, may
+        // have admitted up to the limit just before, so nothing here for one window from then.
+        if (i == 0) return {};
+        if (!forwarded) w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
+        return takeover_from(lost_ms);
+      }
+      // Sent here as to the owner by a node whose ring or reach differs from ours for the
+      // moment: decided here as asked (forwarding it on could send it back and forth).
+      if (forwarded) return {};
       if (i > 0) w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
-      if (owners[i] == self) return {};
       if (silent(owners[i], now) || !endpoint_of(owners[i])) return fallback_from(now);
       return {owners[i], false};
     }
+    if (forwarded) return {};
     return fallback_from(lost_ms);
   }
   static Route fallback_from(int64_t since_ms) {
@@ -385,10 +391,17 @@ struct Worker::Forwarder : CheckRouter {
     r.fallback_since_ms = since_ms;
     return r;
   }
+  static Route takeover_from(int64_t since_ms) {
+    Route r;
+    r.takeover = true;
+    r.fallback_since_ms = since_ms;
+    return r;
+  }
 
-  bool redirecting() override {
+  bool routes_forwarded() override {
     refresh();
-    return view.joining(w.node.opt.clock());
+    return view.joining(w.node.opt.clock()) ||
+           (view.out_of_reach != nullptr && !view.out_of_reach->empty());
   }
 
   bool silent(uint16_t id, int64_t now) const {
@@ -459,6 +472,7 @@ struct Worker::Forwarder : CheckRouter {
       p.parts[i].owner = plan.parts[i].owner;
       p.parts[i].redirected = plan.parts[i].redirected;
       p.parts[i].fallback = plan.parts[i].fallback;
+      p.parts[i].takeover = plan.parts[i].takeover;
       p.parts[i].fallback_since_ms = plan.parts[i].fallback_since_ms;
       auth->sign(p.parts[i].request);  // the owner honours `forwarded` only under our tag
     }
@@ -466,8 +480,7 @@ struct Worker::Forwarder : CheckRouter {
       ForwardPlan::Part& part = p.parts[i];
       if (part.owner == 0) {
         if (part.fallback) w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
-        decide_here(slot, i, now, part.fallback ? std::optional(part.fallback_since_ms)
-                                                : std::nullopt);
+        decide_here(slot, i, now, planned(part));
         continue;
       }
       if (send_part(part.owner, part)) {
@@ -476,7 +489,7 @@ struct Worker::Forwarder : CheckRouter {
       }
       // The owner cannot be sent to: denied here (see above).
       w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
-      decide_here(slot, i, now, now);
+      decide_here(slot, i, now, denied_from(now));
     }
     if (pending[slot].busy) arm_timer();
     return CheckHandler::Outcome::kForward;
@@ -507,14 +520,24 @@ struct Worker::Forwarder : CheckRouter {
     free_slots.push_back(slot);
   }
 
-  // Decides part i of a pending request on this node (the part itself is marked forwarded).
-  // `fallback_since`: in place of an owner that cannot be asked since then, by each rule's
-  // `fallback` (deny, or this node's share of the limit, 1 / the members expected, growing over
-  // one window from then: engine::Fallback), never as if it were the owner.
-  void decide_here(size_t slot, size_t i, int64_t now, std::optional<int64_t> fallback_since) {
+  // In place of an owner that cannot be asked since `since_ms`, by each rule's `fallback` (deny,
+  // or this node's share of the limit, 1 / the members expected, growing over one window from
+  // then: engine::Fallback), never as if it were the owner; from now: nothing is admitted.
+  engine::Fallback denied_from(int64_t since_ms) const {
+    return {std::max<uint32_t>(1, view.expected_members), since_ms};
+  }
+  // How a part planned to be decided here (owner 0) is decided: as the owner, as a fallback, or
+  // as the replica taking over (CheckRouter::Route).
+  engine::Fallback planned(const ForwardPlan::Part& part) const {
+    if (part.fallback) return denied_from(part.fallback_since_ms);
+    if (part.takeover) return {0, part.fallback_since_ms, true};
+    return {};
+  }
+
+  // Decides part i of a pending request on this node (the part itself is marked forwarded),
+  // with `f` (engine::Fallback).
+  void decide_here(size_t slot, size_t i, int64_t now, engine::Fallback f) {
     Pending& p = pending[slot];
-    engine::Fallback f;
-    if (fallback_since) f = {std::max<uint32_t>(1, view.expected_members), *fallback_since};
     if (!w.handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch, f) ||
         wire::decode_answer(scratch, answer) != wire::Code::kOk) {
       answer.decisions.clear();  // leaves those checks as malformed below
@@ -643,7 +666,7 @@ struct Worker::Forwarder : CheckRouter {
           // here (a share from now is nothing), never admitted twice.
           note_timeout(pending[slot].parts[i].owner, now);
           w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
-          decide_here(slot, i, now, now);
+          decide_here(slot, i, now, denied_from(now));
         }
       }
       if (any) arm_timer();
@@ -656,10 +679,7 @@ struct Worker::Forwarder : CheckRouter {
       for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
         if (i < pending[slot].part_done.size() && !pending[slot].part_done[i]) {
           const ForwardPlan::Part& part = pending[slot].parts[i];
-          decide_here(slot, i, now,
-                      part.owner != 0 ? std::optional(now)
-                      : part.fallback ? std::optional(part.fallback_since_ms)
-                                      : std::nullopt);
+          decide_here(slot, i, now, part.owner != 0 ? denied_from(now) : planned(part));
         }
       }
     }

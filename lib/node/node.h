@@ -123,13 +123,19 @@ class CheckRouter {
     // with the share that grows from `fallback_since_ms` (engine::Fallback).
     bool fallback = false;
     int64_t fallback_since_ms = 0;
+    // Decided here (node 0) by this node as a replica of the key, in place of its owner, out of
+    // reach since `fallback_since_ms`: with every count known here, after one window from then
+    // (engine::Fallback::takeover).
+    bool takeover = false;
   };
   // Where a check with this routing key is decided. `forwarded`: it came from another node,
-  // which sent it here as the owner; it is decided here unless this node has just joined and
-  // the key stays with its previous owner for now (then it goes on there, redirected).
+  // which sent it here as the owner (or its replica); it is decided here, as a takeover when this
+  // node is a replica whose owner is out of reach, unless this node has just joined and the key
+  // stays with its previous owner for now (then it goes on there, redirected).
   virtual Route route(uint64_t routing_key, bool forwarded) = 0;
-  // True while route() may send forwarded checks on (this node is joining the cluster).
-  virtual bool redirecting() = 0;
+  // True while route() may route forwarded checks other than "decided here": this node is
+  // joining the cluster, or members are out of reach (takeovers).
+  virtual bool routes_forwarded() = 0;
 };
 
 // A request split by owner (handle_routed returned kForward). Each part is a request of its own,
@@ -140,6 +146,7 @@ struct ForwardPlan {
     uint16_t owner = 0;
     bool redirected = false;
     bool fallback = false;            // owner 0: Route::fallback of every check in the part
+    bool takeover = false;            // owner 0: Route::takeover of every check in the part
     int64_t fallback_since_ms = 0;    // the latest of its checks' Route::fallback_since_ms
     std::vector<uint32_t> checks;     // indices into the client's request
     std::vector<uint8_t> request;

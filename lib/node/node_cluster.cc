@@ -320,12 +320,26 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
         }
       }
       out_of_reach = lost;
+      rebuild_sync_ring();
       std::lock_guard g(published_mu);
       published_out_of_reach =
           std::make_shared<const std::vector<std::pair<NodeId, int64_t>>>(std::move(lost));
       view_version.fetch_add(1, std::memory_order_release);
     }
-    if (reachable == capacity_reachable && expected == capacity_expected) return;
+    if (reachable == capacity_reachable && expected == capacity_expected) {
+      grow_due_ms = 0;
+      return;
+    }
+    // Limits shrink at once, and grow back only once the members back in reach have had time to
+    // send what they counted meanwhile (the full sync pass each side sends the other, within a
+    // sync interval): kGrowAfterSyncs sync intervals after the change. Growing at once would let
+    // this side admit its restored part before it knows what the other side admitted.
+    if (static_cast<uint64_t>(reachable) * capacity_expected >
+        static_cast<uint64_t>(capacity_reachable) * expected) {
+      if (grow_due_ms == 0) grow_due_ms = now + kGrowAfterSyncs * opt.sync_interval_ms;
+      if (now < grow_due_ms) return;
+    }
+    grow_due_ms = 0;
     if (reachable == 1 && expected > 1) {
       spdlog::warn("cluster: cut off: none of the {} other members in reach; every limit allows "
                    "1/{} of itself here",
@@ -368,7 +382,17 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       mode = cluster::DeltaSync::Mode::kResend;
       last_resend_ms = now;
     }
-    delta->pass(ring, mode, handoff, [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); });
+    delta->pass(sync_ring, mode, handoff,
+                [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); });
+  }
+
+  // Sync follows reach: a counter's totals go to the first of its holders in rendezvous order
+  // among the members in reach (the ring without those out of reach), so the nodes on each side
+  // of a cut keep exchanging the counts of every key, also of keys whose owner and replicas are
+  // all on the other side (gossip decides from them; docs/architecture.md, "Reach").
+  void rebuild_sync_ring() {
+    sync_ring = ring;
+    for (const auto& [id, since] : out_of_reach) sync_ring.remove(id);
   }
 
   // ---- ring ----
@@ -440,6 +464,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       }
     }
     ring = next;
+    rebuild_sync_ring();
     handoff_pending = true;  // counters move: a full pass to the new owners and replicas
     {
       std::lock_guard g(published_mu);
@@ -472,6 +497,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::unique_ptr<OverrideSync> overrides;  // created by start()
   std::map<NodeId, Member> members_by_id;  // as membership reported them (control thread)
   cluster::HashRing ring{2};
+  cluster::HashRing sync_ring{2};  // ring without the members out of reach (rebuild_sync_ring)
   bool ring_changed = false;
   bool handoff_pending = false;
   // Joining (View::joining): a node that served alone for longer than this before it met the
@@ -482,6 +508,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   int64_t fresh_until_ms = 0;            // control thread
   std::map<NodeId, int64_t> dead_since;  // when each dead member was first seen dead
   uint32_t capacity_reachable = 1, capacity_expected = 1;
+  int64_t grow_due_ms = 0;  // 0, or when the limits may grow to the members now in reach
+  static constexpr int64_t kGrowAfterSyncs = 3;
   bool left = false;
   bool stopped = false;
   int64_t last_resend_ms = 0;

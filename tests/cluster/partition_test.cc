@@ -1,13 +1,15 @@
 // Partition tests (issue 10 item 5): 5 real sluiced processes, each in a network namespace of its
 // own (tests/support/netns_cluster.h), traffic from the root namespace through libsluice with its
-// default 20 ms timeout, and the network between the nodes cut (nodes 1,2 | 3,4,5) or made lossy
-// (30 % of the packets between nodes dropped at random) under that traffic, then healed.
+// default 20 ms timeout, and the network between the nodes cut (nodes 1,2 | 3,4,5), made deaf one
+// way (the owner key's owner receives nothing from the others), or made lossy (30 % of the
+// packets between nodes dropped at random, everywhere or into one node only) under that traffic,
+// then healed.
 //
-// What is asserted is what the cluster promises today: no node crashes, membership merges again
-// within 5 s of the heal, every node converges to the same admitted count of a gossip key, and
-// 30 % loss declares no member dead. The admission bounds during and after a cut (issue 10 asks for
-// <= 1.10 x the limit) do not hold yet and are only printed, as are every other figure; the
-// benchmark's `partition` scenario (sluice-bench-cluster --scenario partition) records them.
+// Asserted, for an owner-mode key and a gossip key at 6x their limit (docs/architecture.md,
+// "Members out of reach" and "Partitions, the bounds"): the whole cluster admits at most 1.10x
+// the limit in any true 1 s window during the fault and 1.05x from 1 s after the heal; no client
+// check fails; membership merges within 1 s of the heal; no node crashes; every node converges to
+// the same count of the gossip key; and random loss declares no member dead.
 //
 // Needs root, `ip` and `nft`: elsewhere each case prints "SKIPPED: why" and passes, and CTest
 // reports it skipped (SKIP_REGULAR_EXPRESSION in tests/CMakeLists.txt).
@@ -30,6 +32,9 @@ using std::chrono::milliseconds;
 constexpr size_t kNodes = 5;
 constexpr uint64_t kLimit = 50;
 constexpr double kRatePerKey = 300;
+constexpr double kMaxDuringFault = 1.10;  // x the limit, in any true window
+constexpr double kMaxAfterHeal = 1.05;    // from 1 s after the heal
+constexpr double kMergeSeconds = 1.0;     // membership merged after the heal
 
 // True (after printing why) when this machine cannot run a NetnsCluster.
 bool skipped() {
@@ -86,13 +91,14 @@ void print_figures(const std::string& what, const FaultRunResult& r, const LoadO
     const std::string mode = lo.key_domains[k] == "o" ? "owner" : "gossip";
     MESSAGE(
         what << ", " << mode << " mode: max admitted in a true 1 s window / limit during the fault "
-             << r.during_fault(key, kLimit) << " (goal <= 1.10, not asserted), from 1 s after "
+             << r.during_fault(key, kLimit) << ", from 1 s after "
              << "the heal " << r.after_heal(key, kLimit) << "; failed checks "
              << r.failed(key, r.fault_us, r.heal_us) << " during the fault, " << r.failed(key)
              << " in all (of " << s.sent << " sent, both keys); admitted per second "
              << "(start s:count, the fault from " << static_cast<double>(r.fault_us) / 1e6
              << " s to " << static_cast<double>(r.heal_us) / 1e6 << " s): "
-             << window_timeline(admit_times(r.records, key), 1'000'000, 1'000'000, 0, r.end_us));
+             << window_timeline(admit_times(r.records, key), 1'000'000, 1'000'000, 0, r.end_us)
+             << "; per 100 ms by node (s:node1+...+node5): " << r.node_timeline(key, kNodes));
   }
 }
 
@@ -129,11 +135,25 @@ bool gossip_counts_converge(LocalCluster& c, const LoadOptions& lo, std::string&
   return agreed;
 }
 
+// The bounds every fault keeps, for both keys.
+void check_bounds(const FaultRunResult& r, const LoadOptions& lo) {
+  for (size_t k = 0; k < lo.keys.size(); ++k) {
+    const int key = static_cast<int>(k);
+    CAPTURE(lo.keys[k]);
+    CHECK(r.during_fault(key, kLimit) <= kMaxDuringFault);
+    CHECK(r.after_heal(key, kLimit) <= kMaxAfterHeal);
+    CHECK(r.failed(key) == 0);
+  }
+  CHECK(r.all_running);
+  CHECK_MESSAGE(r.merged_s.has_value(), "not merged 15 s after the heal");
+  CHECK(r.merged_s.value_or(1e9) <= kMergeSeconds);
+}
+
 }  // namespace
 
 TEST_CASE(
-    "a 2|3 split of 5 nodes under traffic heals: no node crashes, membership merges within 5 s and "
-    "every node converges to the same admitted count") {
+    "a 2|3 split of 5 nodes under traffic: each side keeps to its part of the limit, and after "
+    "the heal membership merges within 1 s and every node converges to the same count") {
   if (skipped()) return;
   NetnsCluster net(spec());
   const std::string started = net.start();
@@ -164,10 +184,35 @@ TEST_CASE(
           << o.load.keys[1] << " (owner first) as each node sees them:" << owners);
 
   CHECK(r.counters.dropped > 0);  // the cut really cut
-  CHECK(r.all_running);
-  CHECK_MESSAGE(r.merged_s.has_value(), "not merged 15 s after the heal:" << c.describe());
-  CHECK(r.merged_s.value_or(1e9) <= 5.0);
+  check_bounds(r, o.load);
+  CHECK(r.deaths_after().value_or(1) == 0);
   CHECK(converged);  // gossip key: every node the same count
+}
+
+TEST_CASE(
+    "the owner key's owner hears nothing from the others (one-way): both sides keep to their part "
+    "of the limit, and no client check fails") {
+  if (skipped()) return;
+  NetnsCluster net(spec());
+  const std::string started = net.start();
+  REQUIRE_MESSAGE(started.empty(), started);
+  LocalCluster& c = net.cluster();
+
+  FaultRunOptions o;
+  o.load = load_options("oneway");
+  const auto owners = c.owners(0, "o", o.load.keys[1]);
+  REQUIRE_FALSE(owners.empty());
+  const size_t victim = static_cast<size_t>(owners[0] - 1);
+  o.apply = [victim](NetnsCluster& n) { return n.deafen(victim); };
+  o.before = milliseconds(2000);
+  o.fault = milliseconds(10000);
+  o.after = milliseconds(5000);
+  const FaultRunResult r = run_fault_under_load(net, o);
+  REQUIRE_MESSAGE(r.error.empty(), r.error);
+  print_figures("node " + std::to_string(victim + 1) + " deaf", r, o.load);
+
+  CHECK(r.counters.dropped > 0);
+  check_bounds(r, o.load);
 }
 
 TEST_CASE("30 % random loss between 5 nodes under traffic declares no member dead") {
@@ -187,10 +232,33 @@ TEST_CASE("30 % random loss between 5 nodes under traffic declares no member dea
   print_figures("30 % loss", r, o.load);
 
   CHECK(r.counters.dropped > 0);
-  CHECK(r.all_running);
   REQUIRE(r.deaths_during().has_value());
   REQUIRE(r.deaths_after().has_value());
   CHECK(*r.deaths_during() == 0);
   CHECK(*r.deaths_after() == 0);
-  CHECK(r.merged_s.has_value());
+  check_bounds(r, o.load);
+}
+
+TEST_CASE("30 % loss one way, into one node, under traffic declares no member dead") {
+  if (skipped()) return;
+  NetnsCluster net(spec());
+  const std::string started = net.start();
+  REQUIRE_MESSAGE(started.empty(), started);
+
+  FaultRunOptions o;
+  o.apply = [](NetnsCluster& n) { return n.deafen(2, 30); };
+  o.load = load_options("oneway-loss");
+  o.before = milliseconds(2000);
+  o.fault = milliseconds(15000);
+  o.after = milliseconds(3000);
+  const FaultRunResult r = run_fault_under_load(net, o);
+  REQUIRE_MESSAGE(r.error.empty(), r.error);
+  print_figures("30 % loss into node 3", r, o.load);
+
+  CHECK(r.counters.dropped > 0);
+  REQUIRE(r.deaths_during().has_value());
+  REQUIRE(r.deaths_after().has_value());
+  CHECK(*r.deaths_during() == 0);
+  CHECK(*r.deaths_after() == 0);
+  check_bounds(r, o.load);
 }

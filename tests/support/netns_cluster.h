@@ -35,6 +35,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -205,8 +206,11 @@ class NetnsCluster {
     return "";
   }
 
-  // Node i still sends to the others but drops everything they send it (a one-way fault).
-  std::string deafen(size_t i) { return drop_from(i, all_but(i), 100); }
+  // Node i still sends to the others but drops everything they send it (a one-way fault), or
+  // `percent` % of it at random (one-way loss).
+  std::string deafen(size_t i, unsigned percent = 100) {
+    return drop_from(i, all_but(i), percent);
+  }
 
   // Every node drops `percent` % of what the other nodes send it, at random per packet.
   std::string lose(unsigned percent) {
@@ -448,6 +452,30 @@ struct FaultRunResult {
   }
   double during_fault(int key, uint64_t limit) const {
     return ratio(key, limit, fault_us, heal_us);
+  }
+  // The checks of `key` admitted in each 100 ms from 1 s before the fault to 2 s after the heal,
+  // by the node they were sent to: "t:n1+n2+... " per 100 ms with any admitted, t in s.
+  std::string node_timeline(int key, size_t nodes) const {
+    const int64_t step = 100'000, from = fault_us - 1'000'000;
+    const int64_t to = std::min(end_us, heal_us + 2'000'000);
+    if (to <= from) return "";
+    std::vector<std::vector<uint32_t>> per(static_cast<size_t>((to - from) / step) + 1,
+                                           std::vector<uint32_t>(nodes, 0));
+    for (const CheckRecord& r : records) {
+      if (r.key != static_cast<uint32_t>(key) || r.outcome != CheckOutcome::kAllowed) continue;
+      if (r.send_us < from || r.send_us >= to || r.node >= nodes) continue;
+      ++per[static_cast<size_t>((r.send_us - from) / step)][r.node];
+    }
+    std::string out;
+    char t[32];
+    for (size_t i = 0; i < per.size(); ++i) {
+      if (std::all_of(per[i].begin(), per[i].end(), [](uint32_t n) { return n == 0; })) continue;
+      std::snprintf(t, sizeof t, "%.1f:", static_cast<double>(from + static_cast<int64_t>(i) * step) / 1e6);
+      out += t;
+      for (size_t k = 0; k < nodes; ++k) out += (k ? "+" : "") + std::to_string(per[i][k]);
+      out += ' ';
+    }
+    return out;
   }
   // From 1 s after the heal to the end.
   double after_heal(int key, uint64_t limit) const {
