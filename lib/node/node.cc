@@ -22,6 +22,7 @@
 #include "cluster/peer_codec.h"
 #include "node/admin_http.h"
 #include "node/node_cluster.h"
+#include "node/owner_routing.h"
 #include "node/node_state.h"
 
 #include <future>
@@ -292,16 +293,13 @@ int64_t TcpSession::node_now() const {
 // this worker's forwarding socket, the owner decides it as it decides any request, and the
 // answers are merged into one answer to the client in the client's order.
 //
-// Who decides a key (docs/architecture.md, "Members out of reach"): the first of its owner and
-// replicas that is in reach (ClusterNode::View::out_of_reach); a replica holds the merged counts,
-// and decides within its side's part of the limit (Engine::set_capacity). When none is in reach,
-// this node decides by the rule's `fallback`: its share, growing over one window from when the
-// last of them went out of reach, or deny (sluice_forward_fallbacks_total). A part whose owner,
-// in reach, does not answer within forward_timeout_ms is denied here (counted the same way): the
-// owner may have admitted it, and admitting it here too could count it twice; an owner that lets
-// kSilentAfter parts in a row time out is not waited for (the parts are denied at once) for
-// kSilentMs, or until it answers again. A check decided by a replica because the owner is out of
-// reach is counted in sluice_forward_failovers_total. Everything runs on the worker's thread.
+// Who decides a key is OwnerRouting's answer (owner_routing.h): the first of its owner and
+// replicas in reach, a replica taking over (counted in sluice_forward_failovers_total), or, none
+// in reach, this node by the rule's `fallback` (sluice_forward_fallbacks_total). A part whose
+// owner, in reach, does not answer within forward_timeout_ms is denied here (counted the same
+// way): the owner may have admitted it, and admitting it here too could count it twice; an owner
+// that lets OwnerRouting::kSilentAfter parts in a row time out is not waited for (its parts are
+// denied at once) for a while, or until it answers again. Everything runs on the worker's thread.
 struct Worker::Forwarder : CheckRouter {
   // Where the client waits for its answer.
   struct Client {
@@ -326,17 +324,14 @@ struct Worker::Forwarder : CheckRouter {
     std::vector<uint8_t> part_done;
   };
   static constexpr size_t kMaxParts = 256;  // part index in the low 8 bits of a forwarded id
-  // An owner that let a part time out is passed over (its replica decides) for this long, or
-  // until it answers again.
-  static constexpr int64_t kSilentMs = 1'000;
-  static constexpr uint32_t kSilentAfter = 3;
 
   Forwarder(Worker& w_, ClusterNode& c, const std::string& secret)
       : w(w_),
         cluster(c),
         socket(w_.io),
         timer(w_.io),
-        auth(std::make_unique<cluster::PeerCodec>(secret, c.self(), 0)) {
+        auth(std::make_unique<cluster::PeerCodec>(secret, c.self(), 0)),
+        routing(c.self(), [this](uint16_t id) { return endpoints.count(id) != 0; }) {
     w.handler.set_forward_auth([this](std::span<const uint8_t> d) { return auth->verify(d); });
     socket.open(udp::v4());
     socket.bind(udp::endpoint(asio::ip::address_v4::any(), 0));
@@ -344,75 +339,19 @@ struct Worker::Forwarder : CheckRouter {
     receive();
   }
 
-  // CheckRouter
+  // CheckRouter (owner_routing.h)
   Route route(uint64_t routing_key, bool forwarded) override {
     refresh();
-    const int64_t now = w.node.opt.clock();
-    std::array<uint16_t, cluster::HashRing::kMaxReplicas> owners{};
-    const size_t n = view.ring->owners(routing_key, owners);
-    if (n == 0) return {};
-    const uint16_t self = cluster.self();
-    if (owners[0] == self) {
-      // Joining: the key stays with the owner before us, which has its counts, for now.
-      const auto before = view.previous_owner(routing_key, now);
-      if (before && *before != self && view.reachable(*before) && !silent(*before, now) &&
-          endpoint_of(*before)) {
-        return {*before, true};
-      }
-      return {};
+    const uint64_t failovers = routing.failovers();
+    const Route r = routing.route(view, routing_key, forwarded, w.node.opt.clock());
+    if (routing.failovers() != failovers) {
+      w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
     }
-    // The first of the owner and replicas in reach decides (this node, when it is that one).
-    int64_t lost_ms = INT64_MIN;  // when the last of those before it went out of reach
-    for (size_t i = 0; i < n; ++i) {
-      if (const auto since = view.out_since(owners[i]); since && owners[i] != self) {
-        lost_ms = std::max(lost_ms, *since);
-        continue;
-      }
-      if (owners[i] == self) {
-        // A replica takes over (sluice_forward_failovers_total): the owner, out of reach, may
-        // have admitted up to the limit just before, so nothing here for one window from then.
-        if (i == 0) return {};
-        if (!forwarded) w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
-        return takeover_from(lost_ms);
-      }
-      // Sent here as to the owner by a node whose ring or reach differs from ours for the
-      // moment: decided here as asked (forwarding it on could send it back and forth).
-      if (forwarded) return {};
-      if (i > 0) w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
-      if (silent(owners[i], now) || !endpoint_of(owners[i])) return fallback_from(now);
-      return {owners[i], false};
-    }
-    if (forwarded) return {};
-    return fallback_from(lost_ms);
-  }
-  static Route fallback_from(int64_t since_ms) {
-    Route r;
-    r.fallback = true;
-    r.fallback_since_ms = since_ms;
     return r;
   }
-  static Route takeover_from(int64_t since_ms) {
-    Route r;
-    r.takeover = true;
-    r.fallback_since_ms = since_ms;
-    return r;
-  }
-
   bool routes_forwarded() override {
     refresh();
-    return view.joining(w.node.opt.clock()) ||
-           (view.out_of_reach != nullptr && !view.out_of_reach->empty());
-  }
-
-  bool silent(uint16_t id, int64_t now) const {
-    const auto it = silent_until.find(id);
-    return it != silent_until.end() && now < it->second;
-  }
-
-  // A dead owner times out every part sent to it; one slow moment times out a few. Only a run of
-  // kSilentAfter timeouts with no answer in between passes the owner over.
-  void note_timeout(uint16_t owner, int64_t now) {
-    if (++timeouts_in_a_row[owner] >= kSilentAfter) silent_until[owner] = now + kSilentMs;
+    return OwnerRouting::routes_forwarded(view, w.node.opt.clock());
   }
 
   std::optional<udp::endpoint> endpoint_of(uint16_t id) const {
@@ -636,8 +575,7 @@ struct Worker::Forwarder : CheckRouter {
     if (!p.busy || p.generation != static_cast<uint32_t>(id >> 32) || part >= p.part_done.size()) {
       return;  // late: already decided here after a timeout
     }
-    silent_until.erase(p.parts[part].owner);  // it answers again
-    timeouts_in_a_row.erase(p.parts[part].owner);
+    routing.note_answer(p.parts[part].owner);  // it answers again
     if (p.parts[part].redirected) {
       w.handler.credit(p.parts[part].request, answer, p.parts[part].owner, w.node.opt.clock());
     }
@@ -664,7 +602,7 @@ struct Worker::Forwarder : CheckRouter {
           if (i >= pending[slot].part_done.size() || pending[slot].part_done[i]) continue;
           // The owner, in reach, did not answer: it may have admitted the part, so it is denied
           // here (a share from now is nothing), never admitted twice.
-          note_timeout(pending[slot].parts[i].owner, now);
+          routing.note_timeout(pending[slot].parts[i].owner, now);
           w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
           decide_here(slot, i, now, denied_from(now));
         }
@@ -693,9 +631,8 @@ struct Worker::Forwarder : CheckRouter {
   udp::socket socket;
   asio::steady_timer timer;
   std::unique_ptr<cluster::PeerCodec> auth;            // tags forwarded parts, checks received ones
-  std::unordered_map<uint16_t, int64_t> silent_until;  // owner -> passed over until (ms)
-  std::unordered_map<uint16_t, uint32_t> timeouts_in_a_row;
   bool timer_armed = false;
+  OwnerRouting routing;  // who decides each owner-mode check
   ClusterNode::View view;
   uint64_t version = 0;
   std::unordered_map<uint16_t, udp::endpoint> endpoints;  // members' check ports, of `view`
