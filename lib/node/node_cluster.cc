@@ -15,6 +15,7 @@
 
 #include "cluster/delta_sync.h"
 #include "cluster/peer_codec.h"
+#include "cluster/reach.h"
 #include "node/node_state.h"
 #include "node/override_sync.h"
 
@@ -67,7 +68,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
         socket(io_),
         tick_timer(io_),
         sync_timer(io_),
-        reach_timer(io_) {
+        reach_timer(io_),
+        reach({st_.opt.cluster.node_id, st_.opt.cluster.sync_interval_ms,
+               st_.opt.cluster.forget_dead_after_ms}) {
     if (opt.node_id == 0) throw std::runtime_error("cluster.node_id must be 1..65535");
     if (std::string why = cluster::PeerCodec::check_secret(opt.secret); !why.empty()) {
       throw std::runtime_error("cluster.secret: " + why);
@@ -122,8 +125,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   void send_batch(NodeId to, cluster::SyncBatch& b) {
     const auto m = members_by_id.find(to);
     if (m == members_by_id.end()) return;
-    const auto h = heard_sent.find(to);
-    b.heard_ms = h == heard_sent.end() ? 0 : h->second;  // tells `to` its datagrams reach us
+    b.heard_ms = reach.echo_for(to);  // tells `to` its datagrams reach us
     const cluster::PeerError e = codec->seal(b, st.opt.clock(), out);
     if (e != cluster::PeerError::kOk) {
       spdlog::warn("cluster: sync batch for node {} not sealed: {}", to, cluster::to_string(e));
@@ -156,15 +158,13 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       return;
     }
     const NodeId from = msg.header.sender;
-    heard[from] = now;
-    int64_t& sent = heard_sent[from];
-    sent = std::max(sent, msg.header.sent_ms);
+    reach.heard(from, msg.header.sent_ms, now);
     if (const auto m = members_by_id.find(from);
         m != members_by_id.end() && m->second.state == MemberState::kDead) {
       // A member we believe dead is talking to us (a healed partition): tell it now, so it
       // refutes and the views merge within a round trip (at most one such ping per reach period).
       int64_t& at = reconnected_at[from];
-      if (now - at >= reach_timeout_ms()) {
+      if (now - at >= reach.timeout_ms(members_by_id.size())) {
         at = now;
         membership->reconnect(from, now);
         after_membership_call();
@@ -176,8 +176,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
         after_membership_call();
         break;
       case cluster::PeerKind::kSync: {
-        int64_t& echo = echoed[from];
-        echo = std::max(echo, msg.sync.heard_ms);
+        reach.echoed(from, msg.sync.heard_ms);
         if (msg.sync.totals.empty()) break;  // a heartbeat
         synced[from] = now;
         sync_totals_in += msg.sync.totals.size();
@@ -232,43 +231,17 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     arm_tick();
   }
 
-  // ---- reach ----
-  // Members out of reach (docs/architecture.md): a member is in reach while datagrams go both
-  // ways: it was heard from within reach_timeout_ms, and it echoed (SyncBatch::heard_ms) one of
-  // ours sent within that time. Every node sends every member at least an empty batch each
-  // heartbeat period, so a cut is seen within reach_timeout_ms, long before membership suspects
-  // anyone, and a one-way fault is seen on both sides.
-  int64_t heartbeat_ms() const {
-    // Half a sync interval; at least 1 ms per member, so a node sends at most ~1,000 a second.
-    return std::max<int64_t>({opt.sync_interval_ms / 2, static_cast<int64_t>(members_by_id.size()),
-                              1});
-  }
-  int64_t reach_timeout_ms() const {
-    return std::max<int64_t>({kMinReachTimeoutMs, 3 * opt.sync_interval_ms, 6 * heartbeat_ms()});
-  }
-  bool in_reach(NodeId id, int64_t now) const {
-    const auto h = heard.find(id);
-    const auto e = echoed.find(id);
-    const int64_t t = reach_timeout_ms();
-    return h != heard.end() && e != echoed.end() && now - h->second <= t && now - e->second <= t;
-  }
-  bool counted(const Member& m, int64_t now) const {  // expected: not left, not long dead
-    if (m.state == MemberState::kLeft || (left && m.id == opt.node_id)) return false;
-    if (m.state != MemberState::kDead) return true;
-    const auto d = dead_since.find(m.id);
-    return d != dead_since.end() && now - d->second < opt.forget_dead_after_ms;
-  }
-
+  // ---- reach (cluster/reach.h) ----
+  // Every member gets at least an empty batch each heartbeat period, so reach is seen both ways.
   void arm_reach() {
-    reach_timer.expires_after(std::chrono::milliseconds(
-        std::clamp<int64_t>(opt.sync_interval_ms / 4, kMinReachTickMs, kMaxReachTickMs)));
+    reach_timer.expires_after(std::chrono::milliseconds(reach.tick_ms()));
     reach_timer.async_wait([this](boost::system::error_code ec) {
       if (ec || stopped) return;
       const int64_t now = st.opt.clock();
-      if (now - last_heartbeat_ms >= heartbeat_ms()) {
+      if (now - last_heartbeat_ms >= reach.heartbeat_ms(members_by_id.size())) {
         last_heartbeat_ms = now;
         for (const auto& [id, m] : members_by_id) {
-          if (id == opt.node_id || !counted(m, now)) continue;
+          if (id == opt.node_id || !reach.counted(m, left, now)) continue;
           heartbeat.totals.clear();
           heartbeat.handoff = false;
           send_batch(id, heartbeat);
@@ -279,67 +252,31 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     });
   }
 
-  // `reachable` = this node and the live (alive or suspect) members in reach; `expected` = this
-  // node and the members not left and not dead for forget_dead_after_ms or more (a split and a
-  // death look the same from here). While fewer are reachable than expected, this side allows
-  // limit x reachable / expected of every limit, a key whose owner and replicas are all out of
-  // reach is decided here by its rule's fallback (1 / expected of the limit, or deny), so the
-  // sides of a split together stay within the limit. A member that comes back in reach gets a
-  // full sync pass (what each side counted meanwhile).
+  // Re-evaluates reach (cluster::Reach::update) and acts on what changed: while fewer members are
+  // reachable than expected, this side allows limit x reachable / expected of every limit, and a
+  // key whose owner and replicas are all out of reach is decided here by its rule's fallback, so
+  // the sides of a split together stay within the limit; sync follows reach; a member that comes
+  // back in reach gets a full sync pass (what each side counted meanwhile).
   void update_capacity() {
     const int64_t now = st.opt.clock();
-    uint32_t reachable = 0, expected = 0;
-    std::vector<std::pair<NodeId, int64_t>> lost;  // sorted: members_by_id is
-    for (const auto& [id, m] : members_by_id) {
-      if (!counted(m, now)) continue;
-      ++expected;
-      const bool live = m.state == MemberState::kAlive || m.state == MemberState::kSuspect;
-      if (id == opt.node_id || (live && in_reach(id, now))) {
-        ++reachable;
-      } else if (live) {
-        // Out of reach since its last datagram either way, as far as we can tell.
-        const auto was = std::lower_bound(out_of_reach.begin(), out_of_reach.end(),
-                                          std::pair<NodeId, int64_t>{id, INT64_MIN});
-        const bool already = was != out_of_reach.end() && was->first == id;
-        lost.emplace_back(id, already ? was->second : now);
-        if (!already) {
-          spdlog::warn("cluster: member {} out of reach (nothing both ways for {} ms)", id,
-                       reach_timeout_ms());
-        }
-      }
+    const cluster::Reach::Change c = reach.update(members_by_id, left, now);
+    for (const auto& [id, since] : c.went_out) {
+      spdlog::warn("cluster: member {} out of reach (nothing both ways for {} ms)", id,
+                   reach.timeout_ms(members_by_id.size()));
     }
-    reachable = std::max<uint32_t>(reachable, 1);
-    expected = std::max(expected, reachable);
-    if (lost != out_of_reach) {
-      for (const auto& [id, since] : out_of_reach) {
-        const auto now_out = std::lower_bound(lost.begin(), lost.end(),
-                                              std::pair<NodeId, int64_t>{id, INT64_MIN});
-        if (now_out == lost.end() || now_out->first != id) {
-          handoff_pending = true;  // back in reach: both sides' counts since the cut go over
-          spdlog::info("cluster: member {} in reach again after {} ms", id, now - since);
-        }
-      }
-      out_of_reach = lost;
+    for (const auto& [id, since] : c.came_back) {
+      handoff_pending = true;  // back in reach: both sides' counts since the cut go over
+      spdlog::info("cluster: member {} in reach again after {} ms", id, now - since);
+    }
+    if (c.out_changed) {
       rebuild_sync_ring();
       std::lock_guard g(published_mu);
       published_out_of_reach =
-          std::make_shared<const std::vector<std::pair<NodeId, int64_t>>>(std::move(lost));
+          std::make_shared<const std::vector<std::pair<NodeId, int64_t>>>(reach.out_of_reach());
       view_version.fetch_add(1, std::memory_order_release);
     }
-    if (reachable == capacity_reachable && expected == capacity_expected) {
-      grow_due_ms = 0;
-      return;
-    }
-    // Limits shrink at once, and grow back only once the members back in reach have had time to
-    // send what they counted meanwhile (the full sync pass each side sends the other, within a
-    // sync interval): kGrowAfterSyncs sync intervals after the change. Growing at once would let
-    // this side admit its restored part before it knows what the other side admitted.
-    if (static_cast<uint64_t>(reachable) * capacity_expected >
-        static_cast<uint64_t>(capacity_reachable) * expected) {
-      if (grow_due_ms == 0) grow_due_ms = now + kGrowAfterSyncs * opt.sync_interval_ms;
-      if (now < grow_due_ms) return;
-    }
-    grow_due_ms = 0;
+    if (!c.capacity_changed) return;
+    const auto [reachable, expected] = reach.capacity();
     if (reachable == 1 && expected > 1) {
       spdlog::warn("cluster: cut off: none of the {} other members in reach; every limit allows "
                    "1/{} of itself here",
@@ -349,11 +286,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
           "cluster: {} of {} members in reach: every limit allows {}/{} of itself here until the "
           "others answer again (or have been dead for {} ms)",
           reachable, expected, reachable, expected, opt.forget_dead_after_ms);
-    } else if (capacity_reachable < capacity_expected) {
-      spdlog::info("cluster: all {} members in reach again: limits whole", expected);
+    } else {
+      spdlog::info("cluster: all {} members in reach: limits whole", expected);
     }
-    capacity_reachable = reachable;
-    capacity_expected = expected;
     st.engine->set_capacity(reachable, expected);
     std::lock_guard g(published_mu);
     published_expected = expected;
@@ -392,7 +327,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   // all on the other side (gossip decides from them; docs/architecture.md, "Reach").
   void rebuild_sync_ring() {
     sync_ring = ring;
-    for (const auto& [id, since] : out_of_reach) sync_ring.remove(id);
+    for (const auto& [id, since] : reach.out_of_reach()) sync_ring.remove(id);
   }
 
   // ---- ring ----
@@ -407,18 +342,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     }
     const bool was_live = it != members_by_id.end() && (it->second.state == MemberState::kAlive ||
                                                         it->second.state == MemberState::kSuspect);
-    if (m.state == MemberState::kDead) {
-      dead_since.try_emplace(m.id, st.opt.clock());
-    } else {
-      dead_since.erase(m.id);
-    }
-    if (m.state == MemberState::kAlive && !was_live && m.id != opt.node_id) {
-      // Newly met (or back from the dead, having just answered): in reach until the heartbeats
-      // say otherwise, so meeting a member does not shrink the limits for a reach period.
-      const int64_t now = st.opt.clock();
-      heard[m.id] = std::max(heard[m.id], now);
-      echoed[m.id] = std::max(echoed[m.id], now);
-    }
+    reach.state_changed(m.id, m.state, st.opt.clock());
+    if (m.state == MemberState::kAlive && !was_live) reach.met(m.id, st.opt.clock());
     members_by_id[m.id] = m;
     if (was_in != in_ring(m)) ring_changed = true;
     publish_members();
@@ -506,24 +431,16 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   int64_t started_ms = 0;
   bool met_others = false;
   int64_t fresh_until_ms = 0;            // control thread
-  std::map<NodeId, int64_t> dead_since;  // when each dead member was first seen dead
-  uint32_t capacity_reachable = 1, capacity_expected = 1;
-  int64_t grow_due_ms = 0;  // 0, or when the limits may grow to the members now in reach
-  static constexpr int64_t kGrowAfterSyncs = 3;
   bool left = false;
   bool stopped = false;
   int64_t last_resend_ms = 0;
   // Statistics (control thread writes; the admin thread reads under published_mu via status()).
   std::map<std::string, uint64_t> dropped;
-  std::map<NodeId, int64_t> heard, synced;  // our clock, last datagram / non-empty sync batch
-  // Reach: the newest envelope sentMs each member sent us (its clock; echoed back to it), and the
-  // newest of ours each member echoed (our clock).
-  std::map<NodeId, int64_t> heard_sent, echoed, reconnected_at;
-  std::vector<std::pair<NodeId, int64_t>> out_of_reach;  // (live member, since), sorted by id
+  std::map<NodeId, int64_t> synced;  // our clock, last non-empty sync batch
+  std::map<NodeId, int64_t> reconnected_at;  // last ping of a member believed dead, heard again
+  cluster::Reach reach;
   int64_t last_heartbeat_ms = 0;
   cluster::SyncBatch heartbeat;
-  static constexpr int64_t kMinReachTimeoutMs = 250;
-  static constexpr int64_t kMinReachTickMs = 5, kMaxReachTickMs = 250;
   uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0, sync_totals_in = 0;
   uint64_t bytes_in = 0, bytes_out = 0;  // peer UDP payloads, dropped ones included
   uint64_t handoffs = 0;
@@ -665,8 +582,8 @@ ClusterStatus ClusterNode::status() const {
   s.self = c.opt.node_id;
   s.name = c.opt.name;
   s.replicas = c.opt.replicas;
-  s.reachable = c.capacity_reachable;
-  s.expected = c.capacity_expected;
+  s.reachable = c.reach.capacity().first;
+  s.expected = c.reach.capacity().second;
   if (!c.membership) return s;
   s.join_state = std::string(cluster::to_string(c.membership->join_state()));
   s.membership = c.membership->stats();
@@ -683,7 +600,7 @@ ClusterStatus ClusterNode::status() const {
     for (const auto& [id, share] : shares) {
       if (id == m.id) ms.share = share;
     }
-    if (auto h = c.heard.find(m.id); h != c.heard.end()) ms.last_heard_ms = now - h->second;
+    if (const int64_t* h = c.reach.last_heard(m.id)) ms.last_heard_ms = now - *h;
     if (auto y = c.synced.find(m.id); y != c.synced.end()) ms.last_sync_ms = now - y->second;
     s.members.push_back(std::move(ms));
   }
