@@ -668,18 +668,20 @@ std::string run_partition(const Settings& st, std::vector<Row>& rows) {
     for (const char* mode : {"owner", "gossip"}) {
       const int key = mode[0] == 'o' ? 1 : 0;
       const uint16_t owner = mode[0] == 'o' ? owner_o[0] : owner_g[0];
-      char note[400];
+      char note[480];
       std::snprintf(note, sizeof note,
                     "fault %s (%s, %.1f s): max/limit from 1 s after the heal %.3f; membership "
                     "merged %s; deaths declared %s during the fault, %s after the heal; failed "
-                    "during the fault %llu; key owner node %u; rules dropped %llu of %llu packets "
-                    "between nodes",
+                    "before / during / after the fault %llu / %llu / %llu; key owner node %u; "
+                    "rules dropped %llu of %llu packets between nodes",
                     fault.c_str(), what.c_str(), static_cast<double>(r.heal_us - r.fault_us) / 1e6,
                     r.after_heal(key, limit),
                     r.merged_s ? (fmt_opt(r.merged_s, 2) + " s after the heal").c_str()
                                : "NOT within 15 s of the heal",
                     opt_u(r.deaths_during()).c_str(), opt_u(r.deaths_after()).c_str(),
+                    static_cast<unsigned long long>(r.failed(key, INT64_MIN, r.fault_us)),
                     static_cast<unsigned long long>(r.failed(key, r.fault_us, r.heal_us)),
+                    static_cast<unsigned long long>(r.failed(key, r.heal_us, INT64_MAX)),
                     static_cast<unsigned>(owner),
                     static_cast<unsigned long long>(r.counters.dropped),
                     static_cast<unsigned long long>(r.counters.seen));
