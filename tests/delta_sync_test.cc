@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -188,5 +189,50 @@ TEST_CASE("delta sync: after a node leaves, a handoff pass gives each key's new 
     const auto owner = sim.ring.owner(rules::routing_key(c));
     REQUIRE(owner.has_value());
     CHECK_MESSAGE(sim.known(*owner, k) == total, k << " at its new owner " << *owner);
+  }
+}
+
+TEST_CASE("delta sync across a 2|2 cut: with the ring in reach, each side knows every key's count "
+          "of its own side, also of keys whose holders are all on the other side") {
+  Sim sim({1, 2, 3, 4}, 5);
+  const int64_t now = kT0;
+  const std::set<NodeId> side_a{1, 2}, side_b{3, 4};
+  std::map<std::string, uint64_t> exact_a, exact_b;  // checks made on each side
+  std::uniform_int_distribution<int> key(0, 39), pick(0, 1);
+  for (int i = 0; i < 800; ++i) {
+    const std::string k = "key-" + std::to_string(key(sim.rng));
+    const bool a = i % 2 == 0;
+    const NodeId at = static_cast<NodeId>(a ? 1 + pick(sim.rng) : 3 + pick(sim.rng));
+    sim.check(at, k, now);
+    ++(a ? exact_a : exact_b)[k];
+  }
+  cluster::HashRing ring_a = sim.ring, ring_b = sim.ring;
+  ring_a.remove(3);
+  ring_a.remove(4);
+  ring_b.remove(1);
+  ring_b.remove(2);
+  // Two passes (own totals to the holders, then the holders' merged state to the others), with
+  // nothing crossing the cut.
+  for (int round = 0; round < 2; ++round) {
+    for (auto& [id, n] : sim.nodes) {
+      const bool in_a = side_a.count(id) != 0;
+      n.sync->pass(
+          sim.ring, cluster::DeltaSync::Mode::kChanged, false,
+          [&](NodeId to, const cluster::SyncBatch& b) {
+            if ((side_a.count(to) != 0) == in_a) sim.queue.push_back({to, b.totals});
+          },
+          in_a ? &ring_a : &ring_b);
+    }
+    sim.deliver(now, 0.0, 0.0);
+  }
+  for (const auto& [k, n] : exact_a) {
+    CAPTURE(k);
+    CHECK(sim.known(1, k) == n);
+    CHECK(sim.known(2, k) == n);
+  }
+  for (const auto& [k, n] : exact_b) {
+    CAPTURE(k);
+    CHECK(sim.known(3, k) == n);
+    CHECK(sim.known(4, k) == n);
   }
 }

@@ -9,19 +9,19 @@ namespace sluice::cluster {
 
 class DeltaSync::Router : public engine::SyncSink {
  public:
-  Router(DeltaSync& ds, const HashRing& ring, bool handoff, const Send& send)
-      : ds_(ds), ring_(ring), handoff_(handoff), send_(send) {}
+  Router(DeltaSync& ds, const HashRing& ring, const HashRing* in_reach, bool handoff,
+         const Send& send)
+      : ds_(ds), ring_(ring), in_reach_(in_reach), handoff_(handoff), send_(send) {}
 
   void item(const engine::SyncItem& it) override {
-    std::array<NodeId, HashRing::kMaxReplicas> owners{};
-    const size_t n = ring_.owners(rules::routing_key(it.counter), owners);
     dests_.clear();
-    for (size_t i = 0; i < n; ++i) {
-      if (owners[i] != ds_.self_) dests_.push_back(owners[i]);
-    }
+    add_owners(ring_, it.counter);
+    if (in_reach_ != nullptr) add_owners(*in_reach_, it.counter);
     if (it.with_others) {
       for (NodeId r : it.reporters) {
-        if (r != ds_.self_ && ring_.contains(r)) dests_.push_back(r);
+        if (r != ds_.self_ && (ring_.contains(r) || (in_reach_ && in_reach_->contains(r)))) {
+          dests_.push_back(r);
+        }
       }
     }
     std::sort(dests_.begin(), dests_.end());
@@ -48,6 +48,13 @@ class DeltaSync::Router : public engine::SyncSink {
   }
 
  private:
+  void add_owners(const HashRing& ring, uint64_t counter) {
+    std::array<NodeId, HashRing::kMaxReplicas> owners{};
+    const size_t n = ring.owners(rules::routing_key(counter), owners);
+    for (size_t i = 0; i < n; ++i) {
+      if (owners[i] != ds_.self_) dests_.push_back(owners[i]);
+    }
+  }
   SyncBatch& batch_for(NodeId d) {
     SyncBatch& b = ds_.pending_[d];
     b.from = ds_.self_;
@@ -62,6 +69,7 @@ class DeltaSync::Router : public engine::SyncSink {
 
   DeltaSync& ds_;
   const HashRing& ring_;
+  const HashRing* in_reach_;
   bool handoff_;
   const Send& send_;
   std::vector<NodeId> dests_;
@@ -70,17 +78,22 @@ class DeltaSync::Router : public engine::SyncSink {
 DeltaSync::DeltaSync(engine::Engine& engine, NodeId self, size_t max_totals)
     : engine_(engine), self_(self), max_totals_(std::max<size_t>(max_totals, 1)) {}
 
-void DeltaSync::pass(const HashRing& ring, Mode mode, bool handoff, const Send& send) {
+void DeltaSync::pass(const HashRing& ring, Mode mode, bool handoff, const Send& send,
+                     const HashRing* in_reach) {
   ++stats_.passes;
   if (mode == Mode::kEverything) engine_.mark_all_changed_for_sync();
-  Router router(*this, ring, handoff, send);
+  Router router(*this, ring, in_reach, handoff, send);
   // The owner and the replicas all push the merged state they hold: when the owner dies, its
   // replica keeps every holder current during the seconds before membership declares it dead.
-  const auto owns = [&ring, this](uint64_t counter) {
+  // Across a cut, the holders in reach do it on their side.
+  const auto holds = [this](const HashRing& r, uint64_t counter) {
     std::array<NodeId, HashRing::kMaxReplicas> owners{};
-    const size_t n = ring.owners(rules::routing_key(counter), owners);
+    const size_t n = r.owners(rules::routing_key(counter), owners);
     return std::find(owners.begin(), owners.begin() + static_cast<std::ptrdiff_t>(n), self_) !=
            owners.begin() + static_cast<std::ptrdiff_t>(n);
+  };
+  const auto owns = [&](uint64_t counter) {
+    return holds(ring, counter) || (in_reach != nullptr && holds(*in_reach, counter));
   };
   cursor_.restart(mode != Mode::kChanged);
   while (!engine_.sync_step(cursor_, 256, owns, router)) {

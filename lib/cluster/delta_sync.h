@@ -47,7 +47,12 @@ class DeltaSync {
     kEverything  // every counter (handoff after a membership change)
   };
   // One pass over the whole table. `send` gets each batch as it fills, and the rest at the end.
-  void pass(const HashRing& ring, Mode mode, bool handoff, const Send& send);
+  // `in_reach` (optional): the ring without the members this node cannot reach now. A counter's
+  // holders are then its owners in both rings: those in reach stand in for those out of it, so
+  // the nodes on each side of a cut keep exchanging counts, and a member wrongly believed out of
+  // reach (a slow moment) still gets what it holds.
+  void pass(const HashRing& ring, Mode mode, bool handoff, const Send& send,
+            const HashRing* in_reach = nullptr);
 
   const DeltaSyncStats& stats() const { return stats_; }
 

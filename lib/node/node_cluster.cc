@@ -317,14 +317,17 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       mode = cluster::DeltaSync::Mode::kResend;
       last_resend_ms = now;
     }
-    delta->pass(sync_ring, mode, handoff,
-                [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); });
+    delta->pass(ring, mode, handoff,
+                [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); },
+                reach.out_of_reach().empty() ? nullptr : &sync_ring);
   }
 
-  // Sync follows reach: a counter's totals go to the first of its holders in rendezvous order
-  // among the members in reach (the ring without those out of reach), so the nodes on each side
-  // of a cut keep exchanging the counts of every key, also of keys whose owner and replicas are
-  // all on the other side (gossip decides from them; docs/architecture.md, "Reach").
+  // Sync follows reach: a counter's totals also go to the first of its holders in rendezvous
+  // order among the members in reach (the ring without those out of reach), so the nodes on each
+  // side of a cut keep exchanging the counts of every key, also of keys whose owner and replicas
+  // are all on the other side (gossip decides from them; docs/architecture.md, "Reach"). They
+  // still go to the ring's holders too: a member wrongly believed out of reach for a moment (a
+  // slow node) never misses counts because of it.
   void rebuild_sync_ring() {
     sync_ring = ring;
     for (const auto& [id, since] : reach.out_of_reach()) sync_ring.remove(id);
@@ -422,7 +425,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::unique_ptr<OverrideSync> overrides;  // created by start()
   std::map<NodeId, Member> members_by_id;  // as membership reported them (control thread)
   cluster::HashRing ring{2};
-  cluster::HashRing sync_ring{2};  // ring without the members out of reach (rebuild_sync_ring)
+  cluster::HashRing sync_ring{2};  // the ring without the members out of reach (rebuild_sync_ring)
   bool ring_changed = false;
   bool handoff_pending = false;
   // Joining (View::joining): a node that served alone for longer than this before it met the
