@@ -18,6 +18,8 @@
 //                       node in turn) on 5 nodes, each timed from just before its admin POST
 //                       until every other node reports it (POST /v1/overrides/get polled every
 //                       ~5 ms): override_p50_ms, override_p99_ms, override_max_ms
+//   sync-cost           CPU ms of a running node's sync passes with 1M idle keys and 1k active
+//                       (run_sync_cost)
 //   partition           5 nodes in network namespaces (tests/support/netns_cluster.h; root, ip and
 //                       nft, else skipped): a 2|3 split, a one-way fault, 30 % loss, each 10 s
 //                       under traffic, then healed (run_partition)
@@ -37,6 +39,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -75,6 +78,11 @@ struct Row {
   // overrides: ms from a write on one node until every node reports it.
   std::optional<double> override_p50_ms = std::nullopt, override_p99_ms = std::nullopt,
                         override_max_ms = std::nullopt;
+  // sync-cost: CPU ms of the node's changed-counter sync passes (mean; p50 and p99 as the upper
+  // bound of their power-of-two bucket), the keys it holds and those changed per pass.
+  std::optional<double> sync_cpu_ms_mean = std::nullopt, sync_cpu_ms_p50 = std::nullopt,
+                        sync_cpu_ms_p99 = std::nullopt;
+  std::optional<double> idle_keys = std::nullopt, active_keys = std::nullopt;
 };
 
 struct Settings {
@@ -586,6 +594,115 @@ std::string fmt_opt(const std::optional<double>& v, int decimals) {
   return buf;
 }
 
+// sync-cost (issue 10 item 7): what a sync pass costs a running node, from the node's own
+// counters (/v1/cluster sync: the control thread's CPU time per pass, CLOCK_THREAD_CPUTIME_ID).
+// 3 nodes, sync every 100 ms, one gossip rule with one 1-minute limit (never reached). Node 1 is
+// sent `idle` distinct keys once (libsluice batches of 32), then, for --seconds, `active` other
+// keys every 100 ms, so each changed pass has about `active` counters (and their demand twins) to
+// report among idle + active. Measured on node 1 between two reads of its counters, after 2 s:
+// the mean CPU ms of a changed pass, and its p50 and p99 as the upper bound of their
+// power-of-two bucket.
+std::string run_sync_cost(const Settings& st, std::vector<Row>& rows) {
+  const uint64_t idle = st.quick ? 100'000 : 1'000'000;
+  const uint64_t active = 1'000;
+  ClusterSpec spec = spec_for(st, 3, 1'000'000'000);
+  spec.rules_yaml =
+      "domains:\n  - name: g\n    rules:\n      - name: per-key\n        key: [k]\n"
+      "        consistency: gossip\n        limits: [1000000000/1m]\n";
+  LocalCluster c(spec);
+  if (std::string err = c.start(); !err.empty()) return err;
+  sluice::ClientOptions co;
+  co.nodes = {c.check_addresses().at(0)};
+  co.timeout = std::chrono::milliseconds(500);
+  co.attempts = 3;
+  std::string error;
+  const auto client = sluice::Client::create(co, &error);
+  if (!client) return "client: " + error;
+  std::vector<std::string> names;
+  std::vector<sluice::Entry> entries;
+  std::vector<sluice::Check> checks;
+  std::vector<sluice::Result> results;
+  uint64_t failed = 0;
+  // Checks keys [first, first + count) named prefix + i, 32 per batch; false past `deadline`.
+  const auto send = [&](const std::string& prefix, uint64_t first, uint64_t count,
+                        SteadyClock::time_point deadline) {
+    for (uint64_t i = first; i < first + count; i += 32) {
+      if (SteadyClock::now() > deadline) return false;
+      const uint64_t n = std::min<uint64_t>(32, first + count - i);
+      names.resize(n);
+      entries.resize(n);
+      checks.resize(n);
+      for (uint64_t j = 0; j < n; ++j) {
+        names[j] = prefix + std::to_string(i + j);
+        entries[j] = {"k", names[j]};
+        checks[j] = {"g", std::span<const sluice::Entry>(&entries[j], 1), 1};
+      }
+      client->check_batch(checks, results);
+      for (const auto& r : results) failed += r.outcome == sluice::Outcome::kDecided ? 0 : 1;
+    }
+    return true;
+  };
+  const auto t_load = SteadyClock::now();
+  if (!send("idle-", 0, idle, t_load + std::chrono::seconds(120))) return "idle keys: over 120 s";
+  const double load_s = secs_since(t_load);
+  // Passes after the first walk of every shard: from 2 s of active traffic on.
+  const auto sync_of = [&]() -> std::optional<Json> {
+    const auto j = c.cluster_json(0);
+    if (!j || !j->contains("sync")) return std::nullopt;
+    return (*j)["sync"];
+  };
+  const auto run_active = [&](double seconds) {
+    const auto end = SteadyClock::now() + ms_of(seconds);
+    auto next = SteadyClock::now();
+    while (SteadyClock::now() < end) {
+      send("active-", 0, active, end + std::chrono::seconds(1));
+      next += milliseconds(100);
+      std::this_thread::sleep_until(next);
+    }
+  };
+  run_active(2);
+  const auto before = sync_of();
+  run_active(st.seconds);
+  const auto after = sync_of();
+  if (!before || !after) return "no sync figures in /v1/cluster";
+  const double passes = (*after)["kind_passes"]["changed"].get<double>() -
+                        (*before)["kind_passes"]["changed"].get<double>();
+  const double cpu_us =
+      (*after)["cpu_us"]["changed"].get<double>() - (*before)["cpu_us"]["changed"].get<double>();
+  if (std::getenv("SLUICE_BENCH_DEBUG") != nullptr) {
+    std::fprintf(stderr, "  sync before: %s\n  sync after: %s\n", before->dump().c_str(),
+                 after->dump().c_str());
+  }
+  if (passes <= 0) return "no changed sync pass measured";
+  const auto& b0 = (*before)["cpu_us_buckets_changed"];
+  const auto& b1 = (*after)["cpu_us_buckets_changed"];
+  const auto bucket_bound_ms = [&](double q) {
+    double cum = 0;
+    for (size_t i = 0; i < b1.size(); ++i) {
+      cum += b1[i].get<double>() - b0[i].get<double>();
+      if (cum >= q * passes) return static_cast<double>(uint64_t{1} << i) / 1000.0;
+    }
+    return std::numeric_limits<double>::infinity();
+  };
+  Row row{"sync-cost", "gossip", 3, 100, 0, 0, std::nullopt, failed, std::nullopt, std::nullopt,
+          "", std::nullopt, std::nullopt, "", std::nullopt};
+  row.sync_cpu_ms_mean = cpu_us / passes / 1000.0;
+  row.sync_cpu_ms_p50 = bucket_bound_ms(0.50);
+  row.sync_cpu_ms_p99 = bucket_bound_ms(0.99);
+  row.idle_keys = static_cast<double>(idle);
+  row.active_keys = static_cast<double>(active);
+  char note[300];
+  std::snprintf(note, sizeof note,
+                "node 1: %llu idle keys (sent in %.1f s) + %llu active every 100 ms; %.0f changed "
+                "passes: CPU ms mean %.3f, p50 < %.3f, p99 < %.3f",
+                static_cast<unsigned long long>(idle), load_s,
+                static_cast<unsigned long long>(active), passes, *row.sync_cpu_ms_mean,
+                *row.sync_cpu_ms_p50, *row.sync_cpu_ms_p99);
+  row.note = note;
+  rows.push_back(std::move(row));
+  return "";
+}
+
 // partition (issue 10 item 5): 5 nodes, each in a network namespace of its own, limit 50/s, and
 // 300/s offered per mode (a gossip key and an owner key at once) spread over every node, each
 // check to its node only, with libsluice's default timeout (20 ms) and attempts. Three faults,
@@ -724,7 +841,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1.0, 120.0));
   app.add_option("--scenario", only,
                  "one of stable-3, stable-5, seed000, kill9, join, drain, forwarding, overrides, "
-                 "partition");
+                 "partition, sync-cost");
   app.add_option("--sluiced", st.sluiced, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
   if (st.quick && !app.count("--seconds")) st.seconds = 3;
@@ -744,6 +861,7 @@ int main(int argc, char** argv) {
       {"forwarding", true, [&](auto& r) { return run_forwarding(st, r); }},
       {"overrides", true, [&](auto& r) { return run_overrides(st, r); }},
       {"partition", false, [&](auto& r) { return run_partition(st, r); }},
+      {"sync-cost", false, [&](auto& r) { return run_sync_cost(st, r); }},
   };
   bool known = only.empty();
   for (const Scenario& s : scenarios)
@@ -807,6 +925,11 @@ int main(int argc, char** argv) {
                      {"override_p50_ms", opt(r.override_p50_ms)},
                      {"override_p99_ms", opt(r.override_p99_ms)},
                      {"override_max_ms", opt(r.override_max_ms)},
+                     {"sync_cpu_ms_mean", opt(r.sync_cpu_ms_mean)},
+                     {"sync_cpu_ms_p50", opt(r.sync_cpu_ms_p50)},
+                     {"sync_cpu_ms_p99", opt(r.sync_cpu_ms_p99)},
+                     {"idle_keys", opt(r.idle_keys)},
+                     {"active_keys", opt(r.active_keys)},
                      {"note", r.note}});
     }
     sluice::bench::print_json_rows(out);

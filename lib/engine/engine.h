@@ -184,6 +184,9 @@ class SyncSink {
 // at a time per engine: a second cursor running at once can leave counters to the next resend.
 struct SyncCursor {
   bool resend = false;  // anti-entropy: every counter changed since the last resend pass
+  // Not resend: only the totals of buckets that end after this (ms): what changed since the last
+  // pass is there; older buckets go out with the next resend (INT64_MIN: every bucket).
+  int64_t since_ms = INT64_MIN;
   uint32_t shard = 0;
   // Within the shard (the engine's business): walking its slots at (table, slot), or going
   // through the counters it listed as changed, positions [next, end).
@@ -200,12 +203,13 @@ struct SyncCursor {
     uint32_t totals_end, reporters_end;
   };
   std::vector<Item> items;
-  void restart(bool resend_recent) {
+  void restart(bool resend_recent, int64_t recent_since_ms = INT64_MIN) {
     shard = table = 0;
     phase = 0;
     slot = 0;
     next = end = 0;
     resend = resend_recent;
+    since_ms = resend_recent ? INT64_MIN : recent_since_ms;
   }
 };
 

@@ -563,6 +563,25 @@ std::string render_metrics(AdminHttp::State& st) {
           c.sync_totals_in);
     m.one("sluice_handoffs_total", "counter", "Full sync passes after membership changes.",
           c.handoffs);
+    const char* kinds[] = {"changed", "resend", "handoff"};
+    m.family("sluice_sync_passes_total", "counter",
+             "Sync passes, by kind: changed (every sync interval), resend (anti-entropy), handoff.");
+    for (size_t k = 0; k < 3; ++k)
+      m.sample("sluice_sync_passes_total", {"pass", kinds[k]}, c.sync_kind_passes[k]);
+    m.family("sluice_sync_cpu_us_total", "counter",
+             "CPU microseconds the control thread spent in sync passes, by kind.");
+    for (size_t k = 0; k < 3; ++k)
+      m.sample("sluice_sync_cpu_us_total", {"pass", kinds[k]}, c.sync_cpu_us[k]);
+    // Cumulative buckets of the changed passes' CPU time (histogram_quantile works on them).
+    m.family("sluice_sync_pass_cpu_us_bucket", "counter",
+             "Changed-counter sync passes that took less than le CPU microseconds (cumulative).");
+    uint64_t passes = 0;
+    for (size_t i = 0; i < c.sync_cpu_us_buckets.size(); ++i) {
+      passes += c.sync_cpu_us_buckets[i];
+      const std::string le =
+          i + 1 == c.sync_cpu_us_buckets.size() ? "+Inf" : std::to_string(uint64_t{1} << i);
+      m.sample("sluice_sync_pass_cpu_us_bucket", {"le", le}, passes);
+    }
     m.family("sluice_override_updates_total", "counter",
              "Cluster-wide override records, by event: sent (pushes and full tables, per member), "
              "received, applied (newer than this node's: persisted and in force), known (already "

@@ -9,6 +9,7 @@
 #include <array>
 #include <boost/asio.hpp>
 #include <chrono>
+#include <ctime>
 #include <map>
 #include <random>
 #include <stdexcept>
@@ -317,9 +318,28 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       mode = cluster::DeltaSync::Mode::kResend;
       last_resend_ms = now;
     }
+    const int64_t cpu0 = thread_cpu_us();
+    // A changed pass sends the buckets of the last three sync intervals (what changed since the
+    // last pass is there, late merges and timer slack included); the resend sends every bucket.
     delta->pass(ring, mode, handoff,
                 [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); },
-                reach.out_of_reach().empty() ? nullptr : &sync_ring);
+                reach.out_of_reach().empty() ? nullptr : &sync_ring,
+                now - 3 * opt.sync_interval_ms);
+    const auto cpu = static_cast<uint64_t>(std::max<int64_t>(0, thread_cpu_us() - cpu0));
+    const size_t kind = handoff ? 2 : mode == cluster::DeltaSync::Mode::kResend ? 1 : 0;
+    sync_cpu_us[kind] += cpu;
+    ++sync_kind_passes[kind];
+    if (kind == 0) {
+      sync_cpu_us_max_changed = std::max(sync_cpu_us_max_changed, cpu);
+      size_t b = 0;
+      while (b + 1 < sync_cpu_us_buckets.size() && cpu >= (uint64_t{1} << b)) ++b;
+      ++sync_cpu_us_buckets[b];
+    }
+  }
+  static int64_t thread_cpu_us() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1'000'000 + ts.tv_nsec / 1'000;
   }
 
   // Sync follows reach: a counter's totals also go to the first of its holders in rendezvous
@@ -447,6 +467,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0, sync_totals_in = 0;
   uint64_t bytes_in = 0, bytes_out = 0;  // peer UDP payloads, dropped ones included
   uint64_t handoffs = 0;
+  std::array<uint64_t, 3> sync_cpu_us{}, sync_kind_passes{};  // ClusterStatus has the meaning
+  uint64_t sync_cpu_us_max_changed = 0;
+  std::array<uint64_t, ClusterStatus::kSyncCpuBuckets> sync_cpu_us_buckets{};
 
   mutable std::mutex published_mu;  // guards published_ring and published_members
   std::shared_ptr<const cluster::HashRing> published_ring;
@@ -614,6 +637,10 @@ ClusterStatus ClusterNode::status() const {
   s.bytes_in = c.bytes_in;
   s.bytes_out = c.bytes_out;
   s.send_errors = c.send_errors;
+  s.sync_cpu_us = c.sync_cpu_us;
+  s.sync_kind_passes = c.sync_kind_passes;
+  s.sync_cpu_us_max_changed = c.sync_cpu_us_max_changed;
+  s.sync_cpu_us_buckets = c.sync_cpu_us_buckets;
   s.sync_passes = c.delta->stats().passes;
   s.sync_totals_out = c.delta->stats().totals;
   s.sync_batches_out = c.delta->stats().batches;

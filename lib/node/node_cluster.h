@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,12 @@ struct ClusterStatus {
   uint64_t bytes_in = 0, bytes_out = 0;  // peer UDP payload bytes (IP and UDP headers not counted)
   uint64_t sync_passes = 0, sync_totals_out = 0, sync_totals_in = 0, sync_batches_out = 0;
   uint64_t handoffs = 0;  // full passes after membership changes
+  // CPU time of the sync passes on the control thread (CLOCK_THREAD_CPUTIME_ID), by kind:
+  // [0] changed (every sync interval), [1] resend (anti-entropy), [2] handoff (everything).
+  static constexpr size_t kSyncCpuBuckets = 22;  // bucket i: < 2^i us; the last: the rest
+  std::array<uint64_t, 3> sync_cpu_us{}, sync_kind_passes{};
+  uint64_t sync_cpu_us_max_changed = 0;
+  std::array<uint64_t, kSyncCpuBuckets> sync_cpu_us_buckets{};  // changed passes
   OverrideSyncStats overrides;  // cluster-wide overrides (override_sync.h)
   size_t replicas = 0;
   // Members out of reach (docs/architecture.md): every limit allows reachable / expected here.
