@@ -184,8 +184,9 @@ class SyncSink {
 // at a time per engine: a second cursor running at once can leave counters to the next resend.
 struct SyncCursor {
   bool resend = false;  // anti-entropy: every counter changed since the last resend pass
-  // Not resend: only the totals of buckets that end after this (ms): what changed since the last
-  // pass is there; older buckets go out with the next resend (INT64_MIN: every bucket).
+  // Not resend: only this node's own totals of buckets that end after this (ms): a check counts
+  // in the bucket of its time, so what changed since the last pass is there (INT64_MIN: every
+  // bucket). Others' totals (a holder's push) always go whole.
   int64_t since_ms = INT64_MIN;
   uint32_t shard = 0;
   // Within the shard (the engine's business): walking its slots at (table, slot), or going

@@ -47,8 +47,10 @@ void collect(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id, uint16_t no
   if (!own_changed && !with_others) return;  // others changed, and we do not own it
   const int64_t head = t.head_at(i);
   const auto own = t.own(i);
-  // The oldest bucket that goes out: the ring's, or the one holding since_ms (buckets are
-  // epoch-aligned: bucket b covers [b, b + 1) x bucket_ms).
+  // The oldest of this node's own buckets that goes out: the ring's, or the one holding since_ms
+  // (buckets are epoch-aligned: bucket b covers [b, b + 1) x bucket_ms). Own totals change only in
+  // the bucket of the check, so the older ones have not changed since the last pass. The others'
+  // totals a holder pushes all go: a late report may change any bucket.
   int64_t first = head - ring + 1;
   if (c.since_ms != INT64_MIN) {
     const int64_t bms = t.spec().bucket_ms;
@@ -67,7 +69,7 @@ void collect(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id, uint16_t no
         c.reporters.push_back(n.node);
         if (!with_others) continue;
         for (const auto& [bucket, total] : n.buckets) {
-          if (total != 0 && bucket >= first && bucket <= head) {
+          if (total != 0 && bucket > head - ring && bucket <= head) {
             c.totals.push_back({counter, t.spec(), n.node, bucket, total});
           }
         }

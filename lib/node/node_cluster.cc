@@ -319,8 +319,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       last_resend_ms = now;
     }
     const int64_t cpu0 = thread_cpu_us();
-    // A changed pass sends the buckets of the last three sync intervals (what changed since the
-    // last pass is there, late merges and timer slack included); the resend sends every bucket.
+    // A changed pass sends this node's own totals of the buckets of the last three sync intervals
+    // (its checks since the last pass counted there; timer slack included); the resend sends
+    // every bucket.
     delta->pass(ring, mode, handoff,
                 [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); },
                 reach.out_of_reach().empty() ? nullptr : &sync_ring,
