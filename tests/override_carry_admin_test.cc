@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "in_process_node.h"
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -67,42 +69,8 @@ Json post(uint16_t port, const std::string& target, const Json& body, int* statu
   return Json::parse(in.substr(head_end + 4));
 }
 
-struct TestNode {
-  fs::path dir;
-  std::atomic<int64_t> now{kT0};
-  std::unique_ptr<sluice::node::Node> node;
-  std::thread thread;
-
-  TestNode() {
-    dir = fs::temp_directory_path() / ("override-carry-test-" + std::to_string(::getpid()) + "-" +
-                                       std::to_string(std::random_device{}()));
-    fs::create_directories(dir);
-    std::ofstream(dir / "rules.yaml") << kRules;
-    sluice::node::NodeOptions opt;
-    opt.udp_listen = "127.0.0.1:0";
-    opt.tcp_listen = "127.0.0.1:0";
-    opt.admin_listen = "127.0.0.1:0";
-    opt.threads = 1;
-    opt.rules_file = (dir / "rules.yaml").string();
-    opt.data_dir = (dir / "data").string();
-    opt.init_data = true;
-    opt.clock = [this] { return now.load(); };
-    node = std::make_unique<sluice::node::Node>(opt);
-    thread = std::thread([this] { node->run(/*handle_signals=*/false); });
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!node->ready() && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    REQUIRE(node->ready());
-  }
-  ~TestNode() {
-    node->stop();
-    if (thread.joinable()) thread.join();
-    node.reset();
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  uint16_t port() const { return node->admin_port(); }
+struct TestNode : sluice::testing::InProcessNode {
+  TestNode() : InProcessNode("override-carry-test", kRules, kT0) {}
 
   int admitted(const std::string& client, int tries) {
     int n = 0;

@@ -262,6 +262,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     const int64_t now = st.opt.clock();
     const cluster::Reach::Change c = reach.update(members_by_id, left, now);
     for (const auto& [id, since] : c.went_out) {
+      // Its counters' holders in reach change: a full pass gives the new ones what they lack (a
+      // changed pass sends only the newest of this node's own buckets).
+      handoff_pending = true;
       spdlog::warn("cluster: member {} out of reach (nothing both ways for {} ms)", id,
                    reach.timeout_ms(members_by_id.size()));
     }

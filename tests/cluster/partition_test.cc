@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,31 @@ void check_bounds(const FaultRunResult& r, const LoadOptions& lo) {
   CHECK(r.merged_s.value_or(1e9) <= kMergeSeconds);
 }
 
+// Random loss (`apply`) for 15 s under traffic on a fresh cluster: no member declared dead
+// during it or after, and the bounds of every fault.
+void run_loss_case(const std::function<std::string(NetnsCluster&)>& apply,
+                   const std::string& prefix, const std::string& what) {
+  NetnsCluster net(spec());
+  const std::string started = net.start();
+  REQUIRE_MESSAGE(started.empty(), started);
+  FaultRunOptions o;
+  o.apply = apply;
+  o.load = load_options(prefix);
+  o.before = milliseconds(2000);
+  o.fault = milliseconds(15000);
+  o.after = milliseconds(3000);
+  const FaultRunResult r = run_fault_under_load(net, o);
+  REQUIRE_MESSAGE(r.error.empty(), r.error);
+  print_figures(what, r, o.load);
+
+  CHECK(r.counters.dropped > 0);
+  REQUIRE(r.deaths_during().has_value());
+  REQUIRE(r.deaths_after().has_value());
+  CHECK(*r.deaths_during() == 0);
+  CHECK(*r.deaths_after() == 0);
+  check_bounds(r, o.load);
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -217,48 +243,11 @@ TEST_CASE(
 
 TEST_CASE("30 % random loss between 5 nodes under traffic declares no member dead") {
   if (skipped()) return;
-  NetnsCluster net(spec());
-  const std::string started = net.start();
-  REQUIRE_MESSAGE(started.empty(), started);
-
-  FaultRunOptions o;
-  o.apply = [](NetnsCluster& n) { return n.lose(30); };
-  o.load = load_options("loss");
-  o.before = milliseconds(2000);
-  o.fault = milliseconds(15000);
-  o.after = milliseconds(3000);
-  const FaultRunResult r = run_fault_under_load(net, o);
-  REQUIRE_MESSAGE(r.error.empty(), r.error);
-  print_figures("30 % loss", r, o.load);
-
-  CHECK(r.counters.dropped > 0);
-  REQUIRE(r.deaths_during().has_value());
-  REQUIRE(r.deaths_after().has_value());
-  CHECK(*r.deaths_during() == 0);
-  CHECK(*r.deaths_after() == 0);
-  check_bounds(r, o.load);
+  run_loss_case([](NetnsCluster& n) { return n.lose(30); }, "loss", "30 % loss");
 }
 
 TEST_CASE("30 % loss one way, into one node, under traffic declares no member dead") {
   if (skipped()) return;
-  NetnsCluster net(spec());
-  const std::string started = net.start();
-  REQUIRE_MESSAGE(started.empty(), started);
-
-  FaultRunOptions o;
-  o.apply = [](NetnsCluster& n) { return n.deafen(2, 30); };
-  o.load = load_options("oneway-loss");
-  o.before = milliseconds(2000);
-  o.fault = milliseconds(15000);
-  o.after = milliseconds(3000);
-  const FaultRunResult r = run_fault_under_load(net, o);
-  REQUIRE_MESSAGE(r.error.empty(), r.error);
-  print_figures("30 % loss into node 3", r, o.load);
-
-  CHECK(r.counters.dropped > 0);
-  REQUIRE(r.deaths_during().has_value());
-  REQUIRE(r.deaths_after().has_value());
-  CHECK(*r.deaths_during() == 0);
-  CHECK(*r.deaths_after() == 0);
-  check_bounds(r, o.load);
+  run_loss_case([](NetnsCluster& n) { return n.deafen(2, 30); }, "oneway-loss",
+                "30 % loss into node 3");
 }
