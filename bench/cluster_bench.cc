@@ -23,12 +23,18 @@
 //   partition           5 nodes in network namespaces (tests/support/netns_cluster.h; root, ip and
 //                       nft, else skipped): a 2|3 split, a one-way fault, 30 % loss, each 10 s
 //                       under traffic, then healed (run_partition)
+//   peer-traffic        peer UDP payload bytes per node per second (GET /v1/cluster bytes_out,
+//                       bytes_in, datagrams_out) at 3, 5 and 10 nodes, sync 100 ms: idle (no
+//                       checks: heartbeats, membership, anti-entropy), then the gossip rule and
+//                       the owner rule each under 10,000 active keys at 10,000 checks/s spread
+//                       over the nodes, with the 1 s limit and the hourly total (2 counters per
+//                       check) and with the 1 s limit alone (1 counter) (run_peer_traffic)
 //
 // admitted_over_limit = the largest number of checks admitted in any true 1 s window (exact, over
 // the clients' send times) / the limit; for several keys the worst key. admitted_min_over_limit =
 // the fewest in a true window that starts 1 s or more into the run (stepped by 1 ms).
-// offered_per_s is per key. SLUICE_BENCH_TIMELINE=1 prints each steady run's admitted checks per
-// 100 ms on stderr.
+// offered_per_s is per key (peer-traffic: times active_keys is the cluster-wide rate).
+// SLUICE_BENCH_TIMELINE=1 prints each steady run's admitted checks per 100 ms on stderr.
 // Rules (two_mode_rules): strict estimator, 100 ms buckets, so one node alone never exceeds the
 // limit in a true window.
 //
@@ -38,6 +44,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -49,10 +56,15 @@
 #include "cluster_process.h"
 #include "json_rows.h"
 #include "netns_cluster.h"
+#include "peer_traffic.h"
 
 namespace {
 
 using namespace sluice::testing;
+using sluice::bench::KeySweepLoad;
+using sluice::bench::measure_peer_window;
+using sluice::bench::PeerWindow;
+using sluice::bench::SweepOptions;
 using std::chrono::milliseconds;
 
 constexpr int64_t kWindowUs = 1'000'000;
@@ -82,7 +94,16 @@ struct Row {
   // bound of their power-of-two bucket), the keys it holds and those changed per pass.
   std::optional<double> sync_cpu_ms_mean = std::nullopt, sync_cpu_ms_p50 = std::nullopt,
                         sync_cpu_ms_p99 = std::nullopt;
-  std::optional<double> idle_keys = std::nullopt, active_keys = std::nullopt;
+  std::optional<double> idle_keys = std::nullopt;  // and active_keys (below)
+  // peer-traffic: peer UDP payload bytes (and datagrams) per node per second, the mean over the
+  // nodes and the busiest node's; the checks per second the whole cluster decided; distinct keys.
+  std::optional<double> peer_bytes_out_per_node_s = std::nullopt,
+                        peer_bytes_out_max_node_s = std::nullopt,
+                        peer_bytes_in_per_node_s = std::nullopt,
+                        peer_datagrams_out_per_node_s = std::nullopt, checks_per_s = std::nullopt,
+                        active_keys = std::nullopt;
+  std::optional<double> counters_per_check =
+      std::nullopt;  // peer-traffic: counters a check counts in
 };
 
 struct Settings {
@@ -172,10 +193,11 @@ struct SteadyResult {
   std::optional<double> fallbacks;  // owner-mode parts decided by a fallback, all nodes
 };
 
-// sluice_forward_fallbacks_total summed over the running nodes; nullopt if one does not answer.
-std::optional<double> fallbacks_total(LocalCluster& c) {
+// Metric `metric` (one without labels) summed over the running nodes; nullopt if one does not
+// answer or lacks it.
+std::optional<double> metric_total(LocalCluster& c, const std::string& metric) {
   double sum = 0;
-  const std::string name = "sluice_forward_fallbacks_total ";
+  const std::string name = metric + " ";
   for (size_t i = 0; i < c.size(); ++i) {
     if (!c.running(i)) continue;
     const HttpReply m = c.get(i, "/metrics");
@@ -184,6 +206,11 @@ std::optional<double> fallbacks_total(LocalCluster& c) {
     sum += std::strtod(m.body.c_str() + at + 1 + name.size(), nullptr);
   }
   return sum;
+}
+
+// sluice_forward_fallbacks_total summed over the running nodes; nullopt if one does not answer.
+std::optional<double> fallbacks_total(LocalCluster& c) {
+  return metric_total(c, "sluice_forward_fallbacks_total");
 }
 
 // One steady run of `domain`/`key` spread over the nodes as `skew` says.
@@ -828,6 +855,181 @@ std::string run_partition(const Settings& st, std::vector<Row>& rows) {
   return "";
 }
 
+// peer-traffic (issue 10 item 7): what the nodes send each other over the peer port, per node
+// per second, at 3, 5 and 10 nodes with the node defaults (sync 100 ms, so an empty batch to every
+// member each 50 ms as a heartbeat; replicas 2; anti-entropy 5 s; probes 1 s). Per N: idle (no
+// checks at all) for --seconds, 2 s after the cluster converged; then, each on a fresh cluster (no
+// counters of an earlier run left for anti-entropy to resend), the gossip rule and the owner rule
+// under load, with the rules of two_mode_rules (each check counts in the key's 1 s limit, never
+// reached here, and in the hourly `total`: 2 counters per check), and again with the 1 s limit
+// alone (1 counter per check). The load: 10,000 keys checked in sweeps at kPeerTrafficRate
+// checks/s (each key about once a second), round-robin over the nodes, each key at the next node
+// every sweep (KeySweepLoad, peer_traffic.h), measured for --seconds after a warm-up of N sweeps
+// (every key checked at every node; 2 s at least: 3, 5 and 10 s at 10,000 checks/s). Every
+// node's /v1/cluster counters are read at the start and the end of the measured interval, each
+// node's rates over its own interval. Owner-rule checks that land on a non-owner go to the owner's
+// check port, which is not peer traffic: the note gives those parts per node per second
+// (sluice_forwarded_parts_total). failed_checks counts the warm-up too.
+// SLUICE_BENCH_PEER_RATE=R offers R checks/s instead; SLUICE_BENCH_PEER_NODES=3,10 picks the sizes.
+constexpr double kPeerTrafficRate = 10'000;
+
+__attribute__((format(printf, 1, 2))) std::string strf(const char* format, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buf, sizeof buf, format, args);
+  va_end(args);
+  return buf;
+}
+
+// A peer-traffic row from one measured interval; keys = 0: idle.
+Row peer_row(size_t nodes, const std::string& mode, size_t keys, double rate, uint64_t limit,
+             int counters_per_check, const PeerWindow& w) {
+  const sluice::bench::PeerRates& r = w.rates;
+  Row row;
+  row.scenario = "peer-traffic";
+  row.mode = mode;
+  row.nodes = nodes;
+  row.sync_ms = 100;
+  row.offered_per_s = keys > 0 ? rate / static_cast<double>(keys) : 0;
+  row.limit_per_s = limit;
+  row.skew = keys > 0 ? "even" : "";
+  row.peer_bytes_out_per_node_s = r.bytes_out_mean;
+  row.peer_bytes_out_max_node_s = r.bytes_out_max;
+  row.peer_bytes_in_per_node_s = r.bytes_in_mean;
+  row.peer_datagrams_out_per_node_s = r.datagrams_out_mean;
+  row.checks_per_s = w.decided_per_s;
+  row.active_keys = static_cast<double>(keys);
+  if (keys > 0) {
+    row.counters_per_check = counters_per_check;
+    row.note = counters_per_check == 2 ? "1 s limit + hourly total (2 counters per check); "
+                                       : "1 s limit alone (1 counter per check); ";
+  } else {
+    row.note = "no checks; ";
+  }
+  row.note += strf(
+      "per node per s: out %.1f kB mean, %.1f kB max (node-%zu), in %.1f kB; datagrams out %.0f "
+      "(%.0f B each), in %.0f; cluster: %.1f kB/s out, %.1f %% of it received",
+      r.bytes_out_mean / 1e3, r.bytes_out_max / 1e3, r.busiest + 1, r.bytes_in_mean / 1e3,
+      r.datagrams_out_mean,
+      r.datagrams_out_mean > 0 ? r.bytes_out_mean / r.datagrams_out_mean : 0.0, r.datagrams_in_mean,
+      r.bytes_out_total / 1e3,
+      r.bytes_out_mean > 0 ? 100.0 * r.bytes_in_mean / r.bytes_out_mean : 100.0);
+  if (keys > 0) {
+    row.note += strf("; %.0f B per decided check; checks/s sent %.0f, decided %.0f",
+                     w.decided_per_s > 0 ? r.bytes_out_total / w.decided_per_s : 0.0, w.sent_per_s,
+                     w.decided_per_s);
+  }
+  return row;
+}
+
+// One N, one rule set: `mode`'s rule under load on a fresh cluster (idle first when asked).
+std::string peer_traffic_run(const Settings& st, size_t n, const std::string& mode, bool with_total,
+                             bool idle_first, double rate, std::vector<Row>& rows) {
+  const uint64_t limit = 1000;  // per key per second: never reached, every check is counted
+  const size_t keys = 10'000;
+  // Each key visits the next node every sweep over the keys: after N sweeps every node has checked
+  // it, so its owner and replica push its merged state to every node (what a round-robin load
+  // balancer leads to). The warm-up lasts that long, 2 s at least, so the rows show that steady
+  // state rather than its ramp.
+  const milliseconds warmup =
+      std::max(milliseconds(2000), ms_of(static_cast<double>(n * keys) / rate));
+  const int counters = with_total ? 2 : 1;
+  ClusterSpec spec = spec_for(st, n, limit);
+  spec.rules_yaml = two_mode_rules(limit, "strict", "100ms", with_total);
+  LocalCluster c(spec);
+  if (std::string err = c.start(milliseconds(30000)); !err.empty()) return err;
+  if (idle_first) {  // the floor, before any key exists
+    PeerWindow w;
+    if (std::string err =
+            measure_peer_window(c, nullptr, SteadyClock::now() + milliseconds(2000), st.seconds, w);
+        !err.empty()) {
+      return err;
+    }
+    rows.push_back(peer_row(n, "idle", 0, 0, limit, 0, w));
+    std::fprintf(stderr, "  peer-traffic %zu nodes idle: %.0f B/s out per node\n", n,
+                 w.rates.bytes_out_mean);
+  }
+  SweepOptions so;
+  so.domain = mode.substr(0, 1);
+  so.key_prefix = "pt-" + mode + "-";
+  so.keys = keys;
+  so.rate_per_s = rate;
+  // Until stop() after the measured interval, which may end late (the admin ports of busy nodes
+  // answer slowly); at most a minute more than planned.
+  so.duration = warmup + ms_of(st.seconds) + milliseconds(60000);
+  KeySweepLoad load(so, c.check_ports());
+  const std::optional<double> fallbacks_before = fallbacks_total(c);
+  if (std::string err = load.start(); !err.empty()) return err;
+  std::this_thread::sleep_until(load.started() + warmup);
+  const bool owner = mode == "owner";
+  const auto forwarded = [&] {
+    return owner ? metric_total(c, "sluice_forwarded_parts_total") : std::nullopt;
+  };
+  const std::optional<double> forwarded_before = forwarded();
+  const auto t0 = SteadyClock::now();
+  PeerWindow w;
+  std::string err = measure_peer_window(c, &load, t0, st.seconds, w);
+  const std::optional<double> forwarded_after = forwarded();
+  const double forwarded_s = secs_since(t0);
+  load.stop();
+  if (!load.wait() && err.empty()) err = "some checks never completed";
+  if (!err.empty()) return err;
+  const KeySweepLoad::Counts done = load.counts();
+  Row row = peer_row(n, mode, keys, rate, limit, counters, w);
+  row.failed_checks = done.failed;
+  row.note +=
+      strf("; %llu denied, %llu failed in the measured interval",
+           static_cast<unsigned long long>(done.denied), static_cast<unsigned long long>(w.failed));
+  if (owner) {
+    if (const auto after = fallbacks_total(c); after && fallbacks_before) {
+      row.fallbacks = *after - *fallbacks_before;
+    }
+    if (forwarded_before && forwarded_after) {
+      row.note +=
+          strf("; forwarded to owners (check ports, not peer bytes): %.0f parts per node per s",
+               (*forwarded_after - *forwarded_before) / forwarded_s / static_cast<double>(n));
+    }
+  }
+  std::fprintf(stderr,
+               "  peer-traffic %zu nodes %s, %d counter(s) per check: %.0f B/s out per node (max "
+               "%.0f), %.0f checks/s, %llu failed\n",
+               n, mode.c_str(), counters, w.rates.bytes_out_mean, w.rates.bytes_out_max,
+               w.decided_per_s, static_cast<unsigned long long>(done.failed));
+  rows.push_back(std::move(row));
+  return "";
+}
+
+std::string run_peer_traffic(const Settings& st, std::vector<Row>& rows) {
+  double rate = kPeerTrafficRate;
+  if (const char* r = std::getenv("SLUICE_BENCH_PEER_RATE")) rate = std::strtod(r, nullptr);
+  if (!(rate >= 1 && rate <= 1e6)) return "SLUICE_BENCH_PEER_RATE must be 1..1000000";
+  std::vector<size_t> sizes = {3, 5, 10};
+  if (st.quick) sizes = {3};
+  if (const char* only = std::getenv("SLUICE_BENCH_PEER_NODES")) {
+    sizes.clear();
+    for (const char* p = only; *p != '\0';) {
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(p, &end, 10);
+      if (end == p || v < 2 || v > 10) return "SLUICE_BENCH_PEER_NODES: sizes 2..10, by commas";
+      sizes.push_back(v);
+      p = *end == ',' ? end + 1 : end;
+    }
+  }
+  for (const size_t n : sizes) {
+    for (const bool with_total : {true, false}) {
+      for (const std::string mode : {"gossip", "owner"}) {
+        const bool idle_first = with_total && mode == "gossip";
+        if (std::string err = peer_traffic_run(st, n, mode, with_total, idle_first, rate, rows);
+            !err.empty()) {
+          return std::to_string(n) + " nodes, " + mode + ": " + err;
+        }
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -841,7 +1043,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1.0, 120.0));
   app.add_option("--scenario", only,
                  "one of stable-3, stable-5, seed000, kill9, join, drain, forwarding, overrides, "
-                 "partition, sync-cost");
+                 "partition, sync-cost, peer-traffic");
   app.add_option("--sluiced", st.sluiced, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
   if (st.quick && !app.count("--seconds")) st.seconds = 3;
@@ -862,6 +1064,7 @@ int main(int argc, char** argv) {
       {"overrides", true, [&](auto& r) { return run_overrides(st, r); }},
       {"partition", false, [&](auto& r) { return run_partition(st, r); }},
       {"sync-cost", false, [&](auto& r) { return run_sync_cost(st, r); }},
+      {"peer-traffic", false, [&](auto& r) { return run_peer_traffic(st, r); }},
   };
   bool known = only.empty();
   for (const Scenario& s : scenarios)
@@ -888,11 +1091,11 @@ int main(int argc, char** argv) {
 
   std::printf("sluice-bench-cluster: %zu rows, %.0f s of traffic per steady run, %.0f s in all\n",
               rows.size(), st.seconds, secs_since(t0));
-  std::printf("%-10s %-6s %-11s %5s %7s %9s %7s %9s %9s %6s %8s %11s %11s %9s  %s\n", "scenario",
+  std::printf("%-12s %-6s %-11s %5s %7s %9s %7s %9s %9s %6s %8s %11s %11s %9s  %s\n", "scenario",
               "mode", "skew", "nodes", "sync_ms", "offered/s", "limit/s", "max/limit", "min/limit",
               "failed", "detect_s", "added_p50us", "added_p99us", "fallbacks", "note");
   for (const Row& r : rows) {
-    std::printf("%-10s %-6s %-11s %5zu %7lld %9.0f %7llu %9s %9s %6llu %8s %11s %11s %9s  %s\n",
+    std::printf("%-12s %-6s %-11s %5zu %7lld %9.0f %7llu %9s %9s %6llu %8s %11s %11s %9s  %s\n",
                 r.scenario.c_str(), r.mode.c_str(), r.skew.empty() ? "-" : r.skew.c_str(), r.nodes,
                 static_cast<long long>(r.sync_ms), r.offered_per_s,
                 static_cast<unsigned long long>(r.limit_per_s),
@@ -929,7 +1132,13 @@ int main(int argc, char** argv) {
                      {"sync_cpu_ms_p50", opt(r.sync_cpu_ms_p50)},
                      {"sync_cpu_ms_p99", opt(r.sync_cpu_ms_p99)},
                      {"idle_keys", opt(r.idle_keys)},
+                     {"peer_bytes_out_per_node_s", opt(r.peer_bytes_out_per_node_s)},
+                     {"peer_bytes_out_max_node_s", opt(r.peer_bytes_out_max_node_s)},
+                     {"peer_bytes_in_per_node_s", opt(r.peer_bytes_in_per_node_s)},
+                     {"peer_datagrams_out_per_node_s", opt(r.peer_datagrams_out_per_node_s)},
+                     {"checks_per_s", opt(r.checks_per_s)},
                      {"active_keys", opt(r.active_keys)},
+                     {"counters_per_check", opt(r.counters_per_check)},
                      {"note", r.note}});
     }
     sluice::bench::print_json_rows(out);

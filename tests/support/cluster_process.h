@@ -261,18 +261,20 @@ inline HttpReply http_request(uint16_t port, const std::string& method, const st
 //   - `total`: 1e12 per hour in 1-minute buckets, never reached, counting every admitted check,
 //     so /v1/inspect shows how many admitted checks each node knows of (own + others).
 // A gossip domain `g` and an owner domain `o`, one rule each keyed by `k`: `limit_per_s` per 1 s
-// window in 100 ms buckets by default (strict by default: one node alone never exceeds the limit in a true
-// window; weighted follows a sliding log more closely under bursts), plus a huge hourly `total`
-// that counts every admitted check.
+// window in 100 ms buckets by default (strict by default: one node alone never exceeds the limit in
+// a true window; weighted follows a sliding log more closely under bursts), plus a huge hourly
+// `total` that counts every admitted check (with_total = false: no `total`, one counter per key).
 inline std::string two_mode_rules(uint64_t limit_per_s, const char* estimator = "strict",
-                                  const char* granularity = "100ms") {
+                                  const char* granularity = "100ms", bool with_total = true) {
   std::string out = "domains:\n";
   for (const char* mode : {"gossip", "owner"}) {
     out += std::string("  - name: ") + mode[0] + "\n    rules:\n      - name: per-key\n" +
            "        key: [k]\n        estimator: " + estimator + "\n        consistency: " + mode +
            "\n" + "        limits:\n          - {limit: " + std::to_string(limit_per_s) +
-           ", window: 1s, granularity: " + granularity + "}\n" +
-           "          - {limit: 1000000000000, window: 1h, granularity: 1m, name: total}\n";
+           ", window: 1s, granularity: " + granularity + "}\n";
+    if (with_total) {
+      out += "          - {limit: 1000000000000, window: 1h, granularity: 1m, name: total}\n";
+    }
   }
   return out;
 }
