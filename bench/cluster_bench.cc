@@ -673,10 +673,13 @@ std::string run_sync_cost(const Settings& st, std::vector<Row>& rows) {
   if (!send("idle-", 0, idle, t_load + std::chrono::seconds(120))) return "idle keys: over 120 s";
   const double load_s = secs_since(t_load);
   // Passes after the first walk of every shard: from 2 s of active traffic on.
+  // A node busy with a long pass answers late: asked up to 5 times.
   const auto sync_of = [&]() -> std::optional<Json> {
-    const auto j = c.cluster_json(0);
-    if (!j || !j->contains("sync")) return std::nullopt;
-    return (*j)["sync"];
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      const auto j = c.cluster_json(0);
+      if (j && j->contains("sync")) return (*j)["sync"];
+    }
+    return std::nullopt;
   };
   const auto run_active = [&](double seconds) {
     const auto end = SteadyClock::now() + ms_of(seconds);

@@ -375,12 +375,12 @@ struct CollectSync : engine::SyncSink {
     with_others.push_back(it.with_others);
     reporters.emplace_back(it.reporters.begin(), it.reporters.end());
   }
-  void pass(Engine& e, bool owner, bool resend = false, int64_t since_ms = INT64_MIN) {
+  void pass(Engine& e, bool owner, bool resend = false) {
     items.clear();
     with_others.clear();
     reporters.clear();
     engine::SyncCursor cur;
-    cur.restart(resend, since_ms);
+    cur.restart(resend);
     while (!e.sync_step(
         cur, 16, [owner](uint64_t) { return owner; }, *this)) {
     }
@@ -425,39 +425,6 @@ TEST_CASE("a sync pass sends own totals of changed counters once, and the owner 
   CHECK(s.items.size() == 2);
   s.pass(e, false, true);
   CHECK(s.items.empty());
-}
-
-TEST_CASE("a changed pass with since_ms sends its own buckets from the one holding it on, others' "
-          "whole; a resend sends every bucket") {
-  engine::EngineOptions opt;
-  opt.node_id = 1;
-  // 1-minute limit in 1 s buckets.
-  rules::Rule r = rule("per-user", {"user"}, {limit("100/1m")});
-  r.limits[0].spec.bucket_ms = 1'000;
-  Engine e(compile(one_domain({r})), opt);
-  Checker c{e, {}, {}};
-  c.check({{"user", "1"}}, kT0, 3);          // bucket kT0 / 1000
-  c.check({{"user", "1"}}, kT0 + 5'000, 4);  // five buckets later
-  const auto& lim = *c.limits()[0].limit;
-  const std::string_view values[] = {"1"};
-  const uint64_t counter =
-      rules::counter_id(rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
-  CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, lim.spec, 7, kT0 / 1'000, 9},
-                                                 {counter, lim.spec, 7, kT0 / 1'000 + 5, 2}},
-                kT0 + 5'000) == 2);
-  CollectSync s;
-  s.pass(e, true, false, kT0 + 4'700);  // within the bucket of kT0 + 4 s: from it on
-  REQUIRE(s.items.size() == 1);
-  // Node 1's own newest bucket (4), and node 7's two (the owner's push: a late report may be in
-  // any bucket).
-  REQUIRE(s.items[0].size() == 3);
-  CHECK(s.items[0][0].node == 1);
-  CHECK(s.items[0][0].bucket == kT0 / 1'000 + 5);
-  CHECK(s.items[0][0].total == 4);
-  // The older own total goes out with the resend.
-  s.pass(e, true, true);
-  REQUIRE(s.items.size() == 1);
-  CHECK(s.items[0].size() == 4);
 }
 
 namespace {

@@ -79,7 +79,7 @@ DeltaSync::DeltaSync(engine::Engine& engine, NodeId self, size_t max_totals)
     : engine_(engine), self_(self), max_totals_(std::max<size_t>(max_totals, 1)) {}
 
 void DeltaSync::pass(const HashRing& ring, Mode mode, bool handoff, const Send& send,
-                     const HashRing* in_reach, int64_t since_ms) {
+                     const HashRing* in_reach) {
   ++stats_.passes;
   if (mode == Mode::kEverything) engine_.mark_all_changed_for_sync();
   Router router(*this, ring, in_reach, handoff, send);
@@ -95,7 +95,7 @@ void DeltaSync::pass(const HashRing& ring, Mode mode, bool handoff, const Send& 
   const auto owns = [&](uint64_t counter) {
     return holds(ring, counter) || (in_reach != nullptr && holds(*in_reach, counter));
   };
-  cursor_.restart(mode != Mode::kChanged, mode == Mode::kChanged ? since_ms : INT64_MIN);
+  cursor_.restart(mode != Mode::kChanged);
   while (!engine_.sync_step(cursor_, 256, owns, router)) {
   }
   router.flush_all();

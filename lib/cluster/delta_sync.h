@@ -51,10 +51,8 @@ class DeltaSync {
   // holders are then its owners in both rings: those in reach stand in for those out of it, so
   // the nodes on each side of a cut keep exchanging counts, and a member wrongly believed out of
   // reach (a slow moment) still gets what it holds.
-  // `since_ms` (kChanged only): this node's own totals of the buckets that end after it, where
-  // its checks since the last pass counted (INT64_MIN: every bucket; engine::SyncCursor).
   void pass(const HashRing& ring, Mode mode, bool handoff, const Send& send,
-            const HashRing* in_reach = nullptr, int64_t since_ms = INT64_MIN);
+            const HashRing* in_reach = nullptr);
 
   const DeltaSyncStats& stats() const { return stats_; }
 

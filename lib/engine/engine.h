@@ -184,10 +184,6 @@ class SyncSink {
 // at a time per engine: a second cursor running at once can leave counters to the next resend.
 struct SyncCursor {
   bool resend = false;  // anti-entropy: every counter changed since the last resend pass
-  // Not resend: only this node's own totals of buckets that end after this (ms): a check counts
-  // in the bucket of its time, so what changed since the last pass is there (INT64_MIN: every
-  // bucket). Others' totals (a holder's push) always go whole.
-  int64_t since_ms = INT64_MIN;
   uint32_t shard = 0;
   // Within the shard (the engine's business): walking its slots at (table, slot), or going
   // through the counters it listed as changed, positions [next, end).
@@ -204,13 +200,12 @@ struct SyncCursor {
     uint32_t totals_end, reporters_end;
   };
   std::vector<Item> items;
-  void restart(bool resend_recent, int64_t recent_since_ms = INT64_MIN) {
+  void restart(bool resend_recent) {
     shard = table = 0;
     phase = 0;
     slot = 0;
     next = end = 0;
     resend = resend_recent;
-    since_ms = resend_recent ? INT64_MIN : recent_since_ms;
   }
 };
 

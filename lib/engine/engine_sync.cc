@@ -47,17 +47,7 @@ void collect(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id, uint16_t no
   if (!own_changed && !with_others) return;  // others changed, and we do not own it
   const int64_t head = t.head_at(i);
   const auto own = t.own(i);
-  // The oldest of this node's own buckets that goes out: the ring's, or the one holding since_ms
-  // (buckets are epoch-aligned: bucket b covers [b, b + 1) x bucket_ms). Own totals change only in
-  // the bucket of the check, so the older ones have not changed since the last pass. The others'
-  // totals a holder pushes all go: a late report may change any bucket.
-  int64_t first = head - ring + 1;
-  if (c.since_ms != INT64_MIN) {
-    const int64_t bms = t.spec().bucket_ms;
-    const int64_t since_bucket = c.since_ms >= 0 ? c.since_ms / bms : -((-c.since_ms + bms - 1) / bms);
-    first = std::max(first, since_bucket);
-  }
-  for (int64_t b = first; b <= head; ++b) {
+  for (int64_t b = head - ring + 1; b <= head; ++b) {
     const uint32_t v = own[static_cast<size_t>(((b % ring) + ring) % ring)];
     if (v != 0) c.totals.push_back({counter, t.spec(), node_id, b, v});
   }

@@ -262,14 +262,11 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     const int64_t now = st.opt.clock();
     const cluster::Reach::Change c = reach.update(members_by_id, left, now);
     for (const auto& [id, since] : c.went_out) {
-      // Its counters' holders in reach change: a full pass gives the new ones what they lack (a
-      // changed pass sends only the newest of this node's own buckets).
-      handoff_pending = true;
       spdlog::warn("cluster: member {} out of reach (nothing both ways for {} ms)", id,
                    reach.timeout_ms(members_by_id.size()));
     }
     for (const auto& [id, since] : c.came_back) {
-      handoff_pending = true;  // back in reach: both sides' counts since the cut go over
+      reach_handoff_pending = true;  // back in reach: both sides' counts since the cut go over
       spdlog::info("cluster: member {} in reach again after {} ms", id, now - since);
     }
     if (c.out_changed) {
@@ -312,23 +309,27 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     const int64_t now = st.opt.clock();
     cluster::DeltaSync::Mode mode = cluster::DeltaSync::Mode::kChanged;
     bool handoff = false;
-    if (handoff_pending) {
+    // A full pass after a ring change at once; after members come back in reach at most once per
+    // anti-entropy interval: a node starved of CPU can see members go and come back every few
+    // hundred ms, and a full pass over a large table takes long enough on the control thread to
+    // make it miss heartbeats, which would feed the flapping.
+    const bool reach_due = reach_handoff_pending &&
+                           now - last_reach_handoff_ms >= opt.anti_entropy_interval_ms;
+    if (handoff_pending || reach_due) {
       mode = cluster::DeltaSync::Mode::kEverything;
       handoff = true;
       handoff_pending = false;
+      reach_handoff_pending = false;
+      if (reach_due) last_reach_handoff_ms = now;
       ++handoffs;
     } else if (now - last_resend_ms >= opt.anti_entropy_interval_ms) {
       mode = cluster::DeltaSync::Mode::kResend;
       last_resend_ms = now;
     }
     const int64_t cpu0 = thread_cpu_us();
-    // A changed pass sends this node's own totals of the buckets of the last three sync intervals
-    // (its checks since the last pass counted there; timer slack included); the resend sends
-    // every bucket.
     delta->pass(ring, mode, handoff,
                 [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); },
-                reach.out_of_reach().empty() ? nullptr : &sync_ring,
-                now - 3 * opt.sync_interval_ms);
+                reach.out_of_reach().empty() ? nullptr : &sync_ring);
     const auto cpu = static_cast<uint64_t>(std::max<int64_t>(0, thread_cpu_us() - cpu0));
     const size_t kind = handoff ? 2 : mode == cluster::DeltaSync::Mode::kResend ? 1 : 0;
     sync_cpu_us[kind] += cpu;
@@ -451,7 +452,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   cluster::HashRing ring{2};
   cluster::HashRing sync_ring{2};  // the ring without the members out of reach (rebuild_sync_ring)
   bool ring_changed = false;
-  bool handoff_pending = false;
+  bool handoff_pending = false;        // ring changed: a full pass next
+  bool reach_handoff_pending = false;  // members back in reach: a full pass when due (sync_pass)
+  int64_t last_reach_handoff_ms = INT64_MIN / 2;
   // Joining (View::joining): a node that served alone for longer than this before it met the
   // others is not joining them: it holds counts of its own.
   static constexpr int64_t kJoinWithinMs = 2'000;
