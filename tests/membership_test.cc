@@ -1,9 +1,9 @@
 // Unit tests of lib/cluster/membership: the pure functions (precedence, suspicion timeout,
 // retransmit limit, option validation), one node driven by hand through a recording transport
-// (hostile and stale input, join retries, local health, the deadline contract), and whole
-// clusters in a deterministic simulated network: convergence, failure detection time, no false
-// deaths for slow or lossy members, refutation, leave, restart, partition and heal, loss, identity
-// conflicts, bounded gossip.
+// (hostile and stale input, local health, the deadline contract; join and anti-entropy are in
+// membership_join_test.cc), and whole clusters in a deterministic simulated network:
+// convergence, failure detection time, no false deaths for slow or lossy members, refutation,
+// leave, restart, partition and heal, loss, identity conflicts, bounded gossip.
 //
 // Everything is deterministic: time is simulated, randomness comes from seeded generators, and
 // randomized loops have fixed counts.
@@ -532,90 +532,6 @@ TEST_CASE(
   CHECK(h.transport.sent.empty());
   h.node.tick(deadline);
   CHECK(h.node.next_deadline_ms() > deadline);
-}
-
-TEST_CASE("membership: join retries every interval, then reports that no seed answered") {
-  RecordingTransport t;
-  Membership node(member_of(0), {}, t, 3);
-  CHECK(node.join_state() == JoinState::kNotStarted);
-  const std::vector<Endpoint> seeds = {endpoint_of(0), endpoint_of(5), endpoint_of(6)};
-  int64_t now = 0;
-  node.join(seeds, now);
-  CHECK(node.join_state() == JoinState::kJoining);
-  // Our own endpoint is skipped; the two others get kJoin carrying our record.
-  REQUIRE(t.sent.size() == 2);
-  CHECK(t.sent[0].message.kind == MembershipKind::kJoin);
-  CHECK(t.sent[0].message.gossip.at(0) == member_of(0));
-  auto run_until = [&](int64_t until) {
-    while (node.next_deadline_ms() <= until) {
-      now = node.next_deadline_ms();
-      node.tick(now);
-    }
-  };
-  run_until(10 * kSec);
-  CHECK(t.sent.size() == 10);  // 5 rounds to 2 seeds, 1 s apart
-  CHECK(node.join_state() == JoinState::kNoSeedAnswered);
-  // Alone, it keeps trying at the slower rejoin interval (30 s).
-  run_until(40 * kSec);
-  CHECK(t.sent.size() == 12);
-  run_until(64 * kSec);
-  CHECK(t.sent.size() == 12);
-  run_until(65 * kSec);
-  CHECK(t.sent.size() == 14);
-
-  // Seeds that are all this node: nothing to send.
-  RecordingTransport t2;
-  Membership lonely(member_of(0), {}, t2, 3);
-  lonely.join(std::vector<Endpoint>{endpoint_of(0)}, 0);
-  CHECK(lonely.join_state() == JoinState::kNoSeedAnswered);
-  CHECK(t2.sent.empty());
-}
-
-TEST_CASE("membership: a seed answers kJoin with every member it knows and gossips the newcomer") {
-  HandDriven h(3);
-  Member joiner = member_of(5);
-  h.node.on_message(endpoint_of(5), msg(MembershipKind::kJoin, joiner.id, 0, 0, {joiner}), h.now);
-  const std::vector<Sent> sent = h.transport.take();
-  const auto reply = std::find_if(sent.begin(), sent.end(), [](const Sent& s) {
-    return s.message.kind == MembershipKind::kJoinReply;
-  });
-  REQUIRE(reply != sent.end());
-  CHECK(reply->to == endpoint_of(5));
-  CHECK(reply->message.gossip.size() == 4);  // self, node-b, node-c and the joiner
-  CHECK(h.node.find(joiner.id).value().state == MemberState::kAlive);
-  // Gossiped at once to other members.
-  const bool gossiped = std::any_of(sent.begin(), sent.end(), [&](const Sent& s) {
-    return s.message.kind == MembershipKind::kPing && s.to != endpoint_of(5) &&
-           std::find(s.message.gossip.begin(), s.message.gossip.end(), joiner) !=
-               s.message.gossip.end();
-  });
-  CHECK(gossiped);
-  CHECK(h.node.stats().joins_answered == 1);
-}
-
-TEST_CASE(
-    "membership: a large member list goes out in several kJoinReply, and the joiner merges them "
-    "all") {
-  MembershipOptions small;
-  small.max_join_reply_entries = 4;
-  HandDriven seed(11, small);  // node-a knows node-b .. node-k: 11 members
-  RecordingTransport t;
-  Membership joiner(member_of(20), small, t, 5);
-  const Endpoint seed_endpoint = endpoint_of(0);
-  joiner.join(std::span<const Endpoint>(&seed_endpoint, 1), seed.now);
-  REQUIRE(t.sent.size() == 1);
-  seed.node.on_message(endpoint_of(20), t.take()[0].message, seed.now);
-  std::vector<Sent> replies;
-  for (Sent& s : seed.transport.take())
-    if (s.message.kind == MembershipKind::kJoinReply) replies.push_back(std::move(s));
-  REQUIRE(replies.size() == 3);  // 12 members with the joiner, 4 per message
-  for (const Sent& r : replies) {
-    CHECK(r.message.gossip.size() <= 4);
-    joiner.on_message(seed_endpoint, r.message, seed.now);
-  }
-  CHECK(joiner.join_state() == JoinState::kJoined);
-  CHECK(joiner.members().size() == 12);  // the seed, its 10 members, and the joiner
-  CHECK(joiner.stats().join_replies == 3);
 }
 
 TEST_CASE(

@@ -18,6 +18,10 @@ constexpr int64_t kNoDeadline = std::numeric_limits<int64_t>::max();
 constexpr int64_t kLongAgo = std::numeric_limits<int64_t>::min() / 4;
 // Standing accusations repeated per message (gossip_for); the rest of the room is for news.
 constexpr size_t kAccusationsPerMessage = 2;
+// Up to this many live members the anti-entropy pull keeps sync_interval_ms; above it the pull
+// slows down (anti_entropy_interval_ms) and recent deaths ride on spare room in every message
+// (gossip_for): membership.h, "Anti-entropy".
+constexpr size_t kUnscaledMembers = 32;
 
 // SWIM precedence at equal incarnation.
 int rank(MemberState s) {
@@ -114,52 +118,12 @@ uint32_t retransmit_limit(const MembershipOptions& options, size_t live_members)
   return options.retransmit_mult * static_cast<uint32_t>(std::ceil(std::log10(n + 1.0)));
 }
 
-std::string_view to_string(MemberState state) {
-  switch (state) {
-    case MemberState::kAlive:
-      return "alive";
-    case MemberState::kSuspect:
-      return "suspect";
-    case MemberState::kDead:
-      return "dead";
-    case MemberState::kLeft:
-      return "left";
-  }
-  return "unknown";
-}
-
-std::string_view to_string(JoinState state) {
-  switch (state) {
-    case JoinState::kNotStarted:
-      return "not_started";
-    case JoinState::kJoining:
-      return "joining";
-    case JoinState::kJoined:
-      return "joined";
-    case JoinState::kNoSeedAnswered:
-      return "no_seed_answered";
-  }
-  return "unknown";
-}
-
-std::string_view to_string(IgnoredReason reason) {
-  switch (reason) {
-    case IgnoredReason::kFromSelf:
-      return "from_self";
-    case IgnoredReason::kUnknownSender:
-      return "unknown_sender";
-    case IgnoredReason::kUnknownSeq:
-      return "unknown_seq";
-    case IgnoredReason::kIdentityConflict:
-      return "identity_conflict";
-    case IgnoredReason::kMalformed:
-      return "malformed";
-    case IgnoredReason::kUnexpectedJoinReply:
-      return "unexpected_join_reply";
-    case IgnoredReason::kCount:
-      break;
-  }
-  return "unknown";
+int64_t anti_entropy_interval_ms(const MembershipOptions& options, size_t live_members) {
+  // memberlist's pushPullScale, in integers: the smallest k with 32 * 2^k >= N, plus one.
+  int64_t multiplier = 1;
+  for (size_t reach = kUnscaledMembers; reach < live_members; reach *= 2)
+    ++multiplier;
+  return options.sync_interval_ms * multiplier;
 }
 
 struct Membership::Impl {
@@ -269,6 +233,9 @@ struct Membership::Impl {
 
   int64_t next_reconnect_at = 0;
   int64_t next_sync_at = 0;
+  int64_t last_sync_at = kLongAgo;  // the last anti-entropy pull sent
+  int64_t clock_ms = 0;             // the time of the public call in progress (start())
+  NodeId ride_from = 0;             // gossip_for: where the scan for recent deaths resumes
   int64_t next_deadline = kNoDeadline;
 
   // ---- small helpers ----
@@ -335,6 +302,7 @@ struct Membership::Impl {
   }
 
   void start(int64_t now) {
+    clock_ms = now;
     if (started) return;
     started = true;
     // Random phases, so nodes started together do not probe in lockstep.
@@ -361,7 +329,9 @@ struct Membership::Impl {
   //  4. up to kAccusationsPerMessage of our own standing accusations (members we suspect):
   //     repeated for as long as the suspicion lasts, so that any member that has heard the
   //     refutation answers with it (see owe()) before our timeout turns it into a death;
-  //  5. queued updates, least-sent first and newest first among equals.
+  //  5. queued updates, least-sent first and newest first among equals;
+  //  6. above kUnscaledMembers live members, in the room left, the members this node learned
+  //     were Dead or Left within the last sync_interval_ms (see "Anti-entropy" in membership.h).
   std::vector<Member> gossip_for(NodeId recipient, NodeId target) {
     std::vector<Member> out;
     std::vector<NodeId> included;
@@ -399,25 +369,40 @@ struct Membership::Impl {
           id != recipient && add(id))
         ++accusations;
     }
-    if (queue.empty()) return out;
-    const uint32_t limit = retransmit_limit(opt, live_count());
-    std::vector<size_t> order(queue.size());
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::sort(order.begin(), order.end(), [this](size_t a, size_t b) {
-      if (queue[a].transmits != queue[b].transmits) return queue[a].transmits < queue[b].transmits;
-      return queue[a].order > queue[b].order;
-    });
-    for (size_t i : order) {
-      QueuedUpdate& q = queue[i];
-      if (add(q.id)) {
-        ++q.transmits;
-      } else if (out.size() >= opt.max_gossip_per_message) {
-        break;
-      } else {
-        q.transmits = limit;  // a member forgotten since: drop the update
+    const size_t live = live_count();
+    if (!queue.empty()) {
+      const uint32_t limit = retransmit_limit(opt, live);
+      std::vector<size_t> order(queue.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::sort(order.begin(), order.end(), [this](size_t a, size_t b) {
+        if (queue[a].transmits != queue[b].transmits)
+          return queue[a].transmits < queue[b].transmits;
+        return queue[a].order > queue[b].order;
+      });
+      for (size_t i : order) {
+        QueuedUpdate& q = queue[i];
+        if (add(q.id)) {
+          ++q.transmits;
+        } else if (out.size() >= opt.max_gossip_per_message) {
+          break;
+        } else {
+          q.transmits = limit;  // a member forgotten since: drop the update
+        }
       }
+      std::erase_if(queue, [limit](const QueuedUpdate& q) { return q.transmits >= limit; });
     }
-    std::erase_if(queue, [limit](const QueuedUpdate& q) { return q.transmits >= limit; });
+    if (live <= kUnscaledMembers || members.empty()) return out;
+    // From where the last message stopped, so that more recent deaths than fit in one message
+    // (a rack that failed) all get their turn.
+    auto it = members.lower_bound(ride_from);
+    for (size_t seen = 0; seen < members.size() && out.size() < opt.max_gossip_per_message;
+         ++seen, ++it) {
+      if (it == members.end()) it = members.begin();
+      const Entry& e = it->second;
+      if ((e.member.state == MemberState::kDead || e.member.state == MemberState::kLeft) &&
+          clock_ms - e.changed_ms < opt.sync_interval_ms && add(it->first))
+        ride_from = static_cast<NodeId>(it->first + 1);
+    }
     return out;
   }
 
@@ -776,7 +761,9 @@ struct Membership::Impl {
   void sync(int64_t now) {
     const std::vector<NodeId> peer =
         random_members(1, [](const Entry& e) { return e.member.state == MemberState::kAlive; });
-    if (!peer.empty()) send_join(peer_endpoint(entry(peer.front())->member), now);
+    if (peer.empty()) return;
+    last_sync_at = now;
+    send_join(peer_endpoint(entry(peer.front())->member), now);
   }
 
   void forget_old(int64_t now) {
@@ -950,8 +937,13 @@ struct Membership::Impl {
       return;
     }
     ++counters.join_replies;
+    const uint64_t applied_before = counters.updates_applied;
     for (const Member& record : m.gossip)
       apply(record, m.from, Source::kMemberList, now);
+    // A pull that mended our view: the next one at the unscaled interval ("Anti-entropy").
+    if (counters.updates_applied != applied_before &&
+        now <= last_sync_at + 2 * opt.join_retry_interval_ms)
+      next_sync_at = std::min(next_sync_at, last_sync_at + opt.sync_interval_ms);
     if (Entry* e = entry(m.from)) e->heard_from = true;
     settle_debts(m.from, now);
     if (join_state == JoinState::kJoining || join_state == JoinState::kNoSeedAnswered) {
@@ -1025,7 +1017,7 @@ struct Membership::Impl {
       if (self.state == MemberState::kAlive) reconnect(now);
     }
     if (now >= next_sync_at) {
-      next_sync_at = now + opt.sync_interval_ms;
+      next_sync_at = now + anti_entropy_interval_ms(opt, live_count());
       if (self.state == MemberState::kAlive) sync(now);
     }
     forget_old(now);

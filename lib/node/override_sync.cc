@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <boost/asio.hpp>
 #include <optional>
-#include <random>
-#include <set>
 #include <thread>
 
 #include "node/node_state.h"
@@ -22,20 +20,11 @@ using cluster::OverrideRecord;
 using cluster::OverrideSyncKind;
 using cluster::OverrideSyncMessage;
 
-namespace {
-
-// A full table to one member at most this often (a digest round and a reply cannot loop).
-constexpr int64_t kFullGapMs = 250;
-
-}  // namespace
-
 struct OverrideSync::Impl {
   // What a job on the merge thread found; the control thread sends and counts it.
   struct Result {
-    std::vector<std::pair<uint16_t, OverrideSyncMessage>> sends;
-    bool full_to_send = false;  // `sends` is a whole table: subject to kFullGapMs
+    cluster::OverrideOutbox out;
     std::optional<NodeState::OverrideMerge> merge;
-    uint16_t from = 0;
     OverrideDigest own;
   };
 
@@ -44,25 +33,16 @@ struct OverrideSync::Impl {
       : control(c),
         st(s),
         limits(l),
-        send(std::move(sf)),
         live(std::move(lf)),
         dropped(d),
-        rng(seed),
+        spread(cluster::OverrideSpreadOptions{kDigestIntervalMs, kFullGapMs}, std::move(sf), seed),
         timer(c) {}
 
   // ---- control thread ----
 
   void on_local(const OverrideRecord& r) {
     if (stopped) return;
-    OverrideSyncMessage m;
-    m.kind = OverrideSyncKind::kPush;
-    m.records.push_back(r);
-    for (const uint16_t to : live()) {
-      if (send(to, m)) {
-        ++stats.pushes_sent;
-        ++stats.records_sent;
-      }
-    }
+    spread.on_local_write(r, live());
   }
 
   void arm() {
@@ -75,28 +55,15 @@ struct OverrideSync::Impl {
   }
 
   void tick() {
-    const int64_t now = st.opt.clock();
-    const std::vector<uint16_t> members = live();
-    std::set<uint16_t> now_live(members.begin(), members.end());
-    // Newly alive (joined, restarted, back from a partition): compare tables with it now.
-    for (const uint16_t id : now_live) {
-      if (known_live.count(id) == 0) send_digest(id);
-    }
-    known_live = std::move(now_live);
-    if (!members.empty() && now - last_digest_ms >= kDigestIntervalMs) {
-      last_digest_ms = now;
-      send_digest(members[std::uniform_int_distribution<size_t>(0, members.size() - 1)(rng)]);
-    }
+    for (const uint16_t to : spread.digest_targets(st.opt.clock(), live()))
+      send_digest(to);
   }
 
   void send_digest(uint16_t to) {
     run([this, to] {
       Result r;
       r.own = st.override_digest();
-      OverrideSyncMessage m;
-      m.kind = OverrideSyncKind::kDigest;
-      m.digest = r.own;
-      r.sends.emplace_back(to, std::move(m));
+      r.out = cluster::digest_message(to, r.own);
       return r;
     });
   }
@@ -105,27 +72,20 @@ struct OverrideSync::Impl {
     if (stopped) return;
     if (m.kind == OverrideSyncKind::kDigest) {
       ++stats.digests_received;
-      run([this, from = m.from, theirs = m.digest] {
+      run([this, m] {
         Result r;
         r.own = st.override_digest();
-        if (r.own != theirs) {
-          spdlog::debug("overrides: node {} holds {} records, this node {}: sending ours", from,
-                        theirs.count, r.own.count);
-          full_table(from, r, /*want_full=*/true);
-        }
+        answer(m, r);
         return r;
       });
       return;
     }
     stats.records_received += m.records.size();
-    // On a full table's last part: answer with ours when the tables still differ after the merge.
-    const bool answer = m.kind == OverrideSyncKind::kFull && m.want_full;
-    run([this, m, answer] {
+    run([this, m] {
       Result r;
-      r.from = m.from;
       if (!m.records.empty()) r.merge = st.merge_overrides(m.records, m.from);
       r.own = st.override_digest();
-      if (answer && r.own != m.digest) full_table(m.from, r, /*want_full=*/false);
+      answer(m, r);
       return r;
     });
   }
@@ -163,55 +123,36 @@ struct OverrideSync::Impl {
         stats.dropped += n;
       }
     }
-    if (stopped || r.sends.empty()) return;
-    const int64_t now = st.opt.clock();
-    if (r.full_to_send) {
-      int64_t& last = last_full_ms[r.sends.front().first];
-      if (now - last < kFullGapMs) return;
-      last = now;
-      ++stats.full_sent;
-    }
-    for (const auto& [to, m] : r.sends) {
-      if (!send(to, m)) continue;
-      if (m.kind == OverrideSyncKind::kDigest) ++stats.digests_sent;
-      stats.records_sent += m.records.size();
-    }
+    if (stopped) return;
+    spread.send(std::move(r.out), st.opt.clock());
   }
 
   // ---- merge thread ----
 
-  // This node's whole table for `to`, in as many datagrams as it takes; `want_full` (and the
-  // digest) on the last.
-  void full_table(uint16_t to, Result& r, bool want_full) {
+  // What `m` calls for (override_spread.h), given this node's digest after merging it (r.own):
+  // this node's whole table, in as many datagrams as it takes.
+  void answer(const OverrideSyncMessage& m, Result& r) {
+    const cluster::OverrideAnswer a = cluster::answer_to(m, r.own);
+    if (a == cluster::OverrideAnswer::kNothing) return;
+    if (m.kind == OverrideSyncKind::kDigest) {
+      spdlog::debug("overrides: node {} holds {} records, this node {}: sending ours", m.from,
+                    m.digest.count, r.own.count);
+    }
     const std::vector<OverrideRecord> all = st.override_records_now();
     r.own = st.override_digest();
-    r.full_to_send = true;
-    std::span<const OverrideRecord> rest(all);
-    do {
-      size_t n = cluster::fit_overrides(rest, limits);
-      if (n == 0 && !rest.empty()) {
-        // Cannot happen for records within OverrideBounds; never loop on one that does.
-        spdlog::warn("overrides: a record does not fit a datagram; not sent");
-        rest = rest.subspan(1);
-        continue;
-      }
-      OverrideSyncMessage m;
-      m.kind = OverrideSyncKind::kFull;
-      m.digest = r.own;
-      m.records.assign(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(n));
-      rest = rest.subspan(n);
-      m.want_full = want_full && rest.empty();
-      r.sends.emplace_back(to, std::move(m));
-    } while (!rest.empty());
+    size_t unfit = 0;
+    r.out = cluster::full_table(m.from, all, r.own, a == cluster::OverrideAnswer::kFullWantBack,
+                                limits, &unfit);
+    // Cannot happen for records within OverrideBounds.
+    if (unfit > 0) spdlog::warn("overrides: {} records do not fit a datagram; not sent", unfit);
   }
 
   asio::io_context& control;
   NodeState& st;
   cluster::PeerLimits limits;
-  SendFn send;
   LiveFn live;
   std::map<std::string, uint64_t>& dropped;  // the cluster's (control thread)
-  std::mt19937_64 rng;
+  cluster::OverrideSpread spread;            // control thread
   asio::steady_timer timer;
   // The merge thread.
   asio::io_context work_io{1};
@@ -220,10 +161,7 @@ struct OverrideSync::Impl {
   // Control thread.
   size_t queued = 0;
   bool started = false, stopped = false;
-  std::set<uint16_t> known_live;
-  int64_t last_digest_ms = 0;
-  std::map<uint16_t, int64_t> last_full_ms;
-  OverrideSyncStats stats;
+  OverrideSyncStats stats;  // the received side; spread.stats() has the sent side
 };
 
 OverrideSync::OverrideSync(asio::io_context& control, NodeState& state, cluster::PeerLimits limits,
@@ -248,7 +186,7 @@ void OverrideSync::start() {
       asio::post(s.control, [&s, r] { s.on_local(r); });
     };
   }
-  s.last_digest_ms = s.st.opt.clock();
+  s.spread.start(s.st.opt.clock());
   s.arm();
 }
 
@@ -272,7 +210,13 @@ void OverrideSync::on_message(const cluster::OverrideSyncMessage& m) {
 }
 
 OverrideSyncStats OverrideSync::stats() const {
-  return impl_->stats;
+  OverrideSyncStats s = impl_->stats;
+  const cluster::OverrideSpreadStats& sent = impl_->spread.stats();
+  s.records_sent = sent.records_sent;
+  s.pushes_sent = sent.pushes_sent;
+  s.digests_sent = sent.digests_sent;
+  s.full_sent = sent.full_sent;
+  return s;
 }
 
 }  // namespace sluice::node

@@ -1,6 +1,7 @@
 // Private to lib/node: spreads overrides and plan assignments to every member of the cluster
 // (docs/architecture.md, "Overrides across the cluster"; the table's rules are in
-// lib/cluster/override_table.h).
+// lib/cluster/override_table.h, what goes to whom and when in lib/cluster/override_spread.h,
+// which this runs over the node's socket, clock, member list and NodeState).
 //
 //   - push: a local set or delete goes at once to every live member (one OverrideSync `push`);
 //   - anti-entropy: every second the node sends its digest (count and hash of its records) to one
@@ -29,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/override_spread.h"
 #include "cluster/override_table.h"
 #include "cluster/peer_codec.h"
 
@@ -58,6 +60,7 @@ struct OverrideSyncStats {
 class OverrideSync {
  public:
   static constexpr int64_t kDigestIntervalMs = 1'000;
+  static constexpr int64_t kFullGapMs = 250;  // a full table to one member at most this often
   static constexpr int64_t kTickMs = 100;
   static constexpr size_t kMaxQueued = 64;
   // Sends one message to a member; false when it could not (not sealed, unknown member).

@@ -1,0 +1,471 @@
+// The simulated cluster of sluice-bench-cluster-sim (cluster_sim.h).
+#include "cluster_sim.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <span>
+
+namespace sluice::bench::sim {
+
+using namespace sluice::cluster;
+
+namespace {
+
+constexpr uint16_t kPeerPort = 7946;
+constexpr uint8_t kUnknown = 0xff;  // a member an observer has not heard of
+
+NodeId member_of_id(size_t index) {
+  return static_cast<NodeId>(index + 1);
+}
+
+size_t kind_index(OverrideSyncKind k) {
+  return std::min(static_cast<size_t>(k), kOverrideKinds - 1);
+}
+
+}  // namespace
+
+std::string host_of(size_t index) {
+  const size_t n = index + 1;
+  return "10." + std::to_string(n >> 16) + "." + std::to_string((n >> 8) & 0xff) + "." +
+         std::to_string(n & 0xff);
+}
+
+Member member_of(size_t index) {
+  Member m;
+  m.id = static_cast<NodeId>(index + 1);
+  char name[32];
+  std::snprintf(name, sizeof name, "node-%04zu", index);
+  m.name = name;
+  m.host = host_of(index);
+  m.peer_port = kPeerPort;
+  m.check_port = 7947;
+  m.admin_port = 7948;
+  return m;
+}
+
+Simulation::Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every,
+                       uint64_t max_events)
+    : n_(n),
+      rng_(seed),
+      net_(net),
+      encode_every_(encode_every),
+      max_events_(max_events),
+      codec_("sluice-bench-cluster-sim-secret", 0, 1),
+      nodes_(n),
+      view_(n * n, kUnknown) {
+  for (size_t i = 0; i < n; ++i) {
+    by_host_.emplace(host_of(i), i);
+    Node& node = nodes_[i];
+    node.transport = std::make_unique<Transport>(this, i);
+    node.membership =
+        std::make_unique<Membership>(member_of(i), MembershipOptions{}, *node.transport, rng_());
+    node.membership->on_change([this, i](const Member& m) { observe(i, m); });
+    view_[i * n + i] = static_cast<uint8_t>(MemberState::kAlive);  // itself, from the start
+  }
+  up_count_ = n;
+  alive_pairs_ = n;
+  reset_false_deaths();
+  watch_victim(kNoVictim);
+}
+
+Simulation::~Simulation() = default;
+
+void Simulation::join(size_t i, size_t seed) {
+  const Endpoint e{host_of(seed), kPeerPort};
+  nodes_[i].membership->join(std::span<const Endpoint>(&e, 1), now_ms());
+  rearm(i);
+}
+
+void Simulation::join_preseeded(size_t i, size_t seed) {
+  join(i, seed);
+  const size_t per_message = MembershipOptions{}.max_join_reply_entries;
+  MembershipMessage reply;
+  reply.kind = MembershipKind::kJoinReply;
+  reply.from = member_of(seed).id;
+  reply.target = member_of(i).id;
+  for (size_t first = 0; first < n_; first += per_message) {
+    reply.gossip.clear();
+    for (size_t j = first; j < std::min(n_, first + per_message); ++j)
+      reply.gossip.push_back(member_of(j));
+    nodes_[i].membership->on_message(Endpoint{host_of(seed), kPeerPort}, reply, now_ms());
+  }
+  rearm(i);
+}
+
+void Simulation::kill(size_t v) {
+  for (size_t s = 0; s < n_; ++s)
+    if (up(s) && view(v, s) == MemberState::kAlive) --alive_pairs_;
+  for (size_t o = 0; o < n_; ++o)
+    if (o != v && up(o) && view(o, v) == MemberState::kAlive) --alive_pairs_;
+  nodes_[v].up = false;
+  ++nodes_[v].tick_gen;
+  --up_count_;
+}
+
+void Simulation::step() {
+  const Event e = queue_.top();
+  queue_.pop();
+  now_us_ = std::max(now_us_, e.at_us);
+  ++events_;
+  Node& node = nodes_[e.node];
+  switch (e.type) {
+    case EventType::kTick:
+      if (e.gen != node.tick_gen || !node.up) return;
+      node.armed_us = kNever;
+      node.membership->tick(now_ms());
+      rearm(e.node);
+      return;
+    case EventType::kMembership:
+      if (node.up) {
+        node.membership->on_message(Endpoint{host_of(e.from), kPeerPort}, slab_[e.slot], now_ms());
+        rearm(e.node);
+      }
+      free_.push_back(e.slot);
+      return;
+    case EventType::kOverrideTick:
+      if (node.up) tick_overrides(e.node);
+      return;
+    case EventType::kOverride:
+      if (node.up) receive_override(e.node, override_slab_[e.slot]);
+      override_free_.push_back(e.slot);
+      return;
+  }
+}
+
+void Simulation::push(Event e) {
+  e.order = ++order_;
+  queue_.push(e);
+}
+
+int64_t Simulation::delay_us() {
+  const uint64_t span = static_cast<uint64_t>(net_.max_delay_us - net_.min_delay_us + 1);
+  return net_.min_delay_us + static_cast<int64_t>(rng_() % span);
+}
+
+// After every call into node i's Membership: its tick event at its (possibly new) deadline.
+void Simulation::rearm(size_t i) {
+  Node& node = nodes_[i];
+  const int64_t deadline = node.membership->next_deadline_ms();
+  const int64_t at = deadline == std::numeric_limits<int64_t>::max()
+                         ? kNever
+                         : std::max(deadline * kUsPerMs, now_us_);
+  if (at == node.armed_us) return;
+  node.armed_us = at;
+  ++node.tick_gen;
+  if (at == kNever) return;
+  Event e;
+  e.at_us = at;
+  e.node = static_cast<uint32_t>(i);
+  e.gen = node.tick_gen;
+  e.type = EventType::kTick;
+  push(e);
+}
+
+// ---- what the observers saw ----
+
+void Simulation::observe(size_t observer, const Member& m) {
+  const size_t subject = static_cast<size_t>(m.id) - 1;
+  uint8_t& seen = view_[observer * n_ + subject];
+  const auto was = static_cast<MemberState>(seen);
+  if (seen != kUnknown && was == m.state) return;  // an incarnation change only
+  if (up(observer) && up(subject)) {
+    if (seen != kUnknown && was == MemberState::kAlive) --alive_pairs_;
+    if (m.state == MemberState::kAlive) ++alive_pairs_;
+  }
+  seen = static_cast<uint8_t>(m.state);
+  if (m.state != MemberState::kDead) return;
+  if (subject == victim_ && dead_seen_us_[observer] < 0 && up(observer)) {
+    dead_seen_us_[observer] = now_us_;
+    ++dead_seen_count_;
+  }
+  if (up(subject) && up(observer)) {
+    ++false_dead_views_;
+    false_dead_subjects_[subject] = true;
+  }
+}
+
+void Simulation::watch_victim(size_t v) {
+  victim_ = v;
+  dead_seen_us_.assign(n_, -1);
+  dead_seen_count_ = 0;
+}
+
+void Simulation::reset_false_deaths() {
+  false_dead_views_ = 0;
+  false_dead_subjects_.assign(n_, false);
+}
+
+uint64_t Simulation::false_dead_members() const {
+  return static_cast<uint64_t>(
+      std::count(false_dead_subjects_.begin(), false_dead_subjects_.end(), true));
+}
+
+uint64_t Simulation::suspicions_raised() const {
+  uint64_t sum = 0;
+  for (const Node& node : nodes_)
+    sum += node.membership->stats().suspicions_raised;
+  return sum;
+}
+
+// ---- membership messages and load ----
+
+void Simulation::send(size_t from, const Endpoint& to, const MembershipMessage& m) {
+  Node& sender = nodes_[from];
+  ++sender.msgs;
+  const size_t kind = std::min(static_cast<size_t>(m.kind), kKinds - 1);
+  ++sender.kind_msgs[kind];
+  if (++sent_ % encode_every_ == 0) {
+    if (codec_.seal(m, now_ms(), datagram_) == PeerError::kOk) {
+      sender.bytes += datagram_.size() * encode_every_;
+      sender.kind_bytes[kind] += datagram_.size() * encode_every_;
+    } else {
+      ++encode_errors_;
+    }
+  }
+  const auto it = by_host_.find(to.host);
+  if (it == by_host_.end() || to.port != kPeerPort) return;
+  if (loss_ > 0 && uniform() < loss_) return;
+  const int64_t delay = delay_us();
+  uint32_t slot = 0;
+  if (free_.empty()) {
+    slot = static_cast<uint32_t>(slab_.size());
+    slab_.push_back(m);
+  } else {
+    slot = free_.back();
+    free_.pop_back();
+    slab_[slot] = m;
+  }
+  Event e;
+  e.at_us = now_us_ + delay;
+  e.node = static_cast<uint32_t>(it->second);
+  e.from = static_cast<uint32_t>(from);
+  e.slot = slot;
+  e.type = EventType::kMembership;
+  push(e);
+}
+
+void Simulation::reset_load() {
+  load_start_us_ = now_us_;
+  for (Node& node : nodes_) {
+    node.msgs = 0;
+    node.bytes = 0;
+    node.kind_msgs.fill(0);
+    node.kind_bytes.fill(0);
+  }
+}
+
+Load Simulation::load() const {
+  Load l;
+  l.seconds = static_cast<double>(now_us_ - load_start_us_) / static_cast<double>(kUsPerS);
+  if (l.seconds <= 0) return l;
+  // Over the nodes live at the end of the window (a node killed in it is left out).
+  uint64_t msgs = 0;
+  uint64_t bytes = 0;
+  std::array<uint64_t, kKinds> kind_msgs{};
+  std::array<uint64_t, kKinds> kind_bytes{};
+  for (const Node& node : nodes_) {
+    if (!node.up) continue;
+    msgs += node.msgs;
+    bytes += node.bytes;
+    for (size_t k = 0; k < kKinds; ++k) {
+      kind_msgs[k] += node.kind_msgs[k];
+      kind_bytes[k] += node.kind_bytes[k];
+    }
+    l.msgs_max = std::max(l.msgs_max, static_cast<double>(node.msgs) / l.seconds);
+    l.bytes_max = std::max(l.bytes_max, static_cast<double>(node.bytes) / l.seconds);
+  }
+  const double live = static_cast<double>(up_count_);
+  l.msgs_mean = static_cast<double>(msgs) / live / l.seconds;
+  l.bytes_mean = static_cast<double>(bytes) / live / l.seconds;
+  uint64_t all_msgs = 0;
+  uint64_t all_bytes = 0;
+  for (size_t k = 0; k < kKinds; ++k) {
+    all_msgs += kind_msgs[k];
+    all_bytes += kind_bytes[k];
+  }
+  for (size_t k = 0; k < kKinds; ++k) {
+    l.bytes_share[k] =
+        all_bytes ? static_cast<double>(kind_bytes[k]) / static_cast<double>(all_bytes) : 0;
+  }
+  l.bytes_per_msg = all_msgs ? static_cast<double>(all_bytes) / static_cast<double>(all_msgs) : 0;
+  const auto swim = [](const std::array<uint64_t, kKinds>& by_kind) {
+    uint64_t sum = 0;
+    for (MembershipKind k : {MembershipKind::kPing, MembershipKind::kAck, MembershipKind::kPingReq,
+                             MembershipKind::kNack})
+      sum += by_kind[static_cast<size_t>(k)];
+    return static_cast<double>(sum);
+  };
+  l.swim_msgs_mean = swim(kind_msgs) / live / l.seconds;
+  l.swim_bytes_mean = swim(kind_bytes) / live / l.seconds;
+  return l;
+}
+
+// ---- overrides ----
+
+void Simulation::start_overrides() {
+  const int64_t now = now_ms();
+  for (size_t i = 0; i < n_; ++i) {
+    Node& node = nodes_[i];
+    if (!node.up || node.spread) continue;
+    node.spread = std::make_unique<OverrideSpread>(
+        OverrideSpreadOptions{},
+        [this, i](NodeId to, const OverrideSyncMessage& m) {
+          send_override(i, to, m);
+          return true;
+        },
+        rng_());
+    node.spread->start(now);
+    Event e;
+    e.at_us =
+        now_us_ + static_cast<int64_t>(rng_() % static_cast<uint64_t>(kOverrideTickMs * kUsPerMs));
+    e.node = static_cast<uint32_t>(i);
+    e.type = EventType::kOverrideTick;
+    push(e);
+  }
+}
+
+std::vector<NodeId> Simulation::live_of(size_t i) const {
+  std::vector<NodeId> ids;
+  const uint8_t* row = &view_[i * n_];
+  for (size_t s = 0; s < n_; ++s) {
+    if (s == i) continue;
+    if (row[s] == static_cast<uint8_t>(MemberState::kAlive) ||
+        row[s] == static_cast<uint8_t>(MemberState::kSuspect))
+      ids.push_back(member_of_id(s));
+  }
+  return ids;
+}
+
+void Simulation::tick_overrides(size_t i) {
+  Node& node = nodes_[i];
+  const int64_t now = now_ms();
+  const std::vector<NodeId> live = live_of(i);
+  for (const NodeId to : node.spread->digest_targets(now, live))
+    node.spread->send(digest_message(to, node.table.digest(now)), now);
+  Event e;
+  e.at_us = now_us_ + kOverrideTickMs * kUsPerMs;
+  e.node = static_cast<uint32_t>(i);
+  e.type = EventType::kOverrideTick;
+  push(e);
+}
+
+size_t Simulation::write_override(size_t i, const std::string& user) {
+  Node& node = nodes_[i];
+  const int64_t now = now_ms();
+  OverrideRecord r;
+  r.value.domain = "api";
+  r.value.entries = {{"user", user}};
+  rules::Limit limit;
+  rules::parse_limit("100/1m", 0, limit);
+  r.value.limits.push_back(limit);
+  const std::string id = record_id(r);
+  r.version = node.table.next_version(id, member_of(i).id, now);
+  Write w;
+  w.id = id;
+  w.version = r.version;
+  w.at_us = now_us_;
+  const size_t index = writes_.size();
+  writes_.push_back(w);
+  write_by_id_[id] = index;
+  ++writes_unreached_;
+  merge_override(i, r, now);  // the writer holds it first
+  node.spread->on_local_write(r, live_of(i));
+  return index;
+}
+
+void Simulation::send_override(size_t from, NodeId to, const OverrideSyncMessage& m) {
+  Node& sender = nodes_[from];
+  const size_t kind = kind_index(m.kind);
+  ++sender.override_msgs;
+  ++override_counts_.msgs[kind];
+  if (codec_.seal(m, now_ms(), datagram_) == PeerError::kOk) {
+    sender.override_bytes += datagram_.size();
+    override_counts_.bytes[kind] += datagram_.size();
+  } else {
+    ++encode_errors_;
+  }
+  const size_t dest = static_cast<size_t>(to) - 1;
+  if (to == 0 || dest >= n_) return;
+  if (loss_ > 0 && uniform() < loss_) return;
+  const int64_t delay = delay_us();
+  uint32_t slot = 0;
+  if (override_free_.empty()) {
+    slot = static_cast<uint32_t>(override_slab_.size());
+    override_slab_.push_back(m);
+  } else {
+    slot = override_free_.back();
+    override_free_.pop_back();
+    override_slab_[slot] = m;
+  }
+  // The receiver takes the sender from the envelope (PeerCodec::open).
+  override_slab_[slot].from = member_of_id(from);
+  Event e;
+  e.at_us = now_us_ + delay;
+  e.node = static_cast<uint32_t>(dest);
+  e.from = static_cast<uint32_t>(from);
+  e.slot = slot;
+  e.type = EventType::kOverride;
+  push(e);
+}
+
+// OverrideSync's merge-thread half: merge the records, then answer as override_spread.h says.
+void Simulation::receive_override(size_t i, OverrideSyncMessage& m) {
+  Node& node = nodes_[i];
+  if (!node.spread) return;  // its override layer has not started (a node not yet running)
+  const int64_t now = now_ms();
+  for (const OverrideRecord& r : m.records)
+    merge_override(i, r, now);
+  const OverrideDigest own = node.table.digest(now);
+  const OverrideAnswer a = answer_to(m, own);
+  if (a == OverrideAnswer::kNothing) return;
+  size_t unfit = 0;
+  node.spread->send(full_table(m.from, node.table.records(now), own,
+                               a == OverrideAnswer::kFullWantBack, codec_.limits(), &unfit),
+                    now);
+  overrides_unfit_ += unfit;
+}
+
+void Simulation::merge_override(size_t i, const OverrideRecord& r, int64_t now) {
+  if (!check_record(r, now).empty()) {
+    ++overrides_refused_;
+    return;
+  }
+  if (nodes_[i].table.merge(r, now) != OverrideTable::Offer::kNewer) return;
+  const auto it = write_by_id_.find(record_id(r));
+  if (it == write_by_id_.end()) return;
+  Write& w = writes_[it->second];
+  if (r.version < w.version || w.reached_us >= 0) return;
+  if (++w.holders >= up_count_) {
+    w.reached_us = now_us_;
+    --writes_unreached_;
+  }
+}
+
+void Simulation::reset_override_load() {
+  override_load_start_us_ = now_us_;
+  for (Node& node : nodes_) {
+    node.override_msgs = 0;
+    node.override_bytes = 0;
+  }
+  override_counts_ = {};
+}
+
+OverrideLoad Simulation::override_load() const {
+  OverrideLoad l = override_counts_;
+  l.seconds = static_cast<double>(now_us_ - override_load_start_us_) / static_cast<double>(kUsPerS);
+  if (l.seconds <= 0) return l;
+  uint64_t msgs = 0;
+  uint64_t bytes = 0;
+  for (const Node& node : nodes_) {
+    if (!node.up) continue;
+    msgs += node.override_msgs;
+    bytes += node.override_bytes;
+    l.bytes_max = std::max(l.bytes_max, static_cast<double>(node.override_bytes) / l.seconds);
+  }
+  const double live = static_cast<double>(up_count_);
+  l.msgs_mean = static_cast<double>(msgs) / live / l.seconds;
+  l.bytes_mean = static_cast<double>(bytes) / live / l.seconds;
+  return l;
+}
+
+}  // namespace sluice::bench::sim
