@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include "membership_fakes.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -47,28 +49,9 @@ Member member_of(size_t index) {
   return m;
 }
 
-struct Sent {
-  Endpoint to;
-  MembershipMessage message;
-};
-
-class RecordingTransport : public MembershipTransport {
- public:
-  void send(const Endpoint& to, const MembershipMessage& m) override { sent.push_back({to, m}); }
-  std::vector<Sent> take() { return std::exchange(sent, {}); }
-  std::vector<Sent> sent;
-};
-
-MembershipMessage msg(MembershipKind kind, NodeId from, uint32_t seq, NodeId target,
-                      std::vector<Member> gossip = {}) {
-  MembershipMessage m;
-  m.kind = kind;
-  m.from = from;
-  m.seq = seq;
-  m.target = target;
-  m.gossip = std::move(gossip);
-  return m;
-}
+using sluice::testing::msg;
+using sluice::testing::RecordingTransport;
+using sluice::testing::Sent;
 
 // Node 0 that joined through node 1 at `start` and knows nodes 1..n-1 as Alive at incarnation 0,
 // through kJoinReply messages as a seed sends them.

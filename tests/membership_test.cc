@@ -11,6 +11,8 @@
 
 #include <doctest/doctest.h>
 
+#include "membership_fakes.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -63,28 +65,9 @@ Member record(NodeId id, std::string name, uint32_t incarnation, MemberState sta
 
 // ---- one node driven by hand ----
 
-struct Sent {
-  Endpoint to;
-  MembershipMessage message;
-};
-
-class RecordingTransport : public MembershipTransport {
- public:
-  void send(const Endpoint& to, const MembershipMessage& m) override { sent.push_back({to, m}); }
-  std::vector<Sent> take() { return std::exchange(sent, {}); }
-  std::vector<Sent> sent;
-};
-
-MembershipMessage msg(MembershipKind kind, NodeId from, uint32_t seq, NodeId target,
-                      std::vector<Member> gossip = {}) {
-  MembershipMessage m;
-  m.kind = kind;
-  m.from = from;
-  m.seq = seq;
-  m.target = target;
-  m.gossip = std::move(gossip);
-  return m;
-}
+using sluice::testing::msg;
+using sluice::testing::RecordingTransport;
+using sluice::testing::Sent;
 
 // Node 1 (node-a) that knows nodes 2..n as Alive at incarnation 0, through a kJoinReply.
 struct HandDriven {
