@@ -27,6 +27,8 @@ packages=(
   redis-server memcached nginx  # baselines for bench/ and the nginx auth_request test
   procps iproute2 curl python3
   nftables                # partition faults in tests/cluster/partition_test.cc and the bench
+  # The gRPC front (lib/rls): find_package(gRPC CONFIG) needs all four together.
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
 )
 
 missing=()
