@@ -21,29 +21,43 @@ struct Counters {
       resource_exhausted{0}, unavailable{0}, internal{0};
 };
 
-// One ShouldRateLimit call: gRPC owns the request and response until the reactor finishes.
-class Service final : public envoy::service::ratelimit::v3::RateLimitService::CallbackService {
+// ShouldRateLimit as a raw method: the service sees the request's bytes, so a request over
+// max_request_bytes is refused unread and malformed protobuf is answered INVALID_ARGUMENT (and
+// both are counted) rather than by gRPC's generic deserialization error.
+using RawService = envoy::service::ratelimit::v3::RateLimitService::
+    WithRawCallbackMethod_ShouldRateLimit<envoy::service::ratelimit::v3::RateLimitService::Service>;
+
+class Service final : public RawService {
  public:
   Service(const RlsOptions& options, const Backend& backend, Counters& counters)
       : options_(options), backend_(backend), counters_(counters) {}
 
   grpc::ServerUnaryReactor* ShouldRateLimit(grpc::CallbackServerContext* ctx,
-                                            const RateLimitRequest* req,
-                                            RateLimitResponse* resp) override {
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     counters_.requests.fetch_add(1, std::memory_order_relaxed);
-    // gRPC's own receive cap is larger (docs/envoy.md, "Bad input"); this one is counted.
-    if (req->ByteSizeLong() > options_.max_request_bytes) {
+    const size_t size = request->Length();
+    if (size > options_.max_request_bytes) {
       counters_.resource_exhausted.fetch_add(1, std::memory_order_relaxed);
       reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                   "request of " + std::to_string(req->ByteSizeLong()) +
-                                       " bytes, at most " +
+                                   "request of " + std::to_string(size) + " bytes, at most " +
                                        std::to_string(options_.max_request_bytes)));
       return reactor;
     }
-    auto plan = std::make_shared<Plan>();
+    // The call's state: the request (the plan's entries point into it) and its plan.
+    auto call = std::make_shared<Call>();
+    grpc::Slice flat;
+    if (!request->DumpToSingleSlice(&flat).ok() ||
+        !call->req.ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
+      counters_.invalid_argument.fetch_add(1, std::memory_order_relaxed);
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   "malformed RateLimitRequest (not protobuf of "
+                                   "envoy.service.ratelimit.v3.RateLimitRequest)"));
+      return reactor;
+    }
     const std::shared_ptr<const rules::Policy> policy = backend_.policy();
-    const PlanError err = plan_request(*req, policy.get(), options_, *plan);
+    const PlanError err = plan_request(call->req, policy.get(), options_, call->plan);
     if (err.refusal != Refusal::kNone) {
       const bool big = err.refusal == Refusal::kResourceExhausted;
       (big ? counters_.resource_exhausted : counters_.invalid_argument)
@@ -53,13 +67,14 @@ class Service final : public envoy::service::ratelimit::v3::RateLimitService::Ca
           err.message));
       return reactor;
     }
-    if (plan->checks.empty()) {
-      finish(reactor, *plan, nullptr, resp);
+    if (call->plan.checks.empty()) {
+      finish(reactor, *call, nullptr, response);
       return reactor;
     }
     std::vector<uint8_t> bytes;
-    wire::encode_request(next_id_.fetch_add(1, std::memory_order_relaxed), plan->checks, 0, bytes);
-    backend_.check(std::move(bytes), [this, reactor, plan, resp](std::span<const uint8_t> a) {
+    wire::encode_request(next_id_.fetch_add(1, std::memory_order_relaxed), call->plan.checks, 0,
+                         bytes);
+    backend_.check(std::move(bytes), [this, reactor, call, response](std::span<const uint8_t> a) {
       if (a.empty()) {
         counters_.unavailable.fetch_add(1, std::memory_order_relaxed);
         reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the node is stopping"));
@@ -72,23 +87,33 @@ class Service final : public envoy::service::ratelimit::v3::RateLimitService::Ca
         reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "undecodable answer"));
         return;
       }
-      finish(reactor, *plan, &answer, resp);
+      finish(reactor, *call, &answer, response);
     });
     return reactor;
   }
 
  private:
-  void finish(grpc::ServerUnaryReactor* reactor, const Plan& plan, const wire::Answer* answer,
-              RateLimitResponse* resp) {
-    const std::string err = fill_response(plan, answer, options_.rate_limit_headers, *resp);
+  struct Call {
+    RateLimitRequest req;
+    Plan plan;
+  };
+
+  void finish(grpc::ServerUnaryReactor* reactor, const Call& call, const wire::Answer* answer,
+              grpc::ByteBuffer* response) {
+    RateLimitResponse resp;
+    const std::string err = fill_response(call.plan, answer, options_.rate_limit_headers, resp);
     if (!err.empty()) {
       counters_.internal.fetch_add(1, std::memory_order_relaxed);
       spdlog::error("rls: {}", err);
       reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, err));
       return;
     }
-    counters_.descriptors.fetch_add(plan.kind.size(), std::memory_order_relaxed);
-    (resp->overall_code() == RateLimitResponse::OVER_LIMIT ? counters_.over_limit : counters_.ok)
+    std::string out;
+    resp.SerializeToString(&out);
+    grpc::Slice slice(out);
+    *response = grpc::ByteBuffer(&slice, 1);
+    counters_.descriptors.fetch_add(call.plan.kind.size(), std::memory_order_relaxed);
+    (resp.overall_code() == RateLimitResponse::OVER_LIMIT ? counters_.over_limit : counters_.ok)
         .fetch_add(1, std::memory_order_relaxed);
     reactor->Finish(grpc::Status::OK);
   }
