@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cluster_process.h"
+#include "rls_client.h"
 
 namespace {
 
@@ -495,13 +496,17 @@ TEST_CASE(
     clients.push_back(sluice::Client::create(co, &err));
     REQUIRE_MESSAGE(clients.back() != nullptr, err);
   }
-  // Over UDP round-robin, all to one node, and over HTTP (/v1/check) round-robin: every front
-  // takes the same routed path.
-  for (int pass = 0; pass < 3; ++pass) {
+  std::vector<std::unique_ptr<RlsClient>> rls;
+  for (uint16_t port : c.grpc_ports()) rls.push_back(std::make_unique<RlsClient>(port));
+  // Over UDP round-robin, all to one node, over HTTP (/v1/check) round-robin and over gRPC
+  // (Envoy's ShouldRateLimit) round-robin: every front takes the same routed path.
+  for (int pass = 0; pass < 4; ++pass) {
     const bool one_node = pass == 1;
     const bool http = pass == 2;
+    const bool grpc = pass == 3;
     for (const std::string& v : variants) {
-      const std::string key = std::string(one_node ? "one-" : http ? "http-" : "rr-") + v;
+      const std::string key =
+          std::string(one_node ? "one-" : http ? "http-" : grpc ? "grpc-" : "rr-") + v;
       const sluice::Entry e[] = {{"r", v}, {"k", key}};
       size_t admitted = 0, failed = 0;
       std::string admitted_at;
@@ -514,6 +519,13 @@ TEST_CASE(
           const auto j = r.json();
           if ((r.status != 200 && r.status != 429) || !j) ++failed;
           allowed = r.status == 200 && j && j->value("allowed", false);
+        } else if (grpc) {
+          rlspb::RateLimitResponse resp;
+          const grpc::Status st =
+              rls[node]->call(rls_request("o", {{{"r", v}, {"k", key}}}), resp, 1'000);
+          if (!st.ok() || resp.statuses_size() != 1 || !resp.statuses(0).has_current_limit())
+            ++failed;
+          allowed = st.ok() && resp.overall_code() == rlspb::RateLimitResponse::OK;
         } else {
           const sluice::Result r = clients[node]->check("o", e);
           if (!r.decided() || r.code != sluice::wire::Code::kOk) ++failed;
@@ -526,6 +538,7 @@ TEST_CASE(
       }
       MESSAGE(v << std::string(one_node ? ", all to node 1"
                                : http   ? ", HTTP round-robin"
+                               : grpc   ? ", gRPC round-robin"
                                         : ", round-robin")
                 << ": admitted " << admitted << " of 101, failed " << failed
                 << "; the last admitted:" << admitted_at);

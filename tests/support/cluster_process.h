@@ -357,6 +357,13 @@ class LocalCluster {
       out.push_back(n.check_port);
     return out;
   }
+  // Every node's gRPC port (Envoy's rate limit service).
+  std::vector<uint16_t> grpc_ports() const {
+    std::vector<uint16_t> out;
+    for (const NodeProcess& n : nodes_)
+      out.push_back(n.grpc_port);
+    return out;
+  }
   // "host:port" of every node's check port, for a LoadDriver of nodes placed off loopback.
   std::vector<std::string> check_addresses() const {
     std::vector<std::string> out;
