@@ -44,10 +44,12 @@ constexpr const char* kRules = R"(domains:
 )";
 
 struct Node : sluice::testing::Daemon {
-  Node() : sluice::testing::Daemon(config()) {}
-  static sluice::testing::DaemonConfig config() {
+  explicit Node(std::vector<std::string> extra_config = {})
+      : sluice::testing::Daemon(config(std::move(extra_config))) {}
+  static sluice::testing::DaemonConfig config(std::vector<std::string> extra_config) {
     sluice::testing::DaemonConfig c;
     c.rules = kRules;
+    c.extra_config = std::move(extra_config);
     return c;
   }
 };
@@ -165,6 +167,44 @@ TEST_CASE("rls: several descriptors, hits_addend, per-descriptor hits 0, unknown
   CHECK(only(r).code() == RateLimitResponse::OK);
   CHECK(r.overall_code() == RateLimitResponse::OK);
   CHECK(only(r).current_limit().unit() == RateLimitResponse::RateLimit::HOUR);
+}
+
+// The headers of one response, "name: value" in order.
+std::vector<std::string> headers_of(const RateLimitResponse& r) {
+  std::vector<std::string> out;
+  for (const auto& h : r.response_headers_to_add()) out.push_back(h.key() + ": " + h.value());
+  return out;
+}
+
+TEST_CASE("rls: RateLimit headers of the most restrictive descriptor, when configured") {
+  {
+    Node off;
+    RlsClient c(off.grpc);
+    RateLimitResponse r;
+    REQUIRE(c.call(rls_request("api", {{{"user", "al"}}}), r).ok());
+    CHECK(r.response_headers_to_add_size() == 0);  // off by default, as upstream
+  }
+  Node n({"grpc_rate_limit_headers: true"});
+  RlsClient c(n.grpc);
+  RateLimitResponse r;
+  // user: 4 of 5 left after this; ip: 2 of 3 left: ip is the most restrictive.
+  REQUIRE(c.call(rls_request("api", {{{"user", "al"}}, {{"ip", "10.1.1.1"}}}), r).ok());
+  std::vector<std::string> h = headers_of(r);
+  REQUIRE(h.size() == 5);
+  CHECK(h[0] == "RateLimit-Policy: \"per-user\";q=5;w=60, \"per-ip\";q=3;w=10");
+  CHECK(h[1].rfind("RateLimit: \"per-ip\";r=2;t=", 0) == 0);
+  CHECK(h[2] == "RateLimit-Limit: 3");
+  CHECK(h[3] == "RateLimit-Remaining: 2");
+  CHECK(h[4].rfind("RateLimit-Reset: ", 0) == 0);
+  // Over the ip limit: the denying limit's wait, and Retry-After.
+  for (int i = 0; i < 3; ++i)  // the 2nd and 3rd are admitted, the 4th is over
+    REQUIRE(c.call(rls_request("api", {{{"user", "al"}}, {{"ip", "10.1.1.1"}}}), r).ok());
+  CHECK(r.overall_code() == RateLimitResponse::OVER_LIMIT);
+  h = headers_of(r);
+  REQUIRE(h.size() == 6);
+  CHECK(h[3] == "RateLimit-Remaining: 0");
+  CHECK(h[5].rfind("Retry-After: ", 0) == 0);
+  CHECK(h[5].substr(13) == h[4].substr(17));  // one wait, announced twice
 }
 
 TEST_CASE("rls: hostile input is refused with a status that says why, counted, nothing counted") {
