@@ -22,6 +22,8 @@ export SLUICED_BIN=$sluiced SLUICE_SOURCE_DIR=$src
 # The test writes sluiced's pid here; whatever ends this script stops it (TERM, then KILL).
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/sluice-interop.XXXXXX")
 export SLUICE_INTEROP_PIDFILE=$tmp/sluiced.pid
+# The tests' own temporary files go under it too, so that they go even when a test is killed.
+export TMPDIR=$tmp
 test_pid=""
 cleanup() {
   local status=$? pid
@@ -53,9 +55,11 @@ case "$kind" in
       echo "$lock_sum" >"$stamp"
     fi
     cd "$dir"
-    # In the background so that a signal to this script is handled at once (bash runs traps only
-    # between commands, not while waiting for a foreground one).
-    node --test --test-reporter=spec rls_interop.test.mjs &
+    # The file runs in this one node process (not under `node --test`, which would put it in a
+    # child of its own), in the background so that a signal to this script is handled at once:
+    # bash runs traps only between commands, not while it waits for a foreground one. `exec`, so
+    # that the pid is node's, not a subshell's.
+    (exec node --test-reporter=spec rls_interop.test.mjs) &
     test_pid=$!
     wait "$test_pid"
     ;;
@@ -70,7 +74,7 @@ case "$kind" in
     command -v nghttp >/dev/null || { echo "FAIL: nghttp not found (deploy/setup.sh installs nghttp2-client)"; exit 1; }
     cd "$src/tests/interop/python"
     # No cache or bytecode written into the source tree.
-    PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest -v -p no:cacheprovider test_rls_interop.py &
+    (PYTHONDONTWRITEBYTECODE=1 exec "$py" -m pytest -v -p no:cacheprovider test_rls_interop.py) &
     test_pid=$!
     wait "$test_pid"
     ;;
