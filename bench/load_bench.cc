@@ -300,7 +300,7 @@ void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool ne
     const std::string udp = "127.0.0.1:" + std::to_string(s.sluice_port);
     const std::string err = s.sluiced.start(
         {exe, "--udp", udp, "--tcp", udp, "--admin", "127.0.0.1:" + std::to_string(s.admin_port),
-         "--rules", rules, "--threads", std::to_string(o.server_threads), "--log-level", "warn",
+         "--grpc", "", "--rules", rules, "--threads", std::to_string(o.server_threads), "--log-level", "warn",
          "--data-dir", s.dir.path() + "/sluiced-data"},
         s.dir.path() + "/sluiced.log");
     if (!err.empty()) throw std::runtime_error("sluiced: " + err);

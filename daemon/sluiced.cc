@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   CLI::App app{"sluiced: a Sluice rate-limit node", "sluiced"};
   std::string config_file;
   sluice::node::NodeOptions opt;
-  std::string udp, tcp, admin, rules, data_dir, log_level;
+  std::string udp, tcp, admin, grpc, rules, data_dir, log_level;
   unsigned threads = 0;
   bool check_only = false;
   bool init_data = false;
@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   app.add_option("--udp", udp, "UDP check listener, e.g. 127.0.0.1:7350 ('' disables)");
   app.add_option("--tcp", tcp, "TCP check listener, e.g. 127.0.0.1:7350 ('' disables)");
   app.add_option("--admin", admin, "admin HTTP listener, e.g. 127.0.0.1:7351 ('' disables)");
+  app.add_option("--grpc", grpc,
+                 "gRPC listener for Envoy's rate limit service, e.g. 127.0.0.1:8081 ('' disables)");
   app.add_option("--rules", rules, "rules file (YAML, docs/rules.md)");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 256));
   app.add_option("--data-dir", data_dir,
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
   if (app.count("--udp")) opt.udp_listen = udp;
   if (app.count("--tcp")) opt.tcp_listen = tcp;
   if (app.count("--admin")) opt.admin_listen = admin;
+  if (app.count("--grpc")) opt.grpc_listen = grpc;
   if (app.count("--rules")) opt.rules_file = rules;
   if (app.count("--threads")) opt.threads = threads;
   if (app.count("--data-dir")) opt.data_dir = data_dir;

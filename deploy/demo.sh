@@ -12,7 +12,7 @@ bin="$here/build/daemon"
 port=${SLUICE_PORT:-7350}
 admin=${SLUICE_ADMIN_PORT:-7351}
 
-"$bin/sluiced" --udp "127.0.0.1:$port" --tcp "127.0.0.1:$port" --admin "127.0.0.1:$admin" &
+"$bin/sluiced" --udp "127.0.0.1:$port" --tcp "127.0.0.1:$port" --admin "127.0.0.1:$admin" --grpc "" &
 pid=$!
 trap 'kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' EXIT
 

@@ -38,6 +38,7 @@ start() {
       echo "udp: 127.0.0.1:$(port_of "$i" 0)"
       echo "tcp: 127.0.0.1:$(port_of "$i" 0)"
       echo "admin: 127.0.0.1:$(port_of "$i" 1)"
+      echo "grpc: 127.0.0.1:$(port_of "$i" 3)"
       echo "threads: 1"
       echo "data_dir: $dir/data-$i"
       echo "init_data: true"

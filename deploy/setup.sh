@@ -28,10 +28,9 @@ packages=(
   redis-server memcached nginx  # baselines for bench/ and the nginx auth_request test
   procps iproute2 curl python3
   nftables                # partition faults in tests/cluster/partition_test.cc and the bench
-  libgrpc++-dev           # the gRPC front (Envoy's rate limit service, lib/rls)
-  protobuf-compiler-grpc  # grpc_cpp_plugin: lib/rls's service stubs; CMake's gRPC config wants it
-  libprotobuf-dev         # protobuf runtime and the well-known .proto files under /usr/include
-  protobuf-compiler       # protoc: lib/rls's messages, and the Python interop test's descriptors
+  # The gRPC front (lib/rls): find_package(gRPC CONFIG) needs all four together. protoc also
+  # builds the Python interop test's message descriptors.
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   python3-grpcio          # the Python RLS interop test (tests/interop/python), run by /usr/bin/python3
   python3-pytest          # runs that test
   nghttp2-client          # nghttp: raw HTTP/2 gRPC calls with a chosen grpc-timeout (interop tests)

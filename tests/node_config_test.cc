@@ -75,7 +75,8 @@ bool contains(const std::string& haystack, const std::string& needle) {
 }
 
 const std::string kTopLevelFields =
-    "unknown setting (expected one of: udp, tcp, admin, threads, rules, data_dir, init_data, "
+    "unknown setting (expected one of: udp, tcp, admin, grpc, grpc_rate_limit_headers, threads, "
+    "rules, data_dir, init_data, "
     "snapshot_interval_ms, memory_cap_mb, hash_seed, sweep_interval_ms, log_level, cluster)";
 const std::string kClusterFields =
     "unknown setting (expected one of: node_id, name, listen, advertise, seeds, secret, "
@@ -92,6 +93,8 @@ NodeOptions non_default_options() {
   o.udp_listen = "10.9.9.9:1";
   o.tcp_listen = "10.9.9.9:2";
   o.admin_listen = "10.9.9.9:3";
+  o.grpc_listen = "10.9.9.9:6";
+  o.grpc_rate_limit_headers = true;
   o.threads = 7;
   o.rules_file = "/preset/rules.yaml";
   o.data_dir = "/preset/data";
@@ -124,6 +127,8 @@ void check_same(const NodeOptions& a, const NodeOptions& b) {
   CHECK(a.udp_listen == b.udp_listen);
   CHECK(a.tcp_listen == b.tcp_listen);
   CHECK(a.admin_listen == b.admin_listen);
+  CHECK(a.grpc_listen == b.grpc_listen);
+  CHECK(a.grpc_rate_limit_headers == b.grpc_rate_limit_headers);
   CHECK(a.threads == b.threads);
   CHECK(a.rules_file == b.rules_file);
   CHECK(a.data_dir == b.data_dir);
@@ -174,6 +179,8 @@ TEST_CASE("every top-level field is read into NodeOptions") {
   const std::string err = l.load(R"(udp: 0.0.0.0:9350
 tcp: "[::1]:9351"
 admin: 0.0.0.0:9352
+grpc: 0.0.0.0:9353
+grpc_rate_limit_headers: true
 threads: 12
 rules: /etc/sluice/rules.yaml
 data_dir: /var/lib/sluice
@@ -189,6 +196,8 @@ log_level: debug
   CHECK(out.udp_listen == "0.0.0.0:9350");
   CHECK(out.tcp_listen == "[::1]:9351");
   CHECK(out.admin_listen == "0.0.0.0:9352");
+  CHECK(out.grpc_listen == "0.0.0.0:9353");
+  CHECK(out.grpc_rate_limit_headers);
   CHECK(out.threads == 12);
   CHECK(out.rules_file == "/etc/sluice/rules.yaml");
   CHECK(out.data_dir == "/var/lib/sluice");
@@ -216,16 +225,18 @@ TEST_CASE("init_data false and an empty data_dir are read as given") {
 TEST_CASE("a listener given as null or as an empty string is disabled") {
   Loader l;
   NodeOptions out;
-  CHECK(l.load("udp:\ntcp: ~\nadmin: null\n", out) == "");
+  CHECK(l.load("udp:\ntcp: ~\nadmin: null\ngrpc:\n", out) == "");
   CHECK(out.udp_listen == "");
   CHECK(out.tcp_listen == "");
   CHECK(out.admin_listen == "");
+  CHECK(out.grpc_listen == "");
 
   NodeOptions quoted;
-  CHECK(l.load("udp: \"\"\ntcp: ''\nadmin: \"\"\n", quoted) == "");
+  CHECK(l.load("udp: \"\"\ntcp: ''\nadmin: \"\"\ngrpc: \"\"\n", quoted) == "");
   CHECK(quoted.udp_listen == "");
   CHECK(quoted.tcp_listen == "");
   CHECK(quoted.admin_listen == "");
+  CHECK(quoted.grpc_listen == "");
 }
 
 TEST_CASE("log_level accepts each documented level") {
@@ -433,6 +444,8 @@ hash_seed: -1
 sweep_interval_ms: soon
 log_level: [info]
 cluster_padding_line_is_not_a_field_either: 1
+grpc: [a]
+grpc_rate_limit_headers: often
 )",
                                  out);
   CAPTURE(err);
@@ -451,6 +464,8 @@ cluster_padding_line_is_not_a_field_either: 1
       l.at(11, "sweep_interval_ms", "has the wrong type"),
       l.at(12, "log_level", "has the wrong type"),
       l.at(13, "cluster_padding_line_is_not_a_field_either", kTopLevelFields),
+      l.at(14, "grpc", "has the wrong type"),
+      l.at(15, "grpc_rate_limit_headers", "has the wrong type"),
   };
   for (const auto& e : expected)
     CHECK_MESSAGE(contains(err, e), e);

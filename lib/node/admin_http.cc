@@ -34,6 +34,7 @@
 #include "rules/rules.h"
 #include "window/sliding_window.h"
 #include "wire/protocol.h"
+#include "wire/ratelimit_headers.h"
 
 namespace sluice::node {
 
@@ -44,6 +45,7 @@ namespace beast = boost::beast;
 namespace http = boost::beast::http;
 using tcp = boost::asio::ip::tcp;
 using Json = nlohmann::json;
+using wire::ceil_seconds;
 
 constexpr size_t kMaxHeaderBytes = 8 * 1024;
 constexpr size_t kMaxBodyBytes = 64 * 1024;
@@ -91,10 +93,6 @@ beast::string_view bsv(std::string_view s) {
   return {s.data(), s.size()};
 }
 
-int64_t ceil_seconds(int64_t ms) {
-  return ms <= 0 ? 0 : (ms + 999) / 1000;
-}
-
 bool iequals_prefix(std::string_view s, std::string_view prefix) {
   if (s.size() < prefix.size()) return false;
   for (size_t i = 0; i < prefix.size(); ++i) {
@@ -103,24 +101,6 @@ bool iequals_prefix(std::string_view s, std::string_view prefix) {
     if (std::tolower(a) != std::tolower(b)) return false;
   }
   return true;
-}
-
-// A Structured Fields sf-string (RFC 8941 3.3.3): printable ASCII with '"' and '\' escaped. Bytes
-// that an sf-string cannot hold (controls, non-ASCII) become '?'.
-void append_sf_string(std::string& out, std::string_view s) {
-  out.push_back('"');
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (u < 0x20 || u > 0x7e) {
-      out.push_back('?');
-    } else {
-      out.push_back(c);
-    }
-  }
-  out.push_back('"');
 }
 
 // A Prometheus label value (text format 0.0.4): '\', '"' and newline escaped.
@@ -256,8 +236,6 @@ CheckOutcome outcome_of(const wire::Decision& d) {
   o.allowlisted = d.allowlisted;
 
   Json limits = Json::array();
-  const wire::LimitStatus* headline = nullptr;  // the enforcing limit the headers describe
-  std::string policy_header;
   for (const wire::LimitStatus& lr : d.limits) {
     const bool never = lr.retry_after_ms < 0;
     if (lr.exceeded && lr.mode == wire::Mode::kEnforce) o.enforce_denied = true;
@@ -271,25 +249,6 @@ CheckOutcome outcome_of(const wire::Decision& d) {
         {"mode", wire::to_string(lr.mode)},
         {"exceeded", lr.exceeded},
     });
-    // Headers speak for enforcing limits only: a dry-run limit must not slow callers down, and a
-    // shadow limit must stay invisible to the caller it silently denies.
-    if (lr.mode != wire::Mode::kEnforce) continue;
-    if (!policy_header.empty()) policy_header += ", ";
-    append_sf_string(policy_header, lr.name);
-    policy_header += ";q=" + std::to_string(lr.limit);
-    policy_header += ";w=" + std::to_string(ceil_seconds(lr.window_ms));
-    // The most restrictive: an exceeded limit with the longest wait; else the lowest remaining
-    // (ties: the later reset).
-    if (headline == nullptr) {
-      headline = &lr;
-    } else if (lr.exceeded != headline->exceeded) {
-      if (lr.exceeded) headline = &lr;
-    } else if (lr.exceeded) {
-      if (lr.retry_after_ms > headline->retry_after_ms) headline = &lr;
-    } else if (lr.remaining < headline->remaining ||
-               (lr.remaining == headline->remaining && lr.reset_ms > headline->reset_ms)) {
-      headline = &lr;
-    }
   }
   o.enforce_denied = o.enforce_denied && !o.allowed;
 
@@ -299,25 +258,7 @@ CheckOutcome outcome_of(const wire::Decision& d) {
                 {"allowlisted", o.allowlisted},
                 {"code", wire::to_string(o.code)},
                 {"limits", std::move(limits)}};
-
-  if (headline != nullptr) {
-    // On a denial, Retry-After is the wait of the binding limit, and the reset the headers
-    // announce is that same point in time (draft-ietf-httpapi-ratelimit-headers-11 section 6;
-    // -06 section 5 for RateLimit-Reset), so a client never reads two different waits.
-    const bool retry = o.enforce_denied && headline->retry_after_ms >= 0;
-    const int64_t reset_s =
-        retry ? ceil_seconds(headline->retry_after_ms) : ceil_seconds(headline->reset_ms);
-    std::string ratelimit;
-    append_sf_string(ratelimit, headline->name);
-    ratelimit += ";r=" + std::to_string(headline->remaining);
-    ratelimit += ";t=" + std::to_string(reset_s);
-    o.headers.emplace_back("RateLimit-Policy", std::move(policy_header));
-    o.headers.emplace_back("RateLimit", std::move(ratelimit));
-    o.headers.emplace_back("RateLimit-Limit", std::to_string(headline->limit));
-    o.headers.emplace_back("RateLimit-Remaining", std::to_string(headline->remaining));
-    o.headers.emplace_back("RateLimit-Reset", std::to_string(reset_s));
-    if (retry) o.headers.emplace_back("Retry-After", std::to_string(reset_s));
-  }
+  o.headers = wire::ratelimit_headers(d.limits, o.enforce_denied).headers;
   return o;
 }
 
@@ -481,6 +422,19 @@ std::string render_metrics(AdminHttp::State& st) {
   m.family("sluice_reloads_total", "counter", "Rules reloads by result.");
   m.sample("sluice_reloads_total", {"result", "ok"}, nc.reloads);
   m.sample("sluice_reloads_total", {"result", "failed"}, nc.reload_failures);
+  m.family("sluice_rls_requests_total", "counter",
+           "gRPC ShouldRateLimit calls by outcome (docs/envoy.md): ok and over_limit answered; "
+           "invalid_argument and resource_exhausted refused before any counter was touched; "
+           "unavailable while stopping; internal for an answer that could not be used.");
+  m.sample("sluice_rls_requests_total", {"result", "ok"}, nc.rls.ok);
+  m.sample("sluice_rls_requests_total", {"result", "over_limit"}, nc.rls.over_limit);
+  m.sample("sluice_rls_requests_total", {"result", "invalid_argument"}, nc.rls.invalid_argument);
+  m.sample("sluice_rls_requests_total", {"result", "resource_exhausted"},
+           nc.rls.resource_exhausted);
+  m.sample("sluice_rls_requests_total", {"result", "unavailable"}, nc.rls.unavailable);
+  m.sample("sluice_rls_requests_total", {"result", "internal"}, nc.rls.internal);
+  m.one("sluice_rls_descriptors_total", "counter",
+        "Descriptors in answered gRPC ShouldRateLimit calls.", nc.rls.descriptors);
   m.one("sluice_tcp_connections_total", "counter", "TCP connections accepted.", nc.tcp_connections);
   m.one("sluice_http_accept_errors_total", "counter",
         "Errors accepting admin HTTP connections (e.g. out of file descriptors).",

@@ -84,6 +84,8 @@ std::optional<std::string> non_empty_text(const YAML::Node& v) {
 constexpr std::string_view kTopLevelSettings[] = {"udp",
                                                   "tcp",
                                                   "admin",
+                                                  "grpc",
+                                                  "grpc_rate_limit_headers",
                                                   "threads",
                                                   "rules",
                                                   "data_dir",
@@ -268,7 +270,7 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
       continue;
     }
     // A listener left empty is off, as documented; every other setting needs a value.
-    const bool listener = key == "udp" || key == "tcp" || key == "admin";
+    const bool listener = key == "udp" || key == "tcp" || key == "admin" || key == "grpc";
     if (v.IsNull() && !listener) {
       bad(kEmpty + empty_hint(key));
       continue;
@@ -280,6 +282,10 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
         out.tcp_listen = v.IsNull() ? "" : v.as<std::string>();
       } else if (key == "admin") {
         out.admin_listen = v.IsNull() ? "" : v.as<std::string>();
+      } else if (key == "grpc") {
+        out.grpc_listen = v.IsNull() ? "" : v.as<std::string>();
+      } else if (key == "grpc_rate_limit_headers") {
+        out.grpc_rate_limit_headers = v.as<bool>();
       } else if (key == "threads") {
         const int t = v.as<int>();
         if (t < 1 || t > 256) {

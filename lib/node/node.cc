@@ -272,11 +272,12 @@ struct Node::Impl : NodeState {
   std::thread admin_thread;
   std::optional<tcp::acceptor> acceptor;
   std::unique_ptr<AdminHttp> admin;
+  std::unique_ptr<rls::RlsServer> rls;  // the gRPC front; gRPC's threads
   std::optional<asio::signal_set> signals;
   std::optional<asio::steady_timer> sweep_timer;
   std::vector<std::unique_ptr<Worker>> workers;
   size_t next_worker = 0;
-  std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0};
+  std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0}, grpc_port{0};
   std::atomic<bool> stopped{false};
   std::atomic<size_t> next_async_worker{0};  // Node::check_async's round-robin
   std::unique_ptr<ClusterNode> cluster;      // null for a single node; control thread
@@ -832,6 +833,20 @@ void Node::run(bool handle_signals) {
     n.admin = std::make_unique<AdminHttp>(n.admin_io, n.opt.admin_listen, *this);
     n.admin_port = n.admin->port();
   }
+  if (!n.opt.grpc_listen.empty()) {
+    rls::RlsOptions ro;
+    ro.listen = n.opt.grpc_listen;
+    ro.rate_limit_headers = n.opt.grpc_rate_limit_headers;
+    rls::Backend backend;
+    backend.check = [this](std::vector<uint8_t> request,
+                           std::function<void(std::span<const uint8_t>)> done) {
+      check_async(std::move(request), std::move(done));
+    };
+    backend.policy = [&n] { return n.engine->policy(); };
+    n.rls = std::make_unique<rls::RlsServer>(std::move(ro), std::move(backend));
+    n.rls->start();
+    n.grpc_port = n.rls->port();
+  }
   if (n.opt.cluster.enabled) {
     n.cluster = std::make_unique<ClusterNode>(n.control, n);
     n.cluster->start(n.udp_port.load(), n.admin_port.load());
@@ -869,10 +884,12 @@ void Node::run(bool handle_signals) {
   n.admin_work.emplace(n.admin_io.get_executor());
   n.admin_thread = std::thread([&n] { n.admin_io.run(); });
   n.start_snapshots();
-  spdlog::info("sluiced serving: udp {} tcp {} admin {}, {} threads, rules {}", n.udp_port.load(),
-               n.tcp_port.load(), n.admin_port.load(), n.opt.threads,
+  spdlog::info("sluiced serving: udp {} tcp {} admin {} grpc {}, {} threads, rules {}",
+               n.udp_port.load(), n.tcp_port.load(), n.admin_port.load(), n.grpc_port.load(),
+               n.opt.threads,
                n.opt.rules_file.empty() ? "<embedded>" : n.opt.rules_file);
   ready_ = true;
+  if (n.rls) n.rls->set_serving(true);
   n.control.run();
   for (auto& w : n.workers) {
     if (w->thread.joinable()) w->thread.join();
@@ -887,6 +904,8 @@ void Node::stop() {
   if (n.stopped.exchange(true)) return;
   asio::post(n.control, [&n] {
     boost::system::error_code ec;
+    // First, while the workers still answer: gRPC calls in flight get their answers.
+    if (n.rls) n.rls->shutdown(2'000);
     if (n.cluster) {
       n.cluster->leave();  // the other members take over this node's keys, with its counts
       n.cluster->stop();
@@ -987,6 +1006,9 @@ uint16_t Node::udp_port() const {
 uint16_t Node::tcp_port() const {
   return impl_->tcp_port.load();
 }
+uint16_t Node::grpc_port() const {
+  return impl_->grpc_port.load();
+}
 uint16_t Node::admin_port() const {
   return impl_->admin_port.load();
 }
@@ -1025,6 +1047,7 @@ NodeCounters Node::counters() const {
   }
   c.reloads = impl_->reloads.load();
   c.reload_failures = impl_->reload_failures.load();
+  if (impl_->rls) c.rls = impl_->rls->counters();
   return c;
 }
 

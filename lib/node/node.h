@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "rls/rls.h"
 #include "rules/rules.h"
 #include "store/store.h"
 #include "wire/protocol.h"
@@ -53,6 +54,10 @@ struct NodeOptions {
   std::string udp_listen = "127.0.0.1:7350";    // "" disables UDP
   std::string tcp_listen = "127.0.0.1:7350";    // "" disables TCP
   std::string admin_listen = "127.0.0.1:7351";  // "" disables the admin HTTP port
+  // Envoy's rate limit service over gRPC (lib/rls, docs/envoy.md); "" disables it. The port is
+  // envoyproxy/ratelimit's, so Envoy's cluster only changes its address.
+  std::string grpc_listen = "127.0.0.1:8081";
+  bool grpc_rate_limit_headers = false;  // RateLimit headers in response_headers_to_add
   unsigned threads = 2;
   std::string rules_file;           // "" = the embedded example rules (deploy/rules.example.yaml)
   std::string data_dir = "./data";  // RocksDB snapshots and overrides; "" = memory only
@@ -89,6 +94,7 @@ struct NodeCounters {
   uint64_t untrusted_forwards = 0;  // requests that claimed `forwarded` without the cluster's tag
   uint64_t reloads = 0;
   uint64_t reload_failures = 0;
+  rls::RlsCounters rls;  // the gRPC front (all 0 when it is disabled)
   // check latency (decode + decide + encode, per request) histogram: bucket i counts requests
   // that took < 2^i microseconds (the last bucket: everything slower).
   std::vector<uint64_t> latency_us_buckets;
@@ -239,6 +245,7 @@ class Node {
   uint16_t udp_port() const;
   uint16_t tcp_port() const;
   uint16_t admin_port() const;
+  uint16_t grpc_port() const;  // 0 when the gRPC front is disabled
 
   engine::Engine& engine();
   NodeCounters counters() const;

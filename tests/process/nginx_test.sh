@@ -94,6 +94,7 @@ cat >"$dir/sluiced.yaml" <<EOF
 udp: null
 tcp: null
 admin: 127.0.0.1:$admin_port
+grpc: null
 rules: $dir/rules.yaml
 threads: 1
 data_dir: $dir/data

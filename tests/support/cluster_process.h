@@ -311,7 +311,7 @@ struct NodeProcess {
   uint16_t id = 0;
   std::string name;
   std::string host = "127.0.0.1";  // the address every port of this node binds to
-  uint16_t check_port = 0, admin_port = 0, peer_port = 0;
+  uint16_t check_port = 0, admin_port = 0, peer_port = 0, grpc_port = 0;
   std::vector<std::string> launch_prefix;  // NodePlacement::launch_prefix
   std::filesystem::path config, data_dir, log;
   std::string secret;
@@ -389,7 +389,9 @@ class LocalCluster {
     n.check_port = p.check_port != 0 ? p.check_port : free_loopback_port();
     n.admin_port = p.admin_port != 0 ? p.admin_port : free_loopback_port();
     n.peer_port = p.peer_port != 0 ? p.peer_port : free_loopback_port();
-    if (n.check_port == 0 || n.admin_port == 0 || n.peer_port == 0) return SIZE_MAX;
+    n.grpc_port = free_loopback_port();  // the gRPC front (Envoy's rate limit service)
+    if (n.check_port == 0 || n.admin_port == 0 || n.peer_port == 0 || n.grpc_port == 0)
+      return SIZE_MAX;
     n.secret = secret.value_or(spec_.secret);
     n.config = dir_ / (n.name + ".yaml");
     n.data_dir = dir_ / ("data-" + std::to_string(n.id));
@@ -411,7 +413,8 @@ class LocalCluster {
     const NodeProcess& n = nodes_.at(i);
     std::ofstream cfg(n.config, std::ios::trunc);
     cfg << "udp: " << n.host << ":" << n.check_port << "\ntcp: " << n.host << ":" << n.check_port
-        << "\nadmin: " << n.host << ":" << n.admin_port << "\nthreads: " << spec_.threads
+        << "\nadmin: " << n.host << ":" << n.admin_port << "\ngrpc: " << n.host << ":"
+        << n.grpc_port << "\nthreads: " << spec_.threads
         << "\nrules: " << (dir_ / "rules.yaml").string() << "\ndata_dir: " << n.data_dir.string()
         << "\ninit_data: true\nlog_level: " << spec_.log_level << "\ncluster:\n  node_id: " << n.id
         << "\n  name: " << n.name << "\n  listen: " << n.host << ":" << n.peer_port

@@ -1,0 +1,79 @@
+// The gRPC front: Envoy's rate limit service, `envoy.service.ratelimit.v3.RateLimitService/
+// ShouldRateLimit`, and the standard `grpc.health.v1.Health` service, on a listener of its own
+// (docs/envoy.md). Each descriptor of a request becomes one check of the node's check protocol,
+// decided the way a UDP check is (owner routing, gossip, overrides, plans, dry-run and shadow
+// apply); the answer becomes the RateLimitResponse.
+//
+// Threads: gRPC's own (callback API). A call never blocks one of them: it hands its checks to
+// the node and finishes from the worker thread that answers. Nothing of gRPC or protobuf is
+// visible in this header, so lib/node links the front without its headers.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace sluice::rules {
+class Policy;
+}
+
+namespace sluice::rls {
+
+struct RlsOptions {
+  std::string listen = "127.0.0.1:8081";  // host:port; port 0 picks a free one
+  // Add the IETF RateLimit headers (docs/http.md, "Headers") of the most restrictive descriptor
+  // to response_headers_to_add, as envoyproxy/ratelimit does with LIMIT_RESPONSE_HEADERS_ENABLED.
+  bool rate_limit_headers = false;
+  size_t max_request_bytes = 64 * 1024;  // larger: RESOURCE_EXHAUSTED
+  size_t max_descriptors = 64;           // descriptors per request; more: INVALID_ARGUMENT
+};
+
+// What the front needs from the node.
+struct Backend {
+  // Decides an encoded check request (wire::encode_request) as the check ports do; `done` gets
+  // the encoded answer on the deciding worker's thread, or nothing when the node is stopping.
+  std::function<void(std::vector<uint8_t>, std::function<void(std::span<const uint8_t>)>)> check;
+  // The rules in force (entry bounds, envoy domains' `replaces` and `quota_mode`).
+  std::function<std::shared_ptr<const rules::Policy>()> policy;
+};
+
+// Counters for /metrics (sluice_rls_*).
+struct RlsCounters {
+  uint64_t requests = 0;            // ShouldRateLimit calls received
+  uint64_t ok = 0;                  // answered OK
+  uint64_t over_limit = 0;          // answered OVER_LIMIT
+  uint64_t descriptors = 0;         // descriptors in answered calls
+  uint64_t invalid_argument = 0;    // refused: empty domain, bad descriptor, ...
+  uint64_t resource_exhausted = 0;  // refused: request over max_request_bytes
+  uint64_t unavailable = 0;         // the node was stopping
+  uint64_t internal = 0;            // the node's answer could not be read (a bug: logged)
+};
+
+class RlsServer {
+ public:
+  RlsServer(RlsOptions options, Backend backend);
+  ~RlsServer();  // shuts down (as shutdown(0)) if still running
+  RlsServer(const RlsServer&) = delete;
+  RlsServer& operator=(const RlsServer&) = delete;
+
+  // Binds and starts serving; health NOT_SERVING until set_serving(true). Throws
+  // std::runtime_error naming the address when it cannot listen.
+  void start();
+  uint16_t port() const;
+  // The health service's answer for "" and for envoy.service.ratelimit.v3.RateLimitService.
+  void set_serving(bool serving);
+  // Stops accepting calls, lets calls in flight finish for up to `grace_ms`, then cancels the
+  // rest. Must not be called from a thread that answers checks (a node worker).
+  void shutdown(int64_t grace_ms);
+  RlsCounters counters() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice::rls
