@@ -294,11 +294,40 @@ function rawShouldRateLimit(request, grpcTimeout) {
   });
 }
 
+// Waits until every thread of `pid` is stopped (state T in /proc): a signal is delivered
+// asynchronously, and a loopback call is fast enough to be answered in between. Bounded: 2 s.
+async function waitStopped(pid) {
+  const taskDir = `/proc/${pid}/task`;
+  for (let i = 0; i < 200; i++) {
+    const states = [];
+    for (const tid of fs.readdirSync(taskDir)) {
+      try {
+        const stat = fs.readFileSync(`${taskDir}/${tid}/stat`, 'utf8');
+        states.push(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[0]);
+      } catch {
+        // the thread has gone
+      }
+    }
+    if (states.length > 0 && states.every((st) => st === 'T' || st === 't')) return;
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  throw new Error(`sluiced (pid ${pid}) did not stop within 2 s of SIGSTOP`);
+}
+
 // ---- the cases --------------------------------------------------------------------------------
 
 rlsTest('health: Check of the server ("") answers SERVING', async () => {
   const r = await unary(state.health, 'Check', { service: '' });
   assert.equal(r.status, 'SERVING');
+});
+
+rlsTest('health: the RLS service is SERVING, an unknown service NOT_FOUND', async () => {
+  const r = await unary(state.health, 'Check', { service: RLS_SERVICE });
+  assert.equal(r.status, 'SERVING');
+  await assert.rejects(unary(state.health, 'Check', { service: 'no.such.Service' }), (e) => {
+    assert.equal(e.code, grpc.status.NOT_FOUND, `status ${e.code} (${e.details})`);
+    return true;
+  });
 });
 
 rlsTest('five checks of user=alice are OK with limit_remaining 4,3,2,1,0, the sixth OVER_LIMIT', async () => {
@@ -424,23 +453,40 @@ rlsTest('empty domain: gRPC status INVALID_ARGUMENT', async () => {
   );
 });
 
-rlsTest('deadline honoured: answers within a short deadline; an expired one is DEADLINE_EXCEEDED', async () => {
+rlsTest('deadline honoured: answered within a short deadline; a stalled server is DEADLINE_EXCEEDED', async () => {
   // grpc-js sends the deadline as grpc-timeout; the answer comes well within it.
   const started = Date.now();
   const r = await shouldRateLimit({ domain: 'interop', descriptors: [descriptor('user', 'frank')] }, 1000);
   assert.equal(r.overall_code, 'OK');
   assert.ok(Date.now() - started < 1000, 'answered within the 1 s deadline');
 
-  // grpc-timeout in each of its units is understood by the server.
-  for (const timeout of ['2S', '2000m', '2000000u', '1M']) {
+  // grpc-timeout in each of its units is understood by the server (sent raw, not by grpc-js).
+  for (const timeout of ['2S', '2000m', '2000000u', '2000000000n', '1M']) {
     const raw = await rawShouldRateLimit({ domain: 'interop', descriptors: [descriptor('user', `grace-${timeout}`)] }, timeout);
     assert.equal(raw.grpcStatus, grpc.status.OK, `grpc-timeout ${timeout}`);
     assert.equal(raw.response?.overall_code, 'OK', `grpc-timeout ${timeout}`);
+    assert.equal(raw.response?.statuses[0]?.limit_remaining, LIMIT - 1, `grpc-timeout ${timeout}`);
   }
 
-  // A request whose deadline has passed by the time the server sees it (1 ns) is not answered
-  // with a decision: the server ends it with DEADLINE_EXCEEDED.
-  const expired = await rawShouldRateLimit({ domain: 'interop', descriptors: [descriptor('user', 'heidi')] }, '1n');
-  assert.equal(expired.grpcStatus, grpc.status.DEADLINE_EXCEEDED);
-  assert.equal(expired.response, null, 'no response message');
+  // sluiced stopped (SIGSTOP) while a call with a 300 ms deadline is out: the call ends with
+  // DEADLINE_EXCEEDED near its deadline instead of waiting, and once sluiced runs again it answers
+  // the next call as usual.
+  let err = null;
+  let stalled = 0;
+  state.child.kill('SIGSTOP');
+  try {
+    await waitStopped(state.child.pid);
+    stalled = Date.now();
+    await shouldRateLimit({ domain: 'interop', descriptors: [descriptor('user', 'ivan')] }, 300);
+  } catch (e) {
+    err = e;
+  } finally {
+    state.child.kill('SIGCONT');
+  }
+  const waited = Date.now() - stalled;
+  assert.equal(err?.code, grpc.status.DEADLINE_EXCEEDED, `status ${err?.code} (${err?.details})`);
+  assert.ok(waited >= 250 && waited < 2300, `ended after ${waited} ms, deadline 300 ms`);
+  const after = await checkUser('judy');
+  assert.equal(after.code, 'OK');
+  assert.equal(after.limit_remaining, LIMIT - 1);
 });
