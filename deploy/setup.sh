@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Brings a fresh Debian 12 machine (root, nothing prepared) to a built Sluice tree in build/.
 # Idempotent: packages already installed (asked with dpkg -s) are not touched, and apt-get update
-# and install run only when something is missing. Non-interactive throughout.
+# and install run only when something is missing. Non-interactive throughout. Then the Node interop
+# test's npm packages (tests/interop/node), again only when missing or their lockfile changed.
 #
 #   deploy/setup.sh            install what is missing, then configure and build Release in build/
 #   SLUICE_SKIP_BUILD=1 ...    install only
@@ -27,14 +28,22 @@ packages=(
   redis-server memcached nginx  # baselines for bench/ and the nginx auth_request test
   procps iproute2 curl python3
   nftables                # partition faults in tests/cluster/partition_test.cc and the bench
-  # The gRPC front (lib/rls): find_package(gRPC CONFIG) needs all four together.
+  # The gRPC front (lib/rls): find_package(gRPC CONFIG) needs all four together. protoc also
+  # builds the Python interop test's message descriptors.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  python3-grpcio          # the Python RLS interop test (tests/interop/python), run by /usr/bin/python3
+  python3-pytest          # runs that test
+  nghttp2-client          # nghttp: raw HTTP/2 gRPC calls with a chosen grpc-timeout (interop tests)
+  nodejs                  # the Node RLS interop test (tests/interop/node, node's own test runner)
 )
 
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg -s "$p" >/dev/null 2>&1; then missing+=("$p"); fi
 done
+# npm: Debian ships it as a package of its own; other builds of nodejs bring it along (and conflict
+# with Debian's), so ask for the command, not the package.
+if ! command -v npm >/dev/null 2>&1; then missing+=(npm); fi
 
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
@@ -55,6 +64,20 @@ if ((${#missing[@]})); then
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "setup: all ${#packages[@]} packages already installed"
+fi
+
+# The Node interop test's packages (tests/interop/node), exactly as its lockfile pins them; again
+# only when node_modules is missing or the lockfile changed since the last install (the stamp holds
+# the lockfile's hash). tests/interop/run.sh node does the same before it runs the test.
+node_dir="$here/tests/interop/node"
+lock_sum=$(sha256sum "$node_dir/package-lock.json" | cut -d' ' -f1)
+if [ ! -d "$node_dir/node_modules" ] ||
+   [ "$(cat "$node_dir/node_modules/.sluice-lock.sha256" 2>/dev/null)" != "$lock_sum" ]; then
+  echo "setup: npm ci in tests/interop/node"
+  npm ci --prefix "$node_dir" --no-audit --no-fund
+  echo "$lock_sum" >"$node_dir/node_modules/.sluice-lock.sha256"
+else
+  echo "setup: tests/interop/node/node_modules matches its lockfile"
 fi
 
 if [ "${SLUICE_SKIP_BUILD:-0}" = 1 ]; then exit 0; fi
