@@ -75,7 +75,8 @@ bool contains(const std::string& haystack, const std::string& needle) {
 }
 
 const std::string kTopLevelFields =
-    "unknown setting (expected one of: udp, tcp, admin, threads, rules, data_dir, init_data, "
+    "unknown setting (expected one of: udp, tcp, admin, threads, rules, envoy_rules, "
+    "envoy_count_denied, data_dir, init_data, "
     "snapshot_interval_ms, memory_cap_mb, hash_seed, sweep_interval_ms, log_level, cluster)";
 const std::string kClusterFields =
     "unknown setting (expected one of: node_id, name, listen, advertise, seeds, secret, "
@@ -94,6 +95,8 @@ NodeOptions non_default_options() {
   o.admin_listen = "10.9.9.9:3";
   o.threads = 7;
   o.rules_file = "/preset/rules.yaml";
+  o.envoy_rules = "/preset/envoy";
+  o.envoy_count_denied = false;
   o.data_dir = "/preset/data";
   o.init_data = true;
   o.snapshot_interval_ms = 4'321;
@@ -126,6 +129,8 @@ void check_same(const NodeOptions& a, const NodeOptions& b) {
   CHECK(a.admin_listen == b.admin_listen);
   CHECK(a.threads == b.threads);
   CHECK(a.rules_file == b.rules_file);
+  CHECK(a.envoy_rules == b.envoy_rules);
+  CHECK(a.envoy_count_denied == b.envoy_count_denied);
   CHECK(a.data_dir == b.data_dir);
   CHECK(a.init_data == b.init_data);
   CHECK(a.snapshot_interval_ms == b.snapshot_interval_ms);
@@ -166,6 +171,24 @@ TEST_CASE("an empty config file, or one of comments only, keeps every value of o
     CHECK(l.load(text, defaults) == "");
     check_same(defaults, NodeOptions{});
   }
+}
+
+TEST_CASE("envoy_rules and envoy_count_denied are read; empty or mistyped ones are errors") {
+  Loader l;
+  NodeOptions out;
+  CHECK(l.load("envoy_rules: /etc/ratelimit/config\nenvoy_count_denied: false\n", out) == "");
+  CHECK(out.envoy_rules == "/etc/ratelimit/config");
+  CHECK_FALSE(out.envoy_count_denied);
+  CHECK(NodeOptions{}.envoy_rules.empty());
+  CHECK(NodeOptions{}.envoy_count_denied);  // upstream counts denied hits
+
+  NodeOptions kept = non_default_options();
+  const std::string err = l.load("envoy_rules: \"\"\nenvoy_count_denied: maybe\n", kept);
+  CHECK(lines_of(err) ==
+        std::vector<std::string>{
+            l.at(1, "envoy_rules", "must not be empty (leave envoy_rules out for none)"),
+            l.at(2, "envoy_count_denied", "has the wrong type")});
+  check_same(kept, non_default_options());
 }
 
 TEST_CASE("every top-level field is read into NodeOptions") {
