@@ -68,12 +68,16 @@ void print_envoy(const Domain& d, const EnvoyNode& n, std::vector<std::string>& 
   } else if (n.rule >= 0) {
     const Rule& r = d.rules[static_cast<size_t>(n.rule)];
     out += "      # line " + std::to_string(n.line) + ": applies upstream only to requests of exactly " +
-           std::to_string(keys.size()) + " entries";
+           std::to_string(keys.size()) + (keys.size() == 1 ? " entry" : " entries");
     if (n.value.empty()) out += ", and only when no sibling matches the value of `" + n.key + "`";
     out += "\n";
     if (wildcard) {
       out += "      # value pattern " + quoted(n.value) +
              " cannot be expressed: this rule matches any value of `" + n.key + "`\n";
+    }
+    if (!r.replaces.empty() || r.quota_mode) {
+      out += "      # replaces / quota_mode of " + quoted(r.name) +
+             " are handled by the gRPC front only\n";
     }
     if (r.limits[0].requests == 0) {
       out += "      # requests_per_unit 0 (deny all) cannot be written: Sluice limits start at 1;"
@@ -92,9 +96,6 @@ void print_envoy(const Domain& d, const EnvoyNode& n, std::vector<std::string>& 
       out += "]\n";
       print_limits(r.limits, out);
       print_rule_tail(r, out);
-      if (!r.replaces.empty() || r.quota_mode) {
-        out += "        # replaces / quota_mode are handled by the gRPC front only\n";
-      }
     }
   }
   for (const EnvoyNode& c : n.children)

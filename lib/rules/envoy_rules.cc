@@ -119,9 +119,11 @@ void EnvoyParser::check_keys(const YAML::Node& map, const std::string& path) {
       error(line, sub, "unknown field " + ticked(name) + " (upstream's fields: domain, descriptors, key, value, rate_limit, unit, requests_per_unit, unlimited, name, replaces, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata)");
       continue;
     }
-    if (name == "metadata") continue;  // arbitrary content, as upstream
+    // Recurse where upstream's fields hold maps: descriptors and replaces (lists of maps) and
+    // rate_limit. metadata is free-form (upstream converts it, never checks its keys); other
+    // fields are single values, whose wrong shapes the typed reads report.
     const YAML::Node v = it->second;
-    if (v.IsSequence()) {
+    if ((name == "descriptors" || name == "replaces") && v.IsSequence()) {
       size_t i = 0;
       for (auto e = v.begin(); e != v.end(); ++e, ++i) {
         const std::string item = sub + "[" + std::to_string(i) + "]";
@@ -131,7 +133,7 @@ void EnvoyParser::check_keys(const YAML::Node& map, const std::string& path) {
         }
         check_keys(*e, item);
       }
-    } else if (v.IsMap()) {
+    } else if (name == "rate_limit" && v.IsMap()) {
       check_keys(v, sub);
     }
   }
@@ -178,10 +180,12 @@ void EnvoyParser::parse_root(const YAML::Node& root) {
   }
   check_keys(root, "");
   YAML::Node h;
-  if (const YAML::Node* d = field(root, "domain", h)) {
-    if (auto s = scalar(*d, line_of(*d, 1), "domain")) domain_.name = *s;
+  const YAML::Node* d = field(root, "domain", h);
+  std::optional<std::string> name = d == nullptr ? std::string() : scalar(*d, line_of(*d, 1), "domain");
+  if (name) domain_.name = *name;
+  if (name && name->empty()) {
+    error(d == nullptr ? line_of(root, 1) : line_of(*d, 1), "domain", "the domain must not be empty");
   }
-  if (domain_.name.empty()) error(line_of(root, 1), "domain", "the domain must not be empty");
   domain_.envoy = true;
   domain_.source = file_;
   YAML::Node h2;
@@ -329,7 +333,7 @@ void EnvoyParser::parse_rate_limit(const YAML::Node& n, int line, const std::str
   r.limits.push_back(std::move(l));
   r.mode = shadow ? Mode::kDryRun : Mode::kEnforce;
   r.count_denied = options_.count_denied;
-  r.line = line;
+  r.line = node.line;  // the descriptor's `- key:` line
   r.replaces = std::move(replaces);
   r.quota_mode = quota;
   node.rule = static_cast<int32_t>(domain_.rules.size());
