@@ -1010,3 +1010,48 @@ TEST_CASE("forget_dead_after_ms: 0 to a day; beyond either end or not a number i
         std::string::npos);
   CHECK(NodeOptions{}.cluster.forget_dead_after_ms == 300'000);
 }
+
+TEST_CASE("a node loads envoy_rules next to its rules file and reloads both; a bad file keeps them") {
+  TempDir dir;
+  const std::string envoy = (fs::path(dir.path) / "envoy").string();
+  fs::create_directory(envoy);
+  const std::string limit_file = (fs::path(envoy) / "shop.yaml").string();
+  std::ofstream(limit_file) << "domain: shop\ndescriptors:\n  - key: k\n    rate_limit: {unit: week, "
+                               "requests_per_unit: 5}\n";
+  NodeOptions o;
+  o.data_dir.clear();
+  o.udp_listen = o.tcp_listen = o.admin_listen = "";
+  o.rules_file = dir.write("rules.yaml",
+                           "domains:\n  - name: api\n    rules:\n      - {name: r, key: [k], "
+                           "limits: [1/1s]}\n");
+  o.envoy_rules = envoy;
+  o.envoy_count_denied = false;
+  sluice::node::Node node(o);
+  auto p = node.engine().policy();
+  CHECK(p->is_envoy_domain("shop"));
+  CHECK_FALSE(p->is_envoy_domain("api"));
+  REQUIRE(p->rules().domains.size() == 2);
+  CHECK_FALSE(p->rules().domains[1].rules[0].count_denied);
+
+  // A second file: reloaded.
+  std::ofstream((fs::path(envoy) / "more.yml").string()) << "domain: more\n";
+  CHECK(node.reload() == "");
+  CHECK(node.engine().policy()->is_envoy_domain("more"));
+  // A broken file, then a domain in both: errors naming the files, the rules in force stay.
+  std::ofstream((fs::path(envoy) / "zz.yaml").string()) << "domain: api\n";
+  const std::string err = node.reload();
+  CHECK(err.find("zz.yaml") != std::string::npos);
+  CHECK(err.find("duplicate domain `api` (also in " + o.rules_file + ")") != std::string::npos);
+  CHECK(node.engine().policy()->is_envoy_domain("more"));
+  std::ofstream(limit_file) << "domain: shop\ndescriptors: [{key: \"\"}]\n";
+  const std::string err2 = node.reload();
+  CHECK(err2.find("shop.yaml:2: descriptors[0].key") != std::string::npos);
+  CHECK(node.engine().policy()->is_envoy_domain("shop"));
+
+  // Without a rules file, only the envoy domains (not the embedded example rules).
+  fs::remove((fs::path(envoy) / "zz.yaml").string());
+  std::ofstream(limit_file) << "domain: shop\n";
+  o.rules_file.clear();
+  sluice::node::Node alone(o);
+  CHECK(alone.engine().policy()->rules().domains.size() == 2);
+}
