@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "alloc_counter.h"  // this binary counts its heap allocations
+#include "parse_results.h"
 #include "engine/engine.h"
 #include "exact_log.h"
 #include "wire/protocol.h"
@@ -36,12 +37,7 @@ constexpr int64_t kNow = 1'700'000'000'000;
 constexpr uint64_t kSeed = 0x5eed;
 const std::string kData = std::string(SLUICE_SOURCE_DIR) + "/tests/data/envoy/";
 
-std::string all_errors(const ParseResult& r) {
-  std::string s;
-  for (const ParseError& e : r.errors)
-    s += e.to_string() + "\n";
-  return s;
-}
+using sluice::testing::all_errors;
 
 bool contains(const std::string& haystack, std::string_view needle) {
   return haystack.find(needle) != std::string::npos;
@@ -52,19 +48,11 @@ ParseResult parse(std::string_view text, EnvoyImportOptions o = {}) {
 }
 
 RuleSet must_load(const std::string& path, EnvoyImportOptions o = {}) {
-  ParseResult r = load_envoy_rules(path, o);
-  INFO(all_errors(r));
-  REQUIRE(r.errors.empty());
-  REQUIRE(r.rules.has_value());
-  return std::move(*r.rules);
+  return sluice::testing::require_rules(load_envoy_rules(path, o));
 }
 
 ParseError only_error(std::string_view text) {
-  ParseResult r = parse(text);
-  INFO(all_errors(r));
-  REQUIRE_FALSE(r.rules.has_value());
-  REQUIRE(r.errors.size() == 1);
-  return r.errors[0];
+  return sluice::testing::require_one_error(parse(text));
 }
 
 const Rule* rule_named(const Domain& d, std::string_view name) {

@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "alloc_counter.h"  // this binary counts its heap allocations
+#include "parse_results.h"
 
 using namespace sluice::rules;
 using sluice::window::Estimator;
@@ -33,12 +34,7 @@ ParseResult parse(std::string_view text) {
   return parse_rules(text, "rules.yaml");
 }
 
-std::string all_errors(const ParseResult& r) {
-  std::string s;
-  for (const ParseError& e : r.errors)
-    s += e.to_string() + "\n";
-  return s;
-}
+using sluice::testing::all_errors;
 
 bool contains(const std::string& haystack, std::string_view needle) {
   return haystack.find(needle) != std::string::npos;
@@ -46,20 +42,12 @@ bool contains(const std::string& haystack, std::string_view needle) {
 
 // Parses text that must be valid.
 RuleSet must_parse(std::string_view text) {
-  ParseResult r = parse(text);
-  INFO(all_errors(r));
-  REQUIRE(r.errors.empty());
-  REQUIRE(r.rules.has_value());
-  return std::move(*r.rules);
+  return sluice::testing::require_rules(parse(text));
 }
 
 // Parses text that must fail with exactly one error, and returns it.
 ParseError only_error(std::string_view text) {
-  ParseResult r = parse(text);
-  INFO(all_errors(r));
-  REQUIRE_FALSE(r.rules.has_value());
-  REQUIRE(r.errors.size() == 1);
-  return r.errors[0];
+  return sluice::testing::require_one_error(parse(text));
 }
 
 // Seed 000 (Allegro OAuth): tokens limited per client for client credentials, per (client, user)

@@ -16,6 +16,7 @@
 
 #include "rules/policy_impl.h"
 #include "rules/rules.h"
+#include "rules/yaml_source.h"
 
 namespace sluice::rules {
 namespace {
@@ -29,12 +30,6 @@ constexpr std::string_view kKnownKeys[] = {
 
 std::string ticked(std::string_view s) {
   return "`" + std::string(s) + "`";
-}
-
-int line_of(const YAML::Node& n, int fallback) {
-  if (!n.IsDefined()) return fallback;
-  const int l = n.Mark().line;
-  return l >= 0 ? l + 1 : fallback;
 }
 
 // A plain (unquoted) scalar that YAML 1.1 (upstream's yaml.v2) reads as something other than a
@@ -72,18 +67,13 @@ std::optional<bool> yaml11_bool(std::string_view s) {
 
 class EnvoyParser {
  public:
-  EnvoyParser(std::string_view file, const EnvoyImportOptions& options)
-      : file_(file), options_(options) {}
+  EnvoyParser(std::string_view file, const EnvoyImportOptions& options, ErrorList& errors)
+      : file_(file), options_(options), errors_(errors) {}
 
   void parse_root(const YAML::Node& root);
   Domain take_domain() { return std::move(domain_); }
-  std::vector<ParseError> take_errors() {
-    std::stable_sort(errors_.begin(), errors_.end(),
-                     [](const ParseError& a, const ParseError& b) { return a.line < b.line; });
-    return std::move(errors_);
-  }
   void error(int line, std::string field, std::string message) {
-    errors_.push_back(ParseError{file_, line, std::move(field), std::move(message)});
+    errors_.error(line, std::move(field), std::move(message));
   }
 
  private:
@@ -101,8 +91,8 @@ class EnvoyParser {
 
   std::string file_;
   EnvoyImportOptions options_;
+  ErrorList& errors_;
   Domain domain_;
-  std::vector<ParseError> errors_;
 };
 
 void EnvoyParser::check_keys(const YAML::Node& map, const std::string& path) {
@@ -340,20 +330,6 @@ void EnvoyParser::parse_rate_limit(const YAML::Node& n, int line, const std::str
   domain_.rules.push_back(std::move(r));
 }
 
-ParseResult read_file(const std::string& path, std::string& text) {
-  ParseResult result;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    result.errors.push_back(ParseError{path, 0, "", "cannot read the envoy rate limit config"});
-    return result;
-  }
-  char chunk[16 * 1024];
-  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0)
-    text.append(chunk, static_cast<size_t>(in.gcount()));
-  if (!in.eof()) result.errors.push_back(ParseError{path, 0, "", "cannot read the envoy rate limit config"});
-  return result;
-}
-
 }  // namespace
 
 std::optional<int64_t> envoy_unit_ms(std::string_view unit) {
@@ -378,20 +354,11 @@ std::string_view envoy_unit_name(int64_t window_ms) {
 ParseResult parse_envoy_rules(std::string_view text, std::string_view file,
                               const EnvoyImportOptions& options) {
   ParseResult result;
-  EnvoyParser parser(file, options);
-  try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
-    if (docs.size() > 1) {
-      parser.error(line_of(docs[1], 0), "", "the file holds more than one YAML document; keep one");
-    } else {
-      parser.parse_root(docs.empty() ? YAML::Node() : docs[0]);
-    }
-  } catch (const YAML::Exception& e) {
-    parser.error(e.mark.line >= 0 ? e.mark.line + 1 : 0, "", "YAML syntax: " + e.msg);
-  } catch (const std::exception& e) {
-    parser.error(0, "", std::string("cannot read the config: ") + e.what());
-  }
-  result.errors = parser.take_errors();
+  ErrorList errors(file);
+  EnvoyParser parser(file, options, errors);
+  parse_yaml_document(text, "the file", errors,
+                      [&](const YAML::Node& root) { parser.parse_root(root); });
+  result.errors = errors.take();
   if (result.errors.empty()) {
     result.rules.emplace();
     result.rules->domains.push_back(parser.take_domain());
@@ -419,9 +386,10 @@ ParseResult load_envoy_rules(const std::string& path, const EnvoyImportOptions& 
   }
   RuleSet all;
   for (const std::string& f : files) {
-    std::string text;
-    ParseResult r = read_file(f, text);
-    if (r.errors.empty()) r = parse_envoy_rules(text, f, options);
+    ParseResult r;
+    if (std::optional<std::string> text = read_text_file(f, "the file", r.errors)) {
+      r = parse_envoy_rules(*text, f, options);
+    }
     if (!r.errors.empty()) {
       out.errors.insert(out.errors.end(), r.errors.begin(), r.errors.end());
       continue;
