@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "alloc_counter.h"  // this binary counts its heap allocations
-#include "parse_results.h"
 #include "engine/engine.h"
 #include "exact_log.h"
+#include "parse_results.h"
 #include "wire/protocol.h"
 
 using namespace sluice::rules;
@@ -68,7 +68,9 @@ struct Outcome {
   bool allowlisted = false;
   std::vector<std::string> rules;
   std::vector<AppliedLimit> limits;
-  std::string only() const { return rules.size() == 1 ? rules[0] : "<" + std::to_string(rules.size()) + " rules>"; }
+  std::string only() const {
+    return rules.size() == 1 ? rules[0] : "<" + std::to_string(rules.size()) + " rules>";
+  }
 };
 
 Outcome resolve(const Policy& p, std::string_view domain,
@@ -249,8 +251,8 @@ TEST_CASE("every error names the file, the line and the field") {
       {"domain: d\ndescriptors:\n  - a\n  - b\n", 3, "descriptors[0]", "list items must be maps"},
       {"0.25: d\ndescriptors: []\n", 1, "", "field names must be strings, got `0.25`"},
       {"domain: d\ndescriptors: 5\n", 2, "descriptors", "must be a list of descriptors"},
-      {"domain: d\ndescriptors:\n  - key: a\n    rate_limit: [1]\n", 4,
-       "descriptors[0].rate_limit", "must be a map"},
+      {"domain: d\ndescriptors:\n  - key: a\n    rate_limit: [1]\n", 4, "descriptors[0].rate_limit",
+       "must be a map"},
       {"domain: [d]\n", 1, "domain", "must be a single value"},
       {"domain: d\ndescriptors:\n  - key: a\n    shadow_mode: sometimes\n", 4,
        "descriptors[0].shadow_mode", "must be true or false, got `sometimes`"},
@@ -279,11 +281,12 @@ TEST_CASE("every problem of a file is reported, in line order, not only the firs
   CHECK(r.errors[0].line == 4);
   CHECK(r.errors[1].line == 5);
   CHECK(r.errors[2].line == 7);
-  CHECK(r.errors[2].to_string() == "rl.yaml:7: descriptors[2].colour: unknown field `colour` "
-                                   "(upstream's fields: domain, descriptors, key, value, "
-                                   "rate_limit, unit, requests_per_unit, unlimited, name, "
-                                   "replaces, shadow_mode, quota_mode, detailed_metric, "
-                                   "value_to_metric, share_threshold, metadata)");
+  CHECK(r.errors[2].to_string() ==
+        "rl.yaml:7: descriptors[2].colour: unknown field `colour` "
+        "(upstream's fields: domain, descriptors, key, value, "
+        "rate_limit, unit, requests_per_unit, unlimited, name, "
+        "replaces, shadow_mode, quota_mode, detailed_metric, "
+        "value_to_metric, share_threshold, metadata)");
 }
 
 TEST_CASE("upstream quirks are kept: known keys anywhere, metadata free-form, a bare key") {
@@ -296,7 +299,8 @@ TEST_CASE("upstream quirks are kept: known keys anywhere, metadata free-form, a 
   CHECK(r.rules->domains[0].rules.size() == 1);
   CHECK(r.rules->domains[0].envoy_tree.size() == 2);
   // key "a_b" and key "a" value "b" are one composite key upstream.
-  const ParseError e = only_error("domain: d\ndescriptors:\n  - key: a_b\n  - key: a\n    value: b\n");
+  const ParseError e =
+      only_error("domain: d\ndescriptors:\n  - key: a_b\n  - key: a\n    value: b\n");
   CHECK(contains(e.message, "duplicate descriptor composite key `a_b`"));
   // An empty descriptors list is a domain that limits nothing.
   CHECK(parse("domain: d\n").rules.has_value());
@@ -306,7 +310,9 @@ TEST_CASE("upstream quirks are kept: known keys anywhere, metadata free-form, a 
 
 TEST_CASE("a directory loads every .yaml/.yml file by name; other files are ignored") {
   TempDir dir;
-  dir.write("b.yml", "domain: second\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 3}}]\n");
+  dir.write(
+      "b.yml",
+      "domain: second\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 3}}]\n");
   dir.write("a.yaml", "domain: first\ndescriptors: []\n");
   dir.write("notes.txt", "not yaml: [\n");
   std::filesystem::create_directory(dir.path / "sub.yaml");  // not recursive, not a file
@@ -424,8 +430,8 @@ TEST_CASE("the counter key is the request's values: other values count apart, sa
   CHECK(a1.limits[0].requests == 5);
   const Rule* rule = rule_named(p->rules().domains[0], "tenant_acme.route");
   const std::string_view values[] = {"acme", "x"};
-  CHECK(a1.limits[0].counter == counter_id(key_hash(kSeed, "shop", *rule, values),
-                                           rule->limits[0].spec));
+  CHECK(a1.limits[0].counter ==
+        counter_id(key_hash(kSeed, "shop", *rule, values), rule->limits[0].spec));
 }
 
 TEST_CASE("envoy requests may repeat a key; native domains still refuse it") {
@@ -474,7 +480,8 @@ TEST_CASE("overrides work on envoy rules: the override's entries are the rule's 
   Limit l;
   l.requests = 99;
   l.spec = window::make_spec(kMin);
-  REQUIRE(ov.set(Override{"shop", {{"tenant", "acme"}, {"route", "x"}}, {l}, "", Mode::kDryRun, 0}) == "");
+  REQUIRE(ov.set(Override{
+              "shop", {{"tenant", "acme"}, {"route", "x"}}, {l}, "", Mode::kDryRun, 0}) == "");
   auto p = compile_files({"basic.yaml"}, ov);
   std::vector<Descriptor> desc = {{"tenant", "acme"}, {"route", "x"}};
   Resolution out;
@@ -491,10 +498,11 @@ TEST_CASE("overrides work on envoy rules: the override's entries are the rule's 
 
 TEST_CASE("the walk allocates nothing once the Resolution is warm") {
   auto p = compile_files({"basic.yaml", "wildcard.yaml"});
-  const std::vector<Descriptor> reqs[] = {
-      {{"tenant", "acme"}, {"route", "checkout"}}, {{"path", "/img/1/thumb.png"}},
-      {{"area", "europe"}, {"user", "bob"}},        {{"client", "internal"}},
-      {{"health", "1"}}};
+  const std::vector<Descriptor> reqs[] = {{{"tenant", "acme"}, {"route", "checkout"}},
+                                          {{"path", "/img/1/thumb.png"}},
+                                          {{"area", "europe"}, {"user", "bob"}},
+                                          {{"client", "internal"}},
+                                          {{"health", "1"}}};
   Resolution out;
   for (const auto& d : reqs)
     p->resolve(CheckRequest{"files", d, 1}, kNow, out);
@@ -542,7 +550,8 @@ struct Checker {
 
 }  // namespace
 
-TEST_CASE("requests_per_unit 0 denies every hit; a hits=0 check on it is allowed (0 > 0 is false)") {
+TEST_CASE(
+    "requests_per_unit 0 denies every hit; a hits=0 check on it is allowed (0 > 0 is false)") {
   Checker c(compile_files({"full.yaml"}));
   const engine::Decision ask = c.check("billing", {{"api_key", "gold"}}, kNow, 0);
   CHECK(ask.allowed);
@@ -579,20 +588,23 @@ TEST_CASE("week, month and year windows track an exact sliding log on a randomiz
     std::string_view name;
     int64_t window;
   };
-  for (const Unit u : {Unit{"week", 7 * kDay}, Unit{"month", 30 * kDay}, Unit{"year", 365 * kDay}}) {
+  for (const Unit u :
+       {Unit{"week", 7 * kDay}, Unit{"month", 30 * kDay}, Unit{"year", 365 * kDay}}) {
     CAPTURE(u.name);
     const uint64_t limit = 1'000;
     EnvoyImportOptions o;
     o.count_denied = false;
-    ParseResult r = parse("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: " +
-                              std::string(u.name) + ", requests_per_unit: 1000}\n",
-                          o);
+    ParseResult r =
+        parse("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: " + std::string(u.name) +
+                  ", requests_per_unit: 1000}\n",
+              o);
     REQUIRE(r.rules.has_value());
     Checker c(Policy::compile(std::move(*r.rules), {}, kSeed));
     sluice::testing::ExactSlidingLog exact(u.window);
     sluice::testing::ExactSlidingLog admitted_log(u.window);  // what the engine admitted
     std::mt19937_64 rng(42);
-    const double mean_gap = static_cast<double>(u.window) / (2.0 * static_cast<double>(limit) / 2.0);
+    const double mean_gap =
+        static_cast<double>(u.window) / (2.0 * static_cast<double>(limit) / 2.0);
     std::exponential_distribution<double> gap(1.0 / mean_gap);
     std::uniform_int_distribution<uint64_t> cost(1, 3);
     const int64_t start = 19'675LL * kDay;  // a whole number of days since the epoch
@@ -611,16 +623,17 @@ TEST_CASE("week, month and year windows track an exact sliding log on a randomiz
         exact_admitted += hits;
       }
     }
-    const double error = (static_cast<double>(engine_admitted) - static_cast<double>(exact_admitted)) /
-                         static_cast<double>(exact_admitted);
+    const double error =
+        (static_cast<double>(engine_admitted) - static_cast<double>(exact_admitted)) /
+        static_cast<double>(exact_admitted);
     MESSAGE(u.name << ": offered " << offered << ", exact log admitted " << exact_admitted
                    << ", sliding window admitted " << engine_admitted << " (" << error * 100.0
                    << " %), largest true window " << admitted_log.max_window_count() << " / "
                    << limit);
     CHECK(std::abs(error) < 0.05);
     // Weighted estimates can over-admit within one bucket's share of the window, no more.
-    const double bucket_share = static_cast<double>(window::make_spec(u.window).bucket_ms) /
-                                static_cast<double>(u.window);
+    const double bucket_share =
+        static_cast<double>(window::make_spec(u.window).bucket_ms) / static_cast<double>(u.window);
     CHECK(static_cast<double>(admitted_log.max_window_count()) <=
           static_cast<double>(limit) * (1.0 + bucket_share) + 3.0);
   }
@@ -747,5 +760,6 @@ TEST_CASE("convert prints Sluice rules that parse, with comments where the walk 
   CHECK(contains(yaml, "cannot be expressed: this rule matches any value of `path`"));
   CHECK(contains(yaml, "requests_per_unit 0 (deny all) cannot be written"));
   CHECK(contains(yaml, "are unlimited upstream"));
-  CHECK(contains(yaml, "# replaces / quota_mode of \"api_key_gold\" are handled by the gRPC front only"));
+  CHECK(contains(yaml,
+                 "# replaces / quota_mode of \"api_key_gold\" are handled by the gRPC front only"));
 }

@@ -1011,13 +1011,15 @@ TEST_CASE("forget_dead_after_ms: 0 to a day; beyond either end or not a number i
   CHECK(NodeOptions{}.cluster.forget_dead_after_ms == 300'000);
 }
 
-TEST_CASE("a node loads envoy_rules next to its rules file and reloads both; a bad file keeps them") {
+TEST_CASE(
+    "a node loads envoy_rules next to its rules file and reloads both; a bad file keeps them") {
   TempDir dir;
   const std::string envoy = (fs::path(dir.path) / "envoy").string();
   fs::create_directory(envoy);
   const std::string limit_file = (fs::path(envoy) / "shop.yaml").string();
-  std::ofstream(limit_file) << "domain: shop\ndescriptors:\n  - key: k\n    rate_limit: {unit: week, "
-                               "requests_per_unit: 5}\n";
+  std::ofstream(limit_file)
+      << "domain: shop\ndescriptors:\n  - key: k\n    rate_limit: {unit: week, "
+         "requests_per_unit: 5}\n";
   NodeOptions o;
   o.data_dir.clear();
   o.udp_listen = o.tcp_listen = o.admin_listen = "";

@@ -178,11 +178,11 @@ TEST_CASE("validate rejects windows shorter than 1s or longer than 365d, naming 
 }
 
 TEST_CASE("windows longer than a day default to coarse buckets that keep the ring within 1441") {
-  CHECK(make_spec(7 * kDay) == WindowSpec{7 * kDay, 3'600'000});     // week: 168 buckets
-  CHECK(make_spec(30 * kDay) == WindowSpec{30 * kDay, 3'600'000});   // month: 720
-  CHECK(make_spec(365 * kDay) == WindowSpec{365 * kDay, kDay});      // year: 365
+  CHECK(make_spec(7 * kDay) == WindowSpec{7 * kDay, 3'600'000});          // week: 168 buckets
+  CHECK(make_spec(30 * kDay) == WindowSpec{30 * kDay, 3'600'000});        // month: 720
+  CHECK(make_spec(365 * kDay) == WindowSpec{365 * kDay, kDay});           // year: 365
   CHECK(make_spec(100 * kDay) == WindowSpec{100 * kDay, 6 * 3'600'000});  // 400
-  CHECK(make_spec(kDay) == WindowSpec{kDay, kMin});                  // unchanged up to a day
+  CHECK(make_spec(kDay) == WindowSpec{kDay, kMin});                       // unchanged up to a day
   for (int64_t w : {2 * kDay, 7 * kDay, 30 * kDay, 100 * kDay, 365 * kDay, kDay + kMin}) {
     CAPTURE(w);
     const WindowSpec s = make_spec(w);

@@ -269,8 +269,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         ok = ar.rule->fallback == rules::Fallback::kShare &&
              window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
                             ar.rule->estimator, now_eff, hits,
-                            fallback_share(lims[k].requests, fallback, now_ms,
-                                           t.spec().window_ms));
+                            fallback_share(lims[k].requests, fallback, now_ms, t.spec().window_ms));
       }
       if (!ok) {
         sc.limit_ok[k] = 0;
@@ -341,8 +340,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const uint64_t used = lim - std::min(lim, ls.remaining);
       if (!sc.limit_ok[k] || used * 5 >= lim * 4) {
         note_hot(shards[lims[k].counter & shard_mask], lims[k].counter,
-                 st.stats_ids[ar.stats_index], ar, lims[k], req, used, !sc.limit_ok[k],
-                 now_ms);
+                 st.stats_ids[ar.stats_index], ar, lims[k], req, used, !sc.limit_ok[k], now_ms);
       }
       LimitResult lr;
       lr.rule = ar.rule;

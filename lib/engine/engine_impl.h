@@ -244,8 +244,8 @@ struct Engine::Impl {
 
   // Records that a check left a key at 80 % or more of a limit, or over it (HotKey).
   void note_hot(Shard& sh, uint64_t counter, uint32_t stats_id, const rules::AppliedRule& ar,
-                const rules::AppliedLimit& applied, const rules::CheckRequest& req,
-                uint64_t used, bool exceeded, int64_t now_ms) {
+                const rules::AppliedLimit& applied, const rules::CheckRequest& req, uint64_t used,
+                bool exceeded, int64_t now_ms) {
     const rules::Limit& limit = *applied.limit;
     const uint64_t lim = applied.requests;
     HotSlot* slot = nullptr;

@@ -871,9 +871,8 @@ void Node::run(bool handle_signals) {
   n.start_snapshots();
   spdlog::info("sluiced serving: udp {} tcp {} admin {}, {} threads, rules {}{}{}",
                n.udp_port.load(), n.tcp_port.load(), n.admin_port.load(), n.opt.threads,
-               n.opt.rules_file.empty()
-                   ? (n.opt.envoy_rules.empty() ? "<embedded>" : "<none>")
-                   : n.opt.rules_file,
+               n.opt.rules_file.empty() ? (n.opt.envoy_rules.empty() ? "<embedded>" : "<none>")
+                                        : n.opt.rules_file,
                n.opt.envoy_rules.empty() ? "" : ", envoy rules ", n.opt.envoy_rules);
   ready_ = true;
   n.control.run();

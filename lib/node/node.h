@@ -58,7 +58,7 @@ struct NodeOptions {
   // envoyproxy/ratelimit config: a file or a directory of them (docs/envoy-config.md); "" none.
   // With envoy_rules and no rules_file, the embedded example rules are not loaded.
   std::string envoy_rules;
-  bool envoy_count_denied = true;  // imported rules count denied hits, as upstream
+  bool envoy_count_denied = true;   // imported rules count denied hits, as upstream
   std::string data_dir = "./data";  // RocksDB snapshots and overrides; "" = memory only
   bool init_data = false;           // create data_dir when it is missing or empty (first start)
   int64_t snapshot_interval_ms = 1'000;

@@ -28,7 +28,8 @@ bool name_char(char c) {
 // Rule names allow letters, digits, '_', '.', '-': anything else becomes '-'.
 std::string sluice_name(std::string_view s) {
   std::string out(s);
-  std::replace_if(out.begin(), out.end(), [](char c) { return !name_char(c); }, '-');
+  std::replace_if(
+      out.begin(), out.end(), [](char c) { return !name_char(c); }, '-');
   return out.empty() ? "rule" : out;
 }
 
@@ -67,8 +68,9 @@ void print_envoy(const Domain& d, const EnvoyNode& n, std::vector<std::string>& 
            "no rule is written (requests reaching it are allowlisted on import)\n";
   } else if (n.rule >= 0) {
     const Rule& r = d.rules[static_cast<size_t>(n.rule)];
-    out += "      # line " + std::to_string(n.line) + ": applies upstream only to requests of exactly " +
-           std::to_string(keys.size()) + (keys.size() == 1 ? " entry" : " entries");
+    out += "      # line " + std::to_string(n.line) +
+           ": applies upstream only to requests of exactly " + std::to_string(keys.size()) +
+           (keys.size() == 1 ? " entry" : " entries");
     if (n.value.empty()) out += ", and only when no sibling matches the value of `" + n.key + "`";
     out += "\n";
     if (wildcard) {
@@ -80,8 +82,10 @@ void print_envoy(const Domain& d, const EnvoyNode& n, std::vector<std::string>& 
              " are handled by the gRPC front only\n";
     }
     if (r.limits[0].requests == 0) {
-      out += "      # requests_per_unit 0 (deny all) cannot be written: Sluice limits start at 1;"
-             " rule " + quoted(r.name) + " is left out\n";
+      out +=
+          "      # requests_per_unit 0 (deny all) cannot be written: Sluice limits start at 1;"
+          " rule " +
+          quoted(r.name) + " is left out\n";
     } else {
       out += "      - name: " + quoted(sluice_name(r.name)) + "\n";
       if (!match.empty()) {
@@ -127,8 +131,9 @@ std::string to_rules_yaml(const RuleSet& rules) {
       for (const Plan& p : d.plans) {
         out += "      " + p.name + ":\n";
         for (const Limit& l : p.limits)
-          out += "        - {limit: " + std::to_string(l.requests) + ", window: " +
-                 format_duration(l.spec.window_ms) + ", name: " + quoted(l.name) + "}\n";
+          out += "        - {limit: " + std::to_string(l.requests) +
+                 ", window: " + format_duration(l.spec.window_ms) + ", name: " + quoted(l.name) +
+                 "}\n";
       }
     }
     if (d.envoy) {
@@ -158,8 +163,8 @@ std::string to_rules_yaml(const RuleSet& rules) {
       if (r.plan_from.empty()) {
         print_limits(r.limits, out);
       } else {
-        out += "        plan: {from: " + quoted(r.plan_from) + ", default: " + quoted(r.default_plan) +
-               "}\n";
+        out += "        plan: {from: " + quoted(r.plan_from) +
+               ", default: " + quoted(r.default_plan) + "}\n";
       }
       print_rule_tail(r, out);
     }

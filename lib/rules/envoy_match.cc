@@ -128,10 +128,9 @@ void compile_envoy_tree(const Domain& d, CompiledEnvoyTree& out) {
       if (c.find('*') == std::string::npos) continue;
       EnvoyWildcard w{i, static_cast<uint32_t>(out.parts.size()), 0};
       size_t start = 0;
-      for (size_t star = c.find('*'); ; star = c.find('*', start)) {
-        out.parts.emplace_back(std::string_view(c).substr(start, star == std::string::npos
-                                                                     ? std::string::npos
-                                                                     : star - start));
+      for (size_t star = c.find('*');; star = c.find('*', start)) {
+        out.parts.emplace_back(std::string_view(c).substr(
+            start, star == std::string::npos ? std::string::npos : star - start));
         ++w.num_parts;
         if (star == std::string::npos) break;
         start = star + 1;
@@ -162,8 +161,8 @@ const CompiledEnvoyNode* envoy_walk(const CompiledEnvoyTree& t,
       }
     }
     if (next == nullptr) {
-      next = child(t, *level, fnv(kFnvOffset, e.key),
-                   [&](std::string_view c) { return c == e.key; });
+      next =
+          child(t, *level, fnv(kFnvOffset, e.key), [&](std::string_view c) { return c == e.key; });
     }
     if (next == nullptr) return nullptr;
     if (i + 1 == entries.size()) return next;

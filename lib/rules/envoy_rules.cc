@@ -21,12 +21,22 @@
 namespace sluice::rules {
 namespace {
 
-constexpr std::string_view kKnownKeys[] = {
-    "domain",          "descriptors",     "key",         "value",         "rate_limit",
-    "unit",            "requests_per_unit", "unlimited", "name",          "replaces",
-    "shadow_mode",     "quota_mode",      "detailed_metric", "value_to_metric", "share_threshold",
-    "metadata"};
-
+constexpr std::string_view kKnownKeys[] = {"domain",
+                                           "descriptors",
+                                           "key",
+                                           "value",
+                                           "rate_limit",
+                                           "unit",
+                                           "requests_per_unit",
+                                           "unlimited",
+                                           "name",
+                                           "replaces",
+                                           "shadow_mode",
+                                           "quota_mode",
+                                           "detailed_metric",
+                                           "value_to_metric",
+                                           "share_threshold",
+                                           "metadata"};
 
 std::string ticked(std::string_view s) {
   return "`" + std::string(s) + "`";
@@ -38,10 +48,9 @@ bool plain_non_string(const YAML::Node& n) {
   if (!n.IsScalar() || n.Tag() != "?") return false;
   const std::string& s = n.Scalar();
   if (s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL") return true;
-  static constexpr std::string_view kBools[] = {"y",    "Y",    "yes",  "Yes",   "YES",   "n",
-                                                "N",    "no",   "No",   "NO",    "true",  "True",
-                                                "TRUE", "false", "False", "FALSE", "on",   "On",
-                                                "ON",   "off",  "Off",  "OFF"};
+  static constexpr std::string_view kBools[] = {
+      "y",    "Y",    "yes",   "Yes",   "YES",   "n",  "N",  "no", "No",  "NO",  "true",
+      "True", "TRUE", "false", "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF"};
   for (std::string_view b : kBools) {
     if (s == b) return true;
   }
@@ -52,9 +61,9 @@ bool plain_non_string(const YAML::Node& n) {
 }
 
 std::optional<bool> yaml11_bool(std::string_view s) {
-  static constexpr std::string_view kTrue[] = {"y", "Y", "yes", "Yes", "YES", "true",
-                                               "True", "TRUE", "on", "On", "ON"};
-  static constexpr std::string_view kFalse[] = {"n", "N", "no", "No", "NO", "false",
+  static constexpr std::string_view kTrue[] = {"y",    "Y",    "yes", "Yes", "YES", "true",
+                                               "True", "TRUE", "on",  "On",  "ON"};
+  static constexpr std::string_view kFalse[] = {"n",     "N",     "no",  "No",  "NO", "false",
                                                 "False", "FALSE", "off", "Off", "OFF"};
   for (std::string_view t : kTrue) {
     if (s == t) return true;
@@ -100,13 +109,19 @@ void EnvoyParser::check_keys(const YAML::Node& map, const std::string& path) {
     const YAML::Node key = it->first;
     const int line = line_of(key, 0);
     if (!key.IsScalar() || plain_non_string(key)) {
-      error(line, path, "field names must be strings, got " + ticked(key.IsScalar() ? key.Scalar() : "a list or map"));
+      error(line, path,
+            "field names must be strings, got " +
+                ticked(key.IsScalar() ? key.Scalar() : "a list or map"));
       continue;
     }
     const std::string& name = key.Scalar();
     const std::string sub = path.empty() ? name : path + "." + name;
     if (std::find(std::begin(kKnownKeys), std::end(kKnownKeys), name) == std::end(kKnownKeys)) {
-      error(line, sub, "unknown field " + ticked(name) + " (upstream's fields: domain, descriptors, key, value, rate_limit, unit, requests_per_unit, unlimited, name, replaces, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata)");
+      error(line, sub,
+            "unknown field " + ticked(name) +
+                " (upstream's fields: domain, descriptors, key, value, rate_limit, unit, "
+                "requests_per_unit, unlimited, name, replaces, shadow_mode, quota_mode, "
+                "detailed_metric, value_to_metric, share_threshold, metadata)");
       continue;
     }
     // Recurse where upstream's fields hold maps: descriptors and replaces (lists of maps) and
@@ -165,16 +180,19 @@ bool EnvoyParser::flag(const YAML::Node& map, std::string_view name, const std::
 
 void EnvoyParser::parse_root(const YAML::Node& root) {
   if (!root.IsDefined() || root.IsNull() || !root.IsMap()) {
-    error(line_of(root, 1), "", "an envoy rate limit config is a map with `domain` and `descriptors`");
+    error(line_of(root, 1), "",
+          "an envoy rate limit config is a map with `domain` and `descriptors`");
     return;
   }
   check_keys(root, "");
   YAML::Node h;
   const YAML::Node* d = field(root, "domain", h);
-  std::optional<std::string> name = d == nullptr ? std::string() : scalar(*d, line_of(*d, 1), "domain");
+  std::optional<std::string> name =
+      d == nullptr ? std::string() : scalar(*d, line_of(*d, 1), "domain");
   if (name) domain_.name = *name;
   if (name && name->empty()) {
-    error(d == nullptr ? line_of(root, 1) : line_of(*d, 1), "domain", "the domain must not be empty");
+    error(d == nullptr ? line_of(root, 1) : line_of(*d, 1), "domain",
+          "the domain must not be empty");
   }
   domain_.envoy = true;
   domain_.source = file_;
@@ -217,8 +235,9 @@ void EnvoyParser::parse_descriptors(const YAML::Node& list, int line, const std:
       return (o.value.empty() ? o.key : o.key + "_" + o.value) == composite;
     });
     if (dup != out.end()) {
-      error(nline, p, "duplicate descriptor composite key " + ticked(name) + " (first on line " +
-                          std::to_string(dup->line) + ")");
+      error(nline, p,
+            "duplicate descriptor composite key " + ticked(name) + " (first on line " +
+                std::to_string(dup->line) + ")");
       continue;
     }
     const bool shadow = flag(n, "shadow_mode", p);
@@ -265,7 +284,8 @@ void EnvoyParser::parse_rate_limit(const YAML::Node& n, int line, const std::str
   const std::optional<int64_t> window_ms = envoy_unit_ms(unit);
   node.unlimited = flag(n, "unlimited", path);
   if (node.unlimited) {
-    if (window_ms) error(unit_line, path + ".unit", "a rate limit with `unlimited: true` takes no unit");
+    if (window_ms)
+      error(unit_line, path + ".unit", "a rate limit with `unlimited: true` takes no unit");
   } else if (!window_ms) {
     error(unit_line, path + ".unit",
           "invalid unit " + ticked(unit) + " (second, minute, hour, day, week, month or year)");
@@ -373,7 +393,8 @@ ParseResult load_envoy_rules(const std::string& path, const EnvoyImportOptions& 
   if (fs::is_directory(path, ec)) {
     for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
       const std::string ext = e.path().extension().string();
-      if ((ext == ".yaml" || ext == ".yml") && e.is_regular_file(ec)) files.push_back(e.path().string());
+      if ((ext == ".yaml" || ext == ".yml") && e.is_regular_file(ec))
+        files.push_back(e.path().string());
     }
     std::sort(files.begin(), files.end());
   } else if (fs::is_regular_file(path, ec)) {
@@ -381,7 +402,8 @@ ParseResult load_envoy_rules(const std::string& path, const EnvoyImportOptions& 
   }
   ParseResult out;
   if (files.empty()) {
-    out.errors.push_back(ParseError{path, 0, "", "no envoy rate limit config here (a .yaml file, or a directory of them)"});
+    out.errors.push_back(ParseError{
+        path, 0, "", "no envoy rate limit config here (a .yaml file, or a directory of them)"});
     return out;
   }
   RuleSet all;
@@ -409,8 +431,9 @@ std::vector<ParseError> merge_rule_sets(RuleSet& into, RuleSet extra, std::strin
                              [&](const Domain& o) { return o.name == d.name; });
     if (prev != into.domains.end()) {
       const std::string first = prev->source.empty() ? std::string(into_file) : prev->source;
-      errors.push_back(ParseError{d.source.empty() ? std::string(extra_file) : d.source, 0, "domain",
-                                  "duplicate domain " + ticked(d.name) + " (also in " + first + ")"});
+      errors.push_back(
+          ParseError{d.source.empty() ? std::string(extra_file) : d.source, 0, "domain",
+                     "duplicate domain " + ticked(d.name) + " (also in " + first + ")"});
       continue;
     }
     into.domains.push_back(std::move(d));

@@ -260,8 +260,8 @@ void apply_rule(const Policy::Impl& p, const CompiledDomain& cd, const CompiledR
                   ov != nullptr, static_cast<uint32_t>(out.limits.size()), span.count});
   for (uint32_t i = 0; i < span.count; ++i) {
     const LimitRef& lr = p.limit_refs[span.first + i];
-    out.limits.push_back(AppliedLimit{lr.limit, mix_counter(kh, lr.limit->spec), lr.spec_index,
-                                      lr.limit->requests});
+    out.limits.push_back(
+        AppliedLimit{lr.limit, mix_counter(kh, lr.limit->spec), lr.spec_index, lr.limit->requests});
   }
   ++res.num_rules;
 }

@@ -25,10 +25,9 @@ struct EnvoyUnit {
   int64_t ms;
 };
 inline constexpr int64_t kDayMs = 86'400'000;
-inline constexpr EnvoyUnit kEnvoyUnits[] = {{"second", 1'000},    {"minute", 60'000},
-                                            {"hour", 3'600'000},  {"day", kDayMs},
-                                            {"week", 7 * kDayMs}, {"month", 30 * kDayMs},
-                                            {"year", 365 * kDayMs}};
+inline constexpr EnvoyUnit kEnvoyUnits[] = {
+    {"second", 1'000},    {"minute", 60'000},     {"hour", 3'600'000},   {"day", kDayMs},
+    {"week", 7 * kDayMs}, {"month", 30 * kDayMs}, {"year", 365 * kDayMs}};
 
 // A run of Policy::Impl::limit_refs.
 struct LimitSpan {
@@ -60,12 +59,12 @@ struct CompiledPlan {
 // (envoy_match.cc). Node 0 is the domain itself; a node's children are looked up by their
 // composite key ("key" or "key_value") through a hash index, then through its wildcard children.
 struct CompiledEnvoyNode {
-  std::string composite;   // "key" or "key_value", as upstream's map key
-  int32_t rule = -1;       // into CompiledDomain::rules
+  std::string composite;  // "key" or "key_value", as upstream's map key
+  int32_t rule = -1;      // into CompiledDomain::rules
   bool unlimited = false;
   uint32_t first_index = 0;  // into CompiledEnvoyTree::index: the children, sorted by hash
   uint32_t num_children = 0;
-  uint32_t first_wild = 0;   // into CompiledEnvoyTree::wild, in declaration order
+  uint32_t first_wild = 0;  // into CompiledEnvoyTree::wild, in declaration order
   uint32_t num_wild = 0;
 };
 
@@ -95,8 +94,8 @@ struct CompiledDomain {
   std::vector<CompiledPlan> plans;
   // For allowlists too long to scan: (hash of key and value, entry index), sorted by hash.
   std::vector<std::pair<uint64_t, uint32_t>> allow_index;
-  CompiledEnvoyTree envoy;         // Domain::envoy only
-  CompiledRule limit_override;     // a request's own limit (CheckRequest::has_limit_override)
+  CompiledEnvoyTree envoy;      // Domain::envoy only
+  CompiledRule limit_override;  // a request's own limit (CheckRequest::has_limit_override)
 };
 
 // A limit set a key was under before its current one, kept while its counters can hold hits

@@ -158,7 +158,8 @@ struct EnvoyImportOptions {
 };
 ParseResult parse_envoy_rules(std::string_view text, std::string_view file,
                               const EnvoyImportOptions& options);
-ParseResult load_envoy_rules(const std::string& path_file_or_dir, const EnvoyImportOptions& options);
+ParseResult load_envoy_rules(const std::string& path_file_or_dir,
+                             const EnvoyImportOptions& options);
 // Upstream's units: second .. year (week 7 d, month 30 d, year 365 d), any case; nullopt if none.
 std::optional<int64_t> envoy_unit_ms(std::string_view unit);
 // The unit name of a window that is one ("minute"), else "".

@@ -727,9 +727,9 @@ std::optional<std::string> read_text_file(const std::string& path, std::string_v
                                           std::vector<ParseError>& errors) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
-    errors.push_back(ParseError{path, 0, "",
-                                "cannot read " + std::string(what) + ": " +
-                                    (ec ? ec.message() : "not a regular file")});
+    errors.push_back(ParseError{
+        path, 0, "",
+        "cannot read " + std::string(what) + ": " + (ec ? ec.message() : "not a regular file")});
     return std::nullopt;
   }
   std::string text;

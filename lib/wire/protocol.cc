@@ -486,9 +486,9 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
               check.has_limit_override = true;
               check.limit_override_window_ms = w;
               check.limit_override_requests = lo.getRequests();
-              const bool unit = std::find(std::begin(kLimitOverrideWindowsMs),
-                                          std::end(kLimitOverrideWindowsMs),
-                                          w) != std::end(kLimitOverrideWindowsMs);
+              const bool unit =
+                  std::find(std::begin(kLimitOverrideWindowsMs), std::end(kLimitOverrideWindowsMs),
+                            w) != std::end(kLimitOverrideWindowsMs);
               if (code == Code::kOk &&
                   (!unit || check.limit_override_requests > kMaxLimitOverride)) {
                 code = Code::kMalformed;
