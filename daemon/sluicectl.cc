@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "rules/rules.h"
 
 namespace {
 
@@ -549,6 +550,16 @@ int run_status(const std::string& admin, bool as_json) {
   return kAllowed;
 }
 
+// `rules convert`: envoyproxy/ratelimit files -> Sluice's rules format, on stdout.
+int run_rules_convert(const std::string& path) {
+  const sluice::rules::ParseResult parsed = sluice::rules::load_envoy_rules(path, {});
+  for (const auto& e : parsed.errors)
+    std::fprintf(stderr, "sluicectl: %s\n", e.to_string().c_str());
+  if (!parsed.rules) return kError;
+  std::fputs(sluice::rules::to_rules_yaml(*parsed.rules).c_str(), stdout);
+  return kAllowed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -659,7 +670,15 @@ int main(int argc, char** argv) {
       "drain", "make the node leave the cluster gracefully (its keys move to the others), then stop");
   admin_opt(drain);
 
+  auto* rules_cmd = app.add_subcommand("rules", "work with rules files offline");
+  rules_cmd->require_subcommand(1);
+  auto* convert = rules_cmd->add_subcommand(
+      "convert", "print the Sluice rules equivalent of envoyproxy/ratelimit config files");
+  std::string convert_path;
+  convert->add_option("path", convert_path, "a YAML file or a directory of them")->required();
+
   CLI11_PARSE(app, argc, argv);
+  if (*convert) return run_rules_convert(convert_path);
   if (*ring) return run_ring(admin, ring_domain, ring_pairs, as_json);
   if (*drain) return run_drain(admin, as_json);
   if (*check) return run_check(server, tcp, timeout_ms, domain, pairs, hits, repeat, as_json);

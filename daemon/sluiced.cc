@@ -26,6 +26,10 @@ int main(int argc, char** argv) {
   app.add_option("--grpc", grpc,
                  "gRPC listener for Envoy's rate limit service, e.g. 127.0.0.1:8081 ('' disables)");
   app.add_option("--rules", rules, "rules file (YAML, docs/rules.md)");
+  std::string envoy_rules;
+  app.add_option("--envoy-rules", envoy_rules,
+                 "envoyproxy/ratelimit config: a YAML file or a directory of them "
+                 "(docs/envoy-config.md)");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 256));
   app.add_option("--data-dir", data_dir,
                  "data directory: RocksDB snapshots and overrides ('' keeps everything in memory)");
@@ -51,6 +55,7 @@ int main(int argc, char** argv) {
   if (app.count("--admin")) opt.admin_listen = admin;
   if (app.count("--grpc")) opt.grpc_listen = grpc;
   if (app.count("--rules")) opt.rules_file = rules;
+  if (app.count("--envoy-rules")) opt.envoy_rules = envoy_rules;
   if (app.count("--threads")) opt.threads = threads;
   if (app.count("--data-dir")) opt.data_dir = data_dir;
   if (app.count("--log-level")) opt.log_level = log_level;

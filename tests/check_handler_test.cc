@@ -858,3 +858,41 @@ TEST_CASE("a split request's checks the decoder refused go in no part and keep t
           Outcome::kForward);
   CHECK(plan.refused.empty());
 }
+
+TEST_CASE("a check's own limit override is decided by its value and shown in the answer") {
+  auto eng = make_engine();
+  CheckHandler h(*eng);
+  const wire::Entry entries[] = {{"user", "ann"}};
+  wire::Check checks[2] = {};
+  for (wire::Check& c : checks) {
+    c.domain = "api";
+    c.entries = entries;
+    c.has_limit_override = true;
+    c.limit_override_requests = 1;
+    c.limit_override_window_ms = 3'600'000;  // hour
+  }
+  checks[1].limit_override_window_ms = 90'000;  // not a unit
+  std::vector<uint8_t> req;
+  wire::encode_request(5, checks, 0, req);
+  std::vector<uint8_t> out;
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(h.handle(req, 0, kT0 + i, out));
+    const wire::Answer a = decode(out);
+    REQUIRE(a.decisions.size() == 2);
+    const wire::Decision& d = a.decisions[0];
+    CHECK(d.code == wire::Code::kOk);
+    CHECK(d.allowed == (i == 0));  // 1 per hour, not the rule's 3 per minute
+    REQUIRE(d.limits.size() == 1);
+    CHECK(d.limits[0].limit == 1);
+    CHECK(d.limits[0].window_ms == 3'600'000);
+    CHECK(d.limits[0].name.empty());
+    CHECK(a.decisions[1].code == wire::Code::kMalformed);
+    CHECK_FALSE(a.decisions[1].allowed);
+  }
+  // The rule's own counter for the same user was not touched.
+  REQUIRE(h.handle(encode(6, {user("ann")}), 0, kT0, out));
+  const wire::Answer a = decode(out);
+  CHECK(a.decisions[0].allowed);
+  CHECK(a.decisions[0].limits[0].limit == 3);
+  CHECK(a.decisions[0].limits[0].remaining == 2);
+}

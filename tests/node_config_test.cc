@@ -76,7 +76,7 @@ bool contains(const std::string& haystack, const std::string& needle) {
 
 const std::string kTopLevelFields =
     "unknown setting (expected one of: udp, tcp, admin, grpc, grpc_rate_limit_headers, threads, "
-    "rules, data_dir, init_data, "
+    "rules, envoy_rules, envoy_count_denied, data_dir, init_data, "
     "snapshot_interval_ms, memory_cap_mb, hash_seed, sweep_interval_ms, log_level, cluster)";
 const std::string kClusterFields =
     "unknown setting (expected one of: node_id, name, listen, advertise, seeds, secret, "
@@ -97,6 +97,8 @@ NodeOptions non_default_options() {
   o.grpc_rate_limit_headers = true;
   o.threads = 7;
   o.rules_file = "/preset/rules.yaml";
+  o.envoy_rules = "/preset/envoy";
+  o.envoy_count_denied = false;
   o.data_dir = "/preset/data";
   o.init_data = true;
   o.snapshot_interval_ms = 4'321;
@@ -131,6 +133,8 @@ void check_same(const NodeOptions& a, const NodeOptions& b) {
   CHECK(a.grpc_rate_limit_headers == b.grpc_rate_limit_headers);
   CHECK(a.threads == b.threads);
   CHECK(a.rules_file == b.rules_file);
+  CHECK(a.envoy_rules == b.envoy_rules);
+  CHECK(a.envoy_count_denied == b.envoy_count_denied);
   CHECK(a.data_dir == b.data_dir);
   CHECK(a.init_data == b.init_data);
   CHECK(a.snapshot_interval_ms == b.snapshot_interval_ms);
@@ -171,6 +175,24 @@ TEST_CASE("an empty config file, or one of comments only, keeps every value of o
     CHECK(l.load(text, defaults) == "");
     check_same(defaults, NodeOptions{});
   }
+}
+
+TEST_CASE("envoy_rules and envoy_count_denied are read; empty or mistyped ones are errors") {
+  Loader l;
+  NodeOptions out;
+  CHECK(l.load("envoy_rules: /etc/ratelimit/config\nenvoy_count_denied: false\n", out) == "");
+  CHECK(out.envoy_rules == "/etc/ratelimit/config");
+  CHECK_FALSE(out.envoy_count_denied);
+  CHECK(NodeOptions{}.envoy_rules.empty());
+  CHECK(NodeOptions{}.envoy_count_denied);  // upstream counts denied hits
+
+  NodeOptions kept = non_default_options();
+  const std::string err = l.load("envoy_rules: \"\"\nenvoy_count_denied: maybe\n", kept);
+  CHECK(lines_of(err) ==
+        std::vector<std::string>{
+            l.at(1, "envoy_rules", "must not be empty (leave envoy_rules out for none)"),
+            l.at(2, "envoy_count_denied", "has the wrong type")});
+  check_same(kept, non_default_options());
 }
 
 TEST_CASE("every top-level field is read into NodeOptions") {
@@ -1001,4 +1023,51 @@ TEST_CASE("forget_dead_after_ms: 0 to a day; beyond either end or not a number i
   CHECK(l.load(head + "  forget_dead_after_ms: soon\n", out).find("has the wrong type") !=
         std::string::npos);
   CHECK(NodeOptions{}.cluster.forget_dead_after_ms == 300'000);
+}
+
+TEST_CASE(
+    "a node loads envoy_rules next to its rules file and reloads both; a bad file keeps them") {
+  TempDir dir;
+  const std::string envoy = (fs::path(dir.path) / "envoy").string();
+  fs::create_directory(envoy);
+  const std::string limit_file = (fs::path(envoy) / "shop.yaml").string();
+  std::ofstream(limit_file)
+      << "domain: shop\ndescriptors:\n  - key: k\n    rate_limit: {unit: week, "
+         "requests_per_unit: 5}\n";
+  NodeOptions o;
+  o.data_dir.clear();
+  o.udp_listen = o.tcp_listen = o.admin_listen = "";
+  o.rules_file = dir.write("rules.yaml",
+                           "domains:\n  - name: api\n    rules:\n      - {name: r, key: [k], "
+                           "limits: [1/1s]}\n");
+  o.envoy_rules = envoy;
+  o.envoy_count_denied = false;
+  sluice::node::Node node(o);
+  auto p = node.engine().policy();
+  CHECK(p->is_envoy_domain("shop"));
+  CHECK_FALSE(p->is_envoy_domain("api"));
+  REQUIRE(p->rules().domains.size() == 2);
+  CHECK_FALSE(p->rules().domains[1].rules[0].count_denied);
+
+  // A second file: reloaded.
+  std::ofstream((fs::path(envoy) / "more.yml").string()) << "domain: more\n";
+  CHECK(node.reload() == "");
+  CHECK(node.engine().policy()->is_envoy_domain("more"));
+  // A broken file, then a domain in both: errors naming the files, the rules in force stay.
+  std::ofstream((fs::path(envoy) / "zz.yaml").string()) << "domain: api\n";
+  const std::string err = node.reload();
+  CHECK(err.find("zz.yaml") != std::string::npos);
+  CHECK(err.find("duplicate domain `api` (also in " + o.rules_file + ")") != std::string::npos);
+  CHECK(node.engine().policy()->is_envoy_domain("more"));
+  std::ofstream(limit_file) << "domain: shop\ndescriptors: [{key: \"\"}]\n";
+  const std::string err2 = node.reload();
+  CHECK(err2.find("shop.yaml:2: descriptors[0].key") != std::string::npos);
+  CHECK(node.engine().policy()->is_envoy_domain("shop"));
+
+  // Without a rules file, only the envoy domains (not the embedded example rules).
+  fs::remove((fs::path(envoy) / "zz.yaml").string());
+  std::ofstream(limit_file) << "domain: shop\n";
+  o.rules_file.clear();
+  sluice::node::Node alone(o);
+  CHECK(alone.engine().policy()->rules().domains.size() == 2);
 }

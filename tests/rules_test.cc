@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "alloc_counter.h"  // this binary counts its heap allocations
+#include "parse_results.h"
 
 using namespace sluice::rules;
 using sluice::window::Estimator;
@@ -33,12 +34,7 @@ ParseResult parse(std::string_view text) {
   return parse_rules(text, "rules.yaml");
 }
 
-std::string all_errors(const ParseResult& r) {
-  std::string s;
-  for (const ParseError& e : r.errors)
-    s += e.to_string() + "\n";
-  return s;
-}
+using sluice::testing::all_errors;
 
 bool contains(const std::string& haystack, std::string_view needle) {
   return haystack.find(needle) != std::string::npos;
@@ -46,20 +42,12 @@ bool contains(const std::string& haystack, std::string_view needle) {
 
 // Parses text that must be valid.
 RuleSet must_parse(std::string_view text) {
-  ParseResult r = parse(text);
-  INFO(all_errors(r));
-  REQUIRE(r.errors.empty());
-  REQUIRE(r.rules.has_value());
-  return std::move(*r.rules);
+  return sluice::testing::require_rules(parse(text));
 }
 
 // Parses text that must fail with exactly one error, and returns it.
 ParseError only_error(std::string_view text) {
-  ParseResult r = parse(text);
-  INFO(all_errors(r));
-  REQUIRE_FALSE(r.rules.has_value());
-  REQUIRE(r.errors.size() == 1);
-  return r.errors[0];
+  return sluice::testing::require_one_error(parse(text));
 }
 
 // Seed 000 (Allegro OAuth): tokens limited per client for client credentials, per (client, user)
@@ -229,8 +217,8 @@ TEST_CASE("parse_limit explains what is wrong") {
   CHECK(contains(parse_limit("1099511627777/1m", 0, l), "from 1 to 2^40"));
   CHECK(contains(parse_limit("-5/1m", 0, l), "from 1 to 2^40"));
   CHECK(contains(parse_limit("100/1x", 0, l), "bad window `1x`"));
-  CHECK(contains(parse_limit("100/500ms", 0, l), "window: window must be between 1s and 1d"));
-  CHECK(contains(parse_limit("100/2d", 0, l), "window must be between 1s and 1d"));
+  CHECK(contains(parse_limit("100/500ms", 0, l), "window: window must be between 1s and 365d"));
+  CHECK(contains(parse_limit("100/366d", 0, l), "window must be between 1s and 365d"));
   CHECK(contains(parse_limit("100/1m", 7'000, l), "granularity 7000ms must divide"));
   CHECK(l.requests == 7);  // untouched on failure
 }
@@ -565,7 +553,7 @@ TEST_CASE("a window outside 1s..1d, or needing too many buckets, is an error") {
         limits: [10/500ms]
 )");
   CHECK(short_window.line == 6);
-  CHECK(contains(short_window.message, "between 1s and 1d"));
+  CHECK(contains(short_window.message, "between 1s and 365d"));
 
   const ParseError too_fine = only_error(R"(domains:
   - name: api
@@ -984,12 +972,15 @@ TEST_CASE("resolve appends to the caller's Resolution and indexes into it") {
 
 TEST_CASE("stats slots cover every rule of every domain in declaration order") {
   auto p = compile_text(seeds_text());
-  REQUIRE(p->num_stats_slots() == 7);
+  // 7 rules, then one slot per domain for checks with their own limit (limit overrides).
+  REQUIRE(p->num_stats_slots() == 10);
   CHECK(p->stats_name(0) == "oauth/token-per-client");
   CHECK(p->stats_name(2) == "oauth/refresh-per-user");
   CHECK(p->stats_name(3) == "api/per-key");
   CHECK(p->stats_name(6) == "dns/per-user");
-  CHECK(p->stats_name(7).empty());
+  CHECK(p->stats_name(7) == "oauth/limit-override");
+  CHECK(p->stats_name(9) == "dns/limit-override");
+  CHECK(p->stats_name(10).empty());
   Resolved r = resolve(*p, "dns", {{"ip", "1.2.3.4"}, {"user", "9"}});
   REQUIRE(r.rules.size() == 2);
   CHECK(r.rules[0].stats_index == 5);
@@ -1003,8 +994,9 @@ TEST_CASE("window_specs lists every distinct spec once, including plans and over
   REQUIRE(ov.set(Override{"api", {{"api_key", "k1"}}, {limit_of(5, 2 * kMin)}, "", {}, 0}) == "");
   auto p = compile_text(seeds_text(), ov);
   const auto specs = p->window_specs();
-  // 1m, 1h, 1s, 10m, 15m from the rules and plans, 2m from the override.
-  CHECK(specs.size() == 6);
+  // 1m, 1h, 1s, 10m, 15m from the rules and plans, 2m from the override, then the limit
+  // override units not already there: 1d, 7d, 30d, 365d.
+  CHECK(specs.size() == 10);
   for (size_t i = 0; i < specs.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
       CHECK_FALSE(specs[i] == specs[j]);
@@ -1478,7 +1470,7 @@ TEST_CASE("invalid overrides are refused with a reason and change nothing") {
   CHECK(contains(reason(Override{"d", {{"k", "v"}}, {limit_of(0, kMin)}, "", {}, 0}),
                  "from 1 to 2^40"));
   CHECK(contains(reason(Override{"d", {{"k", "v"}}, {limit_of(1, 500)}, "", {}, 0}),
-                 "window: window must be between 1s and 1d"));
+                 "window: window must be between 1s and 365d"));
   CHECK(contains(
       reason(Override{"d", {{"k", "v"}}, {Limit{"", 1, WindowSpec{kMin, 7 * kSec}}}, "", {}, 0}),
       "must divide"));

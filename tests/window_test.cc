@@ -165,16 +165,34 @@ TEST_CASE("validate rejects a granularity that does not divide the window, namin
   CHECK(contains(longer, "divide"));
 }
 
-TEST_CASE("validate rejects windows shorter than 1s or longer than 1d, naming the range") {
-  for (int64_t w : {int64_t{999}, int64_t{0}, int64_t{-1000}, kDay + 1, 2 * kDay}) {
+TEST_CASE("validate rejects windows shorter than 1s or longer than 365d, naming the range") {
+  for (int64_t w : {int64_t{999}, int64_t{0}, int64_t{-1000}, 365 * kDay + 1, 366 * kDay}) {
     CAPTURE(w);
     const std::string err = validate(WindowSpec{w, 10});
     CAPTURE(err);
-    CHECK(contains(err, "window must be between 1s and 1d"));
+    CHECK(contains(err, "window must be between 1s and 365d"));
     CHECK(contains(err, std::to_string(w) + "ms"));
   }
   CHECK(validate(WindowSpec{kMinWindowMs, kMinWindowMs}).empty());
-  CHECK(validate(WindowSpec{kMaxWindowMs, kMin}).empty());
+  CHECK(validate(WindowSpec{kMaxWindowMs, kDay}).empty());
+}
+
+TEST_CASE("windows longer than a day default to coarse buckets that keep the ring within 1441") {
+  CHECK(make_spec(7 * kDay) == WindowSpec{7 * kDay, 3'600'000});          // week: 168 buckets
+  CHECK(make_spec(30 * kDay) == WindowSpec{30 * kDay, 3'600'000});        // month: 720
+  CHECK(make_spec(365 * kDay) == WindowSpec{365 * kDay, kDay});           // year: 365
+  CHECK(make_spec(100 * kDay) == WindowSpec{100 * kDay, 6 * 3'600'000});  // 400
+  CHECK(make_spec(kDay) == WindowSpec{kDay, kMin});                       // unchanged up to a day
+  for (int64_t w : {2 * kDay, 7 * kDay, 30 * kDay, 100 * kDay, 365 * kDay, kDay + kMin}) {
+    CAPTURE(w);
+    const WindowSpec s = make_spec(w);
+    CHECK(validate(s).empty());
+    CHECK(s.ring_size() <= kMaxBuckets + 1);
+  }
+  // One minute over a day divides by nothing coarser: the window is its own bucket.
+  CHECK(make_spec(kDay + kMin).bucket_ms == kDay + kMin);
+  // A year at one-minute buckets is refused, naming the bucket count.
+  CHECK(validate(WindowSpec{365 * kDay, kMin}).find("more than 1440 buckets") != std::string::npos);
 }
 
 TEST_CASE("validate rejects buckets under 10ms (and zero or negative ones) without dividing") {

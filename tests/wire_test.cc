@@ -364,15 +364,16 @@ TEST_CASE(
     s.point_struct(root, req, 3, 3);
     s.w[req + 1] = 31;      // id
     s.w[req + 2] = 0xffff;  // an unknown field
-    const size_t tag = s.alloc(1 + 5);
-    s.point_list(req + 3, tag, kInlineComposite, 5);
-    s.w[tag] = struct_ptr(1, 2, 3);
+    const size_t tag = s.alloc(1 + 6);
+    s.point_list(req + 3, tag, kInlineComposite, 6);
+    s.w[tag] = struct_ptr(1, 2, 4);
     s.w[tag + 1] = 2 ^ 1;   // hits 2
     s.w[tag + 2] = 0x1234;  // unknown
     const size_t dom = s.text("login");
     s.point_text(tag + 3, dom, 5);
+    // Pointer 2 (limitOverride) left null; pointer 3 is beyond this schema.
     const size_t extra = s.text("unknown pointer field");
-    s.point_text(tag + 5, extra, 21);
+    s.point_text(tag + 6, extra, 21);
     RequestDecoder d;
     REQUIRE(d.decode(raw_message({s})) == Code::kOk);
     CHECK(d.id() == 31);
@@ -432,8 +433,8 @@ TEST_CASE("message sizes are those docs/protocol.md gives for sizing the padding
                      limit_view("per-ip", 3000, 0, Mode::kEnforce, false)};
   CHECK(encode_answer(1, Code::kOk, views(owned), 0, out) == 208);
   CHECK(encode(1, {}).size() == 48);
-  CHECK(encode(1, {{"", {}, 1}}).size() == 48 + 8 + 24);
-  CHECK(encode(1, {{"api", {{"", ""}}, 1}}).size() == 48 + 8 + 24 + 8 + 8 + 16);
+  CHECK(encode(1, {{"", {}, 1}}).size() == 48 + 8 + 32);
+  CHECK(encode(1, {{"api", {{"", ""}}, 1}}).size() == 48 + 8 + 32 + 8 + 8 + 16);
 }
 
 // ==== answers ====================================================================================
@@ -561,7 +562,10 @@ TEST_CASE(
                      false,
                      i % 7 == 0,
                      {}};
-    owned[i].limits = {limit_view(name, 100, -1, Mode::kEnforce, i % 2 == 1)};
+    // Two limits each: without their names one limit per decision would now fit (a check grew
+    // by the limit-override pointer), and this case is about dropping the details entirely.
+    owned[i].limits = {limit_view(name, 100, -1, Mode::kEnforce, i % 2 == 1),
+                       limit_view(name, 7, -1, Mode::kEnforce, false)};
   }
   const auto decisions = views(owned);
   Bytes out;

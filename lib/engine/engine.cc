@@ -250,7 +250,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
       const int64_t now_eff = bring_to_now(t, i, now_ms);
-      const uint64_t limit = limit_here(cap, *lims[k].limit, *ar.rule, fallback, now_ms);
+      const uint64_t limit = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
       bool ok = window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits, limit);
       if (ok && sc.twin[k] != 0 && hits > 0) {
         // Gossip mode: within the limit as far as this node knows; of its own hits in the
@@ -269,8 +269,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         ok = ar.rule->fallback == rules::Fallback::kShare &&
              window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
                             ar.rule->estimator, now_eff, hits,
-                            fallback_share(lims[k].limit->requests, fallback, now_ms,
-                                           t.spec().window_ms));
+                            fallback_share(lims[k].requests, fallback, now_ms, t.spec().window_ms));
       }
       if (!ok) {
         sc.limit_ok[k] = 0;
@@ -335,18 +334,18 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
             shards[sc.pinned[tw] & shard_mask], dt, di, sc.spec_of[tw],
             CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
       }
-      const uint64_t lim = limit_here(cap, *lims[k].limit, *ar.rule, fallback, now_ms);
+      const uint64_t lim = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
       const window::LimitState ls =
           window::limit_state(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits, lim);
       const uint64_t used = lim - std::min(lim, ls.remaining);
       if (!sc.limit_ok[k] || used * 5 >= lim * 4) {
         note_hot(shards[lims[k].counter & shard_mask], lims[k].counter,
-                 st.stats_ids[ar.stats_index], ar, *lims[k].limit, req, used, !sc.limit_ok[k],
-                 now_ms);
+                 st.stats_ids[ar.stats_index], ar, lims[k], req, used, !sc.limit_ok[k], now_ms);
       }
       LimitResult lr;
       lr.rule = ar.rule;
       lr.limit = lims[k].limit;
+      lr.requests = lims[k].requests;
       lr.mode = ar.mode;
       lr.remaining = ls.remaining;
       lr.reset_ms = ls.reset_ms;

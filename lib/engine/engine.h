@@ -60,6 +60,7 @@ struct EngineOptions {
 struct LimitResult {
   const rules::Rule* rule = nullptr;    // owned by BatchResult::policy
   const rules::Limit* limit = nullptr;  // owned by BatchResult::policy
+  uint64_t requests = 0;                // the limit in force (rules::AppliedLimit::requests)
   rules::Mode mode = rules::Mode::kEnforce;
   bool exceeded = false;       // this limit alone would deny the request
   uint64_t remaining = 0;      // after this request was counted

@@ -22,7 +22,7 @@
 namespace sluice::engine {
 
 constexpr size_t kVictimSample = 32;
-constexpr size_t kNumCheckErrors = 8;
+constexpr size_t kNumCheckErrors = 9;  // rules::CheckError values, kNone included
 
 // The immutable per-policy view the hot path needs: the policy and its index maps into the
 // engine's stable spec and stats registries.
@@ -244,9 +244,10 @@ struct Engine::Impl {
 
   // Records that a check left a key at 80 % or more of a limit, or over it (HotKey).
   void note_hot(Shard& sh, uint64_t counter, uint32_t stats_id, const rules::AppliedRule& ar,
-                const rules::Limit& limit, const rules::CheckRequest& req, uint64_t used,
+                const rules::AppliedLimit& applied, const rules::CheckRequest& req, uint64_t used,
                 bool exceeded, int64_t now_ms) {
-    const uint64_t lim = limit.requests;
+    const rules::Limit& limit = *applied.limit;
+    const uint64_t lim = applied.requests;
     HotSlot* slot = nullptr;
     for (HotSlot& h : sh.hot) {
       if (h.counter == counter) slot = &h;
@@ -325,15 +326,16 @@ struct Engine::Impl {
     return limit / expected * reachable + limit % expected * reachable / expected;  // no overflow
   }
 
-  // What `l` allows in this decision: this side's part of it (share_of), and, for a replica
+  // What `l` allows in this decision (its value in force, AppliedLimit::requests): this side's
+  // part of it (share_of), and, for a replica
   // taking over an owner-mode key (Fallback::takeover), nothing until one window after the owner
   // went out of reach: the owner may have given its clients the whole limit just before, and
   // those admissions leave every window only one window on.
-  static uint64_t limit_here(uint64_t cap, const rules::Limit& l, const rules::Rule& rule,
+  static uint64_t limit_here(uint64_t cap, const rules::AppliedLimit& l, const rules::Rule& rule,
                              const Fallback& f, int64_t now_ms) {
     const uint64_t side = share_of(cap, l.requests);
     if (!f.takeover || rule.consistency != rules::Consistency::kOwner) return side;
-    return f.since_ms != INT64_MIN && now_ms < f.since_ms + l.spec.window_ms ? 0 : side;
+    return f.since_ms != INT64_MIN && now_ms < f.since_ms + l.limit->spec.window_ms ? 0 : side;
   }
 
   // A fallback decision's share of `limit` (Fallback): limit / members, times the part of a

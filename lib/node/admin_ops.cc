@@ -261,7 +261,7 @@ OpsReply inspect(Node& node, const Json& j) {
       const auto view = node.engine().inspect(al.counter, spec);
       Json buckets = Json::array();
       double estimate = 0;
-      window::LimitState ls{lim.requests, 0, 0};
+      window::LimitState ls{al.requests, 0, 0};
       if (view) {
         const auto n = static_cast<int64_t>(view->own.size());
         std::vector<uint32_t> own(view->own.size()), others(view->own.size());
@@ -276,7 +276,7 @@ OpsReply inspect(Node& node, const Json& j) {
         const window::RingView rv{own, others, view->head};
         const int64_t at = window::effective_now(now, view->head, spec.bucket_ms);
         estimate = window::estimate(rv, spec, ar.rule->estimator, at);
-        ls = window::limit_state(rv, spec, ar.rule->estimator, at, 0, lim.requests);
+        ls = window::limit_state(rv, spec, ar.rule->estimator, at, 0, al.requests);
       }
       Json nodes = Json::array();
       if (view) {

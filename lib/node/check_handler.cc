@@ -28,6 +28,8 @@ wire::Code to_wire(rules::CheckError e) {
       return wire::Code::kDuplicateEntry;
     case rules::CheckError::kHitsTooLarge:
       return wire::Code::kHitsTooLarge;
+    case rules::CheckError::kBadLimitOverride:
+      return wire::Code::kMalformed;
   }
   return wire::Code::kMalformed;
 }
@@ -128,10 +130,13 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
     for (const auto& e : c.entries)
       s.descriptors.push_back({e.key, e.value});
     s.engine_index.push_back(static_cast<uint32_t>(s.requests.size()));
-    s.requests.push_back(
-        {c.domain,
-         std::span<const rules::Descriptor>(s.descriptors.data() + first, c.entries.size()),
-         static_cast<uint64_t>(c.hits)});
+    rules::CheckRequest& req = s.requests.emplace_back(rules::CheckRequest{
+        c.domain,
+        std::span<const rules::Descriptor>(s.descriptors.data() + first, c.entries.size()),
+        static_cast<uint64_t>(c.hits)});
+    req.has_limit_override = c.has_limit_override;
+    req.limit_override_requests = c.limit_override_requests;
+    req.limit_override_window_ms = c.limit_override_window_ms;
   }
   // A forwarded request is decided here, unless this node has just joined and the owner before
   // it still decides some of its keys; a redirected one is always decided here.
@@ -144,9 +149,9 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
   s.limits.clear();
   s.limits.reserve(s.result.limits.size());
   for (const auto& l : s.result.limits) {
-    s.limits.push_back({l.limit->name, l.limit->requests, l.limit->spec.window_ms, l.remaining,
-                        l.reset_ms, l.retry_after_ms == window::kNever ? -1 : l.retry_after_ms,
-                        to_wire(l.mode), l.exceeded});
+    s.limits.push_back({l.limit->name, l.requests, l.limit->spec.window_ms, l.remaining, l.reset_ms,
+                        l.retry_after_ms == window::kNever ? -1 : l.retry_after_ms, to_wire(l.mode),
+                        l.exceeded});
   }
   s.decisions.clear();
   for (size_t i = 0; i < checks.size(); ++i) {
@@ -241,8 +246,11 @@ void CheckHandler::credit(std::span<const uint8_t> part, const wire::Answer& ans
     s.credit_descriptors.clear();
     for (const auto& e : checks[i].entries)
       s.credit_descriptors.push_back({e.key, e.value});
-    const rules::CheckRequest req{checks[i].domain, s.credit_descriptors,
-                                  static_cast<uint64_t>(checks[i].hits)};
+    rules::CheckRequest req{checks[i].domain, s.credit_descriptors,
+                            static_cast<uint64_t>(checks[i].hits)};
+    req.has_limit_override = checks[i].has_limit_override;
+    req.limit_override_requests = checks[i].limit_override_requests;
+    req.limit_override_window_ms = checks[i].limit_override_window_ms;
     engine_.credit(req, node, now_ms);
   }
 }

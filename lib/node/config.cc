@@ -88,6 +88,8 @@ constexpr std::string_view kTopLevelSettings[] = {"udp",
                                                   "grpc_rate_limit_headers",
                                                   "threads",
                                                   "rules",
+                                                  "envoy_rules",
+                                                  "envoy_count_denied",
                                                   "data_dir",
                                                   "init_data",
                                                   "snapshot_interval_ms",
@@ -130,6 +132,7 @@ std::string unknown_setting(const std::string_view (&names)[N]) {
 // What an empty value should have been written as, when there is another way to say it.
 std::string empty_hint(const std::string& field) {
   if (field == "rules") return " (leave rules out for the embedded example rules)";
+  if (field == "envoy_rules") return " (leave envoy_rules out for none)";
   if (field == "data_dir") return " (write \"\" to keep everything in memory)";
   if (field == "cluster") return " (leave cluster out for a node on its own)";
   if (field == "cluster.seeds") return " (write [] for no seeds)";
@@ -300,6 +303,14 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
         } else {
           out.rules_file = *file;
         }
+      } else if (key == "envoy_rules") {
+        if (const std::optional<std::string> envoy = non_empty_text(v); !envoy) {
+          bad(kEmpty + empty_hint(key));
+        } else {
+          out.envoy_rules = *envoy;
+        }
+      } else if (key == "envoy_count_denied") {
+        out.envoy_count_denied = v.as<bool>();
       } else if (key == "data_dir") {
         out.data_dir = v.as<std::string>();  // "" = memory only, documented
       } else if (key == "cluster") {

@@ -884,10 +884,12 @@ void Node::run(bool handle_signals) {
   n.admin_work.emplace(n.admin_io.get_executor());
   n.admin_thread = std::thread([&n] { n.admin_io.run(); });
   n.start_snapshots();
-  spdlog::info("sluiced serving: udp {} tcp {} admin {} grpc {}, {} threads, rules {}",
+  spdlog::info("sluiced serving: udp {} tcp {} admin {} grpc {}, {} threads, rules {}{}{}",
                n.udp_port.load(), n.tcp_port.load(), n.admin_port.load(), n.grpc_port.load(),
                n.opt.threads,
-               n.opt.rules_file.empty() ? "<embedded>" : n.opt.rules_file);
+               n.opt.rules_file.empty() ? (n.opt.envoy_rules.empty() ? "<embedded>" : "<none>")
+                                        : n.opt.rules_file,
+               n.opt.envoy_rules.empty() ? "" : ", envoy rules ", n.opt.envoy_rules);
   ready_ = true;
   if (n.rls) n.rls->set_serving(true);
   n.control.run();

@@ -60,6 +60,10 @@ struct NodeOptions {
   bool grpc_rate_limit_headers = false;  // RateLimit headers in response_headers_to_add
   unsigned threads = 2;
   std::string rules_file;           // "" = the embedded example rules (deploy/rules.example.yaml)
+  // envoyproxy/ratelimit config: a file or a directory of them (docs/envoy-config.md); "" none.
+  // With envoy_rules and no rules_file, the embedded example rules are not loaded.
+  std::string envoy_rules;
+  bool envoy_count_denied = true;   // imported rules count denied hits, as upstream
   std::string data_dir = "./data";  // RocksDB snapshots and overrides; "" = memory only
   bool init_data = false;           // create data_dir when it is missing or empty (first start)
   int64_t snapshot_interval_ms = 1'000;

@@ -18,9 +18,28 @@ int64_t system_now_ms() {
       .count();
 }
 
+// The rules file (or the embedded example rules when neither file is set) and the envoy rules,
+// merged; a domain declared in both is an error naming both files.
 rules::ParseResult parse_configured_rules(const NodeOptions& opt) {
-  return opt.rules_file.empty() ? rules::parse_rules(embedded_rules(), "<embedded rules>")
-                                : rules::load_rules_file(opt.rules_file);
+  if (opt.envoy_rules.empty()) {
+    return opt.rules_file.empty() ? rules::parse_rules(embedded_rules(), "<embedded rules>")
+                                  : rules::load_rules_file(opt.rules_file);
+  }
+  rules::ParseResult envoy =
+      rules::load_envoy_rules(opt.envoy_rules, {.count_denied = opt.envoy_count_denied});
+  if (opt.rules_file.empty() || !envoy.rules) return envoy;
+  rules::ParseResult native = rules::load_rules_file(opt.rules_file);
+  if (!native.rules) return native;
+  native.errors = rules::merge_rule_sets(*native.rules, std::move(*envoy.rules), opt.rules_file,
+                                         opt.envoy_rules);
+  if (!native.errors.empty()) native.rules.reset();
+  return native;
+}
+
+std::string rules_source(const NodeOptions& opt) {
+  std::string s = opt.rules_file.empty() && opt.envoy_rules.empty() ? "<embedded>" : opt.rules_file;
+  if (!opt.envoy_rules.empty()) s += (s.empty() ? "" : " and ") + opt.envoy_rules + " (envoy)";
+  return s;
 }
 
 std::string join_errors(const std::vector<rules::ParseError>& errors) {
@@ -127,7 +146,7 @@ std::string NodeState::reload() {
     apply_locked();
   }
   reloads.fetch_add(1);
-  spdlog::info("rules reloaded from {}", opt.rules_file.empty() ? "<embedded>" : opt.rules_file);
+  spdlog::info("rules reloaded from {}", rules_source(opt));
   return {};
 }
 

@@ -21,7 +21,7 @@ uint32_t clamp_u32(uint64_t v) {
 }
 
 // The window of a request's limit override, by upstream's units; 0 for UNKNOWN or a value this
-// build does not know.
+// build does not know. The same windows as wire::kLimitOverrideWindowsMs.
 int64_t window_of(int unit) {
   switch (unit) {
     case envoy::type::v3::SECOND: return kSecond;
@@ -65,6 +65,35 @@ void set_duration(int64_t ms, google::protobuf::Duration* out) {
   out->set_nanos(static_cast<int32_t>((ms % 1000) * 1'000'000));
 }
 
+// Upstream's `replaces` and `quota_mode` (envoy domains, docs/envoy.md): the limit each
+// descriptor reaches by the domain's tree (a descriptor with its own limit reaches none of the
+// config's); a limit named in another reached limit's `replaces` is not checked at all.
+void mark_replaced(const RateLimitRequest& req, const rules::Policy& policy, Plan& out) {
+  const int n = req.descriptors_size();
+  out.reached.assign(static_cast<size_t>(n), nullptr);
+  out.replacing.clear();
+  for (int i = 0; i < n; ++i) {
+    const auto& d = req.descriptors(i);
+    if (d.has_limit()) continue;
+    out.walk.clear();
+    for (const auto& en : d.entries()) out.walk.push_back(rules::Descriptor{en.key(), en.value()});
+    bool unlimited = false;
+    const rules::Rule* r = policy.envoy_rule(req.domain(), out.walk, unlimited);
+    if (r == nullptr) continue;
+    out.reached[static_cast<size_t>(i)] = r;
+    out.quota_mode[static_cast<size_t>(i)] = r->quota_mode;
+    for (const std::string& name : r->replaces) out.replacing.push_back(name);
+  }
+  for (int i = 0; i < n; ++i) {
+    const rules::Rule* r = out.reached[static_cast<size_t>(i)];
+    if (r == nullptr || r->limits.empty() || r->limits.front().name.empty()) continue;
+    const std::string& name = r->limits.front().name;
+    if (std::find(out.replacing.begin(), out.replacing.end(), name) != out.replacing.end()) {
+      out.kind[static_cast<size_t>(i)] = Plan::Kind::kReplaced;
+    }
+  }
+}
+
 }  // namespace
 
 void Plan::clear() {
@@ -73,6 +102,9 @@ void Plan::clear() {
   quota_mode.clear();
   entries.clear();
   checks.clear();
+  walk.clear();
+  reached.clear();
+  replacing.clear();
 }
 
 Unit unit_of(int64_t window_ms) {
@@ -146,12 +178,17 @@ PlanError plan_request(const RateLimitRequest& req, const rules::Policy* policy,
     total_entries += static_cast<size_t>(d.entries_size());
   }
 
-  // Entries first, all at once, so the checks' spans into them stay valid.
-  out.entries.reserve(total_entries);
   out.kind.assign(static_cast<size_t>(n), Plan::Kind::kCheck);
   out.check.assign(static_cast<size_t>(n), 0);
   out.quota_mode.assign(static_cast<size_t>(n), false);
+  if (policy != nullptr && policy->domain_has_replaces(req.domain())) {
+    mark_replaced(req, *policy, out);
+  }
+
+  // Entries first, all at once, so the checks' spans into them stay valid.
+  out.entries.reserve(total_entries);
   for (int i = 0; i < n; ++i) {
+    if (out.kind[static_cast<size_t>(i)] != Plan::Kind::kCheck) continue;
     const auto& d = req.descriptors(i);
     const size_t first = out.entries.size();
     for (const auto& en : d.entries()) out.entries.push_back(wire::Entry{en.key(), en.value()});
@@ -160,6 +197,11 @@ PlanError plan_request(const RateLimitRequest& req, const rules::Policy* policy,
     c.entries = std::span<const wire::Entry>(out.entries.data() + first,
                                              static_cast<size_t>(d.entries_size()));
     c.hits = static_cast<int64_t>(d.has_hits_addend() ? d.hits_addend().value() : request_hits);
+    if (d.has_limit()) {  // upstream: the caller's limit, in place of the configured one
+      c.has_limit_override = true;
+      c.limit_override_requests = d.limit().requests_per_unit();
+      c.limit_override_window_ms = window_of(d.limit().unit());
+    }
     out.check[static_cast<size_t>(i)] = static_cast<uint32_t>(out.checks.size());
     out.checks.push_back(c);
   }

@@ -9,6 +9,7 @@
 
 #include "envoy/service/ratelimit/v3/rls.pb.h"
 #include "rls/rls.h"
+#include "rules/rules.h"
 #include "wire/protocol.h"
 
 namespace sluice::rls {
@@ -35,6 +36,9 @@ struct Plan {
   std::vector<bool> quota_mode;   // per descriptor: its limit is in upstream's quota_mode
   std::vector<wire::Entry> entries;  // views into the request's strings
   std::vector<wire::Check> checks;
+  std::vector<rules::Descriptor> walk;      // scratch: one descriptor's entries for the envoy walk
+  std::vector<const rules::Rule*> reached;  // scratch: the rule each descriptor's walk reaches
+  std::vector<std::string_view> replacing;  // scratch: limit names replaced in this request
   void clear();
 };
 

@@ -230,6 +230,54 @@ window::WindowSpec inherited_spec(int64_t window_ms, std::span<const LimitRef> r
   return n;
 }
 
+// Appends rule `cr` for the key whose hash is `kh`: its limits (or its override's), the
+// counters it carries from, and counts it in `res`.
+void apply_rule(const Policy::Impl& p, const CompiledDomain& cd, const CompiledRule& cr,
+                uint64_t kh, int64_t now_ms, std::span<const Descriptor> desc, Resolution& out,
+                ResolvedRequest& res) {
+  const Rule& rule = *cr.rule;
+  const CompiledOverride* entry = nullptr;  // the key's override, or what it was under before
+  const CompiledOverride* ov = nullptr;     // the override in force
+  if (cr.has_overrides) {
+    const auto oit = p.overrides.find(kh);
+    if (oit != p.overrides.end() && oit->second.stats_index == cr.stats_index) {
+      entry = &oit->second;
+      if (entry->active && (entry->expires_at_ms == 0 || now_ms < entry->expires_at_ms)) {
+        ov = entry;
+      }
+    }
+  }
+  LimitSpan span = cr.limits;
+  if (ov != nullptr && ov->has_limits) {
+    span = ov->limits;
+  } else if (cr.uses_plans) {
+    span = base_limits(cd, cr, desc);
+  }
+  if (entry != nullptr) res.num_carry += add_carry(p, cd, cr, *entry, kh, now_ms, span, desc, out);
+
+  out.rules.push_back(
+      AppliedRule{&rule, cr.stats_index, ov != nullptr && ov->has_mode ? ov->mode : rule.mode,
+                  ov != nullptr, static_cast<uint32_t>(out.limits.size()), span.count});
+  for (uint32_t i = 0; i < span.count; ++i) {
+    const LimitRef& lr = p.limit_refs[span.first + i];
+    out.limits.push_back(
+        AppliedLimit{lr.limit, mix_counter(kh, lr.limit->spec), lr.spec_index, lr.limit->requests});
+  }
+  ++res.num_rules;
+}
+
+// The slow path for envoy keys and limit-override keys longer than KeyBuffer: the entries'
+// values (and keys, with_keys) in request order.
+[[gnu::noinline]] uint64_t hash_entries(uint64_t seed, std::span<const Descriptor> desc,
+                                        bool with_keys) {
+  StreamingKeyHasher h(seed);
+  for (const Descriptor& d : desc) {
+    if (with_keys) h.add(d.key);
+    h.add(d.value);
+  }
+  return h.digest();
+}
+
 // Policy::compile with a previous policy: what each key whose limits change was under before.
 class CarryHistory {
  public:
@@ -372,6 +420,8 @@ std::string_view to_string(CheckError e) {
       return "duplicate_entry";
     case CheckError::kHitsTooLarge:
       return "hits_too_large";
+    case CheckError::kBadLimitOverride:
+      return "bad_limit_override";
   }
   return "unknown";
 }
@@ -441,9 +491,28 @@ std::shared_ptr<const Policy> Policy::compile(RuleSet rules, const Overrides& ov
       }
       std::sort(cd.allow_index.begin(), cd.allow_index.end());
     }
+    if (d.envoy) compile_envoy_tree(d, cd.envoy);
     // A RuleSet from parse_rules has unique domain names; otherwise the first one wins.
     p.domain_index.emplace(d.name, static_cast<uint32_t>(p.domains.size()));
     p.domains.push_back(std::move(cd));
+  }
+  // Limit overrides: a rule per domain, after every declared rule's stats slot, and one limit per
+  // unit (their specs registered last, so the declared limits keep their spec indexes).
+  for (CompiledDomain& cd : p.domains) {
+    Rule& r = p.override_rules.emplace_back();
+    r.name = "limit-override";
+    r.count_denied = cd.domain->envoy;  // as the domain's rules: upstream counts every hit
+    cd.limit_override.rule = &r;
+    cd.limit_override.seed = rule_seed(hash_seed, cd.domain->name, r);
+    cd.limit_override.stats_index = stats_index++;
+    p.stats_names.push_back(cd.domain->name + "/" + r.name);
+  }
+  if (!p.domains.empty()) {
+    for (const EnvoyUnit& u : kEnvoyUnits) {
+      Limit& l = p.override_limits.emplace_back();
+      l.spec = window::make_spec(u.ms);
+      p.unit_limits.push_back({&l, spec_index(l.spec)});
+    }
   }
 
   std::vector<std::string_view> values;
@@ -534,8 +603,11 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
     res.error = CheckError::kEntryTooLong;
     return res;
   }
-  // Pairwise: descriptors are few (bounded by max_descriptors) and this needs no memory.
-  for (size_t i = 1; i < desc.size(); ++i) {
+  const auto dit = p.domain_index.find(req.domain);
+  const bool envoy = dit != p.domain_index.end() && p.domains[dit->second].domain->envoy;
+  // Pairwise: descriptors are few (bounded by max_descriptors) and this needs no memory. Envoy
+  // descriptors may repeat a key (upstream walks them by position).
+  for (size_t i = 1; i < desc.size() && !envoy; ++i) {
     for (size_t j = 0; j < i; ++j) {
       if (desc[i].key == desc[j].key) {
         res.error = CheckError::kDuplicateDescriptor;
@@ -543,7 +615,6 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
       }
     }
   }
-  const auto dit = p.domain_index.find(req.domain);
   if (dit == p.domain_index.end()) {
     res.error = CheckError::kUnknownDomain;
     return res;
@@ -551,6 +622,49 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
   const CompiledDomain& cd = p.domains[dit->second];
   if (allowlisted(cd, desc)) {
     res.allowlisted = true;
+    return res;
+  }
+
+  if (req.has_limit_override) {
+    // The request's own limit replaces every rule (upstream's GetLimit checks it first).
+    const LimitRef* unit = nullptr;
+    for (const LimitRef& lr : p.unit_limits) {
+      if (lr.limit->spec.window_ms == req.limit_override_window_ms) unit = &lr;
+    }
+    if (unit == nullptr) {
+      res.error = CheckError::kBadLimitOverride;
+      return res;
+    }
+    const CompiledRule& cr = cd.limit_override;
+    KeyBuffer key;
+    bool fits = true;
+    for (const Descriptor& d : desc)
+      fits = fits && key.add(d.key) && key.add(d.value);
+    const uint64_t kh = fits ? key.digest(cr.seed) : hash_entries(cr.seed, desc, true);
+    out.rules.push_back(AppliedRule{cr.rule, cr.stats_index, Mode::kEnforce, false,
+                                    static_cast<uint32_t>(out.limits.size()), 1});
+    out.limits.push_back(AppliedLimit{unit->limit, mix_counter(kh, unit->limit->spec),
+                                      unit->spec_index, req.limit_override_requests});
+    res.num_rules = 1;
+    return res;
+  }
+
+  if (cd.domain->envoy) {
+    const CompiledEnvoyNode* node = envoy_walk(cd.envoy, desc);
+    if (node == nullptr) return res;
+    if (node->unlimited) {
+      res.allowlisted = true;
+      return res;
+    }
+    if (node->rule < 0) return res;
+    // The path's keys are the request's keys, one per level: its values in order are the key.
+    const CompiledRule& cr = cd.rules[static_cast<size_t>(node->rule)];
+    KeyBuffer key;
+    bool fits = true;
+    for (const Descriptor& d : desc)
+      fits = fits && key.add(d.value);
+    const uint64_t kh = fits ? key.digest(cr.seed) : hash_entries(cr.seed, desc, false);
+    apply_rule(p, cd, cr, kh, now_ms, desc, out, res);
     return res;
   }
 
@@ -570,37 +684,32 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
     }
     if (!complete) continue;
     const uint64_t kh = fits ? key.digest(cr.seed) : hash_long_key(cr.seed, rule.key, desc);
-
-    const CompiledOverride* entry = nullptr;  // the key's override, or what it was under before
-    const CompiledOverride* ov = nullptr;     // the override in force
-    if (cr.has_overrides) {
-      const auto oit = p.overrides.find(kh);
-      if (oit != p.overrides.end() && oit->second.stats_index == cr.stats_index) {
-        entry = &oit->second;
-        if (entry->active && (entry->expires_at_ms == 0 || now_ms < entry->expires_at_ms)) {
-          ov = entry;
-        }
-      }
-    }
-    LimitSpan span = cr.limits;
-    if (ov != nullptr && ov->has_limits) {
-      span = ov->limits;
-    } else if (cr.uses_plans) {
-      span = base_limits(cd, cr, desc);
-    }
-    if (entry != nullptr)
-      res.num_carry += add_carry(p, cd, cr, *entry, kh, now_ms, span, desc, out);
-
-    out.rules.push_back(
-        AppliedRule{&rule, cr.stats_index, ov != nullptr && ov->has_mode ? ov->mode : rule.mode,
-                    ov != nullptr, static_cast<uint32_t>(out.limits.size()), span.count});
-    for (uint32_t i = 0; i < span.count; ++i) {
-      const LimitRef& lr = p.limit_refs[span.first + i];
-      out.limits.push_back(AppliedLimit{lr.limit, mix_counter(kh, lr.limit->spec), lr.spec_index});
-    }
-    ++res.num_rules;
+    apply_rule(p, cd, cr, kh, now_ms, desc, out, res);
   }
   return res;
+}
+
+const Rule* Policy::envoy_rule(std::string_view domain, std::span<const Descriptor> entries,
+                               bool& unlimited) const {
+  unlimited = false;
+  const auto dit = impl_->domain_index.find(domain);
+  if (dit == impl_->domain_index.end()) return nullptr;
+  const CompiledDomain& cd = impl_->domains[dit->second];
+  if (!cd.domain->envoy) return nullptr;
+  const CompiledEnvoyNode* node = envoy_walk(cd.envoy, entries);
+  if (node == nullptr) return nullptr;
+  unlimited = node->unlimited;
+  return node->rule < 0 ? nullptr : cd.rules[static_cast<size_t>(node->rule)].rule;
+}
+
+bool Policy::is_envoy_domain(std::string_view domain) const {
+  const auto dit = impl_->domain_index.find(domain);
+  return dit != impl_->domain_index.end() && impl_->domains[dit->second].domain->envoy;
+}
+
+bool Policy::domain_has_replaces(std::string_view domain) const {
+  const auto dit = impl_->domain_index.find(domain);
+  return dit != impl_->domain_index.end() && impl_->domains[dit->second].envoy.has_replaces;
 }
 
 const RuleSet& Policy::rules() const {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -16,6 +17,17 @@
 #include "rules/rules.h"
 
 namespace sluice::rules {
+
+// envoyproxy/ratelimit's units (fixed blocks upstream, sliding windows here): rules imported from
+// its files, and the windows a request's limit override may take.
+struct EnvoyUnit {
+  std::string_view name;
+  int64_t ms;
+};
+inline constexpr int64_t kDayMs = 86'400'000;
+inline constexpr EnvoyUnit kEnvoyUnits[] = {
+    {"second", 1'000},    {"minute", 60'000},     {"hour", 3'600'000},   {"day", kDayMs},
+    {"week", 7 * kDayMs}, {"month", 30 * kDayMs}, {"year", 365 * kDayMs}};
 
 // A run of Policy::Impl::limit_refs.
 struct LimitSpan {
@@ -43,12 +55,47 @@ struct CompiledPlan {
   LimitSpan limits;
 };
 
+// An envoy domain's descriptor tree (Domain::envoy_tree) laid out for upstream's GetLimit walk
+// (envoy_match.cc). Node 0 is the domain itself; a node's children are looked up by their
+// composite key ("key" or "key_value") through a hash index, then through its wildcard children.
+struct CompiledEnvoyNode {
+  std::string composite;  // "key" or "key_value", as upstream's map key
+  int32_t rule = -1;      // into CompiledDomain::rules
+  bool unlimited = false;
+  uint32_t first_index = 0;  // into CompiledEnvoyTree::index: the children, sorted by hash
+  uint32_t num_children = 0;
+  uint32_t first_wild = 0;  // into CompiledEnvoyTree::wild, in declaration order
+  uint32_t num_wild = 0;
+};
+
+struct EnvoyWildcard {
+  uint32_t node = 0;        // the child it leads to
+  uint32_t first_part = 0;  // into CompiledEnvoyTree::parts: the pattern split on '*'
+  uint32_t num_parts = 0;
+};
+
+struct CompiledEnvoyTree {
+  std::vector<CompiledEnvoyNode> nodes;
+  std::vector<std::pair<uint64_t, uint32_t>> index;  // (hash of composite, node)
+  std::vector<EnvoyWildcard> wild;
+  std::vector<std::string_view> parts;  // into nodes[].composite (stable: nodes is not resized
+                                        // after compile_envoy_tree returns)
+  bool has_replaces = false;            // some rule has replaces or quota_mode
+};
+
+void compile_envoy_tree(const Domain& d, CompiledEnvoyTree& out);
+// Upstream's GetLimit walk: the node the request's last entry reaches, or nullptr.
+const CompiledEnvoyNode* envoy_walk(const CompiledEnvoyTree& tree,
+                                    std::span<const Descriptor> entries);
+
 struct CompiledDomain {
   const Domain* domain = nullptr;  // into Impl::rules
   std::vector<CompiledRule> rules;
   std::vector<CompiledPlan> plans;
   // For allowlists too long to scan: (hash of key and value, entry index), sorted by hash.
   std::vector<std::pair<uint64_t, uint32_t>> allow_index;
+  CompiledEnvoyTree envoy;      // Domain::envoy only
+  CompiledRule limit_override;  // a request's own limit (CheckRequest::has_limit_override)
 };
 
 // A limit set a key was under before its current one, kept while its counters can hold hits
@@ -88,6 +135,11 @@ struct Policy::Impl {
   int64_t compiled_at_ms = 0;  // compile's now_ms
   std::vector<window::WindowSpec> specs;
   std::vector<std::string> stats_names;
+  // What requests with a limit override count under: one rule per domain (CompiledDomain::
+  // limit_override points here) and one limit per envoy unit, whose `requests` is not used
+  // (AppliedLimit::requests carries the request's).
+  std::deque<Rule> override_rules;
+  std::vector<LimitRef> unit_limits;
 };
 
 }  // namespace sluice::rules

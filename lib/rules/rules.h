@@ -89,6 +89,10 @@ struct Rule {
   Consistency consistency = Consistency::kOwner;
   Fallback fallback = Fallback::kShare;  // owner mode only
   int line = 0;                          // where it was declared (1-based), for messages
+  // Set only by the envoyproxy/ratelimit import (docs/envoy-config.md); the gRPC front acts on
+  // them, resolve does not: the rule names whose limits this one replaces, and quota mode.
+  std::vector<std::string> replaces;
+  bool quota_mode = false;
 };
 
 struct Plan {
@@ -102,11 +106,27 @@ struct AllowEntry {
   std::string value;
 };
 
+// One node of an envoyproxy/ratelimit descriptor tree (docs/envoy-config.md). Its composite key
+// is `key`, or `key_value` when a value is given; '*' in it makes it a wildcard pattern.
+struct EnvoyNode {
+  std::string key;
+  std::string value;  // "" = any value (the key-only default)
+  int32_t rule = -1;  // into Domain::rules; -1 = no limit here
+  bool unlimited = false;
+  int line = 0;
+  std::vector<EnvoyNode> children;
+};
+
 struct Domain {
   std::string name;
   std::vector<Rule> rules;
   std::vector<Plan> plans;
   std::vector<AllowEntry> allowlist;
+  // From an envoyproxy/ratelimit file: rules apply by walking `envoy_tree` (upstream's GetLimit),
+  // not by match/key, and requests may repeat an entry key.
+  bool envoy = false;
+  std::vector<EnvoyNode> envoy_tree;
+  std::string source;  // the file it was loaded from (envoy domains), for messages
 };
 
 struct RuleSet {
@@ -130,6 +150,26 @@ struct ParseResult {
 ParseResult parse_rules(std::string_view text, std::string_view file);
 // Reads and parses a file; an unreadable file is one error naming it.
 ParseResult load_rules_file(const std::string& path);
+
+// envoyproxy/ratelimit config files (docs/envoy-config.md): one domain per file, a directory
+// loads every *.yaml / *.yml in it (by name, not recursive); two files with one domain is an error.
+struct EnvoyImportOptions {
+  bool count_denied = true;  // upstream counts every hit, denied or not
+};
+ParseResult parse_envoy_rules(std::string_view text, std::string_view file,
+                              const EnvoyImportOptions& options);
+ParseResult load_envoy_rules(const std::string& path_file_or_dir,
+                             const EnvoyImportOptions& options);
+// Upstream's units: second .. year (week 7 d, month 30 d, year 365 d), any case; nullopt if none.
+std::optional<int64_t> envoy_unit_ms(std::string_view unit);
+// The unit name of a window that is one ("minute"), else "".
+std::string_view envoy_unit_name(int64_t window_ms);
+// Appends `extra`'s domains to `into`; a domain in both is an error naming both sources.
+std::vector<ParseError> merge_rule_sets(RuleSet& into, RuleSet extra, std::string_view into_file,
+                                        std::string_view extra_file);
+// Sluice's rules-file YAML for a RuleSet (`sluicectl rules convert`); envoy domains carry comments
+// where the format cannot express the tree walk.
+std::string to_rules_yaml(const RuleSet& rules);
 
 // A runtime override for one counter key: new limits, a plan, and/or a mode, optionally expiring.
 // It applies to every rule of the domain whose key entries are exactly the override's entries.
@@ -181,6 +221,12 @@ struct CheckRequest {
   std::string_view domain;
   std::span<const Descriptor> descriptors;
   uint64_t hits = 1;  // 0 asks without counting (denied only when already over a limit)
+  // The request's own limit (Envoy's per-descriptor `limit`): when set, the check is limited by
+  // this many requests per this window instead of any rule, counted under the domain and all its
+  // entries. The window must be one of envoy_unit_ms's.
+  bool has_limit_override = false;
+  uint64_t limit_override_requests = 0;
+  int64_t limit_override_window_ms = 0;
 };
 
 // Bounds on hostile or mistaken input, enforced by resolve().
@@ -199,6 +245,7 @@ enum class CheckError : uint8_t {
   kEmptyDescriptorKey,
   kDuplicateDescriptor,
   kHitsTooLarge,
+  kBadLimitOverride,  // a limit override whose window is not one of the units
 };
 std::string_view to_string(CheckError e);
 
@@ -209,6 +256,7 @@ struct AppliedLimit {
   const Limit* limit;   // owned by the Policy
   uint64_t counter;     // counter identity
   uint32_t spec_index;  // into Policy::window_specs(); equals limit->spec
+  uint64_t requests;    // the limit in force: limit->requests, or the request's limit override
 };
 
 // A counter the key counted in under a limit set it was under before its current one (an
@@ -277,11 +325,20 @@ class Policy {
   // within a window). Never allocates once `out` is warm; never throws.
   ResolvedRequest resolve(const CheckRequest& req, int64_t now_ms, Resolution& out) const;
 
+  // Envoy domains (Domain::envoy): the rule upstream's tree walk reaches for `entries` (nullptr:
+  // none), `unlimited` set when it reaches an unlimited node. Counts nothing; never allocates.
+  const Rule* envoy_rule(std::string_view domain, std::span<const Descriptor> entries,
+                         bool& unlimited) const;
+  bool is_envoy_domain(std::string_view domain) const;
+  // Whether any rule of the domain has `replaces` or `quota_mode` (the front pre-walks only then).
+  bool domain_has_replaces(std::string_view domain) const;
+
   const RuleSet& rules() const;
   const InputLimits& input_limits() const;
   uint64_t hash_seed() const;
   // Per-rule stats slots: one per rule of every domain, in declaration order; names are
-  // "<domain>/<rule>". Stable for the life of the Policy.
+  // "<domain>/<rule>"; then one per domain for requests with a limit override,
+  // "<domain>/limit-override". Stable for the life of the Policy.
   size_t num_stats_slots() const;
   std::string_view stats_name(uint32_t index) const;
   // Every distinct window spec any limit (rules, plans, overrides) uses.

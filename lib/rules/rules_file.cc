@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "rules/rules.h"
+#include "rules/yaml_source.h"
 
 namespace sluice::rules {
 namespace {
@@ -90,12 +91,6 @@ class Fields {
   std::vector<Field> fields_;
 };
 
-int line_of(const YAML::Node& n, int fallback) {
-  if (!n.IsDefined() || n.IsNull()) return fallback;
-  const int l = n.Mark().line;
-  return l >= 0 ? l + 1 : fallback;
-}
-
 std::string index_path(const std::string& path, size_t i) {
   return path + "[" + std::to_string(i) + "]";
 }
@@ -117,18 +112,12 @@ std::string_view type_name(const YAML::Node& n) {
 
 class RulesParser {
  public:
-  explicit RulesParser(std::string_view file) : file_(file) {}
+  explicit RulesParser(ErrorList& errors) : errors_(errors) {}
 
   void parse_root(const YAML::Node& root);
   RuleSet take_rules() { return std::move(rules_); }
-  std::vector<ParseError> take_errors() {
-    // File order; errors of one line keep the order they were found in.
-    std::stable_sort(errors_.begin(), errors_.end(),
-                     [](const ParseError& a, const ParseError& b) { return a.line < b.line; });
-    return std::move(errors_);
-  }
   void error(int line, std::string field, std::string message) {
-    errors_.push_back(ParseError{file_, line, std::move(field), std::move(message)});
+    errors_.error(line, std::move(field), std::move(message));
   }
 
  private:
@@ -154,9 +143,8 @@ class RulesParser {
   bool parse_limit_node(const YAML::Node& n, int line, const std::string& path,
                         std::string_view owner, int64_t bucket_ms, Limit& out);
 
-  std::string file_;
+  ErrorList& errors_;
   RuleSet rules_;
-  std::vector<ParseError> errors_;
 };
 
 Fields RulesParser::read_fields(const YAML::Node& map, const std::string& path,
@@ -726,46 +714,41 @@ std::string ParseError::to_string() const {
 
 ParseResult parse_rules(std::string_view text, std::string_view file) {
   ParseResult result;
-  RulesParser parser(file);
-  // yaml-cpp reports syntax errors (and too-deep nesting) by throwing; nothing may escape.
-  try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
-    if (docs.size() > 1) {
-      parser.error(line_of(docs[1], 0), "",
-                   "the rules file holds more than one YAML document; keep one");
-    } else {
-      parser.parse_root(docs.empty() ? YAML::Node() : docs[0]);
-    }
-  } catch (const YAML::Exception& e) {
-    parser.error(e.mark.line >= 0 ? e.mark.line + 1 : 0, "", "YAML syntax: " + e.msg);
-  } catch (const std::exception& e) {
-    parser.error(0, "", std::string("cannot read rules: ") + e.what());
-  }
-  result.errors = parser.take_errors();
+  ErrorList errors(file);
+  RulesParser parser(errors);
+  parse_yaml_document(text, "the rules file", errors,
+                      [&](const YAML::Node& root) { parser.parse_root(root); });
+  result.errors = errors.take();
   if (result.errors.empty()) result.rules = parser.take_rules();
   return result;
 }
 
-ParseResult load_rules_file(const std::string& path) {
+std::optional<std::string> read_text_file(const std::string& path, std::string_view what,
+                                          std::vector<ParseError>& errors) {
   std::error_code ec;
-  std::string text;
   if (!std::filesystem::is_regular_file(path, ec)) {
-    ParseResult result;
-    result.errors.push_back(ParseError{
-        path, 0, "", "cannot read the rules file: " + (ec ? ec.message() : "not a regular file")});
-    return result;
+    errors.push_back(ParseError{
+        path, 0, "",
+        "cannot read " + std::string(what) + ": " + (ec ? ec.message() : "not a regular file")});
+    return std::nullopt;
   }
+  std::string text;
   std::ifstream in(path, std::ios::binary);
   char chunk[16 * 1024];
   while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
     text.append(chunk, static_cast<size_t>(in.gcount()));
   }
   if (!in.eof()) {  // stopped before the end: open or read failed
-    ParseResult result;
-    result.errors.push_back(ParseError{path, 0, "", "cannot read the rules file"});
-    return result;
+    errors.push_back(ParseError{path, 0, "", "cannot read " + std::string(what)});
+    return std::nullopt;
   }
-  return parse_rules(text, path);
+  return text;
+}
+
+ParseResult load_rules_file(const std::string& path) {
+  ParseResult result;
+  const std::optional<std::string> text = read_text_file(path, "the rules file", result.errors);
+  return text ? parse_rules(*text, path) : result;
 }
 
 }  // namespace sluice::rules

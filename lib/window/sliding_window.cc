@@ -72,13 +72,20 @@ std::string_view to_string(Estimator e) {
 }
 
 int64_t default_bucket_ms(int64_t window_ms) {
+  constexpr int64_t kDayMs = 86'400'000;
+  if (window_ms > kDayMs) {
+    for (int64_t b : {kDayMs / 24, kDayMs / 4, kDayMs}) {
+      if (window_ms % b == 0 && window_ms / b <= kMaxBuckets) return b;
+    }
+    return window_ms;
+  }
   if (window_ms >= kDefaultBucketMs && window_ms % kDefaultBucketMs == 0) return kDefaultBucketMs;
   return window_ms;
 }
 
 std::string validate(const WindowSpec& spec) {
   if (spec.window_ms < kMinWindowMs || spec.window_ms > kMaxWindowMs) {
-    return "window must be between 1s and 1d, got " + std::to_string(spec.window_ms) + "ms";
+    return "window must be between 1s and 365d, got " + std::to_string(spec.window_ms) + "ms";
   }
   if (spec.bucket_ms < kMinBucketMs) {
     return "granularity must be at least " + std::to_string(kMinBucketMs) + "ms, got " +

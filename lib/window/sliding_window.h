@@ -54,13 +54,17 @@ struct WindowSpec {
 };
 
 inline constexpr int64_t kMinWindowMs = 1'000;
-inline constexpr int64_t kMaxWindowMs = 86'400'000;
+// 365 days: envoyproxy/ratelimit's longest unit (`year`). Windows longer than a day take coarse
+// buckets (default_bucket_ms), so a ring never holds more than kMaxBuckets + 1 counts.
+inline constexpr int64_t kMaxWindowMs = 365 * 86'400'000LL;
 inline constexpr int64_t kMinBucketMs = 10;
 inline constexpr uint32_t kMaxBuckets = 1'440;  // a day at one-minute granularity
 inline constexpr int64_t kDefaultBucketMs = 60'000;
 
 // The default bucket for a window: one minute, or the window itself when it is shorter than a
 // minute or not a whole number of minutes (so 1 s, 10 s and 90 s windows keep two counters).
+// Windows longer than a day take the finest of 1 h, 6 h and 1 d that divides them into at most
+// kMaxBuckets (a week: 1 h, 168 buckets; 30 days: 1 h, 720; a year: 1 d, 365), else the window.
 int64_t default_bucket_ms(int64_t window_ms);
 
 // Checks a spec; returns an empty string when valid, else a sentence naming what is wrong

@@ -407,6 +407,11 @@ void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
     auto out_check = list[static_cast<unsigned int>(i)];
     set_text(c.domain, [&](unsigned int n) { return out_check.initDomain(n); });
     out_check.setHits(c.hits);
+    if (c.has_limit_override) {
+      auto lo = out_check.initLimitOverride();
+      lo.setRequests(c.limit_override_requests);
+      lo.setWindowMs(c.limit_override_window_ms);
+    }
     if (c.entries.empty()) continue;
     auto entries = out_check.initEntries(count(c.entries.size()));
     for (size_t j = 0; j < c.entries.size(); ++j) {
@@ -475,6 +480,20 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
               continue;
             }
             if (check.hits < 0) code = Code::kNegativeHits;  // entries still shown, for logs
+            if (c.hasLimitOverride()) {
+              const auto lo = c.getLimitOverride();
+              const int64_t w = lo.getWindowMs();
+              check.has_limit_override = true;
+              check.limit_override_window_ms = w;
+              check.limit_override_requests = lo.getRequests();
+              const bool unit =
+                  std::find(std::begin(kLimitOverrideWindowsMs), std::end(kLimitOverrideWindowsMs),
+                            w) != std::end(kLimitOverrideWindowsMs);
+              if (code == Code::kOk &&
+                  (!unit || check.limit_override_requests > kMaxLimitOverride)) {
+                code = Code::kMalformed;
+              }
+            }
             for (auto e : entries)
               entries_.push_back({view(e.getKey()), view(e.getValue())});
             n_entries = entries.size();

@@ -56,10 +56,20 @@ struct Entry {
   std::string_view value;
 };
 
+// The windows a check's limit override may take: envoyproxy/ratelimit's units, second to year.
+inline constexpr int64_t kLimitOverrideWindowsMs[] = {
+    1'000, 60'000, 3'600'000, 86'400'000, 7 * 86'400'000LL, 30 * 86'400'000LL, 365 * 86'400'000LL};
+inline constexpr uint64_t kMaxLimitOverride = uint64_t{1} << 40;  // as a rules-file limit
+
 struct Check {
   std::string_view domain;
   std::span<const Entry> entries;
   int64_t hits = 1;
+  // The check's own limit instead of any rule (docs/protocol.md): a window of
+  // kLimitOverrideWindowsMs and at most kMaxLimitOverride requests, else check_code kMalformed.
+  bool has_limit_override = false;
+  uint64_t limit_override_requests = 0;
+  int64_t limit_override_window_ms = 0;
 };
 
 // Encodes a request into `out` (replacing its contents). When pad_to is larger than the message,
@@ -90,7 +100,8 @@ class RequestDecoder {
   // Sent on by a key's owner that has just joined to the owner before it: decide it here.
   bool redirected() const { return redirected_; }
   std::span<const Check> checks() const { return checks_; }
-  // kOk, or kNegativeHits / kTooManyEntries for a check the engine must not see.
+  // kOk, or kNegativeHits / kTooManyEntries / kMalformed (a bad limit override) for a check the
+  // engine must not see.
   Code check_code(size_t i) const { return codes_[i]; }
 
  private:
