@@ -639,6 +639,24 @@ TEST_CASE("week, month and year windows track an exact sliding log on a randomiz
   }
 }
 
+TEST_CASE("a year counter is kept for its whole window, then swept; memory as documented") {
+  Checker c(compile_files({"full.yaml"}));  // api_key: 4294967295 per year, 1-day buckets
+  REQUIRE(c.check("billing", {{"api_key", "k"}}, kNow).allowed);
+  CHECK(c.eng.stats().live_counters == 1);
+  // The engine's table holds whole year slots: 16 + 8 x 366 bytes each (docs/envoy-config.md,
+  // "Windows and memory").
+  const uint64_t table_bytes = c.eng.stats().table_bytes;
+  CHECK(table_bytes > 0);
+  CHECK(table_bytes % 2'944 == 0);
+  // 364 days later the hit is still inside the window: kept (a check would advance the ring's
+  // head, and the counter would then live a year from that check instead).
+  CHECK(c.eng.sweep(kNow + 364 * kDay) == 0);
+  CHECK(c.eng.stats().live_counters == 1);
+  // Once every bucket (365 + the straddling one) has left the window it is dropped.
+  CHECK(c.eng.sweep(kNow + 367 * kDay) == 1);
+  CHECK(c.eng.stats().live_counters == 0);
+}
+
 // ==== the per-check limit override ===============================================================
 
 TEST_CASE("a limit override replaces every rule, counts under the domain and all entries") {

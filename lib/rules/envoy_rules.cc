@@ -88,7 +88,8 @@ class EnvoyParser {
  private:
   // upstream's validateYamlKeys: every key of every map (metadata's contents aside) is known.
   void check_keys(const YAML::Node& map, const std::string& path);
-  const YAML::Node* field(const YAML::Node& map, std::string_view name, YAML::Node& holder);
+  // The value of a map's field (a handle sharing the document's node), or nullopt.
+  static std::optional<YAML::Node> field(const YAML::Node& map, std::string_view name);
   std::optional<std::string> scalar(const YAML::Node& n, int line, const std::string& path);
   bool flag(const YAML::Node& map, std::string_view name, const std::string& path);
   void parse_descriptors(const YAML::Node& list, int line, const std::string& path,
@@ -144,15 +145,13 @@ void EnvoyParser::check_keys(const YAML::Node& map, const std::string& path) {
   }
 }
 
-const YAML::Node* EnvoyParser::field(const YAML::Node& map, std::string_view name,
-                                     YAML::Node& holder) {
+// Copy-constructed, never assigned: assigning to a YAML::Node that already refers to a node
+// rewrites that node in the document.
+std::optional<YAML::Node> EnvoyParser::field(const YAML::Node& map, std::string_view name) {
   for (auto it = map.begin(); it != map.end(); ++it) {
-    if (it->first.IsScalar() && it->first.Scalar() == name) {
-      holder = it->second;
-      return &holder;
-    }
+    if (it->first.IsScalar() && it->first.Scalar() == name) return YAML::Node(it->second);
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 std::optional<std::string> EnvoyParser::scalar(const YAML::Node& n, int line,
@@ -166,9 +165,8 @@ std::optional<std::string> EnvoyParser::scalar(const YAML::Node& n, int line,
 }
 
 bool EnvoyParser::flag(const YAML::Node& map, std::string_view name, const std::string& path) {
-  YAML::Node h;
-  const YAML::Node* v = field(map, name, h);
-  if (v == nullptr) return false;
+  const std::optional<YAML::Node> v = field(map, name);
+  if (!v) return false;
   const std::string p = path + "." + std::string(name);
   auto s = scalar(*v, line_of(*v, line_of(map, 0)), p);
   if (!s) return false;
@@ -185,19 +183,15 @@ void EnvoyParser::parse_root(const YAML::Node& root) {
     return;
   }
   check_keys(root, "");
-  YAML::Node h;
-  const YAML::Node* d = field(root, "domain", h);
-  std::optional<std::string> name =
-      d == nullptr ? std::string() : scalar(*d, line_of(*d, 1), "domain");
+  const std::optional<YAML::Node> d = field(root, "domain");
+  std::optional<std::string> name = !d ? std::string() : scalar(*d, line_of(*d, 1), "domain");
   if (name) domain_.name = *name;
   if (name && name->empty()) {
-    error(d == nullptr ? line_of(root, 1) : line_of(*d, 1), "domain",
-          "the domain must not be empty");
+    error(!d ? line_of(root, 1) : line_of(*d, 1), "domain", "the domain must not be empty");
   }
   domain_.envoy = true;
   domain_.source = file_;
-  YAML::Node h2;
-  if (const YAML::Node* list = field(root, "descriptors", h2)) {
+  if (const std::optional<YAML::Node> list = field(root, "descriptors")) {
     if (list->IsSequence()) {
       parse_descriptors(*list, line_of(*list, 1), "descriptors", "", {}, domain_.envoy_tree);
     } else if (!list->IsNull()) {
@@ -218,15 +212,14 @@ void EnvoyParser::parse_descriptors(const YAML::Node& list, int line, const std:
     if (!n.IsMap()) continue;  // reported by check_keys
     EnvoyNode node;
     node.line = nline;
-    YAML::Node h;
-    if (const YAML::Node* k = field(n, "key", h)) {
+    if (const std::optional<YAML::Node> k = field(n, "key")) {
       if (auto s = scalar(*k, line_of(*k, nline), p + ".key")) node.key = *s;
     }
     if (node.key.empty()) {
       error(nline, p + ".key", "a descriptor needs a non-empty `key`");
       continue;
     }
-    if (const YAML::Node* v = field(n, "value", h)) {
+    if (const std::optional<YAML::Node> v = field(n, "value")) {
       if (auto s = scalar(*v, line_of(*v, nline), p + ".value")) node.value = *s;
     }
     const std::string composite = node.value.empty() ? node.key : node.key + "_" + node.value;
@@ -250,7 +243,7 @@ void EnvoyParser::parse_descriptors(const YAML::Node& list, int line, const std:
     }
     std::vector<std::string> path_keys = keys;
     path_keys.push_back(node.key);
-    if (const YAML::Node* rl = field(n, "rate_limit", h)) {
+    if (const std::optional<YAML::Node> rl = field(n, "rate_limit")) {
       const YAML::Node limit = *rl;
       if (limit.IsMap()) {
         parse_rate_limit(limit, line_of(limit, nline), p + ".rate_limit", name, shadow, quota,
@@ -259,8 +252,7 @@ void EnvoyParser::parse_descriptors(const YAML::Node& list, int line, const std:
         error(line_of(limit, nline), p + ".rate_limit", "must be a map");
       }
     }
-    YAML::Node h3;
-    if (const YAML::Node* sub = field(n, "descriptors", h3)) {
+    if (const std::optional<YAML::Node> sub = field(n, "descriptors")) {
       if (sub->IsSequence()) {
         parse_descriptors(*sub, line_of(*sub, nline), p + ".descriptors", name, path_keys,
                           node.children);
@@ -275,12 +267,12 @@ void EnvoyParser::parse_descriptors(const YAML::Node& list, int line, const std:
 void EnvoyParser::parse_rate_limit(const YAML::Node& n, int line, const std::string& path,
                                    const std::string& name, bool shadow, bool quota,
                                    const std::vector<std::string>& keys, EnvoyNode& node) {
-  YAML::Node h;
   std::string unit;
-  if (const YAML::Node* u = field(n, "unit", h)) {
+  const std::optional<YAML::Node> u = field(n, "unit");
+  if (u) {
     if (auto s = scalar(*u, line_of(*u, line), path + ".unit")) unit = *s;
   }
-  const int unit_line = field(n, "unit", h) ? line_of(h, line) : line;
+  const int unit_line = u ? line_of(*u, line) : line;
   const std::optional<int64_t> window_ms = envoy_unit_ms(unit);
   node.unlimited = flag(n, "unlimited", path);
   if (node.unlimited) {
@@ -291,7 +283,7 @@ void EnvoyParser::parse_rate_limit(const YAML::Node& n, int line, const std::str
           "invalid unit " + ticked(unit) + " (second, minute, hour, day, week, month or year)");
   }
   uint64_t requests = 0;
-  if (const YAML::Node* r = field(n, "requests_per_unit", h)) {
+  if (const std::optional<YAML::Node> r = field(n, "requests_per_unit")) {
     const int rline = line_of(*r, line);
     if (auto s = scalar(*r, rline, path + ".requests_per_unit")) {
       const auto [ptr, ec] = std::from_chars(s->data(), s->data() + s->size(), requests);
@@ -303,20 +295,19 @@ void EnvoyParser::parse_rate_limit(const YAML::Node& n, int line, const std::str
     }
   }
   std::string limit_name;
-  if (const YAML::Node* nm = field(n, "name", h)) {
+  if (const std::optional<YAML::Node> nm = field(n, "name")) {
     if (auto s = scalar(*nm, line_of(*nm, line), path + ".name")) limit_name = *s;
   }
   std::vector<std::string> replaces;
-  if (const YAML::Node* rp = field(n, "replaces", h)) {
+  if (const std::optional<YAML::Node> rp = field(n, "replaces")) {
     const YAML::Node list = *rp;
     if (list.IsSequence()) {
       size_t i = 0;
       for (auto it = list.begin(); it != list.end(); ++it, ++i) {
         const std::string rpath = path + ".replaces[" + std::to_string(i) + "]";
         if (!it->IsMap()) continue;  // reported by check_keys
-        YAML::Node h2;
         std::string target;
-        if (const YAML::Node* t = field(*it, "name", h2)) {
+        if (const std::optional<YAML::Node> t = field(*it, "name")) {
           if (auto s = scalar(*t, line_of(*t, line), rpath + ".name")) target = *s;
         }
         const int rline = line_of(*it, line);
