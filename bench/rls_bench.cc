@@ -78,6 +78,7 @@ struct Options {
   uint32_t udp_window = 8;  // as sluice-bench-load's sluiced-udp-single
   uint32_t udp_room = 288;  // libsluice's default udp_answer_room_per_check
   std::string sluiced = SLUICED_BIN;
+  std::string compare;  // another sluiced: its RLS rows first, labelled "before"
 };
 
 constexpr const char* kHelp = R"(usage: sluice-bench-rls [options]
@@ -93,6 +94,8 @@ constexpr const char* kHelp = R"(usage: sluice-bench-rls [options]
   --udp-sockets U      UDP sockets (8)
   --udp-window W       UDP datagrams in flight per socket (8)
   --sluiced PATH       sluiced binary (default: the one built with this program)
+  --compare PATH       first measure the rls rows against this sluiced too (rows "rls@before"),
+                       on its own fresh process, so a server change is judged within one run
 )";
 
 [[noreturn]] void usage(const std::string& why) {
@@ -141,6 +144,8 @@ Options parse(int argc, char** argv) {
       o.udp_window = u32(1, 4096);
     } else if (a == "--sluiced") {
       o.sluiced = val();
+    } else if (a == "--compare") {
+      o.compare = val();
     } else if (a == "--help" || a == "-h") {
       std::fputs(kHelp, stdout);
       std::exit(0);
@@ -206,6 +211,7 @@ std::string cpu_model() {
 
 struct Row {
   std::string target, phase;  // "rls" | "udp", "max" | "half"
+  std::string variant;        // "" or "before" (--compare)
   std::string inflight;
   double offered = 0;  // open loop: checks/s scheduled
   bench::RowStats stats;
@@ -449,9 +455,9 @@ std::string rls_probe(RateLimitService::Stub& stub, int timeout_ms) {
   return "";
 }
 
-void start_server(const Options& o, Server& s) {
-  if (::access(o.sluiced.c_str(), X_OK) != 0) {
-    throw std::runtime_error("no sluiced at '" + o.sluiced + "' (--sluiced)");
+void start_server(const Options& o, const std::string& exe, Server& s) {
+  if (::access(exe.c_str(), X_OK) != 0) {
+    throw std::runtime_error("no sluiced at '" + exe + "' (--sluiced, --compare)");
   }
   const std::string rules = s.dir.path() + "/rules.yaml";
   std::ofstream(rules) << "# written by sluice-bench-rls\n"
@@ -468,9 +474,9 @@ void start_server(const Options& o, Server& s) {
   const std::string udp = "127.0.0.1:" + std::to_string(s.port);
   const std::string grpc_addr = "127.0.0.1:" + std::to_string(s.grpc_port);
   const std::string err = s.sluiced.start(
-      {o.sluiced, "--udp", udp, "--tcp", udp, "--admin",
-       "127.0.0.1:" + std::to_string(s.admin_port), "--grpc", grpc_addr, "--rules", rules,
-       "--threads", std::to_string(o.server_threads), "--log-level", "warn", "--data-dir", ""},
+      {exe, "--udp", udp, "--tcp", udp, "--admin", "127.0.0.1:" + std::to_string(s.admin_port),
+       "--grpc", grpc_addr, "--rules", rules, "--threads", std::to_string(o.server_threads),
+       "--log-level", "warn", "--data-dir", ""},
       s.dir.path() + "/sluiced.log");
   if (!err.empty()) throw std::runtime_error("sluiced: " + err);
 
@@ -616,40 +622,48 @@ int main(int argc, char** argv) {
   std::string sluiced_report;
   bool interrupted = false;
   try {
-    Server s;
-    start_server(o, s);
     const bench::Keyspace names(o.keys);
-    std::fprintf(stderr, "sluice-bench-rls: sluiced up (--threads %u), load average %s\n",
-                 o.server_threads, load_average().c_str());
-    auto one = [&](const std::string& label, auto&& run) -> const Row* {
-      if (bench::stop_requested()) return nullptr;
-      std::fprintf(stderr, "  %-9s ...", label.c_str());
-      std::fflush(stderr);
-      rows.push_back(run());
-      const Row& r = rows.back();
-      std::fprintf(stderr, " %.0f checks/s, p99 %.0f us, errors %llu\n", r.checks_per_sec(),
-                   r.us(0.99), static_cast<unsigned long long>(r.errors));
-      return &r;
-    };
-    for (const char* target : {"rls", "udp"}) {
-      if (!o.only.empty() && o.only != target) continue;
-      const bool rls = std::string(target) == "rls";
-      auto run = [&](double rate) {
-        return rls ? run_rls(o, s, names, rate) : run_udp(o, s, names, rate);
+    // One sluiced per binary: the --compare one (RLS rows only), then the one under test.
+    for (const std::string& variant : {std::string("before"), std::string()}) {
+      if (variant == "before" && (o.compare.empty() || o.only == "udp")) continue;
+      Server s;
+      start_server(o, variant.empty() ? o.sluiced : o.compare, s);
+      std::fprintf(stderr, "sluice-bench-rls: sluiced%s up (--threads %u), load average %s\n",
+                   variant.empty() ? "" : " (before)", o.server_threads, load_average().c_str());
+      auto one = [&](const std::string& label, auto&& run) -> const Row* {
+        if (bench::stop_requested()) return nullptr;
+        std::fprintf(stderr, "  %-16s ...", label.c_str());
+        std::fflush(stderr);
+        rows.push_back(run());
+        Row& r = rows.back();
+        r.variant = variant;
+        std::fprintf(stderr, " %.0f checks/s, p99 %.0f us, errors %llu\n", r.checks_per_sec(),
+                     r.us(0.99), static_cast<unsigned long long>(r.errors));
+        return &r;
       };
-      const Row* max = one(std::string(target) + " max", [&] { return run(0); });
-      if (max == nullptr || max->checks_per_sec() <= 0) continue;
-      const double half = max->checks_per_sec() / 2;
-      one(std::string(target) + " half", [&] { return run(half); });
-      if (rls && s.stubs.empty()) break;  // calls never ended: the channels are gone
+      for (const char* target : {"rls", "udp"}) {
+        if (!o.only.empty() && o.only != target) continue;
+        const bool rls = std::string(target) == "rls";
+        if (!rls && !variant.empty()) continue;
+        auto run = [&](double rate) {
+          return rls ? run_rls(o, s, names, rate) : run_udp(o, s, names, rate);
+        };
+        const std::string label = target + (variant.empty() ? "" : "@" + variant);
+        const Row* max = one(label + " max", [&] { return run(0); });
+        if (max == nullptr || max->checks_per_sec() <= 0) continue;
+        const double half = max->checks_per_sec() / 2;
+        one(label + " half", [&] { return run(half); });
+        if (rls && s.stubs.empty()) break;  // calls never ended: the channels are gone
+      }
+      interrupted = bench::stop_requested();
+      if (!s.sluiced.running()) {
+        sluiced_report += "sluiced exited during the run (" + s.sluiced.exit_status() + ")\n";
+      }
+      const std::string log = s.sluiced.log_path();
+      s.sluiced.stop();
+      sluiced_report += bench::file_tail(log, 1500);
+      if (interrupted) break;
     }
-    interrupted = bench::stop_requested();
-    if (!s.sluiced.running()) {
-      sluiced_report = "sluiced exited during the run (" + s.sluiced.exit_status() + ")\n";
-    }
-    const std::string log = s.sluiced.log_path();
-    s.sluiced.stop();
-    sluiced_report += bench::file_tail(log, 1500);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sluice-bench-rls: %s\n", e.what());
     return 1;
@@ -679,16 +693,17 @@ int main(int argc, char** argv) {
     if (!r.stats.first_error.empty()) notes += "first error: " + r.stats.first_error + ", ";
     if (notes.size() >= 2) notes.resize(notes.size() - 2);
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %llu | %s/%s/%s | %s | %s |\n",
-                r.target.c_str(), r.phase.c_str(), r.inflight.c_str(),
-                r.offered > 0 ? fmt(r.offered, 0).c_str() : "-", fmt(r.checks_per_sec(), 0).c_str(),
-                fmt(r.us(0.5), 1).c_str(), fmt(r.us(0.99), 1).c_str(), fmt(r.us(0.999), 1).c_str(),
+                (r.target + (r.variant.empty() ? "" : "@" + r.variant)).c_str(), r.phase.c_str(),
+                r.inflight.c_str(), r.offered > 0 ? fmt(r.offered, 0).c_str() : "-",
+                fmt(r.checks_per_sec(), 0).c_str(), fmt(r.us(0.5), 1).c_str(),
+                fmt(r.us(0.99), 1).c_str(), fmt(r.us(0.999), 1).c_str(),
                 static_cast<unsigned long long>(r.errors), fmt(r.gen_cores, 2).c_str(),
                 fmt(r.server_cores, 2).c_str(), fmt(r.other_cores, 2).c_str(), r.load_avg.c_str(),
                 notes.c_str());
   }
   std::printf("\n## Goals (issue 11, this run)\n\n");
   for (const Row& r : rows) {
-    if (r.target != "rls") continue;
+    if (r.target != "rls" || !r.variant.empty()) continue;
     if (r.phase == "max") {
       std::printf("- >= 50k RLS checks/s on 2 cores: %.0f, %s\n", r.checks_per_sec(),
                   r.checks_per_sec() >= 50'000 ? "MET" : "NOT MET");
@@ -707,6 +722,7 @@ int main(int argc, char** argv) {
       out.push_back(
           {{"target", r.target},
            {"phase", r.phase},
+           {"sluiced", r.variant.empty() ? "under test" : r.variant},
            {"checks_per_sec", r.checks_per_sec()},
            {"p50_us", r.us(0.5)},
            {"p99_us", r.us(0.99)},
