@@ -28,6 +28,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -79,6 +80,7 @@ struct Options {
   uint32_t udp_room = 288;  // libsluice's default udp_answer_room_per_check
   std::string sluiced = SLUICED_BIN;
   std::string compare;  // another sluiced: its RLS rows first, labelled "before"
+  double rate = 0;      // open-loop rows at this rate instead of half the max
 };
 
 constexpr const char* kHelp = R"(usage: sluice-bench-rls [options]
@@ -94,6 +96,8 @@ constexpr const char* kHelp = R"(usage: sluice-bench-rls [options]
   --udp-sockets U      UDP sockets (8)
   --udp-window W       UDP datagrams in flight per socket (8)
   --sluiced PATH       sluiced binary (default: the one built with this program)
+  --rate R             the open-loop row at R checks/s instead of half the measured max (the
+                       same load for both sluiced binaries with --compare)
   --compare PATH       first measure the rls rows against this sluiced too (rows "rls@before"),
                        on its own fresh process, so a server change is judged within one run
 )";
@@ -144,6 +148,8 @@ Options parse(int argc, char** argv) {
       o.udp_window = u32(1, 4096);
     } else if (a == "--sluiced") {
       o.sluiced = val();
+    } else if (a == "--rate") {
+      o.rate = num(1, 1e8);
     } else if (a == "--compare") {
       o.compare = val();
     } else if (a == "--help" || a == "-h") {
@@ -223,6 +229,11 @@ struct Row {
     return stats.seconds > 0 ? static_cast<double>(stats.checks) / stats.seconds : 0;
   }
   double us(double q) const { return static_cast<double>(stats.latency.quantile_ns(q)) / 1e3; }
+  // sluiced's CPU per answered check: steadier than checks/s when other work shares the cores.
+  double server_us_per_check() const {
+    return stats.checks > 0 ? server_cores * stats.seconds * 1e6 / static_cast<double>(stats.checks)
+                            : 0;
+  }
 };
 
 // Measures the CPU of the generator (this process), sluiced and the rest around `run`.
@@ -617,6 +628,9 @@ int main(int argc, char** argv) {
   // Open-loop pacing sleeps ~50 us at a time; the default 50 us timer slack would double that.
   // Threads started from here (the UDP driver's, gRPC's) inherit the value.
   ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  // Debian's Abseil checks lock order on every absl::Mutex gRPC takes (~5 % of the generator's
+  // CPU, perf): CPU the server under test would otherwise have (sluiced turns it off as well).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   std::vector<Row> rows;
   std::string sluiced_report;
@@ -651,7 +665,7 @@ int main(int argc, char** argv) {
         const std::string label = target + (variant.empty() ? "" : "@" + variant);
         const Row* max = one(label + " max", [&] { return run(0); });
         if (max == nullptr || max->checks_per_sec() <= 0) continue;
-        const double half = max->checks_per_sec() / 2;
+        const double half = o.rate > 0 ? o.rate : max->checks_per_sec() / 2;
         one(label + " half", [&] { return run(half); });
         if (rls && s.stubs.empty()) break;  // calls never ended: the channels are gone
       }
@@ -685,21 +699,21 @@ int main(int argc, char** argv) {
       o.warmup, static_cast<unsigned long long>(kLimit));
   std::printf(
       "| target | phase | in flight | offered/s | checks/s | p50 us | p99 us | p99.9 us | errors "
-      "| cpu gen/srv/other | load avg | notes |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| cpu gen/srv/other | srv us/check | load avg | notes |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
     std::string notes = r.notes;
     if (r.stats.unsent > 0) notes += "unsent " + std::to_string(r.stats.unsent) + ", ";
     if (!r.stats.first_error.empty()) notes += "first error: " + r.stats.first_error + ", ";
     if (notes.size() >= 2) notes.resize(notes.size() - 2);
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %llu | %s/%s/%s | %s | %s |\n",
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %llu | %s/%s/%s | %s | %s | %s |\n",
                 (r.target + (r.variant.empty() ? "" : "@" + r.variant)).c_str(), r.phase.c_str(),
                 r.inflight.c_str(), r.offered > 0 ? fmt(r.offered, 0).c_str() : "-",
                 fmt(r.checks_per_sec(), 0).c_str(), fmt(r.us(0.5), 1).c_str(),
                 fmt(r.us(0.99), 1).c_str(), fmt(r.us(0.999), 1).c_str(),
                 static_cast<unsigned long long>(r.errors), fmt(r.gen_cores, 2).c_str(),
-                fmt(r.server_cores, 2).c_str(), fmt(r.other_cores, 2).c_str(), r.load_avg.c_str(),
-                notes.c_str());
+                fmt(r.server_cores, 2).c_str(), fmt(r.other_cores, 2).c_str(),
+                fmt(r.server_us_per_check(), 1).c_str(), r.load_avg.c_str(), notes.c_str());
   }
   std::printf("\n## Goals (issue 11, this run)\n\n");
   for (const Row& r : rows) {
@@ -732,6 +746,7 @@ int main(int argc, char** argv) {
            {"offered_per_sec", r.offered > 0 ? nlohmann::json(r.offered) : nlohmann::json()},
            {"gen_cores", r.gen_cores},
            {"server_cores", r.server_cores},
+           {"server_us_per_check", r.server_us_per_check()},
            {"load_avg", r.load_avg}});
     }
     bench::print_json_rows(out);
