@@ -11,6 +11,10 @@
 //   rls half   open loop at half of `rls max`'s checks/s: a fixed schedule of send times
 //   udp max    closed loop through bench/load's UDP driver (the one of sluice-bench-load)
 //   udp half   open loop at half of `udp max`
+// With --compare PATH, the rls rows are first measured against another sluiced binary (its own
+// fresh process, rows "rls@before"), so a server change is judged within one run; --rate R fixes
+// the open-loop rate (the same load for both binaries). `srv us/check` is sluiced's CPU time per
+// answered check, steadier than checks/s when other work shares the cores.
 // Every request carries one check: a descriptor with the one entry key=<k>, k uniform over --keys
 // names ("u<i>"), the same keys over both transports. Latency in open loop is measured from the
 // scheduled send time (a request that waited for a free slot is charged the wait), so a server
