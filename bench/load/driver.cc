@@ -178,7 +178,7 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
         if (rec.in_window(now)) {
           out.stats.send_lag.record(static_cast<uint64_t>(std::max<int64_t>(now - sched, 0)));
         }
-        pick->conn->send(now);
+        pick->conn->send(opt.latency_from_schedule ? sched : now);
         ++sent_units;
         if (std::find(touched.begin(), touched.end(), pick) == touched.end()) {
           touched.push_back(pick);

@@ -141,6 +141,10 @@ struct DriveOptions {
   bool zipf = false;
   double zipf_s = 0.99;
   uint64_t seed = 1;
+  // Open loop: time each unit from its scheduled send time instead of the moment it left, so a
+  // unit that waited for a free window is charged the wait (no coordinated omission). Off: the
+  // wait is only in `send_lag`.
+  bool latency_from_schedule = false;
 };
 
 // Runs one row. Throws std::runtime_error when connections cannot be made at all.

@@ -217,17 +217,19 @@ class InFlight {
 // Builds a request of `batch` checks on the next keys (domain "bench", entry k=<key>).
 class SluiceRequestBuilder {
  public:
-  SluiceRequestBuilder(uint32_t batch, const Keyspace& keys, KeyStream& stream)
-      : keys_(keys), stream_(stream), entries_(batch), checks_(batch) {}
+  SluiceRequestBuilder(uint32_t batch, std::string_view entry_key, const Keyspace& keys,
+                       KeyStream& stream)
+      : entry_key_(entry_key), keys_(keys), stream_(stream), entries_(batch), checks_(batch) {}
   void build(uint64_t id, size_t pad_to, std::vector<uint8_t>& out) {
     for (size_t i = 0; i < checks_.size(); ++i) {
-      entries_[i] = wire::Entry{kSluiceEntryKey, keys_.names[stream_.next()]};
+      entries_[i] = wire::Entry{entry_key_, keys_.names[stream_.next()]};
       checks_[i] = wire::Check{kSluiceDomain, std::span<const wire::Entry>(&entries_[i], 1), 1};
     }
     wire::encode_request(id, checks_, pad_to, out);
   }
 
  private:
+  std::string_view entry_key_;
   const Keyspace& keys_;
   KeyStream& stream_;
   std::vector<wire::Entry> entries_;
@@ -269,7 +271,7 @@ class SluiceUdpConn final : public Conn {
         o_(o),
         rec_(*ctx.recorder),
         inflight_(o.window),
-        builder_(o.batch, *o.keys, *ctx.keys),
+        builder_(o.batch, o.entry_key, *o.keys, *ctx.keys),
         pending_(o.window),
         pending_ids_(o.window),
         send_iov_(o.window),
@@ -408,7 +410,7 @@ class SluiceTcpConn final : public StreamConn {
         o_(o),
         rec_(*ctx.recorder),
         inflight_(o.window),
-        builder_(o.batch, *o.keys, *ctx.keys) {}
+        builder_(o.batch, o.entry_key, *o.keys, *ctx.keys) {}
   bool has_room() const override { return inflight_.has_room(); }
   void send(int64_t start) override {
     const uint64_t id = inflight_.take(start);

@@ -36,6 +36,7 @@ struct SluiceConnOptions {
   uint32_t udp_room_per_check = 0;  // UDP padding, as libsluice: 64 + this many bytes per check
   int64_t udp_timeout_ns = 200'000'000;
   const Keyspace* keys = nullptr;
+  std::string_view entry_key = kSluiceEntryKey;  // the one entry of each check: <entry_key>=<key>
 };
 std::unique_ptr<Conn> make_sluice_udp(const SluiceConnOptions& o, ThreadContext& ctx);
 std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext& ctx);

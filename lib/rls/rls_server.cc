@@ -1,3 +1,4 @@
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
@@ -147,6 +148,10 @@ RlsServer::~RlsServer() {
 
 void RlsServer::start() {
   Impl& m = *impl_;
+  // Debian's Abseil is built without NDEBUG, so every absl::Mutex gRPC takes also runs the
+  // lock-order (deadlock) graph: ~6 % of sluiced's CPU under RLS load (perf, docs/benchmarks.md,
+  // "Envoy RLS over gRPC"). Only gRPC uses Abseil in sluiced; the detector is a debugging aid.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   m.service = std::make_unique<Service>(m.options, m.backend, m.counters);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder b;
@@ -154,7 +159,8 @@ void RlsServer::start() {
   b.RegisterService(m.service.get());
   // gRPC refuses anything past this before the service sees it; the service's own, smaller
   // max_request_bytes answers (and counts) what lies between.
-  b.SetMaxReceiveMessageSize(static_cast<int>(std::max<size_t>(m.options.max_request_bytes, 4u << 20)));
+  b.SetMaxReceiveMessageSize(
+      static_cast<int>(std::max<size_t>(m.options.max_request_bytes, 4u << 20)));
   m.server = b.BuildAndStart();
   if (!m.server || m.port == 0) {
     m.server.reset();

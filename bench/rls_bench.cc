@@ -1,0 +1,759 @@
+// sluice-bench-rls: Envoy's rate limit service over gRPC (envoy.service.ratelimit.v3.
+// RateLimitService/ShouldRateLimit) against single UDP checks, on one sluiced, in one run
+// (issue 11, item 6: >= 50k RLS checks/s on 2 cores, p99 <= 1 ms at half of that load).
+//
+// One run: starts sluiced (UDP, TCP, admin and gRPC on free loopback ports, rules with one domain
+// `bench` and a rule keyed by `key` whose limit no run reaches, in memory only), waits until both
+// fronts answer (bounded), then measures four rows one after another and stops sluiced (also on
+// error or SIGINT/SIGTERM; the child dies with the benchmark even on kill -9):
+//   rls max    closed loop: --channels gRPC channels (each its own HTTP/2 connection) x
+//              --inflight unary calls outstanding; a call is restarted as soon as it ends
+//   rls half   open loop at half of `rls max`'s checks/s: a fixed schedule of send times
+//   udp max    closed loop through bench/load's UDP driver (the one of sluice-bench-load)
+//   udp half   open loop at half of `udp max`
+// With --compare PATH, the rls rows are first measured against another sluiced binary (its own
+// fresh process, rows "rls@before"), so a server change is judged within one run; --rate R fixes
+// the open-loop rate (the same load for both binaries). `srv us/check` is sluiced's CPU time per
+// answered check, steadier than checks/s when other work shares the cores.
+// Every request carries one check: a descriptor with the one entry key=<k>, k uniform over --keys
+// names ("u<i>"), the same keys over both transports. Latency in open loop is measured from the
+// scheduled send time (a request that waited for a free slot is charged the wait), so a server
+// that falls behind cannot hide it (no coordinated omission).
+//
+// The RLS generator uses gRPC's callback API: a reactor per call (ClientUnaryReactor, deleted in
+// OnDone), completions on gRPC's own client threads; in open loop, this program's main thread
+// paces the sends. The generator shares the machine's cores with sluiced: `cpu gen/srv/other` is
+// what each used, in cores, over the row.
+//
+// Errors are counted, never dropped: any non-OK gRPC status (deadline exceeded: the call's 1 s
+// deadline), a response other than OK, a wrong number of statuses; for UDP, error answers and
+// requests unanswered within 200 ms.
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <absl/synchronization/mutex.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
+#include "json_rows.h"
+#include "load/driver.h"
+#include "load/process.h"
+#include "load/targets.h"
+
+namespace {
+
+namespace bench = sluice::bench;
+using envoy::service::ratelimit::v3::RateLimitRequest;
+using envoy::service::ratelimit::v3::RateLimitResponse;
+using envoy::service::ratelimit::v3::RateLimitService;
+
+constexpr uint64_t kLimit = 1'000'000'000;  // per key and minute: every check is allowed
+constexpr std::string_view kEntryKey = "key";
+constexpr int64_t kCallTimeoutNs = 1'000'000'000;
+constexpr int64_t kPaceTickNs = bench::kOpenLoopTickNs;  // the UDP driver's open-loop tick
+
+struct Options {
+  bool json = false;
+  std::string only;  // "", "rls" or "udp"
+  double seconds = 10;
+  double warmup = 2;
+  uint32_t keys = 10'000;
+  uint32_t channels = 4;
+  uint32_t inflight = 32;  // calls outstanding per channel
+  uint32_t server_threads = 2;
+  uint32_t udp_sockets = 8;
+  uint32_t udp_window = 8;  // as sluice-bench-load's sluiced-udp-single
+  uint32_t udp_room = 288;  // libsluice's default udp_answer_room_per_check
+  std::string sluiced = SLUICED_BIN;
+  std::string compare;  // another sluiced: its RLS rows first, labelled "before"
+  double rate = 0;      // open-loop rows at this rate instead of half the max
+};
+
+constexpr const char* kHelp = R"(usage: sluice-bench-rls [options]
+  --only rls|udp       measure one transport only (default both)
+  --json               last line: {"rows":[{"target","phase","checks_per_sec","p50_us","p99_us",
+                       "p999_us","errors","offered_per_sec","load_avg",...}]}
+  --seconds S          measured seconds per row (10)
+  --warmup S           unmeasured seconds before each row (2)
+  --keys N             keys, uniform (10000)
+  --channels C         gRPC channels, one HTTP/2 connection each (4)
+  --inflight N         calls outstanding per channel (32)
+  --server-threads N   sluiced --threads (2)
+  --udp-sockets U      UDP sockets (8)
+  --udp-window W       UDP datagrams in flight per socket (8)
+  --sluiced PATH       sluiced binary (default: the one built with this program)
+  --rate R             the open-loop row at R checks/s instead of half the measured max (the
+                       same load for both sluiced binaries with --compare)
+  --compare PATH       first measure the rls rows against this sluiced too (rows "rls@before"),
+                       on its own fresh process, so a server change is judged within one run
+)";
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr, "sluice-bench-rls: %s\n%s", why.c_str(), kHelp);
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value for " + a);
+      return argv[++i];
+    };
+    auto num = [&](double lo, double hi) {
+      const std::string v = val();
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(d >= lo && d <= hi)) {
+        usage(a + " wants a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      }
+      return d;
+    };
+    auto u32 = [&](double lo, double hi) { return static_cast<uint32_t>(num(lo, hi)); };
+    if (a == "--json") {
+      o.json = true;
+    } else if (a == "--only") {
+      o.only = val();
+      if (o.only != "rls" && o.only != "udp") usage("--only is rls or udp");
+    } else if (a == "--seconds") {
+      o.seconds = num(0.1, 600);
+    } else if (a == "--warmup") {
+      o.warmup = num(0, 60);
+    } else if (a == "--keys") {
+      o.keys = u32(1, 10'000'000);
+    } else if (a == "--channels") {
+      o.channels = u32(1, 256);
+    } else if (a == "--inflight") {
+      o.inflight = u32(1, 4096);
+    } else if (a == "--server-threads") {
+      o.server_threads = u32(1, 64);
+    } else if (a == "--udp-sockets") {
+      o.udp_sockets = u32(1, 1024);
+    } else if (a == "--udp-window") {
+      o.udp_window = u32(1, 4096);
+    } else if (a == "--sluiced") {
+      o.sluiced = val();
+    } else if (a == "--rate") {
+      o.rate = num(1, 1e8);
+    } else if (a == "--compare") {
+      o.compare = val();
+    } else if (a == "--help" || a == "-h") {
+      std::fputs(kHelp, stdout);
+      std::exit(0);
+    } else {
+      usage("unknown option " + a);
+    }
+  }
+  return o;
+}
+
+std::string fmt(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+// ---- CPU and load accounting ------------------------------------------------------------------
+
+// CPU seconds (user + system) used so far by process `pid`, all threads.
+double process_cpu_s(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream f(stat.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && f >> field; ++i) {  // utime is field 14, stime 15
+    if (i == 14 || i == 15) ticks += std::strtod(field.c_str(), nullptr);
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// CPU seconds all CPUs spent busy so far (/proc/stat: all but idle and iowait).
+double machine_busy_s() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  in >> cpu;
+  double v[8] = {};
+  for (double& x : v)
+    in >> x;
+  return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+std::string load_average() {
+  double l[3] = {};
+  if (::getloadavg(l, 3) != 3) return "?";
+  return fmt(l[0], 2) + " " + fmt(l[1], 2) + " " + fmt(l[2], 2);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("model name")) {
+      const size_t p = line.find(':');
+      return p == std::string::npos ? "" : line.substr(p + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+// ---- results ----------------------------------------------------------------------------------
+
+struct Row {
+  std::string target, phase;  // "rls" | "udp", "max" | "half"
+  std::string variant;        // "" or "before" (--compare)
+  std::string inflight;
+  double offered = 0;  // open loop: checks/s scheduled
+  bench::RowStats stats;
+  uint64_t errors = 0;  // everything that failed (see the file comment)
+  std::string notes;
+  std::string load_avg;  // at the row's start
+  double gen_cores = 0, server_cores = 0, other_cores = 0;
+  double checks_per_sec() const {
+    return stats.seconds > 0 ? static_cast<double>(stats.checks) / stats.seconds : 0;
+  }
+  double us(double q) const { return static_cast<double>(stats.latency.quantile_ns(q)) / 1e3; }
+  // sluiced's CPU per answered check: steadier than checks/s when other work shares the cores.
+  double server_us_per_check() const {
+    return stats.checks > 0 ? server_cores * stats.seconds * 1e6 / static_cast<double>(stats.checks)
+                            : 0;
+  }
+};
+
+// Measures the CPU of the generator (this process), sluiced and the rest around `run`.
+template <typename F>
+void measure_cpu(Row& r, pid_t server, F&& run) {
+  r.load_avg = load_average();
+  const double g0 = process_cpu_s(::getpid()), s0 = process_cpu_s(server), m0 = machine_busy_s();
+  const int64_t w0 = bench::now_ns();
+  run();
+  const double wall = static_cast<double>(bench::now_ns() - w0) * 1e-9;
+  r.gen_cores = (process_cpu_s(::getpid()) - g0) / wall;
+  r.server_cores = (process_cpu_s(server) - s0) / wall;
+  r.other_cores = std::max(0.0, (machine_busy_s() - m0) / wall - r.gen_cores - r.server_cores);
+}
+
+// ---- the RLS load generator -------------------------------------------------------------------
+
+struct RlsSettings {
+  uint32_t inflight = 32;  // per channel
+  double rate = 0;         // offered checks/s; 0 = closed loop
+  double warmup_s = 2, seconds = 10;
+  uint32_t keys = 10'000;
+};
+
+// One phase of RLS calls. Calls complete on gRPC's threads; everything they touch is guarded by
+// mu_. The object must outlive its calls: run() returns false when some never ended (then the
+// caller must leak it rather than destroy it under them).
+class RlsLoad {
+ public:
+  RlsLoad(const std::vector<std::unique_ptr<RateLimitService::Stub>>& stubs,
+          const bench::Keyspace& names, const RlsSettings& s)
+      : stubs_(stubs), names_(names), s_(s), keys_(s.keys, false, 0, 7), room_(stubs.size()) {
+    for (uint32_t& r : room_)
+      r = s.inflight;
+  }
+
+  bool run() {
+    t0_ = bench::now_ns() + 20'000'000;
+    from_ = t0_ + static_cast<int64_t>(s_.warmup_s * 1e9);
+    end_ = from_ + static_cast<int64_t>(s_.seconds * 1e9);
+    sleep_until(t0_);
+    if (s_.rate <= 0) {
+      for (unsigned ch = 0; ch < stubs_.size(); ++ch) {
+        for (uint32_t i = 0; i < s_.inflight; ++i)
+          start(ch, bench::now_ns());
+      }
+      // Bounded: sleeps of at most 10 ms until the end.
+      while (bench::now_ns() < end_ && !bench::stop_requested())
+        sleep_until(std::min(end_, bench::now_ns() + 10'000'000));
+    } else {
+      pace();
+    }
+    std::unique_lock lock(mu_);
+    ending_ = true;
+    // Every call ends by its deadline; wait for that and a margin, no longer.
+    const bool drained =
+        idle_.wait_for(lock, std::chrono::nanoseconds(kCallTimeoutNs + 2'000'000'000),
+                       [&] { return outstanding_ == 0; });
+    if (!drained) {
+      stats_.note_error(std::to_string(outstanding_) + " calls never ended");
+      stats_.errors += outstanding_ - 1;
+    }
+    stats_.seconds = s_.seconds;
+    return drained;
+  }
+
+  bench::RowStats stats() {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+
+ private:
+  // One call: its context, request and response live as long as it does (until OnDone).
+  class Call final : public grpc::ClientUnaryReactor {
+   public:
+    Call(RlsLoad& load, unsigned channel, int64_t intended_ns, const std::string& key)
+        : load_(load), channel_(channel), intended_ns_(intended_ns) {
+      req_.set_domain(std::string(bench::kSluiceDomain));
+      auto* e = req_.add_descriptors()->add_entries();
+      e->set_key(std::string(kEntryKey));
+      e->set_value(key);
+      ctx_.set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::nanoseconds(kCallTimeoutNs));
+    }
+    void go(RateLimitService::Stub& stub) {
+      stub.async()->ShouldRateLimit(&ctx_, &req_, &resp_, this);
+      StartCall();
+    }
+    void OnDone(const grpc::Status& status) override {
+      load_.done(*this, status, bench::now_ns());
+      delete this;  // gRPC is done with the call: OnDone is its last reaction
+    }
+
+    RlsLoad& load_;
+    const unsigned channel_;
+    const int64_t intended_ns_;
+    grpc::ClientContext ctx_;
+    RateLimitRequest req_;
+    RateLimitResponse resp_;
+  };
+
+  // Starts a call on `channel`, whose slot the caller has taken; `counted`: a call that just
+  // ended handed its place in outstanding_ on (so run() cannot see 0 in between). Never called
+  // with mu_ held: gRPC may run OnDone before StartCall returns.
+  void start(unsigned channel, int64_t intended_ns, bool counted = false) {
+    std::string key;
+    {
+      std::lock_guard lock(mu_);
+      key = names_.names[keys_.next()];
+      if (!counted) ++outstanding_;
+    }
+    (new Call(*this, channel, intended_ns, key))->go(*stubs_[channel]);
+  }
+
+  void done(Call& c, const grpc::Status& status, int64_t now) {
+    bool again = false;
+    {
+      std::lock_guard lock(mu_);
+      const bool in_window = now >= from_ && now < end_;
+      if (!status.ok()) {
+        if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ++stats_.lost;
+        stats_.note_error("grpc " + std::to_string(status.error_code()) + ": " +
+                          status.error_message());
+      } else if (c.resp_.statuses_size() != 1) {
+        stats_.note_error("response with " + std::to_string(c.resp_.statuses_size()) +
+                          " statuses for 1 descriptor");
+      } else if (c.resp_.overall_code() == RateLimitResponse::OVER_LIMIT) {
+        ++stats_.denied;
+      } else if (c.resp_.overall_code() != RateLimitResponse::OK) {
+        stats_.note_error("overall_code " + std::to_string(c.resp_.overall_code()));
+      } else if (in_window) {
+        ++stats_.checks;
+        ++stats_.units;
+        stats_.latency.record(static_cast<uint64_t>(std::max<int64_t>(now - c.intended_ns_, 0)));
+      }
+      // Closed loop: the slot goes straight to the next call (outstanding_ stays counted).
+      again = s_.rate <= 0 && !ending_ && now < end_ && !bench::stop_requested();
+      if (!again) {
+        ++room_[c.channel_];
+        if (--outstanding_ == 0) idle_.notify_all();
+      }
+    }
+    if (again) start(c.channel_, now, true);
+  }
+
+  // Open loop: unit k is due at t0 + k / rate; what is due is sent on the next channel with a
+  // free slot. The thread wakes at most every kPaceTickNs (as the UDP driver does).
+  void pace() {
+    uint64_t sent = 0;
+    size_t rr = 0;
+    const uint64_t max_iterations =
+        static_cast<uint64_t>((s_.warmup_s + s_.seconds) * 1e9 / kPaceTickNs) * 2 + 1000;
+    for (uint64_t iter = 0; iter < max_iterations; ++iter) {
+      int64_t now = bench::now_ns();
+      if (now >= end_ || bench::stop_requested()) break;
+      const auto due = static_cast<uint64_t>(static_cast<double>(now - t0_) * 1e-9 * s_.rate) + 1;
+      while (sent < due) {
+        int pick = -1;
+        {
+          std::lock_guard lock(mu_);
+          for (size_t k = 0; k < room_.size(); ++k) {
+            const size_t ch = (rr + k) % room_.size();
+            if (room_[ch] > 0) {
+              --room_[ch];
+              pick = static_cast<int>(ch);
+              rr = ch + 1;
+              break;
+            }
+          }
+        }
+        if (pick < 0) break;  // every slot busy: the backlog waits, and its latency grows
+        start(static_cast<unsigned>(pick),
+              t0_ + static_cast<int64_t>(static_cast<double>(sent) / s_.rate * 1e9));
+        ++sent;
+      }
+      const int64_t next_due =
+          t0_ + static_cast<int64_t>(static_cast<double>(sent) / s_.rate * 1e9);
+      now = bench::now_ns();
+      sleep_until(std::clamp<int64_t>(next_due, now + kPaceTickNs, now + 1'000'000));
+    }
+    const auto due_at_end =
+        static_cast<uint64_t>(static_cast<double>(end_ - kPaceTickNs - t0_) * 1e-9 * s_.rate) + 1;
+    std::lock_guard lock(mu_);
+    stats_.unsent = due_at_end > sent ? due_at_end - sent : 0;
+  }
+
+  static void sleep_until(int64_t t_ns) {
+    // now_ns() is std::chrono::steady_clock, which is CLOCK_MONOTONIC on Linux.
+    const timespec ts{static_cast<time_t>(t_ns / 1'000'000'000),
+                      static_cast<long>(t_ns % 1'000'000'000)};
+    ::clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+  }
+
+  const std::vector<std::unique_ptr<RateLimitService::Stub>>& stubs_;
+  const bench::Keyspace& names_;
+  const RlsSettings s_;
+  int64_t t0_ = 0, from_ = 0, end_ = 0;  // written before the first call starts
+
+  std::mutex mu_;  // guards everything below
+  std::condition_variable idle_;
+  bench::KeyStream keys_;
+  std::vector<uint32_t> room_;  // free call slots per channel (open loop)
+  uint64_t outstanding_ = 0;
+  bool ending_ = false;
+  bench::RowStats stats_;
+};
+
+// ---- sluiced ----------------------------------------------------------------------------------
+
+struct Server {
+  bench::TempDir dir;
+  bench::ChildProcess sluiced;
+  uint16_t port = 0, admin_port = 0, grpc_port = 0;
+  std::vector<std::unique_ptr<RateLimitService::Stub>> stubs;  // one per channel
+};
+
+// One RLS call on stub 0, blocking up to `timeout_ms`: "" when it was answered OK.
+std::string rls_probe(RateLimitService::Stub& stub, int timeout_ms) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  RateLimitRequest req;
+  req.set_domain(std::string(bench::kSluiceDomain));
+  auto* e = req.add_descriptors()->add_entries();
+  e->set_key(std::string(kEntryKey));
+  e->set_value("probe");
+  RateLimitResponse resp;
+  const grpc::Status st = stub.ShouldRateLimit(&ctx, req, &resp);
+  if (!st.ok()) return "grpc " + std::to_string(st.error_code()) + ": " + st.error_message();
+  if (resp.overall_code() != RateLimitResponse::OK) return "probe not answered OK";
+  return "";
+}
+
+void start_server(const Options& o, const std::string& exe, Server& s) {
+  if (::access(exe.c_str(), X_OK) != 0) {
+    throw std::runtime_error("no sluiced at '" + exe + "' (--sluiced, --compare)");
+  }
+  const std::string rules = s.dir.path() + "/rules.yaml";
+  std::ofstream(rules) << "# written by sluice-bench-rls\n"
+                          "domains:\n"
+                          "  - name: bench\n"
+                          "    rules:\n"
+                          "      - name: per-key\n"
+                          "        key: [key]\n"
+                          "        limits: ["
+                       << kLimit << "/1m]\n";
+  s.port = bench::free_loopback_port();
+  s.admin_port = bench::free_loopback_port();
+  s.grpc_port = bench::free_loopback_port();
+  const std::string udp = "127.0.0.1:" + std::to_string(s.port);
+  const std::string grpc_addr = "127.0.0.1:" + std::to_string(s.grpc_port);
+  const std::string err = s.sluiced.start(
+      {exe, "--udp", udp, "--tcp", udp, "--admin", "127.0.0.1:" + std::to_string(s.admin_port),
+       "--grpc", grpc_addr, "--rules", rules, "--threads", std::to_string(o.server_threads),
+       "--log-level", "warn", "--data-dir", ""},
+      s.dir.path() + "/sluiced.log");
+  if (!err.empty()) throw std::runtime_error("sluiced: " + err);
+
+  for (uint32_t i = 0; i < o.channels; ++i) {
+    grpc::ChannelArguments args;
+    // Channels with equal arguments would share one subchannel, so one connection.
+    args.SetInt("sluice.bench.channel", static_cast<int>(i));
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    s.stubs.push_back(RateLimitService::NewStub(
+        grpc::CreateCustomChannel(grpc_addr, grpc::InsecureChannelCredentials(), args)));
+  }
+
+  // Both fronts must answer; bounded, and failing early when sluiced exits.
+  const int64_t deadline = bench::now_ns() + 15'000'000'000;
+  std::string last = "not started";
+  while (bench::now_ns() < deadline && !bench::stop_requested()) {
+    if (!s.sluiced.running()) {
+      throw std::runtime_error("sluiced exited (" + s.sluiced.exit_status() + "); log:\n" +
+                               bench::file_tail(s.sluiced.log_path()));
+    }
+    last = bench::sluice_probe(s.port, 500);
+    if (last.empty()) last = rls_probe(*s.stubs[0], 500);
+    if (last.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!last.empty()) {
+    throw std::runtime_error("sluiced did not answer within 15 s (" + last + "); log:\n" +
+                             bench::file_tail(s.sluiced.log_path()));
+  }
+  // Every channel connected before timing.
+  for (auto& stub : s.stubs) {
+    if (std::string e = rls_probe(*stub, 2000); !e.empty()) {
+      throw std::runtime_error("a gRPC channel does not answer: " + e);
+    }
+  }
+}
+
+// The sluice_rls_requests_total counters of sluiced, by result.
+std::map<std::string, double> rls_server_counters(uint16_t admin_port) {
+  std::map<std::string, double> c;
+  std::string body;
+  if (!bench::http_get(admin_port, "/metrics", body).empty()) return c;
+  std::istringstream in(body);
+  const std::string prefix = "sluice_rls_requests_total{result=\"";
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with(prefix)) continue;
+    const size_t q = line.find('"', prefix.size());
+    const size_t sp = line.rfind(' ');
+    if (q == std::string::npos || sp == std::string::npos) continue;
+    c[line.substr(prefix.size(), q - prefix.size())] = std::strtod(line.c_str() + sp + 1, nullptr);
+  }
+  return c;
+}
+
+// ---- rows -------------------------------------------------------------------------------------
+
+Row run_rls(const Options& o, Server& s, const bench::Keyspace& names, double rate) {
+  Row r;
+  r.target = "rls";
+  r.phase = rate > 0 ? "half" : "max";
+  r.offered = rate;
+  r.inflight = std::to_string(o.channels) + " chan x " + std::to_string(o.inflight) + " calls";
+  RlsSettings rs;
+  rs.inflight = o.inflight;
+  rs.rate = rate;
+  rs.warmup_s = o.warmup;
+  rs.seconds = o.seconds;
+  rs.keys = o.keys;
+  const auto c0 = rls_server_counters(s.admin_port);
+  auto load = std::make_unique<RlsLoad>(s.stubs, names, rs);
+  bool drained = true;
+  measure_cpu(r, s.sluiced.pid(), [&] { drained = load->run(); });
+  r.stats = load->stats();
+  if (!drained) {
+    // Calls still refer to it (and to the stubs): leak both rather than free them under gRPC.
+    (void)load.release();
+    for (auto& stub : s.stubs)
+      (void)stub.release();
+    s.stubs.clear();
+  }
+  const auto c1 = rls_server_counters(s.admin_port);
+  double refused = 0;
+  for (const auto& [result, v] : c1) {
+    const auto b = c0.find(result);
+    if (result != "ok") refused += v - (b == c0.end() ? 0 : b->second);
+  }
+  const bench::RowStats& st = r.stats;
+  r.errors = st.errors;
+  if (st.lost > 0) r.notes += "deadline-exceeded " + std::to_string(st.lost) + ", ";
+  if (st.denied > 0) r.notes += "denied " + std::to_string(st.denied) + ", ";
+  if (refused > 0) r.notes += "server non-ok " + fmt(refused, 0) + ", ";
+  return r;
+}
+
+Row run_udp(const Options& o, Server& s, const bench::Keyspace& names, double rate) {
+  Row r;
+  r.target = "udp";
+  r.phase = rate > 0 ? "half" : "max";
+  r.offered = rate;
+  bench::SluiceConnOptions so;
+  so.port = s.port;
+  so.batch = 1;
+  so.window = o.udp_window;
+  so.udp_room_per_check = o.udp_room;
+  so.keys = &names;
+  so.entry_key = kEntryKey;
+  bench::DriveOptions d;
+  d.threads = 1;
+  d.conns = o.udp_sockets;
+  d.rate = rate;
+  d.warmup_s = o.warmup;
+  d.seconds = o.seconds;
+  d.keys = o.keys;
+  d.latency_from_schedule = true;
+  r.inflight = std::to_string(d.conns) + " sock x " + std::to_string(so.window) + " dgram";
+  measure_cpu(r, s.sluiced.pid(), [&] {
+    r.stats = bench::drive(
+        d, [so](bench::ThreadContext& ctx) { return bench::make_sluice_udp(so, ctx); });
+  });
+  const bench::RowStats& st = r.stats;
+  r.errors = st.errors + st.lost + st.conn_failures;
+  if (st.lost > 0) r.notes += "lost " + std::to_string(st.lost) + ", ";
+  if (st.denied > 0) r.notes += "denied " + std::to_string(st.denied) + ", ";
+  if (st.send_failures > 0) r.notes += "send-EAGAIN " + std::to_string(st.send_failures) + ", ";
+  if (st.late_answers > 0) r.notes += "late " + std::to_string(st.late_answers) + ", ";
+  if (st.arrival.count() > 0) {
+    r.notes += "at-socket p99 " + fmt(static_cast<double>(st.arrival.quantile_ns(0.99)) / 1e3, 1) +
+               " us, ";
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  bench::install_stop_signals();
+  // Open-loop pacing sleeps ~50 us at a time; the default 50 us timer slack would double that.
+  // Threads started from here (the UDP driver's, gRPC's) inherit the value.
+  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  // Debian's Abseil checks lock order on every absl::Mutex gRPC takes (~5 % of the generator's
+  // CPU, perf): CPU the server under test would otherwise have (sluiced turns it off as well).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+
+  std::vector<Row> rows;
+  std::string sluiced_report;
+  bool interrupted = false;
+  try {
+    const bench::Keyspace names(o.keys);
+    // One sluiced per binary: the --compare one (RLS rows only), then the one under test.
+    for (const std::string& variant : {std::string("before"), std::string()}) {
+      if (variant == "before" && (o.compare.empty() || o.only == "udp")) continue;
+      Server s;
+      start_server(o, variant.empty() ? o.sluiced : o.compare, s);
+      std::fprintf(stderr, "sluice-bench-rls: sluiced%s up (--threads %u), load average %s\n",
+                   variant.empty() ? "" : " (before)", o.server_threads, load_average().c_str());
+      auto one = [&](const std::string& label, auto&& run) -> const Row* {
+        if (bench::stop_requested()) return nullptr;
+        std::fprintf(stderr, "  %-16s ...", label.c_str());
+        std::fflush(stderr);
+        rows.push_back(run());
+        Row& r = rows.back();
+        r.variant = variant;
+        std::fprintf(stderr, " %.0f checks/s, p99 %.0f us, errors %llu\n", r.checks_per_sec(),
+                     r.us(0.99), static_cast<unsigned long long>(r.errors));
+        return &r;
+      };
+      for (const char* target : {"rls", "udp"}) {
+        if (!o.only.empty() && o.only != target) continue;
+        const bool rls = std::string(target) == "rls";
+        if (!rls && !variant.empty()) continue;
+        auto run = [&](double rate) {
+          return rls ? run_rls(o, s, names, rate) : run_udp(o, s, names, rate);
+        };
+        const std::string label = target + (variant.empty() ? "" : "@" + variant);
+        const Row* max = one(label + " max", [&] { return run(0); });
+        if (max == nullptr || max->checks_per_sec() <= 0) continue;
+        const double half = o.rate > 0 ? o.rate : max->checks_per_sec() / 2;
+        one(label + " half", [&] { return run(half); });
+        if (rls && s.stubs.empty()) break;  // calls never ended: the channels are gone
+      }
+      interrupted = bench::stop_requested();
+      if (!s.sluiced.running()) {
+        sluiced_report += "sluiced exited during the run (" + s.sluiced.exit_status() + ")\n";
+      }
+      const std::string log = s.sluiced.log_path();
+      s.sluiced.stop();
+      sluiced_report += bench::file_tail(log, 1500);
+      if (interrupted) break;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sluice-bench-rls: %s\n", e.what());
+    return 1;
+  }
+  if (interrupted) {
+    std::fprintf(stderr, "sluice-bench-rls: interrupted; sluiced stopped\n");
+    return 130;
+  }
+
+  char date[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M %Z", std::localtime(&t));
+  std::printf("# sluice-bench-rls, %s\n\n", date);
+  std::printf(
+      "machine: %u CPUs (%s), shared by the generator and sluiced --threads %u.\n"
+      "load: %u keys uniform, one check per request, %.1f s per row after %.1f s warm-up; every\n"
+      "check allowed (limit %llu/min). Open-loop latency from the scheduled send time.\n\n",
+      std::thread::hardware_concurrency(), cpu_model().c_str(), o.server_threads, o.keys, o.seconds,
+      o.warmup, static_cast<unsigned long long>(kLimit));
+  std::printf(
+      "| target | phase | in flight | offered/s | checks/s | p50 us | p99 us | p99.9 us | errors "
+      "| cpu gen/srv/other | srv us/check | load avg | notes |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    std::string notes = r.notes;
+    if (r.stats.unsent > 0) notes += "unsent " + std::to_string(r.stats.unsent) + ", ";
+    if (!r.stats.first_error.empty()) notes += "first error: " + r.stats.first_error + ", ";
+    if (notes.size() >= 2) notes.resize(notes.size() - 2);
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %llu | %s/%s/%s | %s | %s | %s |\n",
+                (r.target + (r.variant.empty() ? "" : "@" + r.variant)).c_str(), r.phase.c_str(),
+                r.inflight.c_str(), r.offered > 0 ? fmt(r.offered, 0).c_str() : "-",
+                fmt(r.checks_per_sec(), 0).c_str(), fmt(r.us(0.5), 1).c_str(),
+                fmt(r.us(0.99), 1).c_str(), fmt(r.us(0.999), 1).c_str(),
+                static_cast<unsigned long long>(r.errors), fmt(r.gen_cores, 2).c_str(),
+                fmt(r.server_cores, 2).c_str(), fmt(r.other_cores, 2).c_str(),
+                fmt(r.server_us_per_check(), 1).c_str(), r.load_avg.c_str(), notes.c_str());
+  }
+  std::printf("\n## Goals (issue 11, this run)\n\n");
+  for (const Row& r : rows) {
+    if (r.target != "rls" || !r.variant.empty()) continue;
+    if (r.phase == "max") {
+      std::printf("- >= 50k RLS checks/s on 2 cores: %.0f, %s\n", r.checks_per_sec(),
+                  r.checks_per_sec() >= 50'000 ? "MET" : "NOT MET");
+    } else {
+      const bool met = r.us(0.99) <= 1000 && r.errors == 0 && r.stats.unsent == 0;
+      std::printf("- p99 <= 1 ms at half load (%.0f/s offered): p99 %.1f us, %s\n", r.offered,
+                  r.us(0.99), met ? "MET" : "NOT MET");
+    }
+  }
+  if (!sluiced_report.empty())
+    std::printf("\n## sluiced log\n\n```\n%s\n```\n", sluiced_report.c_str());
+
+  if (o.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Row& r : rows) {
+      out.push_back(
+          {{"target", r.target},
+           {"phase", r.phase},
+           {"sluiced", r.variant.empty() ? "under test" : r.variant},
+           {"checks_per_sec", r.checks_per_sec()},
+           {"p50_us", r.us(0.5)},
+           {"p99_us", r.us(0.99)},
+           {"p999_us", r.us(0.999)},
+           {"errors", r.errors},
+           {"unsent", r.stats.unsent},
+           {"offered_per_sec", r.offered > 0 ? nlohmann::json(r.offered) : nlohmann::json()},
+           {"gen_cores", r.gen_cores},
+           {"server_cores", r.server_cores},
+           {"server_us_per_check", r.server_us_per_check()},
+           {"load_avg", r.load_avg}});
+    }
+    bench::print_json_rows(out);
+  }
+  return 0;
+}
