@@ -280,6 +280,9 @@ struct Node::Impl : NodeState {
   std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0}, grpc_port{0};
   std::atomic<bool> stopped{false};
   std::atomic<size_t> next_async_worker{0};  // Node::check_async's round-robin
+  // Tells check_here's per-thread handlers of this node from those of a node that is gone.
+  const uint64_t instance = next_instance.fetch_add(1) + 1;
+  static inline std::atomic<uint64_t> next_instance{0};
   std::unique_ptr<ClusterNode> cluster;      // null for a single node; control thread
 };
 
@@ -842,6 +845,9 @@ void Node::run(bool handle_signals) {
                            std::function<void(std::span<const uint8_t>)> done) {
       check_async(std::move(request), std::move(done));
     };
+    backend.check_here = [this](std::span<const uint8_t> request, std::vector<uint8_t>& out) {
+      return check_here(request, out);
+    };
     backend.policy = [&n] { return n.engine->policy(); };
     n.rls = std::make_unique<rls::RlsServer>(std::move(ro), std::move(backend));
     n.rls->start();
@@ -960,6 +966,21 @@ std::vector<std::pair<uint16_t, std::string>> Node::owners_of(uint64_t counter) 
   for (size_t i = 0; i < k; ++i)
     out.emplace_back(ids[i], std::string(v.ring->name_of(ids[i])));
   return out;
+}
+
+bool Node::check_here(std::span<const uint8_t> request, std::vector<uint8_t>& out) {
+  Impl& n = *impl_;
+  if (n.opt.cluster.enabled || n.stopped.load()) return false;
+  struct Local {
+    uint64_t node = 0;
+    std::unique_ptr<CheckHandler> handler;
+  };
+  thread_local Local local;
+  if (local.node != n.instance) {
+    local.handler = std::make_unique<CheckHandler>(*n.engine);
+    local.node = n.instance;
+  }
+  return local.handler->handle(request, wire::kMaxFrameBytes, n.opt.clock(), out);
 }
 
 void Node::check_async(std::vector<uint8_t> request,

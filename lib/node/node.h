@@ -259,6 +259,11 @@ class Node {
   // is stopping or the request has no id; it must be short and must not block. Any thread.
   void check_async(std::vector<uint8_t> request,
                    std::function<void(std::span<const uint8_t>)> done);
+  // Decides an encoded check request on the calling thread, into `out`, when this node decides
+  // every check itself: a node on its own (no owner routing to do). Returns false, touching
+  // nothing, for a cluster node or one that is stopping: use check_async. Any thread; each thread
+  // keeps its own scratch, so a front's threads decide without handing work to a worker.
+  bool check_here(std::span<const uint8_t> request, std::vector<uint8_t>& out);
 
   // Runtime overrides (DESIGN.md, Rules). set and delete write to the data directory first (WAL
   // synced), then apply without a restart; the node's rules must have the override's domain and

@@ -72,23 +72,17 @@ class Service final : public RawService {
       finish(reactor, *call, nullptr, response);
       return reactor;
     }
-    std::vector<uint8_t> bytes;
+    // Per gRPC thread, reused: the request as the check protocol has it, and an inline answer.
+    thread_local std::vector<uint8_t> bytes;
+    thread_local std::vector<uint8_t> answer;
     wire::encode_request(next_id_.fetch_add(1, std::memory_order_relaxed), call->plan.checks, 0,
                          bytes);
-    backend_.check(std::move(bytes), [this, reactor, call, response](std::span<const uint8_t> a) {
-      if (a.empty()) {
-        counters_.unavailable.fetch_add(1, std::memory_order_relaxed);
-        reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the node is stopping"));
-        return;
-      }
-      wire::Answer answer;
-      if (wire::decode_answer(a, answer) != wire::Code::kOk) {
-        counters_.internal.fetch_add(1, std::memory_order_relaxed);
-        spdlog::error("rls: the node's answer could not be decoded");
-        reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "undecodable answer"));
-        return;
-      }
-      finish(reactor, *call, &answer, response);
+    if (backend_.check_here && backend_.check_here(bytes, answer)) {
+      answered(reactor, *call, answer, response);
+      return reactor;
+    }
+    backend_.check(bytes, [this, reactor, call, response](std::span<const uint8_t> a) {
+      answered(reactor, *call, a, response);
     });
     return reactor;
   }
@@ -98,6 +92,24 @@ class Service final : public RawService {
     RateLimitRequest req;
     Plan plan;
   };
+
+  // The node's answer (empty: it is stopping) to the call's checks.
+  void answered(grpc::ServerUnaryReactor* reactor, const Call& call, std::span<const uint8_t> a,
+                grpc::ByteBuffer* response) {
+    if (a.empty()) {
+      counters_.unavailable.fetch_add(1, std::memory_order_relaxed);
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the node is stopping"));
+      return;
+    }
+    wire::Answer answer;
+    if (wire::decode_answer(a, answer) != wire::Code::kOk) {
+      counters_.internal.fetch_add(1, std::memory_order_relaxed);
+      spdlog::error("rls: the node's answer could not be decoded");
+      reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "undecodable answer"));
+      return;
+    }
+    finish(reactor, call, &answer, response);
+  }
 
   void finish(grpc::ServerUnaryReactor* reactor, const Call& call, const wire::Answer* answer,
               grpc::ByteBuffer* response) {
