@@ -57,7 +57,9 @@ bool same_checks(const RequestDecoder& a, const RequestDecoder& b) {
     Code want = a.check_code(i);
     if (want == Code::kTooManyEntries) want = x.hits < 0 ? Code::kNegativeHits : Code::kOk;
     if (b.check_code(i) != want || x.domain != y.domain || x.hits != y.hits ||
-        x.entries.size() != y.entries.size()) {
+        x.entries.size() != y.entries.size() || x.has_limit_override != y.has_limit_override ||
+        x.limit_override_requests != y.limit_override_requests ||
+        x.limit_override_window_ms != y.limit_override_window_ms) {
       return false;
     }
     for (size_t j = 0; j < x.entries.size(); ++j) {
@@ -86,11 +88,22 @@ void fuzz_request(std::span<const uint8_t> bytes) {
   std::vector<LimitView> limits(checks.size());
   for (size_t i = 0; i < checks.size(); ++i) {
     const Code cc = decoder.check_code(i);
-    FUZZ_REQUIRE(cc == Code::kOk || cc == Code::kTooManyEntries || cc == Code::kNegativeHits);
+    FUZZ_REQUIRE(cc == Code::kOk || cc == Code::kTooManyEntries || cc == Code::kNegativeHits ||
+                 cc == Code::kMalformed);
     FUZZ_REQUIRE(checks[i].entries.size() <= kMaxEntries);
     if (cc == Code::kTooManyEntries) FUZZ_REQUIRE(checks[i].entries.empty());
     FUZZ_REQUIRE((cc == Code::kNegativeHits) ==
                  (checks[i].hits < 0 && cc != Code::kTooManyEntries));
+    // A limit override the engine may see names one of the units and a bounded count; any other
+    // is the check's kMalformed (when nothing above already refused it).
+    const Check& k = checks[i];
+    const bool unit = std::find(std::begin(kLimitOverrideWindowsMs),
+                                std::end(kLimitOverrideWindowsMs),
+                                k.limit_override_window_ms) != std::end(kLimitOverrideWindowsMs);
+    const bool bad_override =
+        k.has_limit_override && (!unit || k.limit_override_requests > kMaxLimitOverride);
+    FUZZ_REQUIRE((cc == Code::kMalformed) == (bad_override && cc != Code::kTooManyEntries &&
+                                              cc != Code::kNegativeHits));
     sum += touch(checks[i].domain);
     for (const Entry& e : checks[i].entries)
       sum += touch(e.key) + touch(e.value);
@@ -212,6 +225,16 @@ void write_seeds(const std::string& dir) {
   encode_request(4, many_checks, 0, b);
   put(b);
   encode_request(5, {}, 0, b);
+  put(b);
+  // Checks with their own limit (Envoy's per-descriptor override): a valid one, a bad window.
+  Check own[] = {{"api", user, 1}, {"api", ip, 2}};
+  own[0].has_limit_override = true;
+  own[0].limit_override_requests = 5;
+  own[0].limit_override_window_ms = 60'000;
+  own[1].has_limit_override = true;
+  own[1].limit_override_requests = 7;
+  own[1].limit_override_window_ms = 1'234;
+  encode_request(6, own, 0, b);
   put(b);
 
   // Answers: full, trimmed to a budget, and request-level errors.

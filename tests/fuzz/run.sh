@@ -6,7 +6,7 @@
 # The seed corpus is regenerated from valid encodings (requests, answers, a TCP stream) on every
 # run; what the fuzzer finds is kept in build-fuzz/corpus between runs. Exits non-zero when the
 # fuzzer finds a crash, a sanitizer report or a broken property (the input is saved as
-# build-fuzz/crash-*). Environment: BUILD_DIR (default build-fuzz), JOBS (default 1).
+# build-fuzz/crash-*; commit such an input under tests/fuzz/regressions/ with the fix). Environment: BUILD_DIR (default build-fuzz), JOBS (default 1).
 set -euo pipefail
 
 seconds="${1:-30}"
@@ -25,6 +25,9 @@ corpus="${build}/corpus"
 rm -rf "${seeds}"
 mkdir -p "${seeds}" "${corpus}"
 SLUICE_FUZZ_WRITE_SEEDS="${seeds}" "${fuzzer}"
+
+# Inputs that once broke a property (tests/fuzz/regressions/) must pass before fuzzing starts.
+"${fuzzer}" "${root}"/tests/fuzz/regressions/*
 
 cd "${build}"  # crash-* artifacts land here
 "${fuzzer}" -max_len=70000 -max_total_time="${seconds}" -timeout=10 -rss_limit_mb=2048 \
