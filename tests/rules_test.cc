@@ -1516,3 +1516,25 @@ TEST_CASE("fallback: share by default, deny when asked, an error on a gossip rul
   CHECK(r.errors[0].message.find("consistency: owner") != std::string::npos);
   CHECK(r.errors[1].field == "domains[0].rules[1].fallback");
 }
+
+TEST_CASE("rules: text that makes yaml-cpp 0.7 loop is refused at once, naming its line") {
+  // Each of these never returned from yaml-cpp (found by tests/fuzz/rules_fuzz).
+  const std::vector<std::pair<std::string, int>> loops = {
+      {",", 1}, {",\x01(", 1}, {" ,", 1}, {"# c\n,", 2}, {"\"x\"\n,", 2},
+      {"{a: 1}\n,", 2}, {"domains: []\n---\n,", 3}};
+  for (const auto& [text, line] : loops) {
+    CAPTURE(text);
+    const auto r = sluice::rules::parse_rules(text, "r.yaml");
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0].line == line);
+    CHECK(r.errors[0].message.find("starting with ','") != std::string::npos);
+    const auto e = sluice::rules::parse_envoy_rules(text, "e.yaml", {});
+    CHECK_FALSE(e.errors.empty());
+  }
+  // Commas where YAML allows them still parse.
+  const auto ok = sluice::rules::parse_rules(
+      "domains:\n  - name: api\n    rules:\n      - name: r\n        key: [a,\n          b]\n"
+      "        limits: [10/1s, 100/1m]\n",
+      "ok.yaml");
+  CHECK(ok.errors.empty());
+}

@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "node/node.h"
+#include "rules/yaml_guard.h"
 #include "node_embedded_rules.h"  // generated from deploy/rules.example.yaml
 
 namespace sluice::node {
@@ -250,6 +251,9 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
   std::string text;
   if (std::string why = read_file(path, text); !why.empty()) {
     return path + ": cannot read the config file: " + why;
+  }
+  if (const int bad = rules::yaml_comma_hazard_line(text); bad != 0) {
+    return path + ":" + std::to_string(bad) + ": " + std::string(rules::kYamlCommaHazard);
   }
   YAML::Node root;
   try {

@@ -382,17 +382,17 @@ struct Worker::Forwarder : CheckRouter {
 
   // Handles one client request; kForward when its answer will come later.
   CheckHandler::Outcome handle(std::span<const uint8_t> request, size_t max_answer, int64_t now,
-                               std::vector<uint8_t>& out, const Client& client,
+                               std::vector<uint8_t>& reply, const Client& client,
                                std::chrono::steady_clock::time_point t0) {
     const size_t slot = take_slot();
     Pending& p = pending[slot];
     const uint64_t base = (static_cast<uint64_t>(p.generation) << 32) | (slot << 8);
     const CheckHandler::Outcome o =
-        w.handler.handle_routed(request, max_answer, now, out, this, base, plan);
+        w.handler.handle_routed(request, max_answer, now, reply, this, base, plan);
     if (o != CheckHandler::Outcome::kForward || plan.used > kMaxParts) {
       release(slot);
       if (o == CheckHandler::Outcome::kForward) {  // more owners than ids: decide it all here
-        return w.handler.handle(request, max_answer, now, out) ? CheckHandler::Outcome::kAnswer
+        return w.handler.handle(request, max_answer, now, reply) ? CheckHandler::Outcome::kAnswer
                                                                : CheckHandler::Outcome::kDrop;
       }
       return o;

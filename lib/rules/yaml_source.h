@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "rules/rules.h"
+#include "rules/yaml_guard.h"
 
 namespace sluice::rules {
 
@@ -48,6 +49,10 @@ class ErrorList {
 template <class ParseRoot>
 void parse_yaml_document(std::string_view text, std::string_view what, ErrorList& errors,
                          ParseRoot&& parse_root) {
+  if (const int bad = yaml_comma_hazard_line(text); bad != 0) {
+    errors.error(bad, "", "YAML syntax: " + std::string(kYamlCommaHazard));
+    return;
+  }
   try {
     std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
     if (docs.size() > 1) {

@@ -10,6 +10,7 @@
 // Seeds: with SLUICE_FUZZ_WRITE_SEEDS=DIR set, the binary writes valid encodings into DIR and
 // exits (tests/fuzz/run.sh does this before fuzzing).
 #include "wire/protocol.h"
+#include "fuzz_util.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -25,14 +26,6 @@ namespace {
 using namespace sluice::wire;
 using Bytes = std::vector<uint8_t>;
 
-// A failed property: abort so libFuzzer records the input as a crash.
-#define FUZZ_REQUIRE(cond)                                                             \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "%s:%d: property failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                    \
-    }                                                                                  \
-  } while (false)
 
 bool is_request_code(Code c) {
   return c == Code::kOk || c == Code::kMalformed || c == Code::kTooManyChecks ||
