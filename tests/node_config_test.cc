@@ -1071,3 +1071,13 @@ TEST_CASE(
   sluice::node::Node alone(o);
   CHECK(alone.engine().policy()->rules().domains.size() == 2);
 }
+
+TEST_CASE("a setting name with control or non-ASCII bytes is shown escaped, one error per line") {
+  // Found by tests/fuzz/config_fuzz: a key holding a newline split its error over two lines.
+  Loader l;
+  NodeOptions out;
+  const std::string err = l.load("threads: 2\n\"na\\nme\\x01\\xe9\": 1\n", out);
+  CAPTURE(err);
+  CHECK(err.find('\n') == std::string::npos);
+  CHECK(err.find("na\\x0ame\\x01\\xc3\\xa9: unknown setting") != std::string::npos);
+}

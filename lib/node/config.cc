@@ -19,8 +19,26 @@ namespace {
 
 // Errors name the line of the setting's key. Not the value's: yaml-cpp gives a value left empty
 // (`data_dir:`) the position of the next token, which can be lines further down.
+// A field name as written, with bytes that are not printable ASCII as \xHH, so that one error
+// stays one line and a log never carries control bytes from the file.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f) {
+      out.push_back(c);
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(kHex[u >> 4]);
+      out.push_back(kHex[u & 15]);
+    }
+  }
+  return out;
+}
+
 std::string where(const std::string& path, const YAML::Node& key, const std::string& field) {
-  return path + ":" + std::to_string(key.Mark().line + 1) + ": " + field + ": ";
+  return path + ":" + std::to_string(key.Mark().line + 1) + ": " + printable(field) + ": ";
 }
 
 const char kEmpty[] = "must not be empty";

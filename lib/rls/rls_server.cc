@@ -1,4 +1,5 @@
 #include <absl/synchronization/mutex.h>
+#include <google/protobuf/stubs/logging.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
@@ -160,6 +161,13 @@ RlsServer::~RlsServer() {
 
 void RlsServer::start() {
   Impl& m = *impl_;
+  // libprotobuf logs an ERROR line for every string field that is not UTF-8 while parsing: a
+  // client could fill the log with them. Such a request is answered INVALID_ARGUMENT and counted;
+  // protobuf's own lines go to the debug level.
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char* file, int line, const std::string& message) {
+        spdlog::debug("protobuf {}:{}: {}", file, line, message);
+      });
   // Debian's Abseil is built without NDEBUG, so every absl::Mutex gRPC takes also runs the
   // lock-order (deadlock) graph: ~6 % of sluiced's CPU under RLS load (perf, docs/benchmarks.md,
   // "Envoy RLS over gRPC"). Only gRPC uses Abseil in sluiced; the detector is a debugging aid.

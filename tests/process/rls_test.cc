@@ -247,8 +247,12 @@ TEST_CASE("rls: hostile input is refused with a status that says why, counted, n
   CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(s.error_message().find("malformed RateLimitRequest") == 0);
 
+  // A string field that is not UTF-8 (proto3 refuses it): domain "\xff".
+  s = c.raw(method, std::string("\x0a\x01\xff", 3));
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+
   CHECK(remaining_of(c, "eve") == 5);  // nothing above counted
-  CHECK(metric(n.admin, "sluice_rls_requests_total{result=\"invalid_argument\"}") == 8);
+  CHECK(metric(n.admin, "sluice_rls_requests_total{result=\"invalid_argument\"}") == 9);
   CHECK(metric(n.admin, "sluice_rls_requests_total{result=\"resource_exhausted\"}") == 1);
   CHECK(metric(n.admin, "sluice_rls_requests_total{result=\"ok\"}") == 1);
 }
