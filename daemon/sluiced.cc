@@ -7,6 +7,7 @@
 #include <string>
 
 #include "node/node.h"
+#include "sd_notify.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"sluiced: a Sluice rate-limit node", "sluiced"};
@@ -74,6 +75,32 @@ int main(int argc, char** argv) {
   }
   // --check validates without touching the data directory (a running node may hold it).
   if (check_only) opt.data_dir.clear();
+
+  // Under systemd (Type=notify): READY=1 once checks are answered, RELOADING=1 and READY=1 around
+  // a SIGHUP reload, STOPPING=1 at the start of a stop. A failed notification is logged, not fatal.
+  const auto notifier = sluice::daemon::ServiceNotifier::from_environment();
+  if (notifier.enabled() && !check_only) {
+    using sluice::node::NodeEvent;
+    opt.on_event = [&notifier](NodeEvent event, std::string_view status) {
+      std::string msg;
+      switch (event) {
+        case NodeEvent::kReady:
+        case NodeEvent::kReloaded:
+        case NodeEvent::kReloadFailed:  // the old rules still serve
+          msg = "READY=1\n";
+          break;
+        case NodeEvent::kReloading:
+          msg = "RELOADING=1\nMONOTONIC_USEC=" + std::to_string(sluice::daemon::monotonic_usec()) +
+                "\n";
+          break;
+        case NodeEvent::kStopping:
+          msg = "STOPPING=1\n";
+          break;
+      }
+      msg.append("STATUS=").append(status);
+      if (const std::string err = notifier.notify(msg); !err.empty()) spdlog::warn("{}", err);
+    };
+  }
 
   try {
     sluice::node::Node node(opt);

@@ -35,6 +35,10 @@ packages=(
   python3-pytest          # runs that test
   nghttp2-client          # nghttp: raw HTTP/2 gRPC calls with a chosen grpc-timeout (interop tests)
   nodejs                  # the Node RLS interop test (tests/interop/node, node's own test runner)
+  # The Debian package and its unit (deploy/package, deploy/systemd): cpack's DEB generator asks
+  # dpkg-shlibdeps (dpkg-dev) and file for the Depends; adduser for the package's user;
+  # systemd-analyze (systemd) checks the unit in CI.
+  dpkg-dev file adduser systemd
 )
 
 missing=()

@@ -782,6 +782,16 @@ void schedule_sweep(Node::Impl& n) {
   });
 }
 
+// "serving: udp 7350 tcp 7350 ...": the log line at start and the service manager's status.
+std::string serving_status(const Node::Impl& n) {
+  return fmt::format(
+      "serving: udp {} tcp {} admin {} grpc {}, {} threads, rules {}{}{}", n.udp_port.load(),
+      n.tcp_port.load(), n.admin_port.load(), n.grpc_port.load(), n.opt.threads,
+      n.opt.rules_file.empty() ? (n.opt.envoy_rules.empty() ? "<embedded>" : "<none>")
+                               : n.opt.rules_file,
+      n.opt.envoy_rules.empty() ? "" : ", envoy rules ", n.opt.envoy_rules);
+}
+
 }  // namespace
 
 Node::Node(NodeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
@@ -869,8 +879,17 @@ void Node::run(bool handle_signals) {
     on_signal = [this, &n, &on_signal](boost::system::error_code ec, int sig) {
       if (ec) return;
       if (sig == SIGHUP) {
+        if (n.opt.on_event) n.opt.on_event(NodeEvent::kReloading, "reloading the rules");
         const std::string err = reload();
         if (!err.empty()) spdlog::error("SIGHUP: rules not reloaded, the old rules stay:\n{}", err);
+        if (n.opt.on_event) {
+          if (err.empty()) {
+            n.opt.on_event(NodeEvent::kReloaded, serving_status(n));
+          } else {
+            n.opt.on_event(NodeEvent::kReloadFailed,
+                           "rules not reloaded (see the log); the old rules stay in force");
+          }
+        }
         n.signals->async_wait(on_signal);
       } else {
         spdlog::info("signal {}: stopping; answering what is in flight", sig);
@@ -890,14 +909,10 @@ void Node::run(bool handle_signals) {
   n.admin_work.emplace(n.admin_io.get_executor());
   n.admin_thread = std::thread([&n] { n.admin_io.run(); });
   n.start_snapshots();
-  spdlog::info("sluiced serving: udp {} tcp {} admin {} grpc {}, {} threads, rules {}{}{}",
-               n.udp_port.load(), n.tcp_port.load(), n.admin_port.load(), n.grpc_port.load(),
-               n.opt.threads,
-               n.opt.rules_file.empty() ? (n.opt.envoy_rules.empty() ? "<embedded>" : "<none>")
-                                        : n.opt.rules_file,
-               n.opt.envoy_rules.empty() ? "" : ", envoy rules ", n.opt.envoy_rules);
+  spdlog::info("sluiced {}", serving_status(n));
   ready_ = true;
   if (n.rls) n.rls->set_serving(true);
+  if (n.opt.on_event) n.opt.on_event(NodeEvent::kReady, serving_status(n));
   n.control.run();
   for (auto& w : n.workers) {
     if (w->thread.joinable()) w->thread.join();
@@ -911,6 +926,9 @@ void Node::stop() {
   Impl& n = *impl_;
   if (n.stopped.exchange(true)) return;
   asio::post(n.control, [&n] {
+    if (n.opt.on_event) {
+      n.opt.on_event(NodeEvent::kStopping, "stopping: leaving, answering what is in flight");
+    }
     boost::system::error_code ec;
     // First, while the workers still answer: gRPC calls in flight get their answers.
     if (n.rls) n.rls->shutdown(2'000);

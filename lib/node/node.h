@@ -18,6 +18,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/engine.h"
@@ -50,6 +51,12 @@ struct ClusterOptions {
   int64_t forget_dead_after_ms = 300'000;
 };
 
+// What a service manager is told about a running node (sluiced: systemd's READY=1, RELOADING=1,
+// STOPPING=1). kReady: every listener is open and the data directory restored, so checks are
+// answered from now on. kReloading, then kReloaded or kReloadFailed: a SIGHUP reload. kStopping:
+// stop() has begun (SIGTERM, SIGINT, drain); the node leaves and finishes what is in flight.
+enum class NodeEvent { kReady, kReloading, kReloaded, kReloadFailed, kStopping };
+
 struct NodeOptions {
   std::string udp_listen = "127.0.0.1:7350";    // "" disables UDP
   std::string tcp_listen = "127.0.0.1:7350";    // "" disables TCP
@@ -73,6 +80,9 @@ struct NodeOptions {
   int64_t sweep_interval_ms = 1'000;
   size_t max_tcp_pending_bytes = 4u << 20;  // per connection: stop reading past this much output
   std::function<int64_t()> clock;           // ms since the epoch; default: system clock
+  // Called on the control thread (the one inside run()) at each NodeEvent, with a one-line status
+  // for people (ports, a reload's outcome). Short; it must not block nor call into the node.
+  std::function<void(NodeEvent, std::string_view status)> on_event;
   ClusterOptions cluster;
 };
 
