@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Brings a fresh Debian 12 machine (root, nothing prepared) to a built Sluice tree in build/.
 # Idempotent: packages already installed (asked with dpkg -s) are not touched, and apt-get update
-# and install run only when something is missing. Non-interactive throughout. Then the Node interop
-# test's npm packages (tests/interop/node), again only when missing or their lockfile changed.
+# and install run only when something is missing. Non-interactive throughout. Then the npm packages
+# of the Node tests (tests/interop/node, tests/ui, tests/k8s), again only when missing or their
+# lockfile changed.
 #
 #   deploy/setup.sh            install what is missing, then configure and build Release in build/
 #   SLUICE_SKIP_BUILD=1 ...    install only
@@ -39,6 +40,7 @@ packages=(
   # dpkg-shlibdeps (dpkg-dev) and file for the Depends; adduser for the package's user;
   # systemd-analyze (systemd) checks the unit in CI.
   dpkg-dev file adduser systemd
+  chromium                # the dashboard's browser test (tests/ui): playwright-core drives it
 )
 
 missing=()
@@ -70,19 +72,12 @@ else
   echo "setup: all ${#packages[@]} packages already installed"
 fi
 
-# The Node interop test's packages (tests/interop/node), exactly as its lockfile pins them; again
-# only when node_modules is missing or the lockfile changed since the last install (the stamp holds
-# the lockfile's hash). tests/interop/run.sh node does the same before it runs the test.
-node_dir="$here/tests/interop/node"
-lock_sum=$(sha256sum "$node_dir/package-lock.json" | cut -d' ' -f1)
-if [ ! -d "$node_dir/node_modules" ] ||
-   [ "$(cat "$node_dir/node_modules/.sluice-lock.sha256" 2>/dev/null)" != "$lock_sum" ]; then
-  echo "setup: npm ci in tests/interop/node"
-  npm ci --prefix "$node_dir" --no-audit --no-fund
-  echo "$lock_sum" >"$node_dir/node_modules/.sluice-lock.sha256"
-else
-  echo "setup: tests/interop/node/node_modules matches its lockfile"
-fi
+# The Node tests' packages, exactly as their lockfiles pin them; only when node_modules is missing
+# or the lockfile changed since the last install (deploy/npm-ci.sh; the test scripts do the same
+# before they run). playwright-core (tests/ui) downloads no browser: it drives Debian's chromium.
+for node_dir in tests/interop/node tests/ui tests/k8s; do
+  "$here/deploy/npm-ci.sh" "$here/$node_dir"
+done
 
 if [ "${SLUICE_SKIP_BUILD:-0}" = 1 ]; then exit 0; fi
 

@@ -29,6 +29,7 @@
 
 #include "engine/engine.h"
 #include "node/admin_ops.h"
+#include "node/dashboard.h"
 #include "node/node.h"
 #include "node/node_cluster.h"
 #include "rules/rules.h"
@@ -175,7 +176,8 @@ class Connection;
 // Owned jointly by the AdminHttp and every connection and pending accept; touched only on the
 // io_context's thread, so nothing here needs a lock.
 struct AdminHttp::State : std::enable_shared_from_this<AdminHttp::State> {
-  State(asio::io_context& io_, Node& node_) : io(io_), node(node_), acceptor(io_), retry(io_) {}
+  State(asio::io_context& io_, Node& node_)
+      : io(io_), node(node_), acceptor(io_), retry(io_), dashboard(io_, node_) {}
 
   asio::io_context& io;
   Node& node;
@@ -187,6 +189,7 @@ struct AdminHttp::State : std::enable_shared_from_this<AdminHttp::State> {
   uint64_t http_checks = 0;    // /v1/check and /v1/auth requests decided
   uint64_t next_check_id = 0;  // ids of the check requests they become
   uint64_t accept_errors = 0;
+  Dashboard dashboard;  // /ui, /ui/..., /v1/ui/... (dashboard.h)
 
   void accept();
   void maybe_resume_accept() {
@@ -870,6 +873,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return start_check(in, Front::kAuth);
     }
     const std::string_view method(req.method_string().data(), req.method_string().size());
+    if (auto r = st_->dashboard.handle(method, path, query)) {
+      for (const auto& [name, value] : r->headers)
+        res_.set(name, value);
+      return text(static_cast<http::status>(r->status), r->content_type, std::move(r->body));
+    }
     if (auto r = handle_ops(st_->node, method, path, query, req.body())) {
       if (!r->allow.empty()) res_.set(http::field::allow, r->allow);
       return json(static_cast<http::status>(r->status), r->body);
@@ -927,6 +935,7 @@ AdminHttp::AdminHttp(asio::io_context& io, const std::string& listen, Node& node
   port_ = a.local_endpoint(ec).port();
   if (ec) fail("local address");
   state_->accept();
+  state_->dashboard.start();
 }
 
 AdminHttp::~AdminHttp() {
@@ -948,6 +957,7 @@ void AdminHttp::stop() {
   boost::system::error_code ec;
   st.acceptor.close(ec);
   st.retry.cancel();
+  st.dashboard.stop();
   std::vector<Connection*> open(st.connections.begin(), st.connections.end());
   for (Connection* c : open)
     c->close_if_idle();

@@ -6,9 +6,10 @@
 #   tests/interop/run.sh python [SLUICED_BINARY [SOURCE_DIR]]
 #
 # SLUICED_BINARY defaults to $SLUICED_BIN, else SOURCE_DIR/build/daemon/sluiced; SOURCE_DIR to this
-# checkout. `node` runs `npm ci` in tests/interop/node first, only when node_modules is missing or
-# package-lock.json changed since the last install, so a prepared tree runs offline. A missing
-# tool is a failure with its reason (deploy/setup.sh installs them all), never a skip.
+# checkout. `node` runs `npm ci` in tests/interop/node first (deploy/npm-ci.sh), only when
+# node_modules is missing or package-lock.json changed since the last install, so a prepared tree
+# runs offline. A missing tool is a failure with its reason (deploy/setup.sh installs them all),
+# never a skip.
 set -euo pipefail
 
 usage="usage: tests/interop/run.sh {node|python} [SLUICED_BINARY [SOURCE_DIR]]"
@@ -19,49 +20,20 @@ sluiced=${2:-${SLUICED_BIN:-$src/build/daemon/sluiced}}
 sluiced=$(cd "$(dirname "$sluiced")" && pwd)/$(basename "$sluiced")
 export SLUICED_BIN=$sluiced SLUICE_SOURCE_DIR=$src
 
-# The test writes sluiced's pid here; whatever ends this script stops it (TERM, then KILL).
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/sluice-interop.XXXXXX")
-export SLUICE_INTEROP_PIDFILE=$tmp/sluiced.pid
-# The tests' own temporary files go under it too, so that they go even when a test is killed.
-export TMPDIR=$tmp
-test_pid=""
-cleanup() {
-  local status=$? pid
-  if [ -n "$test_pid" ]; then kill -TERM "$test_pid" 2>/dev/null || true; fi
-  pid=$(cat "$SLUICE_INTEROP_PIDFILE" 2>/dev/null || true)
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -rf "$tmp"
-  exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# The test writes sluiced's pid to $SLUICE_INTEROP_PIDFILE; whatever ends this script stops it.
+source "$src/tests/support/sluiced_guard.sh"
+guard_start interop SLUICE_INTEROP_PIDFILE
 
 case "$kind" in
   node)
     command -v node >/dev/null || { echo "FAIL: node not found (deploy/setup.sh installs nodejs)"; exit 1; }
     command -v npm >/dev/null || { echo "FAIL: npm not found (deploy/setup.sh installs it)"; exit 1; }
     dir=$src/tests/interop/node
-    lock_sum=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
-    stamp=$dir/node_modules/.sluice-lock.sha256
-    if [ ! -d "$dir/node_modules" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$lock_sum" ]; then
-      echo "run.sh: npm ci in tests/interop/node"
-      npm ci --prefix "$dir" --no-audit --no-fund ||
-        { echo "FAIL: npm ci in $dir failed (offline? deploy/setup.sh installs the packages)"; exit 1; }
-      echo "$lock_sum" >"$stamp"
-    fi
+    "$src/deploy/npm-ci.sh" "$dir"
     cd "$dir"
     # The file runs in this one node process (not under `node --test`, which would put it in a
-    # child of its own), in the background so that a signal to this script is handled at once:
-    # bash runs traps only between commands, not while it waits for a foreground one. `exec`, so
-    # that the pid is node's, not a subshell's.
-    (exec node --test-reporter=spec rls_interop.test.mjs) &
-    test_pid=$!
-    wait "$test_pid"
+    # child of its own).
+    guard_run node --test-reporter=spec rls_interop.test.mjs
     ;;
   python)
     py=/usr/bin/python3  # Debian's: the one that sees python3-grpcio and python3-pytest
@@ -74,9 +46,7 @@ case "$kind" in
     command -v nghttp >/dev/null || { echo "FAIL: nghttp not found (deploy/setup.sh installs nghttp2-client)"; exit 1; }
     cd "$src/tests/interop/python"
     # No cache or bytecode written into the source tree.
-    (PYTHONDONTWRITEBYTECODE=1 exec "$py" -m pytest -v -p no:cacheprovider test_rls_interop.py) &
-    test_pid=$!
-    wait "$test_pid"
+    guard_run env PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest -v -p no:cacheprovider test_rls_interop.py
     ;;
   *)
     echo "$usage"
