@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "in_process_node.h"
@@ -257,4 +258,39 @@ TEST_CASE("sluicectl sends the admin token from --token-file or SLUICE_ADMIN_TOK
   ::unsetenv("SLUICE_ADMIN_TOKEN");
   CHECK(auth_failures(n.port(), "wrong") == 2);
   CHECK(auth_failures(n.port(), "missing") == 1);
+}
+
+TEST_CASE("sluiced reads the admin token file from its config, and again on SIGHUP") {
+  sluice::testing::DaemonConfig cfg;
+  cfg.rules = kRules;
+  sluice::testing::Daemon d(cfg, /*start_now=*/false);
+  const auto file = d.dir / "admin.token";
+  std::ofstream(file) << "first-token\n";
+  d.config().extra_config = {"admin_token_file: " + file.string()};
+  d.start();
+  CHECK(request(d.admin, "POST", "/v1/snapshot", "").status == 401);
+  CHECK(request(d.admin, "POST", "/v1/snapshot", bearer("first-token")).status == 200);
+
+  std::ofstream(file) << "second-token\n";
+  d.signal(SIGHUP);
+  // The reload is asynchronous: bounded wait until the new token is in force.
+  bool rotated = false;
+  for (int i = 0; i < 100 && !rotated; ++i) {
+    rotated = request(d.admin, "POST", "/v1/snapshot", bearer("second-token")).status == 200;
+    if (!rotated) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(rotated);
+  CHECK(request(d.admin, "POST", "/v1/snapshot", bearer("first-token")).status == 403);
+
+  // An emptied file keeps the token in force (logged), never opens the port.
+  std::ofstream(file) << "\n";
+  d.signal(SIGHUP);
+  bool logged = false;
+  for (int i = 0; i < 100 && !logged; ++i) {
+    logged = d.log().find("admin token not reloaded") != std::string::npos;
+    if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(logged);
+  CHECK(request(d.admin, "POST", "/v1/snapshot", "").status == 401);
+  CHECK(request(d.admin, "POST", "/v1/snapshot", bearer("second-token")).status == 200);
 }
