@@ -11,7 +11,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +30,30 @@ using nlohmann::json;
 constexpr int kAllowed = 0;
 constexpr int kDenied = 1;
 constexpr int kError = 2;
+
+// The admin token sent as `Authorization: Bearer` with every admin request (docs/operations.md,
+// "Admin token"); "" sends none. Set once by main, from --token-file or SLUICE_ADMIN_TOKEN, before
+// any request.
+std::string admin_token;
+
+// --token-file's content, trailing newlines stripped; false (printed) when unreadable or empty.
+bool read_token_file(const std::string& path, std::string& out) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || in.bad()) {
+    std::fprintf(stderr, "sluicectl: --token-file %s: cannot read it\n", path.c_str());
+    return false;
+  }
+  out = text.str();
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' '))
+    out.pop_back();
+  if (out.empty()) {
+    std::fprintf(stderr, "sluicectl: --token-file %s is empty\n", path.c_str());
+    return false;
+  }
+  return true;
+}
 
 std::string window_text(int64_t ms) {
   if (ms % 86'400'000 == 0) return std::to_string(ms / 86'400'000) + "d";
@@ -145,6 +172,7 @@ std::optional<HttpReply> http_call(const std::string& admin, http::verb verb,
     stream.connect(resolver.resolve(host, admin.substr(colon + 1)));
     http::request<http::string_body> req{verb, path, 11};
     req.set(http::field::host, host);
+    if (!admin_token.empty()) req.set(http::field::authorization, "Bearer " + admin_token);
     if (verb == http::verb::post) {
       req.set(http::field::content_type, "application/json");
       req.body() = body;
@@ -589,13 +617,19 @@ int main(int argc, char** argv) {
   check->add_option("--timeout-ms", timeout_ms, "give up after this long")->check(CLI::Range(1, 60'000));
   check->add_flag("--json", as_json, "print JSON");
 
+  std::string token_file;
+  const char* kTokenHelp =
+      "file holding the node's admin token, sent as Authorization: Bearer (default: the "
+      "SLUICE_ADMIN_TOKEN environment variable)";
   auto* status = app.add_subcommand("status", "show a node's counters and rule statistics");
   status->add_option("--admin", admin, "node admin HTTP address host:port");
+  status->add_option("--token-file", token_file, kTokenHelp);
   status->add_flag("--json", as_json, "print JSON");
 
   // Operator commands talk to the admin port.
   const auto admin_opt = [&](CLI::App* c) {
     c->add_option("--admin", admin, "node admin HTTP address host:port");
+    c->add_option("--token-file", token_file, kTokenHelp);
     c->add_flag("--json", as_json, "print JSON");
   };
   auto* ovr = app.add_subcommand("override", "set, get, list or delete runtime overrides");
@@ -678,6 +712,11 @@ int main(int argc, char** argv) {
   convert->add_option("path", convert_path, "a YAML file or a directory of them")->required();
 
   CLI11_PARSE(app, argc, argv);
+  if (!token_file.empty()) {
+    if (!read_token_file(token_file, admin_token)) return kError;
+  } else if (const char* env = std::getenv("SLUICE_ADMIN_TOKEN"); env != nullptr) {
+    admin_token = env;
+  }
   if (*convert) return run_rules_convert(convert_path);
   if (*ring) return run_ring(admin, ring_domain, ring_pairs, as_json);
   if (*drain) return run_drain(admin, as_json);

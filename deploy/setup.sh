@@ -29,6 +29,7 @@ packages=(
   redis-server memcached nginx  # baselines for bench/ and the nginx auth_request test
   procps iproute2 curl python3
   nftables                # partition faults in tests/cluster/partition_test.cc and the bench
+  dnsmasq-base            # a real DNS server for the DNS seed tests (the binary only, no service)
   # The gRPC front (lib/rls): find_package(gRPC CONFIG) needs all four together. protoc also
   # builds the Python interop test's message descriptors.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler

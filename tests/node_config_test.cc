@@ -76,10 +76,12 @@ bool contains(const std::string& haystack, const std::string& needle) {
 
 const std::string kTopLevelFields =
     "unknown setting (expected one of: udp, tcp, admin, grpc, grpc_rate_limit_headers, threads, "
-    "rules, envoy_rules, envoy_count_denied, data_dir, init_data, "
+    "rules, envoy_rules, envoy_count_denied, rules_watch_interval_ms, admin_token_file, "
+    "admin_token_reads, data_dir, init_data, "
     "snapshot_interval_ms, memory_cap_mb, hash_seed, sweep_interval_ms, log_level, cluster)";
 const std::string kClusterFields =
-    "unknown setting (expected one of: node_id, name, listen, advertise, seeds, secret, "
+    "unknown setting (expected one of: node_id, name, listen, advertise, seeds, seed_refresh_ms, "
+    "dns_server, secret, "
     "secret_file, replicas, sync_interval_ms, anti_entropy_interval_ms, probe_interval_ms, "
     "forward_timeout_ms, forget_dead_after_ms)";
 const std::string kNodeIdRequired = "is required (1..65535, unique per node)";
@@ -1080,4 +1082,114 @@ TEST_CASE("a setting name with control or non-ASCII bytes is shown escaped, one 
   CAPTURE(err);
   CHECK(err.find('\n') == std::string::npos);
   CHECK(err.find("na\\x0ame\\x01\\xc3\\xa9: unknown setting") != std::string::npos);
+}
+
+TEST_CASE(
+    "admin_token_file reads the token (trailing newline stripped); admin_token_reads is read") {
+  Loader l;
+  const std::string token = l.dir.write("token", "t0ken-abc\n");
+  NodeOptions o;
+  REQUIRE(l.load("admin_token_file: " + token + "\nadmin_token_reads: true\n", o) == "");
+  CHECK(o.admin_token_file == token);
+  CHECK(o.admin_token == "t0ken-abc");
+  CHECK(o.admin_token_reads);
+}
+
+TEST_CASE("an admin_token_file that is empty or unreadable is an error naming the file") {
+  Loader l;
+  const std::string empty = l.dir.write("empty-token", "\n");
+  NodeOptions o;
+  {
+    const std::string err = l.load("threads: 2\nadmin_token_file: " + empty + "\n", o);
+    CHECK(err == l.at(2, "admin_token_file", empty + " is empty: write the admin token into it"));
+  }
+  CHECK(o.admin_token.empty());
+  const std::string missing = l.dir.path + "/no-such-token";
+  {
+    const std::string err = l.load("admin_token_file: " + missing + "\n", o);
+    CHECK(err ==
+          l.at(1, "admin_token_file", "cannot read " + missing + ": no such file or directory"));
+  }
+  {
+    const std::string err = l.load("admin_token_file:\n", o);
+    CHECK(err == l.at(1, "admin_token_file",
+                      "must not be empty (leave admin_token_file out for no token)"));
+  }
+}
+
+TEST_CASE("admin_token_reads without admin_token_file is an error at its line") {
+  Loader l;
+  NodeOptions o;
+  {
+    const std::string err = l.load("threads: 2\nadmin_token_reads: true\n", o);
+    CHECK(err == l.at(2, "admin_token_reads", "needs admin_token_file (the token to ask for)"));
+  }
+  CHECK(l.load("admin_token_reads: false\n", o) == "");
+}
+
+TEST_CASE("rules_watch_interval_ms: 0 turns it off, 100 to an hour, anything else is an error") {
+  Loader l;
+  NodeOptions o;
+  CHECK(o.rules_watch_interval_ms == 2000);
+  CHECK(l.load("rules_watch_interval_ms: 0\n", o) == "");
+  CHECK(o.rules_watch_interval_ms == 0);
+  CHECK(l.load("rules_watch_interval_ms: 100\n", o) == "");
+  CHECK(o.rules_watch_interval_ms == 100);
+  CHECK(l.load("rules_watch_interval_ms: 3600000\n", o) == "");
+  for (const char* bad : {"99", "-1", "3600001"}) {
+    {
+      const std::string err = l.load(std::string("rules_watch_interval_ms: ") + bad + "\n", o);
+      CHECK(err ==
+            l.at(1, "rules_watch_interval_ms", "must be 0 (off) or between 100 and 3600000"));
+    }
+  }
+  CHECK(o.rules_watch_interval_ms == 3600000);
+}
+
+TEST_CASE("cluster DNS seeds, seed_refresh_ms and dns_server are read; malformed ones refused") {
+  Loader l;
+  const std::string head =
+      "cluster:\n  node_id: 1\n  listen: 127.0.0.1:7352\n  secret: 0123456789abcdef\n";
+  NodeOptions o;
+  CHECK(o.cluster.seed_refresh_ms == 30000);
+  REQUIRE(l.load(head + "  seeds: [\"dns:sluice.default.svc\", \"dns+srv:_peer._udp.sluice.test\", "
+                        "10.0.0.1:7352]\n  seed_refresh_ms: 500\n  dns_server: 127.0.0.1:5353\n",
+                 o) == "");
+  CHECK(o.cluster.seeds == std::vector<std::string>{"dns:sluice.default.svc",
+                                                    "dns+srv:_peer._udp.sluice.test",
+                                                    "10.0.0.1:7352"});
+  CHECK(o.cluster.seed_refresh_ms == 500);
+  CHECK(o.cluster.dns_server == "127.0.0.1:5353");
+
+  {
+    const std::string err = l.load(head + "  seeds: [\"dns:\"]\n", o);
+    CHECK(err ==
+          l.at(5, "cluster.seeds", "\"dns:\" is not dns:NAME (a DNS name after the prefix)"));
+  }
+  {
+    const std::string err = l.load(head + "  seeds: [\"dns+srv:peer.sluice.test\"]\n", o);
+    CHECK(err ==
+          l.at(5, "cluster.seeds",
+               "\"dns+srv:peer.sluice.test\" is not dns+srv:_service._proto.NAME (an SRV name "
+               "starts with _service)"));
+  }
+  {
+    const std::string err = l.load(head + "  seeds: [\"dns:bad name\"]\n", o);
+    CHECK(err == l.at(5, "cluster.seeds",
+                      "\"dns:bad name\" is not dns:NAME (a DNS name after the prefix)"));
+  }
+  {
+    const std::string err = l.load(head + "  seed_refresh_ms: 99\n", o);
+    CHECK(err == l.at(5, "cluster.seed_refresh_ms", "must be between 100 and 3600000"));
+  }
+  {
+    const std::string err = l.load(head + "  dns_server: ns.example:53\n", o);
+    CHECK(err == l.at(5, "cluster.dns_server",
+                      "\"ns.example:53\": expected an IPv4 address, optionally with :PORT"));
+  }
+  {
+    const std::string err = l.load(head + "  dns_server: 127.0.0.1:0\n", o);
+    CHECK(err == l.at(5, "cluster.dns_server", "\"127.0.0.1:0\": bad port (expected IPv4:PORT)"));
+  }
+  CHECK(o.cluster.dns_server == "127.0.0.1:5353");
 }

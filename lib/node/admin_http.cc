@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "node/admin_auth.h"
 #include "node/admin_ops.h"
 #include "node/dashboard.h"
 #include "node/node.h"
@@ -176,11 +177,12 @@ class Connection;
 // Owned jointly by the AdminHttp and every connection and pending accept; touched only on the
 // io_context's thread, so nothing here needs a lock.
 struct AdminHttp::State : std::enable_shared_from_this<AdminHttp::State> {
-  State(asio::io_context& io_, Node& node_)
-      : io(io_), node(node_), acceptor(io_), retry(io_), dashboard(io_, node_) {}
+  State(asio::io_context& io_, Node& node_, AdminAuth& auth_)
+      : io(io_), node(node_), auth(auth_), acceptor(io_), retry(io_), dashboard(io_, node_) {}
 
   asio::io_context& io;
   Node& node;
+  AdminAuth& auth;
   tcp::acceptor acceptor;
   asio::steady_timer retry;  // backs off after an accept error (e.g. out of descriptors)
   bool stopped = false;
@@ -442,6 +444,11 @@ std::string render_metrics(AdminHttp::State& st) {
   m.one("sluice_http_accept_errors_total", "counter",
         "Errors accepting admin HTTP connections (e.g. out of file descriptors).",
         st.accept_errors);
+  m.family("sluice_admin_auth_failures_total", "counter",
+           "Admin requests refused for want of the admin token, by reason (docs/operations.md, "
+           "\"Admin token\").");
+  for (const auto& [reason, n] : st.auth.failures())
+    m.sample("sluice_admin_auth_failures_total", {"reason", reason}, n);
 
   // Not a Prometheus histogram: the node keeps no sum of latencies, and a histogram without
   // _sum would be invalid. The cumulative buckets still feed histogram_quantile().
@@ -843,6 +850,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
         q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
     const bool get = req.method() == http::verb::get;
 
+    // Operator writes (and reads, with admin_token_reads) need the admin token: admin_auth.h.
+    {
+      const std::string_view verb(req.method_string().data(), req.method_string().size());
+      const auto h = req.find(http::field::authorization);
+      const AdminAuth::Verdict v =
+          st_->auth.check(verb, path,
+                          h == req.end() ? std::nullopt
+                                         : std::optional<std::string_view>(std::string_view(
+                                               h->value().data(), h->value().size())),
+                          req.count(http::field::authorization));
+      if (!v.allowed) {
+        if (v.challenge) res_.set(http::field::www_authenticate, "Bearer");
+        return json(static_cast<http::status>(v.status), Json{{"error", v.message}});
+      }
+    }
+
     if (path == "/healthz") {
       if (!get) return method_not_allowed("GET");
       return text(http::status::ok, "text/plain; charset=utf-8", "ok\n");
@@ -918,9 +941,10 @@ void AdminHttp::State::accept() {
       });
 }
 
-AdminHttp::AdminHttp(asio::io_context& io, const std::string& listen, Node& node)
-    : state_(std::make_shared<State>(io, node)) {
+AdminHttp::AdminHttp(asio::io_context& io, const std::string& listen, Node& node, AdminAuth& auth)
+    : state_(std::make_shared<State>(io, node, auth)) {
   const tcp::endpoint ep = parse_listen(listen);
+  auth.set_loopback_listener(ep.address().is_loopback());
   boost::system::error_code ec;
   tcp::acceptor& a = state_->acceptor;
   const auto fail = [&](const char* what) {

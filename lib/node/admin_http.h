@@ -28,12 +28,15 @@ class io_context;
 namespace sluice::node {
 
 class Node;
+class AdminAuth;
 
 class AdminHttp {
  public:
   // Binds `listen` ("127.0.0.1:7351", "[::1]:0"; port 0 = any free port) and starts accepting.
-  // Throws std::runtime_error naming the address when it cannot be parsed or bound.
-  AdminHttp(boost::asio::io_context& io, const std::string& listen, Node& node);
+  // Throws std::runtime_error naming the address when it cannot be parsed or bound. Every request
+  // passes `auth` first (admin_auth.h), which learns whether the listener is on loopback; it must
+  // outlive the AdminHttp and its connections (the Node owns both).
+  AdminHttp(boost::asio::io_context& io, const std::string& listen, Node& node, AdminAuth& auth);
   ~AdminHttp();  // stop(), then closes every connection, in-flight or not
   AdminHttp(const AdminHttp&) = delete;
   AdminHttp& operator=(const AdminHttp&) = delete;

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <system_error>
 
+#include "node/admin_auth.h"
+#include "node/dns_seeds.h"
 #include "node/node.h"
 #include "rules/yaml_guard.h"
 #include "node_embedded_rules.h"  // generated from deploy/rules.example.yaml
@@ -91,6 +93,18 @@ std::string read_secret_file(const std::string& file, std::string& out) {
   return "";
 }
 
+}  // namespace
+
+std::string read_admin_token_file(const std::string& path, std::string& token) {
+  std::string text;
+  if (std::string err = read_secret_file(path, text); !err.empty()) return err;
+  if (text.empty()) return path + " is empty: write the admin token into it";
+  token = std::move(text);
+  return "";
+}
+
+namespace {
+
 // A string setting's text, or nothing when it is "" (the caller reports it). Throws
 // YAML::Exception when the value is not a scalar. Null values are reported before this is called:
 // yaml-cpp would read them as the string "null".
@@ -109,6 +123,9 @@ constexpr std::string_view kTopLevelSettings[] = {"udp",
                                                   "rules",
                                                   "envoy_rules",
                                                   "envoy_count_denied",
+                                                  "rules_watch_interval_ms",
+                                                  "admin_token_file",
+                                                  "admin_token_reads",
                                                   "data_dir",
                                                   "init_data",
                                                   "snapshot_interval_ms",
@@ -122,6 +139,8 @@ constexpr std::string_view kClusterSettings[] = {"node_id",
                                                  "listen",
                                                  "advertise",
                                                  "seeds",
+                                                 "seed_refresh_ms",
+                                                 "dns_server",
                                                  "secret",
                                                  "secret_file",
                                                  "replicas",
@@ -155,6 +174,7 @@ std::string empty_hint(const std::string& field) {
   if (field == "data_dir") return " (write \"\" to keep everything in memory)";
   if (field == "cluster") return " (leave cluster out for a node on its own)";
   if (field == "cluster.seeds") return " (write [] for no seeds)";
+  if (field == "admin_token_file") return " (leave admin_token_file out for no token)";
   return "";
 }
 
@@ -190,6 +210,22 @@ void load_cluster(const YAML::Node& section, const YAML::Node& c, ClusterOptions
         } else {
           out.node_id = static_cast<uint16_t>(id);
         }
+      } else if (key == "dns_server") {
+        const std::optional<std::string> s = non_empty_text(v);
+        if (!s) {
+          bad(kEmpty + std::string(" (leave dns_server out for the system's resolver)"));
+        } else if (std::string why = parse_dns_server(*s).error; !why.empty()) {
+          bad(why);
+        } else {
+          out.dns_server = *s;
+        }
+      } else if (key == "seed_refresh_ms") {
+        const auto ms = v.as<int64_t>();
+        if (ms < 100 || ms > 3'600'000) {
+          bad("must be between 100 and 3600000");
+        } else {
+          out.seed_refresh_ms = ms;
+        }
       } else if (key == "name" || key == "listen" || key == "advertise" || key == "secret") {
         const std::optional<std::string> s = non_empty_text(v);
         if (!s) {
@@ -206,10 +242,16 @@ void load_cluster(const YAML::Node& section, const YAML::Node& c, ClusterOptions
       } else if (key == "seeds") {
         auto seeds = v.as<std::vector<std::string>>();
         bool empty_seed = false;
+        std::string bad_seed;
         for (const auto& seed : v)
           if (seed.IsNull() || seed.as<std::string>().empty()) empty_seed = true;
+        for (const std::string& seed : seeds) {
+          if (std::string why = check_seed(seed); !why.empty() && bad_seed.empty()) bad_seed = why;
+        }
         if (empty_seed) {
           bad("must not contain an empty address");
+        } else if (!bad_seed.empty()) {
+          bad(bad_seed);
         } else {
           out.seeds = std::move(seeds);
         }
@@ -285,6 +327,7 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
   auto fail = [&](const YAML::Node& key, const std::string& field, const std::string& why) {
     errors += where(path, key, field) + why + "\n";
   };
+  std::optional<YAML::Node> token_reads_key;  // admin_token_reads: true needs a token file
   for (const auto& kv : root) {
     const YAML::Node& k = kv.first;
     const std::string key = k.Scalar();
@@ -333,6 +376,24 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
         }
       } else if (key == "envoy_count_denied") {
         out.envoy_count_denied = v.as<bool>();
+      } else if (key == "rules_watch_interval_ms") {
+        const auto ms = v.as<int64_t>();
+        if (ms != 0 && (ms < 100 || ms > 3'600'000)) {
+          bad("must be 0 (off) or between 100 and 3600000");
+        } else {
+          out.rules_watch_interval_ms = ms;
+        }
+      } else if (key == "admin_token_file") {
+        if (const std::optional<std::string> file = non_empty_text(v); !file) {
+          bad(kEmpty + empty_hint(key));
+        } else if (std::string err = read_admin_token_file(*file, out.admin_token); !err.empty()) {
+          bad(err);
+        } else {
+          out.admin_token_file = *file;
+        }
+      } else if (key == "admin_token_reads") {
+        out.admin_token_reads = v.as<bool>();
+        if (out.admin_token_reads) token_reads_key = k;
       } else if (key == "data_dir") {
         out.data_dir = v.as<std::string>();  // "" = memory only, documented
       } else if (key == "cluster") {
@@ -374,6 +435,9 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
     } catch (const YAML::Exception&) {
       bad("has the wrong type");
     }
+  }
+  if (token_reads_key && out.admin_token_file.empty() && errors.empty()) {
+    fail(*token_reads_key, "admin_token_reads", "needs admin_token_file (the token to ask for)");
   }
   if (!errors.empty()) errors.pop_back();
   return errors;

@@ -20,10 +20,12 @@
 #include <sys/socket.h>
 
 #include "cluster/peer_codec.h"
+#include "node/admin_auth.h"
 #include "node/admin_http.h"
 #include "node/node_cluster.h"
-#include "node/owner_routing.h"
 #include "node/node_state.h"
+#include "node/owner_routing.h"
+#include "node/rules_watch.h"
 
 #include <future>
 
@@ -262,7 +264,35 @@ struct Node::Impl : NodeState {
     for (const std::string* l : {&opt.udp_listen, &opt.tcp_listen}) {
       if (!l->empty()) parse_listen(*l);
     }
+    // load_node_config read the token; options built in code may name only the file.
+    if (!opt.admin_token_file.empty() && opt.admin_token.empty()) {
+      if (std::string err = read_admin_token_file(opt.admin_token_file, opt.admin_token);
+          !err.empty()) {
+        throw std::runtime_error("admin_token_file: " + err);
+      }
+    }
+    if (opt.admin_token_reads && opt.admin_token.empty()) {
+      throw std::runtime_error("admin_token_reads needs admin_token_file (the token to ask for)");
+    }
+    admin_auth = std::make_unique<AdminAuth>(opt.admin_token, opt.admin_token_reads);
   }
+
+  // SIGHUP: the admin token file is read again; a file that became unreadable or empty keeps the
+  // token in force (and says so).
+  void reload_admin_token() {
+    if (opt.admin_token_file.empty()) return;
+    std::string token;
+    if (std::string err = read_admin_token_file(opt.admin_token_file, token); !err.empty()) {
+      spdlog::error("SIGHUP: admin token not reloaded, the old token stays: {}", err);
+      return;
+    }
+    admin_auth->set_token(token);
+    spdlog::info("admin token reloaded from {}", opt.admin_token_file);
+  }
+
+  std::unique_ptr<AdminAuth> admin_auth;  // used by the admin thread; set_token from control
+  std::optional<asio::steady_timer> rules_watch_timer;
+  std::unique_ptr<RulesWatch> rules_watch;  // control thread
 
   asio::io_context control{1};
   // The admin port has its own thread: operator actions may wait on the disk (overrides are
@@ -792,6 +822,22 @@ std::string serving_status(const Node::Impl& n) {
       n.opt.envoy_rules.empty() ? "" : ", envoy rules ", n.opt.envoy_rules);
 }
 
+// Reloads the rules when their files' content changes (rules_watch.h), as SIGHUP does; a failed
+// reload is logged once per change (the next look sees the same content) and counted.
+void schedule_rules_watch(Node& node, Node::Impl& n) {
+  n.rules_watch_timer->expires_after(std::chrono::milliseconds(n.opt.rules_watch_interval_ms));
+  n.rules_watch_timer->async_wait([&node, &n](boost::system::error_code ec) {
+    if (ec || n.stopped.load()) return;
+    if (n.rules_watch->changed()) {
+      spdlog::info("rules changed on disk: reloading");
+      if (const std::string err = node.reload(); !err.empty()) {
+        spdlog::error("rules changed on disk but were not reloaded, the old rules stay:\n{}", err);
+      }
+    }
+    schedule_rules_watch(node, n);
+  });
+}
+
 }  // namespace
 
 Node::Node(NodeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
@@ -843,8 +889,14 @@ void Node::run(bool handle_signals) {
     n.tcp_port = n.acceptor->local_endpoint().port();
   }
   if (!n.opt.admin_listen.empty()) {
-    n.admin = std::make_unique<AdminHttp>(n.admin_io, n.opt.admin_listen, *this);
+    n.admin = std::make_unique<AdminHttp>(n.admin_io, n.opt.admin_listen, *this, *n.admin_auth);
     n.admin_port = n.admin->port();
+    if (!n.admin_auth->has_token() && !n.admin_auth->loopback_listener()) {
+      spdlog::warn(
+          "admin port {} is not on loopback and no admin_token_file is set: operator writes "
+          "(overrides, plans, drain, snapshot) are refused; reads stay open",
+          n.opt.admin_listen);
+    }
   }
   if (!n.opt.grpc_listen.empty()) {
     rls::RlsOptions ro;
@@ -882,6 +934,7 @@ void Node::run(bool handle_signals) {
         if (n.opt.on_event) n.opt.on_event(NodeEvent::kReloading, "reloading the rules");
         const std::string err = reload();
         if (!err.empty()) spdlog::error("SIGHUP: rules not reloaded, the old rules stay:\n{}", err);
+        n.reload_admin_token();
         if (n.opt.on_event) {
           if (err.empty()) {
             n.opt.on_event(NodeEvent::kReloaded, serving_status(n));
@@ -900,6 +953,13 @@ void Node::run(bool handle_signals) {
   }
   n.sweep_timer.emplace(n.control);
   schedule_sweep(n);
+  if (n.opt.rules_watch_interval_ms > 0 &&
+      !(n.opt.rules_file.empty() && n.opt.envoy_rules.empty())) {
+    n.rules_watch =
+        std::make_unique<RulesWatch>(std::vector<std::string>{n.opt.rules_file, n.opt.envoy_rules});
+    n.rules_watch_timer.emplace(n.control);
+    schedule_rules_watch(*this, n);
+  }
   for (auto& w : n.workers) {
     w->work.emplace(w->io.get_executor());
     if (w->udp_socket) udp_receive(*w);
@@ -943,6 +1003,7 @@ void Node::stop() {
     });
     if (n.signals) n.signals->cancel(ec);
     if (n.sweep_timer) n.sweep_timer->cancel();
+    if (n.rules_watch_timer) n.rules_watch_timer->cancel();
     for (auto& w : n.workers) {
       asio::post(w->io, [&w = *w] {
         if (w.fwd) w.fwd->stop();  // decides here what the owners have not answered yet

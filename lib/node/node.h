@@ -36,7 +36,14 @@ struct ClusterOptions {
   std::string name;                // unique and stable across restarts; default "node-<id>"
   std::string listen;              // peer UDP address, e.g. "127.0.0.1:7352"
   std::string advertise;           // IP other nodes reach this node at; default: listen's address
-  std::vector<std::string> seeds;  // "host:port" of peers; DNS names resolve to every address
+  // "host:port" of peers (a DNS name resolves to every address, at start), "dns:NAME" (every
+  // A/AAAA address of NAME, with this node's peer port) or "dns+srv:_service._proto.NAME" (every
+  // SRV target and port); the dns forms are resolved again every seed_refresh_ms and newly found
+  // addresses are joined (lib/node/dns_seeds.h).
+  std::vector<std::string> seeds;
+  int64_t seed_refresh_ms = 30'000;
+  // "IP:PORT" of the DNS server for dns: and dns+srv: seeds; "" = the system's (resolv.conf).
+  std::string dns_server;
   std::string secret;              // shared by every node, >= 16 bytes (or secret_file)
   size_t replicas = 2;             // owner included
   int64_t sync_interval_ms = 100;
@@ -70,6 +77,15 @@ struct NodeOptions {
   // envoyproxy/ratelimit config: a file or a directory of them (docs/envoy-config.md); "" none.
   // With envoy_rules and no rules_file, the embedded example rules are not loaded.
   std::string envoy_rules;
+  // How often the rules files are looked at for a change of content (a ConfigMap's ..data swap
+  // included); a change reloads them as SIGHUP does. 0: only SIGHUP reloads.
+  int64_t rules_watch_interval_ms = 2'000;
+  // The admin port's token (docs/operations.md, "Admin token"): operator writes need
+  // `Authorization: Bearer <token>`. admin_token is the file's content (load_node_config reads
+  // it; SIGHUP reads the file again). With admin_token_reads, reads need it too.
+  std::string admin_token_file;
+  std::string admin_token;
+  bool admin_token_reads = false;
   bool envoy_count_denied = true;   // imported rules count denied hits, as upstream
   std::string data_dir = "./data";  // RocksDB snapshots and overrides; "" = memory only
   bool init_data = false;           // create data_dir when it is missing or empty (first start)

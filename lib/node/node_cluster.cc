@@ -9,6 +9,7 @@
 #include <array>
 #include <boost/asio.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 #include <random>
@@ -17,6 +18,7 @@
 #include "cluster/delta_sync.h"
 #include "cluster/peer_codec.h"
 #include "cluster/reach.h"
+#include "node/dns_seeds.h"
 #include "node/node_state.h"
 #include "node/override_sync.h"
 
@@ -88,6 +90,16 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
           "cluster.advertise is required when cluster.listen is a wildcard address");
     }
     if (opt.name.empty()) opt.name = "node-" + std::to_string(opt.node_id);
+    // Tests and one-off runs point DNS seeds at a server of their own without a config change.
+    const char* env_dns = std::getenv("SLUICE_DNS_SERVER");
+    const bool dns_from_env = opt.dns_server.empty() && env_dns != nullptr && *env_dns != '\0';
+    if (dns_from_env) opt.dns_server = env_dns;
+    if (!opt.dns_server.empty()) {
+      if (std::string why = parse_dns_server(opt.dns_server).error; !why.empty()) {
+        throw std::runtime_error((dns_from_env ? "SLUICE_DNS_SERVER " : "cluster.dns_server ") +
+                                 why);
+      }
+    }
     boot_id = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                         std::chrono::system_clock::now().time_since_epoch())
                                         .count());
@@ -478,6 +490,11 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   uint64_t sync_cpu_us_max_changed = 0;
   std::array<uint64_t, ClusterStatus::kSyncCpuBuckets> sync_cpu_us_buckets{};
 
+  // Seeds: the "host:port" ones resolved at start, and what the dns: and dns+srv: ones resolve to
+  // (the watcher's thread finds them; they are joined here, on the control thread).
+  std::vector<cluster::Endpoint> static_seeds;
+  std::unique_ptr<DnsSeedWatcher> dns_seeds;
+
   mutable std::mutex published_mu;  // guards published_ring and published_members
   std::shared_ptr<const cluster::HashRing> published_ring;
   std::shared_ptr<const std::vector<Member>> published_members =
@@ -524,9 +541,14 @@ void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
   c.rebuild_ring();
   c.handoff_pending = false;
 
-  std::vector<cluster::Endpoint> seeds;
+  std::vector<DnsSeed> dns_names;
   asio::ip::udp::resolver resolver(c.io);
   for (const std::string& s : c.opt.seeds) {
+    DnsSeed seed = classify_seed(s);
+    if (seed.kind != DnsSeed::Kind::kAddress) {
+      dns_names.push_back(std::move(seed));
+      continue;
+    }
     auto [host, port] = split_host_port(s);
     boost::system::error_code rec;
     const auto results = resolver.resolve(host, port, rec);
@@ -535,9 +557,10 @@ void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
       continue;
     }
     for (const auto& r : results) {
-      seeds.push_back({r.endpoint().address().to_string(), r.endpoint().port()});
+      c.static_seeds.push_back({r.endpoint().address().to_string(), r.endpoint().port()});
     }
   }
+  const std::vector<cluster::Endpoint>& seeds = c.static_seeds;
   c.overrides = std::make_unique<OverrideSync>(
       c.io, c.st, c.codec->limits(),
       [&c](NodeId to, const cluster::OverrideSyncMessage& m) { return c.send_overrides(to, m); },
@@ -553,6 +576,28 @@ void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
   spdlog::info("cluster: node {} ({}) on {}:{}, {} seed addresses, {} replicas, sync every {} ms",
                c.opt.name, c.opt.node_id, c.advertise, c.listen_port, seeds.size(), c.opt.replicas,
                c.opt.sync_interval_ms);
+  if (!dns_names.empty()) {
+    DnsSeedWatcher::Options wo;
+    wo.seeds = std::move(dns_names);
+    wo.peer_port = c.listen_port;
+    wo.refresh_ms = c.opt.seed_refresh_ms;
+    if (!c.opt.dns_server.empty()) wo.server = parse_dns_server(c.opt.dns_server);
+    spdlog::info("cluster: {} DNS seed names, resolved every {} ms{}{}", wo.seeds.size(),
+                 wo.refresh_ms, c.opt.dns_server.empty() ? "" : " through ", c.opt.dns_server);
+    // Found addresses are contacted like seeds: a join round to every seed, old and new (a member
+    // answers a kJoin from a node it knows with its member list; nothing else changes).
+    c.dns_seeds =
+        std::make_unique<DnsSeedWatcher>(std::move(wo), [&c](std::vector<cluster::Endpoint> found) {
+          asio::post(c.io, [&c, found = std::move(found)] {
+            if (c.stopped || c.left || !c.membership) return;
+            std::vector<cluster::Endpoint> all = c.static_seeds;
+            all.insert(all.end(), found.begin(), found.end());
+            c.membership->join(all, c.st.opt.clock());
+            c.after_membership_call();
+          });
+        });
+    c.dns_seeds->start();
+  }
 }
 
 void ClusterNode::leave() {
@@ -571,6 +616,7 @@ void ClusterNode::stop() {
   Impl& c = *impl_;
   if (c.stopped) return;
   c.stopped = true;
+  if (c.dns_seeds) c.dns_seeds->stop();  // waits for a query in flight (a few seconds at most)
   if (c.overrides) c.overrides->stop();
   boost::system::error_code ec;
   c.tick_timer.cancel();

@@ -304,6 +304,11 @@ struct ClusterSpec {
   milliseconds start_timeout{10000};  // per node: until its admin port answers
   // Node i's (0-based) placement, asked once when it is configured; unset: loopback, free ports.
   std::function<NodePlacement(size_t index)> placement;
+  // Node i's cluster.seeds, in place of the default (node 1 at a first start, every other node on
+  // a restart), e.g. {"dns+srv:_sluice._udp.sluice.test"}.
+  std::function<std::vector<std::string>(size_t index)> seeds;
+  // More settings of the cluster section, one "key: value" each, e.g. "seed_refresh_ms: 500".
+  std::vector<std::string> extra_cluster_config;
 };
 
 struct NodeProcess {
@@ -437,12 +442,15 @@ class LocalCluster {
         seeds.push_back(other.host + ":" + std::to_string(other.peer_port));
       }
     }
+    if (spec_.seeds) seeds = spec_.seeds(i);
     if (!seeds.empty()) {
       cfg << "  seeds: [";
       for (size_t k = 0; k < seeds.size(); ++k)
-        cfg << (k ? ", " : "") << seeds[k];
+        cfg << (k ? ", " : "") << '"' << seeds[k] << '"';
       cfg << "]\n";
     }
+    for (const std::string& line : spec_.extra_cluster_config)
+      cfg << "  " << line << "\n";
   }
 
   // Starts (or restarts: same id, name, ports and data directory) node i and waits until its

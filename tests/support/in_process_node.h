@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -27,8 +28,11 @@ struct InProcessNode {
   std::unique_ptr<node::Node> node;
   std::thread thread;
 
-  // `name` prefixes the temporary directory; `rules` is the rules file's text.
-  InProcessNode(const std::string& name, const std::string& rules, int64_t t0) : now(t0) {
+  // `name` prefixes the temporary directory; `rules` is the rules file's text; `tweak` may change
+  // the options (admin token, listen addresses) before the node is built.
+  InProcessNode(const std::string& name, const std::string& rules, int64_t t0,
+                const std::function<void(node::NodeOptions&)>& tweak = {})
+      : now(t0) {
     namespace fs = std::filesystem;
     dir = fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()) + "-" +
                                        std::to_string(std::random_device{}()));
@@ -44,6 +48,7 @@ struct InProcessNode {
     opt.data_dir = (dir / "data").string();
     opt.init_data = true;
     opt.clock = [this] { return now.load(); };
+    if (tweak) tweak(opt);
     node = std::make_unique<node::Node>(opt);
     thread = std::thread([this] { node->run(/*handle_signals=*/false); });
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);

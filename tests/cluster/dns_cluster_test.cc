@@ -1,0 +1,67 @@
+// A cluster that finds itself through DNS (issue 12 item 3): three sluiced processes whose only
+// seed is `dns+srv:_sluice._udp.sluice.test`, answered by a real DNS server (dnsmasq on a free
+// loopback port, tests/support/dns_server.h) as a Kubernetes headless service would: one SRV
+// record per pod. All nodes run on 127.0.0.1, so the records tell them apart by port. A fourth
+// node, started with no seeds at all, is added to DNS later: the others find it by re-resolving.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster_process.h"
+#include "dns_server.h"
+
+namespace {
+
+using namespace sluice::testing;
+using std::chrono::milliseconds;
+
+constexpr const char* kService = "_sluice._udp.sluice.test";
+
+// The records of a headless service whose pods are these nodes' peer ports on 127.0.0.1.
+std::vector<std::string> records_of(const LocalCluster& c, size_t nodes) {
+  std::vector<std::string> r = {"--host-record=pods.sluice.test,127.0.0.1"};
+  for (size_t i = 0; i < nodes; ++i) {
+    r.push_back(std::string("--srv-host=") + kService + ",pods.sluice.test," +
+                std::to_string(c.node(i).peer_port));
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("nodes whose only seed is a DNS SRV name form a cluster, and find a node added later") {
+  DnsServer dns(std::vector<std::string>{});  // records once the nodes' ports are known
+  ClusterSpec spec;
+  spec.sluiced_bin = SLUICED_BIN;
+  spec.nodes = 3;
+  spec.rules_yaml = two_mode_rules(100);
+  spec.seeds = [](size_t index) {
+    // The fourth node knows nobody: only the others' re-resolution can find it.
+    return index < 3 ? std::vector<std::string>{std::string("dns+srv:") + kService}
+                     : std::vector<std::string>{};
+  };
+  spec.extra_cluster_config = {"seed_refresh_ms: 500", "dns_server: " + dns.address()};
+  LocalCluster c(spec);
+  for (size_t i = 0; i < 3; ++i)
+    REQUIRE(c.configure_node() == i);
+  dns.restart(records_of(c, 3));
+  for (size_t i = 0; i < 3; ++i)
+    REQUIRE(c.start_node(i) == "");
+  CHECK_MESSAGE(c.wait_all_alive(milliseconds(20000)),
+                "3 nodes did not list each other alive within 20 s: " << c.describe());
+
+  const size_t fourth = c.configure_node();
+  REQUIRE(fourth == 3);
+  REQUIRE(c.start_node(fourth) == "");
+  // Not in DNS yet: nobody finds it (it knows nobody either).
+  std::this_thread::sleep_for(milliseconds(1500));  // three refresh intervals
+  CHECK(c.member_state(0, c.node(fourth).id) == "");
+  CHECK(c.member_state(fourth, c.node(0).id) == "");
+
+  dns.restart(records_of(c, 4));
+  CHECK_MESSAGE(c.wait_all_alive(milliseconds(20000)),
+                "the node added to DNS was not found within 20 s: " << c.describe());
+}
