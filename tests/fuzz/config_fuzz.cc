@@ -71,15 +71,4 @@ cluster:
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fuzz_config(std::span<const uint8_t>(data, size));
-  return 0;
-}
-
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (const char* dir = sluice::fuzz::seed_dir()) {
-    write_seeds(dir);
-    std::exit(0);
-  }
-  return 0;
-}
+SLUICE_FUZZ_TARGET(fuzz_config, write_seeds)

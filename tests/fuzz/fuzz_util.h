@@ -1,9 +1,12 @@
 // Shared by the libFuzzer targets: a property that must hold, and seed writing.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -29,3 +32,18 @@ inline void write_seed(const std::string& dir, const std::string& name, std::str
 }
 
 }  // namespace sluice::fuzz
+
+// The two libFuzzer entry points of a target: FUZZ(bytes) for each input, and WRITE_SEEDS(dir)
+// when SLUICE_FUZZ_WRITE_SEEDS is set (then the binary exits).
+#define SLUICE_FUZZ_TARGET(FUZZ, WRITE_SEEDS)                                \
+  extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { \
+    FUZZ(std::span<const uint8_t>(data, size));                             \
+    return 0;                                                               \
+  }                                                                         \
+  extern "C" int LLVMFuzzerInitialize(int*, char***) {                      \
+    if (const char* dir = sluice::fuzz::seed_dir()) {                       \
+      WRITE_SEEDS(dir);                                                     \
+      std::exit(0);                                                         \
+    }                                                                       \
+    return 0;                                                               \
+  }
