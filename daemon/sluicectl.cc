@@ -547,9 +547,16 @@ int run_status(const std::string& admin, bool as_json) {
     }
     if (j.contains("cluster") && j["cluster"].at("enabled").get<bool>()) {
       const auto& c = j["cluster"];
-      std::printf("cluster   node %s (%u), %s, %zu replicas per key\n",
+      // A node older than readiness has no "ready": say nothing rather than guess.
+      std::string ready;
+      if (c.contains("ready")) {
+        ready = c["ready"].get<bool>() ? ", ready"
+                                       : ", not ready: " + c.value("not_ready", std::string("?"));
+      }
+      std::printf("cluster   node %s (%u), %s%s, %zu replicas per key\n",
                   c.at("name").get<std::string>().c_str(), c.at("self").get<unsigned>(),
-                  c.at("join_state").get<std::string>().c_str(), c.at("replicas").get<size_t>());
+                  c.at("join_state").get<std::string>().c_str(), ready.c_str(),
+                  c.at("replicas").get<size_t>());
       std::printf("%-5s %-16s %-22s %-8s %11s %7s %10s %10s\n", "id", "member", "peer", "state",
                   "incarnation", "share", "heard", "sync lag");
       for (const auto& m : c.at("members")) {

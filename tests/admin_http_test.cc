@@ -211,6 +211,12 @@ TEST_CASE("healthz answers ok, keeps the connection alive, and unknown paths are
   CHECK(r.body == "ok\n");
   r = c.request("GET", "/healthz?probe=1");  // same connection: keep-alive
   CHECK(r.status == 200);
+  CHECK(r.body == "ok\n");
+  r = c.request("GET", "/healthz?ready");  // a node with no cluster is ready once it serves
+  CHECK(r.status == 200);
+  CHECK(r.body == "ready\n");
+  r = c.request("GET", "/healthz?ready&bad=%g");
+  CHECK(r.status == 400);
   r = c.request("GET", "/nope");
   CHECK(r.status == 404);
   CHECK(r.json()["error"] == "not found");

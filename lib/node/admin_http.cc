@@ -485,6 +485,9 @@ std::string render_metrics(AdminHttp::State& st) {
 
   const ClusterStatus c = st.node.cluster_status();
   if (c.enabled) {
+    m.one("sluice_cluster_ready", "gauge",
+          "1 once this node's first join had an outcome (what /healthz?ready waits for).",
+          c.not_ready.empty() ? 1 : 0);
     m.family("sluice_cluster_members", "gauge",
              "Members this node knows, by state (self included).");
     for (const auto state : {cluster::MemberState::kAlive, cluster::MemberState::kSuspect,
@@ -868,7 +871,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
     if (path == "/healthz") {
       if (!get) return method_not_allowed("GET");
-      return text(http::status::ok, "text/plain; charset=utf-8", "ok\n");
+      // Liveness: the admin port answers once the data directory is restored. Readiness
+      // (?ready): also joined to the cluster, and not stopping.
+      std::vector<std::pair<std::string, std::string>> params;
+      if (!parse_query(query, params)) {
+        return text(http::status::bad_request, "text/plain; charset=utf-8",
+                    "malformed percent-escape in the query string\n");
+      }
+      const bool readiness = std::any_of(params.begin(), params.end(),
+                                         [](const auto& kv) { return kv.first == "ready"; });
+      if (!readiness) return text(http::status::ok, "text/plain; charset=utf-8", "ok\n");
+      if (std::string why = st_->node.not_ready(); !why.empty()) {
+        return text(http::status::service_unavailable, "text/plain; charset=utf-8",
+                    "not ready: " + why + "\n");
+      }
+      return text(http::status::ok, "text/plain; charset=utf-8", "ready\n");
     }
     if (path == "/metrics") {
       if (!get) return method_not_allowed("GET");

@@ -403,6 +403,8 @@ Json cluster_json(const ClusterStatus& c) {
               {"self", c.self},
               {"name", c.name},
               {"join_state", c.join_state},
+              {"ready", c.not_ready.empty()},
+              {"not_ready", c.not_ready.empty() ? Json(nullptr) : Json(c.not_ready)},
               {"replicas", c.replicas},
               {"members_reachable", c.reachable},
               {"members_expected", c.expected},

@@ -1035,6 +1035,16 @@ ClusterStatus Node::cluster_status() const {
   return result.get();
 }
 
+std::string Node::not_ready() const {
+  const Impl& n = *impl_;
+  if (n.stopped.load()) return "stopping";
+  if (!ready_.load()) return "starting";
+  if (!n.opt.cluster.enabled) return {};
+  const ClusterStatus c = cluster_status();
+  if (!c.enabled) return n.stopped.load() ? "stopping" : "cluster status did not answer in 2 s";
+  return c.not_ready;
+}
+
 std::vector<std::pair<uint16_t, std::string>> Node::owners_of(uint64_t counter) const {
   std::vector<std::pair<uint16_t, std::string>> out;
   const Impl& n = *impl_;

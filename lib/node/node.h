@@ -314,6 +314,9 @@ class Node {
   // The cluster as this node sees it (enabled = false for a single node). Any thread; waits for
   // the control thread (at most ~2 s).
   struct ClusterStatus cluster_status() const;
+  // Why the node should not take traffic yet (empty: ready): starting, stopping, or in a cluster
+  // not yet joined (ClusterStatus::not_ready). Any thread; waits like cluster_status().
+  std::string not_ready() const;
   // Owners of a counter (owner first); empty for a single node. Any thread.
   std::vector<std::pair<uint16_t, std::string>> owners_of(uint64_t counter) const;
   // Leaves the cluster gracefully (hands the counters to the next owners), then stops the node.

@@ -239,9 +239,24 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   }
 
   void after_membership_call() {
+    note_settled();
     if (ring_changed) rebuild_ring();
     update_capacity();
     arm_tick();
+  }
+
+  // Readiness (/healthz?ready): sticky once the first join has an outcome, so a later join round
+  // (a new DNS address) does not flap it.
+  void note_settled() {
+    if (settled || !membership) return;
+    const cluster::JoinState js = membership->join_state();
+    if (js != cluster::JoinState::kJoined && js != cluster::JoinState::kNoSeedAnswered) return;
+    settled = true;
+    if (js == cluster::JoinState::kJoined) {
+      spdlog::info("cluster: ready: joined, {} members known", membership->members().size());
+    } else {
+      spdlog::warn("cluster: ready alone: no seed answered (a first node, or its peers are down)");
+    }
   }
 
   // ---- reach (cluster/reach.h) ----
@@ -475,6 +490,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   int64_t fresh_until_ms = 0;            // control thread
   bool left = false;
   bool stopped = false;
+  bool settled = false;  // see note_settled()
   int64_t last_resend_ms = 0;
   // Statistics (control thread writes; the admin thread reads under published_mu via status()).
   std::map<std::string, uint64_t> dropped;
@@ -570,6 +586,7 @@ void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
   const int64_t now = c.st.opt.clock();
   c.last_resend_ms = now;
   if (!seeds.empty()) c.membership->join(seeds, now);
+  if (seeds.empty() && dns_names.empty()) c.settled = true;  // no seeds: a cluster of one
   c.after_membership_call();
   c.arm_sync();
   c.arm_reach();
@@ -666,6 +683,13 @@ ClusterStatus ClusterNode::status() const {
   if (!c.membership) return s;
   s.join_state = std::string(cluster::to_string(c.membership->join_state()));
   s.membership = c.membership->stats();
+  if (c.left) {
+    s.not_ready = "left the cluster";
+  } else if (!c.settled) {
+    s.not_ready = c.membership->join_state() == cluster::JoinState::kNotStarted
+                      ? "no DNS seed has resolved yet"
+                      : "joining: no seed has answered yet";
+  }
   const int64_t now = c.st.opt.clock();
   std::shared_ptr<const cluster::HashRing> ring;
   {

@@ -50,6 +50,9 @@ struct ClusterStatus {
   cluster::NodeId self = 0;
   std::string name;
   std::string join_state;
+  // Empty once the node is ready to serve as a member: its first join had an outcome (a member
+  // answered, or every seed stayed silent: a first node), or it has no seeds. Else why not.
+  std::string not_ready;
   std::vector<MemberStatus> members;
   cluster::MembershipStats membership;
   std::vector<std::pair<std::string, uint64_t>> dropped;  // peer datagrams dropped, by reason

@@ -65,3 +65,60 @@ TEST_CASE("nodes whose only seed is a DNS SRV name form a cluster, and find a no
   CHECK_MESSAGE(c.wait_all_alive(milliseconds(20000)),
                 "the node added to DNS was not found within 20 s: " << c.describe());
 }
+
+// Readiness (/healthz?ready, the Kubernetes readiness probe): a node is live as soon as its admin
+// port answers, but ready only once its first join has an outcome. While its DNS seed has no
+// records it says so; once the records name a peer that does not answer it is joining; when every
+// join round went unanswered it is ready alone (a first pod); a node that joins a live member is
+// ready as soon as the member answers. Readiness stays once reached: later join rounds (new DNS
+// addresses) do not take it back.
+TEST_CASE("readiness waits for the DNS seed to resolve and the first join to end") {
+  DnsServer dns(std::vector<std::string>{"--host-record=pods.sluice.test,127.0.0.1"});
+  ClusterSpec spec;
+  spec.sluiced_bin = SLUICED_BIN;
+  spec.nodes = 2;
+  spec.rules_yaml = two_mode_rules(100);
+  spec.seeds = [](size_t) { return std::vector<std::string>{std::string("dns+srv:") + kService}; };
+  spec.extra_cluster_config = {"seed_refresh_ms: 500", "dns_server: " + dns.address()};
+  LocalCluster c(spec);
+  REQUIRE(c.configure_node() == 0);
+  REQUIRE(c.configure_node() == 1);
+  REQUIRE(c.start_node(0) == "");
+
+  CHECK(c.get(0, "/healthz").status == 200);  // live
+  HttpReply r = c.get(0, "/healthz?ready");
+  CHECK(r.status == 503);
+  CHECK_MESSAGE(r.body.find("no DNS seed has resolved yet") != std::string::npos, r.body);
+  auto status = c.cluster_json(0);
+  REQUIRE(status);
+  CHECK((*status)["ready"] == false);
+  CHECK(c.get(0, "/metrics").body.find("sluice_cluster_ready 0") != std::string::npos);
+
+  // The records now name both nodes; node 1 is not running, so node 0's join goes unanswered.
+  dns.restart(records_of(c, 2));
+  CHECK(wait_until(
+      [&] {
+        return c.get(0, "/healthz?ready").body.find("joining") != std::string::npos;
+      },
+      milliseconds(5000), milliseconds(20)));
+  // Every round unanswered (5 rounds, 1 s apart): ready alone.
+  const auto t0 = SteadyClock::now();
+  CHECK(wait_until([&] { return c.get(0, "/healthz?ready").status == 200; }, milliseconds(15000),
+                   milliseconds(50)));
+  CHECK(SteadyClock::now() - t0 >= milliseconds(2000));
+  CHECK(c.get(0, "/healthz?ready").body == "ready\n");
+  CHECK(c.get(0, "/metrics").body.find("sluice_cluster_ready 1") != std::string::npos);
+
+  // Node 1 resolves the same records, and node 0 answers its join: ready within a few rounds.
+  REQUIRE(c.start_node(1) == "");
+  CHECK(wait_until([&] { return c.get(1, "/healthz?ready").status == 200; }, milliseconds(5000),
+                   milliseconds(20)));
+  status = c.cluster_json(1);
+  REQUIRE(status);
+  CHECK((*status)["join_state"] == "joined");
+  CHECK((*status)["ready"] == true);
+  // Node 0 found node 1 (its own new join round) and stayed ready throughout.
+  CHECK(c.wait_all_alive(milliseconds(20000)));
+  CHECK(c.get(0, "/healthz?ready").status == 200);
+  CHECK(c.get(0, "/healthz?ready=1&x=%zz").status == 400);
+}

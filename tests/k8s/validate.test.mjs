@@ -93,11 +93,14 @@ test('the pod: ports, probes, drain, config, secret, rules and data are wired up
       assert.equal(target.protocol, p.protocol, `Service ${svc.metadata.name} port ${p.name}: protocol`);
     }
   }
-  for (const probe of ['startupProbe', 'readinessProbe', 'livenessProbe']) {
-    assert.equal(c[probe]?.httpGet?.path, '/healthz', probe);
+  // Liveness and startup: the admin port answers (restored); readiness: joined as well.
+  for (const [probe, path] of [['startupProbe', '/healthz'], ['readinessProbe', '/healthz?ready'],
+                               ['livenessProbe', '/healthz']]) {
+    assert.equal(c[probe]?.httpGet?.path, path, probe);
     assert.ok(ports.has(c[probe].httpGet.port), `${probe} port`);
   }
-  assert.deepEqual(c.lifecycle.preStop.exec.command.slice(0, 2), ['/usr/local/bin/sluicectl', 'drain']);
+  const preStop = c.lifecycle.preStop.exec.command;
+  assert.deepEqual(preStop.slice(0, 2), ['/usr/local/bin/sluicectl', 'drain']);
 
   // The config template: the command fills in every placeholder it holds.
   const template = find('ConfigMap', 'sluice-config').data['sluiced.yaml.in'];
@@ -122,6 +125,10 @@ test('the pod: ports, probes, drain, config, secret, rules and data are wired up
   assert.ok(find('ConfigMap', volumes.get('rules').configMap.name).data['rules.yaml'], 'the rules ConfigMap has rules.yaml');
   assert.ok(template.includes(`secret_file: ${mounts.get('secret')}/secret`), 'secret_file in the secret mount');
   assert.ok(volumes.get('secret').secret.secretName, 'the cluster secret comes from a Secret');
+  // The admin token: from the same Secret, in the config and in the drain (a write).
+  const token = `${mounts.get('secret')}/admin-token`;
+  assert.ok(template.includes(`admin_token_file: ${token}`), 'admin_token_file in the secret mount');
+  assert.equal(preStop[preStop.indexOf('--token-file') + 1], token, 'the drain sends the admin token');
   assert.ok(template.includes(`data_dir: ${mounts.get('data')}/`), 'data_dir on the volume claim');
   assert.ok(script.includes(mounts.get('run')), 'the generated config goes to the writable run volume');
 
