@@ -49,12 +49,9 @@ using tcp = boost::asio::ip::tcp;
 using Json = nlohmann::json;
 using wire::ceil_seconds;
 
-constexpr size_t kMaxHeaderBytes = 8 * 1024;
-constexpr size_t kMaxBodyBytes = 64 * 1024;
 constexpr size_t kMaxConnections = 256;
 constexpr auto kIoTimeout = std::chrono::seconds(30);
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
-constexpr uint64_t kMaxHits = 1'000'000'000;
 
 // "host:port" or "[v6]:port" -> endpoint; throws naming the address.
 tcp::endpoint parse_listen(const std::string& listen) {
@@ -93,16 +90,6 @@ tcp::endpoint parse_listen(const std::string& listen) {
 
 beast::string_view bsv(std::string_view s) {
   return {s.data(), s.size()};
-}
-
-bool iequals_prefix(std::string_view s, std::string_view prefix) {
-  if (s.size() < prefix.size()) return false;
-  for (size_t i = 0; i < prefix.size(); ++i) {
-    const auto a = static_cast<unsigned char>(s[i]);
-    const auto b = static_cast<unsigned char>(prefix[i]);
-    if (std::tolower(a) != std::tolower(b)) return false;
-  }
-  return true;
 }
 
 // A Prometheus label value (text format 0.0.4): '\', '"' and newline escaped.
@@ -203,13 +190,6 @@ namespace {
 
 // ---- the check shared by /v1/check and /v1/auth ----------------------------------------------
 
-struct CheckInput {
-  std::string domain;
-  bool has_domain = false;
-  std::vector<std::pair<std::string, std::string>> entries;
-  uint64_t hits = 1;
-};
-
 // Outcome of one check, ready for either endpoint's answer.
 struct CheckOutcome {
   wire::Code code = wire::Code::kOk;
@@ -265,91 +245,6 @@ CheckOutcome outcome_of(const wire::Decision& d) {
                 {"limits", std::move(limits)}};
   o.headers = wire::ratelimit_headers(d.limits, o.enforce_denied).headers;
   return o;
-}
-
-// Parses "hits" given as text (query parameter or header). Returns "" or the error.
-std::string parse_hits_text(std::string_view s, uint64_t& out) {
-  if (!s.empty() && s.front() == '-') return "hits must not be negative";
-  uint64_t v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec == std::errc::invalid_argument || end != s.data() + s.size()) {
-    return "hits must be an integer";
-  }
-  if (ec == std::errc::result_out_of_range || v > kMaxHits) {
-    return "hits must be at most " + std::to_string(kMaxHits);
-  }
-  out = v;
-  return "";
-}
-
-// Parses the /v1/check body. Returns "" or the error for a 400 answer.
-std::string parse_check_body(std::string_view body, CheckInput& in) {
-  Json j;
-  if (std::string err = parse_json_object(body, j); !err.empty()) return err;
-  for (const auto& [key, value] : j.items()) {
-    if (key == "domain") {
-      if (!value.is_string()) return "domain must be a string";
-      in.domain = value.get<std::string>();
-      in.has_domain = true;
-    } else if (key == "descriptors") {
-      if (std::string err = parse_descriptors(value, in.entries); !err.empty()) return err;
-    } else if (key == "hits") {
-      if (value.is_number_unsigned()) {
-        const uint64_t v = value.get<uint64_t>();
-        if (v > kMaxHits) return "hits must be at most " + std::to_string(kMaxHits);
-        in.hits = v;
-      } else if (value.is_number_integer()) {  // signed: negative, or -0
-        if (value.get<int64_t>() < 0) return "hits must not be negative";
-        in.hits = 0;
-      } else {
-        return "hits must be an integer";
-      }
-    } else {
-      return "unknown field \"" + key + "\"";
-    }
-  }
-  if (!in.has_domain) return "domain is required";
-  return "";
-}
-
-// Collects /v1/auth input from the query and X-Sluice-* headers. Returns "" or the error.
-template <class Fields>
-std::string parse_auth_input(std::string_view query, const Fields& fields, CheckInput& in) {
-  bool has_hits = false;
-  const auto take = [&](std::string key, std::string value) -> std::string {
-    if (key == "domain") {
-      if (in.has_domain) return "domain given twice";
-      in.domain = std::move(value);
-      in.has_domain = true;
-    } else if (key == "hits") {
-      if (has_hits) return "hits given twice";
-      has_hits = true;
-      return parse_hits_text(value, in.hits);
-    } else {
-      in.entries.emplace_back(std::move(key), std::move(value));
-    }
-    return "";
-  };
-  std::vector<std::pair<std::string, std::string>> params;
-  if (!parse_query(query, params)) return "malformed percent-escape in the query string";
-  for (auto& [k, v] : params) {
-    if (std::string err = take(std::move(k), std::move(v)); !err.empty()) return err;
-  }
-  constexpr std::string_view kPrefix = "X-Sluice-";
-  for (const auto& f : fields) {
-    const std::string_view name(f.name_string().data(), f.name_string().size());
-    if (!iequals_prefix(name, kPrefix)) continue;
-    std::string k(name.substr(kPrefix.size()));
-    for (char& c : k) {
-      c = c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    }
-    if (std::string err = take(std::move(k), std::string(f.value().data(), f.value().size()));
-        !err.empty()) {
-      return err;
-    }
-  }
-  if (!in.has_domain) return "domain is required (?domain= or X-Sluice-Domain)";
-  return "";
 }
 
 // ---- metrics and status ----------------------------------------------------------------------
@@ -907,7 +802,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (path == "/v1/auth") {
       if (!get) return method_not_allowed("GET");
       CheckInput in;
-      if (std::string err = parse_auth_input(query, req, in); !err.empty()) {
+      std::vector<std::pair<std::string_view, std::string_view>> headers;
+      for (const auto& f : req) {
+        headers.emplace_back(std::string_view(f.name_string().data(), f.name_string().size()),
+                             std::string_view(f.value().data(), f.value().size()));
+      }
+      if (std::string err = parse_auth_input(query, headers, in); !err.empty()) {
         return json(http::status::bad_request, Json{{"error", err}});
       }
       return start_check(in, Front::kAuth);

@@ -15,21 +15,9 @@ namespace sluice::node {
 namespace {
 
 using Json = nlohmann::json;
-using Entries = std::vector<std::pair<std::string, std::string>>;
 
-constexpr int kMaxJsonDepth = 8;
-constexpr size_t kMaxLimitsPerOverride = 8;
 constexpr size_t kDefaultTop = 20;
 constexpr size_t kMaxTop = 512;
-
-struct TooDeep {};
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 OpsReply reply(unsigned status, Json body) {
   return OpsReply{status, std::move(body), {}};
@@ -94,44 +82,6 @@ Json versioned_override_json(const Node& node, const rules::Override& o, int64_t
   return j;
 }
 
-// The domain and descriptors every operator body names.
-std::string parse_target(const Json& j, std::string& domain, Entries& entries) {
-  if (!j.contains("domain") || !j["domain"].is_string()) return "domain (a string) is required";
-  domain = j["domain"].get<std::string>();
-  if (!j.contains("descriptors")) return "descriptors (an object of strings) is required";
-  if (std::string err = parse_descriptors(j["descriptors"], entries); !err.empty()) return err;
-  if (entries.empty()) return "descriptors must name at least one entry";
-  return "";
-}
-
-std::string check_fields(const Json& j, std::initializer_list<std::string_view> allowed) {
-  for (const auto& [key, value] : j.items()) {
-    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      return "unknown field \"" + key + "\"";
-    }
-  }
-  return "";
-}
-
-// "ttl": "24h" | "90s" | seconds as a number; 0 or absent = no expiry.
-std::string parse_ttl(const Json& j, int64_t now_ms, int64_t& expires_at_ms) {
-  expires_at_ms = 0;
-  if (!j.contains("ttl") || j["ttl"].is_null()) return "";
-  const Json& t = j["ttl"];
-  int64_t ms = 0;
-  if (t.is_number_unsigned()) {
-    ms = static_cast<int64_t>(std::min<uint64_t>(t.get<uint64_t>(), 3'650ull * 86'400)) * 1000;
-  } else if (t.is_string()) {
-    const auto d = rules::parse_duration_ms(t.get<std::string>());
-    if (!d || *d < 0) return "ttl must be a duration such as 90s, 30m, 24h or 7d";
-    ms = *d;
-  } else {
-    return "ttl must be a duration such as 90s, 30m, 24h or 7d";
-  }
-  if (ms > 0) expires_at_ms = now_ms + ms;
-  return "";
-}
-
 OpsReply from_result(const OpResult& r, Json ok_body) {
   switch (r.kind) {
     case OpResult::Kind::kOk:
@@ -147,51 +97,8 @@ OpsReply from_result(const OpResult& r, Json ok_body) {
 }
 
 OpsReply set_override(Node& node, const Json& j, bool plan_only) {
-  if (std::string err = plan_only
-                            ? check_fields(j, {"domain", "descriptors", "plan", "ttl"})
-                            : check_fields(j, {"domain", "descriptors", "limits", "granularity",
-                                               "mode", "ttl", "plan"});
-      !err.empty()) {
-    return error(400, err);
-  }
   rules::Override o;
-  if (std::string err = parse_target(j, o.domain, o.entries); !err.empty()) return error(400, err);
-  // Without a granularity an override's limits count in the rule's buckets (bucket_ms 0), so one
-  // with the window of a rule's limit keeps its counter (rules.h, Override::limits).
-  int64_t bucket_ms = 0;
-  if (j.contains("granularity")) {
-    const auto g = j["granularity"].is_string()
-                       ? rules::parse_duration_ms(j["granularity"].get<std::string>())
-                       : std::nullopt;
-    if (!g) return error(400, "granularity must be a duration such as \"1s\" or \"10s\"");
-    bucket_ms = *g;
-  }
-  if (j.contains("limits")) {
-    if (!j["limits"].is_array()) return error(400, "limits must be an array such as [\"500/1m\"]");
-    if (j["limits"].size() > kMaxLimitsPerOverride) {
-      return error(400, "at most " + std::to_string(kMaxLimitsPerOverride) + " limits");
-    }
-    for (const Json& l : j["limits"]) {
-      if (!l.is_string()) return error(400, "each limit must be a string such as \"500/1m\"");
-      rules::Limit lim;
-      if (std::string why = rules::parse_limit(l.get<std::string>(), bucket_ms, lim); !why.empty()) {
-        return error(400, "limit \"" + l.get<std::string>() + "\": " + why);
-      }
-      if (bucket_ms == 0) lim.spec.bucket_ms = 0;  // the rule's
-      o.limits.push_back(std::move(lim));
-    }
-  }
-  if (j.contains("mode") && !j["mode"].is_null()) {
-    if (!j["mode"].is_string()) return error(400, "mode must be enforce, dry-run or shadow");
-    o.mode = rules::parse_mode(j["mode"].get<std::string>());
-    if (!o.mode) return error(400, "mode must be enforce, dry-run or shadow");
-  }
-  if (j.contains("plan")) {
-    if (!j["plan"].is_string()) return error(400, "plan must be a string");
-    o.plan = j["plan"].get<std::string>();
-  }
-  if (plan_only && o.plan.empty()) return error(400, "plan (a plan name) is required");
-  if (std::string err = parse_ttl(j, node.now_ms(), o.expires_at_ms); !err.empty()) {
+  if (std::string err = parse_override_body(j, plan_only, node.now_ms(), o); !err.empty()) {
     return error(400, err);
   }
   const Entries entries = o.entries;
@@ -448,68 +355,6 @@ Json cluster_json(const ClusterStatus& c) {
                               {"local_health", ms.local_health},
                               {"identity_conflicts",
                                ms.ignored_of(cluster::IgnoredReason::kIdentityConflict)}}}};
-}
-
-bool percent_decode(std::string_view in, std::string& out) {
-  out.clear();
-  out.reserve(in.size());
-  for (size_t i = 0; i < in.size(); ++i) {
-    const char c = in[i];
-    if (c == '%') {
-      if (i + 2 >= in.size()) return false;
-      const int hi = hex_value(in[i + 1]);
-      const int lo = hex_value(in[i + 2]);
-      if (hi < 0 || lo < 0) return false;
-      out.push_back(static_cast<char>(hi * 16 + lo));
-      i += 2;
-    } else if (c == '+') {
-      out.push_back(' ');
-    } else {
-      out.push_back(c);
-    }
-  }
-  return true;
-}
-
-bool parse_query(std::string_view query, std::vector<std::pair<std::string, std::string>>& out) {
-  std::string key, value;
-  while (!query.empty()) {
-    const size_t amp = query.find('&');
-    const std::string_view part = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (part.empty()) continue;
-    const size_t eq = part.find('=');
-    const std::string_view k = part.substr(0, eq);
-    const std::string_view v =
-        eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
-    if (!percent_decode(k, key) || !percent_decode(v, value)) return false;
-    out.emplace_back(key, value);
-  }
-  return true;
-}
-
-std::string parse_json_object(std::string_view body, Json& out) {
-  try {
-    out = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) throw TooDeep{};
-      return true;
-    });
-  } catch (const Json::parse_error& e) {
-    return "malformed JSON at byte " + std::to_string(e.byte);
-  } catch (const TooDeep&) {
-    return "JSON nested deeper than " + std::to_string(kMaxJsonDepth);
-  }
-  if (!out.is_object()) return "the body must be a JSON object";
-  return "";
-}
-
-std::string parse_descriptors(const Json& value, Entries& entries) {
-  if (!value.is_object()) return "descriptors must be an object of strings";
-  for (const auto& [k, v] : value.items()) {
-    if (!v.is_string()) return "descriptors." + k + " must be a string";
-    entries.emplace_back(k, v.get<std::string>());
-  }
-  return "";
 }
 
 std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::string_view path,

@@ -20,6 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "node/admin_input.h"
+
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,18 +43,7 @@ struct OpsReply {
 std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::string_view path,
                                    std::string_view query, std::string_view body);
 
-// Percent-decodes a query component ('+' is a space). False on a malformed escape.
-bool percent_decode(std::string_view in, std::string& out);
-// Splits and decodes "a=1&b=2". False on a malformed escape.
-bool parse_query(std::string_view query, std::vector<std::pair<std::string, std::string>>& out);
-
 // The cluster section of /v1/status and /v1/cluster.
 nlohmann::json cluster_json(const ClusterStatus& status);
-
-// Parses a request body that must be a JSON object, nesting bounded. "" or the error.
-std::string parse_json_object(std::string_view body, nlohmann::json& out);
-// Reads "descriptors": an object of strings, into entries. "" or the error.
-std::string parse_descriptors(const nlohmann::json& value,
-                              std::vector<std::pair<std::string, std::string>>& entries);
 
 }  // namespace sluice::node

@@ -1,0 +1,274 @@
+// The admin port's parsers of client and operator input (admin_input.h).
+#include "node/admin_input.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+
+#include "rules/rules.h"
+
+namespace sluice::node {
+namespace {
+
+using Json = nlohmann::json;
+
+// A TTL past ten years is ten years (an override that long is "until deleted" in practice).
+constexpr int64_t kMaxTtlMs = int64_t{3'650} * 86'400'000;
+
+struct TooDeep {};
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+bool iequals_prefix(std::string_view s, std::string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i) {
+    const auto a = static_cast<unsigned char>(s[i]);
+    const auto b = static_cast<unsigned char>(prefix[i]);
+    if (std::tolower(a) != std::tolower(b)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// The domain and descriptors every operator body names.
+std::string parse_target(const Json& j, std::string& domain, Entries& entries) {
+  if (!j.contains("domain") || !j["domain"].is_string()) return "domain (a string) is required";
+  domain = j["domain"].get<std::string>();
+  if (!j.contains("descriptors")) return "descriptors (an object of strings) is required";
+  if (std::string err = parse_descriptors(j["descriptors"], entries); !err.empty()) return err;
+  if (entries.empty()) return "descriptors must name at least one entry";
+  return "";
+}
+
+std::string check_fields(const Json& j, std::initializer_list<std::string_view> allowed) {
+  for (const auto& [key, value] : j.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      return "unknown field \"" + key + "\"";
+    }
+  }
+  return "";
+}
+
+// "ttl": "24h" | "90s" | seconds as a number; 0 or absent = no expiry.
+std::string parse_ttl(const Json& j, int64_t now_ms, int64_t& expires_at_ms) {
+  expires_at_ms = 0;
+  if (!j.contains("ttl") || j["ttl"].is_null()) return "";
+  const Json& t = j["ttl"];
+  int64_t ms = 0;
+  if (t.is_number_unsigned()) {
+    ms = static_cast<int64_t>(std::min<uint64_t>(t.get<uint64_t>(), kMaxTtlMs / 1000)) * 1000;
+  } else if (t.is_string()) {
+    const auto d = rules::parse_duration_ms(t.get<std::string>());
+    if (!d || *d < 0) return "ttl must be a duration such as 90s, 30m, 24h or 7d";
+    ms = std::min(*d, kMaxTtlMs);
+  } else {
+    return "ttl must be a duration such as 90s, 30m, 24h or 7d";
+  }
+  if (ms > 0) expires_at_ms = now_ms + ms;
+  return "";
+}
+
+
+bool percent_decode(std::string_view in, std::string& out) {
+  out.clear();
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const char c = in[i];
+    if (c == '%') {
+      if (i + 2 >= in.size()) return false;
+      const int hi = hex_value(in[i + 1]);
+      const int lo = hex_value(in[i + 2]);
+      if (hi < 0 || lo < 0) return false;
+      out.push_back(static_cast<char>(hi * 16 + lo));
+      i += 2;
+    } else if (c == '+') {
+      out.push_back(' ');
+    } else {
+      out.push_back(c);
+    }
+  }
+  return true;
+}
+
+bool parse_query(std::string_view query, Entries& out) {
+  std::string key, value;
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view part = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (part.empty()) continue;
+    const size_t eq = part.find('=');
+    const std::string_view k = part.substr(0, eq);
+    const std::string_view v =
+        eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
+    if (!percent_decode(k, key) || !percent_decode(v, value)) return false;
+    out.emplace_back(key, value);
+  }
+  return true;
+}
+
+std::string parse_json_object(std::string_view body, Json& out) {
+  try {
+    out = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxJsonDepth) throw TooDeep{};
+      return true;
+    });
+  } catch (const Json::parse_error& e) {
+    return "malformed JSON at byte " + std::to_string(e.byte);
+  } catch (const TooDeep&) {
+    return "JSON nested deeper than " + std::to_string(kMaxJsonDepth);
+  }
+  if (!out.is_object()) return "the body must be a JSON object";
+  return "";
+}
+
+std::string parse_descriptors(const Json& value, Entries& entries) {
+  if (!value.is_object()) return "descriptors must be an object of strings";
+  for (const auto& [k, v] : value.items()) {
+    if (!v.is_string()) return "descriptors." + k + " must be a string";
+    entries.emplace_back(k, v.get<std::string>());
+  }
+  return "";
+}
+
+// Parses "hits" given as text (query parameter or header). Returns "" or the error.
+std::string parse_hits_text(std::string_view s, uint64_t& out) {
+  if (!s.empty() && s.front() == '-') return "hits must not be negative";
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec == std::errc::invalid_argument || end != s.data() + s.size()) {
+    return "hits must be an integer";
+  }
+  if (ec == std::errc::result_out_of_range || v > kMaxHits) {
+    return "hits must be at most " + std::to_string(kMaxHits);
+  }
+  out = v;
+  return "";
+}
+
+// Parses the /v1/check body. Returns "" or the error for a 400 answer.
+std::string parse_check_body(std::string_view body, CheckInput& in) {
+  Json j;
+  if (std::string err = parse_json_object(body, j); !err.empty()) return err;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "domain") {
+      if (!value.is_string()) return "domain must be a string";
+      in.domain = value.get<std::string>();
+      in.has_domain = true;
+    } else if (key == "descriptors") {
+      if (std::string err = parse_descriptors(value, in.entries); !err.empty()) return err;
+    } else if (key == "hits") {
+      if (value.is_number_unsigned()) {
+        const uint64_t v = value.get<uint64_t>();
+        if (v > kMaxHits) return "hits must be at most " + std::to_string(kMaxHits);
+        in.hits = v;
+      } else if (value.is_number_integer()) {  // signed: negative, or -0
+        if (value.get<int64_t>() < 0) return "hits must not be negative";
+        in.hits = 0;
+      } else {
+        return "hits must be an integer";
+      }
+    } else {
+      return "unknown field \"" + key + "\"";
+    }
+  }
+  if (!in.has_domain) return "domain is required";
+  return "";
+}
+
+// Collects /v1/auth input from the query and X-Sluice-* headers. Returns "" or the error.
+std::string parse_auth_input(std::string_view query,
+                             std::span<const std::pair<std::string_view, std::string_view>> headers,
+                             CheckInput& in) {
+  bool has_hits = false;
+  const auto take = [&](std::string key, std::string value) -> std::string {
+    if (key == "domain") {
+      if (in.has_domain) return "domain given twice";
+      in.domain = std::move(value);
+      in.has_domain = true;
+    } else if (key == "hits") {
+      if (has_hits) return "hits given twice";
+      has_hits = true;
+      return parse_hits_text(value, in.hits);
+    } else {
+      in.entries.emplace_back(std::move(key), std::move(value));
+    }
+    return "";
+  };
+  Entries params;
+  if (!parse_query(query, params)) return "malformed percent-escape in the query string";
+  for (auto& [k, v] : params) {
+    if (std::string err = take(std::move(k), std::move(v)); !err.empty()) return err;
+  }
+  constexpr std::string_view kPrefix = "X-Sluice-";
+  for (const auto& [name, value] : headers) {
+    if (!iequals_prefix(name, kPrefix)) continue;
+    std::string k(name.substr(kPrefix.size()));
+    for (char& c : k) {
+      c = c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    if (std::string err = take(std::move(k), std::string(value)); !err.empty()) return err;
+  }
+  if (!in.has_domain) return "domain is required (?domain= or X-Sluice-Domain)";
+  return "";
+}
+
+std::string parse_override_body(const Json& j, bool plan_only, int64_t now_ms, rules::Override& o) {
+  if (std::string err = plan_only
+                            ? check_fields(j, {"domain", "descriptors", "plan", "ttl"})
+                            : check_fields(j, {"domain", "descriptors", "limits", "granularity",
+                                               "mode", "ttl", "plan"});
+      !err.empty()) {
+    return err;
+  }
+  o = rules::Override{};
+  if (std::string err = parse_target(j, o.domain, o.entries); !err.empty()) return err;
+  // Without a granularity an override's limits count in the rule's buckets (bucket_ms 0), so one
+  // with the window of a rule's limit keeps its counter (rules.h, Override::limits).
+  int64_t bucket_ms = 0;
+  if (j.contains("granularity")) {
+    const auto g = j["granularity"].is_string()
+                       ? rules::parse_duration_ms(j["granularity"].get<std::string>())
+                       : std::nullopt;
+    if (!g) return "granularity must be a duration such as \"1s\" or \"10s\"";
+    bucket_ms = *g;
+  }
+  if (j.contains("limits")) {
+    if (!j["limits"].is_array()) return "limits must be an array such as [\"500/1m\"]";
+    if (j["limits"].size() > kMaxLimitsPerOverride) {
+      return "at most " + std::to_string(kMaxLimitsPerOverride) + " limits";
+    }
+    for (const Json& l : j["limits"]) {
+      if (!l.is_string()) return "each limit must be a string such as \"500/1m\"";
+      rules::Limit lim;
+      if (std::string why = rules::parse_limit(l.get<std::string>(), bucket_ms, lim); !why.empty()) {
+        return "limit \"" + l.get<std::string>() + "\": " + why;
+      }
+      if (bucket_ms == 0) lim.spec.bucket_ms = 0;  // the rule's
+      o.limits.push_back(std::move(lim));
+    }
+  }
+  if (j.contains("mode") && !j["mode"].is_null()) {
+    if (!j["mode"].is_string()) return "mode must be enforce, dry-run or shadow";
+    o.mode = rules::parse_mode(j["mode"].get<std::string>());
+    if (!o.mode) return "mode must be enforce, dry-run or shadow";
+  }
+  if (j.contains("plan")) {
+    if (!j["plan"].is_string()) return "plan must be a string";
+    o.plan = j["plan"].get<std::string>();
+  }
+  if (plan_only && o.plan.empty()) return "plan (a plan name) is required";
+  if (std::string err = parse_ttl(j, now_ms, o.expires_at_ms); !err.empty()) {
+    return err;
+  }
+  return "";
+}
+
+}  // namespace sluice::node
