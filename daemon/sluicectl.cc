@@ -21,15 +21,16 @@
 
 #include "client/client.h"
 #include "rules/rules.h"
+#include "sluicectl_args.h"
 
 namespace {
 
 namespace http = boost::beast::http;
 using nlohmann::json;
 
-constexpr int kAllowed = 0;
-constexpr int kDenied = 1;
-constexpr int kError = 2;
+using sluice::ctl::kAllowed;
+using sluice::ctl::kDenied;
+using sluice::ctl::kError;
 
 // The admin token sent as `Authorization: Bearer` with every admin request (docs/operations.md,
 // "Admin token"); "" sends none. Set once by main, from --token-file or SLUICE_ADMIN_TOKEN, before
@@ -218,24 +219,6 @@ std::optional<json> call_json(const std::string& admin, http::verb verb, const s
   return j;
 }
 
-// Splits key=value arguments into a JSON object; false (printed) on a malformed one.
-bool descriptors_json(const std::vector<std::string>& pairs, json& out) {
-  out = json::object();
-  for (const auto& p : pairs) {
-    const auto eq = p.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      std::fprintf(stderr, "sluicectl: '%s' is not key=value\n", p.c_str());
-      return false;
-    }
-    out[p.substr(0, eq)] = p.substr(eq + 1);
-  }
-  if (out.empty()) {
-    std::fprintf(stderr, "sluicectl: name at least one key=value descriptor entry\n");
-    return false;
-  }
-  return true;
-}
-
 std::string describe(const json& o) {
   std::string s = o.value("domain", "");
   for (const auto& [k, v] : o.at("descriptors").items())
@@ -414,9 +397,9 @@ int run_top(const std::string& admin, int n, bool watch, double interval_s, int 
   }
 }
 
-int run_ring(const std::string& admin, const std::string& domain,
-             const std::vector<std::string>& pairs, bool as_json) {
-  if (domain.empty()) {
+// `target` null: every member's share; else {"domain","descriptors"}: the owners of its counters.
+int run_ring(const std::string& admin, const json& target, bool as_json) {
+  if (target.is_null()) {
     const auto j = call_json(admin, http::verb::get, "/v1/ring");
     if (!j) return kError;
     if (as_json) {
@@ -435,10 +418,7 @@ int run_ring(const std::string& admin, const std::string& domain,
     }
     return kAllowed;
   }
-  json d;
-  if (!descriptors_json(pairs, d)) return kError;
-  const auto j = call_json(admin, http::verb::post, "/v1/ring",
-                           json{{"domain", domain}, {"descriptors", d}});
+  const auto j = call_json(admin, http::verb::post, "/v1/ring", target);
   if (!j) return kError;
   if (as_json) {
     print_json(*j);
@@ -598,170 +578,56 @@ int run_rules_convert(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"sluicectl: operate Sluice nodes\n"
-               "exit codes: 0 allowed / ok, 1 denied, 2 error",
-               "sluicectl"};
-  app.require_subcommand(1);
-  bool as_json = false;
-  app.add_flag("--json", as_json, "print JSON (one object per line)");
-
-  std::string server = "127.0.0.1:7350";
-  std::string admin = "127.0.0.1:7351";
-  auto* check = app.add_subcommand("check", "ask whether a request may go ahead");
-  std::string domain;
-  std::vector<std::string> pairs;
-  int64_t hits = 1;
-  bool tcp = false;
-  int timeout_ms = 1000;
-  int repeat = 1;
-  check->add_option("domain", domain, "rules domain")->required();
-  check->add_option("entries", pairs, "descriptor entries key=value");
-  check->add_option("--hits", hits, "cost of the request (0 asks without counting)");
-  check->add_option("--server", server, "node check address host:port");
-  check->add_flag("--tcp", tcp, "use TCP instead of UDP");
-  check->add_option("--repeat", repeat, "send the check this many times in a row (exit code: last)")
-      ->check(CLI::Range(1, 100'000));
-  check->add_option("--timeout-ms", timeout_ms, "give up after this long")->check(CLI::Range(1, 60'000));
-  check->add_flag("--json", as_json, "print JSON");
-
-  std::string token_file;
-  const char* kTokenHelp =
-      "file holding the node's admin token, sent as Authorization: Bearer (default: the "
-      "SLUICE_ADMIN_TOKEN environment variable)";
-  auto* status = app.add_subcommand("status", "show a node's counters and rule statistics");
-  status->add_option("--admin", admin, "node admin HTTP address host:port");
-  status->add_option("--token-file", token_file, kTokenHelp);
-  status->add_flag("--json", as_json, "print JSON");
-
-  // Operator commands talk to the admin port.
-  const auto admin_opt = [&](CLI::App* c) {
-    c->add_option("--admin", admin, "node admin HTTP address host:port");
-    c->add_option("--token-file", token_file, kTokenHelp);
-    c->add_flag("--json", as_json, "print JSON");
-  };
-  auto* ovr = app.add_subcommand("override", "set, get, list or delete runtime overrides");
-  ovr->require_subcommand(1);
-  std::vector<std::string> limits;
-  std::string mode, ttl, plan, granularity;
-  auto* ovr_set = ovr->add_subcommand(
-      "set", "new limits and/or mode for one key, stored (WAL synced) and applied at once");
-  ovr_set->add_option("domain", domain, "rules domain")->required();
-  ovr_set->add_option("entries", pairs, "the key's descriptor entries key=value")->required();
-  ovr_set->add_option("--limit", limits, "N/window, e.g. 500/1m (repeatable)");
-  ovr_set->add_option("--granularity", granularity,
-                      "bucket size of the limits, e.g. 1s (default: the rule's)");
-  ovr_set->add_option("--mode", mode, "enforce | dry-run | shadow");
-  ovr_set->add_option("--ttl", ttl, "expire after e.g. 90s, 30m, 24h, 7d (default: never)");
-  ovr_set->add_option("--plan", plan, "use this plan's limits");
-  admin_opt(ovr_set);
-  auto* ovr_get = ovr->add_subcommand("get", "show the override of one key (exit 1: none)");
-  ovr_get->add_option("domain", domain, "rules domain")->required();
-  ovr_get->add_option("entries", pairs, "descriptor entries key=value")->required();
-  admin_opt(ovr_get);
-  auto* ovr_del = ovr->add_subcommand("del", "delete the override of one key (exit 1: none)");
-  ovr_del->alias("delete");
-  ovr_del->add_option("domain", domain, "rules domain")->required();
-  ovr_del->add_option("entries", pairs, "descriptor entries key=value")->required();
-  admin_opt(ovr_del);
-  auto* ovr_list = ovr->add_subcommand("list", "every override in force");
-  ovr_list->add_option("domain", domain, "only this domain");
-  admin_opt(ovr_list);
-
-  auto* plan_cmd = app.add_subcommand("plan", "subscription plans");
-  plan_cmd->require_subcommand(1);
-  auto* plan_assign = plan_cmd->add_subcommand(
-      "assign", "put one key on a plan of its domain: DOMAIN key=value PLAN");
-  std::vector<std::string> assign_args;
-  plan_assign->add_option("args", assign_args, "DOMAIN key=value... PLAN")->required()->expected(3, -1);
-  plan_assign->add_option("--ttl", ttl, "expire after e.g. 30d (default: never)");
-  admin_opt(plan_assign);
-
-  auto* insp = app.add_subcommand(
-      "inspect", "a key's rules, overrides, buckets and estimates on a node");
-  insp->add_option("domain", domain, "rules domain")->required();
-  insp->add_option("entries", pairs, "descriptor entries key=value")->required();
-  admin_opt(insp);
-
-  auto* top = app.add_subcommand(
-      "top", "keys nearest to or over their limits, and keys a dry-run rule would deny");
-  int top_n = 20;
-  bool watch = false;
-  double interval_s = 2.0;
-  int count = 0;
-  top->add_option("-n,--limit", top_n, "rows")->check(CLI::Range(1, 512));
-  top->add_flag("--watch", watch, "refresh until interrupted");
-  top->add_option("--interval", interval_s, "seconds between refreshes")->check(CLI::Range(0.1, 3600.0));
-  top->add_option("--count", count, "with --watch: stop after this many refreshes");
-  admin_opt(top);
-
-  auto* snap = app.add_subcommand("snapshot", "write a snapshot of the node's counters now");
-  bool full = false;
-  snap->add_flag("--full", full, "write every counter, not only those changed since the last");
-  admin_opt(snap);
-
-  auto* ring = app.add_subcommand(
-      "ring", "each member's share of the keys, or the owners of a request's counters");
-  std::string ring_domain;
-  std::vector<std::string> ring_pairs;
-  ring->add_option("domain", ring_domain, "rules domain (omit for the members' shares)");
-  ring->add_option("entries", ring_pairs, "descriptor entries key=value");
-  admin_opt(ring);
-
-  auto* drain = app.add_subcommand(
-      "drain", "make the node leave the cluster gracefully (its keys move to the others), then stop");
-  admin_opt(drain);
-
-  auto* rules_cmd = app.add_subcommand("rules", "work with rules files offline");
-  rules_cmd->require_subcommand(1);
-  auto* convert = rules_cmd->add_subcommand(
-      "convert", "print the Sluice rules equivalent of envoyproxy/ratelimit config files");
-  std::string convert_path;
-  convert->add_option("path", convert_path, "a YAML file or a directory of them")->required();
-
-  CLI11_PARSE(app, argc, argv);
-  if (!token_file.empty()) {
-    if (!read_token_file(token_file, admin_token)) return kError;
+  using sluice::ctl::Command;
+  const sluice::ctl::Invocation inv =
+      sluice::ctl::parse_command_line(std::vector<std::string>(argv, argv + argc));
+  if (inv.command == Command::kNone) {
+    std::fputs(inv.output.c_str(), stdout);
+    if (!inv.error.empty()) {
+      // CLI11's own messages end with a newline and say how to get help; ours get a prefix.
+      if (inv.error.back() == '\n') {
+        std::fputs(inv.error.c_str(), stderr);
+      } else {
+        std::fprintf(stderr, "sluicectl: %s\n", inv.error.c_str());
+      }
+    }
+    return inv.exit_code;
+  }
+  if (!inv.token_file.empty()) {
+    if (!read_token_file(inv.token_file, admin_token)) return kError;
   } else if (const char* env = std::getenv("SLUICE_ADMIN_TOKEN"); env != nullptr) {
     admin_token = env;
   }
-  if (*convert) return run_rules_convert(convert_path);
-  if (*ring) return run_ring(admin, ring_domain, ring_pairs, as_json);
-  if (*drain) return run_drain(admin, as_json);
-  if (*check) return run_check(server, tcp, timeout_ms, domain, pairs, hits, repeat, as_json);
-  if (*status) return run_status(admin, as_json);
-  if (*ovr || *plan_cmd || *insp) {
-    json target{{"domain", domain}};
-    if (*plan_assign) {
-      target["domain"] = assign_args.front();
-      pairs.assign(assign_args.begin() + 1, assign_args.end() - 1);
-      plan = assign_args.back();
-    }
-    json d;
-    if (!*ovr_list && !descriptors_json(pairs, d)) return kError;
-    target["descriptors"] = d;
-    if (*ovr_set) {
-      if (limits.empty() && mode.empty() && plan.empty()) {
-        std::fprintf(stderr, "sluicectl: give --limit, --mode or --plan\n");
-        return kError;
-      }
-      target["limits"] = limits;
-      if (!granularity.empty()) target["granularity"] = granularity;
-      if (!mode.empty()) target["mode"] = mode;
-      if (!plan.empty()) target["plan"] = plan;
-      if (!ttl.empty()) target["ttl"] = ttl;
-      return run_override_set(admin, "/v1/overrides", target, as_json);
-    }
-    if (*plan_assign) {
-      target["plan"] = plan;
-      if (!ttl.empty()) target["ttl"] = ttl;
-      return run_override_set(admin, "/v1/plans", target, as_json);
-    }
-    if (*ovr_get) return run_override_get(admin, target, as_json);
-    if (*ovr_del) return run_override_del(admin, target, as_json);
-    if (*ovr_list) return run_override_list(admin, domain, as_json);
-    if (*insp) return run_inspect(admin, target, as_json);
+  const std::string& admin = inv.admin;
+  switch (inv.command) {
+    case Command::kRulesConvert:
+      return run_rules_convert(inv.convert_path);
+    case Command::kRing:
+      return run_ring(admin, inv.target, inv.as_json);
+    case Command::kDrain:
+      return run_drain(admin, inv.as_json);
+    case Command::kCheck:
+      return run_check(inv.server, inv.tcp, inv.timeout_ms, inv.domain, inv.pairs, inv.hits,
+                       inv.repeat, inv.as_json);
+    case Command::kStatus:
+      return run_status(admin, inv.as_json);
+    case Command::kOverrideSet:
+    case Command::kPlanAssign:
+      return run_override_set(admin, inv.admin_path, inv.target, inv.as_json);
+    case Command::kOverrideGet:
+      return run_override_get(admin, inv.target, inv.as_json);
+    case Command::kOverrideDel:
+      return run_override_del(admin, inv.target, inv.as_json);
+    case Command::kOverrideList:
+      return run_override_list(admin, inv.domain, inv.as_json);
+    case Command::kInspect:
+      return run_inspect(admin, inv.target, inv.as_json);
+    case Command::kTop:
+      return run_top(admin, inv.top_n, inv.watch, inv.interval_s, inv.count, inv.as_json);
+    case Command::kSnapshot:
+      return run_snapshot(admin, inv.full, inv.as_json);
+    case Command::kNone:
+      break;
   }
-  if (*top) return run_top(admin, top_n, watch, interval_s, count, as_json);
-  if (*snap) return run_snapshot(admin, full, as_json);
   return kError;
 }

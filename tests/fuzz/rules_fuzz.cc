@@ -74,8 +74,7 @@ void write_seeds(const std::string& dir) {
         consistency: gossip
       - name: per-plan
         key: [client_id]
-        plan_from: plan
-        default_plan: free
+        plan: {from: plan, default: free}
     plans:
       - {name: free, limits: [10/1s]}
       - {name: pro, limits: [1000/1s]}
@@ -101,6 +100,13 @@ descriptors:
   - key: ldap
     rate_limit: {unlimited: true}
 )";
+  // A seed that does not parse would start the fuzzer from an error path only.
+  const ParseResult sluice_parsed = parse_rules(sluice_rules, "seed.yaml");
+  if (!sluice_parsed.rules) {
+    std::fprintf(stderr, "rules_fuzz seed: %s\n", sluice_parsed.errors.front().to_string().c_str());
+    std::abort();
+  }
+  FUZZ_REQUIRE(parse_envoy_rules(envoy_rules, "seed.yaml", EnvoyImportOptions{}).rules);
   sluice::fuzz::write_seed(dir, "rules-seed-sluice", std::string(1, '\0') + sluice_rules);
   sluice::fuzz::write_seed(dir, "rules-seed-envoy", std::string(1, '\1') + envoy_rules);
 }
