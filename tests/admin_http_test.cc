@@ -373,6 +373,18 @@ TEST_CASE("check: bad input is 400 and counts nothing") {
   CHECK(r.status == 400);
   r = check(c, R"([[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]])");
   CHECK(r.status == 400);
+  // A number past double's range used to throw out of the JSON parser and end the process
+  // (tests/fuzz/http_fuzz); now it is malformed JSON like any other, wherever it is.
+  for (const char* body : {R"({"domain":"api","hits":1e999})", R"({"domain":"api","x":-91e30898})",
+                           R"({"domain":"api","descriptors":{"api_key":"k"},"hits":[1e400]})"}) {
+    CAPTURE(body);
+    r = check(c, body);
+    CHECK(r.status == 400);
+    CHECK(r.json()["error"] == "malformed JSON: a number out of range");
+  }
+  r = c.request("POST", "/v1/overrides", R"({"domain":"api","ttl":1e999})");
+  CHECK(r.status == 400);
+  CHECK(r.json()["error"] == "malformed JSON: a number out of range");
   // The connection survived every 400 above (they are answers, not protocol errors).
   CHECK(c.request("GET", "/healthz").status == 200);
   // Nothing was counted for api/k: three checks still pass.

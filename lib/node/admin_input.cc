@@ -122,6 +122,10 @@ std::string parse_json_object(std::string_view body, Json& out) {
     });
   } catch (const Json::parse_error& e) {
     return "malformed JSON at byte " + std::to_string(e.byte);
+  } catch (const Json::out_of_range&) {  // a number past double's range (1e999)
+    return "malformed JSON: a number out of range";
+  } catch (const Json::exception& e) {
+    return std::string("malformed JSON: ") + e.what();
   } catch (const TooDeep&) {
     return "JSON nested deeper than " + std::to_string(kMaxJsonDepth);
   }
