@@ -143,13 +143,39 @@ Invocation refused(Invocation inv, std::string why) {
 
 }  // namespace
 
-Invocation parse_command_line(const std::vector<std::string>& argv) {
-  Invocation inv;
+struct CommandLineParser::Impl {
   CLI::App app{"sluicectl: operate Sluice nodes\nexit codes: 0 allowed / ok, 1 denied, 2 error",
                "sluicectl"};
+  Invocation inv;  // the options write here
   std::vector<std::string> limits, assign_args;
   std::string mode, ttl, plan, granularity;
-  const Subcommands s = build(app, inv, limits, mode, ttl, plan, granularity, assign_args);
+  Subcommands s = build(app, inv, limits, mode, ttl, plan, granularity, assign_args);
+};
+
+CommandLineParser::CommandLineParser() : impl_(std::make_unique<Impl>()) {}
+CommandLineParser::~CommandLineParser() = default;
+
+Invocation parse_command_line(const std::vector<std::string>& argv) {
+  return CommandLineParser().parse(argv);
+}
+
+Invocation CommandLineParser::parse(const std::vector<std::string>& argv) {
+  // Back to the defaults: the options keep pointers to these, so they are assigned, not rebuilt.
+  Impl& m = *impl_;
+  m.inv = Invocation{};
+  m.limits.clear();
+  m.assign_args.clear();
+  m.mode.clear();
+  m.ttl.clear();
+  m.plan.clear();
+  m.granularity.clear();
+  m.app.clear();
+  CLI::App& app = m.app;
+  Invocation& inv = m.inv;
+  std::vector<std::string>& limits = m.limits;
+  std::vector<std::string>& assign_args = m.assign_args;
+  std::string &mode = m.mode, &ttl = m.ttl, &plan = m.plan, &granularity = m.granularity;
+  const Subcommands& s = m.s;
   try {
     // CLI11 takes the arguments in reverse order, without the program name.
     std::vector<std::string> args(argv.rbegin(), argv.rend());

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,21 @@ struct Invocation {
 
 // argv[0] is the program name. Everything after it is the operator's.
 Invocation parse_command_line(const std::vector<std::string>& argv);
+
+// The same, for many command lines: builds the option tree once (a fuzzer parses millions).
+// Each parse answers as parse_command_line would.
+class CommandLineParser {
+ public:
+  CommandLineParser();
+  ~CommandLineParser();
+  CommandLineParser(const CommandLineParser&) = delete;
+  CommandLineParser& operator=(const CommandLineParser&) = delete;
+  Invocation parse(const std::vector<std::string>& argv);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Splits key=value arguments into a JSON object of strings: "" or why not (an argument without
 // '=' or with an empty key; none at all).

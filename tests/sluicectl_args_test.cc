@@ -77,3 +77,41 @@ TEST_CASE("--help prints and exits 0") {
   CHECK(inv.exit_code == kAllowed);
   CHECK(inv.output.find("--limit") != std::string::npos);
 }
+
+TEST_CASE("a reused parser answers every command line as a fresh one would") {
+  const std::vector<std::vector<std::string>> lines = {
+      {"override", "set", "oauth", "client_id=a", "--limit", "5/1m", "--ttl", "1h", "--json"},
+      {"override", "set", "oauth", "client_id=a", "--mode", "shadow"},  // no leftover limit, ttl
+      {"check", "api", "k=v", "--hits", "4", "--tcp"},
+      {"check", "api", "k=v"},  // hits back to 1, UDP
+      {"top", "-n", "3", "--watch"},
+      {"top"},
+      {"plan", "assign", "dns", "user=7", "pro"},
+      {"nope"},
+      {"ring"},
+      {"override", "set", "--help"},
+      {"status", "--admin", "10.1.1.1:1"},
+      {"status"}};
+  CommandLineParser reused;
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& line : lines) {
+      CAPTURE(line);
+      std::vector<std::string> argv = line;
+      argv.insert(argv.begin(), "sluicectl");
+      const Invocation a = reused.parse(argv);
+      const Invocation b = parse_command_line(argv);
+      CHECK(a.command == b.command);
+      CHECK(a.exit_code == b.exit_code);
+      CHECK(a.error == b.error);
+      CHECK(a.output == b.output);
+      CHECK(a.target == b.target);
+      CHECK(a.as_json == b.as_json);
+      CHECK(a.admin == b.admin);
+      CHECK(a.hits == b.hits);
+      CHECK(a.tcp == b.tcp);
+      CHECK(a.top_n == b.top_n);
+      CHECK(a.watch == b.watch);
+      CHECK(a.pairs == b.pairs);
+    }
+  }
+}
