@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <string_view>
 
 #include "rules/rules.h"
 #include "rules/yaml_guard.h"
@@ -28,6 +29,16 @@ TEST_CASE("the texts that loop yaml-cpp 0.7 are found, with their line") {
   CHECK(yaml_comma_hazard_line("  a: 1\n\n# c\n ,x") == 4);
   CHECK(yaml_comma_hazard_line("    a:\n      b: 1\n   ,") == 3);
   CHECK(yaml_comma_hazard_line("  a: 1\n\t,") == 2);
+  CHECK(yaml_comma_hazard_line("\xEF\xBB\xBF,") == 1);  // after a byte order mark
+}
+
+TEST_CASE("a NUL byte is refused with its line: yaml-cpp would read the text as UTF-16") {
+  using sluice::rules::yaml_hazard;
+  CHECK(yaml_hazard(std::string_view("\0,", 2)).line == 1);  // loops yaml-cpp as UTF-16 ','
+  CHECK(yaml_hazard(std::string_view("a: 1\nb: 2\x00\n", 11)).line == 2);
+  CHECK(yaml_hazard(std::string_view("a: 1\nb: 2\x00\n", 11)).why.find("NUL") != std::string_view::npos);
+  CHECK(yaml_hazard("a: 1\n").line == 0);
+  CHECK(yaml_hazard(" ,").line == 1);
 }
 
 TEST_CASE("valid YAML with commas, directives and markers is not refused") {

@@ -312,8 +312,8 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
   if (std::string why = read_file(path, text); !why.empty()) {
     return path + ": cannot read the config file: " + why;
   }
-  if (const int bad = rules::yaml_comma_hazard_line(text); bad != 0) {
-    return path + ":" + std::to_string(bad) + ": " + std::string(rules::kYamlCommaHazard);
+  if (const rules::YamlHazard h = rules::yaml_hazard(text); h.line != 0) {
+    return path + ":" + std::to_string(h.line) + ": " + std::string(h.why);
   }
   YAML::Node root;
   try {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <string_view>
 
 namespace sluice::rules {
@@ -20,6 +21,8 @@ namespace sluice::rules {
 // less than the document's first line (it closes the document's top node, so it starts a new
 // one: "  a: 1\n ,"). 0 when there is none.
 inline int yaml_comma_hazard_line(std::string_view text) {
+  // A UTF-8 byte order mark is no content: yaml-cpp skips it ("\xEF\xBB\xBF," loops too).
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
   int line = 0;
   bool seen_content = false;
   size_t doc_indent = 0;  // column of the document's first content line
@@ -49,8 +52,32 @@ inline int yaml_comma_hazard_line(std::string_view text) {
   return 0;
 }
 
+// The 1-based line of the first NUL byte, 0 when there is none. Sluice's YAML files are UTF-8
+// text; yaml-cpp takes a NUL near the start for UTF-16 or UTF-32 ("\0," loops it, as a UTF-16
+// ','), so a file with one is refused before it is parsed.
+inline int yaml_nul_line(std::string_view text) {
+  const size_t nul = text.find('\0');
+  if (nul == std::string_view::npos) return 0;
+  return 1 + static_cast<int>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(nul), '\n'));
+}
+
+inline constexpr std::string_view kYamlNul = "a NUL byte: the file must be UTF-8 text";
+
+// Either hazard: the line and what to tell the operator, or {0, ""}.
+struct YamlHazard {
+  int line = 0;
+  std::string_view why;
+};
+inline YamlHazard yaml_hazard(std::string_view text);
+
 inline constexpr std::string_view kYamlCommaHazard =
     "a line starting with ',' here is not valid YAML (and makes this YAML parser loop): quote "
     "the value or join it to the line before";
+
+inline YamlHazard yaml_hazard(std::string_view text) {
+  if (const int line = yaml_nul_line(text); line != 0) return {line, kYamlNul};
+  if (const int line = yaml_comma_hazard_line(text); line != 0) return {line, kYamlCommaHazard};
+  return {};
+}
 
 }  // namespace sluice::rules

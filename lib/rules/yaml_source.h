@@ -49,8 +49,8 @@ class ErrorList {
 template <class ParseRoot>
 void parse_yaml_document(std::string_view text, std::string_view what, ErrorList& errors,
                          ParseRoot&& parse_root) {
-  if (const int bad = yaml_comma_hazard_line(text); bad != 0) {
-    errors.error(bad, "", "YAML syntax: " + std::string(kYamlCommaHazard));
+  if (const YamlHazard h = yaml_hazard(text); h.line != 0) {
+    errors.error(h.line, "", "YAML syntax: " + std::string(h.why));
     return;
   }
   try {

@@ -76,8 +76,8 @@ void write_seeds(const std::string& dir) {
         key: [client_id]
         plan: {from: plan, default: free}
     plans:
-      - {name: free, limits: [10/1s]}
-      - {name: pro, limits: [1000/1s]}
+      free: [10/1s]
+      pro: [1000/1s, 20000/1m]
     allowlist:
       - {client_id: internal}
 )";
