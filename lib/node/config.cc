@@ -312,11 +312,15 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
   if (std::string why = read_file(path, text); !why.empty()) {
     return path + ": cannot read the config file: " + why;
   }
-  if (const rules::YamlHazard h = rules::yaml_hazard(text); h.line != 0) {
-    return path + ":" + std::to_string(h.line) + ": " + std::string(h.why);
+  if (const int nul = rules::yaml_nul_line(text); nul != 0) {
+    return path + ":" + std::to_string(nul) + ": " + std::string(rules::kYamlNul);
   }
   YAML::Node root;
   try {
+    if (const rules::YamlDocuments d = rules::count_yaml_documents(text); d.count > 1) {
+      return path + ":" + std::to_string(d.second_line) +
+             ": the config holds more than one YAML document; keep one";
+    }
     root = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
     return path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg;

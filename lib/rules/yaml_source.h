@@ -49,17 +49,18 @@ class ErrorList {
 template <class ParseRoot>
 void parse_yaml_document(std::string_view text, std::string_view what, ErrorList& errors,
                          ParseRoot&& parse_root) {
-  if (const YamlHazard h = yaml_hazard(text); h.line != 0) {
-    errors.error(h.line, "", "YAML syntax: " + std::string(h.why));
+  if (const int nul = yaml_nul_line(text); nul != 0) {
+    errors.error(nul, "", "YAML syntax: " + std::string(kYamlNul));
     return;
   }
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
-    if (docs.size() > 1) {
-      errors.error(line_of(docs[1], 0), "",
+    const std::string s(text);
+    // Never YAML::LoadAll: see yaml_guard.h.
+    if (const YamlDocuments d = count_yaml_documents(s); d.count > 1) {
+      errors.error(d.second_line, "",
                    std::string(what) + " holds more than one YAML document; keep one");
     } else {
-      parse_root(docs.empty() ? YAML::Node() : docs[0]);
+      parse_root(d.count == 0 ? YAML::Node() : YAML::Load(s));
     }
   } catch (const YAML::Exception& e) {
     errors.error(e.mark.line >= 0 ? e.mark.line + 1 : 0, "", "YAML syntax: " + e.msg);
