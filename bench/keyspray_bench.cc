@@ -6,9 +6,11 @@
 //      in production; --memory-only: none) and one worker thread, waits until it answers, lets it
 //      sit idle for 2 s and takes its RSS (reported as "idle at start");
 //   2. warms the --hot (1000) hot keys for --warm-seconds (10): each is checked every
-//      --hot-period-ms (500), over one TCP connection, frames of the keys due every 10 ms. The RSS
-//      at the end of this phase is the fixed overhead: the node serving, its connections and
-//      sockets open, its 1,001 counters (32 KiB) the only tables;
+//      --hot-period-ms (500), over one TCP connection, frames of the keys due every 10 ms; in its
+//      last 2 s the spray sockets also send, as the spray will, but only 64 "warm" keys, so the
+//      node's UDP path (receive buffers, batches of 64) has run. The RSS at the end of this phase
+//      is the fixed overhead: the node having served both transports, its 1,066 counters (33 KiB)
+//      the only tables;
 //   3. sprays --keys (10M) distinct keys, each once, over --spray-sockets UDP sockets, 64 checks
 //      per datagram, 4 datagrams in flight per socket (closed loop: as fast as sluiced answers),
 //      while the hot keys go on being checked;
@@ -288,10 +290,20 @@ class KeySpray {
   void run() {
     t0_ns_ = bench::now_ns();
     sample(true);
-    std::printf("phase warm: hot keys only, %.0f s\n", o_.warm_seconds);
-    drive_until(t0_ns_ + static_cast<int64_t>(o_.warm_seconds * 1e9), false);
+    std::printf("phase warm: hot keys, %.0f s (the last 2 s also 64 warm keys over UDP)\n",
+                o_.warm_seconds);
+    const int64_t warm_end = t0_ns_ + static_cast<int64_t>(o_.warm_seconds * 1e9);
+    drive_until(warm_end - 2'000'000'000, false);
+    warm_udp_ = true;
+    drive_until(warm_end, true);
+    warm_udp_ = false;
+    drive_until(bench::now_ns() + 600'000'000, false);  // the warm datagrams' answers or timeouts
+    warm_checks_ = spray_answered_;  // errors and losses stay counted
+    spray_answered_ = 0;
     sample(true);
     overhead_kb_ = samples_.back().rss_kb;
+    overhead_anon_kb_ = bench::proc_status_kb(pid_, "RssAnon");
+    overhead_file_kb_ = bench::proc_status_kb(pid_, "RssFile");
     spray_start_ns_ = bench::now_ns();
     std::printf("phase spray: %" PRIu64 " keys\n", o_.keys);
     drive_until(spray_start_ns_ + static_cast<int64_t>(o_.max_seconds * 1e9), true);
@@ -305,6 +317,9 @@ class KeySpray {
 
   const HotTotals& hot() const { return totals_; }
   uint64_t overhead_kb() const { return overhead_kb_; }
+  uint64_t warm_checks() const { return warm_checks_; }
+  uint64_t overhead_anon_kb() const { return overhead_anon_kb_; }
+  uint64_t overhead_file_kb() const { return overhead_file_kb_; }
   const std::vector<Sample>& samples() const { return samples_; }
   uint64_t sprayed() const { return next_key_; }
   uint64_t spray_answered() const { return spray_answered_; }
@@ -336,7 +351,7 @@ class KeySpray {
     for (uint64_t iter = 0; iter < guard && !bench::stop_requested(); ++iter) {
       const int64_t now = bench::now_ns();
       if (now >= end_ns) break;
-      if (spraying && spray_done() && spray_idle()) break;
+      if (spraying && !warm_udp_ && spray_done() && spray_idle()) break;
       const int64_t now_ms = bench::epoch_ms();
       if (now_ms >= next_tick_ms) {
         send_hot_due(now_ms);
@@ -509,13 +524,14 @@ class KeySpray {
   // ---- spray ----
 
   void refill(SpraySocket& s) {
-    while (s.inflight.size() < kSprayWindow && next_key_ < o_.keys) {
-      const auto n = static_cast<uint32_t>(std::min<uint64_t>(kSprayBatch, o_.keys - next_key_));
+    while (s.inflight.size() < kSprayWindow && (warm_udp_ || next_key_ < o_.keys)) {
+      const auto n = warm_udp_ ? kSprayBatch
+                               : static_cast<uint32_t>(std::min<uint64_t>(kSprayBatch, o_.keys - next_key_));
       names_.resize(n);
       entries_.resize(n);
       checks_.resize(n);
       for (uint32_t j = 0; j < n; ++j) {
-        names_[j] = "s" + std::to_string(next_key_ + j);
+        names_[j] = warm_udp_ ? "w" + std::to_string(j) : "s" + std::to_string(next_key_ + j);
         entries_[j] = wire::Entry{bench::kSluiceEntryKey, names_[j]};
         checks_[j] = wire::Check{kDomain, std::span<const wire::Entry>(&entries_[j], 1), 1};
       }
@@ -526,7 +542,7 @@ class KeySpray {
         if (errno == EAGAIN || errno == ENOBUFS || errno == EINTR) return;  // retry next pass
         throw std::runtime_error(std::string("spray: send: ") + std::strerror(errno));
       }
-      next_key_ += n;
+      if (!warm_udp_) next_key_ += n;
       s.inflight.push_back(SprayInFlight{id, bench::now_ns()});
     }
   }
@@ -620,6 +636,9 @@ class KeySpray {
   HotTotals totals_;
   std::vector<Sample> samples_;
   uint64_t overhead_kb_ = 0;
+  uint64_t warm_checks_ = 0;
+  uint64_t overhead_anon_kb_ = 0, overhead_file_kb_ = 0;  // RSS of anonymous memory / of files
+  bool warm_udp_ = false;  // the spray sockets send the 64 warm keys, not the spray's
   int64_t t0_ns_ = 0, spray_start_ns_ = 0, spray_end_ns_ = 0, next_sample_ns_ = 0;
 };
 
@@ -673,6 +692,8 @@ int run(const Options& o) {
   }
   const bool alive = sluiced.running();
   const uint64_t hwm_kb = bench::proc_status_kb(sluiced.pid(), "VmHWM");
+  const uint64_t end_anon_kb = bench::proc_status_kb(sluiced.pid(), "RssAnon");
+  const uint64_t end_file_kb = bench::proc_status_kb(sluiced.pid(), "RssFile");
   std::string body;
   const std::string metrics_err = bench::http_get(admin, "/metrics", body);
   const double ev_live = metric(body, "sluice_evictions_total", "kind=\"live\"");
@@ -692,6 +713,7 @@ int run(const Options& o) {
               spray.sprayed(), o.keys, spray.spray_seconds(),
               spray.spray_seconds() > 0 ? static_cast<double>(spray.sprayed()) / spray.spray_seconds() : 0,
               spray.spray_answered(), spray.spray_lost(), spray.spray_no_room(), spray.spray_errors());
+  std::printf("warm-up: %" PRIu64 " checks of the 64 warm keys over UDP\n", spray.warm_checks());
   std::printf("hot keys: %" PRIu64 " checks, %" PRIu64 " judged against the log, %" PRIu64
               " not judged (straddling a minute), %" PRIu64 " denied, %" PRIu64 " failed, %" PRIu64
               " skipped (previous in flight); resets %" PRIu64 ", over-counts %" PRIu64 "%s%s\n",
@@ -704,6 +726,10 @@ int run(const Options& o) {
               static_cast<double>(idle_kb) / 1024.0, static_cast<double>(overhead_kb) / 1024.0,
               static_cast<double>(peak_kb) / 1024.0, static_cast<double>(hwm_kb) / 1024.0,
               spray.samples().empty() ? 0.0 : static_cast<double>(spray.samples().back().rss_kb) / 1024.0);
+  std::printf("RSS parts (anonymous / file-backed): end of warm-up %.1f / %.1f MiB, end %.1f / %.1f MiB\n",
+              static_cast<double>(spray.overhead_anon_kb()) / 1024.0,
+              static_cast<double>(spray.overhead_file_kb()) / 1024.0,
+              static_cast<double>(end_anon_kb) / 1024.0, static_cast<double>(end_file_kb) / 1024.0);
   if (!fatal.empty()) std::printf("run stopped: %s\n", fatal.c_str());
 
   const bool rss_ok = peak_kb <= bound_kb;
@@ -744,6 +770,10 @@ int run(const Options& o) {
         {"spray_errors", spray.spray_errors()},
         {"idle_rss_kb", idle_kb},
         {"overhead_rss_kb", overhead_kb},
+        {"overhead_anon_kb", spray.overhead_anon_kb()},
+        {"overhead_file_kb", spray.overhead_file_kb()},
+        {"end_anon_kb", end_anon_kb},
+        {"end_file_kb", end_file_kb},
         {"memory_only", o.memory_only},
         {"peak_rss_kb", peak_kb},
         {"vmhwm_kb", hwm_kb},
