@@ -36,7 +36,7 @@
 //   rss        peak RSS <= cap + the fixed overhead of step 2 (+ --rss-slack-mb, 0 but in CI:
 //              keyspray_short allows 2 MiB, because at 1M keys and 32 MiB its margin is the
 //              tables' last growth step, ~1.6 MiB, against ~1.3 MiB of other growth, allocator
-//              slack of table rehashes included: it failed 3 runs in 6 by 0.2-0.3 MiB. The long
+//              slack of table rehashes included: it failed 2 runs in 4 by 0.2-0.3 MiB. The long
 //              run has no slack)
 //   evictions  sluice_evictions_total{kind="live"} > 0 in /metrics (the cap was reached and the
 //              node said so)
