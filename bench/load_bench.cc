@@ -253,36 +253,13 @@ struct Servers {
   std::string redis_version, memcached_version;
 };
 
-// Waits until probe() returns "" (bounded by timeout), failing early when the child exits.
-void wait_ready(bench::ChildProcess& child, const std::function<std::string()>& probe,
-                int timeout_ms) {
-  const int64_t deadline = bench::now_ns() + int64_t{timeout_ms} * 1'000'000;
-  std::string last = "not started";
-  while (bench::now_ns() < deadline && !bench::stop_requested()) {
-    if (!child.running()) {
-      throw std::runtime_error(child.name() + " exited (" + child.exit_status() + "); log:\n" +
-                               bench::file_tail(child.log_path()));
-    }
-    last = probe();
-    if (last.empty()) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  throw std::runtime_error(child.name() + " did not answer within " + std::to_string(timeout_ms) +
-                           " ms (" + last + "); log:\n" + bench::file_tail(child.log_path()));
-}
-
-std::string default_sluiced() {
-  // <build>/bench/sluice-bench-load -> <build>/daemon/sluiced
-  const std::filesystem::path self = bench::self_exe_path();
-  if (self.empty()) return "";
-  return (self.parent_path().parent_path() / "daemon" / "sluiced").string();
-}
+using bench::wait_ready;
 
 void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool need_memcached,
                    Servers& s) {
   constexpr int kReadyMs = 15'000;
   if (need_sluiced) {
-    const std::string exe = o.sluiced.empty() ? default_sluiced() : o.sluiced;
+    const std::string exe = o.sluiced.empty() ? bench::sibling_sluiced() : o.sluiced;
     if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
       throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
     }

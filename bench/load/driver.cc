@@ -7,6 +7,8 @@
 #include <cmath>
 #include <ctime>
 #include <exception>
+#include <map>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -72,8 +74,34 @@ struct ThreadResult {
   std::string fatal;
 };
 
+// Collects each thread's stats of an interval; the last thread to hand interval i in calls the
+// callback. `mu` guards `pending`.
+class IntervalMerge {
+ public:
+  IntervalMerge(const DriveOptions& opt, unsigned threads) : opt_(opt), threads_(threads) {}
+  void hand_in(unsigned index, unsigned thread, const RowStats& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Pending& p = pending_[index];
+    if (p.by_thread.empty()) p.by_thread.resize(threads_);
+    p.by_thread[thread] = s;
+    if (++p.handed < threads_) return;
+    if (opt_.on_interval) opt_.on_interval(index, p.by_thread);
+    pending_.erase(index);
+  }
+
+ private:
+  struct Pending {
+    std::vector<RowStats> by_thread;
+    unsigned handed = 0;
+  };
+  const DriveOptions& opt_;
+  const unsigned threads_;
+  std::mutex mu_;
+  std::map<unsigned, Pending> pending_;
+};
+
 void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned t, unsigned nconns,
-                int64_t t0, ThreadResult& out) {
+                int64_t t0, ThreadResult& out, IntervalMerge* intervals) {
   KeyStream keys(opt.keys, opt.zipf, opt.zipf_s, opt.seed * 1'000'003u + t);
   Recorder rec;
   rec.stats = &out.stats;
@@ -149,11 +177,26 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
   constexpr int kMaxEvents = 256;
   epoll_event events[kMaxEvents];
   int64_t next_expire = now + 10'000'000;
+  // Intervals: the stats since the last boundary live in out.stats (the connections write there);
+  // at a boundary they move to `total` and out.stats starts afresh.
+  const auto interval_ns = static_cast<int64_t>(opt.interval_s * 1e9);
+  unsigned interval_index = 0;
+  int64_t next_boundary = intervals != nullptr ? rec.measure_from_ns + interval_ns : INT64_MAX;
+  RowStats total;
+  auto close_interval = [&] {
+    intervals->hand_in(interval_index++, t, out.stats);
+    total.merge(out.stats);
+    out.stats = RowStats{};
+  };
   // Every loop is bounded in time (the row's end) and in count (max_iterations).
   const uint64_t max_iterations = static_cast<uint64_t>((opt.warmup_s + opt.seconds) * 2e6) + 1000;
   for (uint64_t iter = 0; iter < max_iterations; ++iter) {
     now = now_ns();
     if (now >= end || stop_requested()) break;
+    if (now >= next_boundary) {
+      close_interval();
+      next_boundary += interval_ns;
+    }
 
     int64_t wait_ns = 1'000'000;
     if (open_loop) {
@@ -234,6 +277,16 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
     out.stats.unsent = due_at_end > sent_units ? due_at_end - sent_units : 0;
   }
   ::close(ep);
+  if (intervals != nullptr) {
+    // The last interval, shorter when the window does not divide evenly; a stop or a fatal error
+    // hands in what was counted so far, so every thread reaches the same count of intervals.
+    const auto planned = static_cast<unsigned>((end - rec.measure_from_ns + interval_ns - 1) /
+                                               std::max<int64_t>(interval_ns, 1));
+    do {
+      close_interval();
+    } while (interval_index < planned);
+    out.stats = std::move(total);
+  }
 }
 
 }  // namespace
@@ -243,13 +296,16 @@ RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn) {
   std::vector<ThreadResult> results(threads);
   std::vector<std::thread> pool;
   // Start every thread on the same clock so open-loop pacing and the windows line up.
-  const int64_t t0 = now_ns() + 50'000'000;  // leave time to connect
+  const int64_t t0 = opt.start_ns > 0 ? opt.start_ns : now_ns() + 50'000'000;  // time to connect
   DriveOptions o = opt;
   o.threads = threads;
+  std::unique_ptr<IntervalMerge> intervals;
+  if (o.interval_s > 0) intervals = std::make_unique<IntervalMerge>(o, threads);
   for (unsigned t = 0; t < threads; ++t) {
     const unsigned n = opt.conns / threads + (t < opt.conns % threads ? 1 : 0);
-    pool.emplace_back(
-        [&o, &make_conn, t, n, t0, &results] { run_thread(o, make_conn, t, n, t0, results[t]); });
+    pool.emplace_back([&o, &make_conn, t, n, t0, &results, &intervals] {
+      run_thread(o, make_conn, t, n, t0, results[t], intervals.get());
+    });
   }
   for (std::thread& th : pool)
     th.join();

@@ -17,7 +17,16 @@
 // (after the warm-up, before the end) count towards checks/s and the histogram.
 //
 // Threads: each generator thread owns its connections, KeyStream and RowStats; the driver merges
-// the stats after joining the threads. Nothing is shared while a row runs.
+// the stats after joining the threads. Nothing is shared while a row runs, except for intervals:
+//
+// Intervals (DriveOptions::interval_s > 0, for long runs such as the soak): the measured window is
+// cut into intervals of interval_s from its start. At each boundary every thread hands what it
+// counted since the last one (answers, latencies, errors, losses) to an IntervalMerge and starts
+// afresh; when the last thread has handed interval i, `on_interval(i, by_thread)` runs once, on
+// that generator thread, with one RowStats per thread (so a caller that gives each thread its own
+// transport can tell them apart). Keep it short: the thread is not sending while it runs. Errors
+// and losses seen during the warm-up land in interval 0; a last, shorter interval is reported
+// when the window does not divide evenly. drive() still returns the whole row's totals.
 #pragma once
 
 #include <chrono>
@@ -145,6 +154,12 @@ struct DriveOptions {
   // unit that waited for a free window is charged the wait (no coordinated omission). Off: the
   // wait is only in `send_lag`.
   bool latency_from_schedule = false;
+  // > 0: report the stats of every interval of this many seconds to on_interval (see above).
+  double interval_s = 0;
+  std::function<void(unsigned index, const std::vector<RowStats>& by_thread)> on_interval;
+  // Start of the row (now_ns() clock); 0: 50 ms after drive() is called. Two drive() calls in
+  // parallel threads line their intervals up by passing the same start.
+  int64_t start_ns = 0;
 };
 
 // Runs one row. Throws std::runtime_error when connections cannot be made at all.

@@ -187,6 +187,38 @@ std::string self_exe_path() {
   return ec ? std::string() : p.string();
 }
 
+std::string sibling_sluiced() {
+  const std::filesystem::path self = self_exe_path();
+  if (self.empty()) return "";
+  return (self.parent_path().parent_path() / "daemon" / "sluiced").string();
+}
+
+void wait_ready(ChildProcess& child, const std::function<std::string()>& probe, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string last = "not started";
+  while (std::chrono::steady_clock::now() < deadline && !stop_requested()) {
+    if (!child.running()) {
+      throw std::runtime_error(child.name() + " exited (" + child.exit_status() + "); log:\n" +
+                               file_tail(child.log_path()));
+    }
+    last = probe();
+    if (last.empty()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  throw std::runtime_error(child.name() + " did not answer within " + std::to_string(timeout_ms) +
+                           " ms (" + last + "); log:\n" + file_tail(child.log_path()));
+}
+
+uint64_t proc_status_kb(pid_t pid, const char* field) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  const std::string want = std::string(field) + ":";
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with(want)) return std::strtoull(line.c_str() + want.size(), nullptr, 10);
+  }
+  return 0;
+}
+
 namespace {
 
 constexpr std::string_view kTempPrefix = "sluice-bench-load-";

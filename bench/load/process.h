@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,17 @@ std::string file_tail(const std::string& path, size_t max_bytes = 2000);
 
 // Path of the running executable (/proc/self/exe), "" if unknown.
 std::string self_exe_path();
+
+// The sluiced of the same build tree: <build>/bench/<this program> -> <build>/daemon/sluiced.
+std::string sibling_sluiced();
+
+// Waits until probe() returns "" (bounded by timeout_ms, polled every 20 ms). Throws
+// std::runtime_error with the child's log tail when it exits first or does not answer in time.
+void wait_ready(ChildProcess& child, const std::function<std::string()>& probe, int timeout_ms);
+
+// A memory figure of a process in KiB from /proc/<pid>/status ("VmRSS", "VmHWM": the peak RSS),
+// or 0 when the process or the field is gone.
+uint64_t proc_status_kb(pid_t pid, const char* field = "VmRSS");
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents by the destructor. It
 // holds a file "pid" naming the benchmark's process; the constructor first removes directories

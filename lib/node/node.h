@@ -91,6 +91,8 @@ struct NodeOptions {
   bool init_data = false;           // create data_dir when it is missing or empty (first start)
   int64_t snapshot_interval_ms = 1'000;
   std::string log_level = "info";  // applied by sluiced
+  // Counters and, with data_dir, their snapshots' write buffers: store_write_buffer_bytes() of it
+  // goes to RocksDB's memtables, the rest to the counter tables.
   uint64_t memory_cap_bytes = 1ull << 30;
   uint64_t hash_seed = 0x5a1c3e0d5eedull;  // the same on every node of a cluster
   int64_t sweep_interval_ms = 1'000;
@@ -337,5 +339,9 @@ class Node {
   NodeState* state_ = nullptr;  // the part of *impl_ that node_ops.cc sees
   std::atomic<bool> ready_{false};
 };
+
+// The share of memory_cap_bytes a node with a data directory gives RocksDB's write buffers: an
+// eighth, at least store::kMinWriteBufferBytes, at most store::kDefaultWriteBufferBytes (64 MiB).
+uint64_t store_write_buffer_bytes(uint64_t memory_cap_bytes);
 
 }  // namespace sluice::node

@@ -69,6 +69,14 @@ std::vector<std::string> sorted_names(std::span<const std::pair<std::string, std
 
 }  // namespace
 
+uint64_t store_write_buffer_bytes(uint64_t memory_cap_bytes) {
+  // Never more than half the cap (Store::open raises a share below kMinWriteBufferBytes, which
+  // only a cap under 512 KiB, set in code rather than in the config, gets).
+  return std::min(std::clamp<uint64_t>(memory_cap_bytes / 8, store::kMinWriteBufferBytes,
+                                       store::kDefaultWriteBufferBytes),
+                  memory_cap_bytes / 2);
+}
+
 NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
   if (!opt.clock) opt.clock = system_now_ms;
   if (opt.threads == 0) opt.threads = 1;
@@ -77,8 +85,15 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
   if (!parsed.rules) throw std::runtime_error(join_errors(parsed.errors));
   rules = std::move(*parsed.rules);
 
+  // memory_cap_mb covers the counters and, with a data directory, the memtables their snapshots
+  // fill: an eighth of the cap (at most 64 MiB) goes to RocksDB's write buffers, a hard bound
+  // (store.h), and the tables get the rest. Before, the write buffers came on top of the cap.
+  uint64_t table_cap = opt.memory_cap_bytes;
   if (!opt.data_dir.empty()) {
-    store = store::Store::open(opt.data_dir, opt.init_data);  // StoreError: a runtime_error
+    const uint64_t write_buffers = store_write_buffer_bytes(opt.memory_cap_bytes);
+    table_cap -= write_buffers;
+    // StoreError: a runtime_error
+    store = store::Store::open(opt.data_dir, opt.init_data, write_buffers);
     std::vector<std::string> forgotten;
     for (cluster::OverrideRecord& rec : store->load_override_records()) {
       const rules::Override& ov = rec.value;
@@ -109,7 +124,7 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
   }
 
   engine::EngineOptions eo;
-  eo.memory_cap_bytes = opt.memory_cap_bytes;
+  eo.memory_cap_bytes = table_cap;
   if (opt.cluster.enabled) eo.node_id = opt.cluster.node_id;
   engine = std::make_unique<engine::Engine>(
       rules::Policy::compile(rules, overrides, opt.hash_seed), eo);

@@ -4,9 +4,11 @@
 #include <rocksdb/memtablerep.h>
 #include <rocksdb/options.h>
 #include <rocksdb/utilities/options_util.h>
+#include <rocksdb/write_buffer_manager.h>
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <thread>
@@ -41,8 +43,11 @@ std::string recovery_hint(const std::string& dir) {
          "override list --json` backup). See docs/operations.md, \"Data directory\".";
 }
 
-rocksdb::DBOptions db_options() {
+rocksdb::DBOptions db_options(uint64_t write_buffer_bytes) {
   rocksdb::DBOptions o;
+  // A hard bound on every memtable together (store.h, kDefaultWriteBufferBytes): stalls on.
+  o.write_buffer_manager = std::make_shared<rocksdb::WriteBufferManager>(
+      static_cast<size_t>(write_buffer_bytes), nullptr, /*allow_stall=*/true);
   o.create_if_missing = true;
   o.create_missing_column_families = true;
   o.paranoid_checks = true;
@@ -54,12 +59,13 @@ rocksdb::DBOptions db_options() {
   return o;
 }
 
-std::vector<rocksdb::ColumnFamilyDescriptor> column_families() {
+std::vector<rocksdb::ColumnFamilyDescriptor> column_families(uint64_t write_buffer_bytes) {
   rocksdb::ColumnFamilyOptions counters;
   // Records are small, rewritten every pass and read once at start: compression would cost
   // snapshot and restore time for little space.
   counters.compression = rocksdb::kNoCompression;
-  counters.write_buffer_size = 64ull << 20;
+  // Half the bound: one memtable fills while the other is flushed.
+  counters.write_buffer_size = static_cast<size_t>(write_buffer_bytes / 2);
   // Snapshots only write and restores only scan: a vector memtable appends and sorts once at
   // flush, where the default skip list pays a search per record (a quarter of a snapshot's time).
   counters.memtable_factory = std::make_shared<rocksdb::VectorRepFactory>();
@@ -178,8 +184,10 @@ struct Store::Db {
 Store::Store(std::string dir, std::unique_ptr<Db> db) : dir_(std::move(dir)), db_(std::move(db)) {}
 Store::~Store() = default;
 
-std::unique_ptr<Store> Store::open(const std::string& dir, bool create) {
+std::unique_ptr<Store> Store::open(const std::string& dir, bool create,
+                                   uint64_t write_buffer_bytes) {
   if (dir.empty()) throw StoreError("no data directory given");
+  write_buffer_bytes = std::max(write_buffer_bytes, kMinWriteBufferBytes);
   std::error_code ec;
   const bool exists = fs::exists(dir, ec);
   if (ec) throw StoreError("data directory " + dir + ": " + ec.message());
@@ -207,7 +215,8 @@ std::unique_ptr<Store> Store::open(const std::string& dir, bool create) {
   auto d = std::make_unique<Db>();
   rocksdb::DB* raw = nullptr;
   const rocksdb::Status s =
-      rocksdb::DB::Open(db_options(), dir, column_families(), &d->handles, &raw);
+      rocksdb::DB::Open(db_options(write_buffer_bytes), dir, column_families(write_buffer_bytes),
+                        &d->handles, &raw);
   if (!s.ok()) {
     std::string why = "RocksDB cannot open data directory " + dir + ": " + s.ToString() + ". ";
     if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
@@ -245,13 +254,16 @@ std::unique_ptr<Store> Store::open(const std::string& dir, bool create) {
 void Store::repair(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw StoreError("data directory " + dir + " does not exist");
-  rocksdb::Options options(db_options(), rocksdb::ColumnFamilyOptions());
-  const rocksdb::Status s = rocksdb::RepairDB(dir, options, column_families());
+  rocksdb::Options options(db_options(kDefaultWriteBufferBytes), rocksdb::ColumnFamilyOptions());
+  const rocksdb::Status s =
+      rocksdb::RepairDB(dir, options, column_families(kDefaultWriteBufferBytes));
   if (!s.ok()) throw StoreError("RocksDB repair of " + dir + " failed: " + s.ToString());
   // Repair may lose the format marker with the default column family's files: write it again.
   auto d = std::make_unique<Db>();
   rocksdb::DB* raw = nullptr;
-  const rocksdb::Status o = rocksdb::DB::Open(db_options(), dir, column_families(), &d->handles, &raw);
+  const rocksdb::Status o =
+      rocksdb::DB::Open(db_options(kDefaultWriteBufferBytes), dir,
+                        column_families(kDefaultWriteBufferBytes), &d->handles, &raw);
   if (!o.ok()) throw StoreError("after repair, RocksDB still cannot open " + dir + ": " + o.ToString());
   d->db.reset(raw);
   rocksdb::WriteOptions wo;
@@ -478,6 +490,15 @@ uint64_t Store::disk_bytes() const {
   if (db_->db->GetSortedWalFiles(wals).ok()) {
     for (const auto& w : wals)
       total += w->SizeFileBytes();
+  }
+  return total;
+}
+
+uint64_t Store::memtable_bytes() const {
+  uint64_t total = 0;
+  for (auto* h : db_->handles) {
+    uint64_t v = 0;
+    if (db_->db->GetIntProperty(h, "rocksdb.size-all-mem-tables", &v)) total += v;
   }
   return total;
 }

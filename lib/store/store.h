@@ -64,12 +64,24 @@ struct RestoreResult {
   int64_t duration_us = 0;
 };
 
+// Memory for the write buffers (RocksDB memtables) of every column family together. It is a hard
+// bound: a write that finds it reached waits until a flush has made room (RocksDB's
+// WriteBufferManager with stalls). Only the snapshot thread and operator writes ever write, never
+// a check thread, so the wait costs no check. The counters' column family flushes at half of it,
+// so one memtable fills while the other is written out. Without a bound, the counters' 64 MiB
+// write buffers (two of them) came on top of memory_cap_mb: a key spray under a 32 MiB cap ran
+// sluiced at 132 MiB RSS, 75 MiB of it memtables (docs/benchmarks.md, "Soak and key spray").
+inline constexpr uint64_t kDefaultWriteBufferBytes = 64ull << 20;
+inline constexpr uint64_t kMinWriteBufferBytes = 256ull << 10;
+
 class Store {
  public:
   // Opens the database in `dir`. With `create`, a directory that does not exist or is empty
   // becomes a new database; without it, that is an error (a data directory that vanished, or a
-  // volume that is not mounted, must not look like a first start). Throws StoreError.
-  static std::unique_ptr<Store> open(const std::string& dir, bool create);
+  // volume that is not mounted, must not look like a first start). `write_buffer_bytes` bounds
+  // the memtables (above; at least kMinWriteBufferBytes). Throws StoreError.
+  static std::unique_ptr<Store> open(const std::string& dir, bool create,
+                                     uint64_t write_buffer_bytes = kDefaultWriteBufferBytes);
   // Runs RocksDB's repair on `dir` (keeps every record it can read). Throws StoreError.
   static void repair(const std::string& dir);
   ~Store();
@@ -106,6 +118,9 @@ class Store {
 
   // Bytes on disk: SST files plus live WAL files.
   uint64_t disk_bytes() const;
+  // Bytes the memtables of every column family hold now, flushing ones included
+  // (rocksdb.size-all-mem-tables): at most the write buffer bound of open(), plus one batch.
+  uint64_t memtable_bytes() const;
 
   struct Db;
 
