@@ -71,6 +71,8 @@ int main(int argc, char** argv) {
               r.kills, r.drains, r.terminates, r.restarts, r.sent, r.failed, r.crashes,
               static_cast<long long>(r.ready_max_ms), r.not_ready_in_goal, r.worst_owner_ratio,
               r.worst_gossip_ratio, gossip_bound, r.keys_checked, r.counters_reset);
+  std::printf("worst owner window: %s\nworst gossip window: %s\n", r.worst_owner_where.c_str(),
+              r.worst_gossip_where.c_str());
   std::printf("allowed %zu, denied %zu, client retries %llu, worst counter deficit %lld\n",
               r.allowed, r.denied, static_cast<unsigned long long>(r.retries),
               static_cast<long long>(r.worst_deficit));
@@ -113,6 +115,8 @@ int main(int argc, char** argv) {
     }
     row["events"] = events;
     row["failed_checks"] = r.failed_notes;
+    row["worst_owner_window"] = r.worst_owner_where;
+    row["worst_gossip_window"] = r.worst_gossip_where;
     row["crash_notes"] = r.crash_notes;
     sluice::bench::print_json_rows(nlohmann::json::array({row}));
   }

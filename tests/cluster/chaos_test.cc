@@ -55,6 +55,8 @@ TEST_CASE("a 5-node cluster under load survives a minute of kill -9, drains and 
               static_cast<long long>(r.worst_deficit));
   for (const std::string& n : r.crash_notes)
     std::printf("chaos: crash: %s\n", n.c_str());
+  std::printf("chaos: worst owner window %s; worst gossip window %s\n",
+              r.worst_owner_where.c_str(), r.worst_gossip_where.c_str());
   for (const std::string& n : r.failed_notes)
     std::printf("chaos: failed check: %s\n", n.c_str());
   CHECK(r.kills + r.drains + r.terminates >= 3);
