@@ -1,7 +1,8 @@
 // Chaos under load (issue 13 item 4): a cluster of real sluiced processes on loopback
 // (cluster_process.h) under steady libsluice traffic, one node at a time killed with SIGKILL,
 // drained (POST /v1/drain) or stopped with SIGTERM, and restarted on its data directory, every
-// 5-10 s (random). Shared by the CTest test `chaos_short` (tests/cluster/chaos_test.cc, label
+// 5-10 s (random; the first three actions are one of each kind in a random order, then random by
+// the weights, on a random node). Shared by the CTest test `chaos_short` (tests/cluster/chaos_test.cc, label
 // `chaos`, also run against the AddressSanitizer build) and the benchmark `sluice-bench-chaos`.
 // Header-only test support, like cluster_process.h: nothing in lib/ uses it.
 //
