@@ -5,7 +5,7 @@
 // directory, checked; `--iterations` times (1,000 by default).
 //
 //   sluice-bench-crash [--json] [--iterations 1000] [--rate 2000] [--snapshot-ms 50] [--seed N]
-//                      [--sluiced PATH]
+//                      [--no-overrides] [--sluiced PATH]
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -30,8 +30,11 @@ int main(int argc, char** argv) {
   app.add_option("--snapshot-ms", o.snapshot_interval_ms, "snapshot_interval_ms of the node")
       ->check(CLI::Range(10, 10000));
   app.add_option("--seed", o.seed);
+  bool no_overrides = false;
+  app.add_flag("--no-overrides", no_overrides, "checks only, no override writes");
   app.add_option("--sluiced", o.sluiced_bin, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
+  o.override_writes = !no_overrides;
   o.log = [](const std::string& s) { std::fprintf(stderr, "crash: %s\n", s.c_str()); };
 
   const CrashResult r = run_crash(o);

@@ -50,6 +50,7 @@ struct CrashOptions {
   size_t keys = 32;            // check keys "ck-i" (domain g, no cluster: decided locally)
   double rate_per_s = 2000;    // checks offered, over all keys
   size_t override_keys = 40;   // override pool "ov-i"
+  bool override_writes = true;  // false: checks only (to tell what the writes do to the passes)
   int64_t kill_min_ms = 100, kill_max_ms = 600;  // kill this long after the load starts
   uint64_t seed = 1;
   std::chrono::microseconds client_timeout = std::chrono::milliseconds(200);
@@ -228,7 +229,7 @@ inline CrashResult run_crash(const CrashOptions& opt) {
     const uint64_t writer_seed = rng();
     std::thread writer([&] {
       std::mt19937_64 wrng(writer_seed);
-      while (!stop_writer.load()) {
+      while (opt.override_writes && !stop_writer.load()) {
         Write w;
         w.key = "ov-" + std::to_string(wrng() % opt.override_keys);
         const bool del = wrng() % 5 == 0;
