@@ -7,7 +7,8 @@
 // Bounds the figures are held to (docs/benchmarks.md gives the run): owner mode <= 1.05 x the
 // limit in any true 1 s window (docs/architecture.md, "Node loss in owner mode, the bound": the
 // limit plus the estimator's error, none with the strict estimator); gossip mode <= limit + offered
-// rate x sync interval (100 ms) + 2, per DESIGN.md's gossip bound (as tests/cluster/cluster_test.cc).
+// rate x sync interval (100 ms) + 2, per DESIGN.md's gossip bound (as
+// tests/cluster/cluster_test.cc).
 //
 //   sluice-bench-chaos [--json] [--seconds 300] [--nodes 5] [--limit 50] [--keys 4] [--rate 100]
 //                      [--timeout-ms 20] [--attempts 2] [--seed N] [--sluiced PATH] [--quiet]
@@ -22,7 +23,8 @@
 
 int main(int argc, char** argv) {
   using namespace sluice::testing;
-  CLI::App app{"sluice-bench-chaos: a cluster under load while nodes are killed, drained, restarted"};
+  CLI::App app{
+      "sluice-bench-chaos: a cluster under load while nodes are killed, drained, restarted"};
   ChaosOptions o;
   o.sluiced_bin = SLUICED_BIN;
   o.seed = std::random_device{}();
@@ -58,19 +60,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "crash: %s\n", n.c_str());
   for (const std::string& n : r.failed_notes)
     std::fprintf(stderr, "failed check: %s\n", n.c_str());
-  std::printf("seed %llu, %zu nodes, %.0f s, %zu keys per mode, limit %llu/s, %.0f/s offered per "
-              "key, client timeout %lld ms x %u attempts\n",
-              static_cast<unsigned long long>(o.seed), o.nodes, r.seconds, o.keys_per_mode,
-              static_cast<unsigned long long>(o.limit), o.rate_per_key,
-              static_cast<long long>(timeout_ms), o.client_attempts);
+  std::printf(
+      "seed %llu, %zu nodes, %.0f s, %zu keys per mode, limit %llu/s, %.0f/s offered per "
+      "key, client timeout %lld ms x %u attempts\n",
+      static_cast<unsigned long long>(o.seed), o.nodes, r.seconds, o.keys_per_mode,
+      static_cast<unsigned long long>(o.limit), o.rate_per_key, static_cast<long long>(timeout_ms),
+      o.client_attempts);
   std::printf("%-6s %-6s %-8s %-8s %-8s %-8s %-8s %-7s %-9s %-11s %-11s %-8s %-8s %-8s\n", "kills",
               "drains", "sigterms", "restarts", "checks", "failed", "crashes", "ready", "ready>5s",
               "owner_max", "gossip_max", "g_bound", "checked", "reset");
-  std::printf("%-6zu %-6zu %-8zu %-8zu %-8zu %-8zu %-8zu %-7lld %-9zu %-11.3f %-11.3f %-8.3f "
-              "%-8zu %-8zu\n",
-              r.kills, r.drains, r.terminates, r.restarts, r.sent, r.failed, r.crashes,
-              static_cast<long long>(r.ready_max_ms), r.not_ready_in_goal, r.worst_owner_ratio,
-              r.worst_gossip_ratio, gossip_bound, r.keys_checked, r.counters_reset);
+  std::printf(
+      "%-6zu %-6zu %-8zu %-8zu %-8zu %-8zu %-8zu %-7lld %-9zu %-11.3f %-11.3f %-8.3f "
+      "%-8zu %-8zu\n",
+      r.kills, r.drains, r.terminates, r.restarts, r.sent, r.failed, r.crashes,
+      static_cast<long long>(r.ready_max_ms), r.not_ready_in_goal, r.worst_owner_ratio,
+      r.worst_gossip_ratio, gossip_bound, r.keys_checked, r.counters_reset);
   std::printf("worst owner window: %s\nworst gossip window: %s\n", r.worst_owner_where.c_str(),
               r.worst_gossip_where.c_str());
   std::printf("allowed %zu, denied %zu, client retries %llu, worst counter deficit %lld\n",

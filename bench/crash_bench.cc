@@ -41,9 +41,10 @@ int main(int argc, char** argv) {
   for (const std::string& n : r.notes)
     std::fprintf(stderr, "note: %s\n", n.c_str());
   if (!r.error.empty()) std::fprintf(stderr, "sluice-bench-crash: %s\n", r.error.c_str());
-  std::printf("seed %llu, snapshot every %lld ms, %.0f checks/s over %zu keys, kill 100-600 ms in\n",
-              static_cast<unsigned long long>(o.seed),
-              static_cast<long long>(o.snapshot_interval_ms), o.rate_per_s, o.keys);
+  std::printf(
+      "seed %llu, snapshot every %lld ms, %.0f checks/s over %zu keys, kill 100-600 ms in\n",
+      static_cast<unsigned long long>(o.seed), static_cast<long long>(o.snapshot_interval_ms),
+      o.rate_per_s, o.keys);
   std::printf("%-10s %-9s %-12s %-9s %-9s %-10s %-12s %-12s %-9s %-11s %-8s\n", "iterations",
               "seconds", "open_fails", "ov_acked", "ov_lost", "regress", "worst_back",
               "allowed_there", "max_allow", "overcounts", "crashes");
@@ -56,26 +57,26 @@ int main(int argc, char** argv) {
               r.override_writes, static_cast<unsigned long long>(r.checks_admitted),
               r.worst_regression_ratio);
   if (json) {
-    sluice::bench::print_json_rows(nlohmann::json::array(
-        {{{"scenario", "crash"},
-          {"seed", o.seed},
-          {"snapshot_interval_ms", o.snapshot_interval_ms},
-          {"rate_per_s", o.rate_per_s},
-          {"iterations", r.iterations},
-          {"seconds", r.seconds},
-          {"store_open_failures", r.store_open_failures},
-          {"override_writes", r.override_writes},
-          {"override_acked", r.override_acked},
-          {"lost_overrides", r.lost_overrides},
-          {"counter_regressions", r.counter_regressions},
-          {"counter_overcounts", r.counter_overcounts},
-          {"worst_counter_back", r.worst_regression},
-          {"worst_counter_back_allowed", r.worst_regression_allowed},
-          {"max_allowed", r.max_allowed},
-          {"worst_back_over_allowed", r.worst_regression_ratio},
-          {"checks_admitted", r.checks_admitted},
-          {"crashes", r.crashes},
-          {"error", r.error}}}));
+    sluice::bench::print_json_rows(
+        nlohmann::json::array({{{"scenario", "crash"},
+                                {"seed", o.seed},
+                                {"snapshot_interval_ms", o.snapshot_interval_ms},
+                                {"rate_per_s", o.rate_per_s},
+                                {"iterations", r.iterations},
+                                {"seconds", r.seconds},
+                                {"store_open_failures", r.store_open_failures},
+                                {"override_writes", r.override_writes},
+                                {"override_acked", r.override_acked},
+                                {"lost_overrides", r.lost_overrides},
+                                {"counter_regressions", r.counter_regressions},
+                                {"counter_overcounts", r.counter_overcounts},
+                                {"worst_counter_back", r.worst_regression},
+                                {"worst_counter_back_allowed", r.worst_regression_allowed},
+                                {"max_allowed", r.max_allowed},
+                                {"worst_back_over_allowed", r.worst_regression_ratio},
+                                {"checks_admitted", r.checks_admitted},
+                                {"crashes", r.crashes},
+                                {"error", r.error}}}));
   }
   const bool met = r.error.empty() && r.store_open_failures == 0 && r.lost_overrides == 0 &&
                    r.counter_regressions == 0 && r.counter_overcounts == 0 && r.crashes == 0;

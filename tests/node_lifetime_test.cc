@@ -25,9 +25,9 @@ using namespace sluice;
 // it and destroys it; the caller's checks run under ASan in CI.
 void run_and_destroy(bool with_rules_file, int64_t rules_watch_interval_ms) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() /
-                       ("sluice-node-lifetime-" + std::to_string(::getpid()) + "-" +
-                        std::to_string(std::random_device{}()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("sluice-node-lifetime-" + std::to_string(::getpid()) + "-" +
+                                   std::to_string(std::random_device{}()));
   fs::create_directories(dir);
   std::ofstream(dir / "rules.yaml")
       << "domains:\n  - name: d\n    rules:\n      - name: r\n        key: [k]\n"
@@ -56,8 +56,9 @@ void run_and_destroy(bool with_rules_file, int64_t rules_watch_interval_ms) {
   fs::remove_all(dir, ec);
 }
 
-TEST_CASE("a node whose rules file is watched is stopped and destroyed without touching freed "
-          "memory") {
+TEST_CASE(
+    "a node whose rules file is watched is stopped and destroyed without touching freed "
+    "memory") {
   run_and_destroy(true, 2000);
 }
 

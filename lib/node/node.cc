@@ -290,7 +290,7 @@ struct Node::Impl : NodeState {
     spdlog::info("admin token reloaded from {}", opt.admin_token_file);
   }
 
-  std::unique_ptr<AdminAuth> admin_auth;  // used by the admin thread; set_token from control
+  std::unique_ptr<AdminAuth> admin_auth;    // used by the admin thread; set_token from control
   std::unique_ptr<RulesWatch> rules_watch;  // control thread
 
   // Every I/O object on `control` or `admin_io` is declared below them, so it is destroyed

@@ -27,8 +27,9 @@ namespace {
 
 using namespace sluice::testing;
 
-TEST_CASE("a 5-node cluster under load survives a minute of kill -9, drains and SIGTERMs: no "
-          "failed check, no crash, ready within 5 s, limits held, no counter reset") {
+TEST_CASE(
+    "a 5-node cluster under load survives a minute of kill -9, drains and SIGTERMs: no "
+    "failed check, no crash, ready within 5 s, limits held, no counter reset") {
   ChaosOptions o;
   o.sluiced_bin = SLUICED_BIN;
   o.seconds = 60;
@@ -44,19 +45,19 @@ TEST_CASE("a 5-node cluster under load survives a minute of kill -9, drains and 
   REQUIRE_MESSAGE(r.error.empty(), r.error);
   const double gossip_bound =
       (static_cast<double>(o.limit) + o.rate_per_key * 0.100 + 2) / static_cast<double>(o.limit);
-  std::printf("chaos: %.0f s, kills %zu, drains %zu, sigterms %zu, restarts %zu; checks %zu "
-              "(allowed %zu, denied %zu, failed %zu, retries %llu); crashes %zu; ready max %lld "
-              "ms; window/limit owner %.3f gossip %.3f (bound %.3f); counters checked %zu, "
-              "reset %zu, worst deficit %lld\n",
-              r.seconds, r.kills, r.drains, r.terminates, r.restarts, r.sent, r.allowed, r.denied,
-              r.failed, static_cast<unsigned long long>(r.retries), r.crashes,
-              static_cast<long long>(r.ready_max_ms), r.worst_owner_ratio, r.worst_gossip_ratio,
-              gossip_bound, r.keys_checked, r.counters_reset,
-              static_cast<long long>(r.worst_deficit));
+  std::printf(
+      "chaos: %.0f s, kills %zu, drains %zu, sigterms %zu, restarts %zu; checks %zu "
+      "(allowed %zu, denied %zu, failed %zu, retries %llu); crashes %zu; ready max %lld "
+      "ms; window/limit owner %.3f gossip %.3f (bound %.3f); counters checked %zu, "
+      "reset %zu, worst deficit %lld\n",
+      r.seconds, r.kills, r.drains, r.terminates, r.restarts, r.sent, r.allowed, r.denied, r.failed,
+      static_cast<unsigned long long>(r.retries), r.crashes, static_cast<long long>(r.ready_max_ms),
+      r.worst_owner_ratio, r.worst_gossip_ratio, gossip_bound, r.keys_checked, r.counters_reset,
+      static_cast<long long>(r.worst_deficit));
   for (const std::string& n : r.crash_notes)
     std::printf("chaos: crash: %s\n", n.c_str());
-  std::printf("chaos: worst owner window %s; worst gossip window %s\n",
-              r.worst_owner_where.c_str(), r.worst_gossip_where.c_str());
+  std::printf("chaos: worst owner window %s; worst gossip window %s\n", r.worst_owner_where.c_str(),
+              r.worst_gossip_where.c_str());
   for (const std::string& n : r.failed_notes)
     std::printf("chaos: failed check: %s\n", n.c_str());
   CHECK(r.kills + r.drains + r.terminates >= 3);

@@ -14,8 +14,9 @@ namespace {
 
 using namespace sluice::testing;
 
-TEST_CASE("kill -9 during snapshot passes and override writes: the store opens, no acknowledged "
-          "override is lost, no counter goes back more than two snapshot intervals") {
+TEST_CASE(
+    "kill -9 during snapshot passes and override writes: the store opens, no acknowledged "
+    "override is lost, no counter goes back more than two snapshot intervals") {
   CrashOptions o;
   o.sluiced_bin = SLUICED_BIN;
   o.iterations = 50;
@@ -24,14 +25,15 @@ TEST_CASE("kill -9 during snapshot passes and override writes: the store opens, 
   o.log = [](const std::string& s) { std::printf("crash: %s\n", s.c_str()); };
   std::printf("crash: seed %llu\n", static_cast<unsigned long long>(o.seed));
   const CrashResult r = run_crash(o);
-  std::printf("crash: %zu iterations in %.1f s; store-open failures %zu; override writes %zu "
-              "(acknowledged %zu), lost %zu; counters: regressions %zu, overcounts %zu, worst "
-              "went back %lld (allowed there %lld; largest allowance %lld); crashes %zu\n",
-              r.iterations, r.seconds, r.store_open_failures, r.override_writes, r.override_acked,
-              r.lost_overrides, r.counter_regressions, r.counter_overcounts,
-              static_cast<long long>(r.worst_regression),
-              static_cast<long long>(r.worst_regression_allowed),
-              static_cast<long long>(r.max_allowed), r.crashes);
+  std::printf(
+      "crash: %zu iterations in %.1f s; store-open failures %zu; override writes %zu "
+      "(acknowledged %zu), lost %zu; counters: regressions %zu, overcounts %zu, worst "
+      "went back %lld (allowed there %lld; largest allowance %lld); crashes %zu\n",
+      r.iterations, r.seconds, r.store_open_failures, r.override_writes, r.override_acked,
+      r.lost_overrides, r.counter_regressions, r.counter_overcounts,
+      static_cast<long long>(r.worst_regression),
+      static_cast<long long>(r.worst_regression_allowed), static_cast<long long>(r.max_allowed),
+      r.crashes);
   for (const std::string& n : r.notes)
     std::printf("crash: %s\n", n.c_str());
   CHECK_MESSAGE(r.error.empty(), r.error);

@@ -2,9 +2,10 @@
 // (cluster_process.h) under steady libsluice traffic, one node at a time killed with SIGKILL,
 // drained (POST /v1/drain) or stopped with SIGTERM, and restarted on its data directory, every
 // 5-10 s (random; the first three actions are one of each kind in a random order, then random by
-// the weights, on a random node). Shared by the CTest test `chaos_short` (tests/cluster/chaos_test.cc, label
-// `chaos`, also run against the AddressSanitizer build) and the benchmark `sluice-bench-chaos`.
-// Header-only test support, like cluster_process.h: nothing in lib/ uses it.
+// the weights, on a random node). Shared by the CTest test `chaos_short`
+// (tests/cluster/chaos_test.cc, label `chaos`, also run against the AddressSanitizer build) and the
+// benchmark `sluice-bench-chaos`. Header-only test support, like cluster_process.h: nothing in lib/
+// uses it.
 //
 // What run_chaos() measures, and what counts:
 //   - failed client checks: checks whose Result libsluice did not decide with code kOk after its
@@ -48,9 +49,12 @@ enum class ChaosAction : uint8_t { kKill9, kDrain, kTerminate };
 
 inline const char* chaos_action_name(ChaosAction a) {
   switch (a) {
-    case ChaosAction::kKill9: return "kill9";
-    case ChaosAction::kDrain: return "drain";
-    case ChaosAction::kTerminate: return "sigterm";
+    case ChaosAction::kKill9:
+      return "kill9";
+    case ChaosAction::kDrain:
+      return "drain";
+    case ChaosAction::kTerminate:
+      return "sigterm";
   }
   return "?";
 }
@@ -69,8 +73,8 @@ struct ChaosOptions {
   // libsluice settings of the load (defaults: libsluice's own, 20 ms and 2 attempts).
   std::chrono::microseconds client_timeout = std::chrono::milliseconds(20);
   uint32_t client_attempts = 2;
-  milliseconds ready_goal{5000};       // a restarted node ready within this (a goal, measured)
-  milliseconds ready_timeout{15000};   // give up waiting after this (counted as not ready)
+  milliseconds ready_goal{5000};      // a restarted node ready within this (a goal, measured)
+  milliseconds ready_timeout{15000};  // give up waiting after this (counted as not ready)
   std::string log_level = "info";
   // Called with one line per event (action, restart, readiness), for progress output.
   std::function<void(const std::string&)> log;
@@ -78,13 +82,13 @@ struct ChaosOptions {
 
 struct ChaosEvent {
   ChaosAction action = ChaosAction::kKill9;
-  size_t node = 0;           // index
-  int64_t at_us = 0;         // load-driver time of the action
-  int64_t ready_ms = -1;     // restart to /healthz?ready 200; -1: never within ready_timeout
-  int exit_status = -1;      // drain / SIGTERM: wait status (kill9: SIGKILL's)
-  size_t keys_checked = 0;   // keys whose count was compared after the restart
-  size_t keys_reset = 0;     // of them, below the client's admitted count minus 1 s
-  int64_t worst_deficit = 0; // the largest (client-seen admitted before action - 1 s) - node count
+  size_t node = 0;            // index
+  int64_t at_us = 0;          // load-driver time of the action
+  int64_t ready_ms = -1;      // restart to /healthz?ready 200; -1: never within ready_timeout
+  int exit_status = -1;       // drain / SIGTERM: wait status (kill9: SIGKILL's)
+  size_t keys_checked = 0;    // keys whose count was compared after the restart
+  size_t keys_reset = 0;      // of them, below the client's admitted count minus 1 s
+  int64_t worst_deficit = 0;  // the largest (client-seen admitted before action - 1 s) - node count
 };
 
 struct ChaosResult {
@@ -223,8 +227,9 @@ inline ChaosResult run_chaos(const ChaosOptions& opt) {
     ChaosEvent ev;
     // The first three actions are the three kinds in a random order (a short run has each), then
     // random by the weights.
-    ev.action = res.events.size() < first_actions.size() ? first_actions[res.events.size()]
-                                                          : static_cast<ChaosAction>(pick_action(rng));
+    ev.action = res.events.size() < first_actions.size()
+                    ? first_actions[res.events.size()]
+                    : static_cast<ChaosAction>(pick_action(rng));
     ev.node = pick_node(rng);
     const size_t i = ev.node;
     if (!c.running(i)) {
@@ -275,12 +280,11 @@ inline ChaosResult run_chaos(const ChaosOptions& opt) {
     }
     ++res.restarts;
     expected_up[i] = true;
-    const bool ready = wait_until(
-        [&] { return c.get(i, "/healthz?ready").status == 200 || !c.running(i); },
-        opt.ready_timeout, milliseconds(20));
+    const bool ready =
+        wait_until([&] { return c.get(i, "/healthz?ready").status == 200 || !c.running(i); },
+                   opt.ready_timeout, milliseconds(20));
     if (ready && c.running(i)) {
-      ev.ready_ms =
-          std::chrono::duration_cast<milliseconds>(SteadyClock::now() - t0).count();
+      ev.ready_ms = std::chrono::duration_cast<milliseconds>(SteadyClock::now() - t0).count();
       res.ready_max_ms = std::max(res.ready_max_ms, ev.ready_ms);
     }
     if (ev.ready_ms < 0 || milliseconds(ev.ready_ms) > opt.ready_goal) ++res.not_ready_in_goal;
@@ -354,15 +358,15 @@ inline ChaosResult run_chaos(const ChaosOptions& opt) {
     double& worst = owner ? res.worst_owner_ratio : res.worst_gossip_ratio;
     if (r > worst) {
       worst = r;
-      (owner ? res.worst_owner_where : res.worst_gossip_where) =
-          lo.keys[k] + " at " + std::to_string(w.start_us / 1000) + " ms, " +
-          after_action(w.start_us);
+      (owner ? res.worst_owner_where : res.worst_gossip_where) = lo.keys[k] + " at " +
+                                                                 std::to_string(w.start_us / 1000) +
+                                                                 " ms, " + after_action(w.start_us);
     }
   }
   for (const Observation& o : observations) {
     ChaosEvent& ev = res.events[o.event];
-    const auto before = admit_times(records, static_cast<int>(o.key), INT64_MIN,
-                                    ev.at_us - 1'000'000);
+    const auto before =
+        admit_times(records, static_cast<int>(o.key), INT64_MIN, ev.at_us - 1'000'000);
     const int64_t deficit = static_cast<int64_t>(before.size()) - static_cast<int64_t>(o.count);
     ++ev.keys_checked;
     ++res.keys_checked;

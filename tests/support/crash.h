@@ -47,9 +47,9 @@ struct CrashOptions {
   std::string sluiced_bin;
   size_t iterations = 50;
   int64_t snapshot_interval_ms = 50;
-  size_t keys = 32;            // check keys "ck-i" (domain g, no cluster: decided locally)
-  double rate_per_s = 2000;    // checks offered, over all keys
-  size_t override_keys = 40;   // override pool "ov-i"
+  size_t keys = 32;             // check keys "ck-i" (domain g, no cluster: decided locally)
+  double rate_per_s = 2000;     // checks offered, over all keys
+  size_t override_keys = 40;    // override pool "ov-i"
   bool override_writes = true;  // false: checks only (to tell what the writes do to the passes)
   int64_t kill_min_ms = 100, kill_max_ms = 600;  // kill this long after the load starts
   uint64_t seed = 1;
@@ -62,7 +62,7 @@ struct CrashResult {
   std::string error;  // the run could not go on (its reason); "" otherwise
   size_t iterations = 0;
   size_t store_open_failures = 0;
-  size_t lost_overrides = 0;      // acknowledged state not found after a restart
+  size_t lost_overrides = 0;  // acknowledged state not found after a restart
   size_t override_writes = 0, override_acked = 0;
   size_t counter_regressions = 0;  // N < P + C - L
   size_t counter_overcounts = 0;   // N > P + sent
@@ -126,7 +126,7 @@ inline CrashResult run_crash(const CrashOptions& opt) {
   std::vector<std::string> keys;
   for (size_t k = 0; k < opt.keys; ++k)
     keys.push_back("ck-" + std::to_string(k));
-  std::vector<uint64_t> known_count(opt.keys, 0);  // P: what the node reported last
+  std::vector<uint64_t> known_count(opt.keys, 0);       // P: what the node reported last
   std::map<std::string, OverrideState> known_override;  // absent from the map: none
   const int64_t interval_us = opt.snapshot_interval_ms * 1000;
 
@@ -144,8 +144,10 @@ inline CrashResult run_crash(const CrashOptions& opt) {
     bool answered = true;
     for (size_t k = 0; k < opt.keys && answered; ++k) {
       const auto n = c.known_admitted(0, "g", keys[k]);
-      if (!n) answered = false;
-      else now_count[k] = *n;
+      if (!n)
+        answered = false;
+      else
+        now_count[k] = *n;
     }
     const auto ov = crash_detail::read_overrides(c);
     if (!answered || !ov) {
@@ -169,8 +171,8 @@ inline CrashResult run_crash(const CrashOptions& opt) {
         ++res.counter_regressions;
         res.notes.push_back("iteration " + std::to_string(it) + ": " + keys[k] + " counted " +
                             std::to_string(n) + " after the restart, " + std::to_string(back) +
-                            " fewer than before the kill; allowed " +
-                            std::to_string(allowance[k]) + " (admitted in the last two snapshot "
+                            " fewer than before the kill; allowed " + std::to_string(allowance[k]) +
+                            " (admitted in the last two snapshot "
                             "intervals)");
         say(res.notes.back());
       }
@@ -207,8 +209,8 @@ inline CrashResult run_crash(const CrashOptions& opt) {
     lo.domain = "g";
     lo.keys = keys;
     lo.rate_per_s = opt.rate_per_s;
-    const int64_t kill_ms = std::uniform_int_distribution<int64_t>(opt.kill_min_ms,
-                                                                    opt.kill_max_ms)(rng);
+    const int64_t kill_ms =
+        std::uniform_int_distribution<int64_t>(opt.kill_min_ms, opt.kill_max_ms)(rng);
     lo.duration = milliseconds(kill_ms + 100);  // still sending when the kill comes
     lo.failover = false;
     lo.timeout = opt.client_timeout;
@@ -250,8 +252,8 @@ inline CrashResult run_crash(const CrashOptions& opt) {
     std::this_thread::sleep_for(milliseconds(kill_ms));
     if (!c.running(0)) {
       ++res.crashes;
-      res.notes.push_back("iteration " + std::to_string(it) + ": sluiced exited before the kill: " +
-                          c.log_tail(0, 600));
+      res.notes.push_back("iteration " + std::to_string(it) +
+                          ": sluiced exited before the kill: " + c.log_tail(0, 600));
       say(res.notes.back());
     }
     const int64_t kill_us = load.now_us();
@@ -301,8 +303,8 @@ inline CrashResult run_crash(const CrashOptions& opt) {
     }
     if (std::string err = c.start_node(0); !err.empty()) {
       ++res.store_open_failures;
-      res.error = "iteration " + std::to_string(it) + ": sluiced did not start after the kill: " +
-                  err;
+      res.error =
+          "iteration " + std::to_string(it) + ": sluiced did not start after the kill: " + err;
       say(res.error);
       break;
     }
