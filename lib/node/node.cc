@@ -290,10 +290,12 @@ struct Node::Impl : NodeState {
     spdlog::info("admin token reloaded from {}", opt.admin_token_file);
   }
 
-  std::unique_ptr<AdminAuth> admin_auth;  // used by the admin thread; set_token from control
-  std::optional<asio::steady_timer> rules_watch_timer;
+  std::unique_ptr<AdminAuth> admin_auth;    // used by the admin thread; set_token from control
   std::unique_ptr<RulesWatch> rules_watch;  // control thread
 
+  // Every I/O object on `control` or `admin_io` is declared below them, so it is destroyed
+  // before them: an object that outlives its io_context reads the freed service in its destructor
+  // (the rules watch's timer once did, at every clean stop: tests/node_lifetime_test.cc).
   asio::io_context control{1};
   // The admin port has its own thread: operator actions may wait on the disk (overrides are
   // synced, `snapshot` waits for a pass) without holding up accepts, timers or signals.
@@ -305,6 +307,7 @@ struct Node::Impl : NodeState {
   std::unique_ptr<rls::RlsServer> rls;  // the gRPC front; gRPC's threads
   std::optional<asio::signal_set> signals;
   std::optional<asio::steady_timer> sweep_timer;
+  std::optional<asio::steady_timer> rules_watch_timer;  // control thread
   std::vector<std::unique_ptr<Worker>> workers;
   size_t next_worker = 0;
   std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0}, grpc_port{0};

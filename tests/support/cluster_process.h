@@ -309,6 +309,10 @@ struct ClusterSpec {
   std::function<std::vector<std::string>(size_t index)> seeds;
   // More settings of the cluster section, one "key: value" each, e.g. "seed_refresh_ms: 500".
   std::vector<std::string> extra_cluster_config;
+  // More top-level settings, one "key: value" each, e.g. "snapshot_interval_ms: 100".
+  std::vector<std::string> extra_config;
+  // true: no cluster section at all (a node on its own, e.g. the store's crash test).
+  bool standalone = false;
 };
 
 struct NodeProcess {
@@ -428,7 +432,11 @@ class LocalCluster {
         << "\nadmin: " << n.host << ":" << n.admin_port << "\ngrpc: " << n.host << ":"
         << n.grpc_port << "\nthreads: " << spec_.threads
         << "\nrules: " << (dir_ / "rules.yaml").string() << "\ndata_dir: " << n.data_dir.string()
-        << "\ninit_data: true\nlog_level: " << spec_.log_level << "\ncluster:\n  node_id: " << n.id
+        << "\ninit_data: true\nlog_level: " << spec_.log_level << "\n";
+    for (const std::string& line : spec_.extra_config)
+      cfg << line << "\n";
+    if (spec_.standalone) return;
+    cfg << "cluster:\n  node_id: " << n.id
         << "\n  name: " << n.name << "\n  listen: " << n.host << ":" << n.peer_port
         << "\n  secret: \"" << n.secret << "\"\n  replicas: " << spec_.replicas
         << "\n  sync_interval_ms: " << spec_.sync_interval_ms
