@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   o.seed = std::random_device{}();
   bool json = false, quiet = false;
   int64_t timeout_ms = 20;
+  int64_t restart_delay_ms = 0;
   app.add_flag("--json", json, "last line of stdout: {\"rows\":[...]}");
   app.add_flag("--quiet", quiet, "no event lines on stderr");
   app.add_option("--seconds", o.seconds, "length of the load")->check(CLI::Range(20.0, 3600.0));
@@ -43,10 +44,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 10000));
   app.add_option("--attempts", o.client_attempts, "libsluice sends per check")
       ->check(CLI::Range(1, 10));
+  app.add_option("--restart-delay-ms", restart_delay_ms,
+                 "how long a node killed with -9 stays down (0: restarted at once; the systemd "
+                 "unit waits 2000)")
+      ->check(CLI::Range(0, 60000));
   app.add_option("--seed", o.seed, "seed of the action and node choices");
   app.add_option("--sluiced", o.sluiced_bin, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
   o.client_timeout = std::chrono::milliseconds(timeout_ms);
+  o.restart_delay_after_kill = std::chrono::milliseconds(restart_delay_ms);
   if (!quiet) o.log = [](const std::string& s) { std::fprintf(stderr, "chaos: %s\n", s.c_str()); };
 
   const ChaosResult r = run_chaos(o);

@@ -21,8 +21,8 @@ namespace {
 
 // Errors name the line of the setting's key. Not the value's: yaml-cpp gives a value left empty
 // (`data_dir:`) the position of the next token, which can be lines further down.
-// A field name as written, with bytes that are not printable ASCII as \xHH, so that one error
-// stays one line and a log never carries control bytes from the file.
+// A field name or a value as written, with bytes that are not printable ASCII as \xHH, so that
+// one error stays one line and a log never carries control bytes from the file.
 std::string printable(const std::string& s) {
   std::string out;
   for (const char c : s) {
@@ -329,7 +329,8 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
   if (!root.IsMap()) return path + ": the config must be a map of settings";
   std::string errors;
   auto fail = [&](const YAML::Node& key, const std::string& field, const std::string& why) {
-    errors += where(path, key, field) + why + "\n";
+    // `why` may quote a value from the file (a path that cannot be read): printable too.
+    errors += where(path, key, field) + printable(why) + "\n";
   };
   std::optional<YAML::Node> token_reads_key;  // admin_token_reads: true needs a token file
   for (const auto& kv : root) {

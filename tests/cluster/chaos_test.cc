@@ -38,6 +38,9 @@ TEST_CASE(
   o.rate_per_key = 40;
   o.client_timeout = std::chrono::milliseconds(300);
   o.client_attempts = 3;
+  // As deploy/systemd/sluiced.service restarts a crashed node (RestartSec=2s). sluice-bench-chaos
+  // restarts at once by default, which also measures the fast-restart gap of owner mode.
+  o.restart_delay_after_kill = milliseconds(2000);
   o.seed = std::random_device{}();
   o.log = [](const std::string& s) { std::printf("chaos: %s\n", s.c_str()); };
   std::printf("chaos: seed %llu\n", static_cast<unsigned long long>(o.seed));

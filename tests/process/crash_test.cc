@@ -21,6 +21,11 @@ TEST_CASE(
   o.sluiced_bin = SLUICED_BIN;
   o.iterations = 50;
   o.rate_per_s = 1000;
+  // 200 ms between passes (the default is 1 s). At sluice-bench-crash's 50 ms, a pass can wait
+  // longer than the interval behind the synced writes of back-to-back overrides, and 4 kills in
+  // 1,000 lost more than the rule allows (docs/benchmarks.md): a stress the bench reports, which
+  // would make this test fail about one run in five.
+  o.snapshot_interval_ms = 200;
   o.seed = std::random_device{}();
   o.log = [](const std::string& s) { std::printf("crash: %s\n", s.c_str()); };
   std::printf("crash: seed %llu\n", static_cast<unsigned long long>(o.seed));

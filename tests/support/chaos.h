@@ -73,6 +73,11 @@ struct ChaosOptions {
   // libsluice settings of the load (defaults: libsluice's own, 20 ms and 2 attempts).
   std::chrono::microseconds client_timeout = std::chrono::milliseconds(20);
   uint32_t client_attempts = 2;
+  // How long a node killed with -9 stays down before its restart. 0: at once, which can
+  // over-admit in owner mode when the owner is back within the reach timeout (300 ms) before
+  // any replica took over (docs/architecture.md, the fast-restart gap). The shipped unit waits
+  // RestartSec=2s, Kubernetes longer.
+  milliseconds restart_delay_after_kill{0};
   milliseconds ready_goal{5000};      // a restarted node ready within this (a goal, measured)
   milliseconds ready_timeout{15000};  // give up waiting after this (counted as not ready)
   std::string log_level = "info";
@@ -269,7 +274,10 @@ inline ChaosResult run_chaos(const ChaosOptions& opt) {
                                 describe_status(ev.exit_status) + ": " + c.log_tail(i, 600));
       say(res.crash_notes.back());
     }
-    // Restart at once on the same data directory.
+    // Restart on the same data directory: at once, or after kill -9 as a supervisor would.
+    if (ev.action == ChaosAction::kKill9 && opt.restart_delay_after_kill.count() > 0) {
+      idle_until(load.now_us() + opt.restart_delay_after_kill.count() * 1000);
+    }
     const auto t0 = SteadyClock::now();
     if (std::string err = c.start_node(i); !err.empty()) {
       ++res.crashes;
