@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "json_rows.h"
+#include "load/args.h"
 #include "load/driver.h"
 #include "load/process.h"
 #include "load/targets.h"
@@ -111,53 +112,42 @@ constexpr const char* kHelp = R"(usage: sluice-bench-keyspray [options]
 )";
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "sluice-bench-keyspray: %s\n%s", why.c_str(), kHelp);
-  std::exit(2);
+  bench::usage("sluice-bench-keyspray", kHelp, why);
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto num = [&](double lo, double hi) {
-      if (i + 1 >= argc) usage("missing value for " + a);
-      const std::string v = argv[++i];
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !(d >= lo && d <= hi)) {
-        usage(a + " wants a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-      }
-      return d;
-    };
+  bench::Args args(argc, argv, "sluice-bench-keyspray", kHelp);
+  while (args.next()) {
+    const std::string& a = args.option();
     if (a == "--json") {
       o.json = true;
     } else if (a == "--keys") {
-      o.keys = static_cast<uint64_t>(num(1, 1e9));
+      o.keys = static_cast<uint64_t>(args.number(1, 1e9));
     } else if (a == "--hot") {
-      o.hot = static_cast<uint32_t>(num(1, 100'000));
+      o.hot = static_cast<uint32_t>(args.number(1, 100'000));
     } else if (a == "--cap-mb") {
-      o.cap_mb = static_cast<uint32_t>(num(1, 1 << 20));
+      o.cap_mb = static_cast<uint32_t>(args.number(1, 1 << 20));
     } else if (a == "--limit") {
-      o.limit = static_cast<uint64_t>(num(1, 1e12));
+      o.limit = static_cast<uint64_t>(args.number(1, 1e12));
     } else if (a == "--hot-period-ms") {
-      o.hot_period_ms = num(20, 60'000);
+      o.hot_period_ms = args.number(20, 60'000);
     } else if (a == "--warm-seconds") {
-      o.warm_seconds = num(0, 3600);
+      o.warm_seconds = args.number(0, 3600);
     } else if (a == "--tail-seconds") {
-      o.tail_seconds = num(0, 3600);
+      o.tail_seconds = args.number(0, 3600);
     } else if (a == "--max-seconds") {
-      o.max_seconds = num(1, 86'400);
+      o.max_seconds = args.number(1, 86'400);
     } else if (a == "--spray-sockets") {
-      o.spray_sockets = static_cast<uint32_t>(num(1, 64));
+      o.spray_sockets = static_cast<uint32_t>(args.number(1, 64));
     } else if (a == "--server-threads") {
-      o.server_threads = static_cast<uint32_t>(num(1, 64));
+      o.server_threads = static_cast<uint32_t>(args.number(1, 64));
     } else if (a == "--rss-slack-mb") {
-      o.rss_slack_mb = num(0, 1024);
+      o.rss_slack_mb = args.number(0, 1024);
     } else if (a == "--memory-only") {
       o.memory_only = true;
     } else if (a == "--sluiced") {
-      if (i + 1 >= argc) usage("missing value for --sluiced");
-      o.sluiced = argv[++i];
+      o.sluiced = args.value();
     } else if (a == "--help" || a == "-h") {
       std::fputs(kHelp, stdout);
       std::exit(0);

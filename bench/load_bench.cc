@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "json_rows.h"
+#include "load/args.h"
 #include "load/driver.h"
 #include "load/process.h"
 #include "load/targets.h"
@@ -164,30 +165,15 @@ constexpr const char* kHelp = R"(usage: sluice-bench-load [options]
   --sluiced PATH       sluiced binary (default: <build>/daemon/sluiced beside this program)
 )";
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "sluice-bench-load: %s\n%s", why, kHelp);
-  std::exit(2);
+[[noreturn]] void usage(const std::string& why) {
+  bench::usage("sluice-bench-load", kHelp, why);
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value for " + a).c_str());
-      return argv[++i];
-    };
-    auto num = [&](double lo, double hi) {
-      const std::string v = val();
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !(d >= lo && d <= hi)) {
-        usage((a + " wants a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]")
-                  .c_str());
-      }
-      return d;
-    };
-    auto u32 = [&](double lo, double hi) { return static_cast<uint32_t>(num(lo, hi)); };
+  bench::Args args(argc, argv, "sluice-bench-load", kHelp);
+  while (args.next()) {
+    const std::string& a = args.option();
     if (a == "--json") {
       o.json = true;
     } else if (a == "--half-rate") {
@@ -195,49 +181,49 @@ Options parse(int argc, char** argv) {
     } else if (a == "--list") {
       o.list = true;
     } else if (a == "--only") {
-      std::stringstream ss(val());
+      std::stringstream ss(args.value());
       for (std::string n; std::getline(ss, n, ',');) {
         if (!n.empty()) o.only.push_back(n);
       }
     } else if (a == "--seconds") {
-      o.seconds = num(0.1, 600);
+      o.seconds = args.number(0.1, 600);
     } else if (a == "--warmup") {
-      o.warmup = num(0, 60);
+      o.warmup = args.number(0, 60);
     } else if (a == "--keys") {
-      o.keys = u32(1, 10'000'000);
+      o.keys = args.u32(1, 10'000'000);
     } else if (a == "--dist") {
-      const std::string d = val();
+      const std::string d = args.value();
       if (d != "uniform" && d != "zipf") usage("--dist is uniform or zipf");
       o.zipf = d == "zipf";
     } else if (a == "--rate") {
-      o.rate = num(0, 1e9);
+      o.rate = args.number(0, 1e9);
     } else if (a == "--connections") {
-      o.connections = u32(1, 1024);
+      o.connections = args.u32(1, 1024);
     } else if (a == "--depth") {
-      o.depth = u32(1, 4096);
+      o.depth = args.u32(1, 4096);
     } else if (a == "--batch-depth") {
-      o.batch_depth = u32(1, 1024);
+      o.batch_depth = args.u32(1, 1024);
     } else if (a == "--batch") {
-      o.batch = u32(2, 1024);
+      o.batch = args.u32(2, 1024);
     } else if (a == "--udp-sockets") {
-      o.udp_sockets = u32(1, 1024);
+      o.udp_sockets = args.u32(1, 1024);
     } else if (a == "--udp-window") {
-      o.udp_window = u32(1, 4096);
+      o.udp_window = args.u32(1, 4096);
     } else if (a == "--udp-batch-window") {
-      o.udp_batch_window = u32(1, 4096);
+      o.udp_batch_window = args.u32(1, 4096);
     } else if (a == "--udp-room") {
-      o.udp_room = u32(0, 2048);
+      o.udp_room = args.u32(0, 2048);
     } else if (a == "--gen-threads") {
-      o.gen_threads = u32(1, 2);
+      o.gen_threads = args.u32(1, 2);
     } else if (a == "--server-threads") {
-      o.server_threads = u32(1, 64);
+      o.server_threads = args.u32(1, 64);
     } else if (a == "--sluiced") {
-      o.sluiced = val();
+      o.sluiced = args.value();
     } else if (a == "--help" || a == "-h") {
       std::fputs(kHelp, stdout);
       std::exit(0);
     } else {
-      usage(("unknown option " + a).c_str());
+      usage("unknown option " + a);
     }
   }
   return o;

@@ -54,6 +54,7 @@
 
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "json_rows.h"
+#include "load/args.h"
 #include "load/driver.h"
 #include "load/process.h"
 #include "load/targets.h"
@@ -107,55 +108,41 @@ constexpr const char* kHelp = R"(usage: sluice-bench-rls [options]
 )";
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "sluice-bench-rls: %s\n%s", why.c_str(), kHelp);
-  std::exit(2);
+  bench::usage("sluice-bench-rls", kHelp, why);
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage("missing value for " + a);
-      return argv[++i];
-    };
-    auto num = [&](double lo, double hi) {
-      const std::string v = val();
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !(d >= lo && d <= hi)) {
-        usage(a + " wants a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-      }
-      return d;
-    };
-    auto u32 = [&](double lo, double hi) { return static_cast<uint32_t>(num(lo, hi)); };
+  bench::Args args(argc, argv, "sluice-bench-rls", kHelp);
+  while (args.next()) {
+    const std::string& a = args.option();
     if (a == "--json") {
       o.json = true;
     } else if (a == "--only") {
-      o.only = val();
+      o.only = args.value();
       if (o.only != "rls" && o.only != "udp") usage("--only is rls or udp");
     } else if (a == "--seconds") {
-      o.seconds = num(0.1, 600);
+      o.seconds = args.number(0.1, 600);
     } else if (a == "--warmup") {
-      o.warmup = num(0, 60);
+      o.warmup = args.number(0, 60);
     } else if (a == "--keys") {
-      o.keys = u32(1, 10'000'000);
+      o.keys = args.u32(1, 10'000'000);
     } else if (a == "--channels") {
-      o.channels = u32(1, 256);
+      o.channels = args.u32(1, 256);
     } else if (a == "--inflight") {
-      o.inflight = u32(1, 4096);
+      o.inflight = args.u32(1, 4096);
     } else if (a == "--server-threads") {
-      o.server_threads = u32(1, 64);
+      o.server_threads = args.u32(1, 64);
     } else if (a == "--udp-sockets") {
-      o.udp_sockets = u32(1, 1024);
+      o.udp_sockets = args.u32(1, 1024);
     } else if (a == "--udp-window") {
-      o.udp_window = u32(1, 4096);
+      o.udp_window = args.u32(1, 4096);
     } else if (a == "--sluiced") {
-      o.sluiced = val();
+      o.sluiced = args.value();
     } else if (a == "--rate") {
-      o.rate = num(1, 1e8);
+      o.rate = args.number(1, 1e8);
     } else if (a == "--compare") {
-      o.compare = val();
+      o.compare = args.value();
     } else if (a == "--help" || a == "-h") {
       std::fputs(kHelp, stdout);
       std::exit(0);

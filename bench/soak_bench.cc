@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "json_rows.h"
+#include "load/args.h"
 #include "load/driver.h"
 #include "load/process.h"
 #include "load/targets.h"
@@ -103,59 +104,48 @@ constexpr const char* kHelp = R"(usage: sluice-bench-soak [options]
 )";
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "sluice-bench-soak: %s\n%s", why.c_str(), kHelp);
-  std::exit(2);
+  bench::usage("sluice-bench-soak", kHelp, why);
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto num = [&](double lo, double hi) {
-      if (i + 1 >= argc) usage("missing value for " + a);
-      const std::string v = argv[++i];
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !(d >= lo && d <= hi)) {
-        usage(a + " wants a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-      }
-      return d;
-    };
+  bench::Args args(argc, argv, "sluice-bench-soak", kHelp);
+  while (args.next()) {
+    const std::string& a = args.option();
     if (a == "--json") {
       o.json = true;
     } else if (a == "--seconds") {
-      o.seconds = num(1, 86'400);
+      o.seconds = args.number(1, 86'400);
     } else if (a == "--rate") {
-      o.rate = num(0, 1e8);
+      o.rate = args.number(0, 1e8);
     } else if (a == "--load") {
-      o.load = num(0.01, 1);
+      o.load = args.number(0.01, 1);
     } else if (a == "--probe-seconds") {
-      o.probe_seconds = num(1, 600);
+      o.probe_seconds = args.number(1, 600);
     } else if (a == "--interval") {
-      o.interval = num(1, 3600);
+      o.interval = args.number(1, 3600);
     } else if (a == "--window") {
-      o.window = num(1, 86'400);
+      o.window = args.number(1, 86'400);
     } else if (a == "--rss-after") {
-      o.rss_after = num(1, 86'400);
+      o.rss_after = args.number(1, 86'400);
     } else if (a == "--rss-band") {
-      o.rss_band = num(0, 1);
+      o.rss_band = args.number(0, 1);
     } else if (a == "--p99-ratio") {
-      o.p99_ratio = num(1, 1000);
+      o.p99_ratio = args.number(1, 1000);
     } else if (a == "--keys") {
-      o.keys = static_cast<uint32_t>(num(1, 10'000'000));
+      o.keys = static_cast<uint32_t>(args.number(1, 10'000'000));
     } else if (a == "--limit") {
-      o.limit = static_cast<uint64_t>(num(1, 1e12));
+      o.limit = static_cast<uint64_t>(args.number(1, 1e12));
     } else if (a == "--udp-sockets") {
-      o.udp_sockets = static_cast<uint32_t>(num(1, 256));
+      o.udp_sockets = static_cast<uint32_t>(args.number(1, 256));
     } else if (a == "--connections") {
-      o.connections = static_cast<uint32_t>(num(1, 256));
+      o.connections = static_cast<uint32_t>(args.number(1, 256));
     } else if (a == "--server-threads") {
-      o.server_threads = static_cast<uint32_t>(num(1, 64));
+      o.server_threads = static_cast<uint32_t>(args.number(1, 64));
     } else if (a == "--memory-only") {
       o.memory_only = true;
     } else if (a == "--sluiced") {
-      if (i + 1 >= argc) usage("missing value for --sluiced");
-      o.sluiced = argv[++i];
+      o.sluiced = args.value();
     } else if (a == "--help" || a == "-h") {
       std::fputs(kHelp, stdout);
       std::exit(0);
