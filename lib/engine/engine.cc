@@ -136,8 +136,7 @@ void Engine::Impl::encode_value(const Shard& sh, const CounterTable& t, size_t i
     append_le(out, v, 4);
   const std::vector<RemoteRing>* nodes = nullptr;
   if (t.has_remote(i)) {
-    auto it = sh.remote.find(remote_key(t.counter_at(i), spec_id));
-    if (it != sh.remote.end()) nodes = &it->second;
+    nodes = sh.remote.find(remote_key(t.counter_at(i), spec_id));
   }
   append_le(out, nodes ? nodes->size() : 0, 2);
   if (nodes == nullptr) return;
@@ -475,9 +474,8 @@ std::optional<CounterView> Engine::inspect(uint64_t counter, const window::Windo
     cv.others.push_back(v.others[idx]);
   }
   if (t->has_remote(static_cast<size_t>(i))) {
-    auto it = sh.remote.find(remote_key(counter, spec_id));
-    if (it != sh.remote.end()) {
-      for (const RemoteRing& n : it->second) {
+    if (const auto* known = sh.remote.find(remote_key(counter, spec_id))) {
+      for (const RemoteRing& n : *known) {
         if (n.node == im.opt.node_id) continue;  // what the cluster acknowledged of our own
         auto& row = cv.nodes.emplace_back(n.node, std::vector<uint32_t>(cv.own.size(), 0)).second;
         for (const auto& [bucket, total] : n.buckets) {

@@ -172,7 +172,7 @@ struct SyncItem {
   window::WindowSpec spec;
   bool with_others = false;             // the totals include other nodes' (owner push)
   std::span<const RemoteTotal> totals;  // node = this node's id for its own
-  std::span<const uint16_t> reporters;  // nodes that reported totals for this counter
+  std::span<const uint16_t> reporters;  // nodes that reported totals for it (with_others only)
 };
 
 class SyncSink {

@@ -20,8 +20,7 @@ uint64_t Engine::Impl::gossip_quota(const Shard& sh, const CounterTable& dt, siz
       (gossip_lag_ms.load(std::memory_order_relaxed) + bms - 1) / bms, 0, r - 1 - horizon);
   const std::vector<RemoteRing>* nodes = nullptr;
   if (dt.has_remote(di)) {
-    const auto it = sh.remote.find(remote_key(dt.counter_at(di), spec_id));
-    if (it != sh.remote.end()) nodes = &it->second;
+    nodes = sh.remote.find(remote_key(dt.counter_at(di), spec_id));
   }
   const auto pos_of = [r](int64_t b) { return static_cast<size_t>(((b % r) + r) % r); };
   struct Sums {

@@ -51,13 +51,12 @@ void collect(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id, uint16_t no
     const uint32_t v = own[static_cast<size_t>(((b % ring) + ring) % ring)];
     if (v != 0) c.totals.push_back({counter, t.spec(), node_id, b, v});
   }
-  if (t.has_remote(i)) {
-    auto it = sh.remote.find(remote_key(counter, spec_id));
-    if (it != sh.remote.end()) {
-      for (const RemoteRing& n : it->second) {
+  // Who else reported it, and what: needed only to push the merged state of a counter we hold.
+  if (with_others && t.has_remote(i)) {
+    if (const auto* known = sh.remote.find(remote_key(counter, spec_id))) {
+      for (const RemoteRing& n : *known) {
         if (n.node == node_id) continue;  // our acknowledged totals: own went out
         c.reporters.push_back(n.node);
-        if (!with_others) continue;
         for (const auto& [bucket, total] : n.buckets) {
           if (total != 0 && bucket > head - ring && bucket <= head) {
             c.totals.push_back({counter, t.spec(), n.node, bucket, total});
@@ -115,6 +114,7 @@ bool shard_step(Shard& sh, uint16_t node_id, SyncCursor& c, size_t max_items,
     if (e.spec_id < sh.owned.size() && sh.owned[e.spec_id] != nullptr) {
       sh.owned[e.spec_id]->prefetch(e.counter);
     }
+    sh.remote.prefetch(remote_key(e.counter, e.spec_id));
   }
   for (; p < stop; ++p) {
     const SyncList::Entry& e = list.entries[p - list.base];

@@ -20,6 +20,7 @@
 
 #include "engine/counter_table.h"
 #include "engine/engine.h"
+#include "engine/remote_map.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
 
@@ -139,7 +140,7 @@ struct Shard {
   std::array<std::atomic<CounterTable*>, kMaxSpecs> tables{};
   std::vector<std::unique_ptr<CounterTable>> owned;              // index = spec id
   std::vector<RuleCounters> rule_stats;                          // index = engine stats id
-  std::unordered_map<uint64_t, std::vector<RemoteRing>> remote;  // key: counter ^ spec salt
+  FlatKeyMap<std::vector<RemoteRing>> remote;                    // key: counter ^ spec salt
   std::unordered_map<uint64_t, std::vector<CarryRing>> carried;  // same key (kCarriedFlag set)
   uint64_t bytes = 0;
   uint64_t budget = 0;

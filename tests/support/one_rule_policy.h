@@ -20,6 +20,7 @@ struct OneRule {
   window::WindowSpec spec = window::make_spec(60'000);
   window::Estimator estimator = window::Estimator::kWeighted;
   bool count_denied = false;
+  rules::Consistency consistency = rules::Consistency::kOwner;
 };
 
 inline std::shared_ptr<const rules::Policy> one_rule_policy(const OneRule& o, uint64_t hash_seed) {
@@ -34,6 +35,7 @@ inline std::shared_ptr<const rules::Policy> one_rule_policy(const OneRule& o, ui
   rule.limits = {lim};
   rule.estimator = o.estimator;
   rule.count_denied = o.count_denied;
+  rule.consistency = o.consistency;
   rules::Domain domain;
   domain.name = o.domain;
   domain.rules.push_back(std::move(rule));
