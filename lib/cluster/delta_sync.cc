@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <limits>
 
 #include "rules/rules.h"
 
@@ -9,9 +11,13 @@ namespace sluice::cluster {
 
 class DeltaSync::Router : public engine::SyncSink {
  public:
-  Router(DeltaSync& ds, const HashRing& ring, const HashRing* in_reach, bool handoff,
-         const Send& send)
-      : ds_(ds), ring_(ring), in_reach_(in_reach), handoff_(handoff), send_(send) {}
+  Router(DeltaSync& ds, Run& run, const Send& send)
+      : ds_(ds),
+        run_(run),
+        ring_(run.ring),
+        in_reach_(run.use_in_reach ? &run.in_reach : nullptr),
+        handoff_(run.handoff),
+        send_(send) {}
 
   void item(const engine::SyncItem& it) override {
     dests_.clear();
@@ -26,6 +32,11 @@ class DeltaSync::Router : public engine::SyncSink {
     }
     std::sort(dests_.begin(), dests_.end());
     dests_.erase(std::unique(dests_.begin(), dests_.end()), dests_.end());
+    if (!run_.only.empty()) {
+      std::erase_if(dests_, [&](NodeId d) {
+        return !std::binary_search(run_.only.begin(), run_.only.end(), d);
+      });
+    }
     if (dests_.empty()) return;
     ++ds_.stats_.counters;
     for (NodeId d : dests_) {
@@ -42,7 +53,7 @@ class DeltaSync::Router : public engine::SyncSink {
   }
 
   void flush_all() {
-    for (auto& [d, b] : ds_.pending_) {
+    for (auto& [d, b] : run_.pending) {
       if (!b.totals.empty()) flush(d, b);
     }
   }
@@ -56,7 +67,7 @@ class DeltaSync::Router : public engine::SyncSink {
     }
   }
   SyncBatch& batch_for(NodeId d) {
-    SyncBatch& b = ds_.pending_[d];
+    SyncBatch& b = run_.pending[d];
     b.from = ds_.self_;
     b.handoff = handoff_;
     return b;
@@ -68,6 +79,7 @@ class DeltaSync::Router : public engine::SyncSink {
   }
 
   DeltaSync& ds_;
+  Run& run_;
   const HashRing& ring_;
   const HashRing* in_reach_;
   bool handoff_;
@@ -80,9 +92,31 @@ DeltaSync::DeltaSync(engine::Engine& engine, NodeId self, size_t max_totals)
 
 void DeltaSync::pass(const HashRing& ring, Mode mode, bool handoff, const Send& send,
                      const HashRing* in_reach) {
+  begin(ring, mode, handoff, in_reach);
+  while (!resume(mode != Mode::kChanged, send, std::numeric_limits<int64_t>::max())) {
+  }
+}
+
+void DeltaSync::begin(const HashRing& ring, Mode mode, bool handoff, const HashRing* in_reach,
+                      std::vector<NodeId> only) {
   ++stats_.passes;
   if (mode == Mode::kEverything) engine_.mark_all_changed_for_sync();
-  Router router(*this, ring, in_reach, handoff, send);
+  Run& run = runs_[mode == Mode::kChanged ? 0 : 1];
+  run.ring = ring;
+  run.use_in_reach = in_reach != nullptr;
+  if (run.use_in_reach) run.in_reach = *in_reach;
+  run.handoff = handoff;
+  std::sort(only.begin(), only.end());
+  run.only = std::move(only);
+  run.cursor.restart(mode != Mode::kChanged);
+  run.active = true;
+}
+
+bool DeltaSync::resume(bool bulk, const Send& send, int64_t budget_ns) {
+  Run& run = runs_[bulk ? 1 : 0];
+  if (!run.active) return true;
+  Router router(*this, run, send);
+  const HashRing* in_reach = run.use_in_reach ? &run.in_reach : nullptr;
   // The owner and the replicas all push the merged state they hold: when the owner dies, its
   // replica keeps every holder current during the seconds before membership declares it dead.
   // Across a cut, the holders in reach do it on their side.
@@ -92,13 +126,20 @@ void DeltaSync::pass(const HashRing& ring, Mode mode, bool handoff, const Send& 
     return std::find(owners.begin(), owners.begin() + static_cast<std::ptrdiff_t>(n), self_) !=
            owners.begin() + static_cast<std::ptrdiff_t>(n);
   };
-  const auto owns = [&](uint64_t counter) {
-    return holds(ring, counter) || (in_reach != nullptr && holds(*in_reach, counter));
+  const std::function<bool(uint64_t)> owns = [&](uint64_t counter) {
+    return holds(run.ring, counter) || (in_reach != nullptr && holds(*in_reach, counter));
   };
-  cursor_.restart(mode != Mode::kChanged);
-  while (!engine_.sync_step(cursor_, 256, owns, router)) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    if (engine_.sync_step(run.cursor, 256, owns, router)) break;
+    if (budget_ns != std::numeric_limits<int64_t>::max() &&
+        std::chrono::steady_clock::now() - start >= std::chrono::nanoseconds(budget_ns)) {
+      return false;  // half-filled batches wait in run.pending for the next slice
+    }
   }
   router.flush_all();
+  run.active = false;
+  return true;
 }
 
 }  // namespace sluice::cluster

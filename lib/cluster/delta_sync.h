@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <unordered_map>
 #include <vector>
 
@@ -54,6 +55,24 @@ class DeltaSync {
   void pass(const HashRing& ring, Mode mode, bool handoff, const Send& send,
             const HashRing* in_reach = nullptr);
 
+  // Passes in slices. A node runs two kinds at once, each with its own cursor and batches:
+  //   - the changed pass (kChanged) every sync interval, short, run to its end at once;
+  //   - a bulk pass (kResend, kEverything) over the whole table, run in slices paced by the
+  //     caller, so that it neither holds the control thread for hundreds of ms (its heartbeats
+  //     would stop) nor floods a peer with a million totals at once (its socket buffer overflows
+  //     and its own heartbeats stop while it merges), both of which made members drop out of
+  //     each other's reach, and every member back in reach gets a bulk pass: a loop, every
+  //     anti-entropy interval (docs/benchmarks.md, "sync cost on a running node").
+  // The two may visit the same counter: whichever does first sends it and clears its flags.
+  // begin() starts a pass of `mode`'s kind (the rings are copied); resume() runs that kind's pass
+  // until done or until `budget_ns` of steady time has gone, and returns whether it is done.
+  // `only` (optional, not empty): batches go to these nodes alone (members back in reach need
+  // what they missed; the others had it all along).
+  void begin(const HashRing& ring, Mode mode, bool handoff, const HashRing* in_reach = nullptr,
+             std::vector<NodeId> only = {});
+  bool resume(bool bulk, const Send& send, int64_t budget_ns);
+  bool in_progress(bool bulk) const { return runs_[bulk ? 1 : 0].active; }
+
   const DeltaSyncStats& stats() const { return stats_; }
 
  private:
@@ -61,8 +80,15 @@ class DeltaSync {
   engine::Engine& engine_;
   NodeId self_;
   size_t max_totals_;
-  engine::SyncCursor cursor_;
-  std::unordered_map<NodeId, SyncBatch> pending_;  // reused batches per destination
+  struct Run {  // one kind of pass: [0] changed, [1] bulk
+    engine::SyncCursor cursor;
+    bool active = false;
+    HashRing ring, in_reach;
+    bool use_in_reach = false, handoff = false;
+    std::vector<NodeId> only;
+    std::unordered_map<NodeId, SyncBatch> pending;  // reused batches per destination
+  };
+  Run runs_[2];
   DeltaSyncStats stats_;
 };
 

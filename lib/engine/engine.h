@@ -181,8 +181,10 @@ class SyncSink {
   virtual void item(const SyncItem& item) = 0;
 };
 
-// Where a sync pass stands; reuse one across passes (its buffers then stop allocating). One pass
-// at a time per engine: a second cursor running at once can leave counters to the next resend.
+// Where a sync pass stands; reuse one across passes (its buffers then stop allocating). At most one
+// changed pass (restart(false)) and one resend pass (restart(true)) at a time per engine; the two
+// may interleave (whichever reaches a counter first sends it and clears its flags), but two of
+// the same kind at once can leave counters to the next resend (they share the changed list).
 struct SyncCursor {
   bool resend = false;  // anti-entropy: every counter changed since the last resend pass
   uint32_t shard = 0;

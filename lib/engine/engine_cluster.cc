@@ -70,9 +70,32 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
   Impl& im = *impl_;
   size_t changed = 0;
   std::array<uint64_t, 1> no_pins{};
-  for (const RemoteTotal& t : totals) {
-    if (t.counter == 0 || !window::validate(t.spec).empty()) continue;
-    const uint32_t spec_id = im.spec_id(t.spec);
+  // Each total lands somewhere random in a large table and in the shard's remote map: start the
+  // misses a few totals ahead (a batch holds up to ~2,000 totals, mostly of one spec).
+  constexpr size_t kAhead = 8;
+  uint32_t last_spec_id = 0;
+  window::WindowSpec last_spec{};
+  bool have_last = false;
+  const auto prefetch = [&](const RemoteTotal& t) {
+    if (!have_last || !(t.spec == last_spec)) return;
+    const Shard& sh = im.shards[t.counter & im.shard_mask];
+    if (const CounterTable* tbl = sh.tables[last_spec_id].load(std::memory_order_relaxed)) {
+      tbl->prefetch(t.counter);
+    }
+    sh.remote.prefetch(remote_key(t.counter, last_spec_id));
+  };
+  for (size_t k = 0; k < std::min(kAhead, totals.size()); ++k) prefetch(totals[k]);
+  for (size_t k = 0; k < totals.size(); ++k) {
+    const RemoteTotal& t = totals[k];
+    if (k + kAhead < totals.size()) prefetch(totals[k + kAhead]);
+    if (t.counter == 0) continue;
+    if (!have_last || !(t.spec == last_spec)) {
+      if (!window::validate(t.spec).empty()) continue;
+      last_spec = t.spec;
+      last_spec_id = im.spec_id(t.spec);
+      have_last = true;
+    }
+    const uint32_t spec_id = last_spec_id;
     Shard& sh = im.shards[t.counter & im.shard_mask];
     std::lock_guard g(sh.lock);
     CounterTable& tbl = im.table(sh, spec_id);

@@ -439,6 +439,9 @@ std::string render_metrics(AdminHttp::State& st) {
              "CPU microseconds the control thread spent in sync passes, by kind.");
     for (size_t k = 0; k < 3; ++k)
       m.sample("sluice_sync_cpu_us_total", {"pass", kinds[k]}, c.sync_cpu_us[k]);
+    m.one("sluice_sync_slices_deferred_total", "counter",
+          "Times a long sync pass yielded the control thread (after 4 ms) and went on later.",
+          c.sync_slices_deferred);
     // Cumulative buckets of the changed passes' CPU time (histogram_quantile works on them).
     m.family("sluice_sync_pass_cpu_us_bucket", "counter",
              "Changed-counter sync passes that took less than le CPU microseconds (cumulative).");

@@ -334,6 +334,7 @@ Json cluster_json(const ClusterStatus& c) {
                                          {"resend", c.sync_kind_passes[1]},
                                          {"handoff", c.sync_kind_passes[2]}}},
                         {"cpu_us_max_changed", c.sync_cpu_us_max_changed},
+                        {"slices_deferred", c.sync_slices_deferred},
                         {"cpu_us_buckets_changed", c.sync_cpu_us_buckets}}},
               {"overrides", {{"records", c.overrides.records},
                              {"digest", c.overrides.hash},

@@ -11,8 +11,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <stdexcept>
 
 #include "cluster/delta_sync.h"
@@ -294,6 +296,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     }
     for (const auto& [id, since] : c.came_back) {
       reach_handoff_pending = true;  // back in reach: both sides' counts since the cut go over
+      reach_returned.insert(id);
       spdlog::info("cluster: member {} in reach again after {} ms", id, now - since);
     }
     if (c.out_changed) {
@@ -332,33 +335,78 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     });
   }
 
+  // Every sync interval the changed pass runs to its end. A bulk pass (anti-entropy resend, or a
+  // full pass after a ring change or members back in reach) runs beside it in slices of at most
+  // kSyncSliceNs, each followed by a pause of what it sent at kBulkTotalsPerSec (DeltaSync's
+  // header says why): a full pass over a million counters takes a few seconds so, and the changed
+  // passes go on every sync interval meanwhile.
+  static constexpr int64_t kSyncSliceNs = 4'000'000;
+  static constexpr uint64_t kBulkTotalsPerSec = 500'000;
+
   void sync_pass() {
     const int64_t now = st.opt.clock();
-    cluster::DeltaSync::Mode mode = cluster::DeltaSync::Mode::kChanged;
-    bool handoff = false;
-    // A full pass after a ring change at once; after members come back in reach at most once per
-    // anti-entropy interval: a node starved of CPU can see members go and come back every few
-    // hundred ms, and a full pass over a large table takes long enough on the control thread to
-    // make it miss heartbeats, which would feed the flapping.
-    const bool reach_due = reach_handoff_pending &&
-                           now - last_reach_handoff_ms >= opt.anti_entropy_interval_ms;
-    if (handoff_pending || reach_due) {
-      mode = cluster::DeltaSync::Mode::kEverything;
-      handoff = true;
-      handoff_pending = false;
-      reach_handoff_pending = false;
-      if (reach_due) last_reach_handoff_ms = now;
-      ++handoffs;
-    } else if (now - last_resend_ms >= opt.anti_entropy_interval_ms) {
-      mode = cluster::DeltaSync::Mode::kResend;
-      last_resend_ms = now;
+    const cluster::HashRing* in_reach = reach.out_of_reach().empty() ? nullptr : &sync_ring;
+    if (!delta->in_progress(true)) {
+      // A full pass after a ring change at once; after members come back in reach at most once
+      // per anti-entropy interval, and to them alone (the others were in reach all along, and
+      // have what this node sent).
+      const bool reach_due = reach_handoff_pending &&
+                             now - last_reach_handoff_ms >= opt.anti_entropy_interval_ms;
+      if (handoff_pending || reach_due) {
+        std::vector<NodeId> only;
+        if (!handoff_pending) only.assign(reach_returned.begin(), reach_returned.end());
+        handoff_pending = false;
+        if (reach_due) {
+          reach_handoff_pending = false;
+          reach_returned.clear();
+          last_reach_handoff_ms = now;
+        }
+        ++handoffs;
+        bulk_kind = 2;
+        bulk_cpu_us = 0;
+        delta->begin(ring, cluster::DeltaSync::Mode::kEverything, true, in_reach,
+                     std::move(only));
+        bulk_slice();
+      } else if (now - last_resend_ms >= opt.anti_entropy_interval_ms) {
+        last_resend_ms = now;
+        bulk_kind = 1;
+        bulk_cpu_us = 0;
+        delta->begin(ring, cluster::DeltaSync::Mode::kResend, false, in_reach);
+        bulk_slice();
+      }
     }
     const int64_t cpu0 = thread_cpu_us();
-    delta->pass(ring, mode, handoff,
-                [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); },
-                reach.out_of_reach().empty() ? nullptr : &sync_ring);
-    const auto cpu = static_cast<uint64_t>(std::max<int64_t>(0, thread_cpu_us() - cpu0));
-    const size_t kind = handoff ? 2 : mode == cluster::DeltaSync::Mode::kResend ? 1 : 0;
+    delta->begin(ring, cluster::DeltaSync::Mode::kChanged, false, in_reach);
+    delta->resume(false, [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); },
+                  std::numeric_limits<int64_t>::max());
+    note_pass_cpu(0, static_cast<uint64_t>(std::max<int64_t>(0, thread_cpu_us() - cpu0)));
+  }
+
+  // Runs the bulk pass under way for up to `budget_ns`, then pauses (slice_timer), or to its end.
+  void bulk_slice(int64_t budget_ns = kSyncSliceNs) {
+    if (!delta->in_progress(true)) return;  // finished by finish_bulk_pass() meanwhile
+    const int64_t cpu0 = thread_cpu_us();
+    const uint64_t totals0 = delta->stats().totals;
+    const bool done = delta->resume(
+        true, [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); }, budget_ns);
+    bulk_cpu_us += static_cast<uint64_t>(std::max<int64_t>(0, thread_cpu_us() - cpu0));
+    if (done) {
+      note_pass_cpu(bulk_kind, bulk_cpu_us);
+      return;
+    }
+    ++sync_slices_deferred;
+    const uint64_t sent = delta->stats().totals - totals0;
+    slice_timer.expires_after(std::chrono::microseconds(sent * 1'000'000 / kBulkTotalsPerSec));
+    slice_timer.async_wait([this](boost::system::error_code ec) {
+      if (!ec && !stopped) bulk_slice();
+    });
+  }
+  void finish_bulk_pass() {
+    slice_timer.cancel();
+    bulk_slice(std::numeric_limits<int64_t>::max());
+  }
+
+  void note_pass_cpu(size_t kind, uint64_t cpu) {
     sync_cpu_us[kind] += cpu;
     ++sync_kind_passes[kind];
     if (kind == 0) {
@@ -481,6 +529,11 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   bool ring_changed = false;
   bool handoff_pending = false;        // ring changed: a full pass next
   bool reach_handoff_pending = false;  // members back in reach: a full pass when due (sync_pass)
+  std::set<NodeId> reach_returned;     // ... to these members
+  size_t bulk_kind = 1;                // the bulk pass under way (sync_cpu_us's index)
+  uint64_t bulk_cpu_us = 0;            // its CPU so far
+  uint64_t sync_slices_deferred = 0;   // slices bulk passes left for later
+  asio::steady_timer slice_timer{io};  // the pause between two slices of a bulk pass
   int64_t last_reach_handoff_ms = INT64_MIN / 2;
   // Joining (View::joining): a node that served alone for longer than this before it met the
   // others is not joining them: it holds counts of its own.
@@ -623,9 +676,11 @@ void ClusterNode::leave() {
   c.left = true;
   const int64_t now = c.st.opt.clock();
   c.membership->leave(now);
-  // Hand every counter to its owners without this node, now.
+  // Hand every counter to its owners without this node, now (in one go: the node is leaving).
   c.rebuild_ring();
-  c.sync_pass();
+  c.finish_bulk_pass();
+  c.sync_pass();  // the full pass (the ring changed) and a changed pass
+  c.finish_bulk_pass();
   spdlog::info("cluster: left; counters handed to the remaining {} members", c.ring.size());
 }
 
@@ -638,6 +693,7 @@ void ClusterNode::stop() {
   boost::system::error_code ec;
   c.tick_timer.cancel();
   c.sync_timer.cancel();
+  c.slice_timer.cancel();
   c.reach_timer.cancel();
   c.socket.close(ec);
 }
@@ -717,6 +773,7 @@ ClusterStatus ClusterNode::status() const {
   s.sync_cpu_us = c.sync_cpu_us;
   s.sync_kind_passes = c.sync_kind_passes;
   s.sync_cpu_us_max_changed = c.sync_cpu_us_max_changed;
+  s.sync_slices_deferred = c.sync_slices_deferred;
   s.sync_cpu_us_buckets = c.sync_cpu_us_buckets;
   s.sync_passes = c.delta->stats().passes;
   s.sync_totals_out = c.delta->stats().totals;

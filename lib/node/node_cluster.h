@@ -65,6 +65,7 @@ struct ClusterStatus {
   static constexpr size_t kSyncCpuBuckets = 22;  // bucket i: < 2^i us; the last: the rest
   std::array<uint64_t, 3> sync_cpu_us{}, sync_kind_passes{};
   uint64_t sync_cpu_us_max_changed = 0;
+  uint64_t sync_slices_deferred = 0;  // times a pass yielded the control thread and went on later
   std::array<uint64_t, kSyncCpuBuckets> sync_cpu_us_buckets{};  // changed passes
   OverrideSyncStats overrides;  // cluster-wide overrides (override_sync.h)
   size_t replicas = 0;
