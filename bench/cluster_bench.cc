@@ -10,6 +10,7 @@
 //                       estimator's own error stays near 1 % and the rows measure the cluster's
 //   kill9               kill -9 of the key's owner, one of 5 nodes, under traffic; restarted once
 //                       every survivor lists it dead (detect_s = kill until then)
+//   restart             the same, restarted at once with its data directory (no restart delay)
 //   join                a 4th node joins 3 under traffic and then takes its share of it
 //   drain               the key's owner, one of 4 nodes, drains under traffic (POST /v1/drain)
 //   forwarding          p50 (and p99) latency of an owner-mode check sent to a non-owner, minus the
@@ -340,7 +341,10 @@ std::string run_seed000(const Settings& st, std::vector<Row>& rows) {
   return "";
 }
 
-std::string run_kill9(const Settings& st, std::vector<Row>& rows) {
+// kill9: the owner of both keys is killed with -9 under traffic, declared dead, then restarted.
+// restart: the same owner restarted at once with its data directory (what a supervisor without a
+// restart delay does), before anyone has declared it dead.
+std::string run_kill9(const Settings& st, std::vector<Row>& rows, bool at_once = false) {
   const size_t n = 5;
   const uint64_t limit = 100;
   const double rate = 300;  // per key
@@ -365,11 +369,12 @@ std::string run_kill9(const Settings& st, std::vector<Row>& rows) {
   c.kill9(victim);
   const auto survivors = indices(n, victim);
   std::optional<double> detect;
-  if (wait_until([&] { return c.all_see(survivors, victim_id, "dead"); }, milliseconds(20000),
+  if (!at_once &&
+      wait_until([&] { return c.all_see(survivors, victim_id, "dead"); }, milliseconds(20000),
                  milliseconds(50))) {
     detect = secs_since(killed);
   }
-  std::string note = "victim owned both keys";
+  std::string note = at_once ? "victim owned both keys, restarted at once" : "victim owned both keys";
   if (std::string err = c.start_node(victim); !err.empty()) {
     note += "; restart failed";
   } else if (wait_until([&] { return c.all_see(indices(n), victim_id, "alive"); },
@@ -384,7 +389,7 @@ std::string run_kill9(const Settings& st, std::vector<Row>& rows) {
   const auto records = load.records();
   for (const char* mode : {"owner", "gossip"}) {
     const std::string d(1, mode[0]);
-    rows.push_back({"kill9", mode, n, 100, rate, limit,
+    rows.push_back({at_once ? "restart" : "kill9", mode, n, 100, rate, limit,
                     worst_ratio(records, load.options(), d, limit),
                     failed_of(records, load.options(), d), detect, std::nullopt, note, std::nullopt,
                     std::nullopt, "", std::nullopt});
@@ -1058,7 +1063,7 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", st.seconds, "traffic per steady run (membership runs take more)")
       ->check(CLI::Range(1.0, 120.0));
   app.add_option("--scenario", only,
-                 "one of stable-3, stable-5, seed000, kill9, join, drain, forwarding, overrides, "
+                 "one of stable-3, stable-5, seed000, kill9, restart, join, drain, forwarding, overrides, "
                  "partition, sync-cost, peer-traffic");
   app.add_option("--sluiced", st.sluiced, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
@@ -1074,6 +1079,7 @@ int main(int argc, char** argv) {
       {"stable-5", false, [&](auto& r) { return run_stable(st, 5, r); }},
       {"seed000", true, [&](auto& r) { return run_seed000(st, r); }},
       {"kill9", false, [&](auto& r) { return run_kill9(st, r); }},
+      {"restart", false, [&](auto& r) { return run_kill9(st, r, true); }},
       {"join", false, [&](auto& r) { return run_join(st, r); }},
       {"drain", false, [&](auto& r) { return run_drain(st, r); }},
       {"forwarding", true, [&](auto& r) { return run_forwarding(st, r); }},
