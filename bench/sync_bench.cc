@@ -37,6 +37,7 @@
 #include "cluster/peer_codec.h"
 #include "engine/engine.h"
 #include "json_rows.h"
+#include "load/args.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
 
@@ -78,43 +79,29 @@ struct Options {
   uint32_t shards = 64;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "sluice-bench-sync: %s\nusage: sluice-bench-sync [--json] [--keys N] [--active N] "
-               "[--passes N] [--shards N]\n",
-               why);
-  std::exit(2);
-}
-
-uint64_t number(const char* flag, const char* v) {
-  char* end = nullptr;
-  const unsigned long long n = v ? std::strtoull(v, &end, 10) : 0;
-  if (v == nullptr || *v == '\0' || *end != '\0' || n == 0) {
-    usage((std::string(flag) + " takes a positive integer").c_str());
-  }
-  return n;
-}
+constexpr const char* kHelp =
+    "usage: sluice-bench-sync [--json] [--keys N] [--active N] [--passes N] [--shards N]\n";
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (a == "--json") {
+  sluice::bench::Args a(argc, argv, "sluice-bench-sync", kHelp);
+  while (a.next()) {
+    const std::string& opt = a.option();
+    if (opt == "--json") {
       o.json = true;
-    } else if (a == "--keys") {
-      o.keys = number("--keys", next), ++i;
-    } else if (a == "--active") {
-      o.active = number("--active", next), ++i;
-    } else if (a == "--passes") {
-      o.passes = number("--passes", next), ++i;
-    } else if (a == "--shards") {
-      o.shards = static_cast<uint32_t>(number("--shards", next)), ++i;
+    } else if (opt == "--keys") {
+      o.keys = static_cast<uint64_t>(a.number(1, 1e9));
+    } else if (opt == "--active") {
+      o.active = static_cast<uint64_t>(a.number(1, 1e9));
+    } else if (opt == "--passes") {
+      o.passes = static_cast<uint64_t>(a.number(1, 1e6));
+    } else if (opt == "--shards") {
+      o.shards = a.u32(1, 4096);
     } else {
-      usage(("unknown argument " + a).c_str());
+      a.usage("unknown option " + opt);
     }
   }
-  if (o.active > o.keys) usage("--active is at most --keys");
+  if (o.active > o.keys) a.usage("--active is at most --keys");
   return o;
 }
 
