@@ -270,6 +270,7 @@ void Membership::Impl::start_suspicion(Entry& e, NodeId accuser, int64_t now) {
   s.bounds = suspicion_bounds(opt, live_count());
   s.accusers.push_back(accuser);
   s.accused_by_self = accuser == self.id;
+  s.next_ping_ms = now;  // the suspect has not heard of it yet
   e.suspicion = std::move(s);
 }
 
@@ -308,7 +309,10 @@ void Membership::Impl::on_new_state(Entry& e, std::optional<MemberState> was, No
       } else {
         // Not ours to repeat: a Suspect entry we send is read as our own accusation.
         dequeue(id);
-        if (self.state == MemberState::kAlive && !probing(id)) start_probe(id, now, true);
+        if (self.state == MemberState::kAlive && !probing(id)) {
+          start_probe(id, now, true);  // its ping carries the Suspect record
+          e.suspicion->next_ping_ms = now + e.suspicion->ping_every_ms();
+        }
       }
       break;
     case MemberState::kDead:
@@ -495,6 +499,26 @@ void Membership::Impl::expire_suspicions(int64_t now) {
   }
 }
 
+void Membership::Impl::ping_suspects(int64_t now) {
+  for (auto& [id, e] : members) {
+    if (e.member.state != MemberState::kSuspect || !e.suspicion) continue;
+    Suspicion& s = *e.suspicion;
+    if (now < s.next_ping_ms) continue;
+    s.next_ping_ms = now + s.ping_every_ms();
+    // Only the suspect's record: the queued updates' transmissions are for members that can
+    // pass them on, and this one may be dead.
+    MembershipMessage m;
+    m.kind = MembershipKind::kPing;
+    m.from = self.id;
+    m.seq = next_seq++;
+    m.target = id;
+    m.gossip.push_back(e.member);
+    pings.push_back({m.seq, now + 2 * opt.probe_interval_ms});
+    ++counters.suspect_pings;
+    send(peer_endpoint(e.member), std::move(m));
+  }
+}
+
 void Membership::Impl::recompute_deadline() {
   int64_t d = kNoDeadline;
   const bool active = self.state == MemberState::kAlive;
@@ -508,8 +532,10 @@ void Membership::Impl::recompute_deadline() {
     if (!r.nacked) d = std::min(d, r.nack_at_ms);
   }
   for (const auto& [id, e] : members) {
-    if (e.member.state == MemberState::kSuspect && e.suspicion)
+    if (e.member.state == MemberState::kSuspect && e.suspicion) {
       d = std::min(d, e.suspicion->deadline_ms());
+      if (active) d = std::min(d, e.suspicion->next_ping_ms);
+    }
     if (e.member.state == MemberState::kDead || e.member.state == MemberState::kLeft)
       d = std::min(d, e.changed_ms + opt.dead_retention_ms);
   }
@@ -663,6 +689,7 @@ void Membership::Impl::tick(int64_t now) {
   advance_probes(now);
   advance_relays(now);
   expire_suspicions(now);
+  if (self.state == MemberState::kAlive) ping_suspects(now);
   if (self.state == MemberState::kAlive && now >= next_probe_at) {
     next_probe_at = now + scaled(opt.probe_interval_ms);
     if (std::optional<NodeId> target = next_round_robin_target(); target && !probing(*target))

@@ -26,6 +26,10 @@ inline constexpr int64_t kNoDeadline = std::numeric_limits<int64_t>::max();
 inline constexpr int64_t kLongAgo = std::numeric_limits<int64_t>::min() / 4;
 // Standing accusations repeated per message (gossip_for); the rest of the room is for news.
 inline constexpr size_t kAccusationsPerMessage = 2;
+// A node that holds a member Suspect pings it this many times per shortest suspicion timeout
+// (membership.h, "Suspicion"): at 30 % loss each way a round trip fails with probability 0.51,
+// all eight with 0.5 %.
+inline constexpr int64_t kSuspectPingsPerMinTimeout = 8;
 // Up to this many live members the anti-entropy pull keeps sync_interval_ms; above it the pull
 // slows down (anti_entropy_interval_ms) and recent deaths ride on spare room in every message
 // (gossip_for): membership.h, "Anti-entropy".
@@ -63,6 +67,10 @@ struct Membership::Impl {
     membership_detail::SuspicionBounds bounds;
     std::vector<NodeId> accusers;  // the first raised it; every later one is a confirmation
     bool accused_by_self = false;  // our own probe failed too (we gossip the Suspect entry)
+    int64_t next_ping_ms = 0;      // the next suspect ping (ping_suspects)
+    int64_t ping_every_ms() const {
+      return std::max<int64_t>(1, bounds.min_ms / membership_detail::kSuspectPingsPerMinTimeout);
+    }
     uint32_t confirmations() const { return static_cast<uint32_t>(accusers.size() - 1); }
     int64_t deadline_ms() const {
       return started_ms + membership_detail::timeout_after(bounds, confirmations());
@@ -298,6 +306,9 @@ struct Membership::Impl {
   std::optional<NodeId> next_round_robin_target();
   void advance_relays(int64_t now);
   void expire_suspicions(int64_t now);
+  // Pings every member we hold Suspect whose next suspect ping is due (membership.h,
+  // "Suspicion"), carrying its Suspect record and nothing else.
+  void ping_suspects(int64_t now);
 
   // ---- join, anti-entropy, reconnect, forgetting ----
 
