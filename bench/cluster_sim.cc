@@ -48,6 +48,7 @@ Simulation::Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_
     : n_(n),
       rng_(seed),
       net_(net),
+      loss_into_(n, 0.0),
       encode_every_(encode_every),
       max_events_(max_events),
       codec_("sluice-bench-cluster-sim-secret", 0, 1),
@@ -207,6 +208,27 @@ uint64_t Simulation::suspicions_raised() const {
   return sum;
 }
 
+uint64_t Simulation::deaths_declared() const {
+  uint64_t sum = 0;
+  for (const Node& node : nodes_)
+    sum += node.membership->stats().deaths_declared;
+  return sum;
+}
+
+uint64_t Simulation::refutations() const {
+  uint64_t sum = 0;
+  for (const Node& node : nodes_)
+    sum += node.membership->stats().refutations;
+  return sum;
+}
+
+size_t Simulation::suspected_by(size_t subject) const {
+  size_t count = 0;
+  for (size_t o = 0; o < n_; ++o)
+    if (o != subject && up(o) && view(o, subject) == MemberState::kSuspect) ++count;
+  return count;
+}
+
 // ---- membership messages and load ----
 
 void Simulation::send(size_t from, const Endpoint& to, const MembershipMessage& m) {
@@ -224,7 +246,10 @@ void Simulation::send(size_t from, const Endpoint& to, const MembershipMessage& 
   }
   const auto it = by_host_.find(to.host);
   if (it == by_host_.end() || to.port != kPeerPort) return;
-  if (loss_ > 0 && uniform() < loss_) return;
+  // One draw per message; with no loss into the receiver exactly as before (same draws).
+  const double into = loss_into_[it->second];
+  const double loss = into > 0 ? 1 - (1 - loss_) * (1 - into) : loss_;
+  if (loss > 0 && uniform() < loss) return;
   const int64_t delay = delay_us();
   uint32_t slot = 0;
   if (free_.empty()) {

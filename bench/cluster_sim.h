@@ -104,6 +104,9 @@ class Simulation {
   uint64_t encode_errors() const { return encode_errors_; }
   std::mt19937_64& rng() { return rng_; }
   void set_loss(double p) { loss_ = p; }
+  // Messages to node i are lost with probability p besides the loss of every message (the two
+  // drawn as one: kept with probability (1 - loss) * (1 - p)); one-way loss into one node.
+  void set_loss_into(size_t i, double p) { loss_into_[i] = p; }
 
   // Every live node lists every live node Alive.
   bool converged() const { return alive_pairs_ == up_count_ * up_count_; }
@@ -150,6 +153,12 @@ class Simulation {
   uint64_t false_dead_views() const { return false_dead_views_; }
   uint64_t false_dead_members() const;
   uint64_t suspicions_raised() const;
+  // Summed over every node, live or not: MembershipStats::deaths_declared (suspicion timeouts
+  // that ended on a node, what partition_test sums over /v1/cluster) and ::refutations.
+  uint64_t deaths_declared() const;
+  uint64_t refutations() const;
+  // Live observers that list live member `subject` Suspect.
+  size_t suspected_by(size_t subject) const;
 
   // ---- membership load ----
   void reset_load();
@@ -248,6 +257,7 @@ class Simulation {
   std::mt19937_64 rng_;
   NetOptions net_;
   double loss_ = 0;
+  std::vector<double> loss_into_;  // per receiver, besides loss_
   uint64_t encode_every_;
   uint64_t max_events_;
   cluster::PeerCodec codec_;

@@ -47,6 +47,16 @@
 //               write, else counted in override_unreached), and the bytes of the window's pushes
 //               and full tables divided by the writes (override_bytes_per_write: what the writes
 //               cost, repairs of lost pushes included); digests are counted per node per second.
+//   loss-burst  only when named in --scenario, for small N (5: partition_test's loss cases). --runs
+//               pre-seeded clusters, seeds --seed upwards: each 10 s without loss, --burst-seconds
+//               (15) at --burst-loss (30 %) on every message, then --after-seconds (10) without.
+//               Per row: the runs in which some node declared a live member Dead (a suspicion
+//               timeout ended: MembershipStats::deaths_declared, what partition_test sums) during
+//               the burst and after it, those deaths summed, false-dead views, the runs in which
+//               at the end of the burst every other node listed one member Suspect, suspicions
+//               raised and refutations (summed over runs), the membership load during the burst
+//               (mean over runs), and the seeds of the runs with a death.
+//   loss-burst-into   the same with the loss only on what node --burst-into (2) receives.
 //
 // Wall time: Membership walks its whole member map (a std::map) several times per call (next
 // deadline, piggyback choice, live count) and sorts its gossip queue per message, so simulating N
@@ -62,7 +72,8 @@
 //                            [--scenario converge,steady,false-dead,detect,overrides]
 //                            [--steady-seconds S] [--loss-seconds S] [--loss P] [--kills K]
 //                            [--writes W] [--converge-max-nodes N] [--encode-every K]
-//                            [--max-events E]
+//                            [--max-events E] [--runs R] [--burst-loss P] [--burst-seconds S]
+//                            [--after-seconds S] [--burst-into I]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -111,6 +122,28 @@ struct OverrideFigures {
   OverrideLoad load;                          // this window, every kind
 };
 
+// Many short runs of a loss burst on a converged cluster (the scenario of partition_test's loss
+// cases): how often a live member was declared Dead.
+struct BurstFigures {
+  size_t runs = 0;
+  uint64_t first_seed = 0;
+  double burst_s = 0;
+  double after_s = 0;
+  std::string where;            // "all" or "into node-k"
+  size_t runs_dead_during = 0;  // runs where some node declared a live member Dead
+  size_t runs_dead_after = 0;   // the same, after the loss stopped
+  uint64_t deaths_during = 0;   // MembershipStats::deaths_declared, summed over nodes and runs
+  uint64_t deaths_after = 0;
+  uint64_t false_dead_views = 0;     // (observer, live member) pairs listed Dead, every run
+  size_t runs_all_suspect = 0;       // runs where, as the loss stopped, every other node listed
+                                     // some member Suspect (the CI failure's state)
+  uint64_t suspicions = 0;           // MembershipStats::suspicions_raised, summed
+  uint64_t refutations = 0;          // MembershipStats::refutations, summed
+  std::vector<uint64_t> dead_seeds;  // the runs (seeds) with a death
+  double msgs_mean = 0;              // per node per second during the burst, mean over runs
+  double bytes_mean = 0;
+};
+
 struct Row {
   std::string scenario;
   size_t nodes = 0;
@@ -127,6 +160,7 @@ struct Row {
   std::optional<uint64_t> suspicions;
   std::optional<Load> load;
   std::optional<OverrideFigures> overrides;
+  std::optional<BurstFigures> burst;
   double sim_s = 0;
   double wall_s = 0;
   std::string note;
@@ -147,10 +181,16 @@ struct Settings {
   double steady_s = 60;
   double loss_s = 300;
   size_t converge_max_nodes = 100;
+  // loss-burst and loss-burst-into run only when asked for (--scenario).
   std::vector<std::string> scenarios = {"converge", "steady", "false-dead", "detect", "overrides"};
   double loss = 0.01;
   size_t kills = 5;
   size_t writes = 100;
+  size_t runs = 1'000;       // loss-burst: runs, seeds --seed .. --seed + runs - 1
+  double burst_loss = 0.30;  // loss-burst: the loss during the burst
+  double burst_s = 15;       // loss-burst: its length (partition_test's fault)
+  double after_s = 10;       // loss-burst: watched after it
+  size_t burst_into = 2;     // loss-burst-into: the node that loses what it receives
   uint64_t encode_every = 1;
   uint64_t max_events = 400'000'000;
 };
@@ -333,6 +373,83 @@ void run_phases(const Settings& st, size_t n, std::vector<Row>& rows) {
                static_cast<unsigned long long>(sim.events()));
 }
 
+// --runs pre-seeded clusters of `n` nodes, each: 10 s without loss, --burst-seconds at
+// --burst-loss (every message, or with `into` only the messages to node --burst-into), then
+// --after-seconds without loss. Appends one row.
+void run_loss_bursts(const Settings& st, size_t n, bool into, std::vector<Row>& rows) {
+  const auto wall = WallClock::now();
+  Row r = make_row(into ? "loss-burst-into" : "loss-burst", n, st.burst_loss);
+  BurstFigures f;
+  f.first_seed = st.seed;
+  f.burst_s = st.burst_s;
+  f.after_s = st.after_s;
+  f.where = into ? "into node-" + std::to_string(st.burst_into + 1) : "all";
+  double sim_s = 0;
+  for (size_t run = 0; run < st.runs; ++run) {
+    const uint64_t seed = st.seed + run;
+    Simulation sim(n, seed * 1'000'003 + n * 4 + 3, NetOptions{}, st.encode_every, st.max_events);
+    const int64_t start = sim.now_us();
+    if (preseed(sim) < 0) {
+      r.note = "run " + std::to_string(run) + ": not converged after the pre-seeded start";
+      break;
+    }
+    sim.run_for(10 * kUsPerS);
+    const uint64_t deaths_before = sim.deaths_declared();
+    const uint64_t suspicions_before = sim.suspicions_raised();
+    const uint64_t refutations_before = sim.refutations();
+    sim.reset_false_deaths();
+    sim.reset_load();
+    if (into) {
+      sim.set_loss_into(std::min(st.burst_into, n - 1), st.burst_loss);
+    } else {
+      sim.set_loss(st.burst_loss);
+    }
+    sim.run_for(us_of(st.burst_s));
+    const Load load = sim.load();
+    f.msgs_mean += load.msgs_mean;
+    f.bytes_mean += load.bytes_mean;
+    const uint64_t deaths_at_heal = sim.deaths_declared();
+    for (size_t m = 0; m < n; ++m) {
+      if (sim.suspected_by(m) + 1 == n) {
+        ++f.runs_all_suspect;
+        break;
+      }
+    }
+    sim.set_loss(0);
+    sim.set_loss_into(std::min(st.burst_into, n - 1), 0);
+    sim.run_for(us_of(st.after_s));
+    const uint64_t during = deaths_at_heal - deaths_before;
+    const uint64_t after = sim.deaths_declared() - deaths_at_heal;
+    f.deaths_during += during;
+    f.deaths_after += after;
+    if (during > 0) ++f.runs_dead_during;
+    if (after > 0) ++f.runs_dead_after;
+    if (during + after > 0) f.dead_seeds.push_back(seed);
+    f.false_dead_views += sim.false_dead_views();
+    f.suspicions += sim.suspicions_raised() - suspicions_before;
+    f.refutations += sim.refutations() - refutations_before;
+    sim_s += s_of(sim.now_us() - start);
+    ++f.runs;
+    if (sim.out_of_events()) r.note = "stopped at the event bound";
+  }
+  if (f.runs > 0) {
+    f.msgs_mean /= static_cast<double>(f.runs);
+    f.bytes_mean /= static_cast<double>(f.runs);
+  }
+  r.suspicions = f.suspicions;
+  r.false_dead_views = f.false_dead_views;
+  r.sim_s = sim_s;
+  r.wall_s = secs_since(wall);
+  std::fprintf(stderr,
+               "  %zu nodes: %zu loss bursts (%s, %.0f %%, %.0f s): deaths declared in %zu runs "
+               "during, %zu after; %llu suspicions, %llu refutations (%.1f s wall)\n",
+               n, f.runs, f.where.c_str(), st.burst_loss * 100, st.burst_s, f.runs_dead_during,
+               f.runs_dead_after, static_cast<unsigned long long>(f.suspicions),
+               static_cast<unsigned long long>(f.refutations), r.wall_s);
+  r.burst = std::move(f);
+  rows.push_back(std::move(r));
+}
+
 // A pre-seeded cluster of `n` nodes with the override layer on: --writes overrides written from
 // random nodes at 0 loss, then as many at --loss; a row per loss.
 void run_overrides(const Settings& st, size_t n, std::vector<Row>& rows) {
@@ -468,14 +585,26 @@ int main(int argc, char** argv) {
   app.add_option("--converge-max-nodes", st.converge_max_nodes,
                  "simulate the join burst (converge row) only up to this N");
   app.add_option("--scenario", st.scenarios,
-                 "any of converge, steady, false-dead, detect, overrides")
+                 "any of converge, steady, false-dead, detect, overrides, loss-burst, "
+                 "loss-burst-into (the last two only when named)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"converge", "steady", "false-dead", "detect", "overrides"}));
+      ->check(CLI::IsMember({"converge", "steady", "false-dead", "detect", "overrides",
+                             "loss-burst", "loss-burst-into"}));
   app.add_option("--encode-every", st.encode_every,
                  "seal every K-th membership message and count K times its size (1: every "
                  "message; override messages are all sealed)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000}));
   app.add_option("--max-events", st.max_events, "bound on simulated events per cluster");
+  app.add_option("--runs", st.runs, "loss-burst: runs (one cluster each), seeds --seed upwards");
+  app.add_option("--burst-loss", st.burst_loss, "loss-burst: loss probability during the burst")
+      ->check(CLI::Range(0.0, 0.9));
+  app.add_option("--burst-seconds", st.burst_s, "loss-burst: simulated seconds of loss")
+      ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--after-seconds", st.after_s,
+                 "loss-burst: simulated seconds watched after the loss stopped")
+      ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--burst-into", st.burst_into,
+                 "loss-burst-into: the node (0-based) that loses what the others send it");
   CLI11_PARSE(app, argc, argv);
   if (st.quick) {
     if (!app.count("--nodes")) st.nodes = {10, 100};
@@ -501,6 +630,8 @@ int main(int argc, char** argv) {
     if (wanted(st, "steady") || wanted(st, "false-dead") || wanted(st, "detect"))
       run_phases(st, n, rows);
     if (wanted(st, "overrides") && st.writes > 0) run_overrides(st, n, rows);
+    if (wanted(st, "loss-burst")) run_loss_bursts(st, n, false, rows);
+    if (wanted(st, "loss-burst-into")) run_loss_bursts(st, n, true, rows);
   }
 
   std::printf(
@@ -515,24 +646,27 @@ int main(int argc, char** argv) {
                               "th membership message sealed, counted that many times)")
                                  .c_str(),
       secs_since(t0));
-  std::printf("%-10s %5s %5s %7s %7s %7s %7s %7s %5s %5s %9s %7s %7s %8s %8s %6s %7s  %s\n",
-              "scenario", "nodes", "loss", "conv99", "conv_s", "det_p50", "det_p99", "det_max",
-              "fdead", "fviews", "suspicion", "msg/s", "msg/max", "B/s", "B/s_max", "sim_s",
-              "wall_s", "note");
-  for (const Row& r : rows) {
-    if (r.overrides) continue;
-    const auto opt = [&r](double Load::*f) -> std::optional<double> {
-      return r.load ? std::optional<double>((*r.load).*f) : std::nullopt;
-    };
-    std::printf(
-        "%-10s %5zu %5.2f %7s %7s %7s %7s %7s %5s %5s %9s %7s %7s %8s %8s %6.0f %7.1f  %s\n",
-        r.scenario.c_str(), r.nodes, r.loss, fmt(r.converge_99_s, 2).c_str(),
-        fmt(r.converge_s, 2).c_str(), fmt(r.detect_p50_s, 2).c_str(),
-        fmt(r.detect_p99_s, 2).c_str(), fmt(r.detect_max_s, 2).c_str(), fmt(r.false_dead).c_str(),
-        fmt(r.false_dead_views).c_str(), fmt(r.suspicions).c_str(),
-        fmt(opt(&Load::msgs_mean), 2).c_str(), fmt(opt(&Load::msgs_max), 2).c_str(),
-        fmt(opt(&Load::bytes_mean), 0).c_str(), fmt(opt(&Load::bytes_max), 0).c_str(), r.sim_s,
-        r.wall_s, r.note.c_str());
+  if (std::any_of(rows.begin(), rows.end(),
+                  [](const Row& r) { return !r.overrides && !r.burst; })) {
+    std::printf("%-10s %5s %5s %7s %7s %7s %7s %7s %5s %5s %9s %7s %7s %8s %8s %6s %7s  %s\n",
+                "scenario", "nodes", "loss", "conv99", "conv_s", "det_p50", "det_p99", "det_max",
+                "fdead", "fviews", "suspicion", "msg/s", "msg/max", "B/s", "B/s_max", "sim_s",
+                "wall_s", "note");
+    for (const Row& r : rows) {
+      if (r.overrides || r.burst) continue;
+      const auto opt = [&r](double Load::*f) -> std::optional<double> {
+        return r.load ? std::optional<double>((*r.load).*f) : std::nullopt;
+      };
+      std::printf(
+          "%-10s %5zu %5.2f %7s %7s %7s %7s %7s %5s %5s %9s %7s %7s %8s %8s %6.0f %7.1f  %s\n",
+          r.scenario.c_str(), r.nodes, r.loss, fmt(r.converge_99_s, 2).c_str(),
+          fmt(r.converge_s, 2).c_str(), fmt(r.detect_p50_s, 2).c_str(),
+          fmt(r.detect_p99_s, 2).c_str(), fmt(r.detect_max_s, 2).c_str(), fmt(r.false_dead).c_str(),
+          fmt(r.false_dead_views).c_str(), fmt(r.suspicions).c_str(),
+          fmt(opt(&Load::msgs_mean), 2).c_str(), fmt(opt(&Load::msgs_max), 2).c_str(),
+          fmt(opt(&Load::bytes_mean), 0).c_str(), fmt(opt(&Load::bytes_max), 0).c_str(), r.sim_s,
+          r.wall_s, r.note.c_str());
+    }
   }
   for (const Row& r : rows) {
     if (!r.load) continue;
@@ -561,6 +695,31 @@ int main(int argc, char** argv) {
           f.push_bytes_per_write + f.full_bytes_per_write, f.push_bytes_per_write,
           f.full_bytes_per_write, f.load.bytes_mean, f.load.bytes_max, f.digest_bytes_per_node_s,
           f.idle_bytes_per_node_s, fmt(r.false_dead).c_str(), r.sim_s, r.wall_s, r.note.c_str());
+    }
+  }
+
+  if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.burst.has_value(); })) {
+    std::printf("%-16s %5s %5s %-12s %5s %6s %6s %6s %6s %6s %6s %7s %6s %7s %7s %7s  %s\n",
+                "loss bursts", "nodes", "loss", "where", "runs", "rdead", "dur", "after", "fviews",
+                "allsus", "burst", "suspic", "refut", "msg/s", "B/s", "wall_s",
+                "seeds with a death");
+    for (const Row& r : rows) {
+      if (!r.burst) continue;
+      const BurstFigures& f = *r.burst;
+      std::string seeds;
+      for (size_t k = 0; k < f.dead_seeds.size() && k < 20; ++k)
+        seeds += (k ? "," : "") + std::to_string(f.dead_seeds[k]);
+      if (f.dead_seeds.size() > 20) seeds += ",...";
+      std::printf(
+          "%-16s %5zu %5.2f %-12s %5zu %6zu %6llu %6llu %6llu %6zu %6.0f %7llu %6llu %7.2f %7.0f "
+          "%7.1f  %s %s\n",
+          r.scenario.c_str(), r.nodes, r.loss, f.where.c_str(), f.runs, f.dead_seeds.size(),
+          static_cast<unsigned long long>(f.deaths_during),
+          static_cast<unsigned long long>(f.deaths_after),
+          static_cast<unsigned long long>(f.false_dead_views), f.runs_all_suspect, f.burst_s,
+          static_cast<unsigned long long>(f.suspicions),
+          static_cast<unsigned long long>(f.refutations), f.msgs_mean, f.bytes_mean, r.wall_s,
+          seeds.empty() ? "-" : seeds.c_str(), r.note.c_str());
     }
   }
 
@@ -604,6 +763,24 @@ int main(int argc, char** argv) {
         row["window_s"] = r.load->seconds;
         row["anti_entropy_interval_s"] =
             static_cast<double>(anti_entropy_interval_ms(MembershipOptions{}, r.nodes)) / 1'000.0;
+      }
+      if (r.burst) {
+        const BurstFigures& f = *r.burst;
+        row["burst_runs"] = f.runs;
+        row["burst_first_seed"] = f.first_seed;
+        row["burst_where"] = f.where;
+        row["burst_s"] = f.burst_s;
+        row["burst_after_s"] = f.after_s;
+        row["burst_runs_with_death"] = f.dead_seeds.size();
+        row["burst_runs_dead_during"] = f.runs_dead_during;
+        row["burst_runs_dead_after"] = f.runs_dead_after;
+        row["burst_deaths_during"] = f.deaths_during;
+        row["burst_deaths_after"] = f.deaths_after;
+        row["burst_runs_all_suspect"] = f.runs_all_suspect;
+        row["burst_refutations"] = f.refutations;
+        row["burst_dead_seeds"] = f.dead_seeds;
+        row["msgs_per_node_s"] = f.msgs_mean;
+        row["bytes_per_node_s"] = f.bytes_mean;
       }
       if (r.overrides) {
         const OverrideFigures& f = *r.overrides;

@@ -1,4 +1,6 @@
 // The SWIM + Lifeguard membership state machine; the protocol is described in membership.h.
+// Probing, suspicion, gossip and incoming messages; join and anti-entropy are in
+// membership_join.cc, the state both share in membership_impl.h.
 #include "cluster/membership.h"
 
 #include <algorithm>
@@ -10,18 +12,10 @@
 #include <stdexcept>
 #include <utility>
 
-namespace sluice::cluster {
-namespace {
+#include "cluster/membership_impl.h"
 
-constexpr int64_t kNoDeadline = std::numeric_limits<int64_t>::max();
-// Far enough in the past that adding an interval cannot overflow.
-constexpr int64_t kLongAgo = std::numeric_limits<int64_t>::min() / 4;
-// Standing accusations repeated per message (gossip_for); the rest of the room is for news.
-constexpr size_t kAccusationsPerMessage = 2;
-// Up to this many live members the anti-entropy pull keeps sync_interval_ms; above it the pull
-// slows down (anti_entropy_interval_ms) and recent deaths ride on spare room in every message
-// (gossip_for): membership.h, "Anti-entropy".
-constexpr size_t kUnscaledMembers = 32;
+namespace sluice::cluster {
+namespace membership_detail {
 
 // SWIM precedence at equal incarnation.
 int rank(MemberState s) {
@@ -47,12 +41,6 @@ bool same_address(const Member& a, const Member& b) {
          a.admin_port == b.admin_port;
 }
 
-struct SuspicionBounds {
-  int64_t min_ms = 0;
-  int64_t max_ms = 0;
-  uint32_t expected = 0;  // confirmations that bring the timeout down to min_ms
-};
-
 SuspicionBounds suspicion_bounds(const MembershipOptions& o, size_t live_members) {
   const double n = static_cast<double>(std::max<size_t>(live_members, 1));
   SuspicionBounds b;
@@ -75,7 +63,9 @@ int64_t timeout_after(const SuspicionBounds& b, uint32_t confirmations) {
   return std::max(b.min_ms, static_cast<int64_t>(std::floor(raw)));
 }
 
-}  // namespace
+}  // namespace membership_detail
+
+using namespace membership_detail;
 
 std::string validate(const MembershipOptions& o) {
   if (o.probe_interval_ms <= 0) return "probe_interval_ms must be positive";
@@ -126,909 +116,601 @@ int64_t anti_entropy_interval_ms(const MembershipOptions& options, size_t live_m
   return options.sync_interval_ms * multiplier;
 }
 
-struct Membership::Impl {
-  // Where a record came from; decides whether it confirms a suspicion and whether it is
-  // re-gossiped.
-  enum class Source {
-    kOwnProbe,    // this node's probe failed, or its suspicion timeout ended
-    kGossip,      // piggybacked on a ping, ack, ping-req or nack: its sender vouches for it
-    kJoinRecord,  // a joiner's own record in kJoin
-    kMemberList,  // a kJoinReply: a snapshot, not news
-  };
+// ---- Membership::Impl: probing, suspicion, gossip, incoming messages ----
 
-  struct Suspicion {
-    int64_t started_ms = 0;
-    SuspicionBounds bounds;
-    std::vector<NodeId> accusers;  // the first raised it; every later one is a confirmation
-    bool accused_by_self = false;  // our own probe failed too (we gossip the Suspect entry)
-    uint32_t confirmations() const { return static_cast<uint32_t>(accusers.size() - 1); }
-    int64_t deadline_ms() const { return started_ms + timeout_after(bounds, confirmations()); }
-  };
+void Membership::Impl::start(int64_t now) {
+  clock_ms = now;
+  if (started) return;
+  started = true;
+  // Random phases, so nodes started together do not probe in lockstep.
+  next_probe_at =
+      now + static_cast<int64_t>(random_below(static_cast<uint64_t>(opt.probe_interval_ms)));
+  next_reconnect_at = now + opt.reconnect_interval_ms;
+  next_sync_at = now + opt.sync_interval_ms +
+                 static_cast<int64_t>(random_below(static_cast<uint64_t>(opt.sync_interval_ms)));
+}
 
-  struct Entry {
-    Member member;
-    int64_t changed_ms = 0;   // when the state or incarnation last changed
-    bool heard_from = false;  // a message from it since it was last (re)born: it knows us
-    std::optional<Suspicion> suspicion;
-    std::vector<NodeId> owed;  // members (or self) it holds stale records of: send ours
-  };
+void Membership::Impl::send(const Endpoint& to, MembershipMessage&& m) {
+  ++counters.messages_sent;
+  transport.send(to, m);
+}
 
-  struct Probe {
-    NodeId target = 0;
-    uint32_t seq = 0;
-    int64_t timeout_at_ms = 0;  // direct ack expected by then; indirect probes go out
-    int64_t ends_at_ms = 0;     // no ack by then: the target becomes Suspect
-    bool indirect_sent = false;
-    std::vector<NodeId> relays;
-    std::vector<NodeId> nacked_by;
-    bool confirmation = false;  // started because another member suspects the target
-    bool all_nacked() const { return !relays.empty() && nacked_by.size() >= relays.size(); }
-    // A confirmation probe may end as soon as every relay has nacked (only a late direct ack
-    // could still come); a first accusation waits for the whole interval, so a member that
-    // answers late but within the interval is never suspected.
-    bool can_end_early() const { return confirmation && all_nacked(); }
-  };
-
-  // A kPingReq this node serves: it pinged `target` with `seq` for `origin`.
-  struct RelayedProbe {
-    uint32_t seq = 0;
-    uint32_t origin_seq = 0;
-    NodeId origin = 0;
-    Endpoint origin_endpoint;
-    NodeId target = 0;
-    int64_t nack_at_ms = 0;
-    int64_t expires_at_ms = 0;  // a late ack is still forwarded until then
-    bool nacked = false;
-  };
-
-  // A kPing sent for dissemination (gossip round, reconnect, leave): its ack is expected.
-  struct PendingPing {
-    uint32_t seq = 0;
-    int64_t expires_at_ms = 0;
-  };
-
-  struct QueuedUpdate {
-    NodeId id = 0;
-    uint32_t transmits = 0;
-    uint64_t order = 0;  // larger = newer
-  };
-
-  Impl(Member s, MembershipOptions o, MembershipTransport& t, uint64_t seed)
-      : self(std::move(s)), opt(o), transport(t), rng(seed) {
-    self.state = MemberState::kAlive;
-    // A random start makes a restarted node's sequence numbers unlike its previous life's, so
-    // late acks meant for the old process are not taken for answers.
-    next_seq = static_cast<uint32_t>(rng());
-  }
-
-  Member self;
-  MembershipOptions opt;
-  MembershipTransport& transport;
-  std::mt19937_64 rng;
-  std::map<NodeId, Entry> members;  // everyone but self, by id
-  std::vector<Listener> listeners;
-  MembershipStats counters;
-
-  bool started = false;
-  uint32_t next_seq = 0;
-  uint32_t health = 0;
-
-  std::vector<NodeId> probe_order;  // the current round-robin pass
-  size_t probe_next = 0;
-  int64_t next_probe_at = 0;
-  std::vector<Probe> probes;
-  std::vector<RelayedProbe> relayed;
-  std::vector<PendingPing> pings;
-
-  std::vector<QueuedUpdate> queue;
-  uint64_t queue_order = 0;
-  int64_t next_gossip_at = kNoDeadline;
-  int64_t last_gossip_at = kLongAgo;
-
-  JoinState join_state = JoinState::kNotStarted;
-  std::vector<Endpoint> seeds;
-  uint32_t join_rounds = 0;
-  int64_t next_join_at = kNoDeadline;
-  int64_t join_replies_until = kLongAgo;
-
-  int64_t next_reconnect_at = 0;
-  int64_t next_sync_at = 0;
-  int64_t last_sync_at = kLongAgo;  // the last anti-entropy pull sent
-  int64_t clock_ms = 0;             // the time of the public call in progress (start())
-  NodeId ride_from = 0;             // gossip_for: where the scan for recent deaths resumes
-  int64_t next_deadline = kNoDeadline;
-
-  // ---- small helpers ----
-
-  uint64_t random_below(uint64_t n) { return n == 0 ? 0 : rng() % n; }
-
-  template <class Pred>
-  std::vector<NodeId> random_members(size_t count, Pred&& pred) {
-    std::vector<NodeId> ids;
-    for (const auto& [id, e] : members)
-      if (pred(e)) ids.push_back(id);
-    const size_t take = std::min(count, ids.size());
-    for (size_t i = 0; i < take; ++i) {
-      const size_t j = i + static_cast<size_t>(random_below(ids.size() - i));
-      std::swap(ids[i], ids[j]);
-    }
-    ids.resize(take);
-    return ids;
-  }
-
-  Entry* entry(NodeId id) {
-    auto it = members.find(id);
-    return it == members.end() ? nullptr : &it->second;
-  }
-
-  size_t live_count() const {
-    size_t n = is_live(self.state) ? 1 : 0;
-    for (const auto& [id, e] : members)
-      if (is_live(e.member.state)) ++n;
-    return n;
-  }
-
-  bool any_member_in(MemberState s) const {
-    return std::any_of(members.begin(), members.end(),
-                       [s](const auto& kv) { return kv.second.member.state == s; });
-  }
-
-  bool alone() const {
-    return std::none_of(members.begin(), members.end(),
-                        [](const auto& kv) { return is_live(kv.second.member.state); });
-  }
-
-  int64_t scaled(int64_t ms) const { return ms * (static_cast<int64_t>(health) + 1); }
-
-  void raise_health(uint32_t delta) {
-    const uint32_t top = opt.max_local_health - 1;
-    health = std::min(top, health + std::min(delta, top));
-  }
-  void lower_health() {
-    if (health > 0) --health;
-  }
-
-  void notify(const Member& m) {
-    for (const auto& listener : listeners)
-      listener(m);
-  }
-
-  void ignore(IgnoredReason reason) { ++counters.ignored[static_cast<size_t>(reason)]; }
-
-  void conflict(const std::string& known_name, const Member& claimed) {
-    ignore(IgnoredReason::kIdentityConflict);
-    counters.last_identity_conflict =
-        IdentityConflict{claimed.id, known_name, claimed.name, claimed.host};
-  }
-
-  void start(int64_t now) {
-    clock_ms = now;
-    if (started) return;
-    started = true;
-    // Random phases, so nodes started together do not probe in lockstep.
-    next_probe_at =
-        now + static_cast<int64_t>(random_below(static_cast<uint64_t>(opt.probe_interval_ms)));
-    next_reconnect_at = now + opt.reconnect_interval_ms;
-    next_sync_at = now + opt.sync_interval_ms +
-                   static_cast<int64_t>(random_below(static_cast<uint64_t>(opt.sync_interval_ms)));
-  }
-
-  // ---- sending ----
-
-  void send(const Endpoint& to, MembershipMessage&& m) {
-    ++counters.messages_sent;
-    transport.send(to, m);
-  }
-
-  // The updates to piggyback on a message to `recipient` about `target`, most urgent first:
-  //  1. our record of the target and of the recipient when we do not think them Alive, so a
-  //     suspected member refutes at once and a relay with newer news answers with it;
-  //  2. newer records of what the recipient told us stale news about (it would otherwise keep,
-  //     and act on, its old view: a suspicion already refuted, for instance);
-  //  3. our own record when the recipient may not know us;
-  //  4. up to kAccusationsPerMessage of our own standing accusations (members we suspect):
-  //     repeated for as long as the suspicion lasts, so that any member that has heard the
-  //     refutation answers with it (see owe()) before our timeout turns it into a death;
-  //  5. queued updates, least-sent first and newest first among equals;
-  //  6. above kUnscaledMembers live members, in the room left, the members this node learned
-  //     were Dead or Left within the last sync_interval_ms (see "Anti-entropy" in membership.h).
-  std::vector<Member> gossip_for(NodeId recipient, NodeId target) {
-    std::vector<Member> out;
-    std::vector<NodeId> included;
-    auto add = [&](NodeId id) {
-      if (out.size() >= opt.max_gossip_per_message) return false;
-      if (std::find(included.begin(), included.end(), id) != included.end()) return true;
-      if (id == self.id) {
-        out.push_back(self);
-      } else if (const Entry* e = entry(id)) {
-        // A Suspect entry reads as our own accusation; one we only heard of stays with us
-        // (except towards the suspect itself, which must hear of it to refute).
-        if (id != recipient && !ours_to_tell(*e)) return false;
-        out.push_back(e->member);
-      } else {
-        return false;
-      }
-      included.push_back(id);
-      return true;
-    };
-    Entry* to = entry(recipient);
-    for (NodeId id : {target, recipient}) {
-      const Entry* e = entry(id);
-      if (e != nullptr && e->member.state != MemberState::kAlive) add(id);
-    }
-    if (to != nullptr) {
-      for (NodeId id : to->owed)
-        add(id);
-      to->owed.clear();
-    }
-    if (self.state == MemberState::kLeft || to == nullptr || !to->heard_from) add(self.id);
-    size_t accusations = 0;
-    for (const auto& [id, e] : members) {
-      if (accusations == kAccusationsPerMessage) break;
-      if (e.member.state == MemberState::kSuspect && e.suspicion && e.suspicion->accused_by_self &&
-          id != recipient && add(id))
-        ++accusations;
-    }
-    const size_t live = live_count();
-    if (!queue.empty()) {
-      const uint32_t limit = retransmit_limit(opt, live);
-      std::vector<size_t> order(queue.size());
-      std::iota(order.begin(), order.end(), size_t{0});
-      std::sort(order.begin(), order.end(), [this](size_t a, size_t b) {
-        if (queue[a].transmits != queue[b].transmits)
-          return queue[a].transmits < queue[b].transmits;
-        return queue[a].order > queue[b].order;
-      });
-      for (size_t i : order) {
-        QueuedUpdate& q = queue[i];
-        if (add(q.id)) {
-          ++q.transmits;
-        } else if (out.size() >= opt.max_gossip_per_message) {
-          break;
-        } else {
-          q.transmits = limit;  // a member forgotten since: drop the update
-        }
-      }
-      std::erase_if(queue, [limit](const QueuedUpdate& q) { return q.transmits >= limit; });
-    }
-    if (live <= kUnscaledMembers || members.empty()) return out;
-    // From where the last message stopped, so that more recent deaths than fit in one message
-    // (a rack that failed) all get their turn.
-    auto it = members.lower_bound(ride_from);
-    for (size_t seen = 0; seen < members.size() && out.size() < opt.max_gossip_per_message;
-         ++seen, ++it) {
-      if (it == members.end()) it = members.begin();
-      const Entry& e = it->second;
-      if ((e.member.state == MemberState::kDead || e.member.state == MemberState::kLeft) &&
-          clock_ms - e.changed_ms < opt.sync_interval_ms && add(it->first))
-        ride_from = static_cast<NodeId>(it->first + 1);
-    }
-    return out;
-  }
-
-  static bool ours_to_tell(const Entry& e) {
-    return e.member.state != MemberState::kSuspect || (e.suspicion && e.suspicion->accused_by_self);
-  }
-
-  // `sender` told us something older than what we know of `subject`: owe it our record.
-  void owe(NodeId sender, NodeId subject) {
-    Entry* e = entry(sender);
-    if (e == nullptr || sender == subject) return;
-    if (std::find(e->owed.begin(), e->owed.end(), subject) != e->owed.end()) return;
-    if (e->owed.size() < opt.max_gossip_per_message) e->owed.push_back(subject);
-  }
-
-  MembershipMessage message(MembershipKind kind, uint32_t seq, NodeId target, NodeId recipient) {
-    MembershipMessage m;
-    m.kind = kind;
-    m.from = self.id;
-    m.seq = seq;
-    m.target = target;
-    m.gossip = gossip_for(recipient, target);
-    return m;
-  }
-
-  // A kPing whose only purpose is to carry updates; its ack is expected but means nothing.
-  void send_gossip_ping(NodeId to, int64_t now) {
-    const Entry* e = entry(to);
-    if (e == nullptr) return;
-    const uint32_t seq = next_seq++;
-    pings.push_back({seq, now + 2 * opt.probe_interval_ms});
-    ++counters.gossip_pings;
-    send(peer_endpoint(e->member), message(MembershipKind::kPing, seq, to, to));
-  }
-
-  void enqueue(NodeId id, int64_t now) {
-    auto it = std::find_if(queue.begin(), queue.end(),
-                           [id](const QueuedUpdate& q) { return q.id == id; });
-    if (it != queue.end()) {
-      it->transmits = 0;
-      it->order = ++queue_order;
+std::vector<Member> Membership::Impl::gossip_for(NodeId recipient, NodeId target) {
+  std::vector<Member> out;
+  std::vector<NodeId> included;
+  auto add = [&](NodeId id) {
+    if (out.size() >= opt.max_gossip_per_message) return false;
+    if (std::find(included.begin(), included.end(), id) != included.end()) return true;
+    if (id == self.id) {
+      out.push_back(self);
+    } else if (const Entry* e = entry(id)) {
+      // A Suspect entry reads as our own accusation; one we only heard of stays with us
+      // (except towards the suspect itself, which must hear of it to refute).
+      if (id != recipient && !ours_to_tell(*e)) return false;
+      out.push_back(e->member);
     } else {
-      queue.push_back({id, 0, ++queue_order});
+      return false;
     }
-    // At once when nothing was pending, then at most once per gossip interval.
-    if (next_gossip_at == kNoDeadline)
-      next_gossip_at = std::max(now, last_gossip_at + opt.gossip_interval_ms);
+    included.push_back(id);
+    return true;
+  };
+  Entry* to = entry(recipient);
+  for (NodeId id : {target, recipient}) {
+    const Entry* e = entry(id);
+    if (e != nullptr && e->member.state != MemberState::kAlive) add(id);
   }
-
-  void dequeue(NodeId id) {
-    std::erase_if(queue, [id](const QueuedUpdate& q) { return q.id == id; });
+  if (to != nullptr) {
+    for (NodeId id : to->owed)
+      add(id);
+    to->owed.clear();
   }
-
-  void gossip_round(int64_t now) {
-    next_gossip_at = kNoDeadline;
-    if (queue.empty()) return;
-    last_gossip_at = now;
-    const std::vector<NodeId> targets = random_members(
-        opt.gossip_fanout, [](const Entry& e) { return e.member.state == MemberState::kAlive; });
-    // Nobody to tell: a newcomer gets the whole list in kJoinReply anyway.
-    if (targets.empty()) queue.clear();
-    for (NodeId t : targets) {
-      if (queue.empty()) break;
-      send_gossip_ping(t, now);
-    }
-    if (!queue.empty()) next_gossip_at = now + opt.gossip_interval_ms;
+  if (self.state == MemberState::kLeft || to == nullptr || !to->heard_from) add(self.id);
+  size_t accusations = 0;
+  for (const auto& [id, e] : members) {
+    if (accusations == kAccusationsPerMessage) break;
+    if (e.member.state == MemberState::kSuspect && e.suspicion && e.suspicion->accused_by_self &&
+        id != recipient && add(id))
+      ++accusations;
   }
-
-  // ---- state changes ----
-
-  void start_suspicion(Entry& e, NodeId accuser, int64_t now) {
-    Suspicion s;
-    s.started_ms = now;
-    s.bounds = suspicion_bounds(opt, live_count());
-    s.accusers.push_back(accuser);
-    s.accused_by_self = accuser == self.id;
-    e.suspicion = std::move(s);
-  }
-
-  // An accusation by `from` of a member already Suspect at the same incarnation.
-  void confirm(Entry& e, NodeId from) {
-    Suspicion& s = *e.suspicion;
-    if (s.confirmations() >= s.bounds.expected) return;
-    if (std::find(s.accusers.begin(), s.accusers.end(), from) != s.accusers.end()) return;
-    s.accusers.push_back(from);
-    if (from != self.id) ++counters.confirmations_received;
-  }
-
-  bool probing(NodeId target) const {
-    return std::any_of(probes.begin(), probes.end(),
-                       [target](const Probe& p) { return p.target == target; });
-  }
-
-  void add_to_probe_order(NodeId id) {
-    if (std::find(probe_order.begin(), probe_order.end(), id) != probe_order.end()) return;
-    // Somewhere in what is left of the current pass, so a newcomer is probed in this pass.
-    const size_t remaining = probe_order.size() - probe_next;
-    const size_t at = probe_next + static_cast<size_t>(random_below(remaining + 1));
-    probe_order.insert(probe_order.begin() + static_cast<std::ptrdiff_t>(at), id);
-  }
-
-  // After `e.member` took a new state (or was just learned of: `was` empty).
-  void on_new_state(Entry& e, std::optional<MemberState> was, NodeId sender, Source source,
-                    int64_t now) {
-    const NodeId id = e.member.id;
-    const bool became_live = is_live(e.member.state) && (!was || !is_live(*was));
-    // A snapshot entry about a member we did not know is known to the rest already.
-    const bool news = source != Source::kMemberList || was.has_value();
-    switch (e.member.state) {
-      case MemberState::kAlive:
-        e.suspicion.reset();
-        if (news) enqueue(id, now);
-        break;
-      case MemberState::kSuspect:
-        start_suspicion(e, sender, now);
-        if (sender == self.id) {
-          ++counters.suspicions_raised;
-          enqueue(id, now);
-        } else {
-          // Not ours to repeat: a Suspect entry we send is read as our own accusation.
-          dequeue(id);
-          if (self.state == MemberState::kAlive && !probing(id)) start_probe(id, now, true);
-        }
-        break;
-      case MemberState::kDead:
-      case MemberState::kLeft:
-        e.suspicion.reset();
-        e.heard_from = false;
-        if (news) enqueue(id, now);
-        break;
-    }
-    if (became_live) add_to_probe_order(id);
-    notify(e.member);
-  }
-
-  void apply(const Member& record, NodeId sender, Source source, int64_t now) {
-    if (record.id == self.id) {
-      on_self_record(record, sender, now);
-      return;
-    }
-    auto it = members.find(record.id);
-    if (it == members.end()) {
-      Entry fresh;
-      fresh.member = record;
-      fresh.changed_ms = now;
-      Entry& e = members.emplace(record.id, std::move(fresh)).first->second;
-      ++counters.updates_applied;
-      on_new_state(e, std::nullopt, sender, source, now);
-      return;
-    }
-    Entry& e = it->second;
-    if (e.member.name != record.name) {
-      conflict(e.member.name, record);
-      return;
-    }
-    if (!supersedes(record, e.member)) {
-      if (source == Source::kGossip && record.state == MemberState::kSuspect &&
-          e.member.state == MemberState::kSuspect && record.incarnation == e.member.incarnation &&
-          e.suspicion) {
-        confirm(e, sender);
-      } else if (!(record == e.member)) {
-        ++counters.updates_stale;
-        if (supersedes(e.member, record)) owe(sender, record.id);
-      }
-      return;
-    }
-    const MemberState was = e.member.state;
-    const bool reborn = record.incarnation != e.member.incarnation;
-    e.member = record;
-    e.changed_ms = now;
-    if (reborn) e.heard_from = false;  // maybe a restart: it may not know us any more
-    ++counters.updates_applied;
-    on_new_state(e, was, sender, source, now);
-  }
-
-  // Only this node changes its own record: a record that would win over ours makes us take a
-  // larger incarnation (a refutation); a record that loses to ours means someone holds old news,
-  // so ours is gossiped again.
-  void on_self_record(const Member& record, NodeId sender, int64_t now) {
-    if (record.name != self.name) {
-      conflict(self.name, record);
-      return;
-    }
-    const bool moved = record.incarnation == self.incarnation && record.state == self.state &&
-                       !same_address(record, self);
-    if (!supersedes(record, self) && !moved) {
-      if (record.state != self.state || !same_address(record, self)) owe(sender, self.id);
-      return;
-    }
-    if (record.incarnation == std::numeric_limits<uint32_t>::max()) return;  // cannot outbid
-    if (record.state == MemberState::kSuspect && record.incarnation == self.incarnation)
-      raise_health(1);  // Lifeguard: being suspected hints that we are the slow one
-    self.incarnation = record.incarnation + 1;
-    if (self.state != MemberState::kLeft) self.state = MemberState::kAlive;
-    ++counters.refutations;
-    enqueue(self.id, now);
-    notify(self);
-  }
-
-  // ---- probing ----
-
-  void start_probe(NodeId target, int64_t now, bool confirmation) {
-    const Entry* e = entry(target);
-    if (e == nullptr) return;
-    Probe p;
-    p.target = target;
-    p.seq = next_seq++;
-    p.timeout_at_ms = now + scaled(opt.probe_timeout_ms);
-    p.ends_at_ms = now + scaled(opt.probe_interval_ms);
-    p.confirmation = confirmation;
-    probes.push_back(p);
-    ++counters.probes_sent;
-    if (confirmation) ++counters.confirmation_probes;
-    send(peer_endpoint(e->member), message(MembershipKind::kPing, p.seq, target, target));
-  }
-
-  void send_indirect(Probe& p) {
-    p.indirect_sent = true;
-    p.relays = random_members(opt.indirect_probes, [&p](const Entry& e) {
-      return e.member.state == MemberState::kAlive && e.member.id != p.target;
+  const size_t live = live_count();
+  if (!queue.empty()) {
+    const uint32_t limit = retransmit_limit(opt, live);
+    std::vector<size_t> order(queue.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [this](size_t a, size_t b) {
+      if (queue[a].transmits != queue[b].transmits) return queue[a].transmits < queue[b].transmits;
+      return queue[a].order > queue[b].order;
     });
-    for (NodeId relay : p.relays) {
-      ++counters.indirect_probes_sent;
-      send(peer_endpoint(entry(relay)->member),
-           message(MembershipKind::kPingReq, p.seq, p.target, relay));
-    }
-  }
-
-  void probe_failed(const Probe& p, int64_t now) {
-    ++counters.probes_failed;
-    // Lifeguard: a relay that sent no nack suggests our own messages are not getting through.
-    const uint32_t missed = static_cast<uint32_t>(p.relays.size() - p.nacked_by.size());
-    counters.nacks_missed += missed;
-    raise_health(p.relays.empty() ? 1 : missed);
-    Entry* e = entry(p.target);
-    if (e == nullptr) return;
-    if (e->member.state == MemberState::kAlive) {
-      Member accused = e->member;
-      accused.state = MemberState::kSuspect;
-      apply(accused, self.id, Source::kOwnProbe, now);
-    } else if (e->member.state == MemberState::kSuspect && e->suspicion &&
-               !e->suspicion->accused_by_self) {
-      // We now suspect it ourselves: count it, and tell others, for whom it confirms.
-      e->suspicion->accused_by_self = true;
-      confirm(*e, self.id);
-      ++counters.suspicions_raised;
-      enqueue(p.target, now);
-    }
-  }
-
-  void advance_probes(int64_t now) {
-    for (size_t i = 0; i < probes.size();) {
-      Probe& p = probes[i];
-      const Entry* e = entry(p.target);
-      if (e == nullptr || !is_live(e->member.state) || self.state != MemberState::kAlive) {
-        probes.erase(probes.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
-      }
-      if (!p.indirect_sent && now >= p.timeout_at_ms) send_indirect(p);
-      if (now >= p.ends_at_ms || (p.can_end_early() && now >= p.timeout_at_ms)) {
-        const Probe failed = std::move(p);
-        probes.erase(probes.begin() + static_cast<std::ptrdiff_t>(i));
-        probe_failed(failed, now);
-        continue;
-      }
-      ++i;
-    }
-  }
-
-  std::optional<NodeId> next_round_robin_target() {
-    for (int pass = 0; pass < 2; ++pass) {
-      while (probe_next < probe_order.size()) {
-        const NodeId id = probe_order[probe_next++];
-        const Entry* e = entry(id);
-        if (e != nullptr && is_live(e->member.state)) return id;
-      }
-      // End of a pass: a new random order over the members that are live now.
-      probe_order.clear();
-      probe_next = 0;
-      for (const auto& [id, e] : members)
-        if (is_live(e.member.state)) probe_order.push_back(id);
-      for (size_t k = probe_order.size(); k > 1; --k)
-        std::swap(probe_order[k - 1], probe_order[static_cast<size_t>(random_below(k))]);
-    }
-    return std::nullopt;
-  }
-
-  void advance_relays(int64_t now) {
-    for (size_t i = 0; i < relayed.size();) {
-      RelayedProbe& r = relayed[i];
-      if (!r.nacked && now >= r.nack_at_ms) {
-        r.nacked = true;
-        send(r.origin_endpoint, message(MembershipKind::kNack, r.origin_seq, r.target, r.origin));
-      }
-      if (now >= r.expires_at_ms) {
-        relayed.erase(relayed.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
-      }
-      ++i;
-    }
-  }
-
-  void expire_suspicions(int64_t now) {
-    for (auto& [id, e] : members) {
-      if (e.member.state != MemberState::kSuspect || !e.suspicion) continue;
-      if (now < e.suspicion->deadline_ms()) continue;
-      Member dead = e.member;
-      dead.state = MemberState::kDead;
-      ++counters.deaths_declared;
-      apply(dead, self.id, Source::kOwnProbe, now);
-    }
-  }
-
-  // ---- join, anti-entropy, reconnect, forgetting ----
-
-  void send_join(const Endpoint& to, int64_t now) {
-    MembershipMessage m;
-    m.kind = MembershipKind::kJoin;
-    m.from = self.id;
-    m.gossip.push_back(self);
-    join_replies_until = std::max(join_replies_until, now + 2 * opt.join_retry_interval_ms);
-    send(to, std::move(m));
-  }
-
-  void send_join_round(int64_t now) {
-    ++join_rounds;
-    for (const Endpoint& seed : seeds)
-      send_join(seed, now);
-  }
-
-  void advance_join(int64_t now) {
-    if (now < next_join_at) return;
-    if (join_state == JoinState::kJoining) {
-      if (join_rounds >= opt.join_attempts) {
-        join_state = JoinState::kNoSeedAnswered;
-        next_join_at = now + opt.rejoin_interval_ms;
+    for (size_t i : order) {
+      QueuedUpdate& q = queue[i];
+      if (add(q.id)) {
+        ++q.transmits;
+      } else if (out.size() >= opt.max_gossip_per_message) {
+        break;
       } else {
-        send_join_round(now);
-        next_join_at = now + opt.join_retry_interval_ms;
+        q.transmits = limit;  // a member forgotten since: drop the update
       }
-    } else if (join_state == JoinState::kNoSeedAnswered) {
-      // Still alone: maybe the seeds started after us.
-      if (alone() && self.state == MemberState::kAlive) send_join_round(now);
-      next_join_at = now + opt.rejoin_interval_ms;
-    } else {
-      next_join_at = kNoDeadline;
     }
+    std::erase_if(queue, [limit](const QueuedUpdate& q) { return q.transmits >= limit; });
   }
-
-  void reconnect(int64_t now) {
-    const std::vector<NodeId> dead =
-        random_members(1, [](const Entry& e) { return e.member.state == MemberState::kDead; });
-    if (!dead.empty()) send_gossip_ping(dead.front(), now);  // carries its Dead record
+  if (live <= kUnscaledMembers || members.empty()) return out;
+  // From where the last message stopped, so that more recent deaths than fit in one message
+  // (a rack that failed) all get their turn.
+  auto it = members.lower_bound(ride_from);
+  for (size_t seen = 0; seen < members.size() && out.size() < opt.max_gossip_per_message;
+       ++seen, ++it) {
+    if (it == members.end()) it = members.begin();
+    const Entry& e = it->second;
+    if ((e.member.state == MemberState::kDead || e.member.state == MemberState::kLeft) &&
+        clock_ms - e.changed_ms < opt.sync_interval_ms && add(it->first))
+      ride_from = static_cast<NodeId>(it->first + 1);
   }
+  return out;
+}
 
-  void sync(int64_t now) {
-    const std::vector<NodeId> peer =
-        random_members(1, [](const Entry& e) { return e.member.state == MemberState::kAlive; });
-    if (peer.empty()) return;
-    last_sync_at = now;
-    send_join(peer_endpoint(entry(peer.front())->member), now);
+void Membership::Impl::owe(NodeId sender, NodeId subject) {
+  Entry* e = entry(sender);
+  if (e == nullptr || sender == subject) return;
+  if (std::find(e->owed.begin(), e->owed.end(), subject) != e->owed.end()) return;
+  if (e->owed.size() < opt.max_gossip_per_message) e->owed.push_back(subject);
+}
+
+MembershipMessage Membership::Impl::message(MembershipKind kind, uint32_t seq, NodeId target,
+                                            NodeId recipient) {
+  MembershipMessage m;
+  m.kind = kind;
+  m.from = self.id;
+  m.seq = seq;
+  m.target = target;
+  m.gossip = gossip_for(recipient, target);
+  return m;
+}
+
+void Membership::Impl::send_gossip_ping(NodeId to, int64_t now) {
+  const Entry* e = entry(to);
+  if (e == nullptr) return;
+  const uint32_t seq = next_seq++;
+  pings.push_back({seq, now + 2 * opt.probe_interval_ms});
+  ++counters.gossip_pings;
+  send(peer_endpoint(e->member), message(MembershipKind::kPing, seq, to, to));
+}
+
+void Membership::Impl::enqueue(NodeId id, int64_t now) {
+  auto it =
+      std::find_if(queue.begin(), queue.end(), [id](const QueuedUpdate& q) { return q.id == id; });
+  if (it != queue.end()) {
+    it->transmits = 0;
+    it->order = ++queue_order;
+  } else {
+    queue.push_back({id, 0, ++queue_order});
   }
+  // At once when nothing was pending, then at most once per gossip interval.
+  if (next_gossip_at == kNoDeadline)
+    next_gossip_at = std::max(now, last_gossip_at + opt.gossip_interval_ms);
+}
 
-  void forget_old(int64_t now) {
-    for (auto it = members.begin(); it != members.end();) {
-      const Member& m = it->second.member;
-      if ((m.state == MemberState::kDead || m.state == MemberState::kLeft) &&
-          now - it->second.changed_ms >= opt.dead_retention_ms) {
-        dequeue(it->first);
-        it = members.erase(it);
+void Membership::Impl::gossip_round(int64_t now) {
+  next_gossip_at = kNoDeadline;
+  if (queue.empty()) return;
+  last_gossip_at = now;
+  const std::vector<NodeId> targets = random_members(
+      opt.gossip_fanout, [](const Entry& e) { return e.member.state == MemberState::kAlive; });
+  // Nobody to tell: a newcomer gets the whole list in kJoinReply anyway.
+  if (targets.empty()) queue.clear();
+  for (NodeId t : targets) {
+    if (queue.empty()) break;
+    send_gossip_ping(t, now);
+  }
+  if (!queue.empty()) next_gossip_at = now + opt.gossip_interval_ms;
+}
+
+void Membership::Impl::start_suspicion(Entry& e, NodeId accuser, int64_t now) {
+  Suspicion s;
+  s.started_ms = now;
+  s.bounds = suspicion_bounds(opt, live_count());
+  s.accusers.push_back(accuser);
+  s.accused_by_self = accuser == self.id;
+  s.next_ping_ms = now;  // the suspect has not heard of it yet
+  e.suspicion = std::move(s);
+}
+
+void Membership::Impl::confirm(Entry& e, NodeId from) {
+  Suspicion& s = *e.suspicion;
+  if (s.confirmations() >= s.bounds.expected) return;
+  if (std::find(s.accusers.begin(), s.accusers.end(), from) != s.accusers.end()) return;
+  s.accusers.push_back(from);
+  if (from != self.id) ++counters.confirmations_received;
+}
+
+void Membership::Impl::add_to_probe_order(NodeId id) {
+  if (std::find(probe_order.begin(), probe_order.end(), id) != probe_order.end()) return;
+  // Somewhere in what is left of the current pass, so a newcomer is probed in this pass.
+  const size_t remaining = probe_order.size() - probe_next;
+  const size_t at = probe_next + static_cast<size_t>(random_below(remaining + 1));
+  probe_order.insert(probe_order.begin() + static_cast<std::ptrdiff_t>(at), id);
+}
+
+void Membership::Impl::on_new_state(Entry& e, std::optional<MemberState> was, NodeId sender,
+                                    Source source, int64_t now) {
+  const NodeId id = e.member.id;
+  const bool became_live = is_live(e.member.state) && (!was || !is_live(*was));
+  // A snapshot entry about a member we did not know is known to the rest already.
+  const bool news = source != Source::kMemberList || was.has_value();
+  switch (e.member.state) {
+    case MemberState::kAlive:
+      e.suspicion.reset();
+      if (news) enqueue(id, now);
+      break;
+    case MemberState::kSuspect:
+      start_suspicion(e, sender, now);
+      if (sender == self.id) {
+        ++counters.suspicions_raised;
+        enqueue(id, now);
       } else {
-        ++it;
+        // Not ours to repeat: a Suspect entry we send is read as our own accusation.
+        dequeue(id);
+        if (self.state == MemberState::kAlive && !probing(id)) {
+          start_probe(id, now, true);  // its ping carries the Suspect record
+          e.suspicion->next_ping_ms = now + e.suspicion->ping_every_ms();
+        }
       }
-    }
+      break;
+    case MemberState::kDead:
+    case MemberState::kLeft:
+      e.suspicion.reset();
+      e.heard_from = false;
+      if (news) enqueue(id, now);
+      break;
   }
+  if (became_live) add_to_probe_order(id);
+  notify(e.member);
+}
 
-  void recompute_deadline() {
-    int64_t d = kNoDeadline;
-    const bool active = self.state == MemberState::kAlive;
-    if (active && !alone()) d = std::min(d, next_probe_at);
-    for (const Probe& p : probes) {
-      d = std::min(d, p.ends_at_ms);
-      if (!p.indirect_sent || p.can_end_early()) d = std::min(d, p.timeout_at_ms);
-    }
-    for (const RelayedProbe& r : relayed) {
-      d = std::min(d, r.expires_at_ms);
-      if (!r.nacked) d = std::min(d, r.nack_at_ms);
-    }
-    for (const auto& [id, e] : members) {
-      if (e.member.state == MemberState::kSuspect && e.suspicion)
-        d = std::min(d, e.suspicion->deadline_ms());
-      if (e.member.state == MemberState::kDead || e.member.state == MemberState::kLeft)
-        d = std::min(d, e.changed_ms + opt.dead_retention_ms);
-    }
-    d = std::min(d, next_gossip_at);
-    d = std::min(d, next_join_at);
-    if (active && any_member_in(MemberState::kDead)) d = std::min(d, next_reconnect_at);
-    if (active && any_member_in(MemberState::kAlive)) d = std::min(d, next_sync_at);
-    next_deadline = d;
+void Membership::Impl::apply(const Member& record, NodeId sender, Source source, int64_t now) {
+  if (record.id == self.id) {
+    on_self_record(record, sender, now);
+    return;
   }
-
-  // ---- incoming ----
-
-  // The sender holds stale records we have newer ones of: tell it now, not when we next happen
-  // to write to it (a node still suspecting a member that refuted would declare it dead).
-  void settle_debts(NodeId sender, int64_t now) {
-    const Entry* e = entry(sender);
-    if (e != nullptr && !e->owed.empty()) send_gossip_ping(sender, now);
+  auto it = members.find(record.id);
+  if (it == members.end()) {
+    Entry fresh;
+    fresh.member = record;
+    fresh.changed_ms = now;
+    Entry& e = members.emplace(record.id, std::move(fresh)).first->second;
+    ++counters.updates_applied;
+    on_new_state(e, std::nullopt, sender, source, now);
+    return;
   }
-
-  void on_ping(const Endpoint& from, const MembershipMessage& m) {
-    if (m.target != self.id) {
-      ignore(IgnoredReason::kMalformed);  // meant for whoever had this address before
-      return;
+  Entry& e = it->second;
+  if (e.member.name != record.name) {
+    conflict(e.member.name, record);
+    return;
+  }
+  if (!supersedes(record, e.member)) {
+    if (source == Source::kGossip && record.state == MemberState::kSuspect &&
+        e.member.state == MemberState::kSuspect && record.incarnation == e.member.incarnation &&
+        e.suspicion) {
+      confirm(e, sender);
+    } else if (!(record == e.member)) {
+      ++counters.updates_stale;
+      if (supersedes(e.member, record)) owe(sender, record.id);
     }
-    send(from, message(MembershipKind::kAck, m.seq, self.id, m.from));
+    return;
   }
+  const MemberState was = e.member.state;
+  const bool reborn = record.incarnation != e.member.incarnation;
+  e.member = record;
+  e.changed_ms = now;
+  if (reborn) e.heard_from = false;  // maybe a restart: it may not know us any more
+  ++counters.updates_applied;
+  on_new_state(e, was, sender, source, now);
+}
 
-  void on_ack(const MembershipMessage& m) {
-    for (size_t i = 0; i < probes.size(); ++i) {
-      Probe& p = probes[i];
-      if (p.seq != m.seq) continue;
-      const bool direct = m.from == p.target;
-      const bool relayed_ack = m.target == p.target && std::find(p.relays.begin(), p.relays.end(),
-                                                                 m.from) != p.relays.end();
-      if (!direct && !relayed_ack) break;
+void Membership::Impl::on_self_record(const Member& record, NodeId sender, int64_t now) {
+  if (record.name != self.name) {
+    conflict(self.name, record);
+    return;
+  }
+  const bool moved = record.incarnation == self.incarnation && record.state == self.state &&
+                     !same_address(record, self);
+  if (!supersedes(record, self) && !moved) {
+    if (record.state != self.state || !same_address(record, self)) owe(sender, self.id);
+    return;
+  }
+  if (record.incarnation == std::numeric_limits<uint32_t>::max()) return;  // cannot outbid
+  if (record.state == MemberState::kSuspect && record.incarnation == self.incarnation)
+    raise_health(1);  // Lifeguard: being suspected hints that we are the slow one
+  self.incarnation = record.incarnation + 1;
+  if (self.state != MemberState::kLeft) self.state = MemberState::kAlive;
+  ++counters.refutations;
+  enqueue(self.id, now);
+  notify(self);
+}
+
+void Membership::Impl::start_probe(NodeId target, int64_t now, bool confirmation) {
+  const Entry* e = entry(target);
+  if (e == nullptr) return;
+  Probe p;
+  p.target = target;
+  p.seq = next_seq++;
+  p.timeout_at_ms = now + scaled(opt.probe_timeout_ms);
+  p.ends_at_ms = now + scaled(opt.probe_interval_ms);
+  p.confirmation = confirmation;
+  probes.push_back(p);
+  ++counters.probes_sent;
+  if (confirmation) ++counters.confirmation_probes;
+  send(peer_endpoint(e->member), message(MembershipKind::kPing, p.seq, target, target));
+}
+
+void Membership::Impl::send_indirect(Probe& p) {
+  p.indirect_sent = true;
+  p.relays = random_members(opt.indirect_probes, [&p](const Entry& e) {
+    return e.member.state == MemberState::kAlive && e.member.id != p.target;
+  });
+  for (NodeId relay : p.relays) {
+    ++counters.indirect_probes_sent;
+    send(peer_endpoint(entry(relay)->member),
+         message(MembershipKind::kPingReq, p.seq, p.target, relay));
+  }
+}
+
+void Membership::Impl::probe_failed(const Probe& p, int64_t now) {
+  ++counters.probes_failed;
+  // Lifeguard: a relay that sent no nack suggests our own messages are not getting through.
+  const uint32_t missed = static_cast<uint32_t>(p.relays.size() - p.nacked_by.size());
+  counters.nacks_missed += missed;
+  raise_health(p.relays.empty() ? 1 : missed);
+  Entry* e = entry(p.target);
+  if (e == nullptr) return;
+  if (e->member.state == MemberState::kAlive) {
+    Member accused = e->member;
+    accused.state = MemberState::kSuspect;
+    apply(accused, self.id, Source::kOwnProbe, now);
+  } else if (e->member.state == MemberState::kSuspect && e->suspicion &&
+             !e->suspicion->accused_by_self) {
+    // We now suspect it ourselves: count it, and tell others, for whom it confirms.
+    e->suspicion->accused_by_self = true;
+    confirm(*e, self.id);
+    ++counters.suspicions_raised;
+    enqueue(p.target, now);
+  }
+}
+
+void Membership::Impl::advance_probes(int64_t now) {
+  for (size_t i = 0; i < probes.size();) {
+    Probe& p = probes[i];
+    const Entry* e = entry(p.target);
+    if (e == nullptr || !is_live(e->member.state) || self.state != MemberState::kAlive) {
       probes.erase(probes.begin() + static_cast<std::ptrdiff_t>(i));
-      ++counters.probe_acks;
-      lower_health();
-      return;
+      continue;
     }
-    for (size_t i = 0; i < relayed.size(); ++i) {
-      const RelayedProbe& r = relayed[i];
-      if (r.seq != m.seq || m.from != r.target) continue;
-      const RelayedProbe done = r;
-      relayed.erase(relayed.begin() + static_cast<std::ptrdiff_t>(i));
-      MembershipMessage ack =
-          message(MembershipKind::kAck, done.origin_seq, done.target, done.origin);
-      // Vouch for the target with our record of it: the origin may hold a suspicion the target
-      // has refuted, and the target's own answer to it was lost.
-      const Entry* t = entry(done.target);
-      const bool carried = std::any_of(ack.gossip.begin(), ack.gossip.end(),
-                                       [&](const Member& g) { return g.id == done.target; });
-      if (t != nullptr && t->member.state == MemberState::kAlive && !carried) {
-        if (ack.gossip.size() >= opt.max_gossip_per_message) ack.gossip.pop_back();
-        ack.gossip.insert(ack.gossip.begin(), t->member);
-      }
-      send(done.origin_endpoint, std::move(ack));
-      return;
+    if (!p.indirect_sent && now >= p.timeout_at_ms) send_indirect(p);
+    if (now >= p.ends_at_ms || (p.can_end_early() && now >= p.timeout_at_ms)) {
+      const Probe failed = std::move(p);
+      probes.erase(probes.begin() + static_cast<std::ptrdiff_t>(i));
+      probe_failed(failed, now);
+      continue;
     }
-    for (size_t i = 0; i < pings.size(); ++i) {
-      if (pings[i].seq != m.seq) continue;
-      pings.erase(pings.begin() + static_cast<std::ptrdiff_t>(i));
-      return;
-    }
-    ignore(IgnoredReason::kUnknownSeq);
+    ++i;
   }
+}
 
-  void on_nack(const MembershipMessage& m) {
-    for (Probe& p : probes) {
-      if (p.seq != m.seq || m.target != p.target) continue;
-      if (std::find(p.relays.begin(), p.relays.end(), m.from) == p.relays.end()) break;
-      if (std::find(p.nacked_by.begin(), p.nacked_by.end(), m.from) == p.nacked_by.end()) {
-        p.nacked_by.push_back(m.from);
-        ++counters.nacks_received;
-      }
-      return;
+std::optional<NodeId> Membership::Impl::next_round_robin_target() {
+  for (int pass = 0; pass < 2; ++pass) {
+    while (probe_next < probe_order.size()) {
+      const NodeId id = probe_order[probe_next++];
+      const Entry* e = entry(id);
+      if (e != nullptr && is_live(e->member.state)) return id;
     }
-    ignore(IgnoredReason::kUnknownSeq);
-  }
-
-  void on_ping_req(const Endpoint& from, const MembershipMessage& m, int64_t now) {
-    if (m.target == self.id || m.target == m.from) {
-      ignore(IgnoredReason::kMalformed);
-      return;
-    }
-    ++counters.relayed_probes;
-    const Entry* target = entry(m.target);
-    if (target == nullptr) {
-      send(from, message(MembershipKind::kNack, m.seq, m.target, m.from));
-      return;
-    }
-    RelayedProbe r;
-    r.seq = next_seq++;
-    r.origin_seq = m.seq;
-    r.origin = m.from;
-    r.origin_endpoint = from;
-    r.target = m.target;
-    r.nack_at_ms = now + opt.nack_timeout_ms;
-    r.expires_at_ms = now + opt.probe_interval_ms;
-    relayed.push_back(r);
-    send(peer_endpoint(target->member), message(MembershipKind::kPing, r.seq, m.target, m.target));
-  }
-
-  void on_join(const Endpoint& from, const MembershipMessage& m, int64_t now) {
-    if (m.gossip.empty() || m.gossip.front().id != m.from) {
-      ignore(IgnoredReason::kMalformed);
-      return;
-    }
-    const Member& joiner = m.gossip.front();
-    if (const Entry* known = entry(joiner.id); known && known->member.name != joiner.name) {
-      conflict(known->member.name, joiner);
-      return;
-    }
-    apply(joiner, m.from, Source::kJoinRecord, now);
-    if (Entry* e = entry(m.from)) e->heard_from = true;
-    ++counters.joins_answered;
-    if (Entry* e = entry(m.from)) e->owed.clear();  // the full list settles everything
-    // Every member we know, self first, in as many kJoinReply as max_join_reply_entries needs
-    // (the codec bounds the entries of one message); each is merged on its own.
-    std::vector<Member> all;
-    all.reserve(members.size() + 1);
-    all.push_back(self);
+    // End of a pass: a new random order over the members that are live now.
+    probe_order.clear();
+    probe_next = 0;
     for (const auto& [id, e] : members)
-      all.push_back(e.member);
-    for (size_t first = 0; first < all.size(); first += opt.max_join_reply_entries) {
-      MembershipMessage reply;
-      reply.kind = MembershipKind::kJoinReply;
-      reply.from = self.id;
-      reply.seq = m.seq;
-      reply.target = m.from;
-      const size_t last = std::min(all.size(), first + opt.max_join_reply_entries);
-      reply.gossip.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
-                          all.begin() + static_cast<std::ptrdiff_t>(last));
-      send(from, std::move(reply));
-    }
+      if (is_live(e.member.state)) probe_order.push_back(id);
+    for (size_t k = probe_order.size(); k > 1; --k)
+      std::swap(probe_order[k - 1], probe_order[static_cast<size_t>(random_below(k))]);
   }
+  return std::nullopt;
+}
 
-  void on_join_reply(const MembershipMessage& m, int64_t now) {
-    if (now > join_replies_until) {
-      ignore(IgnoredReason::kUnexpectedJoinReply);
-      return;
+void Membership::Impl::advance_relays(int64_t now) {
+  for (size_t i = 0; i < relayed.size();) {
+    RelayedProbe& r = relayed[i];
+    if (!r.nacked && now >= r.nack_at_ms) {
+      r.nacked = true;
+      send(r.origin_endpoint, message(MembershipKind::kNack, r.origin_seq, r.target, r.origin));
     }
-    ++counters.join_replies;
-    const uint64_t applied_before = counters.updates_applied;
-    for (const Member& record : m.gossip)
-      apply(record, m.from, Source::kMemberList, now);
-    // A pull that mended our view: the next one at the unscaled interval ("Anti-entropy").
-    if (counters.updates_applied != applied_before &&
-        now <= last_sync_at + 2 * opt.join_retry_interval_ms)
-      next_sync_at = std::min(next_sync_at, last_sync_at + opt.sync_interval_ms);
-    if (Entry* e = entry(m.from)) e->heard_from = true;
-    settle_debts(m.from, now);
-    if (join_state == JoinState::kJoining || join_state == JoinState::kNoSeedAnswered) {
-      join_state = JoinState::kJoined;
-      next_join_at = kNoDeadline;
+    if (now >= r.expires_at_ms) {
+      relayed.erase(relayed.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
     }
+    ++i;
   }
+}
 
-  void on_message(const Endpoint& from, const MembershipMessage& m, int64_t now) {
-    ++counters.messages_received;
-    if (m.from == self.id) {
-      if (m.kind == MembershipKind::kJoin && !m.gossip.empty() && m.gossip.front().id == self.id &&
-          m.gossip.front().name != self.name) {
-        conflict(self.name, m.gossip.front());
-      } else {
-        ignore(IgnoredReason::kFromSelf);
-      }
-      return;
+void Membership::Impl::expire_suspicions(int64_t now) {
+  for (auto& [id, e] : members) {
+    if (e.member.state != MemberState::kSuspect || !e.suspicion) continue;
+    if (now < e.suspicion->deadline_ms()) continue;
+    Member dead = e.member;
+    dead.state = MemberState::kDead;
+    ++counters.deaths_declared;
+    apply(dead, self.id, Source::kOwnProbe, now);
+  }
+}
+
+void Membership::Impl::ping_suspects(int64_t now) {
+  for (auto& [id, e] : members) {
+    if (e.member.state != MemberState::kSuspect || !e.suspicion) continue;
+    Suspicion& s = *e.suspicion;
+    if (now < s.next_ping_ms) continue;
+    s.next_ping_ms = now + s.ping_every_ms();
+    // Only the suspect's record: the queued updates' transmissions are for members that can
+    // pass them on, and this one may be dead.
+    MembershipMessage m;
+    m.kind = MembershipKind::kPing;
+    m.from = self.id;
+    m.seq = next_seq++;
+    m.target = id;
+    m.gossip.push_back(e.member);
+    pings.push_back({m.seq, now + 2 * opt.probe_interval_ms});
+    ++counters.suspect_pings;
+    send(peer_endpoint(e.member), std::move(m));
+  }
+}
+
+void Membership::Impl::recompute_deadline() {
+  int64_t d = kNoDeadline;
+  const bool active = self.state == MemberState::kAlive;
+  if (active && !alone()) d = std::min(d, next_probe_at);
+  for (const Probe& p : probes) {
+    d = std::min(d, p.ends_at_ms);
+    if (!p.indirect_sent || p.can_end_early()) d = std::min(d, p.timeout_at_ms);
+  }
+  for (const RelayedProbe& r : relayed) {
+    d = std::min(d, r.expires_at_ms);
+    if (!r.nacked) d = std::min(d, r.nack_at_ms);
+  }
+  for (const auto& [id, e] : members) {
+    if (e.member.state == MemberState::kSuspect && e.suspicion) {
+      d = std::min(d, e.suspicion->deadline_ms());
+      if (active) d = std::min(d, e.suspicion->next_ping_ms);
     }
-    if (m.kind == MembershipKind::kJoin) return on_join(from, m, now);
-    if (m.kind == MembershipKind::kJoinReply) return on_join_reply(m, now);
+    if (e.member.state == MemberState::kDead || e.member.state == MemberState::kLeft)
+      d = std::min(d, e.changed_ms + opt.dead_retention_ms);
+  }
+  d = std::min(d, next_gossip_at);
+  d = std::min(d, next_join_at);
+  if (active && any_member_in(MemberState::kDead)) d = std::min(d, next_reconnect_at);
+  if (active && any_member_in(MemberState::kAlive)) d = std::min(d, next_sync_at);
+  next_deadline = d;
+}
+
+void Membership::Impl::settle_debts(NodeId sender, int64_t now) {
+  const Entry* e = entry(sender);
+  if (e != nullptr && !e->owed.empty()) send_gossip_ping(sender, now);
+}
+
+void Membership::Impl::on_ping(const Endpoint& from, const MembershipMessage& m) {
+  if (m.target != self.id) {
+    ignore(IgnoredReason::kMalformed);  // meant for whoever had this address before
+    return;
+  }
+  send(from, message(MembershipKind::kAck, m.seq, self.id, m.from));
+}
+
+void Membership::Impl::on_ack(const MembershipMessage& m) {
+  for (size_t i = 0; i < probes.size(); ++i) {
+    Probe& p = probes[i];
+    if (p.seq != m.seq) continue;
+    const bool direct = m.from == p.target;
+    const bool relayed_ack = m.target == p.target &&
+                             std::find(p.relays.begin(), p.relays.end(), m.from) != p.relays.end();
+    if (!direct && !relayed_ack) break;
+    probes.erase(probes.begin() + static_cast<std::ptrdiff_t>(i));
+    ++counters.probe_acks;
+    lower_health();
+    return;
+  }
+  for (size_t i = 0; i < relayed.size(); ++i) {
+    const RelayedProbe& r = relayed[i];
+    if (r.seq != m.seq || m.from != r.target) continue;
+    const RelayedProbe done = r;
+    relayed.erase(relayed.begin() + static_cast<std::ptrdiff_t>(i));
+    MembershipMessage ack =
+        message(MembershipKind::kAck, done.origin_seq, done.target, done.origin);
+    // Vouch for the target with our record of it: the origin may hold a suspicion the target
+    // has refuted, and the target's own answer to it was lost.
+    const Entry* t = entry(done.target);
+    const bool carried = std::any_of(ack.gossip.begin(), ack.gossip.end(),
+                                     [&](const Member& g) { return g.id == done.target; });
+    if (t != nullptr && t->member.state == MemberState::kAlive && !carried) {
+      if (ack.gossip.size() >= opt.max_gossip_per_message) ack.gossip.pop_back();
+      ack.gossip.insert(ack.gossip.begin(), t->member);
+    }
+    send(done.origin_endpoint, std::move(ack));
+    return;
+  }
+  for (size_t i = 0; i < pings.size(); ++i) {
+    if (pings[i].seq != m.seq) continue;
+    pings.erase(pings.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
+  ignore(IgnoredReason::kUnknownSeq);
+}
+
+void Membership::Impl::on_nack(const MembershipMessage& m) {
+  for (Probe& p : probes) {
+    if (p.seq != m.seq || m.target != p.target) continue;
+    if (std::find(p.relays.begin(), p.relays.end(), m.from) == p.relays.end()) break;
+    if (std::find(p.nacked_by.begin(), p.nacked_by.end(), m.from) == p.nacked_by.end()) {
+      p.nacked_by.push_back(m.from);
+      ++counters.nacks_received;
+    }
+    return;
+  }
+  ignore(IgnoredReason::kUnknownSeq);
+}
+
+void Membership::Impl::on_ping_req(const Endpoint& from, const MembershipMessage& m, int64_t now) {
+  if (m.target == self.id || m.target == m.from) {
+    ignore(IgnoredReason::kMalformed);
+    return;
+  }
+  ++counters.relayed_probes;
+  const Entry* target = entry(m.target);
+  if (target == nullptr) {
+    send(from, message(MembershipKind::kNack, m.seq, m.target, m.from));
+    return;
+  }
+  RelayedProbe r;
+  r.seq = next_seq++;
+  r.origin_seq = m.seq;
+  r.origin = m.from;
+  r.origin_endpoint = from;
+  r.target = m.target;
+  r.nack_at_ms = now + opt.nack_timeout_ms;
+  r.expires_at_ms = now + opt.probe_interval_ms;
+  relayed.push_back(r);
+  send(peer_endpoint(target->member), message(MembershipKind::kPing, r.seq, m.target, m.target));
+}
+
+void Membership::Impl::on_message(const Endpoint& from, const MembershipMessage& m, int64_t now) {
+  ++counters.messages_received;
+  if (m.from == self.id) {
+    if (m.kind == MembershipKind::kJoin && !m.gossip.empty() && m.gossip.front().id == self.id &&
+        m.gossip.front().name != self.name) {
+      conflict(self.name, m.gossip.front());
+    } else {
+      ignore(IgnoredReason::kFromSelf);
+    }
+    return;
+  }
+  if (m.kind == MembershipKind::kJoin) return on_join(from, m, now);
+  if (m.kind == MembershipKind::kJoinReply) return on_join_reply(m, now);
+  if (entry(m.from) == nullptr) {
+    // A newcomer's first messages carry its own record (it has not heard from us yet).
+    auto intro = std::find_if(m.gossip.begin(), m.gossip.end(),
+                              [&m](const Member& g) { return g.id == m.from; });
+    if (intro != m.gossip.end()) apply(*intro, m.from, Source::kGossip, now);
     if (entry(m.from) == nullptr) {
-      // A newcomer's first messages carry its own record (it has not heard from us yet).
-      auto intro = std::find_if(m.gossip.begin(), m.gossip.end(),
-                                [&m](const Member& g) { return g.id == m.from; });
-      if (intro != m.gossip.end()) apply(*intro, m.from, Source::kGossip, now);
-      if (entry(m.from) == nullptr) {
-        ignore(IgnoredReason::kUnknownSender);
-        return;
-      }
+      ignore(IgnoredReason::kUnknownSender);
+      return;
     }
-    for (const Member& record : m.gossip)
-      apply(record, m.from, Source::kGossip, now);
-    if (Entry* sender = entry(m.from)) sender->heard_from = true;
-    switch (m.kind) {
-      case MembershipKind::kPing:
-        on_ping(from, m);
-        break;
-      case MembershipKind::kAck:
-        on_ack(m);
-        break;
-      case MembershipKind::kPingReq:
-        on_ping_req(from, m, now);
-        break;
-      case MembershipKind::kNack:
-        on_nack(m);
-        break;
-      case MembershipKind::kJoin:
-      case MembershipKind::kJoinReply:
-        break;
-      default:
-        ignore(IgnoredReason::kMalformed);
-        break;
-    }
-    settle_debts(m.from, now);  // a no-op after an ack to a ping, which carried what we owed
   }
+  for (const Member& record : m.gossip)
+    apply(record, m.from, Source::kGossip, now);
+  if (Entry* sender = entry(m.from)) sender->heard_from = true;
+  switch (m.kind) {
+    case MembershipKind::kPing:
+      on_ping(from, m);
+      break;
+    case MembershipKind::kAck:
+      on_ack(m);
+      break;
+    case MembershipKind::kPingReq:
+      on_ping_req(from, m, now);
+      break;
+    case MembershipKind::kNack:
+      on_nack(m);
+      break;
+    case MembershipKind::kJoin:
+    case MembershipKind::kJoinReply:
+      break;
+    default:
+      ignore(IgnoredReason::kMalformed);
+      break;
+  }
+  settle_debts(m.from, now);  // a no-op after an ack to a ping, which carried what we owed
+}
 
-  void tick(int64_t now) {
-    std::erase_if(pings, [now](const PendingPing& p) { return now >= p.expires_at_ms; });
-    advance_probes(now);
-    advance_relays(now);
-    expire_suspicions(now);
-    if (self.state == MemberState::kAlive && now >= next_probe_at) {
-      next_probe_at = now + scaled(opt.probe_interval_ms);
-      if (std::optional<NodeId> target = next_round_robin_target(); target && !probing(*target))
-        start_probe(*target, now, false);
-    }
-    advance_join(now);
-    if (now >= next_reconnect_at) {
-      next_reconnect_at = now + opt.reconnect_interval_ms;
-      if (self.state == MemberState::kAlive) reconnect(now);
-    }
-    if (now >= next_sync_at) {
-      next_sync_at = now + anti_entropy_interval_ms(opt, live_count());
-      if (self.state == MemberState::kAlive) sync(now);
-    }
-    forget_old(now);
+void Membership::Impl::tick(int64_t now) {
+  std::erase_if(pings, [now](const PendingPing& p) { return now >= p.expires_at_ms; });
+  advance_probes(now);
+  advance_relays(now);
+  expire_suspicions(now);
+  if (self.state == MemberState::kAlive) ping_suspects(now);
+  if (self.state == MemberState::kAlive && now >= next_probe_at) {
+    next_probe_at = now + scaled(opt.probe_interval_ms);
+    if (std::optional<NodeId> target = next_round_robin_target(); target && !probing(*target))
+      start_probe(*target, now, false);
   }
+  advance_join(now);
+  if (now >= next_reconnect_at) {
+    next_reconnect_at = now + opt.reconnect_interval_ms;
+    if (self.state == MemberState::kAlive) reconnect(now);
+  }
+  if (now >= next_sync_at) {
+    next_sync_at = now + anti_entropy_interval_ms(opt, live_count());
+    if (self.state == MemberState::kAlive) sync(now);
+  }
+  forget_old(now);
+}
 
-  // Every public entry point ends here: eager gossip, then the next deadline.
-  void finish(int64_t now) {
-    if (now >= next_gossip_at) gossip_round(now);
-    recompute_deadline();
-  }
-};
+void Membership::Impl::finish(int64_t now) {
+  if (now >= next_gossip_at) gossip_round(now);
+  recompute_deadline();
+}
 
 Membership::Membership(Member self, MembershipOptions options, MembershipTransport& transport,
                        uint64_t rng_seed) {
@@ -1080,7 +762,8 @@ void Membership::reconnect(NodeId id, int64_t now_ms) {
   Impl& s = *impl_;
   s.start(now_ms);
   const Impl::Entry* e = s.entry(id);
-  if (e != nullptr && e->member.state == MemberState::kDead && s.self.state == MemberState::kAlive) {
+  if (e != nullptr && e->member.state == MemberState::kDead &&
+      s.self.state == MemberState::kAlive) {
     s.send_gossip_ping(id, now_ms);  // carries its Dead record, which it refutes if alive
   }
   s.finish(now_ms);
