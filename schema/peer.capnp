@@ -67,6 +67,13 @@ struct Membership {
   seq @1 :UInt32;
   target @2 :UInt16;
   gossip @3 :List(Member);
+  # A `join` sent as an anti-entropy pull: the sender's view as one digest per bucket (a member
+  # is in bucket id mod the list's length; the digest is the wrapping sum of a 64-bit hash of
+  # each member's id, incarnation and state), at most 64. The `joinReply` then carries the
+  # members of the buckets whose digests differ, and no member at all when every bucket
+  # matches. Empty (a join, or a sender older than this field): the reply carries every member,
+  # so old and new nodes serve each other.
+  viewDigest @4 :List(UInt64);
 }
 
 # Cluster-wide overrides and plan assignments (docs/architecture.md, "Overrides across the

@@ -372,3 +372,163 @@ TEST_CASE("membership: more recent deaths than fit in one message all ride, in t
   }
   CHECK(rode.size() == 20);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Anti-entropy digests: the pull carries the puller's view digest, the answer only what differs
+
+namespace {
+
+// A pull from node `from` whose view is `view` (itself included), as Membership::sync sends it.
+MembershipMessage pull_from(size_t from, const std::vector<Member>& view) {
+  MembershipMessage m = msg(MembershipKind::kJoin, id_of(from), 0, 0, {member_of(from)});
+  m.view_digest = view_digest(view, view_buckets(view.size()));
+  return m;
+}
+
+std::vector<Sent> replies_in(std::vector<Sent> sent) {
+  std::erase_if(sent, [](const Sent& s) { return s.message.kind != MembershipKind::kJoinReply; });
+  return sent;
+}
+
+}  // namespace
+
+TEST_CASE("membership: a view digest is order-free and changes with any id, incarnation or state") {
+  std::vector<Member> view;
+  for (size_t i = 0; i < 40; ++i)
+    view.push_back(member_of(i));
+  CHECK(view_buckets(1) == 1);
+  CHECK(view_buckets(16) == 1);
+  CHECK(view_buckets(17) == 2);
+  CHECK(view_buckets(40) == 3);
+  CHECK(view_buckets(1'000) == 63);
+  CHECK(view_buckets(5'000) == kMaxViewBuckets);
+  const std::vector<uint64_t> digest = view_digest(view, 3);
+  REQUIRE(digest.size() == 3);
+  std::vector<Member> reversed(view.rbegin(), view.rend());
+  CHECK(view_digest(reversed, 3) == digest);
+  // One member's incarnation, or its state, changes its bucket's digest and no other.
+  for (const auto change :
+       {+[](Member& m) { ++m.incarnation; }, +[](Member& m) { m.state = MemberState::kSuspect; },
+        +[](Member& m) { m.state = MemberState::kLeft; }}) {
+    std::vector<Member> other = view;
+    change(other[7]);  // id 8: bucket 2
+    const std::vector<uint64_t> d = view_digest(other, 3);
+    CHECK(d[0] == digest[0]);
+    CHECK(d[1] == digest[1]);
+    CHECK(d[2] != digest[2]);
+  }
+  // A member missing, or one more.
+  std::vector<Member> fewer(view.begin(), view.end() - 1);
+  CHECK(view_digest(fewer, 3) != digest);
+  std::vector<Member> more = view;
+  more.push_back(member_of(40));
+  CHECK(view_digest(more, 3) != digest);
+}
+
+TEST_CASE("membership: a pull whose digest matches the view is answered with no member") {
+  HandDriven h(40);
+  h.node.on_message(endpoint_of(1), pull_from(1, h.node.members()), h.now);
+  const std::vector<Sent> replies = replies_in(h.transport.take());
+  REQUIRE(replies.size() == 1);
+  CHECK(replies[0].to == endpoint_of(1));
+  CHECK(replies[0].message.gossip.empty());
+  CHECK(h.node.stats().joins_answered == 1);
+  CHECK(h.node.stats().pulls_in_sync == 1);
+  CHECK(h.node.stats().pull_entries_sent == 0);
+}
+
+TEST_CASE(
+    "membership: a pull whose view differs in one incarnation gets the members of that bucket "
+    "only") {
+  HandDriven h(40);  // 40 members: 3 buckets
+  std::vector<Member> view = h.node.members();
+  // The puller holds node 9 (id 10, bucket 1) one incarnation behind what node 0 knows.
+  Member newer = member_of(9);
+  newer.incarnation = 4;
+  h.node.on_message(endpoint_of(2), msg(MembershipKind::kPing, id_of(2), 1, id_of(0), {newer}),
+                    h.now);
+  REQUIRE(h.node.find(id_of(9))->incarnation == 4);
+  h.transport.take();
+  h.node.on_message(endpoint_of(1), pull_from(1, view), h.now);
+  const std::vector<Sent> replies = replies_in(h.transport.take());
+  REQUIRE(replies.size() == 1);
+  std::vector<NodeId> ids;
+  for (const Member& m : replies[0].message.gossip) {
+    CHECK(m.id % 3 == 1);
+    ids.push_back(m.id);
+  }
+  CHECK(ids.size() == 14);  // ids 1, 4, ..., 37, 40 in bucket 1
+  CHECK(std::count(replies[0].message.gossip.begin(), replies[0].message.gossip.end(), newer) == 1);
+  CHECK(h.node.stats().pulls_in_sync == 0);
+  CHECK(h.node.stats().pull_entries_sent == 14);
+}
+
+TEST_CASE(
+    "membership: a pull without a digest, as a node older than digests sends, gets every "
+    "member") {
+  HandDriven h(40);
+  MembershipMessage old_pull = pull_from(1, h.node.members());
+  old_pull.view_digest.clear();
+  h.node.on_message(endpoint_of(1), old_pull, h.now);
+  size_t entries = 0;
+  for (const Sent& r : replies_in(h.transport.take()))
+    entries += r.message.gossip.size();
+  CHECK(entries == 40);
+  CHECK(h.node.stats().pulls_in_sync == 0);
+}
+
+TEST_CASE(
+    "membership: the anti-entropy pull carries the puller's digest, merges a partial answer, and "
+    "an answer with no member changes nothing") {
+  HandDriven puller(40);
+  // The answering member: node 1, which knows the same 40 members, and node 7 at incarnation 3.
+  RecordingTransport t;
+  Membership peer(member_of(1), {}, t, 11);
+  {
+    const Endpoint e = endpoint_of(0);
+    peer.join(std::span<const Endpoint>(&e, 1), puller.now);
+    std::vector<Member> list;
+    for (size_t i = 0; i < 40; ++i)
+      if (i != 1) list.push_back(member_of(i));
+    peer.on_message(e, msg(MembershipKind::kJoinReply, id_of(0), 0, id_of(1), list), puller.now);
+    Member seven = member_of(7);
+    seven.incarnation = 3;
+    peer.on_message(e, msg(MembershipKind::kPing, id_of(0), 1, id_of(1), {seven}), puller.now);
+    t.take();
+  }
+  // The joins (in the constructor) carried no digest; the pull does.
+  const int64_t at = puller.next_pull();
+  const auto pull =
+      std::find_if(puller.sent_log.begin(), puller.sent_log.end(), [&](const auto& s) {
+        return s.first == at && s.second.message.kind == MembershipKind::kJoin;
+      });
+  REQUIRE(pull != puller.sent_log.end());
+  const MembershipMessage& m = pull->second.message;
+  CHECK(m.view_digest == view_digest(puller.node.members(), view_buckets(40)));
+  // Node 1 answers (whichever member the pull went to): bucket 8 % 3 = 2 only.
+  peer.on_message(endpoint_of(0), m, puller.now);
+  std::vector<Sent> replies = replies_in(t.take());
+  REQUIRE(replies.size() == 1);
+  CHECK(replies[0].message.gossip.size() == 13);
+  const uint64_t applied = puller.node.stats().updates_applied;
+  puller.node.on_message(endpoint_of(1), replies[0].message, puller.now);
+  CHECK(puller.node.find(id_of(7))->incarnation == 3);
+  CHECK(puller.node.stats().updates_applied == applied + 1);
+  // The next pull: the views match now, and the empty answer changes nothing.
+  const int64_t at2 = puller.next_pull();
+  const auto pull2 =
+      std::find_if(puller.sent_log.begin(), puller.sent_log.end(), [&](const auto& s) {
+        return s.first == at2 && s.second.message.kind == MembershipKind::kJoin;
+      });
+  REQUIRE(pull2 != puller.sent_log.end());
+  peer.on_message(endpoint_of(0), pull2->second.message, puller.now);
+  replies = replies_in(t.take());
+  REQUIRE(replies.size() == 1);
+  CHECK(replies[0].message.gossip.empty());
+  const MembershipStats before = puller.node.stats();
+  puller.node.on_message(endpoint_of(1), replies[0].message, puller.now);
+  CHECK(puller.node.stats().updates_applied == before.updates_applied);
+  CHECK(puller.node.stats().join_replies == before.join_replies + 1);
+  CHECK(puller.node.stats().ignored_of(IgnoredReason::kUnexpectedJoinReply) == 0);
+  CHECK(peer.stats().pulls_in_sync == 1);
+}

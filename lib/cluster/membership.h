@@ -73,21 +73,28 @@
 //    kNoSeedAnswered; while such a node knows no other live member it keeps trying every
 //    rejoin_interval_ms, so nodes started in the wrong order still meet.
 //  - Anti-entropy. A node sends kJoin to one random Alive member and merges the kJoinReply
-//    (memberlist's push-pull, pull half), repairing what gossip left wrong. A kJoinReply carries
-//    all N members, so pulling at a fixed interval costs every node O(N) bytes a second (89 % of
-//    the membership bytes at 1000 nodes, docs/benchmarks.md). So the pull slows down as the
-//    cluster grows: the first comes sync_interval_ms to twice that after start, each later one
-//    anti_entropy_interval_ms() after the previous: sync_interval_ms up to 32 live members, then
-//    times ceil(log2(N / 32)) + 1 (memberlist's pushPullScale: x2 up to 64 members, x3 up to
-//    128, x6 up to 1024), so its bytes per node grow as N / log N. Not linear (which would hold
-//    them constant), because a view gossip left wrong stays wrong until the next pull, and that
-//    happens: each update is sent a bounded number of times, so now and then no copy of a death
-//    reaches some member (in the simulation at 100 nodes, some survivor took over 10 s, up to
-//    57 s, in 42 of 80 runs of 10 kills with the fixed 30 s), and members of a burst of joins
-//    miss each other. Three things keep those repairs as quick as before, and cost nothing in a
-//    quiet cluster:
-//      - the log scale bounds the wait at 90 s at 100 members and 180 s at 1000, where a linear
-//        one would allow 16 min at 1000;
+//    (memberlist's push-pull, pull half), repairing what gossip left wrong. The pull carries a
+//    digest of the puller's view (view_digest: every member it knows, itself and Dead/Left ones
+//    included, in view_buckets() buckets by id, each the sum of a 64-bit hash of (id,
+//    incarnation, state)), and the answer carries only the members of the buckets whose digests
+//    differ; when none does, one kJoinReply without members. In a quiet cluster views agree,
+//    so a pull costs two short datagrams where it used to cost the whole list (N entries, 16
+//    datagrams at 1000 members: 57 % of the membership bytes there, docs/benchmarks.md). A view
+//    that differs in one member gets about 16 entries back (its bucket). A kJoin without a
+//    digest (a join, or a node that predates digests) is answered with every member, and a node
+//    that predates digests ignores the digest and answers with every member, so mixed versions
+//    serve each other.
+//    The pull also slows down as the cluster grows (a rule from when every answer was the whole
+//    list, kept as measured with the repairs below): the first comes sync_interval_ms to twice
+//    that after start, each later one anti_entropy_interval_ms() after the previous:
+//    sync_interval_ms up to 32 live members, then times ceil(log2(N / 32)) + 1 (memberlist's
+//    pushPullScale: x2 up to 64 members, x3 up to 128, x6 up to 1024). A view gossip left wrong
+//    stays wrong until the next pull, and that happens: each update is sent a bounded number of
+//    times, so now and then no copy of a death reaches some member (in the simulation at 100 nodes,
+//    some survivor took over 10 s, up to 57 s, in 42 of 80 runs of 10 kills with the fixed 30 s and
+//    whole lists), and members of a burst of joins miss each other. Three things keep those repairs
+//    quick, and cost nothing in a quiet cluster:
+//      - the log scale bounds the wait at 90 s at 100 members and 180 s at 1000;
 //      - a pull that mended the view (its reply changed anything) is followed by the next one at
 //        sync_interval_ms, so a join burst converges as fast as with the fixed interval;
 //      - above 32 live members, the members a node learned were Dead or Left within the last
@@ -95,7 +102,7 @@
 //        updates; more than fit take turns), so a member that no gossip copy of a death reached
 //        hears of it from the next message it gets. Simulated, 80 runs of 10 kills at 100 nodes:
 //        the slowest survivor 9.9 s (no run over 10 s), for about 5 KB more per node per death.
-//    Clusters of 32 live members or fewer behave as before on every point.
+//    Clusters of 32 live members or fewer keep the fixed interval and no ride-along.
 //  - Dead and Left members are kept dead_retention_ms, so a late message cannot resurrect them.
 //    Every reconnect_interval_ms the node pings one random Dead member carrying its Dead record:
 //    if it is alive after all (a healed partition) it refutes and the views merge again.
@@ -192,6 +199,17 @@ uint32_t retransmit_limit(const MembershipOptions& options, size_t live_members)
 // ceil(log2(live_members / 32)) + 1. See "Anti-entropy" above.
 int64_t anti_entropy_interval_ms(const MembershipOptions& options, size_t live_members);
 
+// The digest of a view (every member a node knows, itself and Dead/Left ones included) that an
+// anti-entropy pull carries: `buckets` sums, member m counting in bucket m.id % buckets with a
+// 64-bit hash of (id, incarnation, state). Order-independent; equal views give equal digests,
+// and views that differ differ, but for a 2^-64 chance, in every bucket where they differ.
+// `buckets` is at least 1 (and at most kMaxViewBuckets on the wire).
+std::vector<uint64_t> view_digest(std::span<const Member> view, size_t buckets);
+
+// The buckets a node that knows `members` members (itself included) splits its view into:
+// one per 16 members, at least 1, at most kMaxViewBuckets (64 from 1,009 members).
+size_t view_buckets(size_t members);
+
 enum class JoinState : uint8_t {
   kNotStarted,      // join() not called: a cluster of one until someone joins us
   kJoining,         // kJoin sent, no kJoinReply yet
@@ -244,7 +262,10 @@ struct MembershipStats {
                                         // Suspect record so that it refutes ("Suspicion")
   uint64_t updates_applied = 0;         // records that changed our view
   uint64_t updates_stale = 0;           // records older than our view
-  uint64_t joins_answered = 0;
+  uint64_t joins_answered = 0;          // kJoin answered, anti-entropy pulls included
+  uint64_t pulls_in_sync = 0;           // of which pulls whose digest matched: answered with no
+                                        // member
+  uint64_t pull_entries_sent = 0;       // members sent in answer to digest pulls
   uint64_t join_replies = 0;
   std::array<uint64_t, kIgnoredReasons> ignored{};  // by IgnoredReason
   std::optional<IdentityConflict> last_identity_conflict;

@@ -312,7 +312,10 @@ struct Membership::Impl {
 
   // ---- join, anti-entropy, reconnect, forgetting ----
 
-  void send_join(const Endpoint& to, int64_t now);
+  // kJoin to `to`; with `pull`, an anti-entropy pull carrying our view's digest.
+  void send_join(const Endpoint& to, int64_t now, bool pull = false);
+  // view_digest() of our view (self and every member we know) in `buckets` buckets.
+  std::vector<uint64_t> own_view_digest(size_t buckets) const;
   void send_join_round(int64_t now);
   void advance_join(int64_t now);
   void reconnect(int64_t now);

@@ -3,6 +3,7 @@
 // them into Cap'n Proto (schema/peer.capnp) inside an authenticated envelope.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -45,12 +46,21 @@ enum class MembershipKind : uint8_t {
   kJoinReply = 5,  // every member the seed knows, in `gossip`
 };
 
+// An anti-entropy pull compares views bucket by bucket (membership.h, "Anti-entropy"): a member
+// falls in bucket `id % buckets`, with at most this many buckets.
+inline constexpr size_t kMaxViewBuckets = 64;
+
 struct MembershipMessage {
   MembershipKind kind = MembershipKind::kPing;
-  NodeId from = 0;    // the sender
-  uint32_t seq = 0;   // probe sequence; kAck and kNack echo the seq they answer
-  NodeId target = 0;  // kPingReq: the node to probe; kAck/kNack relayed: the probed node
+  NodeId from = 0;             // the sender
+  uint32_t seq = 0;            // probe sequence; kAck and kNack echo the seq they answer
+  NodeId target = 0;           // kPingReq: the node to probe; kAck/kNack relayed: the probed node
   std::vector<Member> gossip;  // piggybacked updates, most recent first (bounded by the sender)
+  // kJoin sent as an anti-entropy pull: the sender's view, one digest per bucket
+  // (cluster::view_digest), at most kMaxViewBuckets. The answer then carries only the members of
+  // the buckets whose digests differ, and none when all match. Empty in a join, and from a node
+  // that predates digests: the answer carries every member.
+  std::vector<uint64_t> view_digest;
 };
 
 // Counter sync: per-node bucket totals (engine::RemoteTotal), idempotent to apply any number of

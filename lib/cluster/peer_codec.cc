@@ -84,7 +84,8 @@ constexpr size_t envelope_words() {
 
 size_t membership_words(const MembershipMessage& m) {
   size_t words = envelope_words() + struct_words<ps::Membership>() +
-                 struct_list_words<ps::Member>(m.gossip.size());
+                 struct_list_words<ps::Member>(m.gossip.size()) +
+                 m.view_digest.size();  // a List(UInt64): one word per element, no tag
   for (const Member& g : m.gossip)
     words += text_words(g.name) + text_words(g.host);
   return words;
@@ -139,6 +140,7 @@ PeerError check_member(const Member& g) {
 PeerError check_membership(const MembershipMessage& m, const PeerLimits& limits) {
   if (static_cast<uint16_t>(m.kind) >= kMembershipKinds) return PeerError::kBadField;
   if (m.gossip.size() > limits.max_gossip) return PeerError::kTooManyEntries;
+  if (m.view_digest.size() > kMaxViewBuckets) return PeerError::kTooManyEntries;
   for (const Member& g : m.gossip) {
     if (PeerError e = check_member(g); e != PeerError::kOk) return e;
   }
@@ -405,6 +407,11 @@ struct PeerCodec::Impl {
       m.incarnation = g.getIncarnation();
       m.state = static_cast<MemberState>(state);
     }
+    auto digest = in.getViewDigest();
+    if (digest.size() > kMaxViewBuckets) return PeerError::kTooManyEntries;
+    out.view_digest.resize(digest.size());
+    for (unsigned int i = 0; i < digest.size(); ++i)
+      out.view_digest[i] = digest[i];
     return PeerError::kOk;
   }
 
@@ -524,6 +531,11 @@ PeerError PeerCodec::seal(const MembershipMessage& m, int64_t now_ms, std::vecto
                        b.setKind(static_cast<ps::MembershipKind>(m.kind));
                        b.setSeq(m.seq);
                        b.setTarget(m.target);
+                       if (!m.view_digest.empty()) {
+                         auto digest = b.initViewDigest(count(m.view_digest.size()));
+                         for (size_t i = 0; i < m.view_digest.size(); ++i)
+                           digest.set(count(i), m.view_digest[i]);
+                       }
                        if (m.gossip.empty()) return;
                        auto list = b.initGossip(count(m.gossip.size()));
                        for (size_t i = 0; i < m.gossip.size(); ++i) {

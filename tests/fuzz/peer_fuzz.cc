@@ -67,6 +67,7 @@ void fuzz_peer(std::span<const uint8_t> in) {
       FUZZ_REQUIRE(sender.seal(msg.membership, now_ms, resealed) == PeerError::kOk);
       FUZZ_REQUIRE(other.open(resealed, now_ms, reopened) == PeerError::kOk);
       FUZZ_REQUIRE(reopened.membership.gossip.size() == msg.membership.gossip.size());
+      FUZZ_REQUIRE(reopened.membership.view_digest == msg.membership.view_digest);
       break;
     case PeerKind::kSync:
       FUZZ_REQUIRE(sender.seal(msg.sync, now_ms, resealed) == PeerError::kOk);
@@ -119,6 +120,11 @@ void write_seeds(const std::string& dir) {
   a.incarnation = 2;
   m.gossip.push_back(a);
   if (codec.seal(m, now, d) == PeerError::kOk) put(d);
+  // An anti-entropy pull: the joiner's record and its view digest.
+  m.kind = MembershipKind::kJoin;
+  m.view_digest = {0x0123'4567'89ab'cdefULL, 0, 0xfedc'ba98'7654'3210ULL};
+  if (codec.seal(m, now, d) == PeerError::kOk) put(d);
+  m.view_digest.clear();
   SyncBatch b;
   sluice::engine::RemoteTotal t;
   t.counter = 0x1234;
