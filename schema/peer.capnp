@@ -76,6 +76,17 @@ struct Membership {
   viewDigest @4 :List(UInt64);
 }
 
+# Membership's first four fields, laid out alike: what a node builds for a message without
+# viewDigest, so that such a message does not carry viewDigest's empty pointer (8 bytes). Readers
+# read it as a Membership whose viewDigest is empty, as they read a node's older than viewDigest.
+# Never read as such; add a field here only with the same field in Membership.
+struct MembershipNoDigest {
+  kind @0 :MembershipKind;
+  seq @1 :UInt32;
+  target @2 :UInt16;
+  gossip @3 :List(Member);
+}
+
 # Cluster-wide overrides and plan assignments (docs/architecture.md, "Overrides across the
 # cluster"): versioned records, last writer wins, deletes as tombstones.
 enum OverrideSyncKind {

@@ -268,6 +268,15 @@ TEST_CASE(
     REQUIRE(p.open(d) == PeerError::kOk);
     check_same(p.got.membership, m);
   }
+  // Only a message with a digest pays for its pointer: a ping without gossip is the 8-byte
+  // segment table, the root pointer, the envelope (4 data words, 1 pointer), the lean payload
+  // (1 data word, 1 pointer) and the 32-byte tag, as before the field; one bucket adds the
+  // pointer and the word.
+  MembershipMessage ping;
+  ping.kind = MembershipKind::kPing;
+  CHECK(seal(p.a, ping).size() == 8 + 8 + 40 + 16 + 32);
+  ping.view_digest = {42};
+  CHECK(seal(p.a, ping).size() == 8 + 8 + 40 + 16 + 32 + 16);
   // Built by hand with the schema's first four fields only: the digest list is absent.
   REQUIRE(p.open_built([](ps::Envelope::Builder env) { fill_gossip(env, 2); }) == PeerError::kOk);
   CHECK(p.got.membership.view_digest.empty());

@@ -83,9 +83,12 @@ constexpr size_t envelope_words() {
 }
 
 size_t membership_words(const MembershipMessage& m) {
-  size_t words = envelope_words() + struct_words<ps::Membership>() +
-                 struct_list_words<ps::Member>(m.gossip.size()) +
-                 m.view_digest.size();  // a List(UInt64): one word per element, no tag
+  // Without a digest the lean struct (schema/peer.capnp, MembershipNoDigest); a List(UInt64) is
+  // one word per element, no tag.
+  size_t words = envelope_words() +
+                 (m.view_digest.empty() ? struct_words<ps::MembershipNoDigest>()
+                                        : struct_words<ps::Membership>() + m.view_digest.size()) +
+                 struct_list_words<ps::Member>(m.gossip.size());
   for (const Member& g : m.gossip)
     words += text_words(g.name) + text_words(g.host);
   return words;
@@ -525,32 +528,38 @@ PeerError PeerCodec::seal(const MembershipMessage& m, int64_t now_ms, std::vecto
     out.clear();
     return e;
   }
+  // Membership and MembershipNoDigest share the layout of their first four fields.
+  const auto fill = [&m](auto b) {
+    b.setKind(static_cast<ps::MembershipKind>(m.kind));
+    b.setSeq(m.seq);
+    b.setTarget(m.target);
+    if (m.gossip.empty()) return;
+    auto list = b.initGossip(count(m.gossip.size()));
+    for (size_t i = 0; i < m.gossip.size(); ++i) {
+      const Member& g = m.gossip[i];
+      auto o = list[count(i)];
+      o.setId(g.id);
+      // Text::Reader(std::string) is NUL-terminated: set copies it as-is.
+      o.setName(capnp::Text::Reader(g.name.data(), g.name.size()));
+      o.setHost(capnp::Text::Reader(g.host.data(), g.host.size()));
+      o.setPeerPort(g.peer_port);
+      o.setCheckPort(g.check_port);
+      o.setAdminPort(g.admin_port);
+      o.setIncarnation(g.incarnation);
+      o.setState(static_cast<ps::MemberState>(g.state));
+    }
+  };
   return impl_->seal(PeerKind::kMembership, membership_words(m), now_ms, out,
                      [&](capnp::AnyPointer::Builder payload) {
+                       if (m.view_digest.empty()) {
+                         fill(payload.initAs<ps::MembershipNoDigest>());
+                         return;
+                       }
                        auto b = payload.initAs<ps::Membership>();
-                       b.setKind(static_cast<ps::MembershipKind>(m.kind));
-                       b.setSeq(m.seq);
-                       b.setTarget(m.target);
-                       if (!m.view_digest.empty()) {
-                         auto digest = b.initViewDigest(count(m.view_digest.size()));
-                         for (size_t i = 0; i < m.view_digest.size(); ++i)
-                           digest.set(count(i), m.view_digest[i]);
-                       }
-                       if (m.gossip.empty()) return;
-                       auto list = b.initGossip(count(m.gossip.size()));
-                       for (size_t i = 0; i < m.gossip.size(); ++i) {
-                         const Member& g = m.gossip[i];
-                         auto o = list[count(i)];
-                         o.setId(g.id);
-                         // Text::Reader(std::string) is NUL-terminated: set copies it as-is.
-                         o.setName(capnp::Text::Reader(g.name.data(), g.name.size()));
-                         o.setHost(capnp::Text::Reader(g.host.data(), g.host.size()));
-                         o.setPeerPort(g.peer_port);
-                         o.setCheckPort(g.check_port);
-                         o.setAdminPort(g.admin_port);
-                         o.setIncarnation(g.incarnation);
-                         o.setState(static_cast<ps::MemberState>(g.state));
-                       }
+                       fill(b);
+                       auto digest = b.initViewDigest(count(m.view_digest.size()));
+                       for (size_t i = 0; i < m.view_digest.size(); ++i)
+                         digest.set(count(i), m.view_digest[i]);
                      });
 }
 
