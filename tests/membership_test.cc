@@ -837,6 +837,42 @@ TEST_CASE(
   CHECK(h.node.stats().suspect_pings == pinged);
 }
 
+TEST_CASE(
+    "membership: with more than 8 members suspected at once, each is pinged proportionally less "
+    "often") {
+  // 30 members: min = log10(31) s = 1491 ms, a suspect ping every 186 ms at full rate.
+  for (const size_t suspects : {size_t{4}, size_t{16}}) {
+    CAPTURE(suspects);
+    HandDriven h(30);
+    std::vector<Member> accused;
+    for (size_t i = 0; i < suspects; ++i)
+      accused.push_back(record(id_of(2 + i), member_of(2 + i).name, 0, MemberState::kSuspect));
+    h.node.on_message(endpoint_of(1), msg(MembershipKind::kPing, 2, 1, 1, accused), h.now);
+    const int64_t learned = h.now;
+    std::map<NodeId, std::vector<int64_t>> pinged;  // lean suspect pings, by suspect
+    h.transport.take();
+    while (h.node.next_deadline_ms() <= learned + 900) {
+      h.now = h.node.next_deadline_ms();
+      h.node.tick(h.now);
+      for (const Sent& sent : h.transport.take()) {
+        const MembershipMessage& m = sent.message;
+        if (m.kind == MembershipKind::kPing && m.gossip.size() == 1 &&
+            m.gossip[0].state == MemberState::kSuspect && m.gossip[0].id == m.target)
+          pinged[m.target].push_back(h.now - learned);
+      }
+    }
+    REQUIRE(pinged.size() == suspects);
+    // After the confirmation probe's ping, the first at 186 ms, then every 186 ms for 4
+    // suspects and every 372 ms for 16 (16 / 8 = 2 times as long).
+    const std::vector<int64_t> want =
+        suspects <= 8 ? std::vector<int64_t>{186, 372, 558, 744} : std::vector<int64_t>{186, 558};
+    for (const auto& [id, times] : pinged) {
+      CAPTURE(id);
+      CHECK(times == want);
+    }
+  }
+}
+
 TEST_CASE("membership: local health: missed nacks slow probing down, answered probes speed it up") {
   MembershipOptions patient;
   patient.suspicion_mult = 100;  // nobody is declared dead during the test
