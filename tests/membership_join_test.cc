@@ -1,8 +1,8 @@
 // Unit tests of lib/cluster/membership's join and anti-entropy, one node driven by hand through a
 // recording transport: join retries and the seeds' answers (kJoin, kJoinReply split over several
 // messages), and the anti-entropy pull's interval as the cluster grows and shrinks (unscaled up
-// to 32 live members, then memberlist's logarithmic scale). The rest of membership is in
-// membership_test.cc.
+// to 32 live members, then memberlist's logarithmic scale), and the digests the pull carries.
+// The rest of membership is in membership_test.cc and membership_cluster_test.cc.
 //
 // Everything is deterministic: time is simulated and randomness comes from seeded generators.
 #include "cluster/membership.h"

@@ -254,7 +254,7 @@ TEST_CASE("peer_codec: round-trips membership messages without gossip") {
 }
 
 TEST_CASE(
-    "peer_codec: round-trips a pull's view digest; a membership message without one, as older "
+    "peer_codec: round-trips a pull's view digest, and a membership message without one, as older "
     "nodes build it, reads as none") {
   Pair p;
   MembershipMessage m = sample_membership(MembershipKind::kJoin);

@@ -500,11 +500,16 @@ void Membership::Impl::expire_suspicions(int64_t now) {
 }
 
 void Membership::Impl::ping_suspects(int64_t now) {
+  size_t suspects = 0;
+  for (const auto& [id, e] : members)
+    if (e.member.state == MemberState::kSuspect && e.suspicion) ++suspects;
+  const auto stretch = static_cast<int64_t>(
+      std::max<size_t>(1, (suspects + kSuspectsPingedAtFullRate - 1) / kSuspectsPingedAtFullRate));
   for (auto& [id, e] : members) {
     if (e.member.state != MemberState::kSuspect || !e.suspicion) continue;
     Suspicion& s = *e.suspicion;
     if (now < s.next_ping_ms) continue;
-    s.next_ping_ms = now + s.ping_every_ms();
+    s.next_ping_ms = now + s.ping_every_ms() * stretch;
     // Only the suspect's record: the queued updates' transmissions are for members that can
     // pass them on, and this one may be dead.
     MembershipMessage m;

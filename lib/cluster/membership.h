@@ -36,10 +36,12 @@
 //    nothing else: the suspect hears of the suspicion within a few pings even when most are
 //    lost, and its ack carries its refutation straight back, so every suspecting node fetches
 //    the refutation itself instead of waiting for gossip (or for a probe of ours, which local
-//    health may have slowed to several seconds). Without them, 15 s of 30 % loss both ways
-//    among 5 nodes declared a live member dead in 281 of 10,000 simulated runs; with them in
-//    none, and none at 50 % either (docs/benchmarks.md, 2026-11-25). The pings are lean so
-//    that a dead suspect costs no gossip transmissions.
+//    health may have slowed to several seconds). Without these pings, 15 s of 30 % loss both
+//    ways among 5 nodes declared a live member dead in 281 of 10,000 simulated runs; with them
+//    in none, and none at 50 % either (docs/benchmarks.md, 2026-11-25). They are lean so that a
+//    dead suspect costs no gossip transmissions, and with more than 8 members suspected at once
+//    (a partition, a failed rack) each is pinged proportionally less often: a node sends at
+//    most about 64 of them per shortest timeout.
 //  - Local health (Lifeguard). Failed probes whose relays did not all nack, and refutations,
 //    raise a score in [0, max_local_health); successful probes lower it. The probe interval and
 //    the probe timeout are multiplied by (score + 1), so a node that is itself slow or
@@ -100,8 +102,9 @@
 //      - above 32 live members, the members a node learned were Dead or Left within the last
 //        sync_interval_ms ride in the room left in every message it sends (after the queued
 //        updates; more than fit take turns), so a member that no gossip copy of a death reached
-//        hears of it from the next message it gets. Simulated, 80 runs of 10 kills at 100 nodes:
-//        the slowest survivor 9.9 s (no run over 10 s), for about 5 KB more per node per death.
+//        hears of it from the next message it gets. Simulated, 240 runs of 10 kills at 100
+//        nodes: the slowest survivor 11.0 s (one run over 10 s), for about 5 KB more per node
+//        per death.
 //    Clusters of 32 live members or fewer keep the fixed interval and no ride-along.
 //  - Dead and Left members are kept dead_retention_ms, so a late message cannot resurrect them.
 //    Every reconnect_interval_ms the node pings one random Dead member carrying its Dead record:
@@ -153,7 +156,7 @@ class MembershipTransport {
 // Defaults: memberlist's LAN profile (probe 1 s / 500 ms, 3 indirect probes, retransmit x4,
 // 8x awareness), with the suspicion floor lowered to 1 x log10(N+1) probe intervals so that a
 // dead member of a 5-node cluster is declared Dead everywhere within 5 s of its death (see
-// tests/membership_test.cc for the measured figures); the long ceiling (6 x min) and the
+// tests/membership_cluster_test.cc for the measured figures); the long ceiling (6 x min) and the
 // confirmation probes keep a slow or lossy member alive.
 struct MembershipOptions {
   int64_t probe_interval_ms = 1'000;      // one probe per interval (times the local health)

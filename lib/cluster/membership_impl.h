@@ -30,6 +30,10 @@ inline constexpr size_t kAccusationsPerMessage = 2;
 // (membership.h, "Suspicion"): at 30 % loss each way a round trip fails with probability 0.51,
 // all eight with 0.5 %.
 inline constexpr int64_t kSuspectPingsPerMinTimeout = 8;
+// With more members suspected at once than this (a partition, a rack that failed), each is
+// pinged proportionally less often, so a node sends at most about kSuspectPingsPerMinTimeout
+// times this many suspect pings per shortest timeout.
+inline constexpr size_t kSuspectsPingedAtFullRate = 8;
 // Up to this many live members the anti-entropy pull keeps sync_interval_ms; above it the pull
 // slows down (anti_entropy_interval_ms) and recent deaths ride on spare room in every message
 // (gossip_for): membership.h, "Anti-entropy".
