@@ -158,7 +158,7 @@ TEST_CASE("admin token: malformed Authorization headers are 401, never 500") {
   CHECK(n.node->ready());  // not drained, not stopped
 }
 
-TEST_CASE("admin token: a wrong token is 403; the right one does what the endpoint does") {
+TEST_CASE("admin token: a wrong token is 403, the right one does what the endpoint does") {
   InProcessNode n = with_token("auth-wrong");
   Reply r = request(n.port(), "POST", "/v1/snapshot", bearer("op-token-0123456788"));
   CHECK(r.status == 403);

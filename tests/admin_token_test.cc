@@ -67,7 +67,7 @@ TEST_CASE("bearer_token takes the token after the Bearer scheme and refuses anyt
 }
 
 TEST_CASE(
-    "an admin token file is read whole with trailing newlines stripped; empty or unreadable "
+    "an admin token file is read whole with trailing newlines stripped, empty or unreadable "
     "is an error naming the file") {
   TempDir d;
   const auto file = d.path / "token";
@@ -94,7 +94,7 @@ TEST_CASE(
   CHECK(err.find("is a directory") != std::string::npos);
 }
 
-TEST_CASE("writes need the token; reads, checks and read-only POSTs do not") {
+TEST_CASE("writes need the token, reads, checks and read-only POSTs do not") {
   CHECK(AdminAuth::is_write("POST", "/v1/overrides"));
   CHECK(AdminAuth::is_write("POST", "/v1/overrides/delete"));
   CHECK(AdminAuth::is_write("POST", "/v1/overrides/get"));

@@ -823,7 +823,7 @@ TEST_CASE("a part forwarded to a replica whose owner is out of reach is decided 
   CHECK_FALSE(plan.parts[1].fallback);
 }
 
-TEST_CASE("a fallback decision in place of an owner lost just now admits nothing; a window on, a "
+TEST_CASE("a fallback decision in place of an owner lost just now admits nothing, a window on, a "
           "share") {
   // `api`: 3 per minute; one member: a share of 3, growing from the loss over one minute.
   Fixture f;

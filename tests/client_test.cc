@@ -532,7 +532,7 @@ TEST_CASE("tcp: a node that closes the connection mid-way fails over, or fails f
   }
 }
 
-TEST_CASE("tcp: a silent node times out; a broken stream is dropped, not trusted") {
+TEST_CASE("tcp: a silent node times out, a broken stream is dropped, not trusted") {
   SUBCASE("silent") {
     FakeNode node(sluice::Transport::kTcp, Behaviour::kSilent);
     auto client = make_client({.nodes = {node.address()},

@@ -198,7 +198,7 @@ TEST_CASE("dry-run rules always allow, flag would-deny, and count as enforcement
   CHECK(stats_of(s, "api/rollout").denied == 0);
 }
 
-TEST_CASE("shadow rules deny with the shadow flag; an enforcing denial is never shadowed") {
+TEST_CASE("shadow rules deny with the shadow flag, an enforcing denial is never shadowed") {
   Engine e(compile(one_domain({rule("spam", {"user"}, {limit("2/1m")}, rules::Mode::kShadow),
                                rule("hard", {"ip"}, {limit("3/1m")})})));
   Checker c{e, {}, {}};

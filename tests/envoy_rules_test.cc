@@ -169,7 +169,7 @@ TEST_CASE("a basic config becomes one rule per limited node, named by upstream's
         "tenant_acme.route_checkout");
 }
 
-TEST_CASE("every upstream field is accepted; replaces, quota_mode and 0..2^32-1 carry over") {
+TEST_CASE("every upstream field is accepted, replaces, quota_mode and 0..2^32-1 carry over") {
   EnvoyImportOptions o;
   o.count_denied = false;
   const RuleSet rs = must_load(kData + "full.yaml", o);
@@ -308,7 +308,7 @@ TEST_CASE("upstream quirks are kept: known keys anywhere, metadata free-form, a 
 
 // ==== loading ====================================================================================
 
-TEST_CASE("a directory loads every .yaml/.yml file by name; other files are ignored") {
+TEST_CASE("a directory loads every .yaml/.yml file by name, other files are ignored") {
   TempDir dir;
   dir.write(
       "b.yml",
@@ -323,7 +323,7 @@ TEST_CASE("a directory loads every .yaml/.yml file by name; other files are igno
   CHECK(rs.domains[1].source == (dir.path / "b.yml").string());
 }
 
-TEST_CASE("two files with one domain is an error naming both; bad files are all reported") {
+TEST_CASE("two files with one domain is an error naming both, bad files are all reported") {
   TempDir dir;
   const std::string a = dir.write("a.yaml", "domain: same\n");
   const std::string b = dir.write("b.yaml", "domain: same\n");
@@ -434,7 +434,7 @@ TEST_CASE("the counter key is the request's values: other values count apart, sa
         counter_id(key_hash(kSeed, "shop", *rule, values), rule->limits[0].spec));
 }
 
-TEST_CASE("envoy requests may repeat a key; native domains still refuse it") {
+TEST_CASE("envoy requests may repeat a key, native domains still refuse it") {
   ParseResult r = parse(
       "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: k\n        rate_limit: "
       "{unit: minute, requests_per_unit: 3}\n");
@@ -551,7 +551,7 @@ struct Checker {
 }  // namespace
 
 TEST_CASE(
-    "requests_per_unit 0 denies every hit; a hits=0 check on it is allowed (0 > 0 is false)") {
+    "requests_per_unit 0 denies every hit, a hits=0 check on it is allowed (0 > 0 is false)") {
   Checker c(compile_files({"full.yaml"}));
   const engine::Decision ask = c.check("billing", {{"api_key", "gold"}}, kNow, 0);
   CHECK(ask.allowed);
@@ -566,7 +566,7 @@ TEST_CASE(
   CHECK_FALSE(c.check("billing", {{"api_key", "gold"}}, kNow + 5, 0).allowed);
 }
 
-TEST_CASE("shadow_mode answers OK and reports would-deny; unlimited is never counted") {
+TEST_CASE("shadow_mode answers OK and reports would-deny, unlimited is never counted") {
   Checker c(compile_files({"basic.yaml"}));
   for (int i = 0; i < 30; ++i)
     CHECK(c.check("shop", {{"region", "eu"}, {"user", "alice"}}, kNow + i).allowed);
@@ -639,7 +639,7 @@ TEST_CASE("week, month and year windows track an exact sliding log on a randomiz
   }
 }
 
-TEST_CASE("a year counter is kept for its whole window, then swept; memory as documented") {
+TEST_CASE("a year counter is kept for its whole window, then swept, memory as documented") {
   Checker c(compile_files({"full.yaml"}));  // api_key: 4294967295 per year, 1-day buckets
   REQUIRE(c.check("billing", {{"api_key", "k"}}, kNow).allowed);
   CHECK(c.eng.stats().live_counters == 1);
@@ -709,7 +709,7 @@ TEST_CASE("the engine decides and reports a limit override by its value, not the
   CHECK(c.res.limits[rule.first_limit].remaining == 19);
 }
 
-TEST_CASE("a limit override travels on the wire; a window that is no unit is malformed") {
+TEST_CASE("a limit override travels on the wire, a window that is no unit is malformed") {
   const wire::Entry entries[] = {{"client", "x"}};
   wire::Check checks[4] = {};
   for (wire::Check& ch : checks) {

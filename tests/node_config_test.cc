@@ -179,7 +179,7 @@ TEST_CASE("an empty config file, or one of comments only, keeps every value of o
   }
 }
 
-TEST_CASE("envoy_rules and envoy_count_denied are read; empty or mistyped ones are errors") {
+TEST_CASE("envoy_rules and envoy_count_denied are read, empty or mistyped ones are errors") {
   Loader l;
   NodeOptions out;
   CHECK(l.load("envoy_rules: /etc/ratelimit/config\nenvoy_count_denied: false\n", out) == "");
@@ -350,7 +350,7 @@ cluster:
   CHECK(out.cluster.forget_dead_after_ms == 0);
 }
 
-TEST_CASE("the cluster's ranged fields accept their inclusive bounds; seeds may be empty") {
+TEST_CASE("the cluster's ranged fields accept their inclusive bounds, seeds may be empty") {
   Loader l;
   NodeOptions out;
   CHECK(l.load(R"(cluster: {node_id: 1, listen: "127.0.0.1:7352", secret: 0123456789abcdef0,
@@ -1013,7 +1013,7 @@ TEST_CASE("a directory given as secret_file is an error naming it, not an empty 
   CHECK(with_secret.cluster.secret == "0123456789abcdef");
 }
 
-TEST_CASE("forget_dead_after_ms: 0 to a day; beyond either end or not a number is an error") {
+TEST_CASE("forget_dead_after_ms: 0 to a day, beyond either end or not a number is an error") {
   Loader l;
   NodeOptions out;
   const std::string head = "cluster:\n  node_id: 1\n  listen: a:1\n  secret: 0123456789abcdef\n";
@@ -1028,7 +1028,7 @@ TEST_CASE("forget_dead_after_ms: 0 to a day; beyond either end or not a number i
 }
 
 TEST_CASE(
-    "a node loads envoy_rules next to its rules file and reloads both; a bad file keeps them") {
+    "a node loads envoy_rules next to its rules file and reloads both, a bad file keeps them") {
   TempDir dir;
   const std::string envoy = (fs::path(dir.path) / "envoy").string();
   fs::create_directory(envoy);
@@ -1085,7 +1085,7 @@ TEST_CASE("a setting name with control or non-ASCII bytes is shown escaped, one 
 }
 
 TEST_CASE(
-    "admin_token_file reads the token (trailing newline stripped); admin_token_reads is read") {
+    "admin_token_file reads the token (trailing newline stripped), admin_token_reads is read") {
   Loader l;
   const std::string token = l.dir.write("token", "t0ken-abc\n");
   NodeOptions o;
@@ -1146,7 +1146,7 @@ TEST_CASE("rules_watch_interval_ms: 0 turns it off, 100 to an hour, anything els
   CHECK(o.rules_watch_interval_ms == 3600000);
 }
 
-TEST_CASE("cluster DNS seeds, seed_refresh_ms and dns_server are read; malformed ones refused") {
+TEST_CASE("cluster DNS seeds, seed_refresh_ms and dns_server are read, malformed ones refused") {
   Loader l;
   const std::string head =
       "cluster:\n  node_id: 1\n  listen: 127.0.0.1:7352\n  secret: 0123456789abcdef\n";

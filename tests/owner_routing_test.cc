@@ -69,7 +69,7 @@ struct Fixture {
 
 }  // namespace
 
-TEST_CASE("every member in reach: the owner decides, here or forwarded; no failover") {
+TEST_CASE("every member in reach: the owner decides, here or forwarded, no failover") {
   Fixture f;
   const auto v = view_of();
   CHECK(same(f.routing.route(v, key_owned_by(v, 1, 2), false, kNow), Route{}));
@@ -100,7 +100,7 @@ TEST_CASE("owner and replicas all out of reach: the fallback, from when the last
   CHECK(same(f.routing.route(v, key_owned_by(v, 3, 2), false, kNow), fallback(kNow - 300)));
 }
 
-TEST_CASE("a check forwarded here is decided here as asked, or taken over; never sent on") {
+TEST_CASE("a check forwarded here is decided here as asked, or taken over, never sent on") {
   Fixture f;
   const auto all = view_of();
   // Our ring says node 2 owns it, the sender's said us: decided here, not sent back.
@@ -113,7 +113,7 @@ TEST_CASE("a check forwarded here is decided here as asked, or taken over; never
   CHECK(f.routing.failovers() == 0);
 }
 
-TEST_CASE("three timeouts in a row pass an owner over for a second; an answer ends it at once") {
+TEST_CASE("three timeouts in a row pass an owner over for a second, an answer ends it at once") {
   Fixture f;
   const auto v = view_of();
   const uint64_t k = key_owned_by(v, 2, 3);

@@ -63,7 +63,7 @@ TEST_CASE("heartbeat period, reach timeout and tick follow the sync interval and
   CHECK(fast.tick_ms() == Reach::kMinTickMs);
 }
 
-TEST_CASE("members heard from and echoing ours are in reach; the limits are whole") {
+TEST_CASE("members heard from and echoing ours are in reach, the limits are whole") {
   Fixture f;
   for (int i = 0; i < 10; ++i) f.period(kOthers, kOthers);
   const Reach::Change c = f.update();
@@ -75,7 +75,7 @@ TEST_CASE("members heard from and echoing ours are in reach; the limits are whol
 }
 
 TEST_CASE("a 2|3 cut: the far side goes out of reach within the timeout and the limits shrink "
-          "at once; after the heal they grow back only three sync intervals later") {
+          "at once, after the heal they grow back only three sync intervals later") {
   Fixture f;
   f.period(kOthers, kOthers);
   CHECK(f.update().went_out.empty());
@@ -132,7 +132,7 @@ TEST_CASE("one-way: a member we hear but that never echoes ours is out of reach,
   CHECK(f.reach.capacity() == std::pair<uint32_t, uint32_t>{1, 5});
 }
 
-TEST_CASE("a dead member is expected until forgotten, a left one never; meeting one keeps it in "
+TEST_CASE("a dead member is expected until forgotten, a left one never, meeting one keeps it in "
           "reach until the heartbeats say otherwise") {
   Fixture f;
   f.members[5].state = MemberState::kDead;

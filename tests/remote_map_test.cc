@@ -41,7 +41,7 @@ TEST_CASE("FlatKeyMap: an empty map finds nothing and erases nothing") {
   m.prefetch(42);  // no storage yet: a no-op
 }
 
-TEST_CASE("FlatKeyMap: key 0 is a key like any other; operator[] default-constructs once") {
+TEST_CASE("FlatKeyMap: key 0 is a key like any other, operator[] default-constructs once") {
   FlatKeyMap<std::vector<int>> m;
   m[0].push_back(7);
   m[0].push_back(8);

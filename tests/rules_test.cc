@@ -140,7 +140,7 @@ TEST_CASE("seed 000: per-client and per-(client, user) limits by grant type, all
   CHECK(refresh.limits[0].name == "refresh-per-user:100/1h");
 }
 
-TEST_CASE("seed 000: resolve picks the rule of the grant type; the trusted client is allowlisted") {
+TEST_CASE("seed 000: resolve picks the rule of the grant type, the trusted client is allowlisted") {
   auto p = compile_text(kSeed000);
 
   Resolved cc =
@@ -233,7 +233,7 @@ TEST_CASE("seed 003: plans chosen by a descriptor under a per-IP cap") {
   CHECK(free.limits[0].counter == starter.limits[0].counter);
 }
 
-TEST_CASE("a limit in map form takes a name and a granularity; the limit's own granularity wins") {
+TEST_CASE("a limit in map form takes a name and a granularity, the limit's own granularity wins") {
   const RuleSet rs = must_parse(R"(domains:
   - name: api
     rules:

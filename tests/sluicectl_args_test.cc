@@ -43,7 +43,7 @@ TEST_CASE("plan assign takes DOMAIN entries... PLAN") {
   CHECK(inv.target["ttl"] == "30d");
 }
 
-TEST_CASE("ring without a domain asks for the shares; with one, for a request's owners") {
+TEST_CASE("ring without a domain asks for the shares, with one, for a request's owners") {
   CHECK(parse({"ring"}).target.is_null());
   const Invocation inv = parse({"ring", "api", "user=1"});
   REQUIRE(inv.command == Command::kRing);

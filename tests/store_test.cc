@@ -305,7 +305,7 @@ TEST_CASE("overrides are stored, listed and deleted") {
   CHECK(list[0].plan == "starter");
 }
 
-TEST_CASE("override records keep their versions and tombstones; old records read as version 0") {
+TEST_CASE("override records keep their versions and tombstones, old records read as version 0") {
   TempDir tmp;
   auto store = store::Store::open(tmp.sub("db"), true);
   // A record as nodes before cluster-wide overrides wrote it: no version.

@@ -878,7 +878,7 @@ TEST_CASE(
 
 // ==== hostile input: field bounds ================================================================
 
-TEST_CASE("more than kMaxChecks checks is kTooManyChecks; exactly kMaxChecks is fine") {
+TEST_CASE("more than kMaxChecks checks is kTooManyChecks, exactly kMaxChecks is fine") {
   RequestDecoder d;
   std::vector<OwnedCheck> checks(10'000, {"api", {}, 1});
   CHECK(d.decode(encode(21, checks)) == Code::kTooManyChecks);
@@ -892,7 +892,7 @@ TEST_CASE("more than kMaxChecks checks is kTooManyChecks; exactly kMaxChecks is 
 }
 
 TEST_CASE(
-    "a check with more than kMaxEntries entries gets kTooManyEntries; its neighbours decode") {
+    "a check with more than kMaxEntries entries gets kTooManyEntries, its neighbours decode") {
   std::vector<std::pair<std::string, std::string>> hundred;
   for (int i = 0; i < 100; ++i)
     hundred.emplace_back("k" + std::to_string(i), "v");

@@ -475,6 +475,20 @@ std::string render_metrics(AdminHttp::State& st) {
     m.one("sluice_membership_refutations_total", "counter",
           "Times this node refuted a suspicion about itself (a sign it was slow).",
           c.membership.refutations);
+    m.one("sluice_membership_suspect_pings_total", "counter",
+          "Pings this node sent to members it suspects, so that they hear of it and refute.",
+          c.membership.suspect_pings);
+    m.family("sluice_membership_lists_answered_total", "counter",
+             "Membership lists this node answered (joins and anti-entropy pulls), by result: "
+             "in_sync (the puller's view digest matched: no member sent) or sent.");
+    m.sample("sluice_membership_lists_answered_total", {"result", "in_sync"},
+             c.membership.pulls_in_sync);
+    m.sample("sluice_membership_lists_answered_total", {"result", "sent"},
+             c.membership.joins_answered - std::min(c.membership.joins_answered,
+                                                    c.membership.pulls_in_sync));
+    m.one("sluice_membership_pull_entries_sent_total", "counter",
+          "Member records this node sent in answer to digest pulls.",
+          c.membership.pull_entries_sent);
     m.one("sluice_membership_local_health", "gauge",
           "Lifeguard local health score: probes stretch by (score + 1) when this node is slow.",
           c.membership.local_health);

@@ -353,6 +353,10 @@ Json cluster_json(const ClusterStatus& c) {
                               {"suspicions_raised", ms.suspicions_raised},
                               {"refutations", ms.refutations},
                               {"deaths_declared", ms.deaths_declared},
+                              {"suspect_pings", ms.suspect_pings},
+                              {"joins_answered", ms.joins_answered},
+                              {"pulls_in_sync", ms.pulls_in_sync},
+                              {"pull_entries_sent", ms.pull_entries_sent},
                               {"local_health", ms.local_health},
                               {"identity_conflicts",
                                ms.ignored_of(cluster::IgnoredReason::kIdentityConflict)}}}};

@@ -449,6 +449,23 @@ TEST_CASE(
   const HttpReply metrics = c.get(0, "/metrics");
   CHECK(metrics.body.find("sluice_peer_dropped_total{reason=\"bad_tag\"} ") != std::string::npos);
   CHECK(metrics.body.find("sluice_cluster_members{state=\"alive\"} 3\n") != std::string::npos);
+  CHECK(metrics.body.find("sluice_membership_lists_answered_total{result=\"in_sync\"} ") !=
+        std::string::npos);
+  CHECK(metrics.body.find("sluice_membership_suspect_pings_total ") != std::string::npos);
+  // Nodes 2 and 3 joined through the others: the member lists answered are counted, and a
+  // digest pull never sends more members than were answered for.
+  uint64_t lists = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const auto j = c.cluster_json(i);
+    REQUIRE(j.has_value());
+    const Json ms = j->value("membership", Json::object());
+    REQUIRE(ms.contains("suspect_pings"));
+    REQUIRE(ms.contains("pulls_in_sync"));
+    REQUIRE(ms.contains("pull_entries_sent"));
+    CHECK(ms.value("pulls_in_sync", uint64_t{0}) <= ms.value("joins_answered", uint64_t{0}));
+    lists += ms.value("joins_answered", uint64_t{0});
+  }
+  CHECK(lists >= 2);
   for (size_t i = 0; i < 3; ++i) {
     const std::string state = c.member_state(i, rogue_id);
     CHECK_MESSAGE(state.empty(), "node " << i + 1 << " lists the rogue node as " << state);

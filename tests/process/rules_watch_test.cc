@@ -45,7 +45,7 @@ int64_t metric(const Daemon& d, const std::string& sample) {
 }  // namespace
 
 TEST_CASE(
-    "a ConfigMap-style swap of the rules file is reloaded without SIGHUP; a broken one keeps "
+    "a ConfigMap-style swap of the rules file is reloaded without SIGHUP, a broken one keeps "
     "the old rules and is counted") {
   DaemonConfig cfg;
   cfg.rules = rules_with_limit(100);
