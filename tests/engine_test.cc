@@ -721,6 +721,50 @@ TEST_CASE("under the memory cap, expired counters are evicted before any live on
   CHECK(after.table_bytes <= opt.memory_cap_bytes);
 }
 
+TEST_CASE("what other nodes report counts against the memory cap and is given back with its counter") {
+  engine::EngineOptions opt;
+  opt.shards = 1;
+  opt.memory_cap_bytes = 256 * 1024;
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("1000/1m")})})), opt);
+  const window::WindowSpec spec = window::make_spec(60'000);
+  const int64_t bucket = window::bucket_of(kT0, 60'000);
+  // Four other nodes report on 4,000 counters: far more than the cap holds with their reports.
+  std::vector<engine::RemoteTotal> totals;
+  uint64_t peak = 0;
+  for (uint64_t c = 1; c <= 4'000; ++c) {
+    totals.clear();
+    for (uint16_t node = 2; node <= 5; ++node)
+      totals.push_back({c * 0x9E3779B97F4A7C15ull, spec, node, bucket, 3});
+    e.merge(totals, kT0);
+    const auto s = e.stats();
+    peak = std::max(peak, s.table_bytes + s.remote_bytes);
+  }
+  const auto full = e.stats();
+  MESSAGE("live " << full.live_counters << ", tables " << full.table_bytes << " B, remote "
+                  << full.remote_bytes << " B, peak " << peak << " B, evicted live "
+                  << full.evicted_live);
+  CHECK(full.remote_bytes > full.table_bytes);  // reports outweigh the table in a cluster
+  CHECK(full.evicted_live > 0);                 // the cap made room, visibly
+  CHECK(full.live_counters < 4'000);
+  // Within the cap but for one counter's reports (4 rings and their vector: under 1 KiB).
+  CHECK(peak <= opt.memory_cap_bytes + 1024);
+  // Every counter leaves the window: its reports go with it, to the byte (the map keeps its
+  // slots).
+  CHECK(e.sweep(kT0 + 120'000) == full.live_counters);
+  const auto empty = e.stats();
+  CHECK(empty.live_counters == 0);
+  CHECK(empty.remote_bytes <= full.remote_bytes);
+  totals.clear();
+  totals.push_back({77, spec, 2, window::bucket_of(kT0 + 120'000, 60'000), 1});
+  e.merge(totals, kT0 + 120'000);
+  const auto one = e.stats();
+  CHECK(one.live_counters == 1);
+  // One ring of two buckets and the vector holding it (one RemoteRing: a node id and a vector,
+  // 32 bytes on this ABI), on top of the map's slots.
+  CHECK(one.remote_bytes - empty.remote_bytes ==
+        sizeof(std::pair<int64_t, uint32_t>) * spec.ring_size() + 32);
+}
+
 TEST_CASE("a flood of distinct keys evicts the smallest counts and keeps a heavy key's count") {
   engine::EngineOptions opt;
   opt.shards = 1;

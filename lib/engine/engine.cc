@@ -507,6 +507,7 @@ EngineStats Engine::stats() const {
       s.live_counters += t->size();
       s.table_bytes += t->bytes();
     }
+    s.remote_bytes += remote_bytes(sh);
     s.evicted_expired += sh.evicted_expired;
     s.evicted_live += sh.evicted_live;
     for (size_t r = 0; r < sh.rule_stats.size() && r < sums.size(); ++r) {
@@ -660,7 +661,7 @@ void Engine::reserve(const window::WindowSpec& spec, size_t counters) {
     const size_t want = (t.size() + per_shard) * 20 / 17 + 1;  // under the 85 % load
     if (want <= t.capacity()) continue;
     const uint64_t extra = CounterTable::bytes_for(want, spec) - t.bytes();
-    if (sh.bytes + extra > sh.budget) continue;  // the cap decides: grow as usual later
+    if (sh.bytes + remote_bytes(sh) + extra > sh.budget) continue;  // grow as usual later
     sh.bytes += extra;
     t.rehash(want);
   }
@@ -749,7 +750,7 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
         if (k.node == n.node) have = &k;
       }
       if (have == nullptr) {
-        known.push_back(n);
+        add_remote_ring(sh, known, n);
         continue;
       }
       for (size_t p = 0; p < ring; ++p) {

@@ -27,7 +27,9 @@
 // are part of `others` but never synced; every node seeds from what it holds itself, so nothing
 // counts twice. Keys without such sources pay one comparison per check.
 //
-// Memory: the tables of all shards together stay under `memory_cap_bytes`. A table that is full
+// Memory: the tables of all shards together, with what other nodes reported of their counters (a
+// cluster's remote state, often more than the table itself), stay under `memory_cap_bytes`: a
+// table grows only while both fit. A table that is full
 // first drops expired counters (every bucket has left the window: nothing is lost); only when no
 // expired counter remains in that table does it evict a live one (the sampled counter with the
 // smallest count), and that is counted in `evicted_live`. `sweep` drops expired counters in the
@@ -100,6 +102,9 @@ struct RuleStats {
 struct EngineStats {
   uint64_t live_counters = 0;
   uint64_t table_bytes = 0;  // capacity of every table, in bytes
+  // What other nodes reported, kept per counter (a cluster only); counts against the cap with
+  // table_bytes: tables grow only while both fit.
+  uint64_t remote_bytes = 0;
   uint64_t memory_cap_bytes = 0;
   uint64_t evicted_expired = 0;  // dropped with every bucket outside its window
   uint64_t evicted_live = 0;     // dropped under the memory cap while still counting

@@ -122,8 +122,9 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
         if (n.node == t.node) self_ring = &n;
       }
       if (self_ring == nullptr) {
-        self_ring = &nodes.emplace_back(RemoteRing{t.node, {}});
-        self_ring->buckets.assign(tbl.ring(), {INT64_MIN, 0});
+        self_ring = &add_remote_ring(sh, nodes,
+                                     RemoteRing{t.node, std::vector<std::pair<int64_t, uint32_t>>(
+                                                            tbl.ring(), {INT64_MIN, 0})});
       }
       auto& ack = self_ring->buckets[pos];
       if (ack.first < t.bucket || (ack.first == t.bucket && ack.second < t.total)) {
@@ -142,8 +143,9 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
       if (n.node == t.node) rr = &n;
     }
     if (rr == nullptr) {
-      rr = &nodes.emplace_back(RemoteRing{t.node, {}});
-      rr->buckets.assign(tbl.ring(), {INT64_MIN, 0});
+      rr = &add_remote_ring(sh, nodes,
+                            RemoteRing{t.node, std::vector<std::pair<int64_t, uint32_t>>(
+                                                   tbl.ring(), {INT64_MIN, 0})});
     }
     auto& slot = rr->buckets[static_cast<size_t>(((t.bucket % ring) + ring) % ring)];
     const uint32_t known = slot.first == t.bucket ? slot.second : 0;

@@ -159,7 +159,11 @@ struct Engine::Impl {
   }
 
   void drop_remote(Shard& sh, uint64_t counter, uint32_t spec_id) {
-    sh.remote.erase(remote_key(counter, spec_id));
+    const uint64_t key = remote_key(counter, spec_id);
+    if (const auto* rings = sh.remote.find(key)) {
+      sh.remote_ring_bytes -= std::min(sh.remote_ring_bytes, remote_value_bytes(*rings));
+      sh.remote.erase(key);
+    }
   }
 
   // Forgets what only the table's slot `i` refers to, just before the slot is erased.
@@ -175,8 +179,9 @@ struct Engine::Impl {
     const size_t cap = t.grown_capacity();
     const uint64_t extra = CounterTable::bytes_for(cap, t.spec()) - t.bytes();
     // The record keys of evicted counters waiting for the next snapshot pass are memory too
-    // (16 bytes per eviction: 4.6 MB a second in a key spray), so they count against the budget.
-    if (sh.bytes + sh.erased_keys.size() + extra > sh.budget) return false;
+    // (16 bytes per eviction: 4.6 MB a second in a key spray), so they count against the budget,
+    // as does what other nodes reported (in a cluster, often more than the table itself).
+    if (sh.bytes + sh.erased_keys.size() + remote_bytes(sh) + extra > sh.budget) return false;
     sh.bytes += extra;
     t.rehash(cap);
     return true;
@@ -194,22 +199,50 @@ struct Engine::Impl {
   // Returns false only when the table has no storage and the budget allows none.
   bool make_room(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms,
                  std::span<const uint64_t> pinned) {
-    if (!t.full()) return true;
+    if (!t.full())
+      return !remote_over_budget(sh) || make_room_for_remote(sh, t, spec_id, now_ms, pinned);
     if (t.capacity() > 0 && t.may_have_expired(now_ms)) {
       erase_expired(sh, t, spec_id, now_ms);
       if (!t.full()) return true;
     }
     if (try_grow(sh, t)) return true;
-    // Other tables of this shard may hold expired counters and spare capacity.
+    drop_expired_elsewhere(sh, t, now_ms);
+    if (try_grow(sh, t)) return true;
+    if (t.capacity() == 0) return false;
+    return evict_one(sh, t, spec_id, now_ms, pinned);
+  }
+
+  // In a cluster, what other nodes reported grows without any table growing: when it has filled
+  // the budget, a new counter takes the place of an expired one, else of the live one that
+  // matters least, as in a full table (never a table's growth). Each insert frees at most what it
+  // needs, so the shard stays within its budget but for the last counter's reports.
+  bool remote_over_budget(const Shard& sh) const {
+    const uint64_t remote = remote_bytes(sh);
+    return remote != 0 && sh.bytes + sh.erased_keys.size() + remote > sh.budget;
+  }
+  bool make_room_for_remote(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms,
+                            std::span<const uint64_t> pinned) {
+    if (t.may_have_expired(now_ms)) erase_expired(sh, t, spec_id, now_ms);
+    if (!remote_over_budget(sh)) return true;
+    drop_expired_elsewhere(sh, t, now_ms);
+    if (!remote_over_budget(sh) || t.size() == 0) return true;
+    evict_one(sh, t, spec_id, now_ms, pinned);
+    return true;  // the table has free slots either way
+  }
+
+  // Other tables of this shard may hold expired counters and spare capacity.
+  void drop_expired_elsewhere(Shard& sh, const CounterTable& t, int64_t now_ms) {
     for (size_t id = 0; id < sh.owned.size(); ++id) {
       CounterTable* o = sh.owned[id].get();
       if (o == nullptr || o == &t) continue;
       if (o->may_have_expired(now_ms)) erase_expired(sh, *o, static_cast<uint32_t>(id), now_ms);
       shrink_if_sparse(sh, *o);
     }
-    if (try_grow(sh, t)) return true;
-    if (t.capacity() == 0) return false;
-    // Every counter left in this table is live: evict the one that matters least.
+  }
+
+  // Every counter left in this table is live: evicts the one that matters least.
+  bool evict_one(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms,
+                 std::span<const uint64_t> pinned) {
     const int64_t victim = t.pick_victim(now_ms, pinned, kVictimSample);
     if (victim < 0) return false;
     const auto v = static_cast<size_t>(victim);

@@ -27,6 +27,8 @@ class FlatKeyMap {
   FlatKeyMap& operator=(const FlatKeyMap&) = delete;
 
   size_t size() const { return size_; }
+  // Bytes of the slot array (entries inline; what the values own on the heap is not included).
+  size_t slot_bytes() const { return capacity() * sizeof(Entry); }
 
   Value* find(uint64_t key) {
     if (size_ == 0) return nullptr;

@@ -142,7 +142,8 @@ struct Shard {
   std::vector<RuleCounters> rule_stats;                          // index = engine stats id
   FlatKeyMap<std::vector<RemoteRing>> remote;                    // key: counter ^ spec salt
   std::unordered_map<uint64_t, std::vector<CarryRing>> carried;  // same key (kCarriedFlag set)
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;              // table capacity (CounterTable::bytes) of every table
+  uint64_t remote_ring_bytes = 0;  // what the RemoteRing vectors in `remote` hold on the heap
   uint64_t budget = 0;
   uint64_t evicted_expired = 0;
   uint64_t evicted_live = 0;
@@ -150,6 +151,30 @@ struct Shard {
   std::array<HotSlot, kHotPerShard> hot{};
   SyncList sync_changed;  // for the next sync pass (not the resend pass: that walks)
 };
+
+// What other nodes' reports take in a shard: the remote map's slots and the rings they hold. It
+// counts against the shard's budget like the tables do (Engine::Impl::try_grow).
+inline uint64_t remote_bytes(const Shard& sh) {
+  return sh.remote.slot_bytes() + sh.remote_ring_bytes;
+}
+
+// The heap bytes of one remote map value (its vector and every ring's buckets).
+inline uint64_t remote_value_bytes(const std::vector<RemoteRing>& rings) {
+  uint64_t b = rings.capacity() * sizeof(RemoteRing);
+  for (const RemoteRing& r : rings)
+    b += r.buckets.capacity() * sizeof(r.buckets[0]);
+  return b;
+}
+
+// Appends `ring` to `rings` (a value of sh.remote) and counts what that added in
+// sh.remote_ring_bytes; returns the new ring.
+inline RemoteRing& add_remote_ring(Shard& sh, std::vector<RemoteRing>& rings, RemoteRing ring) {
+  const uint64_t before = rings.capacity() * sizeof(RemoteRing);
+  RemoteRing& r = rings.emplace_back(std::move(ring));
+  sh.remote_ring_bytes +=
+      rings.capacity() * sizeof(RemoteRing) - before + r.buckets.capacity() * sizeof(r.buckets[0]);
+  return r;
+}
 
 inline uint64_t remote_key(uint64_t counter, uint32_t spec_id) {
   return counter ^ (static_cast<uint64_t>(spec_id) * 0x9E3779B97F4A7C15ull);

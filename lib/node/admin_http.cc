@@ -285,6 +285,9 @@ std::string render_metrics(AdminHttp::State& st) {
         es.allowlisted);
   m.one("sluice_live_counters", "gauge", "Counters held in memory.", es.live_counters);
   m.one("sluice_table_bytes", "gauge", "Capacity of all counter tables in bytes.", es.table_bytes);
+  m.one("sluice_remote_state_bytes", "gauge",
+        "What other nodes reported of this node's counters, in bytes (counts against the cap).",
+        es.remote_bytes);
   m.one("sluice_memory_cap_bytes", "gauge", "Memory cap of the counter tables in bytes.",
         es.memory_cap_bytes);
   m.family("sluice_evictions_total", "counter",
@@ -553,6 +556,7 @@ std::string render_status(AdminHttp::State& st) {
       {"engine",
        {{"live_counters", es.live_counters},
         {"table_bytes", es.table_bytes},
+        {"remote_bytes", es.remote_bytes},
         {"memory_cap_bytes", es.memory_cap_bytes},
         {"evicted_expired", es.evicted_expired},
         {"evicted_live", es.evicted_live},
