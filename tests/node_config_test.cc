@@ -83,7 +83,7 @@ const std::string kClusterFields =
     "unknown setting (expected one of: node_id, name, listen, advertise, seeds, seed_refresh_ms, "
     "dns_server, secret, "
     "secret_file, replicas, sync_interval_ms, anti_entropy_interval_ms, probe_interval_ms, "
-    "forward_timeout_ms, forward_spin_us, forget_dead_after_ms)";
+    "forward_timeout_ms, forget_dead_after_ms)";
 const std::string kNodeIdRequired = "is required (1..65535, unique per node)";
 const std::string kListenRequired = "is required (the peer UDP address)";
 const std::string kSecretRequired =
@@ -122,7 +122,6 @@ NodeOptions non_default_options() {
   o.cluster.anti_entropy_interval_ms = 22;
   o.cluster.probe_interval_ms = 33;
   o.cluster.forward_timeout_ms = 44;
-  o.cluster.forward_spin_us = 66;
   o.cluster.forget_dead_after_ms = 55;
   return o;
 }
@@ -160,7 +159,6 @@ void check_same(const NodeOptions& a, const NodeOptions& b) {
   CHECK(a.cluster.anti_entropy_interval_ms == b.cluster.anti_entropy_interval_ms);
   CHECK(a.cluster.probe_interval_ms == b.cluster.probe_interval_ms);
   CHECK(a.cluster.forward_timeout_ms == b.cluster.forward_timeout_ms);
-  CHECK(a.cluster.forward_spin_us == b.cluster.forward_spin_us);
   CHECK(a.cluster.forget_dead_after_ms == b.cluster.forget_dead_after_ms);
 }
 
@@ -331,7 +329,6 @@ cluster:
   anti_entropy_interval_ms: 600000
   probe_interval_ms: 1
   forward_timeout_ms: 75
-  forward_spin_us: 0
   forget_dead_after_ms: 0
 )",
                                  out);
@@ -350,7 +347,6 @@ cluster:
   CHECK(out.cluster.anti_entropy_interval_ms == 600'000);
   CHECK(out.cluster.probe_interval_ms == 1);
   CHECK(out.cluster.forward_timeout_ms == 75);
-  CHECK(out.cluster.forward_spin_us == 0);
   CHECK(out.cluster.forget_dead_after_ms == 0);
 }
 
@@ -359,7 +355,7 @@ TEST_CASE("the cluster's ranged fields accept their inclusive bounds, seeds may 
   NodeOptions out;
   CHECK(l.load(R"(cluster: {node_id: 1, listen: "127.0.0.1:7352", secret: 0123456789abcdef0,
   replicas: 1, sync_interval_ms: 1, anti_entropy_interval_ms: 1, probe_interval_ms: 600000,
-  forward_timeout_ms: 600000, forward_spin_us: 1000, forget_dead_after_ms: 86400000, seeds: []}
+  forward_timeout_ms: 600000, forget_dead_after_ms: 86400000, seeds: []}
 )",
                out) == "");
   CHECK(out.cluster.forget_dead_after_ms == 86'400'000);
@@ -370,7 +366,6 @@ TEST_CASE("the cluster's ranged fields accept their inclusive bounds, seeds may 
   CHECK(out.cluster.anti_entropy_interval_ms == 1);
   CHECK(out.cluster.probe_interval_ms == 600'000);
   CHECK(out.cluster.forward_timeout_ms == 600'000);
-  CHECK(out.cluster.forward_spin_us == 1'000);
   CHECK(out.cluster.seeds.empty());
   CHECK(out.cluster.secret == "0123456789abcdef0");
 
@@ -639,7 +634,6 @@ TEST_CASE("every cluster field of the wrong type is an error naming its line and
   anti_entropy_interval_ms: fast
   probe_interval_ms: [1000]
   forward_timeout_ms: {ms: 50}
-  forward_spin_us: lots
   node_id: 99999999999999999999
 )",
                                  out);
@@ -657,8 +651,7 @@ TEST_CASE("every cluster field of the wrong type is an error naming its line and
       l.at(11, "cluster.anti_entropy_interval_ms", "has the wrong type"),
       l.at(12, "cluster.probe_interval_ms", "has the wrong type"),
       l.at(13, "cluster.forward_timeout_ms", "has the wrong type"),
-      l.at(14, "cluster.forward_spin_us", "has the wrong type"),
-      l.at(15, "cluster.node_id", "has the wrong type"),
+      l.at(14, "cluster.node_id", "has the wrong type"),
       l.at(1, "cluster.node_id", kNodeIdRequired),
       l.at(1, "cluster.listen", kListenRequired),
       l.at(1, "cluster.secret", kSecretRequired),
@@ -676,7 +669,6 @@ TEST_CASE("every cluster field of the wrong type is an error naming its line and
   CHECK(out.cluster.anti_entropy_interval_ms == kept.cluster.anti_entropy_interval_ms);
   CHECK(out.cluster.probe_interval_ms == kept.cluster.probe_interval_ms);
   CHECK(out.cluster.forward_timeout_ms == kept.cluster.forward_timeout_ms);
-  CHECK(out.cluster.forward_spin_us == kept.cluster.forward_spin_us);
 }
 
 TEST_CASE("out-of-range cluster values name the field and the accepted range") {
@@ -700,8 +692,6 @@ TEST_CASE("out-of-range cluster values name the field and the accepted range") {
       {"probe_interval_ms: 600001", "cluster.probe_interval_ms", "must be between 1 and 600000"},
       {"forward_timeout_ms: 0", "cluster.forward_timeout_ms", "must be between 1 and 600000"},
       {"forward_timeout_ms: 600001", "cluster.forward_timeout_ms", "must be between 1 and 600000"},
-      {"forward_spin_us: -1", "cluster.forward_spin_us", "must be between 0 and 1000"},
-      {"forward_spin_us: 1001", "cluster.forward_spin_us", "must be between 0 and 1000"},
   };
   Loader l;
   for (const Case& c : cases) {
@@ -722,7 +712,6 @@ TEST_CASE("out-of-range cluster values name the field and the accepted range") {
     CHECK(out.cluster.anti_entropy_interval_ms == kept.cluster.anti_entropy_interval_ms);
     CHECK(out.cluster.probe_interval_ms == kept.cluster.probe_interval_ms);
     CHECK(out.cluster.forward_timeout_ms == kept.cluster.forward_timeout_ms);
-    CHECK(out.cluster.forward_spin_us == kept.cluster.forward_spin_us);
   }
 }
 

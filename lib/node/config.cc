@@ -148,7 +148,6 @@ constexpr std::string_view kClusterSettings[] = {"node_id",
                                                  "anti_entropy_interval_ms",
                                                  "probe_interval_ms",
                                                  "forward_timeout_ms",
-                                                 "forward_spin_us",
                                                  "forget_dead_after_ms"};
 
 template <size_t N>
@@ -268,13 +267,6 @@ void load_cluster(const YAML::Node& section, const YAML::Node& c, ClusterOptions
           bad("must be between 1 and 8");
         } else {
           out.replicas = static_cast<size_t>(r);
-        }
-      } else if (key == "forward_spin_us") {
-        const auto us = v.as<int64_t>();
-        if (us < 0 || us > 1'000) {
-          bad("must be between 0 and 1000");
-        } else {
-          out.forward_spin_us = us;
         }
       } else if (key == "forget_dead_after_ms") {
         const auto ms = v.as<int64_t>();

@@ -432,7 +432,6 @@ struct Worker::Forwarder : CheckRouter {
     }
     w.counters.forwarded_requests.fetch_add(1, std::memory_order_relaxed);
     p.busy = true;
-    ++in_flight;
     p.client = client;
     p.client_id = plan.client_id;
     p.max_answer = max_answer;
@@ -493,13 +492,9 @@ struct Worker::Forwarder : CheckRouter {
     return slot;
   }
   void release(size_t slot) {
-    if (pending[slot].busy) --in_flight;
     pending[slot].busy = false;
     free_slots.push_back(slot);
   }
-
-  // Requests with parts sent to other nodes and not all answered yet.
-  size_t waiting() const { return in_flight; }
 
   // In place of an owner that cannot be asked since `since_ms`, by each rule's `fallback` (deny,
   // or this node's share of the limit, 1 / the members expected, growing over one window from
@@ -682,7 +677,6 @@ struct Worker::Forwarder : CheckRouter {
   std::vector<Pending> pending;
   std::vector<size_t> free_slots;
   uint32_t generation = 0;
-  size_t in_flight = 0;  // busy slots (waiting())
   std::array<uint8_t, kUdpSlot> in{};
   std::vector<uint8_t> scratch;
   wire::Answer answer;
@@ -774,27 +768,6 @@ void udp_serve_ready(Worker& w) {
       sent += static_cast<size_t>(k);
     }
     if (static_cast<size_t>(got) < kUdpBurst) return;  // drained
-  }
-}
-
-// A worker thread's loop: io.run(), except that while checks it forwarded wait for their owners'
-// answers it polls for up to `spin` before it sleeps in epoll. An answer on loopback comes back
-// in tens of microseconds, about what waking a sleeping thread costs on a VM, so the forwarded
-// check's added latency loses one wake-up; the thread yields its core between polls, and a
-// worker with work never gets here. spin 0: io.run().
-void run_worker(Worker& w, std::chrono::microseconds spin) {
-  if (!w.fwd || spin.count() <= 0) {
-    w.io.run();
-    return;
-  }
-  using clock = std::chrono::steady_clock;
-  while (w.io.run_one() > 0) {
-    if (w.fwd->waiting() == 0) continue;
-    const auto until = clock::now() + spin;
-    while (w.fwd->waiting() != 0 && w.io.poll_one() == 0 && !w.io.stopped() &&
-           clock::now() < until) {
-      std::this_thread::yield();
-    }
   }
 }
 
@@ -993,9 +966,7 @@ void Node::run(bool handle_signals) {
   for (auto& w : n.workers) {
     w->work.emplace(w->io.get_executor());
     if (w->udp_socket) udp_receive(*w);
-    w->thread = std::thread([w = w.get(), spin = n.opt.cluster.forward_spin_us] {
-      run_worker(*w, std::chrono::microseconds(spin));
-    });
+    w->thread = std::thread([&io = w->io] { io.run(); });
   }
   if (n.acceptor) accept_next(n);
   n.admin_work.emplace(n.admin_io.get_executor());

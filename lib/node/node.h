@@ -53,10 +53,6 @@ struct ClusterOptions {
   // replica (and as long again for the replica before the rule's fallback decides it here).
   // Twice this stays under libsluice's default 20 ms timeout.
   int64_t forward_timeout_ms = 8;
-  // Owner mode: how long a worker that forwarded checks keeps polling for the answers before it
-  // sleeps (0: it sleeps at once). Saves a thread wake-up per forwarded check; costs at most this
-  // much CPU per forwarded request, yielded to anything else runnable.
-  int64_t forward_spin_us = 100;
   // A member dead this long is no longer expected back: the limits stop counting its share out
   // (docs/architecture.md, "Members out of reach"). A member that leaves (drain) is not expected.
   int64_t forget_dead_after_ms = 300'000;

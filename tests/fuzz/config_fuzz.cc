@@ -66,7 +66,6 @@ cluster:
   replicas: 2
   sync_interval_ms: 100
   forward_timeout_ms: 8
-  forward_spin_us: 100
 )");
 }
 
