@@ -182,7 +182,7 @@ const char* sluice_strerror(int status) {
     case SLUICE_ERR_INVALID_ARGUMENT:
       return "invalid argument (a NULL pointer, a bad option or struct_size)";
     case SLUICE_ERR_NO_MEMORY:
-      return "out of memory";
+      return "out of memory (or another resource: a thread)";
     case SLUICE_ERR_BAD_NODE:
       return "a node is not host:port or does not resolve";
     case SLUICE_ERR_IN_CALLBACK:
@@ -303,6 +303,9 @@ int sluice_client_create(const sluice_options* options, sluice_client** client, 
   } catch (const std::exception& e) {  // the I/O thread could not start, ...
     write_error(error, error_size, e.what());
     return SLUICE_ERR_NO_MEMORY;
+  } catch (...) {
+    write_error(error, error_size, "unknown exception");
+    return SLUICE_ERR_NO_MEMORY;
   }
 }
 
@@ -335,7 +338,7 @@ int sluice_check_one(sluice_client* client, const sluice_check* check, sluice_re
     }
     fill_result(client->impl->check(c), result);
     return result->status;
-  } catch (const std::bad_alloc&) {
+  } catch (...) {  // std::bad_alloc; nothing else is thrown on this path
     clear_result(result, SLUICE_ERR_NO_MEMORY);
     return SLUICE_ERR_NO_MEMORY;
   }
@@ -379,7 +382,7 @@ int sluice_check_batch(sluice_client* client, const sluice_check* checks, size_t
     for (size_t k = 0; k < s.checks.size(); ++k)
       fill_result(s.results[k], &results[s.index[k]]);
     return SLUICE_OK;
-  } catch (const std::bad_alloc&) {
+  } catch (...) {  // std::bad_alloc; nothing else is thrown on this path
     for (size_t i = 0; i < n; ++i)
       clear_result(&results[i], SLUICE_ERR_NO_MEMORY);
     return SLUICE_ERR_NO_MEMORY;
@@ -400,12 +403,14 @@ int sluice_check_async(sluice_client* client, const sluice_check* check, sluice_
       sluice_result out;
       sluice_result_init(&out);
       fill_result(r, &out);
-      t_in_callback = true;
+      struct InCallback {  // reset even if a C++ caller's callback throws (the Client counts it)
+        InCallback() { t_in_callback = true; }
+        ~InCallback() { t_in_callback = false; }
+      } in_callback;
       done(&out, user_data);
-      t_in_callback = false;
     });
     return SLUICE_OK;
-  } catch (const std::bad_alloc&) {
+  } catch (...) {  // std::bad_alloc; nothing else is thrown on this path
     return SLUICE_ERR_NO_MEMORY;
   }
 }
