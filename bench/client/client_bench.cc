@@ -133,8 +133,8 @@ int main(int argc, char** argv) {
   }
   uint64_t checks = 0, undecided = 0;
   double took = 0;
-  const int rc = a.lang == "cpp" ? run_cpp(a, checks, undecided, took)
-                                 : run_c(a, checks, undecided, took);
+  const int rc =
+      a.lang == "cpp" ? run_cpp(a, checks, undecided, took) : run_c(a, checks, undecided, took);
   if (rc != 0) return rc;
   std::printf(
       "{\"lang\":\"%s\",\"batch\":%d,\"checks\":%llu,\"seconds\":%.3f,\"checks_per_s\":%.0f,"

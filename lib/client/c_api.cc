@@ -275,8 +275,8 @@ int sluice_client_create(const sluice_options* options, sluice_client** client, 
       }
       o.nodes.emplace_back(options->nodes[i], n);
     }
-    o.transport = options->transport == SLUICE_TCP ? sluice::Transport::kTcp
-                                                   : sluice::Transport::kUdp;
+    o.transport =
+        options->transport == SLUICE_TCP ? sluice::Transport::kTcp : sluice::Transport::kUdp;
     o.fail_mode = options->fail_mode == SLUICE_FAIL_CLOSED ? sluice::FailMode::kClosed
                                                            : sluice::FailMode::kOpen;
     o.timeout = std::chrono::microseconds(options->timeout_us);

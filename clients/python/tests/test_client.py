@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import socket
 import sys
 import threading
 import time
@@ -152,15 +153,24 @@ def test_bad_input_raises_the_status_exception(start_node):
     assert sluice.error_for(5).status == 5 and "no node" in str(sluice.error_for(5))
 
 
-def test_close_waits_for_checks_in_flight(dead_addr):
-    c = sluice.Client([dead_addr], timeout=0.3, fail_mode="closed")
+def test_close_waits_for_checks_in_flight():
+    # A node that takes datagrams and never answers: the check lasts its whole 0.5 s timeout.
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    c = sluice.Client([f"127.0.0.1:{silent.getsockname()[1]}"], timeout=0.5, fail_mode="closed")
     results = []
     t = threading.Thread(target=lambda: results.append(c.check("t", user="kim")))
     t.start()
-    time.sleep(0.05)
+    for _ in range(500):  # until the check is in flight (at most 5 s)
+        if c._inflight == 1:
+            break
+        time.sleep(0.01)
+    assert c._inflight == 1
     c.close()
     t.join(timeout=5)
+    silent.close()
     assert not t.is_alive() and len(results) == 1 and not results[0].allowed
+    assert results[0].outcome == sluice.UNAVAILABLE
 
 
 def test_decorator_returns_429_with_retry_after(start_node):

@@ -60,26 +60,26 @@ extern "C" {
 
 /* What a call returned. A check's status is also in its result (`status`). */
 typedef enum sluice_status {
-  SLUICE_OK = 0,                    /* a node decided: see `allowed` */
+  SLUICE_OK = 0, /* a node decided: see `allowed` */
   /* The call itself. */
-  SLUICE_ERR_INVALID_ARGUMENT = 1,  /* a NULL pointer, a bad option, a bad struct_size */
+  SLUICE_ERR_INVALID_ARGUMENT = 1, /* a NULL pointer, a bad option, a bad struct_size */
   SLUICE_ERR_NO_MEMORY = 2,
-  SLUICE_ERR_BAD_NODE = 3,          /* a node that is not host:port, or does not resolve */
-  SLUICE_ERR_IN_CALLBACK = 4,       /* a blocking check or destroy from a callback */
+  SLUICE_ERR_BAD_NODE = 3,    /* a node that is not host:port, or does not resolve */
+  SLUICE_ERR_IN_CALLBACK = 4, /* a blocking check or destroy from a callback */
   /* No node decided: the fail mode set `allowed`. */
-  SLUICE_ERR_UNAVAILABLE = 5,       /* no node answered in time (a garbage answer is none) */
-  SLUICE_ERR_REFUSED = 6,           /* a node refused the whole request (malformed, version) */
+  SLUICE_ERR_UNAVAILABLE = 5, /* no node answered in time (a garbage answer is none) */
+  SLUICE_ERR_REFUSED = 6,     /* a node refused the whole request (malformed, version) */
   /* The check itself (from the client before sending, or from the node): never allowed. */
   SLUICE_ERR_EMPTY_DOMAIN = 7,
-  SLUICE_ERR_UNKNOWN_DOMAIN = 8,    /* decided by the node: `allowed` is its verdict */
+  SLUICE_ERR_UNKNOWN_DOMAIN = 8, /* answered by the node */
   SLUICE_ERR_TOO_MANY_ENTRIES = 9,
-  SLUICE_ERR_ENTRY_TOO_LONG = 10,   /* longer than the node's max_entry_bytes */
+  SLUICE_ERR_ENTRY_TOO_LONG = 10, /* longer than the node's max_entry_bytes */
   SLUICE_ERR_EMPTY_ENTRY_KEY = 11,
   SLUICE_ERR_DUPLICATE_ENTRY = 12,
   SLUICE_ERR_HITS_TOO_LARGE = 13,
   SLUICE_ERR_NEGATIVE_HITS = 14,
-  SLUICE_ERR_NO_ROOM = 15,          /* the node's counter table is full */
-  SLUICE_ERR_TOO_LARGE = 16         /* a string over SLUICE_MAX_STRING_BYTES, or a check too big */
+  SLUICE_ERR_NO_ROOM = 15,  /* the node's counter table is full */
+  SLUICE_ERR_TOO_LARGE = 16 /* a string over SLUICE_MAX_STRING_BYTES, or a check too big */
 } sluice_status;
 
 /* A static English text for a status ("no node answered in time"); never NULL. */
@@ -88,33 +88,34 @@ SLUICE_API const char* sluice_strerror(int status);
 typedef enum sluice_transport { SLUICE_UDP = 0, SLUICE_TCP = 1 } sluice_transport;
 
 typedef enum sluice_fail_mode {
-  SLUICE_FAIL_OPEN = 0,   /* no node decides: allowed (the usual choice) */
-  SLUICE_FAIL_CLOSED = 1  /* no node decides: denied (login, OTP, token minting, ...) */
+  SLUICE_FAIL_OPEN = 0,  /* no node decides: allowed (the usual choice) */
+  SLUICE_FAIL_CLOSED = 1 /* no node decides: denied (login, OTP, token minting, ...) */
 } sluice_fail_mode;
 
 typedef enum sluice_outcome {
-  SLUICE_DECIDED = 0,     /* a node decided */
-  SLUICE_REFUSED = 1,     /* a node refused the request; the fail mode decided */
-  SLUICE_INVALID = 2,     /* the client would not send the check; denied */
-  SLUICE_UNAVAILABLE = 3  /* no node answered in time; the fail mode decided */
+  SLUICE_DECIDED = 0,    /* a node decided */
+  SLUICE_REFUSED = 1,    /* a node refused the request; the fail mode decided */
+  SLUICE_INVALID = 2,    /* the client would not send the check; denied */
+  SLUICE_UNAVAILABLE = 3 /* no node answered in time; the fail mode decided */
 } sluice_outcome;
 
 /* Options of a client. sluice_options_init sets struct_size and every default (the C++
- * ClientOptions' defaults); then set `nodes`. Times are in microseconds or milliseconds as named. */
+ * ClientOptions' defaults); then set `nodes`. Times are in microseconds or milliseconds as named.
+ */
 typedef struct sluice_options {
   size_t struct_size;
-  const char* const* nodes;          /* "host:port", "[::1]:port", in order of preference */
+  const char* const* nodes; /* "host:port", "[::1]:port", in order of preference */
   size_t num_nodes;
-  int transport;                     /* sluice_transport, default SLUICE_UDP */
-  int fail_mode;                     /* sluice_fail_mode, default SLUICE_FAIL_OPEN */
-  uint32_t timeout_us;               /* a check's whole budget, retries included; 20000 */
-  uint32_t attempts;                 /* sends per check at most, >= 1; 2 */
-  uint32_t batch_window_us;          /* how long a first check waits for company; 0 */
-  uint32_t max_checks_per_request;   /* 1..1024; 64 */
+  int transport;                      /* sluice_transport, default SLUICE_UDP */
+  int fail_mode;                      /* sluice_fail_mode, default SLUICE_FAIL_OPEN */
+  uint32_t timeout_us;                /* a check's whole budget, retries included; 20000 */
+  uint32_t attempts;                  /* sends per check at most, >= 1; 2 */
+  uint32_t batch_window_us;           /* how long a first check waits for company; 0 */
+  uint32_t max_checks_per_request;    /* 1..1024; 64 */
   uint32_t udp_answer_room_per_check; /* bytes of UDP padding per check; 288 */
-  uint32_t backoff_min_ms;           /* a failed node is skipped this long, doubling; 10 */
-  uint32_t backoff_max_ms;           /* 1000 */
-  uint32_t connect_timeout_ms;       /* TCP; 1000 */
+  uint32_t backoff_min_ms;            /* a failed node is skipped this long, doubling; 10 */
+  uint32_t backoff_max_ms;            /* 1000 */
+  uint32_t connect_timeout_ms;        /* TCP; 1000 */
 } sluice_options;
 
 SLUICE_API void sluice_options_init(sluice_options* options);
@@ -128,7 +129,7 @@ typedef struct sluice_check {
   const char* domain;
   const sluice_entry* entries; /* may be NULL when num_entries is 0 */
   size_t num_entries;
-  int64_t hits;                /* the cost, usually 1; 0 asks without counting */
+  int64_t hits; /* the cost, usually 1; 0 asks without counting */
 } sluice_check;
 
 /* One limit that applied to a check, as the C++ LimitStatus has it. */
@@ -138,8 +139,8 @@ typedef struct sluice_limit {
   int64_t window_ms;
   uint64_t remaining;
   int64_t reset_ms;
-  int64_t retry_after_ms;           /* -1: the cost never fits */
-  int mode;                         /* 0 enforce, 1 dry-run, 2 shadow */
+  int64_t retry_after_ms; /* -1: the cost never fits */
+  int mode;               /* 0 enforce, 1 dry-run, 2 shadow */
   int exceeded;
 } sluice_limit;
 
