@@ -20,7 +20,7 @@ import ctypes
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, Sequence, Tuple, Union
 
 from . import _native
 
@@ -280,7 +280,7 @@ class _Prepared:
         self.check = _native.Check(d, self.entries, len(pairs), hits)
 
 
-def _merge(entries: Entries | None, descriptors: Mapping[str, str]) -> list:
+def _merge(entries: Entries | None, descriptors: Mapping[str, str]) -> List[Tuple[str, str]]:
     out = []
     if entries is not None:
         out += list(entries.items()) if isinstance(entries, Mapping) else list(entries)
@@ -396,7 +396,7 @@ class Client:
             raise error_for(st)
         return _result(r)
 
-    def check_batch(self, checks: Sequence[CheckSpec]) -> list:
+    def check_batch(self, checks: Sequence[CheckSpec]) -> List[Result]:
         """Several checks sharing requests: [(domain, entries) or (domain, entries, hits)].
         Returns one Result per check, in order; never raises for one check's problem (see each
         Result's status and error)."""
@@ -462,7 +462,8 @@ class AsyncClient:
 
     def __init__(self, nodes: Sequence[str], **options):
         self._client = Client(nodes, **options)
-        self._pending: dict = {}  # token -> (loop, future); guarded by _lock
+        # token -> (loop, future); guarded by _lock
+        self._pending: Dict[int, Tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._lock = threading.Lock()
         self._tokens = itertools.count(1)
         # One C callback for the client's life (ctypes must keep it alive while C may call it).
@@ -498,7 +499,7 @@ class AsyncClient:
             raise error_for(r.status)
         return r
 
-    async def check_batch(self, checks: Sequence[CheckSpec]) -> list:
+    async def check_batch(self, checks: Sequence[CheckSpec]) -> List[Result]:
         """Concurrent async checks: they share requests inside libsluice like a batch does."""
         return list(await asyncio.gather(
             *(self._check_spec(c) for c in checks)))
