@@ -42,6 +42,7 @@ packages=(
   # systemd-analyze (systemd) checks the unit in CI.
   dpkg-dev file adduser systemd
   chromium                # the dashboard's browser test (tests/ui): playwright-core drives it
+  golang-go               # the Go client (clients/go): cgo over libsluice.so, `go test -race` in CI
 )
 
 missing=()

@@ -71,6 +71,9 @@ set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 # Library dependencies come from dpkg-shlibdeps (dpkg-dev); adduser runs in the maintainer scripts.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# libsluice.so.0 (the C API, lib/client) is in the package: a shlibs file for packages linking it,
+# and the ldconfig trigger (deploy/package/triggers) so the loader's cache knows it after dpkg -i.
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser")
 # Both /etc/sluice files are conffiles: an upgrade keeps local changes (dpkg asks), remove keeps
 # them, purge deletes them.
@@ -78,6 +81,7 @@ file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/packaging/conffiles
      CONTENT "${SLUICE_INSTALL_CONFDIR}/sluiced.yaml\n${SLUICE_INSTALL_CONFDIR}/rules.yaml\n")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${PROJECT_BINARY_DIR}/packaging/conffiles ${CMAKE_CURRENT_LIST_DIR}/postinst
-    ${CMAKE_CURRENT_LIST_DIR}/prerm ${CMAKE_CURRENT_LIST_DIR}/postrm)
+    ${CMAKE_CURRENT_LIST_DIR}/prerm ${CMAKE_CURRENT_LIST_DIR}/postrm
+    ${CMAKE_CURRENT_LIST_DIR}/triggers)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 include(CPack)
