@@ -405,9 +405,12 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
     }
   }
 
-  // ---- the overrides' database: created with a new directory, or to move format 1's into
+  // ---- the overrides' database: created with a new directory, or to move format 1's into. With
+  // the marker at 2 it must exist, even while the old family is still there (a kill before the
+  // drop): the copy in it is the only complete one, and an empty database in its place would be
+  // taken for it.
   const std::string ovdir = overrides_dir(dir);
-  const bool ov_create = fresh || format == kFormatShared || legacy != nullptr;
+  const bool ov_create = fresh || format == kFormatShared;
   if (!ov_create && !has_database(ovdir)) {
     throw StoreError(
         "data directory " + dir + " (data format " + kFormat + ") has no overrides database: " +

@@ -17,11 +17,13 @@
 // Format 1 (before) kept the overrides in a column family "overrides" of the counters' database.
 // Open moves them into <dir>/overrides, in this order, each step durable before the next: the
 // records are written to the overrides' database (WAL synced, then flushed), the marker becomes
-// "2" (synced), the old column family is dropped. A crash at any point leaves either the old
-// column family in place, and the next open copies it again (the same keys and values: nothing is
-// duplicated, and no write reached the new database in between, since a node serves only after
-// open returns, so nothing deleted comes back), or the move done. A format 2 directory is refused
-// by a sluiced that reads only format 1, rather than opened without its overrides.
+// "2" (synced and flushed), the old column family is dropped. A crash before the marker leaves
+// format 1, and the next open copies again: the overrides' database is made exactly the old
+// family (what an interrupted copy left there is replaced, not merged), so nothing is duplicated
+// and nothing deleted comes back. A crash after the marker leaves a complete copy, and the next
+// open only drops the old family, never copies it again (the node may have changed overrides
+// since). A format 2 directory is refused by a sluiced that reads only format 1, rather than
+// opened without its overrides.
 //
 // Counters are written by snapshots: each pass writes the counters changed since the previous
 // pass (Engine::export_step) and deletes the ones the engine dropped, in batches, with the WAL on
