@@ -312,6 +312,36 @@ TEST_CASE("after an interrupted move the old family is copied exactly: nothing d
   CHECK(find_user(records, "42") != nullptr);
 }
 
+TEST_CASE("a move past its marker whose overrides database went missing is refused, not emptied") {
+  TempDir tmp;
+  const std::string dir = tmp.sub("data");
+  write_format1_dir(dir);
+  CHECK_THROWS_AS(store::Store::TEST_open_migrating(dir,
+                                                    [](int at) {
+                                                      if (at == 2) throw Crash();
+                                                    }),
+                  Crash);
+  const std::string ovdir = store::Store::overrides_dir(dir);
+  fs::remove_all(ovdir);
+  try {
+    store::Store::open(dir, false);
+    FAIL("opened without the overrides database its marker promises");
+  } catch (const store::StoreError& err) {
+    CHECK(std::string(err.what()).find(ovdir) != std::string::npos);
+  }
+  // Nothing was created or dropped: the old family still holds the overrides, and repair turns
+  // the directory back to format 1, so the next open moves them again.
+  CHECK_FALSE(fs::exists(ovdir));
+  CHECK(families_of(dir) == std::vector<std::string>{"counters", "default", "overrides"});
+  store::Store::repair(dir);
+  CHECK(marker_of(dir) == "1");
+  {
+    auto s = store::Store::open(dir, false);
+    check_format1_content(*s);
+  }
+  check_moved(dir);
+}
+
 TEST_CASE("a new data directory keeps its overrides apart from the counters") {
   TempDir tmp;
   const std::string dir = tmp.sub("data");
