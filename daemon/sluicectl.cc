@@ -500,13 +500,21 @@ int run_status(const std::string& admin, bool as_json) {
                               ? std::string("no snapshot yet")
                               : "last snapshot " + seconds_text(last.at("age_ms").get<int64_t>()) +
                                     " ago";
-        std::printf("data      %s: %s (%llu written, %.1f KiB, %.1f ms%s), %.1f MiB on disk, "
+        // Nodes before the overrides' database of their own report only the total.
+        std::string split;
+        if (p.contains("disk")) {
+          char buf[96];
+          std::snprintf(buf, sizeof buf, " (overrides' database %.1f KiB)",
+                        p.at("disk").at("overrides_bytes").get<double>() / 1024.0);
+          split = buf;
+        }
+        std::printf("data      %s: %s (%llu written, %.1f KiB, %.1f ms%s), %.1f MiB on disk%s, "
                     "%llu overrides\n",
                     p.at("dir").get<std::string>().c_str(), age.c_str(),
                     static_cast<unsigned long long>(last.at("written").get<uint64_t>()),
                     last.at("bytes").get<double>() / 1024.0, last.at("duration_ms").get<double>(),
                     last.at("ok").get<bool>() ? "" : ", FAILED",
-                    p.at("disk_bytes").get<double>() / 1048576.0,
+                    p.at("disk_bytes").get<double>() / 1048576.0, split.c_str(),
                     static_cast<unsigned long long>(p.at("overrides").get<uint64_t>()));
         std::printf("restored  %llu counters at start in %.1f ms (%llu expired, %llu unreadable)\n",
                     static_cast<unsigned long long>(p.at("restored").at("counters").get<uint64_t>()),

@@ -380,7 +380,12 @@ std::string render_metrics(AdminHttp::State& st) {
           "When the last snapshot pass finished (ms since the epoch; 0 = none yet).",
           static_cast<uint64_t>(p.snapshots.last_ms));
     m.one("sluice_data_disk_bytes", "gauge", "Bytes of the data directory's RocksDB files.",
-          p.disk_bytes);
+          p.disk.total());
+    m.family("sluice_data_db_disk_bytes", "gauge",
+             "Bytes of each RocksDB database of the data directory (counters: the directory, "
+             "overrides: its overrides/ database).");
+    m.sample("sluice_data_db_disk_bytes", {"db", "counters"}, p.disk.counters);
+    m.sample("sluice_data_db_disk_bytes", {"db", "overrides"}, p.disk.overrides);
     m.one("sluice_restored_counters", "gauge",
           "Counters restored from the data directory at start.", p.restored.restored);
   }
@@ -522,7 +527,8 @@ Json persistence_json(const PersistenceStatus& p, int64_t now) {
         {"deleted", last.erased},
         {"bytes", last.bytes},
         {"duration_ms", static_cast<double>(last.duration_us) / 1000.0}}},
-      {"disk_bytes", p.disk_bytes},
+      {"disk_bytes", p.disk.total()},
+      {"disk", {{"counters_bytes", p.disk.counters}, {"overrides_bytes", p.disk.overrides}}},
       {"overrides", p.overrides},
       {"restored",
        {{"counters", p.restored.restored},

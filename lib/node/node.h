@@ -146,7 +146,7 @@ struct PersistenceStatus {
   int64_t snapshot_interval_ms = 0;
   store::RestoreResult restored;  // at start
   store::Snapshotter::Status snapshots;
-  uint64_t disk_bytes = 0;
+  store::Store::DiskUsage disk;  // the counters' and the overrides' databases (store.h)
   size_t overrides = 0;
 };
 

@@ -430,7 +430,7 @@ PersistenceStatus Node::persistence() const {
   p.snapshot_interval_ms = s.opt.snapshot_interval_ms;
   p.restored = s.restored;
   if (s.snapshotter) p.snapshots = s.snapshotter->status();
-  if (s.store) p.disk_bytes = s.store->disk_bytes();
+  if (s.store) p.disk = s.store->disk_usage();
   std::lock_guard g(s.rules_mu);
   p.overrides = s.overrides.size();
   return p;

@@ -22,9 +22,14 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 constexpr const char* kFormatKey = "sluice.format";
-constexpr const char* kFormat = "1";
+// Data formats (store.h): 2 keeps the overrides in a database of their own; 1 kept them in the
+// counters' database, and open moves them. The overrides' database has its own marker.
+constexpr const char* kFormat = "2";
+constexpr const char* kFormatShared = "1";
+constexpr const char* kOverridesFormat = "1";
 constexpr const char* kCountersCf = "counters";
-constexpr const char* kOverridesCf = "overrides";
+constexpr const char* kOverridesCf = "overrides";  // format 1: in the counters' database
+constexpr const char* kOverridesSubdir = "overrides";
 constexpr size_t kRecordsPerBatch = 4096;  // records per RocksDB write of a snapshot
 constexpr size_t kSlotsPerStep = 256;      // slots visited per shard lock hold (export_step)
 
@@ -43,6 +48,23 @@ std::string recovery_hint(const std::string& dir) {
          "override list --json` backup). See docs/operations.md, \"Data directory\".";
 }
 
+std::string open_error(const rocksdb::Status& s, const std::string& what,
+                       const std::string& data_dir) {
+  std::string why = "RocksDB cannot open " + what + ": " + s.ToString() + ". ";
+  if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
+    why += "Another process (a second sluiced?) holds it: stop it, or give this node its own "
+           "data directory.";
+  } else {
+    why += recovery_hint(data_dir);
+  }
+  return why;
+}
+
+bool has_database(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(dir) / "CURRENT", ec);
+}
+
 rocksdb::DBOptions db_options(uint64_t write_buffer_bytes) {
   rocksdb::DBOptions o;
   // A hard bound on every memtable together (store.h, kDefaultWriteBufferBytes): stalls on.
@@ -59,7 +81,10 @@ rocksdb::DBOptions db_options(uint64_t write_buffer_bytes) {
   return o;
 }
 
-std::vector<rocksdb::ColumnFamilyDescriptor> column_families(uint64_t write_buffer_bytes) {
+// The counters' database: default and counters, plus any other family `existing` names (a format
+// 1 directory's "overrides", until open has moved it; under the same write buffer bound).
+std::vector<rocksdb::ColumnFamilyDescriptor> column_families(
+    uint64_t write_buffer_bytes, const std::vector<std::string>& existing = {}) {
   rocksdb::ColumnFamilyOptions counters;
   // Records are small, rewritten every pass and read once at start: compression would cost
   // snapshot and restore time for little space.
@@ -69,9 +94,33 @@ std::vector<rocksdb::ColumnFamilyDescriptor> column_families(uint64_t write_buff
   // Snapshots only write and restores only scan: a vector memtable appends and sorts once at
   // flush, where the default skip list pays a search per record (a quarter of a snapshot's time).
   counters.memtable_factory = std::make_shared<rocksdb::VectorRepFactory>();
-  return {{rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
-          {kCountersCf, counters},
-          {kOverridesCf, rocksdb::ColumnFamilyOptions()}};
+  std::vector<rocksdb::ColumnFamilyDescriptor> out{
+      {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()}, {kCountersCf, counters}};
+  for (const std::string& name : existing) {
+    if (name != rocksdb::kDefaultColumnFamilyName && name != kCountersCf)
+      out.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  }
+  return out;
+}
+
+// The overrides' database: a few small records, each write synced and flushed at once. It has no
+// write buffer manager: sharing the counters' one would make an override write wait for a
+// counters flush whenever the snapshots filled the bound, the coupling this database removes.
+rocksdb::DBOptions overrides_db_options(bool create) {
+  rocksdb::DBOptions o;
+  o.create_if_missing = create;
+  o.create_missing_column_families = true;
+  o.paranoid_checks = true;
+  o.max_background_jobs = 2;
+  o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  o.keep_log_file_num = 4;
+  return o;
+}
+
+std::vector<rocksdb::ColumnFamilyDescriptor> overrides_families() {
+  rocksdb::ColumnFamilyOptions small;
+  small.write_buffer_size = 1u << 20;  // flushed after every write anyway
+  return {{rocksdb::kDefaultColumnFamilyName, small}, {kOverridesCf, small}};
 }
 
 rocksdb::Slice slice(std::span<const uint8_t> b) {
@@ -164,14 +213,16 @@ class BatchSink : public engine::RecordSink {
   rocksdb::Status status_;
 };
 
-}  // namespace
-
-struct Store::Db {
+// One RocksDB database and its column family handles.
+struct Instance {
+  std::string dir;
   std::unique_ptr<rocksdb::DB> db;
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;  // default, counters, overrides
-  rocksdb::ColumnFamilyHandle* counters() const { return handles[1]; }
-  rocksdb::ColumnFamilyHandle* overrides() const { return handles[2]; }
-  ~Db() {
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+
+  Instance() = default;
+  Instance(const Instance&) = delete;
+  Instance& operator=(const Instance&) = delete;
+  ~Instance() {
     // Handles before the database (CONVENTIONS.md: RocksDB pitfalls).
     if (db) {
       for (auto* h : handles)
@@ -179,13 +230,120 @@ struct Store::Db {
       db->Close().PermitUncheckedError();
     }
   }
+
+  // Opens the database in `dir`; `what` names it in errors. Throws StoreError.
+  void open(const rocksdb::DBOptions& options,
+            const std::vector<rocksdb::ColumnFamilyDescriptor>& families, const std::string& what,
+            const std::string& data_dir) {
+    rocksdb::DB* raw = nullptr;
+    const rocksdb::Status s = rocksdb::DB::Open(options, dir, families, &handles, &raw);
+    if (!s.ok()) throw StoreError(open_error(s, what, data_dir));
+    db.reset(raw);
+  }
+
+  rocksdb::ColumnFamilyHandle* family(std::string_view name) const {
+    for (auto* h : handles)
+      if (h->GetName() == name) return h;
+    return nullptr;
+  }
+
+  // Drops a column family for good (the drop is in the manifest when this returns).
+  rocksdb::Status drop(rocksdb::ColumnFamilyHandle* h) {
+    rocksdb::Status s = db->DropColumnFamily(h);
+    if (!s.ok()) return s;
+    handles.erase(std::find(handles.begin(), handles.end(), h));
+    return db->DestroyColumnFamilyHandle(h);
+  }
+
+  // The format marker in the default column family (kFormatKey).
+  rocksdb::Status read_format(std::string* out) const {
+    return db->Get(rocksdb::ReadOptions(), kFormatKey, out);
+  }
+  // Synced, and flushed to a table file: otherwise the log holding the marker stays live, and
+  // with it every later write of the database, which RocksDB's repair then turns into a table
+  // whose sequence numbers overlap the flushed ones (the repair fails).
+  rocksdb::Status write_format(const char* format) {
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    rocksdb::Status s = db->Put(wo, kFormatKey, format);
+    rocksdb::FlushOptions fo;
+    fo.wait = true;
+    if (s.ok()) s = db->Flush(fo, db->DefaultColumnFamily());
+    return s;
+  }
+};
+
+// A format 1 directory's overrides (column family `legacy` of the counters' database) into the
+// overrides' database: afterwards that database's records are exactly the old family's, whatever
+// an interrupted earlier attempt left there (keys it wrote that the old family no longer has are
+// deleted), in one batch, WAL synced, then flushed. Records are copied as they are: an unreadable
+// one is reported by load_override_records as before. Returns how many. Throws StoreError.
+uint64_t copy_format1_overrides(Instance& from, rocksdb::ColumnFamilyHandle* legacy, Instance& to,
+                                rocksdb::ColumnFamilyHandle* records, const std::string& data_dir) {
+  const std::string failed =
+      "moving the overrides of data directory " + data_dir + " into " + to.dir + " failed: ";
+  rocksdb::WriteBatch batch;
+  rocksdb::Status s;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(to.db->NewIterator(rocksdb::ReadOptions(), records));
+    for (it->SeekToFirst(); it->Valid() && s.ok(); it->Next())
+      s = batch.Delete(records, it->key());
+    if (s.ok()) s = it->status();
+  }
+  uint64_t copied = 0;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(from.db->NewIterator(rocksdb::ReadOptions(), legacy));
+    for (it->SeekToFirst(); it->Valid() && s.ok(); it->Next(), ++copied)
+      s = batch.Put(records, it->key(), it->value());
+    if (s.ok()) s = it->status();
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  if (s.ok()) s = to.db->Write(wo, &batch);
+  if (s.ok()) {
+    rocksdb::FlushOptions fo;
+    fo.wait = true;
+    s = to.db->Flush(fo, records);
+  }
+  if (!s.ok()) throw StoreError(failed + s.ToString() + ". " + recovery_hint(data_dir));
+  return copied;
+}
+
+StoreError override_error(const std::string& ovdir, const char* doing,
+                          const rocksdb::Status& s) {
+  return StoreError(std::string(doing) + " in the overrides database " + ovdir +
+                    " failed: " + s.ToString());
+}
+
+}  // namespace
+
+struct Store::Db {
+  Instance counters_db;   // the data directory
+  Instance overrides_db;  // <data directory>/overrides
+  rocksdb::ColumnFamilyHandle* counters = nullptr;
+  rocksdb::ColumnFamilyHandle* overrides = nullptr;
 };
 
 Store::Store(std::string dir, std::unique_ptr<Db> db) : dir_(std::move(dir)), db_(std::move(db)) {}
 Store::~Store() = default;
 
+std::string Store::overrides_dir(const std::string& dir) {
+  return (fs::path(dir) / kOverridesSubdir).string();
+}
+
 std::unique_ptr<Store> Store::open(const std::string& dir, bool create,
                                    uint64_t write_buffer_bytes) {
+  return open_impl(dir, create, write_buffer_bytes, nullptr);
+}
+
+std::unique_ptr<Store> Store::TEST_open_migrating(const std::string& dir,
+                                                  const std::function<void(int)>& after_step) {
+  return open_impl(dir, false, kDefaultWriteBufferBytes, &after_step);
+}
+
+std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
+                                        uint64_t write_buffer_bytes,
+                                        const std::function<void(int)>* after_step) {
   if (dir.empty()) throw StoreError("no data directory given");
   write_buffer_bytes = std::max(write_buffer_bytes, kMinWriteBufferBytes);
   std::error_code ec;
@@ -205,48 +363,109 @@ std::unique_ptr<Store> Store::open(const std::string& dir, bool create,
     fresh = true;
   } else if (!fs::is_directory(dir, ec)) {
     throw StoreError("data directory " + dir + " is not a directory");
-  } else if (!fs::exists(fs::path(dir) / "CURRENT", ec)) {
+  } else if (!has_database(dir)) {
     throw StoreError("data directory " + dir +
                      " is not empty but holds no RocksDB database (its CURRENT file is "
                      "missing). If it is a Sluice data directory that lost files: " +
                      recovery_hint(dir) + " Otherwise point data_dir at another directory.");
   }
 
+  // ---- the counters' database (the data directory itself)
   auto d = std::make_unique<Db>();
-  rocksdb::DB* raw = nullptr;
-  const rocksdb::Status s =
-      rocksdb::DB::Open(db_options(write_buffer_bytes), dir, column_families(write_buffer_bytes),
-                        &d->handles, &raw);
-  if (!s.ok()) {
-    std::string why = "RocksDB cannot open data directory " + dir + ": " + s.ToString() + ". ";
-    if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
-      why += "Another process (a second sluiced?) holds it: stop it, or give this node its own "
-             "data directory.";
-    } else {
-      why += recovery_hint(dir);
-    }
-    throw StoreError(why);
+  Instance& main = d->counters_db;
+  main.dir = dir;
+  const std::string main_what = "data directory " + dir;
+  std::vector<std::string> existing;
+  if (!fresh) {
+    const rocksdb::Status l =
+        rocksdb::DB::ListColumnFamilies(db_options(write_buffer_bytes), dir, &existing);
+    if (!l.ok()) throw StoreError(open_error(l, main_what, dir));
   }
-  d->db.reset(raw);
-  std::string format;
-  const rocksdb::Status fs_ = d->db->Get(rocksdb::ReadOptions(), kFormatKey, &format);
-  if (fresh) {
-    rocksdb::WriteOptions wo;
-    wo.sync = true;
-    const rocksdb::Status w = d->db->Put(wo, kFormatKey, kFormat);
+  main.open(db_options(write_buffer_bytes), column_families(write_buffer_bytes, existing),
+            main_what, dir);
+  d->counters = main.family(kCountersCf);
+  rocksdb::ColumnFamilyHandle* legacy = main.family(kOverridesCf);  // format 1's overrides
+  std::string format = kFormat;
+  if (!fresh) {
+    const rocksdb::Status f = main.read_format(&format);
+    if (f.IsNotFound()) {
+      throw StoreError("data directory " + dir +
+                       " holds a RocksDB database that is not Sluice's (no sluice.format key). "
+                       "Point data_dir at the node's own directory. If it is the node's and only "
+                       "that key was lost: " +
+                       recovery_hint(dir));
+    }
+    if (!f.ok()) {
+      throw StoreError("data directory " + dir + ": reading sluice.format: " + f.ToString() +
+                       ". " + recovery_hint(dir));
+    }
+    if (format != kFormat && format != kFormatShared) {
+      throw StoreError("data directory " + dir + " has data format " + format +
+                       ", this sluiced reads formats " + kFormatShared + " and " + kFormat);
+    }
+  }
+
+  // ---- the overrides' database: created with a new directory, or to move format 1's into. With
+  // the marker at 2 it must exist, even while the old family is still there (a kill before the
+  // drop): the copy in it is the only complete one, and an empty database in its place would be
+  // taken for it.
+  const std::string ovdir = overrides_dir(dir);
+  const bool ov_create = fresh || format == kFormatShared;
+  if (!ov_create && !has_database(ovdir)) {
+    throw StoreError(
+        "data directory " + dir + " (data format " + kFormat + ") has no overrides database: " +
+        ovdir +
+        " is missing or holds no RocksDB database (its CURRENT file is missing). If it is on "
+        "another volume, mount it. If it was lost, `sluiced --repair-data --data-dir " +
+        dir +
+        "` creates an empty one; then re-apply the overrides from a `sluicectl override list "
+        "--json` backup. See docs/operations.md, \"Data directory\".");
+  }
+  Instance& ov = d->overrides_db;
+  ov.dir = ovdir;
+  const std::string ov_what = "the overrides database " + ovdir + " of data directory " + dir;
+  ov.open(overrides_db_options(ov_create), overrides_families(), ov_what, dir);
+  d->overrides = ov.family(kOverridesCf);
+  {
+    std::string ov_format;
+    rocksdb::Status f = ov.read_format(&ov_format);
+    if (f.IsNotFound() && ov_create) {
+      f = ov.write_format(kOverridesFormat);
+      if (!f.ok()) throw StoreError("cannot initialize " + ov_what + ": " + f.ToString());
+    } else if (f.IsNotFound()) {
+      throw StoreError(ov_what + " is a RocksDB database that is not Sluice's (no sluice.format "
+                                 "key). If only that key was lost: " +
+                       recovery_hint(dir));
+    } else if (!f.ok()) {
+      throw StoreError(ov_what + ": reading sluice.format: " + f.ToString() + ". " +
+                       recovery_hint(dir));
+    } else if (ov_format != kOverridesFormat) {
+      throw StoreError(ov_what + " has format " + ov_format + ", this sluiced reads format " +
+                       kOverridesFormat);
+    }
+  }
+
+  // ---- format 1: move the overrides (store.h states the order and why it is crash-safe). Only
+  // while the marker says 1: once it says 2 the copy is complete and may be older than the
+  // overrides' database, so a family left by a failed drop is dropped, never copied again.
+  if (legacy != nullptr && format == kFormatShared) {
+    const uint64_t moved = copy_format1_overrides(main, legacy, ov, d->overrides, dir);
+    spdlog::info("data directory {} (format {}): moved {} override records into {}", dir,
+                 kFormatShared, moved, ovdir);
+    if (after_step) (*after_step)(1);
+  }
+  if (fresh || format != kFormat) {
+    const rocksdb::Status w = main.write_format(kFormat);
     if (!w.ok()) throw StoreError("cannot initialize data directory " + dir + ": " + w.ToString());
-  } else if (fs_.IsNotFound()) {
-    throw StoreError("data directory " + dir +
-                     " holds a RocksDB database that is not Sluice's (no sluice.format key). "
-                     "Point data_dir at the node's own directory. If it is the node's and only "
-                     "that key was lost: " +
-                     recovery_hint(dir));
-  } else if (!fs_.ok()) {
-    throw StoreError("data directory " + dir + ": reading sluice.format: " + fs_.ToString() +
-                     ". " + recovery_hint(dir));
-  } else if (format != kFormat) {
-    throw StoreError("data directory " + dir + " has data format " + format +
-                     ", this sluiced reads format " + kFormat);
+    if (legacy != nullptr && after_step) (*after_step)(2);
+  }
+  if (legacy != nullptr) {
+    const rocksdb::Status s = main.drop(legacy);
+    if (!s.ok()) {
+      // Harmless: the marker says 2, so the family is never read again; the next open retries.
+      spdlog::warn("data directory {}: dropping the moved overrides column family failed: {}", dir,
+                   s.ToString());
+    }
   }
   return std::unique_ptr<Store>(new Store(dir, std::move(d)));
 }
@@ -254,21 +473,50 @@ std::unique_ptr<Store> Store::open(const std::string& dir, bool create,
 void Store::repair(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw StoreError("data directory " + dir + " does not exist");
-  rocksdb::Options options(db_options(kDefaultWriteBufferBytes), rocksdb::ColumnFamilyOptions());
+  // Families repair finds that the list lacks (format 1's "overrides") are kept, not skipped.
   const rocksdb::Status s =
-      rocksdb::RepairDB(dir, options, column_families(kDefaultWriteBufferBytes));
+      rocksdb::RepairDB(dir, db_options(kDefaultWriteBufferBytes),
+                        column_families(kDefaultWriteBufferBytes), rocksdb::ColumnFamilyOptions());
   if (!s.ok()) throw StoreError("RocksDB repair of " + dir + " failed: " + s.ToString());
-  // Repair may lose the format marker with the default column family's files: write it again.
-  auto d = std::make_unique<Db>();
-  rocksdb::DB* raw = nullptr;
-  const rocksdb::Status o =
-      rocksdb::DB::Open(db_options(kDefaultWriteBufferBytes), dir,
-                        column_families(kDefaultWriteBufferBytes), &d->handles, &raw);
-  if (!o.ok()) throw StoreError("after repair, RocksDB still cannot open " + dir + ": " + o.ToString());
-  d->db.reset(raw);
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  const rocksdb::Status w = d->db->Put(wo, kFormatKey, kFormat);
+  const std::string ovdir = overrides_dir(dir);
+  const bool ov_exists = has_database(ovdir);
+  if (ov_exists) {
+    const rocksdb::Status o = rocksdb::RepairDB(
+        ovdir, overrides_db_options(false), overrides_families(), rocksdb::ColumnFamilyOptions());
+    if (!o.ok()) {
+      throw StoreError("RocksDB repair of the overrides database " + ovdir + " failed: " +
+                       o.ToString());
+    }
+  }
+  // Repair may lose a format marker with the default column family's files: write it again.
+  Instance main;
+  main.dir = dir;
+  std::vector<std::string> existing;
+  rocksdb::DB::ListColumnFamilies(db_options(kDefaultWriteBufferBytes), dir, &existing)
+      .PermitUncheckedError();  // none listed: the open below reports the problem
+  main.open(db_options(kDefaultWriteBufferBytes),
+            column_families(kDefaultWriteBufferBytes, existing),
+            "data directory " + dir + " after repair", dir);
+  const bool legacy = main.family(kOverridesCf) != nullptr;
+  std::string format;
+  if (!main.read_format(&format).ok() || (format != kFormat && format != kFormatShared)) {
+    format = legacy ? kFormatShared : kFormat;  // format 1 until the move has completed
+  }
+  if (legacy && !ov_exists) format = kFormatShared;  // the next open moves them
+  if (!legacy && !ov_exists) {
+    spdlog::warn("repair: {} has no overrides database (a directory of data format {} keeps its "
+                 "overrides there): created an empty one; re-apply the overrides from a backup",
+                 dir, kFormat);
+  }
+  if (ov_exists || !legacy) {
+    Instance ov;
+    ov.dir = ovdir;
+    ov.open(overrides_db_options(true), overrides_families(),
+            "the overrides database " + ovdir + " after repair", dir);
+    const rocksdb::Status w = ov.write_format(kOverridesFormat);
+    if (!w.ok()) throw StoreError("after repair of " + ovdir + ": " + w.ToString());
+  }
+  const rocksdb::Status w = main.write_format(format.c_str());
   if (!w.ok()) throw StoreError("after repair of " + dir + ": " + w.ToString());
 }
 
@@ -281,9 +529,9 @@ RestoreResult Store::restore(engine::Engine& engine, int64_t now_ms) {
   // the common one), instead of growing them through a dozen rehashes.
   {
     uint64_t estimate = 0;
-    db_->db->GetIntProperty(db_->counters(), "rocksdb.estimate-num-keys", &estimate);
-    std::unique_ptr<rocksdb::Iterator> first(db_->db->NewIterator(rocksdb::ReadOptions(),
-                                                                  db_->counters()));
+    db_->counters_db.db->GetIntProperty(db_->counters, "rocksdb.estimate-num-keys", &estimate);
+    std::unique_ptr<rocksdb::Iterator> first(
+        db_->counters_db.db->NewIterator(rocksdb::ReadOptions(), db_->counters));
     first->SeekToFirst();
     if (first->Valid() && estimate > 0) {
       const rocksdb::Slice k = first->key();
@@ -308,7 +556,7 @@ RestoreResult Store::restore(engine::Engine& engine, int64_t now_ms) {
     if (part + 1 < kParts) ro.iterate_upper_bound = &upper;
     RestoreResult& r = parts[static_cast<size_t>(part)];
     rocksdb::WriteBatch& drop = drops[static_cast<size_t>(part)];
-    std::unique_ptr<rocksdb::Iterator> it(db_->db->NewIterator(ro, db_->counters()));
+    std::unique_ptr<rocksdb::Iterator> it(db_->counters_db.db->NewIterator(ro, db_->counters));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       const rocksdb::Slice k = it->key();
       const rocksdb::Slice v = it->value();
@@ -321,11 +569,11 @@ RestoreResult Store::restore(engine::Engine& engine, int64_t now_ms) {
           break;
         case engine::ImportResult::kExpired:
           ++r.expired;
-          drop.Delete(db_->counters(), k).PermitUncheckedError();
+          drop.Delete(db_->counters, k).PermitUncheckedError();
           break;
         case engine::ImportResult::kMalformed:
           ++r.malformed;
-          drop.Delete(db_->counters(), k).PermitUncheckedError();
+          drop.Delete(db_->counters, k).PermitUncheckedError();
           break;
         case engine::ImportResult::kNoRoom:
           ++r.no_room;
@@ -349,7 +597,7 @@ RestoreResult Store::restore(engine::Engine& engine, int64_t now_ms) {
     r.malformed += parts[i].malformed;
     r.no_room += parts[i].no_room;
     if (drops[i].Count() > 0) {
-      const rocksdb::Status s = db_->db->Write(rocksdb::WriteOptions(), &drops[i]);
+      const rocksdb::Status s = db_->counters_db.db->Write(rocksdb::WriteOptions(), &drops[i]);
       if (!s.ok()) spdlog::warn("restore: deleting stale counter records failed: {}", s.ToString());
     }
   }
@@ -365,7 +613,7 @@ SnapshotResult Store::snapshot(engine::Engine& engine, bool full) {
   const auto t0 = std::chrono::steady_clock::now();
   SnapshotResult r;
   r.full = full;
-  BatchSink sink(db_->counters());
+  BatchSink sink(db_->counters);
   rocksdb::WriteOptions wo;  // WAL on, not synced: see the file comment of store.h
   cursor_.restart(full);
   bool done = false;
@@ -373,7 +621,7 @@ SnapshotResult Store::snapshot(engine::Engine& engine, bool full) {
     done = engine.export_step(cursor_, kSlotsPerStep, sink);
     if (sink.batch.Count() < kRecordsPerBatch && !done) continue;
     rocksdb::Status s = sink.status();
-    if (s.ok() && sink.batch.Count() > 0) s = db_->db->Write(wo, &sink.batch);
+    if (s.ok() && sink.batch.Count() > 0) s = db_->counters_db.db->Write(wo, &sink.batch);
     if (!s.ok()) {
       r.ok = false;
       r.error = s.ToString();
@@ -400,18 +648,20 @@ std::vector<rules::Override> Store::load_overrides() {
 
 std::vector<cluster::OverrideRecord> Store::load_override_records() {
   std::vector<cluster::OverrideRecord> out;
-  std::unique_ptr<rocksdb::Iterator> it(db_->db->NewIterator(rocksdb::ReadOptions(), db_->overrides()));
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->overrides_db.db->NewIterator(rocksdb::ReadOptions(), db_->overrides));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     try {
       out.push_back(record_from_json(Json::parse(it->value().ToStringView())));
     } catch (const std::exception& e) {
-      throw StoreError("data directory " + dir_ + ": an override record is unreadable (" +
-                       e.what() + "). " + recovery_hint(dir_));
+      throw StoreError("overrides database " + db_->overrides_db.dir +
+                       ": an override record is unreadable (" + e.what() + "). " +
+                       recovery_hint(dir_));
     }
   }
   if (!it->status().ok()) {
-    throw StoreError("reading overrides from " + dir_ + ": " + it->status().ToString() + ". " +
-                     recovery_hint(dir_));
+    throw StoreError("reading overrides from " + db_->overrides_db.dir + ": " +
+                     it->status().ToString() + ". " + recovery_hint(dir_));
   }
   return out;
 }
@@ -419,9 +669,9 @@ std::vector<cluster::OverrideRecord> Store::load_override_records() {
 void Store::put_override(const rules::Override& o) {
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  const rocksdb::Status s = db_->db->Put(wo, db_->overrides(), rules::override_id(o.domain, o.entries),
-                                         override_to_json(o).dump());
-  if (!s.ok()) throw StoreError("storing the override failed: " + s.ToString());
+  const rocksdb::Status s = db_->overrides_db.db->Put(
+      wo, db_->overrides, rules::override_id(o.domain, o.entries), override_to_json(o).dump());
+  if (!s.ok()) throw override_error(db_->overrides_db.dir, "storing the override", s);
   flush_overrides();
 }
 
@@ -430,13 +680,13 @@ void Store::put_override_records(std::span<const cluster::OverrideRecord> record
   rocksdb::WriteBatch batch;
   for (const cluster::OverrideRecord& r : records) {
     const rocksdb::Status s =
-        batch.Put(db_->overrides(), cluster::record_id(r), record_to_json(r).dump());
-    if (!s.ok()) throw StoreError("storing overrides failed: " + s.ToString());
+        batch.Put(db_->overrides, cluster::record_id(r), record_to_json(r).dump());
+    if (!s.ok()) throw override_error(db_->overrides_db.dir, "storing overrides", s);
   }
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  const rocksdb::Status s = db_->db->Write(wo, &batch);
-  if (!s.ok()) throw StoreError("storing overrides failed: " + s.ToString());
+  const rocksdb::Status s = db_->overrides_db.db->Write(wo, &batch);
+  if (!s.ok()) throw override_error(db_->overrides_db.dir, "storing overrides", s);
   flush_overrides();
 }
 
@@ -444,13 +694,13 @@ void Store::erase_override_records(std::span<const std::string> ids) {
   if (ids.empty()) return;
   rocksdb::WriteBatch batch;
   for (const std::string& id : ids) {
-    const rocksdb::Status s = batch.Delete(db_->overrides(), id);
-    if (!s.ok()) throw StoreError("deleting overrides failed: " + s.ToString());
+    const rocksdb::Status s = batch.Delete(db_->overrides, id);
+    if (!s.ok()) throw override_error(db_->overrides_db.dir, "deleting overrides", s);
   }
   rocksdb::WriteOptions wo;
   wo.sync = true;
-  const rocksdb::Status s = db_->db->Write(wo, &batch);
-  if (!s.ok()) throw StoreError("deleting overrides failed: " + s.ToString());
+  const rocksdb::Status s = db_->overrides_db.db->Write(wo, &batch);
+  if (!s.ok()) throw override_error(db_->overrides_db.dir, "deleting overrides", s);
   flush_overrides();
 }
 
@@ -459,8 +709,11 @@ void Store::erase_override_records(std::span<const std::string> ids) {
 void Store::flush_overrides() {
   rocksdb::FlushOptions fo;
   fo.wait = true;
-  const rocksdb::Status s = db_->db->Flush(fo, db_->overrides());
-  if (!s.ok()) spdlog::warn("flushing the overrides of {} failed: {}", dir_, s.ToString());
+  const rocksdb::Status s = db_->overrides_db.db->Flush(fo, db_->overrides);
+  if (!s.ok()) {
+    spdlog::warn("flushing the overrides database {} failed: {}", db_->overrides_db.dir,
+                 s.ToString());
+  }
 }
 
 void Store::delete_override(std::string_view domain,
@@ -468,37 +721,49 @@ void Store::delete_override(std::string_view domain,
   rocksdb::WriteOptions wo;
   wo.sync = true;
   const rocksdb::Status s =
-      db_->db->Delete(wo, db_->overrides(), rules::override_id(domain, entries));
-  if (!s.ok()) throw StoreError("deleting the override failed: " + s.ToString());
+      db_->overrides_db.db->Delete(wo, db_->overrides, rules::override_id(domain, entries));
+  if (!s.ok()) throw override_error(db_->overrides_db.dir, "deleting the override", s);
   flush_overrides();
 }
 
 void Store::flush() {
   rocksdb::FlushOptions fo;
   fo.wait = true;
-  const rocksdb::Status s = db_->db->Flush(fo, db_->handles);
-  if (!s.ok()) spdlog::warn("flushing {} failed: {}", dir_, s.ToString());
+  for (Instance* inst : {&db_->counters_db, &db_->overrides_db}) {
+    const rocksdb::Status s = inst->db->Flush(fo, inst->handles);
+    if (!s.ok()) spdlog::warn("flushing {} failed: {}", inst->dir, s.ToString());
+  }
 }
 
-uint64_t Store::disk_bytes() const {
+namespace {
+
+uint64_t instance_disk_bytes(const Instance& inst) {
   uint64_t total = 0;
-  for (auto* h : db_->handles) {
+  for (auto* h : inst.handles) {
     uint64_t v = 0;
-    if (db_->db->GetIntProperty(h, "rocksdb.total-sst-files-size", &v)) total += v;
+    if (inst.db->GetIntProperty(h, "rocksdb.total-sst-files-size", &v)) total += v;
   }
   rocksdb::VectorLogPtr wals;
-  if (db_->db->GetSortedWalFiles(wals).ok()) {
+  if (inst.db->GetSortedWalFiles(wals).ok()) {
     for (const auto& w : wals)
       total += w->SizeFileBytes();
   }
   return total;
 }
 
+}  // namespace
+
+Store::DiskUsage Store::disk_usage() const {
+  return {instance_disk_bytes(db_->counters_db), instance_disk_bytes(db_->overrides_db)};
+}
+
 uint64_t Store::memtable_bytes() const {
   uint64_t total = 0;
-  for (auto* h : db_->handles) {
-    uint64_t v = 0;
-    if (db_->db->GetIntProperty(h, "rocksdb.size-all-mem-tables", &v)) total += v;
+  for (const Instance* inst : {&db_->counters_db, &db_->overrides_db}) {
+    for (auto* h : inst->handles) {
+      uint64_t v = 0;
+      if (inst->db->GetIntProperty(h, "rocksdb.size-all-mem-tables", &v)) total += v;
+    }
   }
   return total;
 }

@@ -1,12 +1,29 @@
 // Persistence of a node in RocksDB: counter snapshots and runtime overrides (DESIGN.md,
 // "Persistence").
 //
-// Layout of a data directory: one RocksDB database with three column families.
-//   default    "sluice.format" -> "1" (written at creation; a database without it is not ours)
-//   counters   engine records (engine.h, "counters as records"): key 16 bytes, value the state
-//   overrides  rules::override_id -> the override as JSON (readable with RocksDB's `ldb`), with
-//              its cluster version and, for a delete kept as a tombstone, "deleted": true
-//              (cluster/override_table.h); a record without a version reads as version 0
+// Layout of a data directory (data format 2): two RocksDB databases, so that a snapshot pass never
+// waits for an override's fsync, nor an override for a snapshot's write (issue 13: a pass joined
+// the synced write group of the overrides and a kill during that wait lost up to 270 ms of
+// counting at a 50 ms interval; docs/benchmarks.md, "Crash consistency of the store").
+//   <dir>           the counters' database:
+//     default       "sluice.format" -> "2" (written at creation; a database without it is not ours)
+//     counters      engine records (engine.h, "counters as records"): key 16 bytes, the state
+//   <dir>/overrides the overrides' database, with its own WAL, lock and LOG:
+//     default       "sluice.format" -> "1"
+//     overrides     rules::override_id -> the override as JSON (readable with RocksDB's `ldb`),
+//                   with its cluster version and, for a delete kept as a tombstone, "deleted":
+//                   true (cluster/override_table.h); a record without a version reads as version 0
+//
+// Format 1 (before) kept the overrides in a column family "overrides" of the counters' database.
+// Open moves them into <dir>/overrides, in this order, each step durable before the next: the
+// records are written to the overrides' database (WAL synced, then flushed), the marker becomes
+// "2" (synced and flushed), the old column family is dropped. A crash before the marker leaves
+// format 1, and the next open copies again: the overrides' database is made exactly the old
+// family (what an interrupted copy left there is replaced, not merged), so nothing is duplicated
+// and nothing deleted comes back. A crash after the marker leaves a complete copy, and the next
+// open only drops the old family, never copies it again (the node may have changed overrides
+// since). A format 2 directory is refused by a sluiced that reads only format 1, rather than
+// opened without its overrides.
 //
 // Counters are written by snapshots: each pass writes the counters changed since the previous
 // pass (Engine::export_step) and deletes the ones the engine dropped, in batches, with the WAL on
@@ -16,8 +33,8 @@
 //
 // A directory is never reset silently: a missing or empty directory is created only when the
 // caller asks (first start, `sluiced --init-data`); a directory that is not a Sluice database, or
-// that RocksDB finds corrupt, is an error naming the directory and the way to recover
-// (docs/operations.md, "Data directory").
+// that RocksDB finds corrupt, is an error naming the directory (or the overrides' database in it)
+// and the way to recover (docs/operations.md, "Data directory").
 //
 // Threads: a Store may be used from several threads (RocksDB is thread-safe; the snapshot cursor
 // is guarded). `Snapshotter` runs snapshots on its own thread, never on a check thread.
@@ -82,7 +99,9 @@ class Store {
   // the memtables (above; at least kMinWriteBufferBytes). Throws StoreError.
   static std::unique_ptr<Store> open(const std::string& dir, bool create,
                                      uint64_t write_buffer_bytes = kDefaultWriteBufferBytes);
-  // Runs RocksDB's repair on `dir` (keeps every record it can read). Throws StoreError.
+  // Runs RocksDB's repair on `dir` and on its overrides' database (keeps every record it can
+  // read). An overrides' database that is missing from a format 2 directory is created empty
+  // (logged: its overrides are lost). Throws StoreError.
   static void repair(const std::string& dir);
   ~Store();
   Store(const Store&) = delete;
@@ -113,19 +132,39 @@ class Store {
   void delete_override(std::string_view domain,
                        std::span<const std::pair<std::string, std::string>> entries);
 
-  // Writes every memtable to table files and waits (a clean stop calls it).
+  // Writes every memtable of both databases to table files and waits (a clean stop calls it).
   void flush();
 
-  // Bytes on disk: SST files plus live WAL files.
-  uint64_t disk_bytes() const;
-  // Bytes the memtables of every column family hold now, flushing ones included
-  // (rocksdb.size-all-mem-tables): at most the write buffer bound of open(), plus one batch.
+  // Bytes on disk (SST files plus live WAL files) of each database.
+  struct DiskUsage {
+    uint64_t counters = 0;
+    uint64_t overrides = 0;
+    uint64_t total() const { return counters + overrides; }
+  };
+  DiskUsage disk_usage() const;
+  uint64_t disk_bytes() const { return disk_usage().total(); }
+  // Bytes the memtables of both databases hold now, flushing ones included
+  // (rocksdb.size-all-mem-tables): at most the write buffer bound of open(), plus one batch. The
+  // overrides' memtable is outside that bound; every override write flushes it, so it holds at
+  // most one batch.
   uint64_t memtable_bytes() const;
+
+  // The overrides' database of a data directory.
+  static std::string overrides_dir(const std::string& dir);
+
+  // Test hook: opens an existing directory like open(dir, false), calling `after_step` after each
+  // durable step of a format 1 migration (1: records written to the overrides' database, 2: the
+  // marker says "2"); an exception from it stops the open there, as a crash would.
+  static std::unique_ptr<Store> TEST_open_migrating(const std::string& dir,
+                                                    const std::function<void(int)>& after_step);
 
   struct Db;
 
  private:
   Store(std::string dir, std::unique_ptr<Db> db);
+  static std::unique_ptr<Store> open_impl(const std::string& dir, bool create,
+                                          uint64_t write_buffer_bytes,
+                                          const std::function<void(int)>* after_step);
   void flush_overrides();
   std::string dir_;
   std::unique_ptr<Db> db_;

@@ -577,6 +577,13 @@ TEST_CASE("sluicectl status reports persistence, restored counters and resident 
   CHECK(after.at("last_snapshot").at("ok") == true);
   CHECK(after.at("last_snapshot").at("written") == 1);
   CHECK(after.at("disk_bytes").get<uint64_t>() > 0);
+  // Both databases: the counters' (the directory) and the overrides' (its overrides/), whose
+  // format marker is a table file from the first start.
+  const uint64_t counters_bytes = after.at("disk").at("counters_bytes").get<uint64_t>();
+  const uint64_t overrides_bytes = after.at("disk").at("overrides_bytes").get<uint64_t>();
+  CHECK(counters_bytes > 0);
+  CHECK(overrides_bytes > 0);
+  CHECK(after.at("disk_bytes").get<uint64_t>() == counters_bytes + overrides_bytes);
 
   REQUIRE(exited_with(d.stop(), 0));
   d.restart();
