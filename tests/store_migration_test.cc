@@ -364,7 +364,7 @@ TEST_CASE("a new data directory keeps its overrides apart from the counters") {
   CHECK(s->restore(e, kT0 + 2000).restored == kUsers);
 }
 
-TEST_CASE("a format 2 directory without its overrides database is refused; repair makes one") {
+TEST_CASE("a format 2 directory without its overrides database is refused, repair makes one") {
   TempDir tmp;
   const std::string dir = tmp.sub("data");
   {
