@@ -877,6 +877,41 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "gossip quota: a node that missed the newest pushes of the others' demand takes the older "
+    "range's smaller share, not the whole limit") {
+  engine::EngineOptions opt;
+  opt.node_id = 2;
+  rules::Rule r = rule("per-user", {"user"}, {limit("100/10s", 100)});
+  r.consistency = rules::Consistency::kGossip;
+  Engine e(compile(one_domain({r})), opt);
+  e.set_gossip_lag(300);  // the newest range ends 3 buckets back, the older one 6 back
+  e.set_capacity(3, 3);
+  Checker c{e, {}, {}};
+  const int64_t t0 = kT0 - kT0 % 10'000;
+  const int64_t b0 = window::bucket_of(t0, 100);
+  // Our demand: 10 in each of buckets b0+3, b0+4 (the older range) and b0+6, b0+7 (the newest).
+  // The first two fit the cold equal part (33 or 34); by then our own demand of b0+3 and b0+4 is
+  // all the demand known, so the last two are admitted too.
+  int admitted = 0;
+  for (int64_t b : {3, 4, 6, 7})
+    admitted += c.check({{"user", "1"}}, t0 + b * 100, 10).allowed ? 10 : 0;
+  CHECK(admitted == 40);
+  const auto& lim = *c.limits()[0].limit;
+  const std::string_view values[] = {"1"};
+  const uint64_t counter =
+      rules::counter_id(rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
+  const uint64_t demand = counter ^ (1ull << 31);  // the twin (engine.cc, kDemandBit)
+  // Node 1 had as much demand, but only its older buckets reached us: the pushes that carried
+  // b0+6 and b0+7 were lost. By the newest range alone our share would be all of it (20 of 20).
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{demand, lim.spec, 1, b0 + 3, 10},
+                                                 {demand, lim.spec, 1, b0 + 4, 10}},
+                t0 + 800) == 2);
+  // By the older range, 20 of 40: quota 50, of which 40 are in the window already (by the
+  // newest range alone: 100, and 60 more admitted).
+  CHECK(c.admitted(100, {{"user", "1"}}, t0 + 1'000) == 10);
+}
+
+TEST_CASE(
     "credit: what a previous owner admitted for us counts as its total until its report is "
     "larger") {
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));

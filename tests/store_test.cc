@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "one_rule_policy.h"
+#include "temp_dir.h"
 
 namespace {
 
@@ -20,18 +21,8 @@ namespace fs = std::filesystem;
 constexpr int64_t kT0 = 28'333'333LL * 60'000;  // an epoch-aligned minute
 constexpr uint64_t kSeed = 7;
 
-struct TempDir {
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "sluice-store-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string sub(const char* name) const { return (fs::path(path) / name).string(); }
-  std::string path;
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("sluice-store") {}
 };
 
 testing::OneRule per_user(uint64_t limit = 100) {

@@ -46,24 +46,44 @@ uint64_t Engine::Impl::gossip_quota(const Shard& sh, const CounterTable& dt, siz
   };
   constexpr u128 kOne = static_cast<u128>(1) << 32;
   const u128 offset = (dt.counter_at(di) * 0x9E3779B97F4A7C15ull) >> 32;  // [0, 1) x 2^32
-  Sums s = sums(head - lag - horizon + 1, head - lag);
-  // The range must hold demand from its start: otherwise the key only just got traffic, and
-  // the nodes' views of the range may not agree yet.
-  const Sums first_half = sums(head - lag - horizon + 1, head - lag - horizon / 2);
-  if (s.total == 0 || first_half.total == 0) {
-    // Nobody's demand is old enough to be known everywhere (a key just getting traffic): an
-    // equal part of the limit per member, rounded up or down by a per-node offset, so that the
-    // parts add up to the limit on average and a burst on a cold key stays within it.
-    const uint64_t members = std::max<uint64_t>(1, cap & 0xFFFFFFFFu);
-    const u128 mine = (dt.counter_at(di) + opt.node_id * 0x9E3779B97F4A7C15ull) >> 32;
-    return static_cast<uint64_t>((static_cast<u128>(limit) * kOne + mine * members) /
-                                 (members * kOne));
-  }
-  if (s.mine == 0) s = sums(head - lag - horizon + 1, head);  // demand that just moved here
-  const u128 l = limit;
-  const u128 hi = (l * (s.before + s.mine) * kOne + offset * s.total) / (s.total * kOne);
-  const u128 lo = (l * s.before * kOne + offset * s.total) / (s.total * kOne);
-  return static_cast<uint64_t>(hi - lo);
+  // This node's quota by the demand in the range that ends `end_lag` buckets before the head;
+  // `cold`: nobody's demand in that range is known; `moved`: none of it was this node's.
+  const auto quota_over = [&](int64_t end_lag, bool& cold, bool& moved) -> uint64_t {
+    Sums s = sums(head - end_lag - horizon + 1, head - end_lag);
+    // The range must hold demand from its start: otherwise the key only just got traffic, and
+    // the nodes' views of the range may not agree yet.
+    const Sums first_half = sums(head - end_lag - horizon + 1, head - end_lag - horizon / 2);
+    cold = s.total == 0 || first_half.total == 0;
+    if (cold) {
+      // Nobody's demand is old enough to be known everywhere (a key just getting traffic): an
+      // equal part of the limit per member, rounded up or down by a per-node offset, so that the
+      // parts add up to the limit on average and a burst on a cold key stays within it.
+      const uint64_t members = std::max<uint64_t>(1, cap & 0xFFFFFFFFu);
+      const u128 mine = (dt.counter_at(di) + opt.node_id * 0x9E3779B97F4A7C15ull) >> 32;
+      return static_cast<uint64_t>((static_cast<u128>(limit) * kOne + mine * members) /
+                                   (members * kOne));
+    }
+    moved = s.mine == 0;
+    if (moved) s = sums(head - end_lag - horizon + 1, head);  // demand that just moved here
+    const u128 l = limit;
+    const u128 hi = (l * (s.before + s.mine) * kOne + offset * s.total) / (s.total * kOne);
+    const u128 lo = (l * s.before * kOne + offset * s.total) / (s.total * kOne);
+    return static_cast<uint64_t>(hi - lo);
+  };
+  // A node that missed the pushes of the newest range (lost datagrams: each push carries every
+  // reporter's buckets, so one lost push hides everyone's demand) divides by too small a total
+  // and its quota jumps. A range twice as old has been pushed about twice as often (when the
+  // ring holds it): when it holds demand, the smaller of the two quotas is taken. Each range's
+  // quotas add up to the limit on every node that heard it, so the smaller ones never add up to
+  // more. A key that only just got traffic (the older range cold), or traffic that just moved
+  // here (none of the newest range is ours: read to now, as above), keeps the newest range's.
+  bool cold = false, moved = false;
+  const uint64_t q = quota_over(lag, cold, moved);
+  const int64_t older = std::min<int64_t>(r - 1 - horizon, 2 * lag);
+  if (older <= lag || cold || moved) return q;
+  bool older_cold = false, older_moved = false;
+  const uint64_t q_older = quota_over(older, older_cold, older_moved);
+  return older_cold || older_moved ? q : std::min(q, q_older);
 }
 
 size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
