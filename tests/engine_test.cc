@@ -912,6 +912,39 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "gossip quota: the first check of a key that other nodes checked recently is admitted when "
+    "the key is far below its limit") {
+  engine::EngineOptions opt;
+  opt.node_id = 2;
+  rules::Rule r = rule("per-user", {"user"}, {limit("1000/10s", 100)});
+  r.consistency = rules::Consistency::kGossip;
+  Engine e(compile(one_domain({r})), opt);
+  e.set_gossip_lag(300);
+  e.set_capacity(3, 3);
+  Checker c{e, {}, {}};
+  const int64_t t0 = kT0 - kT0 % 10'000;
+  const int64_t b0 = window::bucket_of(t0, 100);
+  REQUIRE(c.check({{"user", "1"}}, t0, 0).allowed);  // no hits: no demand, only the limit's name
+  const auto lim = *c.limits()[0].limit;
+  const std::string_view values[] = {"1"};
+  const uint64_t counter =
+      rules::counter_id(rules::key_hash(kSeed, "api", *c.limits()[0].rule, values), lim.spec);
+  const uint64_t demand = counter ^ (1ull << 31);  // the twin (engine.cc, kDemandBit)
+  // Node 1 checked the key 2 and 3 times in the range the quotas are read from; this node never.
+  CHECK(e.merge(std::vector<engine::RemoteTotal>{{demand, lim.spec, 1, b0 + 1, 2},
+                                                 {demand, lim.spec, 1, b0 + 2, 3},
+                                                 {counter, lim.spec, 1, b0 + 1, 2},
+                                                 {counter, lim.spec, 1, b0 + 2, 3}},
+                t0 + 500) == 4);
+  // 5 of 1,000 in the window: this node's first check gets the part of the limit its demand
+  // has with this check counted (1 of 6: 166 or 167), not 0. Before, it was denied.
+  CHECK(c.check({{"user", "1"}}, t0 + 500, 1).allowed);
+  CHECK(c.limits()[0].remaining == 994);
+  // As its own demand grows, so does its part (traffic that moved here): 200 more fit.
+  CHECK(c.admitted(200, {{"user", "1"}}, t0 + 600) == 200);
+}
+
+TEST_CASE(
     "credit: what a previous owner admitted for us counts as its total until its report is "
     "larger") {
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));

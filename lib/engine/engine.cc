@@ -257,7 +257,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         // the limit even though none has seen the others' latest.
         const size_t tw = sc.twin[k];
         const uint64_t quota = gossip_quota(shards[lims[k].counter & shard_mask], *sc.tables[tw],
-                                            sc.slots[tw], sc.spec_of[tw], limit, cap);
+                                            sc.slots[tw], sc.spec_of[tw], limit, cap, hits);
         ok = window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
                             ar.rule->estimator, now_eff, hits, quota);
       }

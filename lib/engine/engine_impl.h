@@ -391,10 +391,11 @@ struct Engine::Impl {
   // so every node works out the same shares, and the quotas, rounded systematically in node-id
   // order with one offset per key, add up to the limit exactly: budget that frees is claimed by
   // the node whose quota it is, not by every node at once. A node with no demand in that range
-  // (traffic that just moved to it) uses the newest buckets instead, until its own show there;
-  // when no node has shown demand yet, the whole limit (the check itself is the only demand).
+  // (traffic that just moved to it) uses the newest buckets instead, with `hits` (the check being
+  // decided, not yet in its demand twin) as its own, until its own show there; when no node's
+  // demand is old enough to be known everywhere, an equal part of the limit per member.
   uint64_t gossip_quota(const Shard& sh, const CounterTable& dt, size_t di, uint32_t spec_id,
-                        uint64_t limit, uint64_t cap) const;
+                        uint64_t limit, uint64_t cap, uint64_t hits) const;
 };
 
 }  // namespace sluice::engine
