@@ -23,6 +23,7 @@
 #include "node/dns_seeds.h"
 #include "node/node_state.h"
 #include "node/override_sync.h"
+#include "node/peer_io.h"
 
 namespace sluice::node {
 
@@ -63,17 +64,105 @@ bool in_ring(const Member& m) {
   return m.state == MemberState::kAlive || m.state == MemberState::kSuspect;
 }
 
+// ---- PeerIo on UDP and Asio timers (peer_io.h) ----
+
+class AsioTimer final : public PeerTimer {
+ public:
+  explicit AsioTimer(asio::io_context& io) : timer_(io) {}
+  void arm(int64_t delay_us, std::function<void()> fn) override {
+    // A wait that already expired cannot be cancelled (its handler is queued): the generation
+    // keeps it from running after a later arm() or cancel().
+    const uint64_t gen = ++*gen_;
+    timer_.expires_after(std::chrono::microseconds(std::max<int64_t>(0, delay_us)));
+    timer_.async_wait([g = gen_, gen, fn = std::move(fn)](boost::system::error_code ec) {
+      if (!ec && *g == gen) fn();
+    });
+  }
+  void cancel() override {
+    ++*gen_;
+    timer_.cancel();
+  }
+
+ private:
+  asio::steady_timer timer_;
+  std::shared_ptr<uint64_t> gen_ = std::make_shared<uint64_t>(0);
+};
+
+class UdpPeerIo final : public PeerIo {
+ public:
+  explicit UdpPeerIo(asio::io_context& io) : io_(io), socket_(io) {}
+
+  uint16_t open(const std::string& host, uint16_t port) override {
+    boost::system::error_code ec;
+    const udp::endpoint ep(asio::ip::make_address(host, ec), port);
+    if (ec) throw std::runtime_error("'" + host + "' is not an IP address");
+    socket_.open(ep.protocol(), ec);
+    if (!ec) socket_.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
+    if (!ec) socket_.bind(ep, ec);
+    if (ec) throw std::runtime_error(ec.message());
+    return socket_.local_endpoint().port();
+  }
+
+  void start_receiving(Receiver on) override {
+    on_ = std::move(on);
+    receive();
+  }
+
+  bool send(const cluster::Endpoint& to, std::span<const uint8_t> bytes) override {
+    boost::system::error_code ec;
+    const auto addr = asio::ip::make_address(to.host, ec);
+    if (ec) return false;
+    socket_.send_to(asio::buffer(bytes.data(), bytes.size()), udp::endpoint(addr, to.port), 0, ec);
+    return !ec;
+  }
+
+  void close() override {
+    closed_ = true;
+    boost::system::error_code ec;
+    socket_.close(ec);
+  }
+
+  std::unique_ptr<PeerTimer> timer() override { return std::make_unique<AsioTimer>(io_); }
+
+ private:
+  void receive() {
+    socket_.async_receive_from(asio::buffer(in_), sender_,
+                               [this](boost::system::error_code ec, size_t n) {
+                                 if (ec == asio::error::operation_aborted || closed_) return;
+                                 if (!ec) {
+                                   from_.host = sender_.address().to_string();
+                                   from_.port = sender_.port();
+                                   on_({in_.data(), n}, from_);
+                                 }
+                                 if (!closed_) receive();
+                               });
+  }
+
+  asio::io_context& io_;
+  udp::socket socket_;
+  udp::endpoint sender_;
+  cluster::Endpoint from_;
+  std::array<uint8_t, kDatagramBytes> in_{};
+  Receiver on_;
+  bool closed_ = false;
+};
+
 }  // namespace
 
+std::unique_ptr<PeerIo> make_udp_peer_io(asio::io_context& control) {
+  return std::make_unique<UdpPeerIo>(control);
+}
+
 struct ClusterNode::Impl : cluster::MembershipTransport {
-  Impl(asio::io_context& io_, NodeState& st_)
+  Impl(asio::io_context& io_, NodeState& st_, std::unique_ptr<PeerIo> net_)
       : io(io_),
         st(st_),
         opt(st_.opt.cluster),
-        socket(io_),
-        tick_timer(io_),
-        sync_timer(io_),
-        reach_timer(io_),
+        net(net_ ? std::move(net_) : make_udp_peer_io(io_)),
+        tick_timer(net->timer()),
+        sync_timer(net->timer()),
+        reach_timer(net->timer()),
+        slice_timer(net->timer()),
         reach({st_.opt.cluster.node_id, st_.opt.cluster.sync_interval_ms,
                st_.opt.cluster.forget_dead_after_ms}) {
     if (opt.node_id == 0) throw std::runtime_error("cluster.node_id must be 1..65535");
@@ -122,14 +211,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   }
 
   void send_raw(const cluster::Endpoint& to, const std::vector<uint8_t>& bytes) {
-    boost::system::error_code ec;
-    const auto addr = asio::ip::make_address(to.host, ec);
-    if (ec) {
-      ++send_errors;
-      return;
-    }
-    socket.send_to(asio::buffer(bytes), udp::endpoint(addr, to.port), 0, ec);
-    if (ec) {
+    if (!net->send(to, bytes)) {
       ++send_errors;
     } else {
       ++datagrams_out;
@@ -151,24 +233,21 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
 
   // ---- receiving ----
   void receive() {
-    socket.async_receive_from(asio::buffer(in), sender,
-                              [this](boost::system::error_code ec, size_t n) {
-                                if (ec == asio::error::operation_aborted || stopped) return;
-                                if (!ec) on_datagram(n);
-                                receive();
-                              });
+    net->start_receiving([this](std::span<const uint8_t> datagram, const cluster::Endpoint& from) {
+      if (!stopped) on_datagram(datagram, from);
+    });
   }
 
-  void on_datagram(size_t n) {
+  void on_datagram(std::span<const uint8_t> datagram, const cluster::Endpoint& sender) {
     ++datagrams_in;
-    bytes_in += n;
+    bytes_in += datagram.size();
     const int64_t now = st.opt.clock();
-    const cluster::PeerError e = codec->open({in.data(), n}, now, msg);
+    const cluster::PeerError e = codec->open(datagram, now, msg);
     if (e != cluster::PeerError::kOk) {
       ++dropped[std::string(cluster::to_string(e))];
       if (e == cluster::PeerError::kBadTag) {
         spdlog::debug("cluster: datagram from {} with a bad tag dropped (wrong secret?)",
-                      sender.address().to_string());
+                      sender.host);
       }
       return;
     }
@@ -187,7 +266,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     }
     switch (msg.header.kind) {
       case cluster::PeerKind::kMembership:
-        membership->on_message({sender.address().to_string(), sender.port()}, msg.membership, now);
+        membership->on_message(sender, msg.membership, now);
         after_membership_call();
         break;
       case cluster::PeerKind::kSync: {
@@ -232,9 +311,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     const int64_t now = st.opt.clock();
     const int64_t next = membership->next_deadline_ms();
     const int64_t delay = std::clamp<int64_t>(next - now, 0, kMaxTickDelayMs);
-    tick_timer.expires_after(std::chrono::milliseconds(delay));
-    tick_timer.async_wait([this](boost::system::error_code ec) {
-      if (ec || stopped) return;
+    tick_timer->arm(delay * 1'000, [this] {
+      if (stopped) return;
       membership->tick(st.opt.clock());
       after_membership_call();
     });
@@ -264,9 +342,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   // ---- reach (cluster/reach.h) ----
   // Every member gets at least an empty batch each heartbeat period, so reach is seen both ways.
   void arm_reach() {
-    reach_timer.expires_after(std::chrono::milliseconds(reach.tick_ms()));
-    reach_timer.async_wait([this](boost::system::error_code ec) {
-      if (ec || stopped) return;
+    reach_timer->arm(reach.tick_ms() * 1'000, [this] {
+      if (stopped) return;
       const int64_t now = st.opt.clock();
       if (now - last_heartbeat_ms >= reach.heartbeat_ms(members_by_id.size())) {
         last_heartbeat_ms = now;
@@ -327,9 +404,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   }
 
   void arm_sync() {
-    sync_timer.expires_after(std::chrono::milliseconds(opt.sync_interval_ms));
-    sync_timer.async_wait([this](boost::system::error_code ec) {
-      if (ec || stopped) return;
+    sync_timer->arm(opt.sync_interval_ms * 1'000, [this] {
+      if (stopped) return;
       sync_pass();
       arm_sync();
     });
@@ -396,13 +472,12 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     }
     ++sync_slices_deferred;
     const uint64_t sent = delta->stats().totals - totals0;
-    slice_timer.expires_after(std::chrono::microseconds(sent * 1'000'000 / kBulkTotalsPerSec));
-    slice_timer.async_wait([this](boost::system::error_code ec) {
-      if (!ec && !stopped) bulk_slice();
+    slice_timer->arm(static_cast<int64_t>(sent * 1'000'000 / kBulkTotalsPerSec), [this] {
+      if (!stopped) bulk_slice();
     });
   }
   void finish_bulk_pass() {
-    slice_timer.cancel();
+    slice_timer->cancel();
     bulk_slice(std::numeric_limits<int64_t>::max());
   }
 
@@ -511,12 +586,11 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   uint16_t listen_port = 0;
   std::string advertise;
   uint64_t boot_id = 0;
-  udp::socket socket;
-  asio::steady_timer tick_timer;
-  asio::steady_timer sync_timer;
-  asio::steady_timer reach_timer;
-  udp::endpoint sender;
-  std::array<uint8_t, kDatagramBytes> in{};
+  std::unique_ptr<PeerIo> net;  // the peer socket and the timers (peer_io.h)
+  std::unique_ptr<PeerTimer> tick_timer;
+  std::unique_ptr<PeerTimer> sync_timer;
+  std::unique_ptr<PeerTimer> reach_timer;
+  std::unique_ptr<PeerTimer> slice_timer;  // the pause between two slices of a bulk pass
   std::vector<uint8_t> out;
   cluster::PeerMessage msg;
   std::unique_ptr<cluster::PeerCodec> codec;
@@ -533,7 +607,6 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   size_t bulk_kind = 1;                // the bulk pass under way (sync_cpu_us's index)
   uint64_t bulk_cpu_us = 0;            // its CPU so far
   uint64_t sync_slices_deferred = 0;   // slices bulk passes left for later
-  asio::steady_timer slice_timer{io};  // the pause between two slices of a bulk pass
   int64_t last_reach_handoff_ms = INT64_MIN / 2;
   // Joining (View::joining): a node that served alone for longer than this before it met the
   // others is not joining them: it holds counts of its own.
@@ -577,21 +650,20 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       std::make_shared<const std::vector<std::pair<NodeId, int64_t>>>();
 };
 
-ClusterNode::ClusterNode(asio::io_context& control, NodeState& state)
-    : impl_(std::make_unique<Impl>(control, state)) {}
+ClusterNode::ClusterNode(asio::io_context& control, NodeState& state,
+                         std::unique_ptr<PeerIo> peer_io)
+    : impl_(std::make_unique<Impl>(control, state, std::move(peer_io))) {}
 
 ClusterNode::~ClusterNode() = default;
 
 void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
   Impl& c = *impl_;
   c.started_ms = c.st.opt.clock();
-  const udp::endpoint ep(c.listen_addr, c.listen_port);
-  boost::system::error_code ec;
-  c.socket.open(ep.protocol(), ec);
-  if (!ec) c.socket.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
-  if (!ec) c.socket.bind(ep, ec);
-  if (ec) throw std::runtime_error("cluster.listen " + c.opt.listen + ": " + ec.message());
-  c.listen_port = c.socket.local_endpoint().port();
+  try {
+    c.listen_port = c.net->open(c.listen_addr.to_string(), c.listen_port);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cluster.listen " + c.opt.listen + ": " + e.what());
+  }
 
   Member self;
   self.id = c.opt.node_id;
@@ -633,7 +705,8 @@ void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
   c.overrides = std::make_unique<OverrideSync>(
       c.io, c.st, c.codec->limits(),
       [&c](NodeId to, const cluster::OverrideSyncMessage& m) { return c.send_overrides(to, m); },
-      [&c] { return c.live_others(); }, c.dropped, c.boot_id ^ (uint64_t{c.opt.node_id} << 48));
+      [&c] { return c.live_others(); }, c.dropped, c.boot_id ^ (uint64_t{c.opt.node_id} << 48),
+      c.net->timer());
   c.overrides->start();
   c.receive();
   const int64_t now = c.st.opt.clock();
@@ -690,12 +763,11 @@ void ClusterNode::stop() {
   c.stopped = true;
   if (c.dns_seeds) c.dns_seeds->stop();  // waits for a query in flight (a few seconds at most)
   if (c.overrides) c.overrides->stop();
-  boost::system::error_code ec;
-  c.tick_timer.cancel();
-  c.sync_timer.cancel();
-  c.slice_timer.cancel();
-  c.reach_timer.cancel();
-  c.socket.close(ec);
+  c.tick_timer->cancel();
+  c.sync_timer->cancel();
+  c.slice_timer->cancel();
+  c.reach_timer->cancel();
+  c.net->close();
 }
 
 uint16_t ClusterNode::peer_port() const {

@@ -37,6 +37,7 @@ class io_context;
 namespace sluice::node {
 
 struct NodeState;
+class PeerIo;
 
 struct MemberStatus {
   cluster::Member member;
@@ -75,8 +76,10 @@ struct ClusterStatus {
 
 class ClusterNode {
  public:
-  // Validates the options (throws std::runtime_error naming the problem).
-  ClusterNode(boost::asio::io_context& control, NodeState& state);
+  // Validates the options (throws std::runtime_error naming the problem). `peer_io` carries the
+  // peer datagrams and the timers (peer_io.h); null: UDP and Asio timers on `control`.
+  ClusterNode(boost::asio::io_context& control, NodeState& state,
+              std::unique_ptr<PeerIo> peer_io = nullptr);
   ~ClusterNode();
   ClusterNode(const ClusterNode&) = delete;
   ClusterNode& operator=(const ClusterNode&) = delete;

@@ -29,14 +29,14 @@ struct OverrideSync::Impl {
   };
 
   Impl(asio::io_context& c, NodeState& s, cluster::PeerLimits l, SendFn sf, LiveFn lf,
-       std::map<std::string, uint64_t>& d, uint64_t seed)
+       std::map<std::string, uint64_t>& d, uint64_t seed, std::unique_ptr<PeerTimer> t)
       : control(c),
         st(s),
         limits(l),
         live(std::move(lf)),
         dropped(d),
         spread(cluster::OverrideSpreadOptions{kDigestIntervalMs, kFullGapMs}, std::move(sf), seed),
-        timer(c) {}
+        timer(std::move(t)) {}
 
   // ---- control thread ----
 
@@ -46,9 +46,8 @@ struct OverrideSync::Impl {
   }
 
   void arm() {
-    timer.expires_after(std::chrono::milliseconds(kTickMs));
-    timer.async_wait([this](boost::system::error_code ec) {
-      if (ec || stopped) return;
+    timer->arm(kTickMs * 1'000, [this] {
+      if (stopped) return;
       tick();
       arm();
     });
@@ -153,7 +152,7 @@ struct OverrideSync::Impl {
   LiveFn live;
   std::map<std::string, uint64_t>& dropped;  // the cluster's (control thread)
   cluster::OverrideSpread spread;            // control thread
-  asio::steady_timer timer;
+  std::unique_ptr<PeerTimer> timer;
   // The merge thread.
   asio::io_context work_io{1};
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
@@ -166,9 +165,9 @@ struct OverrideSync::Impl {
 
 OverrideSync::OverrideSync(asio::io_context& control, NodeState& state, cluster::PeerLimits limits,
                            SendFn send, LiveFn live, std::map<std::string, uint64_t>& dropped,
-                           uint64_t seed)
+                           uint64_t seed, std::unique_ptr<PeerTimer> tick)
     : impl_(std::make_unique<Impl>(control, state, limits, std::move(send), std::move(live),
-                                   dropped, seed)) {}
+                                   dropped, seed, std::move(tick))) {}
 
 OverrideSync::~OverrideSync() {
   stop();
@@ -198,7 +197,7 @@ void OverrideSync::stop() {
     std::lock_guard g(s.st.rules_mu);
     s.st.on_local_override = nullptr;
   }
-  s.timer.cancel();
+  s.timer->cancel();
   // Jobs not started yet are dropped: anti-entropy brings their records again after a restart.
   s.work.reset();
   s.work_io.stop();

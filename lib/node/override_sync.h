@@ -33,6 +33,7 @@
 #include "cluster/override_spread.h"
 #include "cluster/override_table.h"
 #include "cluster/peer_codec.h"
+#include "node/peer_io.h"
 
 namespace boost::asio {
 class io_context;
@@ -68,9 +69,11 @@ class OverrideSync {
   // The live members (alive or suspect) other than this node.
   using LiveFn = std::function<std::vector<uint16_t>()>;
 
-  // `dropped` is the cluster's counter of dropped peer input, by reason (control thread).
+  // `dropped` is the cluster's counter of dropped peer input, by reason (control thread). `tick`
+  // paces the digests (PeerIo::timer()).
   OverrideSync(boost::asio::io_context& control, NodeState& state, cluster::PeerLimits limits,
-               SendFn send, LiveFn live, std::map<std::string, uint64_t>& dropped, uint64_t seed);
+               SendFn send, LiveFn live, std::map<std::string, uint64_t>& dropped, uint64_t seed,
+               std::unique_ptr<PeerTimer> tick);
   ~OverrideSync();  // stop()
   OverrideSync(const OverrideSync&) = delete;
   OverrideSync& operator=(const OverrideSync&) = delete;
