@@ -4,11 +4,19 @@
 # 10 checks per second per api_key, so the 11th and 12th are denied.
 #
 #   deploy/demo.sh                 leaves sluiced running in the foreground (Ctrl-C stops it)
+#   deploy/demo.sh BUILD_DIR       runs the binaries of another build tree (default: build/)
 #   SLUICE_DEMO_EXIT=1 deploy/demo.sh   stops it after the checks (used by the test suite)
 #   SLUICE_PORT=7350 SLUICE_ADMIN_PORT=7351 (defaults) choose the ports
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bin="$here/build/daemon"
+build=${1:-$here/build}
+bin="$build/daemon"
+for b in sluiced sluicectl; do
+  if [ ! -x "$bin/$b" ]; then
+    echo "demo: $bin/$b not found: build first (deploy/setup.sh), or name the build directory" >&2
+    exit 2
+  fi
+done
 port=${SLUICE_PORT:-7350}
 admin=${SLUICE_ADMIN_PORT:-7351}
 

@@ -78,7 +78,8 @@ const std::string kTopLevelFields =
     "unknown setting (expected one of: udp, tcp, admin, grpc, grpc_rate_limit_headers, threads, "
     "rules, envoy_rules, envoy_count_denied, rules_watch_interval_ms, admin_token_file, "
     "admin_token_reads, data_dir, init_data, "
-    "snapshot_interval_ms, memory_cap_mb, hash_seed, sweep_interval_ms, log_level, cluster)";
+    "snapshot_interval_ms, memory_cap_mb, hash_seed, sweep_interval_ms, max_connections, "
+    "client_timeout_ms, log_level, cluster)";
 const std::string kClusterFields =
     "unknown setting (expected one of: node_id, name, listen, advertise, seeds, seed_refresh_ms, "
     "dns_server, secret, "
@@ -109,6 +110,8 @@ NodeOptions non_default_options() {
   o.hash_seed = 99;
   o.sweep_interval_ms = 5'432;
   o.max_tcp_pending_bytes = 12'345;
+  o.max_connections = 77;
+  o.client_timeout_ms = 8'765;
   o.clock = [] { return int64_t{777}; };
   o.cluster.enabled = false;
   o.cluster.node_id = 9;
@@ -145,6 +148,8 @@ void check_same(const NodeOptions& a, const NodeOptions& b) {
   CHECK(a.hash_seed == b.hash_seed);
   CHECK(a.sweep_interval_ms == b.sweep_interval_ms);
   CHECK(a.max_tcp_pending_bytes == b.max_tcp_pending_bytes);
+  CHECK(a.max_connections == b.max_connections);
+  CHECK(a.client_timeout_ms == b.client_timeout_ms);
   CHECK(static_cast<bool>(a.clock) == static_cast<bool>(b.clock));
   if (a.clock && b.clock) CHECK(a.clock() == b.clock());
   CHECK(a.cluster.enabled == b.cluster.enabled);
@@ -213,6 +218,8 @@ snapshot_interval_ms: 2500
 memory_cap_mb: 64
 hash_seed: 12345678901234567890
 sweep_interval_ms: 750
+max_connections: 300
+client_timeout_ms: 2500
 log_level: debug
 )",
                                  out);
@@ -230,6 +237,8 @@ log_level: debug
   CHECK(out.memory_cap_bytes == 64ull << 20);
   CHECK(out.hash_seed == 12'345'678'901'234'567'890ull);
   CHECK(out.sweep_interval_ms == 750);
+  CHECK(out.max_connections == 300);
+  CHECK(out.client_timeout_ms == 2'500);
   CHECK(out.log_level == "debug");
   // No cluster section: still a node on its own.
   CHECK_FALSE(out.cluster.enabled);
@@ -276,16 +285,22 @@ TEST_CASE("log_level accepts each documented level") {
 TEST_CASE("the bounds of the ranged top-level fields are inclusive") {
   Loader l;
   NodeOptions out;
-  CHECK(l.load("threads: 1\nsnapshot_interval_ms: 10\nmemory_cap_mb: 1\nsweep_interval_ms: 10\n",
+  CHECK(l.load("threads: 1\nsnapshot_interval_ms: 10\nmemory_cap_mb: 1\nsweep_interval_ms: 10\n"
+               "max_connections: 1\nclient_timeout_ms: 100\n",
                out) == "");
+  CHECK(out.max_connections == 1);
+  CHECK(out.client_timeout_ms == 100);
   CHECK(out.threads == 1);
   CHECK(out.snapshot_interval_ms == 10);
   CHECK(out.memory_cap_bytes == 1ull << 20);
   CHECK(out.sweep_interval_ms == 10);
 
   CHECK(l.load("threads: 256\nsnapshot_interval_ms: 3600000\nmemory_cap_mb: 16777216\n"
-               "sweep_interval_ms: 86400000\nhash_seed: 18446744073709551615\n",
+               "sweep_interval_ms: 86400000\nhash_seed: 18446744073709551615\n"
+               "max_connections: 1000000\nclient_timeout_ms: 3600000\n",
                out) == "");
+  CHECK(out.max_connections == 1'000'000);
+  CHECK(out.client_timeout_ms == 3'600'000);
   CHECK(out.threads == 256);
   CHECK(out.snapshot_interval_ms == 3'600'000);
   CHECK(out.memory_cap_bytes == 1ull << 44);   // 16 TiB: the MiB count shifted, no overflow
@@ -538,6 +553,10 @@ TEST_CASE(
       {"memory_cap_mb: 16777217", "memory_cap_mb", "must be between 1 and 16777216 (MiB)"},
       {"sweep_interval_ms: 9", "sweep_interval_ms", "must be at least 10"},
       {"sweep_interval_ms: -1000", "sweep_interval_ms", "must be at least 10"},
+      {"max_connections: 0", "max_connections", "must be between 1 and 1000000"},
+      {"max_connections: 1000001", "max_connections", "must be between 1 and 1000000"},
+      {"client_timeout_ms: 99", "client_timeout_ms", "must be between 100 and 3600000"},
+      {"client_timeout_ms: 3600001", "client_timeout_ms", "must be between 100 and 3600000"},
       {"log_level: verbose", "log_level", "must be one of trace, debug, info, warn, error, off"},
       {"log_level: INFO", "log_level", "must be one of trace, debug, info, warn, error, off"},
   };

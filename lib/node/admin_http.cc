@@ -50,8 +50,9 @@ using tcp = boost::asio::ip::tcp;
 using Json = nlohmann::json;
 using wire::ceil_seconds;
 
-constexpr size_t kMaxConnections = 256;
-constexpr auto kIoTimeout = std::chrono::seconds(30);
+// Writing an answer: a client that does not read it within this is gone (the request's own
+// deadlines are NodeOptions::client_timeout_ms).
+constexpr auto kWriteTimeout = std::chrono::seconds(30);
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 
 // "host:port" or "[v6]:port" -> endpoint; throws naming the address.
@@ -180,12 +181,30 @@ struct AdminHttp::State : std::enable_shared_from_this<AdminHttp::State> {
   uint64_t next_check_id = 0;  // ids of the check requests they become
   uint64_t accept_errors = 0;
   uint64_t internal_errors = 0;  // requests answered 500 (an exception out of a handler)
+  // Connections the node closed before the client was done, by reason (issue 13, slow clients):
+  // shed (the oldest idle one, for a new connection over max_connections), idle (a keep-alive
+  // connection that sent nothing within client_timeout_ms), header / body (one that started a
+  // request and did not finish its header, or then its body, within client_timeout_ms each).
+  uint64_t closed_shed = 0, closed_idle = 0, closed_header = 0, closed_body = 0;
+  size_t max_connections() const { return node.options().max_connections; }
+  std::chrono::milliseconds client_timeout() const {
+    return std::chrono::milliseconds(node.options().client_timeout_ms);
+  }
   Dashboard dashboard;  // /ui, /ui/..., /v1/ui/... (dashboard.h)
 
   void accept();
+  // Accepting goes on below the cap, and at it while a connection waits for a request (it makes
+  // room: shed_oldest_idle); it pauses while every connection is busy.
   void maybe_resume_accept() {
-    if (!stopped && !accepting && connections.size() < kMaxConnections) accept();
+    if (!stopped && !accepting && (connections.size() < max_connections() || any_waiting())) {
+      accept();
+    }
   }
+  bool any_waiting() const;
+  // Makes room for one more connection: closes the one that has waited longest for a request,
+  // header or body (a slow client, or an idle keep-alive one). False when every connection is
+  // busy deciding or writing: then accepting pauses until one closes.
+  bool shed_oldest_idle();
 };
 
 namespace {
@@ -341,9 +360,27 @@ std::string render_metrics(AdminHttp::State& st) {
   m.one("sluice_rls_descriptors_total", "counter",
         "Descriptors in answered gRPC ShouldRateLimit calls.", nc.rls.descriptors);
   m.one("sluice_tcp_connections_total", "counter", "TCP connections accepted.", nc.tcp_connections);
+  m.one("sluice_tcp_connections_open", "gauge", "TCP check connections open now.", nc.tcp_open);
+  m.family("sluice_tcp_connections_closed_total", "counter",
+           "TCP check connections the node closed before the client did: shed (the one waiting "
+           "longest, for a new connection over max_connections), frame (a frame not finished "
+           "within client_timeout_ms).");
+  m.sample("sluice_tcp_connections_closed_total", {"reason", "shed"}, nc.tcp_closed_shed);
+  m.sample("sluice_tcp_connections_closed_total", {"reason", "frame"}, nc.tcp_closed_frame);
   m.one("sluice_http_accept_errors_total", "counter",
         "Errors accepting admin HTTP connections (e.g. out of file descriptors).",
         st.accept_errors);
+  m.family("sluice_http_connections_closed_total", "counter",
+           "Admin HTTP connections the node closed before the client was done: shed (the oldest "
+           "waiting one, for a new connection over max_connections), idle (a keep-alive "
+           "connection silent for client_timeout_ms), header and body (a request not finished "
+           "within client_timeout_ms).");
+  m.sample("sluice_http_connections_closed_total", {"reason", "shed"}, st.closed_shed);
+  m.sample("sluice_http_connections_closed_total", {"reason", "idle"}, st.closed_idle);
+  m.sample("sluice_http_connections_closed_total", {"reason", "header"}, st.closed_header);
+  m.sample("sluice_http_connections_closed_total", {"reason", "body"}, st.closed_body);
+  m.one("sluice_http_connections_open", "gauge", "Admin HTTP connections open now.",
+        st.connections.size());
   m.one("sluice_http_internal_errors_total", "counter",
         "Admin HTTP requests answered 500: a handler failed (the log says which and why).",
         st.internal_errors);
@@ -614,6 +651,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void close_if_idle() {
     if (reading_) close();
   }
+  // Waiting for (part of) a request since `waiting_since()`; see State::shed_oldest_idle.
+  bool waiting() const { return reading_; }
+  // Closed to make room: no longer waiting (it leaves the set when its read handler has run).
+  void shed() {
+    reading_ = false;
+    close();
+  }
+  std::chrono::steady_clock::time_point waiting_since() const { return read_started_; }
   void close() {
     boost::system::error_code ec;
     stream_.socket().close(ec);
@@ -625,7 +670,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     parser_->header_limit(static_cast<uint32_t>(kMaxHeaderBytes));
     parser_->body_limit(kMaxBodyBytes);
     reading_ = true;
-    stream_.expires_after(kIoTimeout);
+    in_body_ = false;
+    read_started_ = std::chrono::steady_clock::now();
+    stream_.expires_after(st_->client_timeout());
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -649,6 +696,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void read_body() {
+    in_body_ = true;
+    stream_.expires_after(st_->client_timeout());
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
@@ -656,6 +705,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void on_read_error(beast::error_code ec) {
     reading_ = false;
+    if (ec == beast::error::timeout) {
+      // Nothing of a request yet: an idle keep-alive connection; else a slow client.
+      if (in_body_) {
+        ++st_->closed_body;
+      } else if (parser_->got_some() || buffer_.size() > 0) {
+        ++st_->closed_header;
+      } else {
+        ++st_->closed_idle;
+      }
+      return close();
+    }
     if (ec == http::error::body_limit) {
       return reply_error(http::status::payload_too_large,
                          "body larger than " + std::to_string(kMaxBodyBytes) + " bytes");
@@ -757,7 +817,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void write() {
     res_.prepare_payload();
-    stream_.expires_after(kIoTimeout);
+    stream_.expires_after(kWriteTimeout);
     http::async_write(stream_, res_, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->on_write(ec);
     });
@@ -877,6 +937,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<http::response<http::empty_body>> continue_;
   http::response<http::string_body> res_;
   bool reading_ = false;
+  bool in_body_ = false;  // the header is in; reading the body
+  std::chrono::steady_clock::time_point read_started_;
   bool check_pending_ = false;  // a check's answer is on its way (start_check)
 };
 
@@ -898,9 +960,33 @@ void AdminHttp::State::accept() {
           });
           return;
         }
+        // At the cap, the connection that has waited longest for a request makes room. With
+        // none waiting (all busy) this one is served all the same, and accepting pauses below
+        // until a connection closes: at most one over the cap.
+        if (st->connections.size() >= st->max_connections()) st->shed_oldest_idle();
         std::make_shared<Connection>(st, std::move(socket))->start();
-        st->maybe_resume_accept();  // pauses at kMaxConnections; a closing connection resumes it
+        st->maybe_resume_accept();  // pauses at max_connections; a closing connection resumes it
       });
+}
+
+bool AdminHttp::State::shed_oldest_idle() {
+  Connection* oldest = nullptr;
+  for (Connection* c : connections) {
+    if (c->waiting() && (oldest == nullptr || c->waiting_since() < oldest->waiting_since())) {
+      oldest = c;
+    }
+  }
+  if (oldest == nullptr) return false;
+  ++closed_shed;
+  oldest->shed();  // its read completes with an error and the connection goes
+  return true;
+}
+
+bool AdminHttp::State::any_waiting() const {
+  for (const Connection* c : connections) {
+    if (c->waiting()) return true;
+  }
+  return false;
 }
 
 AdminHttp::AdminHttp(asio::io_context& io, const std::string& listen, Node& node, AdminAuth& auth)

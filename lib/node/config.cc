@@ -132,6 +132,8 @@ constexpr std::string_view kTopLevelSettings[] = {"udp",
                                                   "memory_cap_mb",
                                                   "hash_seed",
                                                   "sweep_interval_ms",
+                                                  "max_connections",
+                                                  "client_timeout_ms",
                                                   "log_level",
                                                   "cluster"};
 constexpr std::string_view kClusterSettings[] = {"node_id",
@@ -405,6 +407,20 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
         load_cluster(k, v, out.cluster, fail);
       } else if (key == "init_data") {
         out.init_data = v.as<bool>();
+      } else if (key == "max_connections") {
+        const auto n = v.as<int64_t>();
+        if (n < 1 || n > 1'000'000) {
+          bad("must be between 1 and 1000000");
+        } else {
+          out.max_connections = static_cast<size_t>(n);
+        }
+      } else if (key == "client_timeout_ms") {
+        const auto ms = v.as<int64_t>();
+        if (ms < 100 || ms > 3'600'000) {
+          bad("must be between 100 and 3600000");
+        } else {
+          out.client_timeout_ms = ms;
+        }
       } else if (key == "snapshot_interval_ms") {
         const auto ms = v.as<int64_t>();
         if (ms < 10 || ms > 3'600'000) {

@@ -78,6 +78,9 @@ struct alignas(64) WorkerCounters {
   std::atomic<uint64_t> udp_requests{0};
   std::atomic<uint64_t> tcp_requests{0};
   std::atomic<uint64_t> tcp_connections{0};
+  std::atomic<uint64_t> tcp_open{0};
+  std::atomic<uint64_t> tcp_closed_shed{0};   // the oldest waiting one, over max_connections
+  std::atomic<uint64_t> tcp_closed_frame{0};  // a frame not finished within client_timeout_ms
   std::atomic<uint64_t> dropped_datagrams{0};
   std::atomic<uint64_t> bad_frames{0};
   std::atomic<uint64_t> rejected_requests{0};
@@ -112,15 +115,32 @@ struct Worker {
   std::unique_ptr<Forwarder> fwd;
   std::thread thread;
   std::list<std::weak_ptr<class TcpSession>> sessions;  // owned by this worker's thread
+  std::optional<asio::steady_timer> tcp_deadlines;      // closes sessions past a frame's deadline
   bool stopping = false;                                // this worker's thread only
 };
 
 class TcpSession : public std::enable_shared_from_this<TcpSession> {
  public:
   TcpSession(Worker& w, tcp::socket socket, size_t max_pending)
-      : w_(w), socket_(std::move(socket)), max_pending_(max_pending) {}
+      : w_(w), socket_(std::move(socket)), max_pending_(max_pending) {
+    w_.counters.tcp_open.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~TcpSession() { w_.counters.tcp_open.fetch_sub(1, std::memory_order_relaxed); }
 
   void start() { read(); }
+
+  // Slow and idle clients (NodeOptions::max_connections, client_timeout_ms). Waiting: nothing of
+  // this connection's is being decided or written, since waiting_since() (its last answer, or
+  // its start); a connection over the cap closes the longest-waiting one first.
+  using Clock = std::chrono::steady_clock;
+  bool waiting() const { return reading_ && !writing_ && pending_.empty() && !draining_; }
+  Clock::time_point waiting_since() const { return active_; }
+  // A frame begun (some of its bytes in) at this time and not finished; max() when none.
+  Clock::time_point frame_started() const { return frame_started_; }
+  void close_now() {
+    draining_ = true;
+    close();
+  }
 
   // An answer decided later (forwarded to the key's owner): queued like any other.
   void deliver(std::span<const uint8_t> answer) {
@@ -152,10 +172,19 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
         return;
       }
       frames_.feed({in_.data(), n});
+      bool served = false;
       while (!draining_) {
         auto frame = frames_.next();
         if (!frame) break;
         serve(*frame);
+        served = true;
+      }
+      const Clock::time_point now = Clock::now();
+      if (served) active_ = now;
+      if (frames_.buffered() == 0) {
+        frame_started_ = Clock::time_point::max();
+      } else if (served || frame_started_ == Clock::time_point::max()) {
+        frame_started_ = now;  // the start of a frame still coming in
       }
       if (draining_) {  // a bad frame: answers already queued still go out, then close
         flush();
@@ -256,6 +285,8 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   bool writing_ = false;
   bool paused_ = false;
   bool draining_ = false;
+  Clock::time_point active_ = Clock::now();
+  Clock::time_point frame_started_ = Clock::time_point::max();
 };
 
 struct Node::Impl : NodeState {
@@ -779,6 +810,38 @@ void udp_receive(Worker& w) {
   });
 }
 
+void shed_oldest_waiting(Worker& w) {
+  std::shared_ptr<TcpSession> oldest;
+  for (const auto& p : w.sessions) {
+    auto s = p.lock();
+    if (s && s->waiting() && (!oldest || s->waiting_since() < oldest->waiting_since())) {
+      oldest = std::move(s);
+    }
+  }
+  if (!oldest) return;  // every session busy: this one is served all the same
+  w.counters.tcp_closed_shed.fetch_add(1, std::memory_order_relaxed);
+  oldest->close_now();
+}
+
+// Every quarter of client_timeout_ms (at most 1 s): sessions that began a frame longer ago than
+// client_timeout_ms and have not finished it are closed (a client sending a byte at a time).
+void arm_tcp_deadlines(Worker& w, int64_t timeout_ms) {
+  w.tcp_deadlines->expires_after(std::chrono::milliseconds(std::min<int64_t>(1'000, timeout_ms / 4)));
+  w.tcp_deadlines->async_wait([&w, timeout_ms](boost::system::error_code ec) {
+    if (ec || w.stopping) return;
+    const auto limit = std::chrono::steady_clock::now() - std::chrono::milliseconds(timeout_ms);
+    for (const auto& p : w.sessions) {
+      auto s = p.lock();
+      if (s && s->frame_started() < limit) {
+        w.counters.tcp_closed_frame.fetch_add(1, std::memory_order_relaxed);
+        s->close_now();
+      }
+    }
+    w.sessions.remove_if([](const auto& p) { return p.expired(); });
+    arm_tcp_deadlines(w, timeout_ms);
+  });
+}
+
 void accept_next(Node::Impl& n) {
   Worker& w = *n.workers[n.next_worker++ % n.workers.size()];
   n.acceptor->async_accept(w.io, [&n, &w](boost::system::error_code ec, tcp::socket s) {
@@ -792,10 +855,14 @@ void accept_next(Node::Impl& n) {
     s.set_option(tcp::no_delay(true), ignored);
     w.counters.tcp_connections.fetch_add(1, std::memory_order_relaxed);
     // The session lives on its worker's thread from here on.
-    asio::post(w.io, [&w, sock = std::move(s), max = n.opt.max_tcp_pending_bytes]() mutable {
+    asio::post(w.io, [&w, &n, sock = std::move(s), max = n.opt.max_tcp_pending_bytes]() mutable {
       if (w.stopping) return;
       auto session = std::make_shared<TcpSession>(w, std::move(sock), max);
       w.sessions.remove_if([](const auto& p) { return p.expired(); });
+      // Each worker holds its part of max_connections (accepts go round the workers); at it, the
+      // session that has waited longest for a request makes room (slow or idle clients).
+      const size_t cap = (n.opt.max_connections + n.workers.size() - 1) / n.workers.size();
+      if (w.sessions.size() >= cap) shed_oldest_waiting(w);
       w.sessions.push_back(session);
       session->start();
     });
@@ -966,6 +1033,10 @@ void Node::run(bool handle_signals) {
   for (auto& w : n.workers) {
     w->work.emplace(w->io.get_executor());
     if (w->udp_socket) udp_receive(*w);
+    if (n.acceptor) {
+      w->tcp_deadlines.emplace(w->io);
+      arm_tcp_deadlines(*w, n.opt.client_timeout_ms);
+    }
     w->thread = std::thread([&io = w->io] { io.run(); });
   }
   if (n.acceptor) accept_next(n);
@@ -1013,6 +1084,7 @@ void Node::stop() {
         w.stopping = true;
         boost::system::error_code e;
         if (w.udp_socket) w.udp_socket->close(e);
+        if (w.tcp_deadlines) w.tcp_deadlines->cancel();
         for (auto& p : w.sessions) {
           if (auto s = p.lock()) s->drain();
         }
@@ -1148,6 +1220,9 @@ NodeCounters Node::counters() const {
     c.udp_requests += k.udp_requests.load(std::memory_order_relaxed);
     c.tcp_requests += k.tcp_requests.load(std::memory_order_relaxed);
     c.tcp_connections += k.tcp_connections.load(std::memory_order_relaxed);
+    c.tcp_open += k.tcp_open.load(std::memory_order_relaxed);
+    c.tcp_closed_shed += k.tcp_closed_shed.load(std::memory_order_relaxed);
+    c.tcp_closed_frame += k.tcp_closed_frame.load(std::memory_order_relaxed);
     c.dropped_datagrams += k.dropped_datagrams.load(std::memory_order_relaxed);
     c.closed_connections_bad_frame += k.bad_frames.load(std::memory_order_relaxed);
     c.rejected_requests += k.rejected_requests.load(std::memory_order_relaxed);

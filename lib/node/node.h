@@ -97,6 +97,13 @@ struct NodeOptions {
   uint64_t hash_seed = 0x5a1c3e0d5eedull;  // the same on every node of a cluster
   int64_t sweep_interval_ms = 1'000;
   size_t max_tcp_pending_bytes = 4u << 20;  // per connection: stop reading past this much output
+  // Slow and idle clients (docs/operations.md): each TCP listener (admin HTTP, TCP checks) holds
+  // at most max_connections; one more closes the oldest idle one (waiting for a request) first.
+  // A client has client_timeout_ms to send an HTTP request's header, then as long for its body,
+  // and as long to finish a TCP check frame it started; an idle HTTP keep-alive connection is
+  // closed after it too. An idle TCP check connection (between frames) has no deadline.
+  size_t max_connections = 1024;
+  int64_t client_timeout_ms = 10'000;
   std::function<int64_t()> clock;           // ms since the epoch; default: system clock
   // Called on the control thread (the one inside run()) at each NodeEvent, with a one-line status
   // for people (ports, a reload's outcome). Short; it must not block nor call into the node.
@@ -116,6 +123,9 @@ struct NodeCounters {
   uint64_t udp_requests = 0;
   uint64_t tcp_requests = 0;
   uint64_t tcp_connections = 0;
+  uint64_t tcp_open = 0;           // TCP check connections open now
+  uint64_t tcp_closed_shed = 0;    // closed to make room over max_connections (longest waiting)
+  uint64_t tcp_closed_frame = 0;   // closed: a frame not finished within client_timeout_ms
   uint64_t dropped_datagrams = 0;  // undecodable, no id to answer to
   uint64_t closed_connections_bad_frame = 0;
   uint64_t rejected_requests = 0;   // answered with a request-level error code
