@@ -105,7 +105,9 @@ struct OverrideSync::Impl {
       } catch (const std::exception& e) {
         spdlog::error("overrides: sync job failed: {}", e.what());
       }
-      asio::post(control, [this, r = std::move(r)]() mutable { finish(std::move(r)); });
+      asio::post(control, [this, alive = alive, r = std::move(r)]() mutable {
+        if (*alive) finish(std::move(r));
+      });
     });
   }
 
@@ -160,6 +162,10 @@ struct OverrideSync::Impl {
   // Control thread.
   size_t queued = 0;
   bool started = false, stopped = false;
+  // False from stop() on. What the merge thread and the rules' callback post to the control
+  // thread checks it first: the control io_context may run on after this is gone (a node that
+  // stopped its cluster part while the rest runs, or tests that run several nodes on one).
+  std::shared_ptr<bool> alive = std::make_shared<bool>(true);
   OverrideSyncStats stats;  // the received side; spread.stats() has the sent side
 };
 
@@ -182,7 +188,9 @@ void OverrideSync::start() {
   {
     std::lock_guard g(s.st.rules_mu);
     s.st.on_local_override = [&s](const OverrideRecord& r) {
-      asio::post(s.control, [&s, r] { s.on_local(r); });
+      asio::post(s.control, [&s, alive = s.alive, r] {
+        if (*alive) s.on_local(r);
+      });
     };
   }
   s.spread.start(s.st.opt.clock());
@@ -193,6 +201,7 @@ void OverrideSync::stop() {
   Impl& s = *impl_;
   if (!s.started || s.stopped) return;
   s.stopped = true;
+  *s.alive = false;
   {
     std::lock_guard g(s.st.rules_mu);
     s.st.on_local_override = nullptr;
