@@ -4,6 +4,7 @@
 
 #include <utility>  // before Asio: Boost 1.74 with g++ 12 in C++20 needs std::exchange declared
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/v6_only.hpp>
@@ -12,7 +13,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include <cctype>
 #include <charconv>
@@ -476,8 +476,9 @@ std::string render_metrics(AdminHttp::State& st) {
     m.one("sluice_handoffs_total", "counter", "Full sync passes after membership changes.",
           c.handoffs);
     const char* kinds[] = {"changed", "resend", "handoff"};
-    m.family("sluice_sync_passes_total", "counter",
-             "Sync passes, by kind: changed (every sync interval), resend (anti-entropy), handoff.");
+    m.family(
+        "sluice_sync_passes_total", "counter",
+        "Sync passes, by kind: changed (every sync interval), resend (anti-entropy), handoff.");
     for (size_t k = 0; k < 3; ++k)
       m.sample("sluice_sync_passes_total", {"pass", kinds[k]}, c.sync_kind_passes[k]);
     m.family("sluice_sync_cpu_us_total", "counter",
@@ -529,8 +530,8 @@ std::string render_metrics(AdminHttp::State& st) {
     m.sample("sluice_membership_lists_answered_total", {"result", "in_sync"},
              c.membership.pulls_in_sync);
     m.sample("sluice_membership_lists_answered_total", {"result", "sent"},
-             c.membership.joins_answered - std::min(c.membership.joins_answered,
-                                                    c.membership.pulls_in_sync));
+             c.membership.joins_answered -
+                 std::min(c.membership.joins_answered, c.membership.pulls_in_sync));
     m.one("sluice_membership_pull_entries_sent_total", "counter",
           "Member records this node sent in answer to digest pulls.",
           c.membership.pull_entries_sent);
@@ -746,7 +747,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       route(req);
     } catch (const std::exception& e) {
       ++st_->internal_errors;
-      spdlog::error("admin HTTP: {} {} failed: {}", std::string_view(req.method_string().data(), req.method_string().size()),
+      spdlog::error("admin HTTP: {} {} failed: {}",
+                    std::string_view(req.method_string().data(), req.method_string().size()),
                     std::string_view(req.target().data(), req.target().size()), e.what());
       if (check_pending_) return;  // the check's answer is on its way
       res_ = {};

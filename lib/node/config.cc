@@ -13,8 +13,8 @@
 #include "node/admin_auth.h"
 #include "node/dns_seeds.h"
 #include "node/node.h"
-#include "rules/yaml_guard.h"
 #include "node_embedded_rules.h"  // generated from deploy/rules.example.yaml
+#include "rules/yaml_guard.h"
 
 namespace sluice::node {
 namespace {

@@ -347,7 +347,7 @@ struct Node::Impl : NodeState {
   // Tells check_here's per-thread handlers of this node from those of a node that is gone.
   const uint64_t instance = next_instance.fetch_add(1) + 1;
   static inline std::atomic<uint64_t> next_instance{0};
-  std::unique_ptr<ClusterNode> cluster;      // null for a single node; control thread
+  std::unique_ptr<ClusterNode> cluster;  // null for a single node; control thread
 };
 
 int64_t TcpSession::node_now() const {
@@ -457,7 +457,7 @@ struct Worker::Forwarder : CheckRouter {
       release(slot);
       if (o == CheckHandler::Outcome::kForward) {  // more owners than ids: decide it all here
         return w.handler.handle(request, max_answer, now, reply) ? CheckHandler::Outcome::kAnswer
-                                                               : CheckHandler::Outcome::kDrop;
+                                                                 : CheckHandler::Outcome::kDrop;
       }
       return o;
     }
@@ -469,7 +469,8 @@ struct Worker::Forwarder : CheckRouter {
     p.deadline_ms = now + cluster.forward_timeout_ms();
     p.t0 = t0;
     p.decisions.assign(plan.num_checks, wire::Decision{});
-    for (const auto& [i, code] : plan.refused) p.decisions[i].code = code;
+    for (const auto& [i, code] : plan.refused)
+      p.decisions[i].code = code;
     if (p.parts.size() < plan.used) p.parts.resize(plan.used);
     p.part_done.assign(plan.used, 0);
     p.outstanding = plan.used;
@@ -698,7 +699,7 @@ struct Worker::Forwarder : CheckRouter {
   ClusterNode& cluster;
   udp::socket socket;
   asio::steady_timer timer;
-  std::unique_ptr<cluster::PeerCodec> auth;            // tags forwarded parts, checks received ones
+  std::unique_ptr<cluster::PeerCodec> auth;  // tags forwarded parts, checks received ones
   bool timer_armed = false;
   OwnerRouting routing;  // who decides each owner-mode check
   ClusterNode::View view;
@@ -826,7 +827,8 @@ void shed_oldest_waiting(Worker& w) {
 // Every quarter of client_timeout_ms (at most 1 s): sessions that began a frame longer ago than
 // client_timeout_ms and have not finished it are closed (a client sending a byte at a time).
 void arm_tcp_deadlines(Worker& w, int64_t timeout_ms) {
-  w.tcp_deadlines->expires_after(std::chrono::milliseconds(std::min<int64_t>(1'000, timeout_ms / 4)));
+  w.tcp_deadlines->expires_after(
+      std::chrono::milliseconds(std::min<int64_t>(1'000, timeout_ms / 4)));
   w.tcp_deadlines->async_wait([&w, timeout_ms](boost::system::error_code ec) {
     if (ec || w.stopping) return;
     const auto limit = std::chrono::steady_clock::now() - std::chrono::milliseconds(timeout_ms);
@@ -972,6 +974,7 @@ void Node::run(bool handle_signals) {
     rls::RlsOptions ro;
     ro.listen = n.opt.grpc_listen;
     ro.rate_limit_headers = n.opt.grpc_rate_limit_headers;
+    ro.client_timeout_ms = n.opt.client_timeout_ms;
     rls::Backend backend;
     backend.check = [this](std::vector<uint8_t> request,
                            std::function<void(std::span<const uint8_t>)> done) {

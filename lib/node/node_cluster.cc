@@ -191,9 +191,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
                                  why);
       }
     }
-    boot_id = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
+    // The node's clock (the system clock in sluiced): a run on a simulated clock is then a
+    // function of its inputs, down to membership's random choices (seeded from it).
+    boot_id = static_cast<uint64_t>(st.opt.clock());
     codec = std::make_unique<cluster::PeerCodec>(opt.secret, opt.node_id, boot_id);
     delta = std::make_unique<cluster::DeltaSync>(*st.engine, opt.node_id);
     st.engine->set_gossip_lag(3 * opt.sync_interval_ms + 100);
@@ -386,9 +386,10 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     if (!c.capacity_changed) return;
     const auto [reachable, expected] = reach.capacity();
     if (reachable == 1 && expected > 1) {
-      spdlog::warn("cluster: cut off: none of the {} other members in reach; every limit allows "
-                   "1/{} of itself here",
-                   expected - 1, expected);
+      spdlog::warn(
+          "cluster: cut off: none of the {} other members in reach; every limit allows "
+          "1/{} of itself here",
+          expected - 1, expected);
     } else if (reachable < expected) {
       spdlog::warn(
           "cluster: {} of {} members in reach: every limit allows {}/{} of itself here until the "
@@ -426,8 +427,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       // A full pass after a ring change at once; after members come back in reach at most once
       // per anti-entropy interval, and to them alone (the others were in reach all along, and
       // have what this node sent).
-      const bool reach_due = reach_handoff_pending &&
-                             now - last_reach_handoff_ms >= opt.anti_entropy_interval_ms;
+      const bool reach_due =
+          reach_handoff_pending && now - last_reach_handoff_ms >= opt.anti_entropy_interval_ms;
       if (handoff_pending || reach_due) {
         std::vector<NodeId> only;
         if (!handoff_pending) only.assign(reach_returned.begin(), reach_returned.end());
@@ -440,8 +441,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
         ++handoffs;
         bulk_kind = 2;
         bulk_cpu_us = 0;
-        delta->begin(ring, cluster::DeltaSync::Mode::kEverything, true, in_reach,
-                     std::move(only));
+        delta->begin(ring, cluster::DeltaSync::Mode::kEverything, true, in_reach, std::move(only));
         bulk_slice();
       } else if (now - last_resend_ms >= opt.anti_entropy_interval_ms) {
         last_resend_ms = now;
@@ -453,8 +453,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     }
     const int64_t cpu0 = thread_cpu_us();
     delta->begin(ring, cluster::DeltaSync::Mode::kChanged, false, in_reach);
-    delta->resume(false, [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); },
-                  std::numeric_limits<int64_t>::max());
+    delta->resume(
+        false, [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); },
+        std::numeric_limits<int64_t>::max());
     note_pass_cpu(0, static_cast<uint64_t>(std::max<int64_t>(0, thread_cpu_us() - cpu0)));
   }
 
@@ -487,7 +488,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     if (kind == 0) {
       sync_cpu_us_max_changed = std::max(sync_cpu_us_max_changed, cpu);
       size_t b = 0;
-      while (b + 1 < sync_cpu_us_buckets.size() && cpu >= (uint64_t{1} << b)) ++b;
+      while (b + 1 < sync_cpu_us_buckets.size() && cpu >= (uint64_t{1} << b))
+        ++b;
       ++sync_cpu_us_buckets[b];
     }
   }
@@ -505,7 +507,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   // slow node) never misses counts because of it.
   void rebuild_sync_ring() {
     sync_ring = ring;
-    for (const auto& [id, since] : reach.out_of_reach()) sync_ring.remove(id);
+    for (const auto& [id, since] : reach.out_of_reach())
+      sync_ring.remove(id);
   }
 
   // ---- ring ----
@@ -597,7 +600,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::unique_ptr<cluster::Membership> membership;
   std::unique_ptr<cluster::DeltaSync> delta;
   std::unique_ptr<OverrideSync> overrides;  // created by start()
-  std::map<NodeId, Member> members_by_id;  // as membership reported them (control thread)
+  std::map<NodeId, Member> members_by_id;   // as membership reported them (control thread)
   cluster::HashRing ring{2};
   cluster::HashRing sync_ring{2};  // the ring without the members out of reach (rebuild_sync_ring)
   bool ring_changed = false;
@@ -613,14 +616,14 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   static constexpr int64_t kJoinWithinMs = 2'000;
   int64_t started_ms = 0;
   bool met_others = false;
-  int64_t fresh_until_ms = 0;            // control thread
+  int64_t fresh_until_ms = 0;  // control thread
   bool left = false;
   bool stopped = false;
   bool settled = false;  // see note_settled()
   int64_t last_resend_ms = 0;
   // Statistics (control thread writes; the admin thread reads under published_mu via status()).
   std::map<std::string, uint64_t> dropped;
-  std::map<NodeId, int64_t> synced;  // our clock, last non-empty sync batch
+  std::map<NodeId, int64_t> synced;          // our clock, last non-empty sync batch
   std::map<NodeId, int64_t> reconnected_at;  // last ping of a member believed dead, heard again
   cluster::Reach reach;
   int64_t last_heartbeat_ms = 0;
@@ -788,7 +791,7 @@ int64_t ClusterNode::forward_timeout_ms() const {
 
 ClusterNode::View ClusterNode::view() const {
   std::lock_guard g(impl_->published_mu);
-  return {impl_->published_ring,          impl_->published_members,
+  return {impl_->published_ring,         impl_->published_members,
           impl_->published_without_self, impl_->published_fresh_until_ms,
           impl_->published_expected,     impl_->published_out_of_reach};
 }

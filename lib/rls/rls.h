@@ -31,6 +31,9 @@ struct RlsOptions {
   bool rate_limit_headers = false;
   size_t max_request_bytes = 64 * 1024;  // larger: RESOURCE_EXHAUSTED
   size_t max_descriptors = 64;           // descriptors per request; more: INVALID_ARGUMENT
+  // A new connection that has not finished its HTTP/2 handshake (preface and settings) within
+  // this is closed (a slow client), as the other listeners close unfinished requests.
+  int64_t client_timeout_ms = 10'000;
 };
 
 // What the front needs from the node.

@@ -4,8 +4,10 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <stdexcept>
 
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
@@ -26,8 +28,9 @@ struct Counters {
 // ShouldRateLimit as a raw method: the service sees the request's bytes, so a request over
 // max_request_bytes is refused unread and malformed protobuf is answered INVALID_ARGUMENT (and
 // both are counted) rather than by gRPC's generic deserialization error.
-using RawService = envoy::service::ratelimit::v3::RateLimitService::
-    WithRawCallbackMethod_ShouldRateLimit<envoy::service::ratelimit::v3::RateLimitService::Service>;
+using RawService =
+    envoy::service::ratelimit::v3::RateLimitService::WithRawCallbackMethod_ShouldRateLimit<
+        envoy::service::ratelimit::v3::RateLimitService::Service>;
 
 class Service final : public RawService {
  public:
@@ -179,6 +182,8 @@ void RlsServer::start() {
   b.RegisterService(m.service.get());
   // gRPC refuses anything past this before the service sees it; the service's own, smaller
   // max_request_bytes answers (and counts) what lies between.
+  b.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                       static_cast<int>(std::min<int64_t>(m.options.client_timeout_ms, INT32_MAX)));
   b.SetMaxReceiveMessageSize(
       static_cast<int>(std::max<size_t>(m.options.max_request_bytes, 4u << 20)));
   m.server = b.BuildAndStart();
