@@ -66,14 +66,19 @@ uint64_t Engine::Impl::gossip_quota(const Shard& sh, const CounterTable& dt, siz
     }
     moved = s.mine == 0;
     if (moved) {
-      // Demand that just moved here: read to now, and count this check's hits, which the demand
-      // twin records only after the decision. Without them the first check a node sees of a key
-      // that others checked recently got a quota of 0 and was denied, however far the key was
-      // below its limit (found by cluster_node_test: 5 of 200 checks of a key at 1e-5 of its
-      // limit); with them it gets the part of the limit its demand will have.
-      s = sums(head - end_lag - horizon + 1, head);
-      s.mine += hits;
-      s.total += hits;
+      // Demand that just moved here: read to now. While the key's demand is below its limit (as
+      // a rate over the window), count this check's hits too, which the demand twin records only
+      // after the decision: without them the first check a node sees of a key that others
+      // checked recently got a quota of 0 and was denied, however far the key was below its
+      // limit (found by cluster_node_test: 5 of 200 checks of keys at 1e-5 of their limit).
+      // Above the limit the budget is the others' until this node's demand is known.
+      const int64_t first = head - end_lag - horizon + 1;
+      s = sums(first, head);
+      const u128 span_ms = static_cast<u128>(head - first + 1) * static_cast<u128>(bms);
+      if (s.total * static_cast<u128>(dt.spec().window_ms) < static_cast<u128>(limit) * span_ms) {
+        s.mine += hits;
+        s.total += hits;
+      }
     }
     const u128 l = limit;
     const u128 hi = (l * (s.before + s.mine) * kOne + offset * s.total) / (s.total * kOne);
