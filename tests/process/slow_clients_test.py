@@ -2,13 +2,16 @@
 """Slow and idle clients must not starve the others (issue 13 item 6).
 
 Starts sluiced (the binary given) on free loopback ports, then holds 300 connections open on the
-admin port that send a request header one byte at a time, and 300 on the TCP check port that send
-a frame one byte at a time, and asserts meanwhile that:
+admin port that send a request header one byte at a time, 300 on the TCP check port that send a
+frame one byte at a time and 300 on the gRPC port that send HTTP/2's connection preface one byte
+at a time, each reopened as soon as sluiced closes it, and asserts meanwhile that:
   - GET /healthz on a fresh connection answers 200 in under 100 ms, every time (20 tries);
+  - grpc.health.v1 Check on a fresh gRPC connection answers SERVING in under 100 ms, every time;
   - a check over TCP (sluicectl check --tcp) is answered;
   - the slow connections are closed by their deadlines or shed for the new ones, and /metrics
     counts them (sluice_http_connections_closed_total, sluice_tcp_connections_closed_total).
 Bounded: every connection, loop and subprocess has a timeout; the whole test takes ~20 s.
+The gRPC part needs the grpc module (Debian's python3-grpcio: run with /usr/bin/python3).
 
   slow_clients_test.py SLUICED SLUICECTL
 """
@@ -23,6 +26,24 @@ import urllib.request
 
 SLOW = 300
 BYTE_EVERY_S = 0.5
+
+
+try:
+    import grpc
+except ImportError:  # run by an interpreter without Debian's packages: no gRPC part
+    grpc = None
+
+
+def grpc_health(port, timeout=2.0):
+    """grpc.health.v1.Health/Check for the server as a whole, on a new connection: (status, s).
+
+    The request is an empty HealthCheckRequest; SERVING is field 1 = 1 (b"\x08\x01")."""
+    t0 = time.monotonic()
+    with grpc.insecure_channel(f"127.0.0.1:{port}",
+                               options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        check = ch.unary_unary("/grpc.health.v1.Health/Check")
+        answer = check(b"", timeout=timeout)
+    return answer, time.monotonic() - t0
 
 
 def free_port():
@@ -53,6 +74,7 @@ def metric(text, name, labels=""):
 def main():
     sluiced, sluicectl = sys.argv[1], sys.argv[2]
     admin, port = free_port(), free_port()
+    grpc_port = free_port() if grpc else None
     with tempfile.TemporaryDirectory() as tmp:
         log = open(os.path.join(tmp, "sluiced.log"), "w")
         # Short deadlines, so that the test sees them act within its time.
@@ -60,7 +82,8 @@ def main():
         with open(cfg, "w") as f:
             f.write(
                 f"udp: 127.0.0.1:{port}\ntcp: 127.0.0.1:{port}\nadmin: 127.0.0.1:{admin}\n"
-                f"grpc: ''\ndata_dir: {tmp}/data\ninit_data: true\n"
+                f"grpc: '{'127.0.0.1:' + str(grpc_port) if grpc else ''}'\n"
+                f"data_dir: {tmp}/data\ninit_data: true\n"
                 "client_timeout_ms: 3000\nmax_connections: 256\n")
         proc = subprocess.Popen([sluiced, "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
         conns = []
@@ -78,14 +101,19 @@ def main():
 
             header = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 64
             frame = b"\x00\x00\x01\x00" + b"\x00" * 255  # a 256-byte frame, sent a byte at a time
+            preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00" * 64
+            slow = {admin: header, port: frame}
+            if grpc:
+                slow[grpc_port] = preface
             for i in range(SLOW):
-                for dest in (admin, port):
+                for dest, data in slow.items():
                     c = socket.create_connection(("127.0.0.1", dest), timeout=2)
                     c.setblocking(False)
-                    conns.append([c, header if dest == admin else frame, 0, dest])
+                    conns.append([c, data, 0, dest])
             print(f"{len(conns)} slow connections open")
 
             worst = 0.0
+            worst_grpc = 0.0
             tries = 0
             checked = False
             closed = 0
@@ -111,6 +139,10 @@ def main():
                     status, _, took = get(base + "/healthz", timeout=1.0)
                     assert status == 200, status
                     worst = max(worst, took)
+                    if grpc:
+                        answer, took = grpc_health(grpc_port)
+                        assert answer == b"\x08\x01", answer  # SERVING
+                        worst_grpc = max(worst_grpc, took)
                     tries += 1
                     next_probe = time.monotonic() + 0.3
                 if not checked and tries >= 10:
@@ -121,11 +153,16 @@ def main():
                     assert r.returncode in (0, 1), (r.returncode, r.stdout, r.stderr)
                     checked = True
                 time.sleep(BYTE_EVERY_S)
-            print(f"/healthz: {tries} answers under {SLOW} slow admin and {SLOW} slow TCP "
-                  f"connections, slowest {worst * 1000:.1f} ms")
+            print(f"/healthz: {tries} answers under {SLOW} slow connections on each of "
+                  f"{len(slow)} listeners, slowest {worst * 1000:.1f} ms")
+            if grpc:
+                print(f"gRPC health: {tries} answers, slowest {worst_grpc * 1000:.1f} ms")
+            else:
+                print("gRPC part skipped: no grpc module in this interpreter")
             assert tries >= 20, tries
             assert checked
             assert worst < 0.100, f"/healthz took {worst * 1000:.1f} ms"
+            assert worst_grpc < 0.100, f"the gRPC health check took {worst_grpc * 1000:.1f} ms"
 
             _, text, _ = get(base + "/metrics")
             http_closed = metric(text, "sluice_http_connections_closed_total")
