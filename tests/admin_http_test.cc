@@ -576,25 +576,52 @@ TEST_CASE("status: node, engine, requests and per-rule figures as JSON") {
   CHECK(found);
 }
 
-TEST_CASE("connections past 256 wait for a free slot, and stop() closes idle keep-alive ones") {
-  TestNode n;
+TEST_CASE(
+    "a connection past max_connections closes the one that waited longest for a request and is "
+    "served, and stop() closes idle keep-alive ones") {
+  sluice::testing::InProcessNode n("admin-http-test", kRules, kT0,
+                                   [](sluice::node::NodeOptions& o) { o.max_connections = 8; });
   std::vector<std::unique_ptr<Client>> idle;
-  for (int i = 0; i < 256; ++i) {
+  for (int i = 0; i < 8; ++i) {
     idle.push_back(std::make_unique<Client>(n.port()));
+    // Each answered in turn, so the order in which they began to wait is the order opened.
+    CHECK(idle.back()->request("GET", "/healthz").status == 200);
   }
-  // Every one of them is being served (a request on the last one is answered).
-  CHECK(idle.back()->request("GET", "/healthz").status == 200);
-  Client extra(n.port());  // queued in the listen backlog
-  extra.send_raw("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
-  CHECK_FALSE(extra.readable(300));
-  idle.front().reset();  // one closes: the waiting one is accepted and answered
-  Response r = extra.read_response();
-  CHECK(r.status == 200);
+  // A ninth: the first one, idle longest, is closed to make room, and the new one is answered.
+  Client extra(n.port());
+  CHECK(extra.request("GET", "/healthz").status == 200);
+  CHECK(idle[0]->closed_by_server(1'000));
+  // A tenth: the second one goes; the ninth, which has waited less, stays.
+  Client another(n.port());
+  CHECK(another.request("GET", "/healthz").status == 200);
+  CHECK(idle[1]->closed_by_server(1'000));
+  CHECK(extra.request("GET", "/healthz").status == 200);
+  CHECK(idle[2]->request("GET", "/healthz").status == 200);
+  const Response m = another.request("GET", "/metrics");
+  CHECK(metric(m.body, "sluice_http_connections_closed_total{reason=\"shed\"}") == 2);
+  CHECK(metric(m.body, "sluice_http_connections_open") == 8);
 
-  // Stopping the node closes idle keep-alive connections instead of waiting 30 s for them.
+  // Stopping the node closes idle keep-alive connections instead of waiting for them.
   const auto t0 = std::chrono::steady_clock::now();
   n.node->stop();
   n.thread.join();
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   CHECK(idle.back()->closed_by_server(1'000));
+}
+
+TEST_CASE(
+    "an HTTP request whose header does not arrive within client_timeout_ms is closed and "
+    "counted, and an idle keep-alive connection too") {
+  sluice::testing::InProcessNode n("admin-http-test", kRules, kT0,
+                                   [](sluice::node::NodeOptions& o) { o.client_timeout_ms = 300; });
+  Client slow(n.port());
+  slow.send_raw("GET /healthz HTTP/1.1\r\nHost: x\r\n");  // the header's end never comes
+  Client quiet(n.port());
+  CHECK(quiet.request("GET", "/healthz").status == 200);  // then nothing: an idle keep-alive
+  CHECK(slow.closed_by_server(2'000));
+  CHECK(quiet.closed_by_server(2'000));
+  Client c(n.port());
+  const Response m = c.request("GET", "/metrics");
+  CHECK(metric(m.body, "sluice_http_connections_closed_total{reason=\"header\"}") == 1);
+  CHECK(metric(m.body, "sluice_http_connections_closed_total{reason=\"idle\"}") == 1);
 }

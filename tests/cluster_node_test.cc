@@ -26,8 +26,7 @@
 #include "node/node_cluster.h"
 #include "node/node_state.h"
 #include "rules/rules.h"
-#include "sim_peer_net.h"
-#include "temp_dir.h"
+#include "sim_cluster.h"
 
 namespace {
 
@@ -35,184 +34,30 @@ using namespace sluice;
 using cluster::NodeId;
 using testing::SimPeerNet;
 
-constexpr int64_t kT0 = 28'333'333LL * 60'000 + 5'000;  // 5 s into an epoch-aligned minute
-constexpr uint64_t kHashSeed = 0x5eed;
-constexpr uint16_t kPeerPort = 7946;
-constexpr const char* kSecret = "a-cluster-secret-of-32-bytes-xyz";
+using testing::addr_of;
+using testing::host_of;
+using testing::kPeerPort;
+using testing::kSecret;
+using testing::kT0;
+using testing::SimCluster;
+using testing::SimNode;
 
-// One gossip rule with a limit no test reaches: these tests are about counts, not decisions.
-constexpr const char* kRules = R"(domains:
-  - name: d
-    rules:
-      - name: per-k
-        key: [k]
-        limits: [1000000/1m]
-        consistency: gossip
-)";
-
-std::string host_of(NodeId id) {
-  return "10.0.0." + std::to_string(id);
+// A check that must be allowed and counted (the tests' limit is never reached).
+void check_allowed(SimNode& n, const std::string& key, uint64_t hits, int64_t now) {
+  INFO("node " << n.state->opt.cluster.node_id << " key " << key << " hits " << hits << ": "
+               << n.dump(key));
+  const engine::Decision& dec = n.check(key, hits, now);
+  CHECK(dec.error == rules::CheckError::kNone);
+  CHECK(!dec.no_room);
+  CHECK(dec.allowed);
 }
-std::string addr_of(NodeId id) {
-  return host_of(id) + ":" + std::to_string(kPeerPort);
-}
-
-struct SimNode {
-  SimNode(SimPeerNet& net, boost::asio::io_context& io, const std::string& rules_file, NodeId id,
-          std::vector<std::string> seeds, const std::string& secret = kSecret) {
-    node::NodeOptions o;
-    o.rules_file = rules_file;
-    o.data_dir = "";  // no snapshots: the engine alone
-    o.hash_seed = kHashSeed;
-    o.clock = [&net] { return net.now_ms(); };
-    o.cluster.enabled = true;
-    o.cluster.node_id = id;
-    o.cluster.listen = addr_of(id);
-    o.cluster.seeds = std::move(seeds);
-    o.cluster.secret = secret;
-    state = std::make_unique<node::NodeState>(o);
-    cluster = std::make_unique<node::ClusterNode>(io, *state, net.io());
-    cluster->start(7350, 7351);
-  }
-  ~SimNode() { cluster->stop(); }
-
-  uint64_t counter(const std::string& key) const {
-    const auto policy = state->engine->policy();
-    const rules::Rule& r = policy->rules().domains[0].rules[0];
-    const std::string_view values[] = {key};
-    return rules::counter_id(rules::key_hash(kHashSeed, "d", r, values), r.limits[0].spec);
-  }
-  void check(const std::string& key, uint64_t hits, int64_t now) {
-    const rules::Descriptor d[] = {{"k", key}};
-    const rules::CheckRequest req{"d", d, hits};
-    state->engine->check({&req, 1}, now, out);
-    REQUIRE(out.decisions.size() == 1);
-    const engine::Decision& dec = out.decisions[0];
-    INFO("node " << state->opt.cluster.node_id << " key " << key << " hits " << hits << ": "
-                 << dump(key));
-    CHECK(dec.error == rules::CheckError::kNone);
-    CHECK(!dec.no_room);
-    CHECK(dec.allowed);
-  }
-  // What this node knows of the key's count in its window: its own hits and the others'.
-  uint64_t known(const std::string& key) const {
-    const auto policy = state->engine->policy();
-    const auto v =
-        state->engine->inspect(counter(key), policy->rules().domains[0].rules[0].limits[0].spec);
-    if (!v) return 0;
-    uint64_t sum = 0;
-    for (size_t i = 0; i < v->own.size(); ++i)
-      sum += v->own[i] + v->others[i];
-    return sum;
-  }
-  std::string dump(const std::string& key) const {
-    const auto policy = state->engine->policy();
-    const auto v =
-        state->engine->inspect(counter(key), policy->rules().domains[0].rules[0].limits[0].spec);
-    if (!v) return "none";
-    std::string s = "head " + std::to_string(v->head) + " own";
-    for (auto x : v->own)
-      s += " " + std::to_string(x);
-    s += " others";
-    for (auto x : v->others)
-      s += " " + std::to_string(x);
-    for (auto& [n, b] : v->nodes) {
-      s += " n" + std::to_string(n) + ":";
-      for (auto x : b)
-        s += " " + std::to_string(x);
-    }
-    return s;
-  }
-  size_t alive_members() const {
-    size_t n = 0;
-    for (const auto& m : cluster->status().members) {
-      if (m.member.state == cluster::MemberState::kAlive) ++n;
-    }
-    return n;
-  }
-  std::optional<cluster::MemberState> state_of(NodeId id) const {
-    for (const auto& m : cluster->status().members) {
-      if (m.member.id == id) return m.member.state;
-    }
-    return std::nullopt;
-  }
-  uint64_t dropped(const std::string& reason) const {
-    for (const auto& [r, n] : cluster->status().dropped) {
-      if (r == reason) return n;
-    }
-    return 0;
-  }
-
-  std::unique_ptr<node::NodeState> state;
-  std::unique_ptr<node::ClusterNode> cluster;
-  engine::BatchResult out;
-};
-
-// A cluster of ClusterNodes on one SimPeerNet; node 1 is everyone's seed.
-struct Cluster {
-  explicit Cluster(size_t n, uint64_t seed = 1) : net(kT0, seed) {
-    std::ofstream(dir.sub("rules.yaml")) << kRules;
-    net.between = [this] {
-      io.restart();
-      io.poll();
-    };
-    for (NodeId id = 1; id <= n; ++id)
-      add(id);
-  }
-  ~Cluster() {
-    nodes.clear();  // stops each ClusterNode before the io_context goes
-    io.restart();
-    io.poll();
-  }
-
-  SimNode& add(NodeId id, const std::string& secret = kSecret) {
-    std::vector<std::string> seeds;
-    if (id != 1) seeds.push_back(addr_of(1));
-    auto [it, fresh] = nodes.emplace(
-        id, std::make_unique<SimNode>(net, io, dir.sub("rules.yaml"), id, seeds, secret));
-    REQUIRE(fresh);
-    return *it->second;
-  }
-  SimNode& operator[](NodeId id) { return *nodes.at(id); }
-
-  // Advances in steps of `step_ms` until `done` holds or `limit_ms` has passed; how long it took
-  // (in ms), or -1 if it never held.
-  template <typename Pred>
-  int64_t until(Pred done, int64_t limit_ms, int64_t step_ms = 10) {
-    for (int64_t t = 0; t <= limit_ms; t += step_ms) {
-      if (done()) return t;
-      net.advance(step_ms);
-    }
-    return -1;
-  }
-
-  bool formed(size_t members) {
-    for (auto& [id, n] : nodes) {
-      if (n->alive_members() != members || !n->cluster->status().not_ready.empty()) return false;
-    }
-    return true;
-  }
-
-  // The nodes holding the key (owner and replica, by each node's own ring).
-  std::vector<NodeId> holders(NodeId at, const std::string& key) {
-    const auto ring = nodes.at(at)->cluster->view().ring;
-    std::array<NodeId, 4> out{};
-    const size_t k = ring->owners(rules::routing_key(nodes.at(at)->counter(key)), out);
-    return {out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k)};
-  }
-
-  testing::TempDir dir{"cluster-node-test"};
-  boost::asio::io_context io;
-  SimPeerNet net;
-  std::map<NodeId, std::unique_ptr<SimNode>> nodes;
-};
 
 }  // namespace
 
 TEST_CASE(
     "ClusterNode: three nodes seeded from the first form one cluster, agree on the ring and are in "
     "reach") {
-  Cluster c(3);
+  SimCluster c(3);
   const int64_t took = c.until([&] { return c.formed(3); }, 5'000);
   REQUIRE(took >= 0);
   INFO("formed after " << took << " ms");
@@ -239,7 +84,7 @@ TEST_CASE(
 TEST_CASE(
     "ClusterNode: hits checked anywhere reach each key's holders within two sync intervals, "
     "exactly once, whatever the network repeats") {
-  Cluster c(3, 7);
+  SimCluster c(3, 7);
   REQUIRE(c.until([&] { return c.formed(3); }, 5'000) >= 0);
   c.net.advance(1'000);  // the joins' handoff passes are over
 
@@ -257,7 +102,7 @@ TEST_CASE(
       const std::string key = "key-" + std::to_string(rng() % 25);
       const NodeId at = static_cast<NodeId>(1 + rng() % 3);
       const uint64_t hits = 1 + rng() % 4;
-      c[at].check(key, hits, c.net.now_ms());
+      check_allowed(c[at], key, hits, c.net.now_ms());
       exact[key] += hits;
     }
     c.net.advance(37);
@@ -284,7 +129,7 @@ TEST_CASE(
 TEST_CASE(
     "ClusterNode: forged, truncated, oversized and foreign datagrams are counted and dropped, "
     "never merged") {
-  Cluster c(2);
+  SimCluster c(2);
   REQUIRE(c.until([&] { return c.formed(2); }, 5'000) >= 0);
   const cluster::Endpoint from{"10.9.9.9", 5555}, to{host_of(1), kPeerPort};
   const std::string key = "victim";
@@ -339,7 +184,7 @@ TEST_CASE(
 TEST_CASE(
     "ClusterNode: a node cut off from the others knows it is alone, the others see it out of "
     "reach, and the heal merges views and counts") {
-  Cluster c(3, 11);
+  SimCluster c(3, 11);
   REQUIRE(c.until([&] { return c.formed(3); }, 5'000) >= 0);
   c.net.advance(1'000);
   c.net.isolate(host_of(3));
@@ -363,7 +208,7 @@ TEST_CASE(
   for (int i = 0; i < 100; ++i) {
     const std::string key = "key-" + std::to_string(i % 10);
     const NodeId at = static_cast<NodeId>(1 + i % 3);
-    c[at].check(key, 1, c.net.now_ms());
+    check_allowed(c[at], key, 1, c.net.now_ms());
     ++exact[key];
     c.net.advance(100);
   }
@@ -393,7 +238,7 @@ TEST_CASE(
 TEST_CASE(
     "ClusterNode: a member that goes silent is declared dead within 5 s and leaves the ring, and a "
     "graceful leave hands its counts over") {
-  Cluster c(4, 5);
+  SimCluster c(4, 5);
   REQUIRE(c.until([&] { return c.formed(4); }, 5'000) >= 0);
   c.net.advance(1'000);
 
@@ -419,7 +264,7 @@ TEST_CASE(
   std::map<std::string, uint64_t> exact;
   for (int i = 0; i < 30; ++i) {
     const std::string key = "leaving-" + std::to_string(i);
-    c[3].check(key, static_cast<uint64_t>(i + 1), c.net.now_ms());
+    check_allowed(c[3], key, static_cast<uint64_t>(i + 1), c.net.now_ms());
     exact[key] = static_cast<uint64_t>(i + 1);
   }
   c[3].cluster->leave();
@@ -437,7 +282,7 @@ TEST_CASE(
 TEST_CASE(
     "ClusterNode: a node with the wrong secret is never admitted and its datagrams are counted as "
     "bad tags") {
-  Cluster c(2);
+  SimCluster c(2);
   REQUIRE(c.until([&] { return c.formed(2); }, 5'000) >= 0);
   SimNode& stranger = c.add(3, "the-wrong-secret-for-this-cluster");
   c.net.advance(5'000);

@@ -401,6 +401,64 @@ TEST_CASE(
   CHECK(h.node.stats().deaths_declared == 1);
 }
 
+// Advances `h` to `until` as HandDriven::run_until does, every member but `silent` answering
+// each ping sent to it at once; returns what was sent.
+std::vector<Sent> run_answering(HandDriven& h, int64_t until, NodeId silent) {
+  std::vector<Sent> all;
+  while (h.node.next_deadline_ms() <= until) {
+    h.now = std::max(h.now, h.node.next_deadline_ms());
+    h.node.tick(h.now);
+    for (Sent& s : h.transport.take()) {
+      if (s.message.kind == MembershipKind::kPing && s.message.target != silent) {
+        h.node.on_message(
+            s.to, msg(MembershipKind::kAck, s.message.target, s.message.seq, s.message.target),
+            h.now);
+      }
+      all.push_back(std::move(s));
+    }
+  }
+  h.now = until;
+  return all;
+}
+
+TEST_CASE(
+    "membership: probe_now probes a member that went silent at once, out of the round-robin, "
+    "and it is Suspect when neither it nor a relay answers") {
+  HandDriven h(5);
+  const NodeId target = 3;
+  h.node.probe_now(target, h.now);
+  std::vector<Sent> sent = h.transport.take();
+  CHECK(std::count_if(sent.begin(), sent.end(), [&](const Sent& s) {
+          return s.message.kind == MembershipKind::kPing && s.message.target == target;
+        }) == 1);
+  CHECK(h.node.stats().early_probes == 1);
+  // Under way: asked again, nothing more is sent. Self and unknown ids are not probed.
+  h.node.probe_now(target, h.now);
+  h.node.probe_now(id_of(0), h.now);
+  h.node.probe_now(99, h.now);
+  CHECK(h.transport.take().empty());
+  CHECK(h.node.stats().early_probes == 1);
+  // No ack: indirect probes after the probe timeout, then Suspect at the end of the interval.
+  const int64_t asked = h.now;
+  sent = run_answering(h, asked + 500, target);
+  CHECK(std::count_if(sent.begin(), sent.end(), [&](const Sent& s) {
+          return s.message.kind == MembershipKind::kPingReq && s.message.target == target;
+        }) == 3);
+  run_answering(h, asked + 999, target);
+  CHECK(h.state_of(target) == MemberState::kAlive);
+  run_answering(h, asked + 1'000, target);
+  CHECK(h.state_of(target) == MemberState::kSuspect);
+}
+
+TEST_CASE("membership: probe_now of a member that answers changes nothing") {
+  HandDriven h(4);
+  h.node.probe_now(2, h.now);
+  CHECK(h.node.stats().early_probes == 1);
+  run_answering(h, h.now + 3'000, 0);  // everyone answers
+  CHECK(h.state_of(2) == MemberState::kAlive);
+  CHECK(h.node.stats().probes_failed == 0);
+}
+
 TEST_CASE("membership: a confirmation probe ends as soon as every relay has nacked, and confirms") {
   HandDriven h(5);
   const Member c_suspect = record(3, "node-c", 0, MemberState::kSuspect);

@@ -774,6 +774,23 @@ void Membership::reconnect(NodeId id, int64_t now_ms) {
   s.finish(now_ms);
 }
 
+void Membership::probe_now(NodeId id, int64_t now_ms) {
+  Impl& s = *impl_;
+  s.start(now_ms);
+  const Impl::Entry* e = s.entry(id);
+  if (e != nullptr && id != s.self.id && s.self.state == MemberState::kAlive && !s.probing(id)) {
+    if (e->member.state == MemberState::kAlive) {
+      ++s.counters.early_probes;
+      s.start_probe(id, now_ms, false);
+    } else if (e->member.state == MemberState::kSuspect && e->suspicion &&
+               !e->suspicion->accused_by_self) {
+      ++s.counters.early_probes;
+      s.start_probe(id, now_ms, true);
+    }
+  }
+  s.finish(now_ms);
+}
+
 void Membership::on_message(const Endpoint& from, const MembershipMessage& message,
                             int64_t now_ms) {
   impl_->start(now_ms);

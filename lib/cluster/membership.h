@@ -249,6 +249,7 @@ struct MembershipStats {
   uint64_t messages_sent = 0;
   uint64_t probes_sent = 0;           // direct pings of a probe (round-robin and confirmation)
   uint64_t confirmation_probes = 0;   // of which started because another member suspected one
+  uint64_t early_probes = 0;          // of which started by probe_now (the member went silent)
   uint64_t probe_acks = 0;            // probes answered, directly or through a relay
   uint64_t probes_failed = 0;         // probes that ended without any ack
   uint64_t indirect_probes_sent = 0;  // kPingReq sent
@@ -306,6 +307,13 @@ class Membership {
   // merges within a round trip rather than at the next reconnect_interval_ms. The caller bounds
   // how often it calls this.
   void reconnect(NodeId id, int64_t now_ms);
+
+  // Member `id` went silent by the caller's own measure (the node's reach: no datagram both ways
+  // for a few hundred ms): probe it now instead of at its turn in the round-robin, up to one
+  // pass of N - 1 probe intervals away, unless a probe of it is under way. Alive: a failed probe
+  // makes it Suspect as usual; Suspect by others' word: a failed probe confirms it (the timeout
+  // shrinks). Nothing else changes: the probe, its indirect probes and the suspicion are SWIM's.
+  void probe_now(NodeId id, int64_t now_ms);
 
   // One incoming message; `from` is where it came from (answers go there).
   void on_message(const Endpoint& from, const MembershipMessage& message, int64_t now_ms);

@@ -370,7 +370,12 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     for (const auto& [id, since] : c.went_out) {
       spdlog::warn("cluster: member {} out of reach (nothing both ways for {} ms)", id,
                    reach.timeout_ms(members_by_id.size()));
+      // Ask membership to probe it now rather than at its turn, up to a round of N - 1 probe
+      // intervals away: a dead member is then declared dead within a few seconds whatever the
+      // round's order (a 5-node cluster took up to 4.9 s in simulation, 6.0 s once in CI).
+      if (membership) membership->probe_now(id, now);
     }
+    if (!c.went_out.empty()) arm_tick();  // the probes' timeouts (no state changed yet)
     for (const auto& [id, since] : c.came_back) {
       reach_handoff_pending = true;  // back in reach: both sides' counts since the cut go over
       reach_returned.insert(id);

@@ -1,11 +1,14 @@
 // A directory of its own under the system's temporary directory for one test, removed with
-// everything in it when the test ends. `prefix` names the test in the directory's name.
+// everything in it when the test ends. `prefix` names the test in the directory's name. Throws
+// std::runtime_error when it cannot be made (a test case that throws fails). No doctest here:
+// benchmarks use it too (bench/detect_bench.cc, through sim_cluster.h).
 #pragma once
 
-#include <doctest/doctest.h>
 #include <stdlib.h>
 
+#include <cerrno>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -14,7 +17,9 @@ namespace sluice::testing {
 struct TempDir {
   explicit TempDir(const std::string& prefix = "sluice") {
     std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      throw std::runtime_error("mkdtemp " + tmpl + ": " + std::generic_category().message(errno));
+    }
     path = tmpl;
   }
   ~TempDir() {
