@@ -1,7 +1,11 @@
 #include "engine/counter_table.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace sluice::engine {
 
@@ -93,11 +97,48 @@ void CounterTable::erase_at(size_t index) {
   --size_;
 }
 
+namespace {
+constexpr size_t kLine = 64;
+constexpr size_t kHugePage = size_t{2} << 20;
+}  // namespace
+
+std::unique_ptr<uint32_t[], SlotStorage> CounterTable::allocate(size_t words) {
+  const size_t bytes = words * sizeof(uint32_t);
+  if (bytes >= 2 * kHugePage) {
+    // Anonymous pages arrive zeroed. Mapped one huge page longer, so the table can start on a
+    // huge-page boundary; the unused head and tail are unmapped at once.
+    const size_t span = bytes + kHugePage;
+    void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    const auto base = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t start = (base + kHugePage - 1) & ~(kHugePage - 1);
+    const size_t len = (bytes + 4095) & ~size_t{4095};
+    if (start > base) munmap(p, start - base);
+    if (base + span > start + len) munmap(reinterpret_cast<void*>(start + len), base + span - start - len);
+    madvise(reinterpret_cast<void*>(start), len, MADV_HUGEPAGE);  // advice: failure is harmless
+    return {reinterpret_cast<uint32_t*>(start), SlotStorage{len, true}};
+  }
+  const size_t rounded = (bytes + kLine - 1) & ~(kLine - 1);
+  void* p = std::aligned_alloc(kLine, std::max(rounded, kLine));
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  return {static_cast<uint32_t*>(p), SlotStorage{rounded, false}};
+}
+
+void SlotStorage::operator()(uint32_t* p) const {
+  if (p == nullptr) return;
+  if (mapped) {
+    munmap(p, bytes);
+  } else {
+    std::free(p);
+  }
+}
+
 void CounterTable::rehash(size_t new_capacity) {
   new_capacity = std::max(new_capacity, std::max(kMinCapacity, size_ + size_ / 4 + 1));
-  std::unique_ptr<uint32_t[]> old = std::move(data_);
+  auto old = std::move(data_);
   const size_t old_cap = cap_;
-  data_ = std::make_unique<uint32_t[]>(new_capacity * stride_);  // zeroed: all slots empty
+  data_ = allocate(new_capacity * stride_);  // zeroed: all slots empty
   cap_ = new_capacity;
   for (size_t i = 0; i < old_cap; ++i) {
     uint32_t* s = old.get() + i * stride_;

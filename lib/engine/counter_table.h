@@ -26,6 +26,13 @@
 
 namespace sluice::engine {
 
+// Frees a table's slot storage (CounterTable::allocate).
+struct SlotStorage {
+  void operator()(uint32_t* p) const;
+  size_t bytes = 0;
+  bool mapped = false;
+};
+
 class CounterTable {
  public:
   static constexpr size_t kMinCapacity = 16;
@@ -138,7 +145,11 @@ class CounterTable {
   size_t stride_;  // words per slot
   size_t cap_ = 0;
   size_t size_ = 0;
-  std::unique_ptr<uint32_t[]> data_;
+  // Slot storage: aligned to a cache line, so a 32-byte slot never straddles two lines (a check
+  // then waits for one miss, not two); zeroed (all slots empty). Big tables are mapped and
+  // advised to use transparent huge pages, so a random lookup rarely misses the TLB as well.
+  static std::unique_ptr<uint32_t[], SlotStorage> allocate(size_t words);
+  std::unique_ptr<uint32_t[], SlotStorage> data_;
   std::vector<uint32_t> carry_;  // one slot image being moved during insert
   std::vector<uint32_t> spare_;
   size_t victim_cursor_ = 0;

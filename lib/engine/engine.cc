@@ -28,9 +28,32 @@ struct Scratch {
   std::vector<uint32_t> twin;     // per limit: index of its demand twin in slots, or 0
   std::vector<uint8_t> rule_ok;
   std::vector<uint8_t> limit_ok;
+  std::vector<window::Moment> at;  // per entry of slots: the moment it is evaluated at
+  std::vector<uint64_t> limit_in_force;  // per limit: Impl::limit_here
+  // The moment of the batch's time for the specs in use (a division each, once per batch, not
+  // several per check); direct-mapped by bucket size.
+  struct CachedMoment {
+    int64_t now_ms = INT64_MIN;
+    window::WindowSpec spec{0, 0};
+    window::Moment m;
+  };
+  std::array<CachedMoment, 8> moments;
+
+  const window::Moment& moment_now(const window::WindowSpec& spec, int64_t now_ms) {
+    CachedMoment& c = moments[static_cast<size_t>(spec.bucket_ms ^ spec.window_ms) % moments.size()];
+    if (c.now_ms != now_ms || c.spec != spec) {
+      c.now_ms = now_ms;
+      c.spec = spec;
+      c.m = window::moment_of(spec, now_ms);
+    }
+    return c.m;
+  }
 };
 
 thread_local Scratch tls_scratch;
+
+// How many counters ahead of the one being decided check() starts their cache lines on the way.
+constexpr size_t kPrefetchAhead = 6;
 
 struct TlsState {
   uint64_t engine_uid = 0;
@@ -230,13 +253,19 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
   // Bring each counter to now and evaluate its limit (this side's share of it while members of
   // the cluster are out of reach: set_capacity).
   const uint64_t cap = capacity.load(std::memory_order_relaxed);
-  for (size_t k = num_limits; k < num_counters; ++k)  // demand twins
-    bring_to_now(*sc.tables[k], sc.slots[k], now_ms);
+  sc.at.resize(num_counters);
+  for (size_t k = 0; k < num_counters; ++k) {
+    CounterTable& t = *sc.tables[k];
+    sc.at[k] = bring_to_now(t, sc.slots[k], sc.moment_now(t.spec(), now_ms));
+  }
   // Only the first num_rules / num_limits entries are this request's. The vectors only grow, so
   // a warm check fills them in place (vector::assign is not always inlined, and then costs more
   // than the fill).
   if (sc.rule_ok.size() < rr.num_rules) sc.rule_ok.resize(rr.num_rules);
-  if (sc.limit_ok.size() < num_limits) sc.limit_ok.resize(num_limits);
+  if (sc.limit_ok.size() < num_limits) {
+    sc.limit_ok.resize(num_limits);
+    sc.limit_in_force.resize(num_limits);
+  }
   std::fill_n(sc.rule_ok.begin(), rr.num_rules, uint8_t{1});
   std::fill_n(sc.limit_ok.begin(), num_limits, uint8_t{1});
   bool enforce_denied = false;
@@ -248,9 +277,10 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
-      const int64_t now_eff = bring_to_now(t, i, now_ms);
+      const window::Moment& m = sc.at[k];
       const uint64_t limit = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
-      bool ok = window::admits(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits, limit);
+      sc.limit_in_force[k] = limit;
+      bool ok = window::admits(t.view(i), t.spec(), ar.rule->estimator, m, hits, limit);
       if (ok && sc.twin[k] != 0 && hits > 0) {
         // Gossip mode: within the limit as far as this node knows; of its own hits in the
         // window it may hold only its quota (gossip_quota), so the nodes' admissions add up to
@@ -259,7 +289,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         const uint64_t quota = gossip_quota(shards[lims[k].counter & shard_mask], *sc.tables[tw],
                                             sc.slots[tw], sc.spec_of[tw], limit, cap, hits);
         ok = window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
-                            ar.rule->estimator, now_eff, hits, quota);
+                            ar.rule->estimator, m, hits, quota);
       }
       if (ok && fallback.members > 0 && ar.rule->consistency == rules::Consistency::kOwner) {
         // Deciding for an owner that cannot be asked (see check()): denied, or within this
@@ -267,7 +297,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         // theirs), the share growing over one window from when the owner was lost.
         ok = ar.rule->fallback == rules::Fallback::kShare &&
              window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
-                            ar.rule->estimator, now_eff, hits,
+                            ar.rule->estimator, m, hits,
                             fallback_share(lims[k].requests, fallback, now_ms, t.spec().window_ms));
       }
       if (!ok) {
@@ -317,9 +347,9 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
-      const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), t.spec().bucket_ms);
+      const window::Moment& m = sc.at[k];
       if (counted && hits > 0) {
-        window::add(t.own(i), window::bucket_of(now_eff, t.spec().bucket_ms), hits);
+        window::add(t.own(i), m, hits);
         set_changed(
             shards[lims[k].counter & shard_mask], t, i, st.spec_ids[lims[k].spec_index],
             CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
@@ -328,14 +358,14 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         const size_t tw = sc.twin[k];
         CounterTable& dt = *sc.tables[tw];
         const size_t di = sc.slots[tw];
-        window::add(dt.own(di), window::bucket_of(now_eff, dt.spec().bucket_ms), hits);
+        window::add(dt.own(di), sc.at[tw], hits);
         set_changed(
             shards[sc.pinned[tw] & shard_mask], dt, di, sc.spec_of[tw],
             CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
       }
-      const uint64_t lim = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
+      const uint64_t lim = sc.limit_in_force[k];
       const window::LimitState ls =
-          window::limit_state(t.view(i), t.spec(), ar.rule->estimator, now_eff, hits, lim);
+          window::limit_state(t.view(i), t.spec(), ar.rule->estimator, m, hits, lim);
       const uint64_t used = lim - std::min(lim, ls.remaining);
       if (!sc.limit_ok[k] || used * 5 >= lim * 4) {
         note_hot(shards[lims[k].counter & shard_mask], lims[k].counter,
@@ -388,12 +418,21 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
   for (const auto& req : batch)
     sc.reqs.push_back(policy.resolve(req, now_ms, sc.res));
 
-  // Start every counter's cache line on its way before deciding anything.
-  for (const auto& lim : sc.res.limits) {
-    Shard& sh = im.shards[lim.counter & im.shard_mask];
-    const CounterTable* t = sh.tables[st.spec_ids[lim.spec_index]].load(std::memory_order_relaxed);
-    if (t != nullptr) t->prefetch(lim.counter);
-  }
+  // Counters' cache lines are started on their way a few requests ahead of the decisions that
+  // read them: far enough ahead to arrive in time, near enough that they are still in the cache
+  // when used (a whole batch at once overflows what the core can keep in flight).
+  const std::vector<rules::AppliedLimit>& limits = sc.res.limits;
+  size_t prefetched = 0;
+  auto prefetch_to = [&](size_t end) {
+    for (end = std::min(end, limits.size()); prefetched < end; ++prefetched) {
+      const rules::AppliedLimit& lim = limits[prefetched];
+      Shard& sh = im.shards[lim.counter & im.shard_mask];
+      const CounterTable* t =
+          sh.tables[st.spec_ids[lim.spec_index]].load(std::memory_order_relaxed);
+      if (t != nullptr) t->prefetch(lim.counter);
+    }
+  };
+  prefetch_to(kPrefetchAhead);
 
   uint64_t allowlisted = 0;
   std::array<uint64_t, kNumCheckErrors> rejected{};
@@ -416,6 +455,7 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
       d.allowed = true;
       continue;
     }
+    prefetch_to(sc.res.rules[rr.first_rule].first_limit + kPrefetchAhead);
     if (rr.num_carry != 0) [[unlikely]]
       im.carry_over(st, sc.res, rr, now_ms);
     im.decide(st, batch[n], rr, now_ms, fallback, out, d);

@@ -342,14 +342,14 @@ struct Engine::Impl {
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, Fallback fallback, BatchResult& out, Decision& d);
 
-  // Moves a counter's ring to now (its buckets that left the window are zeroed); returns the time
-  // to evaluate it at (window::effective_now).
-  static int64_t bring_to_now(CounterTable& t, size_t i, int64_t now_ms) {
-    const int64_t bms = t.spec().bucket_ms;
-    const int64_t now_eff = window::effective_now(now_ms, t.head_at(i), bms);
-    t.set_head(
-        i, window::advance(t.own(i), t.others(i), t.head_at(i), window::bucket_of(now_eff, bms)));
-    return now_eff;
+  // Moves a counter's ring to now (its buckets that left the window are zeroed); returns the
+  // moment to evaluate it at (of window::effective_now). `now` is the moment of now_ms for the
+  // table's spec; no division unless the counter's head is ahead of now (another thread's clock).
+  static window::Moment bring_to_now(CounterTable& t, size_t i, const window::Moment& now) {
+    const int64_t head = t.head_at(i);
+    if (now.bucket < head) return window::moment_of(t.spec(), head * t.spec().bucket_ms);
+    if (now.bucket > head) t.set_head(i, window::advance(t.own(i), t.others(i), head, now));
+    return now;
   }
 
   // What a limit allows on this side of the cluster: limit x reachable / expected (see

@@ -22,16 +22,29 @@ struct Split {
   uint64_t straddle = 0;
 };
 
-// Walks only the buckets the ring still holds, with one modulo for the whole walk (this runs on
-// every check; a division per bucket showed up in profiles).
-Split split_at(const RingView& ring, uint32_t n, int64_t c) {
+// The ring position of `bucket`, no later than m.bucket: worked out from m.index without a
+// division when it is less than a ring behind (it nearly always is).
+size_t index_back(const Moment& m, int64_t bucket, uint32_t ring) {
+  const int64_t back = m.bucket - bucket;
+  if (back < 0 || back >= static_cast<int64_t>(ring)) {
+    return static_cast<size_t>(ring_index(bucket, ring));
+  }
+  const int64_t i = static_cast<int64_t>(m.index) - back;
+  return static_cast<size_t>(i < 0 ? i + ring : i);
+}
+
+// Walks only the buckets the ring still holds, from the straddler's ring position (no division:
+// this runs on every check, and divisions showed up in profiles). The ring's head is at or before
+// m.bucket (callers evaluate at effective_now), so the straddler c-n is the oldest bucket the
+// ring can hold at m.
+Split split_at(const RingView& ring, uint32_t n, const Moment& m) {
   Split s;
-  const auto r = static_cast<int64_t>(ring.own.size());
-  const int64_t oldest = c - static_cast<int64_t>(n);  // the straddler
-  const int64_t lo = std::max(oldest, ring.head - r + 1);
-  const int64_t hi = std::min(c, ring.head);
+  const auto r = static_cast<uint32_t>(ring.own.size());
+  const int64_t oldest = m.bucket - static_cast<int64_t>(n);  // the straddler
+  const int64_t lo = std::max(oldest, ring.head - static_cast<int64_t>(r) + 1);
+  const int64_t hi = std::min(m.bucket, ring.head);
   if (lo > hi) return s;
-  auto i = static_cast<size_t>(ring_index(lo, static_cast<uint32_t>(r)));
+  size_t i = index_back(m, lo, r);
   const bool with_others = !ring.others.empty();
   for (int64_t b = lo; b <= hi; ++b) {
     const uint64_t v = uint64_t{ring.own[i]} + (with_others ? ring.others[i] : 0u);
@@ -40,7 +53,7 @@ Split split_at(const RingView& ring, uint32_t n, int64_t c) {
     } else {
       s.full += v;
     }
-    if (++i == static_cast<size_t>(r)) i = 0;
+    if (++i == r) i = 0;
   }
   return s;
 }
@@ -59,10 +72,8 @@ u128 scaled(const Split& s, Estimator est, int64_t bucket_ms, int64_t elapsed) {
          static_cast<u128>(s.straddle) * static_cast<u128>(bucket_ms - elapsed);
 }
 
-u128 scaled_now(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms) {
-  const int64_t c = bucket_of(now_ms, spec.bucket_ms);
-  const int64_t elapsed = now_ms - c * spec.bucket_ms;
-  return scaled(split_at(ring, spec.buckets(), c), est, spec.bucket_ms, elapsed);
+u128 scaled_at(const RingView& ring, const WindowSpec& spec, Estimator est, const Moment& m) {
+  return scaled(split_at(ring, spec.buckets(), m), est, spec.bucket_ms, m.elapsed);
 }
 
 }  // namespace
@@ -108,6 +119,15 @@ WindowSpec make_spec(int64_t window_ms, int64_t bucket_ms) {
   return WindowSpec{window_ms, bucket_ms == 0 ? default_bucket_ms(window_ms) : bucket_ms};
 }
 
+Moment moment_of(const WindowSpec& spec, int64_t now_ms) {
+  Moment m;
+  m.now_ms = now_ms;
+  m.bucket = bucket_of(now_ms, spec.bucket_ms);
+  m.elapsed = now_ms - m.bucket * spec.bucket_ms;
+  m.index = static_cast<uint32_t>(ring_index(m.bucket, spec.ring_size()));
+  return m;
+}
+
 uint64_t RingView::count(int64_t bucket) const {
   const auto r = static_cast<uint32_t>(own.size());
   if (bucket > head || bucket <= head - static_cast<int64_t>(r)) return 0;
@@ -118,34 +138,48 @@ uint64_t RingView::count(int64_t bucket) const {
 }
 
 double estimate(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms) {
-  return static_cast<double>(scaled_now(ring, spec, est, now_ms)) /
+  return static_cast<double>(scaled_at(ring, spec, est, moment_of(spec, now_ms))) /
          static_cast<double>(spec.bucket_ms);
+}
+
+bool admits(const RingView& ring, const WindowSpec& spec, Estimator est, const Moment& m,
+            uint64_t hits, uint64_t limit) {
+  if (hits > limit) return false;
+  const u128 b = static_cast<u128>(spec.bucket_ms);
+  return scaled_at(ring, spec, est, m) + static_cast<u128>(hits) * b <=
+         static_cast<u128>(limit) * b;
 }
 
 bool admits(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms,
             uint64_t hits, uint64_t limit) {
-  if (hits > limit) return false;
-  const u128 b = static_cast<u128>(spec.bucket_ms);
-  return scaled_now(ring, spec, est, now_ms) + static_cast<u128>(hits) * b <=
-         static_cast<u128>(limit) * b;
+  return admits(ring, spec, est, moment_of(spec, now_ms), hits, limit);
 }
 
 LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms,
                        uint64_t hits, uint64_t limit) {
+  return limit_state(ring, spec, est, moment_of(spec, now_ms), hits, limit);
+}
+
+LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est,
+                       const Moment& m, uint64_t hits, uint64_t limit) {
   LimitState st;
+  const int64_t now_ms = m.now_ms;
   const int64_t B = spec.bucket_ms;
   const u128 b = static_cast<u128>(B);
   const u128 cap = static_cast<u128>(limit) * b;
-  const u128 used = scaled_now(ring, spec, est, now_ms);
+  const u128 used = scaled_at(ring, spec, est, m);
   st.remaining = used >= cap ? 0 : div_down(cap - used, b);
 
   // Reset: the newest bucket holding hits leaves the window at its end plus the window.
-  const auto r = static_cast<int64_t>(spec.ring_size());
-  for (int64_t bk = ring.head; bk > ring.head - r; --bk) {
-    if (ring.count(bk) != 0) {
+  const uint32_t r = spec.ring_size();
+  size_t i = index_back(m, ring.head, r);
+  const bool with_others = !ring.others.empty();
+  for (int64_t bk = ring.head; bk > ring.head - static_cast<int64_t>(r); --bk) {
+    if (ring.own[i] != 0 || (with_others && ring.others[i] != 0)) {
       st.reset_ms = std::max<int64_t>(0, (bk + 1) * B + spec.window_ms - now_ms);
       break;
     }
+    i = i == 0 ? r - 1 : i - 1;
   }
 
   // Retry-after: walk forward one bucket at a time; within a bucket the estimate only falls
@@ -156,12 +190,12 @@ LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator e
   }
   const u128 need = static_cast<u128>(hits) * b;
   if (used + need <= cap) return st;  // admitted now: retry_after 0
-  const int64_t c = bucket_of(now_ms, B);
+  const int64_t c = m.bucket;
   const uint32_t n = spec.buckets();
   // The split is carried from one segment to the next (one bucket leaves the full part and
   // becomes the straddler), so a denied check costs O(n), not O(n^2): a day at one-minute buckets
   // would otherwise cost milliseconds per denial, a gift to a client hammering a full key.
-  Split s = split_at(ring, n, c);
+  Split s = split_at(ring, n, m);
   for (int64_t k = 0; k <= static_cast<int64_t>(n) + 1; ++k) {
     const int64_t seg_start = (c + k) * B;
     const int64_t from = k == 0 ? now_ms - seg_start : 0;  // elapsed ms at the segment's start
@@ -205,11 +239,39 @@ int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t hea
   return bucket;
 }
 
-void add(std::span<uint32_t> counts, int64_t bucket, uint64_t hits) {
-  const auto i = static_cast<size_t>(ring_index(bucket, static_cast<uint32_t>(counts.size())));
+int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t head,
+                const Moment& m) {
+  if (m.bucket <= head) return head;
+  const auto r = static_cast<uint32_t>(own.size());
+  if (m.bucket - head >= static_cast<int64_t>(r)) {
+    std::fill(own.begin(), own.end(), 0u);
+    std::fill(others.begin(), others.end(), 0u);
+    return m.bucket;
+  }
+  size_t i = m.index;  // from the new head back to the old one
+  for (int64_t bk = m.bucket; bk > head; --bk) {
+    own[i] = 0;
+    if (!others.empty()) others[i] = 0;
+    i = i == 0 ? r - 1 : i - 1;
+  }
+  return m.bucket;
+}
+
+namespace {
+void add_at(std::span<uint32_t> counts, size_t i, uint64_t hits) {
   constexpr uint32_t kMax = std::numeric_limits<uint32_t>::max();
   const uint64_t room = kMax - counts[i];  // compared before adding: hits may be near 2^64
   counts[i] = hits >= room ? kMax : counts[i] + static_cast<uint32_t>(hits);
+}
+}  // namespace
+
+void add(std::span<uint32_t> counts, int64_t bucket, uint64_t hits) {
+  add_at(counts, static_cast<size_t>(ring_index(bucket, static_cast<uint32_t>(counts.size()))),
+         hits);
+}
+
+void add(std::span<uint32_t> counts, const Moment& m, uint64_t hits) {
+  add_at(counts, m.index, hits);
 }
 
 SlidingWindow::SlidingWindow(WindowSpec spec, Estimator est)

@@ -80,6 +80,17 @@ inline int64_t bucket_of(int64_t now_ms, int64_t bucket_ms) {
   return (now_ms % bucket_ms < 0) ? q - 1 : q;
 }
 
+// A moment evaluated for one window spec: the bucket it falls in, how far into it, and that
+// bucket's position in the spec's rings. Working it out takes divisions; checks at the same
+// moment share one (the engine keeps one per spec for a batch).
+struct Moment {
+  int64_t now_ms = 0;
+  int64_t bucket = 0;   // bucket_of(now_ms, bucket_ms)
+  int64_t elapsed = 0;  // ms since that bucket began
+  uint32_t index = 0;   // the bucket's ring position (bucket mod ring_size)
+};
+Moment moment_of(const WindowSpec& spec, int64_t now_ms);
+
 // A read-only view of one ring: bucket b's count is own[b % R] + others[b % R] for the R buckets
 // up to and including `head`; others may be empty (single node). Buckets older than head-R+1 are
 // gone (zero).
@@ -101,6 +112,9 @@ double estimate(const RingView& ring, const WindowSpec& spec, Estimator est, int
 // limit, counted denials or merged remote hits).
 bool admits(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms,
             uint64_t hits, uint64_t limit);
+// The same at a moment of the spec (its now_ms must not lie before the head bucket either).
+bool admits(const RingView& ring, const WindowSpec& spec, Estimator est, const Moment& m,
+            uint64_t hits, uint64_t limit);
 
 // What a caller should be told about one limit at now (after any hits were counted).
 struct LimitState {
@@ -112,6 +126,8 @@ struct LimitState {
 };
 LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms,
                        uint64_t hits, uint64_t limit);
+LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est,
+                       const Moment& m, uint64_t hits, uint64_t limit);
 
 // A time the ring can be evaluated at: now, or the start of the head bucket when the caller's
 // clock is behind a bucket another caller already opened (bounded skew between threads).
@@ -124,9 +140,14 @@ inline int64_t effective_now(int64_t now_ms, int64_t head, int64_t bucket_ms) {
 // Moves the head forward to `bucket`, zeroing the buckets that fall out. A bucket older than the
 // head is left alone. Returns the new head.
 int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t head, int64_t bucket);
+// The same to the moment's bucket (no division).
+int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t head,
+                const Moment& m);
 
 // Adds hits to a bucket already within the ring (saturating at UINT32_MAX).
 void add(std::span<uint32_t> counts, int64_t bucket, uint64_t hits);
+// Adds hits to the moment's bucket, which the ring holds (advanced to it).
+void add(std::span<uint32_t> counts, const Moment& m, uint64_t hits);
 
 // True when every bucket the ring holds has left the window ending at now: the key carries no
 // information any more and may be dropped without changing any decision.

@@ -19,7 +19,9 @@
 # broken property (the input is saved as BUILD_DIR/crash-*; commit it under
 # tests/fuzz/regressions/TARGET/ with the fix).
 #
-# Environment: BUILD_DIR (default build-fuzz), JOBS (default 2); RUNS=N runs N executions per
+# Environment: BUILD_DIR (default build-fuzz), JOBS (default 2), TIMEOUT (seconds one input may
+# take before libFuzzer calls it a hang, default 10; raise it when the fuzzer shares the machine
+# at a low priority, or a starved process reports a false hang); RUNS=N runs N executions per
 # target instead of SECONDS (a campaign: docs/benchmarks.md, "Fuzzing"); MERGE=1 folds what the
 # run found into tests/fuzz/corpus/TARGET (libFuzzer's -merge keeps only inputs with new
 # coverage) for committing.
@@ -53,7 +55,7 @@ for t in "${targets[@]}"; do
   fi
   inputs=("${corpus}" "${seeds}")
   [[ -d "${committed}" ]] && inputs+=("${committed}")
-  options=(-max_len=70000 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
+  options=(-max_len=70000 "-timeout=${TIMEOUT:-10}" -rss_limit_mb=2048 -print_final_stats=1)
   [[ -f "${root}/tests/fuzz/dict/${t}.dict" ]] && options+=("-dict=${root}/tests/fuzz/dict/${t}.dict")
   if [[ -n "${RUNS:-}" ]]; then
     echo "== ${t}: ${RUNS} executions"
