@@ -1,19 +1,25 @@
-// sluice-bench-engine: checks per second of the in-process engine on ONE thread with 1M and 10M
-// live keys, and bytes of memory per live key, measured (DESIGN.md, "Numbers that matter").
+// sluice-bench-engine: checks per second of the in-process engine, on one thread and on several,
+// with 1M and 10M live keys, and bytes of memory per live key, measured (DESIGN.md, "Numbers that
+// matter").
 //
 // Per row (keys x distribution):
 //   1. Generate every key string ("user-<n>", in one arena) and the whole stream of requests the
 //      timed phase will send (keys drawn uniform, or Zipf(s = 0.99)), laid out in arrival order
 //      like a receive buffer, so neither string building nor sampling is timed, and their memory
 //      is allocated before the "before" reading.
-//   2. Read the allocator (mallinfo2: uordblks + hblkhd, since glibc serves big tables with mmap
-//      and counts those only in hblkhd) and RSS (/proc/self/statm), after malloc_trim so memory
+//   2. Read the allocator (mallinfo2: uordblks + hblkhd, since glibc serves big blocks with mmap
+//      and counts those only in hblkhd; plus the tables the engine maps itself,
+//      engine::mapped_table_bytes) and RSS (/proc/self/statm), after malloc_trim so memory
 //      an earlier row freed does not hide this row's growth.
 //   3. Build the engine and touch every key once, so all are live. Read both again: the deltas
 //      over the number of keys are the measured bytes per live key. EngineStats::table_bytes per
 //      key is reported beside them as the engine's own account.
-//   4. Time batches of 64 Engine::check calls with a reused BatchResult, up to --checks checks or
-//      --seconds, whichever comes first, with std::chrono::steady_clock.
+//   4. Time Engine::check on batches of --batch requests (default 32) with a reused BatchResult,
+//      up to --checks checks or --seconds, whichever comes first, with std::chrono::steady_clock;
+//      once per --threads count (default 1 and 2), each thread with a stream of its own (its own
+//      seed) over the same keys and engine. checks_per_sec is every thread's together over the
+//      wall time; per_thread divides it by the threads (on this machine's 2 cores, one thread per
+//      core: the per-core figure).
 // Simulated time advances 1 ms per 1024 checks (about the pace of a busy node), starting 45 s into
 // a minute so the timed phase crosses a bucket boundary and ring advances are part of the cost.
 // The limit (default 1e9 per minute) is far above any key's traffic so every check is allowed and
@@ -31,7 +37,7 @@
 // one row per kind of pass, p50/p99/max in ms and the counters it reported.
 //
 // Usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf] [--seconds S]
-//          [--checks N] [--limit N] [--shards N]
+//          [--checks N] [--limit N] [--shards N] [--threads N[,N..]] [--batch N]
 //        sluice-bench-engine --scenario sync-cost [--json] [--keys N[,N..]] [--active N[,N..]]
 //          [--passes N] [--shards N]
 #include <malloc.h>
@@ -48,6 +54,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -66,7 +73,6 @@ namespace rules = sluice::rules;
 namespace window = sluice::window;
 namespace testing = sluice::testing;
 
-constexpr size_t kBatch = 64;
 constexpr double kZipfS = 0.99;
 constexpr int64_t kChecksPerMs = 1024;
 constexpr int64_t kStartMs = testing::kTraceStartMs + 45'000;
@@ -83,11 +89,14 @@ struct Options {
   uint64_t limit = 1'000'000'000;
   uint32_t shards = 64;
   uint64_t seed = 1;
+  std::vector<uint64_t> threads = {1, 2};
+  size_t batch = 32;
 };
 
 struct Row {
   uint64_t keys = 0;
   std::string dist;
+  uint64_t threads = 1;
   uint64_t checks = 0;
   double seconds = 0;
   double checks_per_sec = 0;
@@ -105,6 +114,7 @@ struct Row {
                "sluice-bench-engine: %s\n"
                "usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf]\n"
                "         [--seconds S] [--checks N] [--limit N] [--shards N] [--seed N]\n"
+               "         [--threads N[,N..]] [--batch N]\n"
                "       sluice-bench-engine --scenario sync-cost [--json] [--keys N[,N..]]\n"
                "         [--active N[,N..]] [--passes N] [--shards N] [--seed N]\n",
                why);
@@ -175,6 +185,15 @@ Options parse_args(int argc, char** argv) {
       o.limit = parse_u64(value(), "--limit takes a number");
     } else if (a == "--shards") {
       o.shards = static_cast<uint32_t>(parse_u64(value(), "--shards takes a number"));
+    } else if (a == "--threads") {
+      o.threads.clear();
+      parse_list(value(), "--threads takes numbers", o.threads);
+      for (const uint64_t n : o.threads) {
+        if (n == 0 || n > 64) usage("--threads must be between 1 and 64");
+      }
+    } else if (a == "--batch") {
+      o.batch = parse_u64(value(), "--batch takes a number");
+      if (o.batch == 0 || o.batch > 4096) usage("--batch must be between 1 and 4096");
     } else if (a == "--seed") {
       o.seed = parse_u64(value(), "--seed takes a number");
     } else {
@@ -260,7 +279,7 @@ struct MemReading {
 MemReading read_memory() {
   MemReading m;
   const struct mallinfo2 mi = mallinfo2();
-  m.allocator = mi.uordblks + mi.hblkhd;
+  m.allocator = mi.uordblks + mi.hblkhd + sluice::engine::mapped_table_bytes();
   if (FILE* f = std::fopen("/proc/self/statm", "r")) {
     unsigned long long size = 0, resident = 0;
     if (std::fscanf(f, "%llu %llu", &size, &resident) == 2) {
@@ -281,12 +300,14 @@ std::shared_ptr<const rules::Policy> make_policy(uint64_t limit, uint64_t seed) 
                                   seed);
 }
 
-// Checks keys[seq[i]] for i in [0, len) in batches of kBatch, time starting at `first_check`
+// Checks keys[seq[i]] for i in [0, len) in batches of batch_size, time starting at `first_check`
 // (in checks, for the simulated clock). Stops early at `deadline` when given. Returns how many
 // checks ran; adds the allowed ones to *allowed.
 template <typename KeyOf>
-uint64_t run_checks(Engine& engine, uint64_t len, uint64_t first_check, KeyOf key_of,
-                    const std::chrono::steady_clock::time_point* deadline, uint64_t* allowed) {
+uint64_t run_checks(Engine& engine, size_t batch_size, uint64_t len, uint64_t first_check,
+                    KeyOf key_of, const std::chrono::steady_clock::time_point* deadline,
+                    uint64_t* allowed) {
+  const size_t kBatch = batch_size;
   std::vector<rules::Descriptor> descs(kBatch);
   std::vector<rules::CheckRequest> batch(kBatch);
   BatchResult out;
@@ -303,8 +324,8 @@ uint64_t run_checks(Engine& engine, uint64_t len, uint64_t first_check, KeyOf ke
     for (size_t j = 0; j < n; ++j)
       ok += out.decisions[j].allowed ? 1u : 0u;
     done += n;
-    // The clock is read every 16 batches: cheap next to 1024 checks, fine-grained enough.
-    if (deadline != nullptr && done % 1024 == 0 && std::chrono::steady_clock::now() >= *deadline) {
+    // The clock is read about every 1024 checks: cheap next to them, fine-grained enough.
+    if (deadline != nullptr && done % 1024 < n && std::chrono::steady_clock::now() >= *deadline) {
       break;
     }
   }
@@ -312,11 +333,14 @@ uint64_t run_checks(Engine& engine, uint64_t len, uint64_t first_check, KeyOf ke
   return done;
 }
 
-Row run_row(const Options& opt, const KeyArena& arena, uint64_t keys, const std::string& dist) {
-  Row row;
-  row.keys = keys;
-  row.dist = dist;
-  const RequestStream stream = make_stream(arena, make_sequence(keys, opt.checks, dist, opt.seed));
+// One row per --threads count for `keys` x `dist`: one engine, warmed once, then timed with each
+// thread count in turn (the simulated clock runs on from one to the next).
+std::vector<Row> run_rows(const Options& opt, const KeyArena& arena, uint64_t keys,
+                          const std::string& dist) {
+  const uint64_t max_threads = *std::max_element(opt.threads.begin(), opt.threads.end());
+  std::vector<RequestStream> streams;
+  for (uint64_t t = 0; t < max_threads; ++t)
+    streams.push_back(make_stream(arena, make_sequence(keys, opt.checks, dist, opt.seed + t)));
 
   // Give memory freed by the previous row back to the system, so the RSS delta is this engine's.
   malloc_trim(0);
@@ -327,26 +351,9 @@ Row run_row(const Options& opt, const KeyArena& arena, uint64_t keys, const std:
   auto engine = std::make_unique<Engine>(make_policy(opt.limit, opt.seed), eo);
   uint64_t warm_allowed = 0;
   run_checks(
-      *engine, keys, 0, [&](uint64_t i) { return arena[i]; }, nullptr, &warm_allowed);
+      *engine, opt.batch, keys, 0, [&](uint64_t i) { return arena[i]; }, nullptr, &warm_allowed);
   const MemReading after = read_memory();
   const auto warm_stats = engine->stats();
-
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                    std::chrono::duration<double>(opt.seconds));
-  row.checks = run_checks(
-      *engine, stream.len.size(), keys, [&](uint64_t i) { return stream[i]; }, &deadline,
-      &row.allowed);
-  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto stats = engine->stats();
-
-  row.checks_per_sec = static_cast<double>(row.checks) / row.seconds;
-  row.bytes_per_key = per_key(after.allocator, before.allocator, keys);
-  row.rss_bytes_per_key = per_key(after.rss, before.rss, keys);
-  row.table_bytes_per_key = static_cast<double>(warm_stats.table_bytes) / static_cast<double>(keys);
-  row.live_counters = stats.live_counters;
-  row.evicted_expired = stats.evicted_expired;
-  row.evicted_live = stats.evicted_live;
   if (warm_stats.live_counters != keys) {
     std::fprintf(stderr,
                  "warning: %" PRIu64 " keys touched but %" PRIu64 " live counters after warm-up\n",
@@ -356,21 +363,63 @@ Row run_row(const Options& opt, const KeyArena& arena, uint64_t keys, const std:
     std::fprintf(stderr, "warning: only %" PRIu64 " of %" PRIu64 " warm-up checks allowed\n",
                  warm_allowed, keys);
   }
-  return row;
+
+  std::vector<Row> rows;
+  uint64_t clock_checks = keys;  // checks so far, for the simulated clock
+  for (const uint64_t threads : opt.threads) {
+    Row row;
+    row.keys = keys;
+    row.dist = dist;
+    row.threads = threads;
+    std::vector<uint64_t> done(threads, 0), allowed(threads, 0);
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(opt.seconds));
+    std::vector<std::thread> workers;
+    for (uint64_t t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        const RequestStream& stream = streams[t];
+        done[t] = run_checks(
+            *engine, opt.batch, stream.len.size(), clock_checks,
+            [&](uint64_t i) { return stream[i]; }, &deadline, &allowed[t]);
+      });
+    }
+    for (auto& w : workers)
+      w.join();
+    row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (uint64_t t = 0; t < threads; ++t) {
+      row.checks += done[t];
+      row.allowed += allowed[t];
+    }
+    clock_checks += row.checks / threads;
+    const auto stats = engine->stats();
+    row.checks_per_sec = static_cast<double>(row.checks) / row.seconds;
+    row.bytes_per_key = per_key(after.allocator, before.allocator, keys);
+    row.rss_bytes_per_key = per_key(after.rss, before.rss, keys);
+    row.table_bytes_per_key =
+        static_cast<double>(warm_stats.table_bytes) / static_cast<double>(keys);
+    row.live_counters = stats.live_counters;
+    row.evicted_expired = stats.evicted_expired;
+    row.evicted_live = stats.evicted_live;
+    rows.push_back(row);
+  }
+  return rows;
 }
 
 void print_table(const Options& opt, const std::vector<Row>& rows) {
-  std::printf("# one thread; limit %" PRIu64
+  std::printf("# limit %" PRIu64
               "/1m (1m buckets); %u shards; batches of %zu;"
-              " memory cap 8 GiB; up to %" PRIu64 " checks or %.1f s per row\n",
-              opt.limit, opt.shards, kBatch, opt.checks, opt.seconds);
-  std::printf("%10s %-8s %10s %7s %12s %9s %9s %9s %8s %10s %8s %8s\n", "keys", "dist", "checks",
-              "secs", "checks/s", "B/key", "rssB/key", "tblB/key", "allowed%", "live", "ev_exp",
-              "ev_live");
+              " memory cap 8 GiB; up to %" PRIu64 " checks per thread or %.1f s per row\n",
+              opt.limit, opt.shards, opt.batch, opt.checks, opt.seconds);
+  std::printf("%10s %-8s %3s %10s %7s %12s %12s %9s %9s %9s %8s %10s %8s %8s\n", "keys", "dist",
+              "thr", "checks", "secs", "checks/s", "per_thread", "B/key", "rssB/key", "tblB/key",
+              "allowed%", "live", "ev_exp", "ev_live");
   for (const auto& r : rows) {
-    std::printf("%10" PRIu64 " %-8s %10" PRIu64 " %7.2f %12.0f %9.1f %9.1f %9.1f %8.3f %10" PRIu64
-                " %8" PRIu64 " %8" PRIu64 "\n",
-                r.keys, r.dist.c_str(), r.checks, r.seconds, r.checks_per_sec, r.bytes_per_key,
+    std::printf("%10" PRIu64 " %-8s %3" PRIu64 " %10" PRIu64
+                " %7.2f %12.0f %12.0f %9.1f %9.1f %9.1f %8.3f %10" PRIu64 " %8" PRIu64 " %8" PRIu64
+                "\n",
+                r.keys, r.dist.c_str(), r.threads, r.checks, r.seconds, r.checks_per_sec,
+                r.checks_per_sec / static_cast<double>(r.threads), r.bytes_per_key,
                 r.rss_bytes_per_key, r.table_bytes_per_key,
                 r.checks == 0
                     ? 0.0
@@ -379,12 +428,15 @@ void print_table(const Options& opt, const std::vector<Row>& rows) {
   }
 }
 
-void print_json(const std::vector<Row>& rows) {
+void print_json(const std::vector<Row>& rows, size_t batch) {
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows) {
     out.push_back({{"keys", r.keys},
                    {"distribution", r.dist},
+                   {"threads", r.threads},
+                   {"batch", batch},
                    {"checks_per_sec", r.checks_per_sec},
+                   {"checks_per_sec_per_thread", r.checks_per_sec / static_cast<double>(r.threads)},
                    {"bytes_per_key", r.bytes_per_key},
                    {"rss_bytes_per_key", r.rss_bytes_per_key},
                    {"table_bytes_per_key", r.table_bytes_per_key}});
@@ -462,7 +514,7 @@ void run_sync_cost(const Options& opt, const KeyArena& arena, uint64_t keys, uin
   // apart: 500 of them cross one minute boundary, and nothing expires (1-minute limit).
   uint64_t allowed = 0;
   run_checks(
-      *engine, keys, 0, [&](uint64_t i) { return arena[i]; }, nullptr, &allowed);
+      *engine, opt.batch, keys, 0, [&](uint64_t i) { return arena[i]; }, nullptr, &allowed);
   int64_t now = kStartMs + static_cast<int64_t>(keys / kChecksPerMs) + 1;
   CountingSink sink;
   timed_sync_pass(*engine, false, sink);  // all of them go out once: the table is clean
@@ -480,7 +532,7 @@ void run_sync_cost(const Options& opt, const KeyArena& arena, uint64_t keys, uin
   for (uint64_t p = 1; p <= opt.passes; ++p) {
     now += kPassMs;
     run_checks(
-        *engine, active, static_cast<uint64_t>(now - kStartMs) * kChecksPerMs,
+        *engine, opt.batch, active, static_cast<uint64_t>(now - kStartMs) * kChecksPerMs,
         [&](uint64_t i) { return arena[set[i]]; }, nullptr, &allowed);
     const bool resend = p % kResendEvery == 0;
     sink.items = 0;
@@ -548,17 +600,18 @@ int main(int argc, char** argv) {
   for (const uint64_t keys : opt.keys) {
     const KeyArena arena = make_keys(keys);
     for (const auto& dist : opt.dists) {
-      rows.push_back(run_row(opt, arena, keys, dist));
-      const Row& r = rows.back();
-      std::fprintf(stderr,
-                   "done %" PRIu64
-                   " keys %s: %.0f checks/s, %.1f B/key (allocator), "
-                   "evicted expired %" PRIu64 " live %" PRIu64 "\n",
-                   r.keys, r.dist.c_str(), r.checks_per_sec, r.bytes_per_key, r.evicted_expired,
-                   r.evicted_live);
+      for (const Row& r : run_rows(opt, arena, keys, dist)) {
+        rows.push_back(r);
+        std::fprintf(stderr,
+                     "done %" PRIu64 " keys %s, %" PRIu64
+                     " threads: %.0f checks/s, %.1f B/key (allocator), "
+                     "evicted expired %" PRIu64 " live %" PRIu64 "\n",
+                     r.keys, r.dist.c_str(), r.threads, r.checks_per_sec, r.bytes_per_key,
+                     r.evicted_expired, r.evicted_live);
+      }
     }
   }
   print_table(opt, rows);
-  if (opt.json) print_json(rows);
+  if (opt.json) print_json(rows, opt.batch);
   return 0;
 }

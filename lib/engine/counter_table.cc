@@ -100,7 +100,12 @@ void CounterTable::erase_at(size_t index) {
 namespace {
 constexpr size_t kLine = 64;
 constexpr size_t kHugePage = size_t{2} << 20;
+std::atomic<uint64_t> mapped_total{0};
 }  // namespace
+
+uint64_t SlotStorage::mapped_bytes() {
+  return mapped_total.load(std::memory_order_relaxed);
+}
 
 std::unique_ptr<uint32_t[], SlotStorage> CounterTable::allocate(size_t words) {
   const size_t bytes = words * sizeof(uint32_t);
@@ -116,6 +121,7 @@ std::unique_ptr<uint32_t[], SlotStorage> CounterTable::allocate(size_t words) {
     if (start > base) munmap(p, start - base);
     if (base + span > start + len) munmap(reinterpret_cast<void*>(start + len), base + span - start - len);
     madvise(reinterpret_cast<void*>(start), len, MADV_HUGEPAGE);  // advice: failure is harmless
+    mapped_total.fetch_add(len, std::memory_order_relaxed);
     return {reinterpret_cast<uint32_t*>(start), SlotStorage{len, true}};
   }
   const size_t rounded = (bytes + kLine - 1) & ~(kLine - 1);
@@ -129,6 +135,7 @@ void SlotStorage::operator()(uint32_t* p) const {
   if (p == nullptr) return;
   if (mapped) {
     munmap(p, bytes);
+    mapped_total.fetch_sub(bytes, std::memory_order_relaxed);
   } else {
     std::free(p);
   }

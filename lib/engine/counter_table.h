@@ -28,6 +28,9 @@ namespace sluice::engine {
 
 // Frees a table's slot storage (CounterTable::allocate).
 struct SlotStorage {
+  // Bytes of slot storage mapped outside the heap allocator (big tables), process-wide: what
+  // mallinfo does not see, for memory measurements (sluice-bench-engine).
+  static uint64_t mapped_bytes();
   void operator()(uint32_t* p) const;
   size_t bytes = 0;
   bool mapped = false;

@@ -30,6 +30,7 @@ struct Scratch {
   std::vector<uint8_t> limit_ok;
   std::vector<window::Moment> at;  // per entry of slots: the moment it is evaluated at
   std::vector<uint64_t> limit_in_force;  // per limit: Impl::limit_here
+  std::vector<window::Usage> usage;      // per limit: its ring's usage before counting
   // The moment of the batch's time for the specs in use (a division each, once per batch, not
   // several per check); direct-mapped by bucket size.
   struct CachedMoment {
@@ -111,6 +112,10 @@ class RecordReader {
 };
 
 }  // namespace
+
+uint64_t mapped_table_bytes() {
+  return SlotStorage::mapped_bytes();
+}
 
 uint64_t Engine::Impl::new_uid() {
   return next_engine_uid.fetch_add(1);
@@ -265,6 +270,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
   if (sc.limit_ok.size() < num_limits) {
     sc.limit_ok.resize(num_limits);
     sc.limit_in_force.resize(num_limits);
+    sc.usage.resize(num_limits);
   }
   std::fill_n(sc.rule_ok.begin(), rr.num_rules, uint8_t{1});
   std::fill_n(sc.limit_ok.begin(), num_limits, uint8_t{1});
@@ -280,7 +286,8 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const window::Moment& m = sc.at[k];
       const uint64_t limit = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
       sc.limit_in_force[k] = limit;
-      bool ok = window::admits(t.view(i), t.spec(), ar.rule->estimator, m, hits, limit);
+      sc.usage[k] = window::usage(t.view(i), t.spec(), m);
+      bool ok = window::admits(sc.usage[k], t.spec(), ar.rule->estimator, m, hits, limit);
       if (ok && sc.twin[k] != 0 && hits > 0) {
         // Gossip mode: within the limit as far as this node knows; of its own hits in the
         // window it may hold only its quota (gossip_quota), so the nodes' admissions add up to
@@ -348,8 +355,9 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
       const window::Moment& m = sc.at[k];
+      uint64_t added = 0;
       if (counted && hits > 0) {
-        window::add(t.own(i), m, hits);
+        added = window::add(t.own(i), m, hits);
         set_changed(
             shards[lims[k].counter & shard_mask], t, i, st.spec_ids[lims[k].spec_index],
             CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
@@ -364,8 +372,8 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
             CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
       }
       const uint64_t lim = sc.limit_in_force[k];
-      const window::LimitState ls =
-          window::limit_state(t.view(i), t.spec(), ar.rule->estimator, m, hits, lim);
+      const window::LimitState ls = window::limit_state_after(
+          t.view(i), t.spec(), ar.rule->estimator, m, sc.usage[k], added, hits, lim);
       const uint64_t used = lim - std::min(lim, ls.remaining);
       if (!sc.limit_ok[k] || used * 5 >= lim * 4) {
         note_hot(shards[lims[k].counter & shard_mask], lims[k].counter,

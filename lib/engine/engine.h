@@ -244,6 +244,11 @@ struct Fallback {
   bool takeover = false;         // members 0: a replica deciding for an owner out of reach
 };
 
+// Bytes of counter tables mapped outside the heap allocator (tables of 4 MiB and more are mapped
+// on their own, with huge pages advised), in every engine of the process: what mallinfo() does not
+// count, for memory measurements.
+uint64_t mapped_table_bytes();
+
 class Engine {
  public:
   Engine(std::shared_ptr<const rules::Policy> policy, EngineOptions options = {});

@@ -223,6 +223,38 @@ LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator e
   return st;
 }
 
+Usage usage(const RingView& ring, const WindowSpec& spec, const Moment& m) {
+  const Split s = split_at(ring, spec.buckets(), m);
+  return {s.full, s.straddle};
+}
+
+bool admits(const Usage& u, const WindowSpec& spec, Estimator est, const Moment& m, uint64_t hits,
+            uint64_t limit) {
+  if (hits > limit) return false;
+  const u128 b = static_cast<u128>(spec.bucket_ms);
+  return scaled(Split{u.full, u.straddle}, est, spec.bucket_ms, m.elapsed) +
+             static_cast<u128>(hits) * b <=
+         static_cast<u128>(limit) * b;
+}
+
+LimitState limit_state_after(const RingView& ring, const WindowSpec& spec, Estimator est,
+                             const Moment& m, const Usage& before, uint64_t added, uint64_t hits,
+                             uint64_t limit) {
+  // Denied (a retry-after to work out) or nothing counted (the reset needs the newest bucket
+  // with hits): the whole walk.
+  if (added == 0 || hits > limit) return limit_state(ring, spec, est, m, hits, limit);
+  const int64_t B = spec.bucket_ms;
+  const u128 b = static_cast<u128>(B);
+  const u128 cap = static_cast<u128>(limit) * b;
+  // m's bucket is one of the n wholly inside the window (n >= 1), so the added hits count whole.
+  const u128 used = scaled(Split{before.full + added, before.straddle}, est, B, m.elapsed);
+  if (used + static_cast<u128>(hits) * b > cap) return limit_state(ring, spec, est, m, hits, limit);
+  LimitState st;
+  st.remaining = div_down(cap - used, b);
+  st.reset_ms = std::max<int64_t>(0, (m.bucket + 1) * B + spec.window_ms - m.now_ms);
+  return st;
+}
+
 int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t head, int64_t bucket) {
   if (bucket <= head) return head;
   const auto r = static_cast<int64_t>(own.size());
@@ -258,10 +290,12 @@ int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t hea
 }
 
 namespace {
-void add_at(std::span<uint32_t> counts, size_t i, uint64_t hits) {
+uint64_t add_at(std::span<uint32_t> counts, size_t i, uint64_t hits) {
   constexpr uint32_t kMax = std::numeric_limits<uint32_t>::max();
-  const uint64_t room = kMax - counts[i];  // compared before adding: hits may be near 2^64
-  counts[i] = hits >= room ? kMax : counts[i] + static_cast<uint32_t>(hits);
+  const uint32_t was = counts[i];
+  const uint64_t room = kMax - was;  // compared before adding: hits may be near 2^64
+  counts[i] = hits >= room ? kMax : was + static_cast<uint32_t>(hits);
+  return counts[i] - was;
 }
 }  // namespace
 
@@ -270,8 +304,8 @@ void add(std::span<uint32_t> counts, int64_t bucket, uint64_t hits) {
          hits);
 }
 
-void add(std::span<uint32_t> counts, const Moment& m, uint64_t hits) {
-  add_at(counts, m.index, hits);
+uint64_t add(std::span<uint32_t> counts, const Moment& m, uint64_t hits) {
+  return add_at(counts, m.index, hits);
 }
 
 SlidingWindow::SlidingWindow(WindowSpec spec, Estimator est)

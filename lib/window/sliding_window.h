@@ -129,6 +129,22 @@ LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator e
 LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est,
                        const Moment& m, uint64_t hits, uint64_t limit);
 
+// Deciding a limit and then reporting it reads the ring once: `usage` before counting, `admits`
+// on it, then `limit_state_after` once the admitted hits were added to the moment's bucket.
+struct Usage {
+  uint64_t full = 0;      // the buckets wholly inside the window ending at the moment
+  uint64_t straddle = 0;  // the bucket straddling its start
+};
+Usage usage(const RingView& ring, const WindowSpec& spec, const Moment& m);
+bool admits(const Usage& u, const WindowSpec& spec, Estimator est, const Moment& m, uint64_t hits,
+            uint64_t limit);
+// limit_state of `ring` (after `added` hits went into m's bucket, whose usage before was `before`)
+// at m: the same result as limit_state(ring, ...), without reading the ring again unless the
+// request was denied or nothing was added.
+LimitState limit_state_after(const RingView& ring, const WindowSpec& spec, Estimator est,
+                             const Moment& m, const Usage& before, uint64_t added, uint64_t hits,
+                             uint64_t limit);
+
 // A time the ring can be evaluated at: now, or the start of the head bucket when the caller's
 // clock is behind a bucket another caller already opened (bounded skew between threads).
 inline int64_t effective_now(int64_t now_ms, int64_t head, int64_t bucket_ms) {
@@ -146,8 +162,9 @@ int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t hea
 
 // Adds hits to a bucket already within the ring (saturating at UINT32_MAX).
 void add(std::span<uint32_t> counts, int64_t bucket, uint64_t hits);
-// Adds hits to the moment's bucket, which the ring holds (advanced to it).
-void add(std::span<uint32_t> counts, const Moment& m, uint64_t hits);
+// Adds hits to the moment's bucket, which the ring holds (advanced to it); returns how many were
+// added (fewer than hits only at saturation).
+uint64_t add(std::span<uint32_t> counts, const Moment& m, uint64_t hits);
 
 // True when every bucket the ring holds has left the window ending at now: the key carries no
 // information any more and may be dropped without changing any decision.
