@@ -34,6 +34,8 @@ void RowStats::merge(const RowStats& o) {
   late_answers += o.late_answers;
   conn_failures += o.conn_failures;
   unsent += o.unsent;
+  bytes_sent += o.bytes_sent;
+  bytes_received += o.bytes_received;
   if (first_error.empty()) first_error = o.first_error;
 }
 

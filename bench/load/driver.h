@@ -68,6 +68,10 @@ struct RowStats {
   uint64_t late_answers = 0;   // UDP answers that came after their request was given up
   uint64_t conn_failures = 0;  // connections that closed or failed during the row
   uint64_t unsent = 0;         // open loop: units due but never sent
+  // Payload bytes of the units answered in the window (requests as sent, answers as received:
+  // UDP datagrams, TCP bytes with their framing), for bytes on the wire per check.
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
   double seconds = 0;          // length of the measured window
   std::string first_error;     // the first error seen, for the report
 
@@ -96,11 +100,20 @@ struct Recorder {
   int64_t measure_from_ns = 0;
   int64_t measure_to_ns = 0;
   bool in_window(int64_t now) const { return now >= measure_from_ns && now < measure_to_ns; }
-  void complete(int64_t start_ns, int64_t now, uint32_t checks) {
-    if (!in_window(now)) return;
+  // Returns whether it counted (the answer came inside the window).
+  bool complete(int64_t start_ns, int64_t now, uint32_t checks) {
+    if (!in_window(now)) return false;
     stats->checks += checks;
     stats->units += 1;
     stats->latency.record(static_cast<uint64_t>(now > start_ns ? now - start_ns : 0), checks);
+    return true;
+  }
+  // complete(), and the unit's bytes each way when it counted.
+  bool complete(int64_t start_ns, int64_t now, uint32_t checks, size_t sent, size_t received) {
+    if (!complete(start_ns, now, checks)) return false;
+    stats->bytes_sent += sent;
+    stats->bytes_received += received;
+    return true;
   }
 };
 

@@ -34,6 +34,13 @@ class LatencyHistogram {
   }
 
   uint64_t count() const { return total_; }
+  // Every non-empty bucket in ascending order: f(midpoint_ns, count).
+  template <typename F>
+  void for_each_bucket(F&& f) const {
+    for (size_t i = 0; i < kBuckets; ++i) {
+      if (counts_[i] != 0) f(std::min(midpoint(i), max_), counts_[i]);
+    }
+  }
   uint64_t max_ns() const { return max_; }
 
   // The value at quantile q (0 < q <= 1): the midpoint of the bucket holding the ceil(q * n)-th

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -297,6 +298,8 @@ class SluiceUdpConn final : public Conn {
     const uint64_t id = inflight_.take(start, int64_t{rt.tv_sec} * 1'000'000'000 + rt.tv_nsec);
     builder_.build(id, pad_to_, pending_[npending_]);
     pending_ids_[npending_] = id;
+    request_bytes_[id & 0xffff] = pending_[npending_].size();
+    if (o_.echo) echo_order_.push_back(id);
     ++npending_;
   }
   void flush() override {
@@ -361,18 +364,34 @@ class SluiceUdpConn final : public Conn {
       rec_.stats->note_error("udp answer larger than the receive buffer");
       return;
     }
-    const auto* data = static_cast<const uint8_t*>(h.msg_hdr.msg_iov->iov_base);
-    if (wire::decode_answer({data, h.msg_len}, answer_) != wire::Code::kOk) {
-      rec_.stats->note_error("undecodable udp answer");
-      return;
-    }
     int64_t start = 0, start_rt = 0;
-    if (!inflight_.finish(answer_.id, start, &start_rt)) {
-      ++rec_.stats->late_answers;
-      return;
+    uint64_t id = 0;
+    if (o_.echo) {
+      // The oldest request still in flight (requests given up on, whose echo was lost, go).
+      bool found = false;
+      while (!echo_order_.empty() && !found) {
+        id = echo_order_.front();
+        echo_order_.pop_front();
+        found = inflight_.finish(id, start, &start_rt);
+      }
+      if (!found) {
+        ++rec_.stats->late_answers;
+        return;
+      }
+    } else {
+      const auto* data = static_cast<const uint8_t*>(h.msg_hdr.msg_iov->iov_base);
+      if (wire::decode_answer({data, h.msg_len}, answer_) != wire::Code::kOk) {
+        rec_.stats->note_error("undecodable udp answer");
+        return;
+      }
+      id = answer_.id;
+      if (!inflight_.finish(id, start, &start_rt)) {
+        ++rec_.stats->late_answers;
+        return;
+      }
+      if (!judge_answer(answer_, o_.batch, *rec_.stats)) return;
     }
-    if (!judge_answer(answer_, o_.batch, *rec_.stats)) return;
-    rec_.complete(start, now, o_.batch);
+    rec_.complete(start, now, o_.batch, request_bytes_[id & 0xffff], h.msg_len);
     if (!timestamps_ || !rec_.in_window(now)) return;
     msghdr& mh = const_cast<msghdr&>(h.msg_hdr);
     for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
@@ -401,6 +420,8 @@ class SluiceUdpConn final : public Conn {
   std::array<std::array<char, CMSG_SPACE(sizeof(timespec))>, kRecvBatch> recv_ctl_{};
   bool timestamps_ = false;
   wire::Answer answer_;
+  std::vector<size_t> request_bytes_ = std::vector<size_t>(o_.window);  // by in-flight slot
+  std::deque<uint64_t> echo_order_;  // echo: ids in the order they were sent
 };
 
 class SluiceTcpConn final : public StreamConn {
@@ -418,9 +439,16 @@ class SluiceTcpConn final : public StreamConn {
     frame_.clear();
     wire::append_frame(msg_, frame_);
     out_.append(reinterpret_cast<const char*>(frame_.data()), frame_.size());
+    request_bytes_[id & 0xffff] = frame_.size();
+    if (o_.echo) echo_order_.push_back(id);
   }
   void on_readable(int64_t now) override {
     const bool ok = read_available();
+    if (o_.echo) {
+      on_echo(now);
+      if (!ok) fail();
+      return;
+    }
     const std::string_view in = pending_input();
     reader_.feed({reinterpret_cast<const uint8_t*>(in.data()), in.size()});
     consume(in.size());
@@ -432,11 +460,15 @@ class SluiceTcpConn final : public StreamConn {
         continue;
       }
       int64_t start = 0;
-      if (!inflight_.finish(answer_.id, start)) {
+      const uint64_t id = answer_.id;
+      if (!inflight_.finish(id, start)) {
         stats_->note_error("tcp answer with an unknown id");
         continue;
       }
-      if (judge_answer(answer_, o_.batch, *stats_)) rec_.complete(start, now, o_.batch);
+      if (judge_answer(answer_, o_.batch, *stats_)) {
+        rec_.complete(start, now, o_.batch, request_bytes_[id & 0xffff],
+                      frame->size() + kFrameHeader);
+      }
     }
     if (reader_.failed()) {
       stats_->note_error("bad frame length from the server");
@@ -446,6 +478,24 @@ class SluiceTcpConn final : public StreamConn {
   }
 
  private:
+  static constexpr size_t kFrameHeader = wire::kFrameHeaderBytes;
+
+  // Echo: the bytes come back as sent; each request is done when all of its frame has.
+  void on_echo(int64_t now) {
+    std::string_view in = pending_input();
+    size_t used = 0;
+    while (!echo_order_.empty()) {
+      const uint64_t id = echo_order_.front();
+      const size_t size = request_bytes_[id & 0xffff];
+      if (in.size() - used < size) break;
+      used += size;
+      echo_order_.pop_front();
+      int64_t start = 0;
+      if (inflight_.finish(id, start)) rec_.complete(start, now, o_.batch, size, size);
+    }
+    consume(used);
+  }
+
   SluiceConnOptions o_;
   Recorder& rec_;
   InFlight inflight_;
@@ -453,6 +503,8 @@ class SluiceTcpConn final : public StreamConn {
   std::vector<uint8_t> msg_, frame_;
   wire::FrameReader reader_;
   wire::Answer answer_;
+  std::vector<size_t> request_bytes_ = std::vector<size_t>(o_.window);  // by in-flight slot
+  std::deque<uint64_t> echo_order_;  // echo: ids in the order they were sent
 };
 
 // ---- RESP -------------------------------------------------------------------------------------
@@ -1002,6 +1054,38 @@ std::unique_ptr<Conn> make_memcached(const MemcachedConnOptions& o, ThreadContex
 }
 
 // ---- probes and setup ---------------------------------------------------------------------------
+
+std::string echo_probe(const std::string& transport, uint16_t port, int timeout_ms) {
+  const std::string ping = "sluice-bench echo probe";
+  std::string err;
+  const int fd = transport == "udp" ? udp_connect(port, err) : tcp_connect(port, timeout_ms, err);
+  if (fd < 0) return err;
+  std::string got;
+  const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
+  bool sent = false;
+  // Bounded: UDP resends every 100 ms (a datagram may go before the server binds); TCP sends once.
+  while (now_ns() < deadline && got.size() < ping.size()) {
+    if (!sent || transport == "udp") {
+      if (::send(fd, ping.data(), ping.size(), MSG_NOSIGNAL) < 0 && transport == "tcp") {
+        err = std::string("send: ") + std::strerror(errno);
+        break;
+      }
+      sent = true;
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) continue;
+    char buf[256];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0 && transport == "tcp") {
+      err = "connection closed";
+      break;
+    }
+    if (n > 0) got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (got.substr(0, ping.size()) == ping) return "";
+  return err.empty() ? "no echo" : err;
+}
 
 std::string sluice_probe(uint16_t port, int timeout_ms) {
   const wire::Entry entry{kSluiceEntryKey, "probe"};

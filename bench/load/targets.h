@@ -37,12 +37,19 @@ struct SluiceConnOptions {
   int64_t udp_timeout_ns = 200'000'000;
   const Keyspace* keys = nullptr;
   std::string_view entry_key = kSluiceEntryKey;  // the one entry of each check: <entry_key>=<key>
+  // The server is the bare echo (load/echo_server.h): an "answer" is the request itself, matched
+  // to the requests in the order they were sent.
+  bool echo = false;
 };
 std::unique_ptr<Conn> make_sluice_udp(const SluiceConnOptions& o, ThreadContext& ctx);
 std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext& ctx);
 
 // Sends one check over TCP and one over UDP and waits for both answers; "" when both came.
 std::string sluice_probe(uint16_t port, int timeout_ms);
+
+// Sends a few bytes to the echo server (load/echo_server.h) over `transport` ("udp" or "tcp")
+// and waits for them back; "" when they came.
+std::string echo_probe(const std::string& transport, uint16_t port, int timeout_ms);
 
 // GET `path` from an HTTP port (HTTP/1.1, Connection: close); "" or the error. Body in `body`.
 std::string http_get(uint16_t port, const std::string& path, std::string& body);
