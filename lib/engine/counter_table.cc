@@ -166,10 +166,7 @@ void CounterTable::prefetch(uint64_t counter) const {
 }
 
 void CounterTable::set_head(size_t i, int64_t head) {
-  const uint64_t h = static_cast<uint64_t>(head) | (raw_head(i) & kFlagMask);
-  uint32_t* s = slot(i);
-  s[2] = static_cast<uint32_t>(h);
-  s[3] = static_cast<uint32_t>(h >> 32);
+  put_raw_head(i, static_cast<uint64_t>(head) | (raw_head(i) & kFlagMask));
 }
 
 int64_t CounterTable::pick_victim(int64_t now_ms, std::span<const uint64_t> pinned, size_t sample) {

@@ -342,14 +342,20 @@ struct Engine::Impl {
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, Fallback fallback, BatchResult& out, Decision& d);
 
-  // Moves a counter's ring to now (its buckets that left the window are zeroed); returns the
-  // moment to evaluate it at (of window::effective_now). `now` is the moment of now_ms for the
+  // Moves a counter's ring to now (its buckets that left the window are zeroed); sets `at` to
+  // the moment to evaluate it at (of window::effective_now). `now` is the moment of now_ms for the
   // table's spec; no division unless the counter's head is ahead of now (another thread's clock).
-  static window::Moment bring_to_now(CounterTable& t, size_t i, const window::Moment& now) {
+  // (Written to `at` rather than returned: a returned Moment went through a stack copy that the
+  // store buffer could not forward.)
+  static void bring_to_now(CounterTable& t, size_t i, const window::Moment& now,
+                           window::Moment& at) {
     const int64_t head = t.head_at(i);
-    if (now.bucket < head) return window::moment_of(t.spec(), head * t.spec().bucket_ms);
+    if (now.bucket < head) {
+      at = window::moment_of(t.spec(), head * t.spec().bucket_ms);
+      return;
+    }
     if (now.bucket > head) t.set_head(i, window::advance(t.own(i), t.others(i), head, now));
-    return now;
+    at = now;
   }
 
   // What a limit allows on this side of the cluster: limit x reachable / expected (see

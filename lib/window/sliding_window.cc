@@ -124,7 +124,7 @@ Moment moment_of(const WindowSpec& spec, int64_t now_ms) {
   m.now_ms = now_ms;
   m.bucket = bucket_of(now_ms, spec.bucket_ms);
   m.elapsed = now_ms - m.bucket * spec.bucket_ms;
-  m.index = static_cast<uint32_t>(ring_index(m.bucket, spec.ring_size()));
+  m.index = static_cast<uint64_t>(ring_index(m.bucket, spec.ring_size()));
   return m;
 }
 

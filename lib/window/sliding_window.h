@@ -87,7 +87,7 @@ struct Moment {
   int64_t now_ms = 0;
   int64_t bucket = 0;   // bucket_of(now_ms, bucket_ms)
   int64_t elapsed = 0;  // ms since that bucket began
-  uint32_t index = 0;   // the bucket's ring position (bucket mod ring_size)
+  uint64_t index = 0;   // the bucket's ring position (bucket mod ring_size); 64 bits: no padding
 };
 Moment moment_of(const WindowSpec& spec, int64_t now_ms);
 
