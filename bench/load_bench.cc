@@ -55,6 +55,7 @@
 #include "load/args.h"
 #include "load/driver.h"
 #include "load/echo_server.h"
+#include "load/http_target.h"
 #include "load/process.h"
 #include "load/targets.h"
 
@@ -84,6 +85,7 @@ struct Options {
   uint32_t udp_window = 8;
   uint32_t udp_batch_window = 2;
   uint32_t udp_room = 288;  // libsluice's default udp_answer_room_per_check
+  uint32_t http_window = 1;  // HTTP rows: requests in flight per connection (pipelined if > 1)
   uint32_t gen_threads = 1;
   // The generator takes one core; Redis serves on one thread. Giving sluiced the one core left
   // keeps three busy threads off two cores (measured: 2 threads on this 2-core machine cost
@@ -92,7 +94,7 @@ struct Options {
   std::string sluiced;
 };
 
-enum class Server { kSluiced, kRedis, kMemcached, kEchoUdp, kEchoTcp };
+enum class Server { kSluiced, kRedis, kMemcached, kEchoUdp, kEchoTcp, kNginx };
 
 enum class Kind {
   kSluiceUdp,
@@ -103,6 +105,8 @@ enum class Kind {
   kMemcached,
   kEchoUdp,  // the ceilings: load/echo_server.h, driven exactly like sluiced's rows
   kEchoTcp,
+  kSluiceHttp,      // POST /v1/check on the admin port (load/http_target.h)
+  kNginxLimitReq,   // nginx's limit_req, the HTTP anchor
 };
 
 struct RowDef {
@@ -122,6 +126,9 @@ std::vector<RowDef> all_rows(const Options& o) {
       {"sluiced-udp-batch" + bs, "sluiced", "udp", Kind::kSluiceUdp, b, Server::kSluiced},
       {"sluiced-tcp-single", "sluiced", "tcp", Kind::kSluiceTcp, 1, Server::kSluiced},
       {"sluiced-tcp-batch" + bs, "sluiced", "tcp", Kind::kSluiceTcp, b, Server::kSluiced},
+      {"sluiced-http-single", "sluiced", "http", Kind::kSluiceHttp, 1, Server::kSluiced},
+      {"nginx-limitreq-single", "nginx-limit-req", "http", Kind::kNginxLimitReq, 1,
+       Server::kNginx},
       {"udp-echo-single", "udp-echo", "udp", Kind::kEchoUdp, 1, Server::kEchoUdp},
       {"udp-echo-batch" + bs, "udp-echo", "udp", Kind::kEchoUdp, b, Server::kEchoUdp},
       {"tcp-echo-single", "tcp-echo", "tcp", Kind::kEchoTcp, 1, Server::kEchoTcp},
@@ -167,6 +174,7 @@ constexpr const char* kHelp = R"(usage: sluice-bench-load [options]
   --udp-window W       UDP single checks: datagrams in flight per socket (8)
   --udp-batch-window W UDP batches: datagrams in flight per socket (2)
   --udp-room BYTES     UDP padding per check, as libsluice's udp_answer_room_per_check (288)
+  --http-window W      HTTP rows: requests in flight per connection, pipelined when > 1 (1)
   --gen-threads 1|2    generator threads (1: the machine has 2 cores for generator and server)
   --server-threads N   sluiced --threads (1: the generator has the other core of a 2-core box)
   --sluiced PATH       sluiced binary (default: <build>/daemon/sluiced beside this program)
@@ -220,6 +228,8 @@ Options parse(int argc, char** argv) {
       o.udp_batch_window = args.u32(1, 4096);
     } else if (a == "--udp-room") {
       o.udp_room = args.u32(0, 2048);
+    } else if (a == "--http-window") {
+      o.http_window = args.u32(1, 1024);
     } else if (a == "--gen-threads") {
       o.gen_threads = args.u32(1, 2);
     } else if (a == "--server-threads") {
@@ -240,9 +250,9 @@ Options parse(int argc, char** argv) {
 
 struct Servers {
   bench::TempDir dir;
-  bench::ChildProcess sluiced, redis, memcached, echo_udp, echo_tcp;
+  bench::ChildProcess sluiced, redis, memcached, echo_udp, echo_tcp, nginx;
   uint16_t sluice_port = 0, admin_port = 0, redis_port = 0, memcached_port = 0;
-  uint16_t echo_udp_port = 0, echo_tcp_port = 0;
+  uint16_t echo_udp_port = 0, echo_tcp_port = 0, nginx_port = 0;
   std::string lua_sha;
   std::string redis_version, memcached_version;
 };
@@ -264,8 +274,20 @@ void start_echo(const Options& o, const std::string& transport, bench::ChildProc
 }
 
 void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool need_memcached,
-                   bool need_echo_udp, bool need_echo_tcp, Servers& s) {
+                   bool need_echo_udp, bool need_echo_tcp, bool need_nginx, Servers& s) {
   constexpr int kReadyMs = 15'000;
+  if (need_nginx) {
+    const std::string dir = s.dir.path() + "/nginx";
+    std::filesystem::create_directories(dir);
+    s.nginx_port = bench::free_loopback_port();
+    std::string err;
+    const std::vector<std::string> argv = bench::nginx_limit_req_argv(dir, s.nginx_port, err);
+    if (argv.empty()) throw std::runtime_error("nginx: " + err);
+    err = s.nginx.start(argv, dir + "/stdout.log");
+    if (!err.empty()) throw std::runtime_error("nginx: " + err);
+    wait_ready(
+        s.nginx, [&] { return bench::nginx_probe(s.nginx_port, 500); }, kReadyMs);
+  }
   if (need_echo_udp) start_echo(o, "udp", s.echo_udp, s.echo_udp_port, s.dir.path());
   if (need_echo_tcp) start_echo(o, "tcp", s.echo_tcp, s.echo_tcp_port, s.dir.path());
   if (need_sluiced) {
@@ -566,6 +588,19 @@ RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::
       factory = [ro](bench::ThreadContext& ctx) { return bench::make_redis(ro, ctx); };
       break;
     }
+    case Kind::kSluiceHttp:
+    case Kind::kNginxLimitReq: {
+      bench::HttpConnOptions ho;
+      const bool nginx = def.kind == Kind::kNginxLimitReq;
+      ho.port = nginx ? s.nginx_port : s.admin_port;
+      ho.scheme = nginx ? bench::HttpScheme::kNginxLimitReq : bench::HttpScheme::kSluiceCheck;
+      ho.window = o.http_window;
+      ho.keys = &keys;
+      d.conns = o.connections;
+      r.inflight = std::to_string(d.conns) + " conn x " + std::to_string(ho.window) + " request";
+      factory = [ho](bench::ThreadContext& ctx) { return bench::make_http(ho, ctx); };
+      break;
+    }
     case Kind::kMemcached: {
       if (std::string e = bench::memcached_flush_all(s.memcached_port); !e.empty()) {
         throw std::runtime_error("memcached flush_all: " + e);
@@ -592,6 +627,7 @@ RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::
                            : def.server == Server::kRedis     ? s.redis.pid()
                            : def.server == Server::kEchoUdp   ? s.echo_udp.pid()
                            : def.server == Server::kEchoTcp   ? s.echo_tcp.pid()
+                           : def.server == Server::kNginx     ? s.nginx.pid()
                                                               : s.memcached.pid();
   const Counters k0 = udp_snmp();
   const double g0 = self_cpu_s(), c0 = child_cpu_s(server_pid), m0b = machine_busy_s();
@@ -693,13 +729,14 @@ int main(int argc, char** argv) {
   if (rows.empty() && !o.half_rate) usage("--only selects no row (see --list)");
 
   bool need_sluiced = o.half_rate, need_redis = false, need_memcached = false;
-  bool need_echo_udp = false, need_echo_tcp = false;
+  bool need_echo_udp = false, need_echo_tcp = false, need_nginx = false;
   for (const RowDef& r : rows) {
     need_sluiced |= r.server == Server::kSluiced;
     need_redis |= r.server == Server::kRedis;
     need_memcached |= r.server == Server::kMemcached;
     need_echo_udp |= r.server == Server::kEchoUdp;
     need_echo_tcp |= r.server == Server::kEchoTcp;
+    need_nginx |= r.server == Server::kNginx;
   }
 
   std::vector<RowResult> results;
@@ -708,7 +745,8 @@ int main(int argc, char** argv) {
   bool interrupted = false;
   try {
     Servers s;
-    start_servers(o, need_sluiced, need_redis, need_memcached, need_echo_udp, need_echo_tcp, s);
+    start_servers(o, need_sluiced, need_redis, need_memcached, need_echo_udp, need_echo_tcp,
+                  need_nginx, s);
     const bench::Keyspace keys(o.keys);
 
     std::fprintf(stderr, "sluice-bench-load: servers up (%s%s%s), %zu row(s) of %.1f s\n",
@@ -771,6 +809,7 @@ int main(int argc, char** argv) {
     s.memcached.stop();
     s.echo_udp.stop();
     s.echo_tcp.stop();
+    s.nginx.stop();
     std::fprintf(stderr, "sluice-bench-load: servers stopped (redis %s, memcached %s)\n",
                  s.redis_version.empty() ? "-" : s.redis_version.c_str(),
                  s.memcached_version.empty() ? "-" : s.memcached_version.c_str());
@@ -843,6 +882,7 @@ int main(int argc, char** argv) {
        {"redis-lua-pipe" + b, "redis-hash-pipe" + b, "redis-incr-pipe" + b}},
       {"sluiced-tcp-batch" + b,
        {"redis-lua-pipe" + b, "redis-hash-pipe" + b, "redis-incr-pipe" + b}},
+      {"sluiced-http-single", {"nginx-limitreq-single"}},
   };
   std::printf("\n## Sluice vs baselines (checks/s)\n\n");
   bool any = false;
