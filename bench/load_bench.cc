@@ -17,6 +17,10 @@
 //   redis-*-single       16 connections x 1 check, unpipelined (a request waits for its answer)
 //   redis-*-pipe32       16 connections x 1 group of 32 checks' commands  (512 checks)
 //   memcached-single     16 connections x 1 check (get, then incr: two round trips)
+//   udp-echo-*, tcp-echo-*   the ceilings (load/echo_server.h): sluiced's own requests, the same
+//                        sockets, windows and thread count, answered by a bare echo
+//   sluiced-http-single  16 keep-alive connections x 1 POST /v1/check (--http-window pipelines)
+//   nginx-limitreq-single  the same against nginx's limit_req on the same keys (load/http_target.h)
 // UDP keeps fewer datagrams in flight than TCP keeps frames: each one is a separate buffer in the
 // server's socket (default receive buffer), and more only queue there (measured: 64 and 256 in
 // flight give the same checks/s, 4x the latency). Before each Redis row: FLUSHALL (the script
@@ -159,8 +163,11 @@ constexpr const char* kHelp = R"(usage: sluice-bench-load [options]
   --list               print the row names and exit
   --half-rate          also measure sluiced-udp-single at its max rate, then at half that rate
                        (open loop) for the p99 target
-  --json               last line: {"rows":[{"target":..,"transport":..,"batch":..,
-                       "checks_per_sec":..,"p50_us":..,"p99_us":..,"p999_us":..}]}
+  --json               last line: {"rows":[{"row":..,"target":..,"transport":..,"batch":..,
+                       "load":"max"|"half","checks_per_sec":..,"requests_per_sec":..,
+                       "bytes_per_sec":..,"bytes_per_check":..,"server_cpu_us_per_check":..,
+                       "p50_us":..,"p99_us":..,"p999_us":..,"max_us":..}]}; open-loop rows
+                       add "offered_checks_per_sec" and "histogram_us" ([us, checks] pairs)
   --seconds S          measured seconds per row (5)
   --warmup S           unmeasured seconds before each row (0.5)
   --keys N             keyspace, the same for every target (10000)
