@@ -315,6 +315,14 @@ TEST_CASE("concurrent callers never admit more than the limit") {
   for (auto& t : threads)
     t.join();
   CHECK(admitted.load() == 700);
+  // Rule statistics of batches (added up per batch, then into a shard) are all there once the
+  // checks returned: every request passed per-ip (it counts only what was admitted), per-user
+  // denied all but 700.
+  const auto s = e.stats();
+  CHECK(stats_of(s, "api/per-ip").allowed == 3200);
+  CHECK(stats_of(s, "api/per-ip").denied == 0);
+  CHECK(stats_of(s, "api/per-user").allowed == 700);
+  CHECK(stats_of(s, "api/per-user").denied == 2500);
 }
 
 TEST_CASE("merging remote totals is idempotent: duplicates and stale reports change nothing") {

@@ -46,6 +46,7 @@ struct Scratch {
   std::vector<RuleCounters> rule_stats;
   std::vector<uint32_t> rule_stats_touched;
   uint32_t stats_shard = next_stats_shard.fetch_add(1, std::memory_order_relaxed);  // adds there
+  bool batch_rule_stats = false;  // this batch adds up its rule statistics (kBatchStatsFrom)
 
   RuleCounters& rule_stats_of(uint32_t stats_id) {
     if (rule_stats.size() <= stats_id) rule_stats.resize(stats_id + 1);
@@ -89,6 +90,10 @@ void flush_rule_stats(Scratch& sc, std::span<Shard> shards) {
   sh.lock.unlock();
   sc.rule_stats_touched.clear();
 }
+
+// Batches of at least this many requests add up their rule statistics before adding them to a
+// shard (flush_rule_stats).
+constexpr size_t kBatchStatsFrom = 8;
 
 // How many counters ahead of the one being decided check() starts their cache lines on the way.
 constexpr size_t kPrefetchAhead = 6;
@@ -376,8 +381,15 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     // A rule counts what was admitted if it would itself have admitted it (a dry-run rule thus
     // tracks what enforcing would have let through), and everything if it counts denials.
     const bool counted = (d.allowed && sc.rule_ok[r]) || ar.rule->count_denied;
-    // Added up over the batch, and into a shard once at its end (flush_rule_stats).
-    RuleCounters& rs = sc.rule_stats_of(st.stats_ids[ar.stats_index]);
+    // A batch of several adds them up and into a shard once at its end (flush_rule_stats); a
+    // request on its own adds them to the shard of the rule's first counter, whose lock is held
+    // (one more lock for one check would cost more than the shared line it saves).
+    const uint32_t stats_id = st.stats_ids[ar.stats_index];
+    RuleCounters& rs =
+        sc.batch_rule_stats
+            ? sc.rule_stats_of(stats_id)
+            : shards[(ar.num_limits ? lims[k].counter : lims[0].counter) & shard_mask]
+                  .rule_stats[stats_id];
     if (sc.rule_ok[r]) {
       ++rs.allowed;
     } else if (ar.mode == Mode::kEnforce) {
@@ -458,6 +470,7 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
   out.limits.clear();
   Scratch& sc = tls_scratch;
   sc.res.clear();
+  sc.batch_rule_stats = batch.size() >= kBatchStatsFrom;
   sc.reqs.clear();
   const rules::Policy& policy = *st.policy;
   for (const auto& req : batch)
