@@ -624,6 +624,10 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   int64_t fresh_until_ms = 0;  // control thread
   bool left = false;
   bool stopped = false;
+  // False once this is destroyed: work posted to `io` (found DNS seeds) checks it first, since
+  // the io_context may run it after this ClusterNode is gone.
+  std::shared_ptr<bool> alive = std::make_shared<bool>(true);
+  ~Impl() override { *alive = false; }
   bool settled = false;  // see note_settled()
   int64_t last_resend_ms = 0;
   // Statistics (control thread writes; the admin thread reads under published_mu via status()).
@@ -739,8 +743,8 @@ void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
     // answers a kJoin from a node it knows with its member list; nothing else changes).
     c.dns_seeds =
         std::make_unique<DnsSeedWatcher>(std::move(wo), [&c](std::vector<cluster::Endpoint> found) {
-          asio::post(c.io, [&c, found = std::move(found)] {
-            if (c.stopped || c.left || !c.membership) return;
+          asio::post(c.io, [&c, alive = c.alive, found = std::move(found)] {
+            if (!*alive || c.stopped || c.left || !c.membership) return;
             std::vector<cluster::Endpoint> all = c.static_seeds;
             all.insert(all.end(), found.begin(), found.end());
             c.membership->join(all, c.st.opt.clock());
