@@ -95,6 +95,7 @@ struct Options {
   // keeps three busy threads off two cores (measured: 2 threads on this 2-core machine cost
   // scheduler time slices, p99.9 ~4 ms).
   uint32_t server_threads = 1;
+  uint32_t busy_poll_us = 0;  // sluiced's udp_busy_poll_us (docs/operations.md)
   std::string sluiced;
 };
 
@@ -184,6 +185,7 @@ constexpr const char* kHelp = R"(usage: sluice-bench-load [options]
   --http-window W      HTTP rows: requests in flight per connection, pipelined when > 1 (1)
   --gen-threads 1|2    generator threads (1: the machine has 2 cores for generator and server)
   --server-threads N   sluiced --threads (1: the generator has the other core of a 2-core box)
+  --busy-poll-us US    sluiced's udp_busy_poll_us: spin reading UDP this long after answering (0)
   --sluiced PATH       sluiced binary (default: <build>/daemon/sluiced beside this program)
 )";
 
@@ -241,6 +243,8 @@ Options parse(int argc, char** argv) {
       o.gen_threads = args.u32(1, 2);
     } else if (a == "--server-threads") {
       o.server_threads = args.u32(1, 64);
+    } else if (a == "--busy-poll-us") {
+      o.busy_poll_us = args.u32(0, 10'000);
     } else if (a == "--sluiced") {
       o.sluiced = args.value();
     } else if (a == "--help" || a == "-h") {
@@ -314,10 +318,15 @@ void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool ne
     s.sluice_port = bench::free_loopback_port();
     s.admin_port = bench::free_loopback_port();
     const std::string udp = "127.0.0.1:" + std::to_string(s.sluice_port);
+    const std::string config = s.dir.path() + "/sluiced.yaml";
+    std::ofstream(config) << "# written by sluice-bench-load\ninit_data: true\nudp_busy_poll_us: "
+                          << o.busy_poll_us
+                          << "\n";
     const std::string err = s.sluiced.start(
-        {exe, "--udp", udp, "--tcp", udp, "--admin", "127.0.0.1:" + std::to_string(s.admin_port),
-         "--grpc", "", "--rules", rules, "--threads", std::to_string(o.server_threads), "--log-level", "warn",
-         "--data-dir", s.dir.path() + "/sluiced-data"},
+        {exe, "--config", config, "--udp", udp, "--tcp", udp, "--admin",
+         "127.0.0.1:" + std::to_string(s.admin_port), "--grpc", "", "--rules", rules, "--threads",
+         std::to_string(o.server_threads), "--log-level", "warn", "--data-dir",
+         s.dir.path() + "/sluiced-data"},
         s.dir.path() + "/sluiced.log");
     if (!err.empty()) throw std::runtime_error("sluiced: " + err);
   }
@@ -840,12 +849,13 @@ int main(int argc, char** argv) {
       "every figure includes the generator's own CPU use. One target at a time.\n",
       cpus, cpu_model().c_str(), o.gen_threads, o.gen_threads == 1 ? "" : "s");
   std::printf(
-      "servers: sluiced --threads %u; redis-server (single-threaded); memcached -t 2.\n"
+      "servers: sluiced --threads %u, udp_busy_poll_us %u; redis-server (single-threaded); "
+      "memcached -t 2.\n"
       "load: %u keys %s, %s, %.1f s per row after %.1f s warm-up; every check allowed "
       "(limit %" PRIu64
       "/min).\n"
       "sluiced UDP requests padded as libsluice does (64 + %u bytes per check).\n\n",
-      o.server_threads, o.keys, o.zipf ? "zipf(0.99)" : "uniform",
+      o.server_threads, o.busy_poll_us, o.keys, o.zipf ? "zipf(0.99)" : "uniform",
       o.rate > 0 ? ("open loop at " + fmt_num(o.rate, 0) + " checks/s").c_str()
                  : "closed loop (as fast as answers come back)",
       o.seconds, o.warmup, kLimit, o.udp_room);

@@ -65,6 +65,7 @@ hash_seed: 12345678901234567890
 sweep_interval_ms: 750
 max_connections: 300
 client_timeout_ms: 2500
+udp_busy_poll_us: 50
 log_level: debug
 )",
                                  out);
@@ -84,6 +85,7 @@ log_level: debug
   CHECK(out.sweep_interval_ms == 750);
   CHECK(out.max_connections == 300);
   CHECK(out.client_timeout_ms == 2'500);
+  CHECK(out.udp_busy_poll_us == 50);
   CHECK(out.log_level == "debug");
   // No cluster section: still a node on its own.
   CHECK_FALSE(out.cluster.enabled);
@@ -131,8 +133,9 @@ TEST_CASE("the bounds of the ranged top-level fields are inclusive") {
   Loader l;
   NodeOptions out;
   CHECK(l.load("threads: 1\nsnapshot_interval_ms: 10\nmemory_cap_mb: 1\nsweep_interval_ms: 10\n"
-               "max_connections: 1\nclient_timeout_ms: 100\n",
+               "max_connections: 1\nclient_timeout_ms: 100\nudp_busy_poll_us: 0\n",
                out) == "");
+  CHECK(out.udp_busy_poll_us == 0);
   CHECK(out.max_connections == 1);
   CHECK(out.client_timeout_ms == 100);
   CHECK(out.threads == 1);
@@ -142,8 +145,9 @@ TEST_CASE("the bounds of the ranged top-level fields are inclusive") {
 
   CHECK(l.load("threads: 256\nsnapshot_interval_ms: 3600000\nmemory_cap_mb: 16777216\n"
                "sweep_interval_ms: 86400000\nhash_seed: 18446744073709551615\n"
-               "max_connections: 1000000\nclient_timeout_ms: 3600000\n",
+               "max_connections: 1000000\nclient_timeout_ms: 3600000\nudp_busy_poll_us: 10000\n",
                out) == "");
+  CHECK(out.udp_busy_poll_us == 10'000);
   CHECK(out.max_connections == 1'000'000);
   CHECK(out.client_timeout_ms == 3'600'000);
   CHECK(out.threads == 256);
@@ -330,6 +334,7 @@ log_level: [info]
 cluster_padding_line_is_not_a_field_either: 1
 grpc: [a]
 grpc_rate_limit_headers: often
+udp_busy_poll_us: briefly
 )",
                                  out);
   CAPTURE(err);
@@ -350,6 +355,7 @@ grpc_rate_limit_headers: often
       l.at(13, "cluster_padding_line_is_not_a_field_either", kTopLevelFields),
       l.at(14, "grpc", "has the wrong type"),
       l.at(15, "grpc_rate_limit_headers", "has the wrong type"),
+      l.at(16, "udp_busy_poll_us", "has the wrong type"),
   };
   for (const auto& e : expected)
     CHECK_MESSAGE(contains(err, e), e);
@@ -401,6 +407,8 @@ TEST_CASE(
       {"max_connections: 0", "max_connections", "must be between 1 and 1000000"},
       {"max_connections: 1000001", "max_connections", "must be between 1 and 1000000"},
       {"client_timeout_ms: 99", "client_timeout_ms", "must be between 100 and 3600000"},
+      {"udp_busy_poll_us: -1", "udp_busy_poll_us", "must be between 0 and 10000"},
+      {"udp_busy_poll_us: 10001", "udp_busy_poll_us", "must be between 0 and 10000"},
       {"client_timeout_ms: 3600001", "client_timeout_ms", "must be between 100 and 3600000"},
       {"log_level: verbose", "log_level", "must be one of trace, debug, info, warn, error, off"},
       {"log_level: INFO", "log_level", "must be one of trace, debug, info, warn, error, off"},

@@ -134,6 +134,7 @@ constexpr std::string_view kTopLevelSettings[] = {"udp",
                                                   "sweep_interval_ms",
                                                   "max_connections",
                                                   "client_timeout_ms",
+                                                  "udp_busy_poll_us",
                                                   "log_level",
                                                   "cluster"};
 constexpr std::string_view kClusterSettings[] = {"node_id",
@@ -413,6 +414,13 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
           bad("must be between 1 and 1000000");
         } else {
           out.max_connections = static_cast<size_t>(n);
+        }
+      } else if (key == "udp_busy_poll_us") {
+        const auto us = v.as<int64_t>();
+        if (us < 0 || us > 10'000) {
+          bad("must be between 0 and 10000");
+        } else {
+          out.udp_busy_poll_us = us;
         }
       } else if (key == "client_timeout_ms") {
         const auto ms = v.as<int64_t>();

@@ -734,8 +734,9 @@ namespace {
 // Serves every datagram waiting on the socket, up to kUdpBurst per system call in each
 // direction (recvmmsg / sendmmsg): under load one wake-up answers many checks, which is where a
 // UDP server's time goes (a profile of the one-datagram-per-call loop showed ~65 % in the kernel).
-void udp_serve_ready(Worker& w) {
+bool udp_serve_ready(Worker& w) {
   const int fd = w.udp_socket->native_handle();
+  bool served = false;
   for (int round = 0; round < kUdpRounds; ++round) {
     for (size_t i = 0; i < kUdpBurst; ++i) {
       w.iov_in[i] = {w.udp_in.data() + i * kUdpSlot, kUdpSlot};
@@ -746,7 +747,9 @@ void udp_serve_ready(Worker& w) {
       w.msgs[i].msg_hdr.msg_iovlen = 1;
     }
     const int got = ::recvmmsg(fd, w.msgs.data(), kUdpBurst, MSG_DONTWAIT, nullptr);
-    if (got <= 0) return;  // EAGAIN: drained; other errors (ICMP) are per-send and harmless here
+    // EAGAIN: drained; other errors (ICMP) are per-send and harmless here.
+    if (got <= 0) return served;
+    served = true;
     const int64_t now = w.node.opt.clock();
     size_t answers = 0;
     for (size_t i = 0; i < static_cast<size_t>(got); ++i) {
@@ -799,14 +802,39 @@ void udp_serve_ready(Worker& w) {
       }
       sent += static_cast<size_t>(k);
     }
-    if (static_cast<size_t>(got) < kUdpBurst) return;  // drained
+    if (static_cast<size_t>(got) < kUdpBurst) return served;  // drained
   }
+  return served;
+}
+
+void udp_receive(Worker& w);
+
+// NodeOptions::udp_busy_poll_us: reads the socket again until `until` has passed with nothing
+// new, one non-blocking read per turn of the worker's io_context (so its TCP sessions and timers
+// still run in between), then goes back to waiting for the kernel to wake it.
+void udp_spin(Worker& w, std::chrono::steady_clock::time_point until) {
+  asio::post(w.io, [&w, until] {
+    if (w.stopping) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (udp_serve_ready(w)) {
+      udp_spin(w, now + std::chrono::microseconds(w.node.opt.udp_busy_poll_us));
+    } else if (now < until) {
+      udp_spin(w, until);
+    } else {
+      udp_receive(w);
+    }
+  });
 }
 
 void udp_receive(Worker& w) {
   w.udp_socket->async_wait(udp::socket::wait_read, [&w](boost::system::error_code ec) {
     if (ec == asio::error::operation_aborted || w.stopping) return;
     if (!ec) udp_serve_ready(w);
+    if (!ec && w.node.opt.udp_busy_poll_us > 0) {
+      udp_spin(w, std::chrono::steady_clock::now() +
+                      std::chrono::microseconds(w.node.opt.udp_busy_poll_us));
+      return;
+    }
     udp_receive(w);
   });
 }

@@ -104,6 +104,11 @@ struct NodeOptions {
   // closed after it too. An idle TCP check connection (between frames) has no deadline.
   size_t max_connections = 1024;
   int64_t client_timeout_ms = 10'000;
+  // A UDP worker that has answered keeps reading its socket without sleeping for this long (µs)
+  // before it waits on epoll again: a check that arrives meanwhile is read at once, without the
+  // wake-up (tens to hundreds of µs on a virtual machine). Costs up to this much CPU after each
+  // burst; 0 (the default) never spins.
+  int64_t udp_busy_poll_us = 0;
   std::function<int64_t()> clock;           // ms since the epoch; default: system clock
   // Called on the control thread (the one inside run()) at each NodeEvent, with a one-line status
   // for people (ports, a reload's outcome). Short; it must not block nor call into the node.

@@ -81,7 +81,7 @@ inline const std::string kTopLevelFields =
     "rules, envoy_rules, envoy_count_denied, rules_watch_interval_ms, admin_token_file, "
     "admin_token_reads, data_dir, init_data, "
     "snapshot_interval_ms, memory_cap_mb, hash_seed, sweep_interval_ms, max_connections, "
-    "client_timeout_ms, log_level, cluster)";
+    "client_timeout_ms, udp_busy_poll_us, log_level, cluster)";
 inline const std::string kClusterFields =
     "unknown setting (expected one of: node_id, name, listen, advertise, seeds, seed_refresh_ms, "
     "dns_server, secret, "
@@ -114,6 +114,7 @@ inline NodeOptions non_default_options() {
   o.max_tcp_pending_bytes = 12'345;
   o.max_connections = 77;
   o.client_timeout_ms = 8'765;
+  o.udp_busy_poll_us = 321;
   o.clock = [] { return int64_t{777}; };
   o.cluster.enabled = false;
   o.cluster.node_id = 9;
@@ -152,6 +153,7 @@ inline void check_same(const NodeOptions& a, const NodeOptions& b) {
   CHECK(a.max_tcp_pending_bytes == b.max_tcp_pending_bytes);
   CHECK(a.max_connections == b.max_connections);
   CHECK(a.client_timeout_ms == b.client_timeout_ms);
+  CHECK(a.udp_busy_poll_us == b.udp_busy_poll_us);
   CHECK(static_cast<bool>(a.clock) == static_cast<bool>(b.clock));
   if (a.clock && b.clock) CHECK(a.clock() == b.clock());
   CHECK(a.cluster.enabled == b.cluster.enabled);
