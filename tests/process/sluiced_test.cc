@@ -297,3 +297,29 @@ TEST_CASE("libsluice over UDP and TCP gets the same decisions from a real sluice
     CHECK(results.back().limits.at(0).remaining == 0);
   }
 }
+
+TEST_CASE("with udp_busy_poll_us, UDP checks hold the limit and TCP checks on the worker still run") {
+  sluice::testing::DaemonConfig c = Daemon::config(5);
+  c.threads = 1;  // one worker: its TCP sessions share the io_context the spin turns
+  c.extra_config = {"udp_busy_poll_us: 10000"};
+  sluice::testing::Daemon d(c);
+  // A datagram starts the spin; a TCP request sent while it spins is answered within it.
+  CHECK(d.admitted(3, "9") == 3);
+  const int s = tcp_connect(d.port);
+  std::vector<uint8_t> out, req;
+  const Entry e{"user", "9"};
+  const Check ch{"t", {&e, 1}, 1};
+  for (uint64_t id = 1; id <= 4; ++id) {
+    sluice::wire::encode_request(id, {&ch, 1}, 0, req);
+    sluice::wire::append_frame(req, out);
+  }
+  REQUIRE(::send(s, out.data(), out.size(), 0) == static_cast<ssize_t>(out.size()));
+  const auto answers = tcp_read_answers(s, 4, 3000);
+  REQUIRE(answers.size() == 4);
+  int allowed = 0;
+  for (const Answer& a : answers)
+    allowed += a.decisions.at(0).allowed ? 1 : 0;
+  CHECK(allowed == 2);  // 3 over UDP + 2 over TCP = the limit of 5
+  CHECK(d.admitted(3, "9") == 0);
+  ::close(s);
+}
