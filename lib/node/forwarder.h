@@ -1,0 +1,377 @@
+// Private to lib/node: cluster owner mode on a worker, forwarding checks to the owner of their
+// key. Part of the check path's Asio translation unit: included by node.cc only.
+#pragma once
+
+#include <deque>
+#include <unordered_map>
+
+#include "cluster/peer_codec.h"
+#include "node/node_cluster.h"
+#include "node/owner_routing.h"
+#include "node/worker.h"
+
+namespace sluice::node {
+
+// ---- cluster owner mode: forwarding checks to the owner of their key ---------------------------
+//
+// A client request whose owner-mode checks belong to other nodes is split by owner
+// (CheckHandler::handle_routed); each part goes, marked forwarded, to its owner's check port from
+// this worker's forwarding socket, the owner decides it as it decides any request, and the
+// answers are merged into one answer to the client in the client's order.
+//
+// Who decides a key is OwnerRouting's answer (owner_routing.h): the first of its owner and
+// replicas in reach, a replica taking over (counted in sluice_forward_failovers_total), or, none
+// in reach, this node by the rule's `fallback` (sluice_forward_fallbacks_total). A part whose
+// owner, in reach, does not answer within forward_timeout_ms is denied here (counted the same
+// way): the owner may have admitted it, and admitting it here too could count it twice; an owner
+// that lets OwnerRouting::kSilentAfter parts in a row time out is not waited for (its parts are
+// denied at once) for a while, or until it answers again. Everything runs on the worker's thread.
+struct Worker::Forwarder : CheckRouter {
+  // Where the client waits for its answer.
+  struct Client {
+    bool tcp = false;
+    sockaddr_storage addr{};
+    socklen_t addr_len = 0;
+    std::weak_ptr<TcpSession> session;
+    // Another front (HTTP): called on this worker's thread with the answer.
+    std::function<void(std::span<const uint8_t>)> callback;
+  };
+  struct Pending {
+    bool busy = false;
+    uint32_t generation = 0;
+    Client client;
+    uint64_t client_id = 0;
+    size_t max_answer = 0;
+    int64_t deadline_ms = 0;
+    std::chrono::steady_clock::time_point t0;
+    size_t outstanding = 0;
+    std::vector<wire::Decision> decisions;  // per client check
+    std::vector<ForwardPlan::Part> parts;
+    std::vector<uint8_t> part_done;
+  };
+  static constexpr size_t kMaxParts = 256;  // part index in the low 8 bits of a forwarded id
+
+  Forwarder(Worker& w_, ClusterNode& c, const std::string& secret)
+      : w(w_),
+        cluster(c),
+        socket(w_.io),
+        timer(w_.io),
+        auth(std::make_unique<cluster::PeerCodec>(secret, c.self(), 0)),
+        routing(c.self(), [this](uint16_t id) { return endpoints.count(id) != 0; }) {
+    w.handler.set_forward_auth([this](std::span<const uint8_t> d) { return auth->verify(d); });
+    socket.open(udp::v4());
+    socket.bind(udp::endpoint(asio::ip::address_v4::any(), 0));
+    socket.non_blocking(true);
+    receive();
+  }
+
+  // CheckRouter (owner_routing.h)
+  Route route(uint64_t routing_key, bool forwarded) override {
+    refresh();
+    const uint64_t failovers = routing.failovers();
+    const Route r = routing.route(view, routing_key, forwarded, w.opt.clock());
+    if (routing.failovers() != failovers) {
+      w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
+    }
+    return r;
+  }
+  bool routes_forwarded() override {
+    refresh();
+    return OwnerRouting::routes_forwarded(view, w.opt.clock());
+  }
+
+  std::optional<udp::endpoint> endpoint_of(uint16_t id) const {
+    const auto it = endpoints.find(id);
+    if (it == endpoints.end()) return std::nullopt;
+    return it->second;
+  }
+
+  // Takes the cluster's newest view, and parses the members' check addresses once per view
+  // rather than once per check.
+  void refresh() {
+    const uint64_t v = cluster.view_version();
+    if (v == version) return;
+    view = cluster.view();
+    version = v;
+    endpoints.clear();
+    for (const cluster::Member& m : *view.members) {
+      if (m.check_port == 0) continue;
+      boost::system::error_code ec;
+      const auto addr = asio::ip::make_address(m.host, ec);
+      if (!ec) endpoints[m.id] = udp::endpoint(addr, m.check_port);
+    }
+  }
+
+  // Handles one client request; kForward when its answer will come later.
+  CheckHandler::Outcome handle(std::span<const uint8_t> request, size_t max_answer, int64_t now,
+                               std::vector<uint8_t>& reply, const Client& client,
+                               std::chrono::steady_clock::time_point t0) {
+    const size_t slot = take_slot();
+    Pending& p = pending[slot];
+    const uint64_t base = (static_cast<uint64_t>(p.generation) << 32) | (slot << 8);
+    const CheckHandler::Outcome o =
+        w.handler.handle_routed(request, max_answer, now, reply, this, base, plan);
+    if (o != CheckHandler::Outcome::kForward || plan.used > kMaxParts) {
+      release(slot);
+      if (o == CheckHandler::Outcome::kForward) {  // more owners than ids: decide it all here
+        return w.handler.handle(request, max_answer, now, reply) ? CheckHandler::Outcome::kAnswer
+                                                                 : CheckHandler::Outcome::kDrop;
+      }
+      return o;
+    }
+    w.counters.forwarded_requests.fetch_add(1, std::memory_order_relaxed);
+    p.busy = true;
+    p.client = client;
+    p.client_id = plan.client_id;
+    p.max_answer = max_answer;
+    p.deadline_ms = now + cluster.forward_timeout_ms();
+    p.t0 = t0;
+    p.decisions.assign(plan.num_checks, wire::Decision{});
+    for (const auto& [i, code] : plan.refused)
+      p.decisions[i].code = code;
+    if (p.parts.size() < plan.used) p.parts.resize(plan.used);
+    p.part_done.assign(plan.used, 0);
+    p.outstanding = plan.used;
+    for (size_t i = 0; i < plan.used; ++i) {
+      std::swap(p.parts[i].checks, plan.parts[i].checks);
+      std::swap(p.parts[i].request, plan.parts[i].request);
+      p.parts[i].owner = plan.parts[i].owner;
+      p.parts[i].redirected = plan.parts[i].redirected;
+      p.parts[i].fallback = plan.parts[i].fallback;
+      p.parts[i].takeover = plan.parts[i].takeover;
+      p.parts[i].fallback_since_ms = plan.parts[i].fallback_since_ms;
+      auth->sign(p.parts[i].request);  // the owner honours `forwarded` only under our tag
+    }
+    for (size_t i = 0; i < plan.used && p.busy; ++i) {
+      ForwardPlan::Part& part = p.parts[i];
+      if (part.owner == 0) {
+        if (part.fallback) w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+        decide_here(slot, i, now, planned(part));
+        continue;
+      }
+      if (send_part(part.owner, part)) {
+        w.counters.forwarded_parts.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      // The owner cannot be sent to: denied here (see above).
+      w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      decide_here(slot, i, now, denied_from(now));
+    }
+    if (pending[slot].busy) arm_timer();
+    return CheckHandler::Outcome::kForward;
+  }
+
+  // Sends a part (signed, as planned) to node `to`; false when it has no address or the send
+  // failed.
+  bool send_part(uint16_t to, const ForwardPlan::Part& part) {
+    const auto ep = endpoint_of(to);
+    if (!ep) return false;
+    boost::system::error_code ec;
+    socket.send_to(asio::buffer(part.request), *ep, 0, ec);
+    return !ec;
+  }
+
+  size_t take_slot() {
+    if (free_slots.empty()) {
+      free_slots.push_back(pending.size());
+      pending.emplace_back();
+    }
+    const size_t slot = free_slots.back();
+    free_slots.pop_back();
+    pending[slot].generation = ++generation;
+    return slot;
+  }
+  void release(size_t slot) {
+    pending[slot].busy = false;
+    free_slots.push_back(slot);
+  }
+
+  // In place of an owner that cannot be asked since `since_ms`, by each rule's `fallback` (deny,
+  // or this node's share of the limit, 1 / the members expected, growing over one window from
+  // then: engine::Fallback), never as if it were the owner; from now: nothing is admitted.
+  engine::Fallback denied_from(int64_t since_ms) const {
+    return {std::max<uint32_t>(1, view.expected_members), since_ms};
+  }
+  // How a part planned to be decided here (owner 0) is decided: as the owner, as a fallback, or
+  // as the replica taking over (CheckRouter::Route).
+  engine::Fallback planned(const ForwardPlan::Part& part) const {
+    if (part.fallback) return denied_from(part.fallback_since_ms);
+    if (part.takeover) return {0, part.fallback_since_ms, true};
+    return {};
+  }
+
+  // Decides part i of a pending request on this node (the part itself is marked forwarded),
+  // with `f` (engine::Fallback).
+  void decide_here(size_t slot, size_t i, int64_t now, engine::Fallback f) {
+    Pending& p = pending[slot];
+    if (!w.handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch, f) ||
+        wire::decode_answer(scratch, answer) != wire::Code::kOk) {
+      answer.decisions.clear();  // leaves those checks as malformed below
+    }
+    fill(slot, i);
+  }
+
+  // Copies a part's answer (in `answer`) into the request's decisions; finishes when complete.
+  void fill(size_t slot, size_t i) {
+    Pending& p = pending[slot];
+    if (!p.busy || p.part_done[i]) return;
+    p.part_done[i] = 1;
+    const auto& checks = p.parts[i].checks;
+    for (size_t k = 0; k < checks.size(); ++k) {
+      wire::Decision& d = p.decisions[checks[k]];
+      if (k < answer.decisions.size()) {
+        d = std::move(answer.decisions[k]);
+      } else {
+        d = wire::Decision{};
+        d.code = wire::Code::kMalformed;
+      }
+    }
+    if (--p.outstanding == 0) finish(slot);
+  }
+
+  void finish(size_t slot) {
+    Pending& p = pending[slot];
+    limit_views.clear();
+    views.clear();
+    for (const wire::Decision& d : p.decisions) {
+      for (const wire::LimitStatus& l : d.limits) {
+        limit_views.push_back({l.name, l.limit, l.window_ms, l.remaining, l.reset_ms,
+                               l.retry_after_ms, l.mode, l.exceeded});
+      }
+    }
+    size_t at = 0;
+    for (const wire::Decision& d : p.decisions) {
+      wire::DecisionView v;
+      v.code = d.code;
+      v.allowed = d.allowed;
+      v.would_deny = d.would_deny;
+      v.shadow = d.shadow;
+      v.allowlisted = d.allowlisted;
+      v.limits = std::span<const wire::LimitView>(limit_views.data() + at, d.limits.size());
+      at += d.limits.size();
+      views.push_back(v);
+    }
+    const size_t n =
+        wire::encode_answer(p.client_id, wire::Code::kOk, views, p.max_answer, scratch);
+    if (p.client.callback) {
+      const auto done = std::move(p.client.callback);
+      p.client.callback = nullptr;
+      done(n <= p.max_answer || p.max_answer == 0 ? std::span<const uint8_t>(scratch)
+                                                  : std::span<const uint8_t>());
+    } else if (p.max_answer == 0 || n <= p.max_answer) {
+      if (p.client.tcp) {
+        if (auto s = p.client.session.lock()) {
+          s->deliver(scratch);
+          s->record_latency(p.t0);
+        }
+      } else if (w.udp_socket) {
+        ::sendto(w.udp_socket->native_handle(), scratch.data(), scratch.size(), MSG_DONTWAIT,
+                 reinterpret_cast<const sockaddr*>(&p.client.addr), p.client.addr_len);
+        const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::steady_clock::now() - p.t0)
+                            .count();
+        w.counters.latency[latency_bucket(us)].fetch_add(1, std::memory_order_relaxed);
+      }
+    } else {
+      w.counters.dropped_datagrams.fetch_add(1, std::memory_order_relaxed);
+    }
+    release(slot);
+  }
+
+  void receive() {
+    socket.async_wait(udp::socket::wait_read, [this](boost::system::error_code ec) {
+      if (ec == asio::error::operation_aborted || w.stopping) return;
+      for (int n = 0; n < 64; ++n) {
+        boost::system::error_code rec;
+        udp::endpoint from;
+        const size_t got = socket.receive_from(asio::buffer(in), from, 0, rec);
+        if (rec) break;  // would block: drained
+        on_answer({in.data(), got});
+      }
+      receive();
+    });
+  }
+
+  void on_answer(std::span<const uint8_t> bytes) {
+    if (wire::decode_answer(bytes, answer) != wire::Code::kOk) return;  // undecodable: timeout
+    const uint64_t id = answer.id;
+    const auto slot = static_cast<size_t>((id >> 8) & 0xFFFFFF);
+    const size_t part = id & 0xFF;
+    if (slot >= pending.size()) return;
+    Pending& p = pending[slot];
+    if (!p.busy || p.generation != static_cast<uint32_t>(id >> 32) || part >= p.part_done.size()) {
+      return;  // late: already decided here after a timeout
+    }
+    routing.note_answer(p.parts[part].owner);  // it answers again
+    if (p.parts[part].redirected) {
+      w.handler.credit(p.parts[part].request, answer, p.parts[part].owner, w.opt.clock());
+    }
+    fill(slot, part);
+  }
+
+  void arm_timer() {
+    if (timer_armed) return;
+    timer_armed = true;
+    timer.expires_after(
+        std::chrono::milliseconds(std::max<int64_t>(1, cluster.forward_timeout_ms() / 4)));
+    timer.async_wait([this](boost::system::error_code ec) {
+      timer_armed = false;
+      if (ec || w.stopping) return;
+      const int64_t now = w.opt.clock();
+      bool any = false;
+      for (size_t slot = 0; slot < pending.size(); ++slot) {
+        if (!pending[slot].busy) continue;
+        if (pending[slot].deadline_ms > now) {
+          any = true;
+          continue;
+        }
+        for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
+          if (i >= pending[slot].part_done.size() || pending[slot].part_done[i]) continue;
+          // The owner, in reach, did not answer: it may have admitted the part, so it is denied
+          // here (a share from now is nothing), never admitted twice.
+          routing.note_timeout(pending[slot].parts[i].owner, now);
+          w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+          decide_here(slot, i, now, denied_from(now));
+        }
+      }
+      if (any) arm_timer();
+    });
+  }
+
+  void stop() {
+    const int64_t now = w.opt.clock();
+    for (size_t slot = 0; slot < pending.size(); ++slot) {
+      for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
+        if (i < pending[slot].part_done.size() && !pending[slot].part_done[i]) {
+          const ForwardPlan::Part& part = pending[slot].parts[i];
+          decide_here(slot, i, now, part.owner != 0 ? denied_from(now) : planned(part));
+        }
+      }
+    }
+    boost::system::error_code ec;
+    timer.cancel();
+    socket.close(ec);
+  }
+
+  Worker& w;
+  ClusterNode& cluster;
+  udp::socket socket;
+  asio::steady_timer timer;
+  std::unique_ptr<cluster::PeerCodec> auth;  // tags forwarded parts, checks received ones
+  bool timer_armed = false;
+  OwnerRouting routing;  // who decides each owner-mode check
+  ClusterNode::View view;
+  uint64_t version = 0;
+  std::unordered_map<uint16_t, udp::endpoint> endpoints;  // members' check ports, of `view`
+  ForwardPlan plan;
+  std::vector<Pending> pending;
+  std::vector<size_t> free_slots;
+  uint32_t generation = 0;
+  std::array<uint8_t, kUdpSlot> in{};
+  std::vector<uint8_t> scratch;
+  wire::Answer answer;
+  std::vector<wire::LimitView> limit_views;
+  std::vector<wire::DecisionView> views;
+};
+
+}  // namespace sluice::node
