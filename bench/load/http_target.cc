@@ -26,42 +26,6 @@ constexpr size_t kMaxResponseHeaderBytes = 16 * 1024;
 constexpr size_t kMaxResponseBodyBytes = 1024 * 1024;
 constexpr size_t kMaxChunkLineBytes = 1024;
 
-// ---- sockets ----------------------------------------------------------------------------------
-
-// A connected TCP socket to 127.0.0.1:port (connect bounded by timeout_ms), non-blocking and
-// TCP_NODELAY; -1 with `err` set.
-int tcp_connect(uint16_t port, int timeout_ms, std::string& err) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    err = std::string("socket: ") + std::strerror(errno);
-    return -1;
-  }
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-    if (errno != EINPROGRESS) {
-      err = "connect 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno);
-      ::close(fd);
-      return -1;
-    }
-    pollfd p{fd, POLLOUT, 0};
-    int soerr = 0;
-    socklen_t len = sizeof soerr;
-    if (::poll(&p, 1, timeout_ms) != 1 ||
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0 || soerr != 0) {
-      err = "connect 127.0.0.1:" + std::to_string(port) + ": " +
-            (soerr ? std::strerror(soerr) : "timed out");
-      ::close(fd);
-      return -1;
-    }
-  }
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  return fd;
-}
-
 // ---- HTTP/1.1 answers -------------------------------------------------------------------------
 
 char lower(char c) {

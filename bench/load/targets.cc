@@ -10,10 +10,10 @@
 
 #include <algorithm>
 #include <array>
-#include <deque>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <span>
@@ -31,26 +31,19 @@ Keyspace::Keyspace(uint32_t n) {
     names.push_back("u" + std::to_string(i));
 }
 
-namespace {
-
-// ---- sockets ----------------------------------------------------------------------------------
-
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  return a;
-}
-
-// A connected TCP socket (blocking connect with a timeout), non-blocking and TCP_NODELAY.
 int tcp_connect(uint16_t port, int timeout_ms, std::string& err) {
+  const sockaddr_in a = [&] {
+    sockaddr_in x{};
+    x.sin_family = AF_INET;
+    x.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    x.sin_port = htons(port);
+    return x;
+  }();
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     err = std::string("socket: ") + std::strerror(errno);
     return -1;
   }
-  const sockaddr_in a = loopback(port);
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
     if (errno != EINPROGRESS) {
       err = "connect 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno);
@@ -71,6 +64,18 @@ int tcp_connect(uint16_t port, int timeout_ms, std::string& err) {
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return fd;
+}
+
+namespace {
+
+// ---- sockets ----------------------------------------------------------------------------------
+
+sockaddr_in loopback(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  return a;
 }
 
 int udp_connect(uint16_t port, std::string& err) {

@@ -18,6 +18,10 @@
 
 namespace sluice::bench {
 
+// A TCP socket connected to 127.0.0.1:port (connect bounded by timeout_ms), non-blocking and
+// TCP_NODELAY; -1 with `err` set.
+int tcp_connect(uint16_t port, int timeout_ms, std::string& err);
+
 // The same keyspace for every target: key i is "u<i>".
 struct Keyspace {
   std::vector<std::string> names;
