@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "free_port.h"
 
 namespace sluice::testing {
 
@@ -94,37 +95,6 @@ inline sockaddr_in ipv4_addr(const std::string& host, uint16_t port) {
   sockaddr_in a = loopback_addr(port);
   if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
   return a;
-}
-
-// A loopback port free for both TCP and UDP right now, never one handed out before by this
-// process (a cluster takes many ports at once; the kernel may offer a released one again).
-inline uint16_t free_loopback_port() {
-  static std::mutex mu;
-  static std::set<uint16_t> given;
-  std::lock_guard g(mu);
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int t = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (t < 0) return 0;
-    sockaddr_in a = loopback_addr(0);
-    socklen_t len = sizeof a;
-    uint16_t port = 0;
-    if (::bind(t, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-        ::getsockname(t, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      port = ntohs(a.sin_port);
-    }
-    bool ok = false;
-    if (port != 0 && given.count(port) == 0) {
-      const int u = ::socket(AF_INET, SOCK_DGRAM, 0);
-      ok = u >= 0 && ::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-      if (u >= 0) ::close(u);
-    }
-    ::close(t);
-    if (ok) {
-      given.insert(port);
-      return port;
-    }
-  }
-  return 0;
 }
 
 inline std::string file_tail(const std::filesystem::path& path, size_t max_bytes = 3000) {

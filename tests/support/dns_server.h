@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include "free_port.h"
+
 namespace sluice::testing {
 
 class DnsServer {
@@ -34,7 +36,8 @@ class DnsServer {
   // `records`: dnsmasq options, e.g. "--host-record=a.sluice.test,127.0.0.1" or
   // "--srv-host=_sluice._udp.sluice.test,a.sluice.test,7001".
   explicit DnsServer(std::vector<std::string> records) {
-    port_ = free_udp_port();
+    port_ = free_loopback_port();
+    REQUIRE_MESSAGE(port_ != 0, "no free loopback port below the ephemeral range");
     log_ = std::filesystem::temp_directory_path() /
            ("sluice-dnsmasq-" + std::to_string(::getpid()) + "-" + std::to_string(port_) + ".log");
     start(std::move(records));
@@ -60,18 +63,6 @@ class DnsServer {
 
  private:
   static constexpr const char* kBinary = "/usr/sbin/dnsmasq";
-
-  static uint16_t free_udp_port() {
-    const int s = ::socket(AF_INET, SOCK_DGRAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(s);
-    return ntohs(a.sin_port);
-  }
 
   void start(std::vector<std::string> records) {
     REQUIRE_MESSAGE(available(), "dnsmasq is not installed (deploy/setup.sh installs it)");

@@ -3,9 +3,9 @@
 // SIGTERM, SIGKILL), restarted on the same ports and data directory, and operated with sluicectl.
 //
 // Contract:
-// - Everything stays on 127.0.0.1. Ports come from free_port(): free when probed, so a test that
-//   restarts a daemon reuses ports it already held (a stranger could take them in between; on a
-//   test host that is rare enough to accept).
+// - Everything stays on 127.0.0.1. Ports come from free_port() (free_port.h): free when probed
+//   and below the ephemeral range, so a test that restarts a daemon reuses ports it already held
+//   and no client socket can be handed them in between.
 // - Every wait is bounded (start: 10 s, exit: the caller's timeout, a program run: 10 s by
 //   default); a process still running when its Daemon is destroyed gets SIGKILL and is reaped.
 // - The Daemon owns a scratch directory (config, rules, logs, and the data directory unless the
@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "free_port.h"
 #include "wire/protocol.h"
 
 #ifndef SLUICED_BIN
@@ -46,25 +47,10 @@
 
 namespace sluice::testing {
 
-// A port free for both UDP and TCP on 127.0.0.1 right now.
 inline uint16_t free_port() {
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    const int t = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ::bind(t, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::getsockname(t, reinterpret_cast<sockaddr*>(&a), &len);
-    const uint16_t port = ntohs(a.sin_port);
-    const int u = ::socket(AF_INET, SOCK_DGRAM, 0);
-    const bool udp_ok = ::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(u);
-    ::close(t);
-    if (udp_ok) return port;
-  }
-  FAIL("no free port");
-  return 0;
+  const uint16_t port = free_loopback_port();
+  REQUIRE_MESSAGE(port != 0, "no free loopback port below the ephemeral range");
+  return port;
 }
 
 inline sockaddr_in loopback(uint16_t port) {
