@@ -342,6 +342,14 @@ int run_inspect(const std::string& admin, const json& target, bool as_json) {
                   static_cast<unsigned long long>(l.at("remaining").get<uint64_t>()),
                   seconds_text(l.at("reset_ms").get<int64_t>()).c_str(),
                   l.at("counter").get<std::string>().c_str());
+      if (l.value("algorithm", "window") == "gcra") {
+        const int64_t tat = l.at("tat_ms").get<int64_t>();
+        std::printf("    gcra rate %s burst %llu  %s\n", l.at("rate").get<std::string>().c_str(),
+                    static_cast<unsigned long long>(l.at("burst").get<uint64_t>()),
+                    tat > now ? ("full again in " + seconds_text(tat - now)).c_str()
+                              : "full allowance (nothing counted lately)");
+        continue;
+      }
       if (l.at("buckets").empty()) {
         std::printf("    no counter yet (nothing counted in this window)\n");
         continue;

@@ -128,10 +128,23 @@ void append_le(std::vector<uint8_t>& out, uint64_t v, int bytes) {
 
 // The counter id goes little-endian: a scan in key order then visits ids in an order unrelated
 // to their high bits, which place them in a table (counter_table.h, home_in).
+constexpr uint64_t kGcraKeyBit = 1ull << 31;
+
 void encode_key(uint64_t counter, const window::WindowSpec& spec, uint8_t* out) {
   put_be(out, __builtin_bswap64(counter), 8);
   put_be(out + 8, static_cast<uint64_t>(spec.window_ms), 4);
-  put_be(out + 12, static_cast<uint64_t>(spec.bucket_ms), 4);
+  // Bit 31 of the bucket marks a GCRA counter (gcra_window keeps its bucket under 2^31 ms).
+  put_be(out + 12, static_cast<uint64_t>(spec.bucket_ms) | (spec.gcra ? kGcraKeyBit : 0), 4);
+}
+
+// The window spec in a record key; validity is the caller's to check.
+window::WindowSpec decode_spec(const uint8_t* key) {
+  window::WindowSpec spec;
+  spec.window_ms = static_cast<int64_t>(get_be(key + 8, 4));
+  const uint64_t bucket = get_be(key + 12, 4);
+  spec.bucket_ms = static_cast<int64_t>(bucket & ~kGcraKeyBit);
+  spec.gcra = (bucket & kGcraKeyBit) != 0;
+  return spec;
 }
 
 // Reads little-endian fields from a value, failing (not throwing) past the end.
@@ -219,6 +232,39 @@ void Engine::Impl::encode_value(const Shard& sh, const CounterTable& t, size_t i
   }
 }
 
+// One limit's answer, filled in place: a LimitResult built on the stack and copied was read back
+// in 16-byte pieces spanning its smaller stores, which the store buffer cannot forward (a stall).
+inline void fill_limit_result(BatchResult& out, const rules::AppliedRule& ar,
+                              const rules::AppliedLimit& al, const window::LimitState& ls,
+                              bool ok) {
+  LimitResult& lr = out.limits.emplace_back();
+  lr.rule = ar.rule;
+  lr.limit = al.limit;
+  lr.requests = al.requests;
+  lr.mode = ar.mode;
+  lr.remaining = ls.remaining;
+  lr.reset_ms = ls.reset_ms;
+  lr.exceeded = !ok;
+  lr.retry_after_ms = ok ? 0 : ls.retry_after_ms;
+}
+
+bool Engine::Impl::decide_gcra(const CounterTable& t, size_t i, const rules::AppliedLimit& al,
+                               const rules::Rule& rule, const Fallback& fallback, uint64_t limit,
+                               int64_t now_ms, uint64_t hits, uint64_t& in_force) {
+  // Deciding for an owner that cannot be asked: denied, or within this node's share, which grows
+  // over one refill period from when the owner was lost (as a window limit's over its window).
+  if (fallback.members > 0 && rule.consistency == rules::Consistency::kOwner) {
+    limit = rule.fallback == rules::Fallback::kShare
+                ? std::min(limit, fallback_share(al.requests, fallback, now_ms,
+                                                 t.spec().window_ms))
+                : 0;
+  }
+  in_force = limit;
+  if (limit == 0) return hits == 0;
+  return window::gcra_admits(gcra_tat(t, i), window::gcra_share(al.limit->gcra, limit), now_ms,
+                             hits);
+}
+
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
                           const rules::ResolvedRequest& rr, int64_t now_ms, Fallback fallback,
                           BatchResult& out, Decision& d) {
@@ -303,6 +349,10 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
   sc.at.resize(num_counters);
   for (size_t k = 0; k < num_counters; ++k) {
     CounterTable& t = *sc.tables[k];
+    if (t.spec().gcra) {  // an arrival time, not a ring: nothing to move
+      sc.at[k] = sc.moment_now(t.spec(), now_ms);
+      continue;
+    }
     bring_to_now(t, sc.slots[k], sc.moment_now(t.spec(), now_ms), sc.at[k]);
   }
   // Only the first num_rules / num_limits entries are this request's. The vectors only grow, so
@@ -327,6 +377,15 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const size_t i = sc.slots[k];
       const window::Moment& m = sc.at[k];
       const uint64_t limit = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
+      if (t.spec().gcra) {
+        const bool ok = decide_gcra(t, i, lims[k], *ar.rule, fallback, limit, now_ms, hits,
+                                    sc.limit_in_force[k]);
+        if (!ok) {
+          sc.limit_ok[k] = 0;
+          sc.rule_ok[r] = 0;
+        }
+        continue;
+      }
       sc.limit_in_force[k] = limit;
       sc.usage[k] = window::usage(t.view(i), t.spec(), m);
       bool ok = window::admits(sc.usage[k], t.spec(), ar.rule->estimator, m, hits, limit);
@@ -403,6 +462,24 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
       const window::Moment& m = sc.at[k];
+      if (t.spec().gcra) {
+        const uint64_t lim = sc.limit_in_force[k];
+        const window::GcraSpec g = window::gcra_share(lims[k].limit->gcra, lim);
+        uint64_t tat = gcra_tat(t, i);
+        if (counted && hits > 0) {
+          tat = window::gcra_count(tat, g, now_ms, hits);
+          set_gcra_tat(t, i, tat, m.bucket);
+          t.set_flags(i, CounterTable::kDirtyFlag);  // for the store; never synced
+        }
+        const window::LimitState ls = window::gcra_state(tat, g, now_ms, hits);
+        fill_limit_result(out, ar, lims[k], ls, sc.limit_ok[k] != 0);
+        const uint64_t used = lim - std::min(lim, ls.remaining);
+        if (!sc.limit_ok[k] || used * 5 >= lim * 4) {
+          note_hot(shards[lims[k].counter & shard_mask], lims[k].counter,
+                   st.stats_ids[ar.stats_index], ar, lims[k], req, used, !sc.limit_ok[k], now_ms);
+        }
+        continue;
+      }
       uint64_t added = 0;
       if (counted && hits > 0) {
         added = window::add(t.own(i), m, hits);
@@ -427,17 +504,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         note_hot(shards[lims[k].counter & shard_mask], lims[k].counter,
                  st.stats_ids[ar.stats_index], ar, lims[k], req, used, !sc.limit_ok[k], now_ms);
       }
-      // Filled in place: a LimitResult built on the stack and copied was read back in 16-byte
-      // pieces spanning its smaller stores, which the store buffer cannot forward (a stall).
-      LimitResult& lr = out.limits.emplace_back();
-      lr.rule = ar.rule;
-      lr.limit = lims[k].limit;
-      lr.requests = lims[k].requests;
-      lr.mode = ar.mode;
-      lr.remaining = ls.remaining;
-      lr.reset_ms = ls.reset_ms;
-      lr.exceeded = !sc.limit_ok[k];
-      lr.retry_after_ms = sc.limit_ok[k] ? 0 : ls.retry_after_ms;
+      fill_limit_result(out, ar, lims[k], ls, sc.limit_ok[k] != 0);
     }
   }
   unlock_shards(shard_set);
@@ -566,6 +633,7 @@ std::optional<CounterView> Engine::inspect(uint64_t counter, const window::Windo
   const window::RingView v = t->view(static_cast<size_t>(i));
   CounterView cv;
   cv.head = v.head;
+  if (spec.gcra) cv.tat_ns = Impl::gcra_tat(*t, static_cast<size_t>(i));
   const auto r = static_cast<int64_t>(t->ring());
   for (int64_t b = v.head - r + 1; b <= v.head; ++b) {
     const auto idx = static_cast<size_t>(((b % r) + r) % r);
@@ -741,9 +809,7 @@ void Engine::mark_all_changed() {
 
 std::optional<window::WindowSpec> Engine::record_spec(std::span<const uint8_t> key) {
   if (key.size() != kRecordKeyBytes) return std::nullopt;
-  window::WindowSpec spec;
-  spec.window_ms = static_cast<int64_t>(get_be(key.data() + 8, 4));
-  spec.bucket_ms = static_cast<int64_t>(get_be(key.data() + 12, 4));
+  const window::WindowSpec spec = decode_spec(key.data());
   if (!window::validate(spec).empty()) return std::nullopt;
   return spec;
 }
@@ -771,9 +837,7 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
   Impl& im = *impl_;
   if (key.size() != kRecordKeyBytes) return ImportResult::kMalformed;
   const uint64_t counter = __builtin_bswap64(get_be(key.data(), 8));
-  window::WindowSpec spec;
-  spec.window_ms = static_cast<int64_t>(get_be(key.data() + 8, 4));
-  spec.bucket_ms = static_cast<int64_t>(get_be(key.data() + 12, 4));
+  const window::WindowSpec spec = decode_spec(key.data());
   if (counter == 0 || !window::validate(spec).empty()) return ImportResult::kMalformed;
   const uint32_t ring = spec.ring_size();
 
@@ -830,6 +894,10 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
     t.set_head(i, head);
     std::copy(own.begin(), own.end(), t.own(i).begin());
     std::copy(others.begin(), others.end(), t.others(i).begin());
+  } else if (spec.gcra) {
+    // The later arrival time of both (the one that admitted more), with its head.
+    const uint64_t theirs = uint64_t{own[1]} << 32 | own[0];
+    if (theirs > Impl::gcra_tat(t, i)) Impl::set_gcra_tat(t, i, theirs, std::max(head, t.head_at(i)));
   } else {
     // Both to the newer head, then the larger count per bucket (idempotent).
     const int64_t h = window::advance(t.own(i), t.others(i), t.head_at(i), head);

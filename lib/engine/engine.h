@@ -224,6 +224,7 @@ struct CounterView {
   std::vector<uint32_t> others;  // other nodes' totals, and counts carried over (engine_carry.cc)
   // What each other node reported, aligned like own (a bucket it reported nothing for: 0).
   std::vector<std::pair<uint16_t, std::vector<uint32_t>>> nodes;
+  uint64_t tat_ns = 0;  // a GCRA counter's state, its arrival time (window/gcra.h); else 0
 };
 
 // Cluster owner mode: a batch decided in place of its keys' owner, which cannot be asked

@@ -200,6 +200,8 @@ void Engine::Impl::carry_over(const State& st, const rules::Resolution& res,
     const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
     for (uint32_t j = 0; j < ar.num_limits; ++j) {
       const rules::AppliedLimit& al = res.limits[ar.first_limit + j];
+      // A GCRA counter holds an arrival time, not bucket counts: nothing is seeded into it.
+      if (al.limit->algorithm == rules::Algorithm::kGcra) continue;
       counters.push_back({al.counter, st.spec_ids[al.spec_index], rr.first_rule + r});
       pins.push_back(al.counter);
       shard_set |= 1ull << (al.counter & shard_mask);

@@ -123,7 +123,7 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
   for (size_t k = 0; k < totals.size(); ++k) {
     const RemoteTotal& t = totals[k];
     if (k + kAhead < totals.size()) prefetch(totals[k + kAhead]);
-    if (t.counter == 0) continue;
+    if (t.counter == 0 || t.spec.gcra) continue;  // a GCRA arrival time is never merged
     if (!have_last || !(t.spec == last_spec)) {
       if (!window::validate(t.spec).empty()) continue;
       last_spec = t.spec;
@@ -261,6 +261,7 @@ void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_m
       if (ar.rule->consistency != rules::Consistency::kOwner) continue;
       for (uint32_t j = 0; j < ar.num_limits; ++j) {
         const rules::AppliedLimit& al = res.limits[ar.first_limit + j];
+        if (al.limit->algorithm == rules::Algorithm::kGcra) continue;  // counts only
         const window::WindowSpec& spec = al.limit->spec;
         const int64_t bucket = window::bucket_of(now_ms, spec.bucket_ms);
         const uint64_t key = remote_key(al.counter, im.spec_id(spec)) ^

@@ -358,6 +358,24 @@ struct Engine::Impl {
     at = now;
   }
 
+  // A GCRA counter's arrival time (window/gcra.h) lives in its two own words, low word first;
+  // its head is the bucket of the last check that counted, so it expires with its window.
+  static uint64_t gcra_tat(const CounterTable& t, size_t i) {
+    const auto own = t.own(i);
+    return uint64_t{own[1]} << 32 | own[0];
+  }
+  static void set_gcra_tat(CounterTable& t, size_t i, uint64_t tat, int64_t bucket) {
+    const auto own = t.own(i);
+    own[0] = static_cast<uint32_t>(tat);
+    own[1] = static_cast<uint32_t>(tat >> 32);
+    if (bucket > t.head_at(i)) t.set_head(i, bucket);
+  }
+  // Decides a GCRA limit (its limit in force, `limit`, scales burst and rate alike: a share of it
+  // while members are out of reach); sets `in_force` to the burst it was decided at.
+  static bool decide_gcra(const CounterTable& t, size_t i, const rules::AppliedLimit& al,
+                          const rules::Rule& rule, const Fallback& fallback, uint64_t limit,
+                          int64_t now_ms, uint64_t hits, uint64_t& in_force);
+
   // What a limit allows on this side of the cluster: limit x reachable / expected (see
   // set_capacity), rounded down; the whole limit when every member is in reach.
   static uint64_t share_of(uint64_t cap, uint64_t limit) {

@@ -31,6 +31,13 @@ enum Phase : uint8_t {
 // flags. Called with the shard lock held.
 void collect(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id, uint16_t node_id,
              const std::function<bool(uint64_t)>& owns, SyncCursor& c) {
+  if (t.spec().gcra) {
+    // A GCRA arrival time is decided by the key's owner alone and is not a count: it does not go
+    // out (owner mode only; docs/rules.md states what an owner's loss costs).
+    t.clear_flags(i, CounterTable::kOwnChangedFlag | CounterTable::kRemoteChangedFlag |
+                         CounterTable::kRecentFlag);
+    return;
+  }
   const auto ring = static_cast<int64_t>(t.ring());
   bool own_changed = t.has_flag(i, CounterTable::kOwnChangedFlag);
   bool remote_changed = t.has_flag(i, CounterTable::kRemoteChangedFlag);

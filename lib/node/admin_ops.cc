@@ -48,6 +48,15 @@ Json entries_json(const Entries& entries) {
 }
 
 Json limit_json(const rules::Limit& l) {
+  if (l.algorithm == rules::Algorithm::kGcra) {
+    return Json{{"name", l.name},
+                {"algorithm", "gcra"},
+                {"rate", std::to_string(l.rate_requests) + "/" +
+                             rules::format_duration(l.rate_period_ms)},
+                {"burst", l.requests},
+                {"limit", l.requests},
+                {"window", rules::format_duration(rules::reported_window_ms(l))}};
+  }
   return Json{{"name", l.name},
               {"limit", l.requests},
               {"window", rules::format_duration(l.spec.window_ms)},
@@ -166,6 +175,19 @@ OpsReply inspect(Node& node, const Json& j) {
       const auto [end, ec] = std::to_chars(hex, hex + sizeof hex, al.counter, 16);
       lj["counter"] = std::string(hex, end);
       const auto view = node.engine().inspect(al.counter, spec);
+      if (lim.algorithm == rules::Algorithm::kGcra) {
+        // Its state is one arrival time (window/gcra.h), not buckets.
+        const uint64_t tat = view ? view->tat_ns : 0;
+        const window::LimitState gs = window::gcra_state(tat, lim.gcra, now, 0);
+        lj["tat_ms"] = tat / 1'000'000;
+        lj["estimate"] = static_cast<double>(al.requests - std::min(al.requests, gs.remaining));
+        lj["remaining"] = gs.remaining;
+        lj["reset_ms"] = gs.reset_ms;
+        lj["buckets"] = Json::array();
+        lj["nodes"] = Json::array();
+        limits.push_back(std::move(lj));
+        continue;
+      }
       Json buckets = Json::array();
       double estimate = 0;
       window::LimitState ls{al.requests, 0, 0};

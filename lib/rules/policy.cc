@@ -126,6 +126,22 @@ inline uint64_t mix_counter(uint64_t key_hash, const window::WindowSpec& spec) {
   return c == 0 ? 1 : c;  // the engine uses 0 as "empty slot"
 }
 
+// A limit's counter: a GCRA limit's also mixes its interval and burst, so it never shares a
+// counter with a window limit of the same length, nor with a GCRA limit of another rate (a
+// changed rate starts a new arrival time rather than reading the old one at the wrong scale).
+inline uint64_t limit_counter(uint64_t key_hash, const Limit& l) {
+  if (l.algorithm != Algorithm::kGcra) return mix_counter(key_hash, l.spec);
+  unsigned char buf[40];
+  put_u64_le(buf, key_hash);
+  put_u64_le(buf + 8, static_cast<uint64_t>(l.spec.window_ms));
+  put_u64_le(buf + 16, static_cast<uint64_t>(l.gcra.interval_ns));
+  put_u64_le(buf + 24, l.gcra.burst);
+  put_u64_le(buf + 32, 0x67637261ull);  // "gcra"
+  const uint64_t h = XXH3_64bits(buf, sizeof(buf));
+  const uint64_t c = (key_hash & 0xFFFF'FFFF'0000'0000ull) | (h & 0xFFFF'FFFFull);
+  return c == 0 ? 1 : c;
+}
+
 uint64_t allow_hash(std::string_view key, std::string_view value) {
   return XXH3_64bits_withSeed(value.data(), value.size(), XXH3_64bits(key.data(), key.size()));
 }
@@ -217,6 +233,8 @@ window::WindowSpec inherited_spec(int64_t window_ms, std::span<const LimitRef> r
     if (s.first == current.first && s.count == current.count) return;
     for (uint32_t i = 0; i < s.count; ++i) {
       const LimitRef& lr = p.limit_refs[s.first + i];
+      // A GCRA counter holds an arrival time, not counts: nothing can be seeded from it.
+      if (lr.limit->algorithm == Algorithm::kGcra) continue;
       out.carry.push_back(CarrySource{mix_counter(kh, lr.limit->spec), lr.spec_index, rule, group});
       ++n;
     }
@@ -261,7 +279,7 @@ void apply_rule(const Policy::Impl& p, const CompiledDomain& cd, const CompiledR
   for (uint32_t i = 0; i < span.count; ++i) {
     const LimitRef& lr = p.limit_refs[span.first + i];
     out.limits.push_back(
-        AppliedLimit{lr.limit, mix_counter(kh, lr.limit->spec), lr.spec_index, lr.limit->requests});
+        AppliedLimit{lr.limit, limit_counter(kh, *lr.limit), lr.spec_index, lr.limit->requests});
   }
   ++res.num_rules;
 }
@@ -433,6 +451,10 @@ uint64_t key_hash(uint64_t hash_seed, std::string_view domain, const Rule& rule,
 
 uint64_t counter_id(uint64_t key_hash, const window::WindowSpec& spec) {
   return mix_counter(key_hash, spec);
+}
+
+uint64_t counter_id(uint64_t key_hash, const Limit& limit) {
+  return limit_counter(key_hash, limit);
 }
 
 Policy::Policy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "window/gcra.h"
 #include "window/sliding_window.h"
 
 namespace sluice::rules {
@@ -55,16 +56,35 @@ std::string_view to_string(Consistency c);
 enum class Fallback : uint8_t { kShare, kDeny };
 std::string_view to_string(Fallback f);
 
-// One "N requests per window" limit.
+// How a limit decides (docs/rules.md, "Algorithms").
+enum class Algorithm : uint8_t {
+  kWindow,  // N requests per sliding window (the rule's estimator)
+  kGcra,    // a rate with a burst allowance (window/gcra.h)
+};
+std::string_view to_string(Algorithm a);
+
+// One limit: "N requests per window", or a GCRA rate with a burst.
 struct Limit {
   std::string name;  // shown to callers; defaults to "<rule>:<N>/<window>" e.g. "per-ip:100/1m"
-  uint64_t requests = 0;
-  window::WindowSpec spec;
+  uint64_t requests = 0;  // GCRA: the burst, the most admitted at once
+  window::WindowSpec spec;  // GCRA: window::gcra_window(gcra)
+  Algorithm algorithm = Algorithm::kWindow;
+  // GCRA only: the rate as written ("10/1s": rate_requests per rate_period_ms), and the spec
+  // worked out from it and the burst.
+  uint64_t rate_requests = 0;
+  int64_t rate_period_ms = 0;
+  window::GcraSpec gcra{};
 };
 
 // "100/1m", "10/1s", "3000/10m", "500/1d", "20/90s": N per duration (units ms, s, m, h, d).
 // Returns an empty string on success, else the reason. bucket_ms 0 = the window's default.
 std::string parse_limit(std::string_view text, int64_t bucket_ms, Limit& out);
+// A GCRA limit: `rate` is "N/duration" (e.g. "10/1s"), `burst` the most admitted at once. Returns
+// an empty string on success, else the reason (a zero rate or burst, a refill over 24 days).
+std::string parse_gcra(std::string_view rate, uint64_t burst, Limit& out);
+// The window a caller is told about a limit (answers, RateLimit headers, Envoy's unit): a window
+// limit's window; a GCRA limit's time to refill its whole burst from empty, in ms rounded up.
+int64_t reported_window_ms(const Limit& l);
 // "1s", "15m", "250ms" -> milliseconds; nullopt when malformed.
 std::optional<int64_t> parse_duration_ms(std::string_view text);
 // 60000 -> "1m", 1500 -> "1500ms": the shortest exact form.
@@ -356,6 +376,8 @@ class Policy {
 uint64_t key_hash(uint64_t hash_seed, std::string_view domain, const Rule& rule,
                   std::span<const std::string_view> values);
 uint64_t counter_id(uint64_t key_hash, const window::WindowSpec& spec);
+// The counter of one limit of the key (a GCRA limit's mixes its rate and burst as well).
+uint64_t counter_id(uint64_t key_hash, const Limit& limit);
 // What places a counter on the cluster's hash ring: the part of its id that every window of the
 // same key shares.
 inline uint64_t routing_key(uint64_t counter) {

@@ -64,6 +64,10 @@ bool valid_limit_name(std::string_view s) {
 }
 
 std::string default_limit_name(std::string_view owner, const Limit& l) {
+  if (l.algorithm == Algorithm::kGcra) {
+    return std::string(owner) + ":" + std::to_string(l.rate_requests) + "/" +
+           format_duration(l.rate_period_ms) + ":burst-" + std::to_string(l.requests);
+  }
   return std::string(owner) + ":" + std::to_string(l.requests) + "/" +
          format_duration(l.spec.window_ms);
 }
@@ -140,6 +144,9 @@ class RulesParser {
   // Reads a list of limits; `owner` names them by default ("<owner>:<N>/<window>").
   void parse_limits(const Field& f, std::string_view owner, int64_t bucket_ms,
                     std::vector<Limit>& out);
+  bool parse_gcra_node(const Fields& fields, int line, const std::string& path,
+                       std::string_view owner, Limit& out);
+  bool read_limit_name(const Fields& fields, Limit& out);
   bool parse_limit_node(const YAML::Node& n, int line, const std::string& path,
                         std::string_view owner, int64_t bucket_ms, Limit& out);
 
@@ -505,6 +512,20 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
       r.consistency = *v;
     }
   }
+  if (r.consistency == Consistency::kGossip) {
+    const auto is_gcra = [](const Limit& l) { return l.algorithm == Algorithm::kGcra; };
+    bool gcra = std::any_of(r.limits.begin(), r.limits.end(), is_gcra);
+    if (!r.plan_from.empty()) {
+      for (const Plan& p : d.plans)
+        gcra = gcra || std::any_of(p.limits.begin(), p.limits.end(), is_gcra);
+    }
+    if (gcra) {
+      const Field* f = fields.find("consistency");
+      error(f->line, f->path,
+            "a GCRA limit needs `consistency: owner` (its state is one arrival time that only "
+            "the key's owner can keep exact; gossip merges counts)");
+    }
+  }
   if (const Field* f = fields.find("fallback")) {
     if (auto v = read_choice<Fallback>(*f, {{"share", Fallback::kShare}, {"deny", Fallback::kDeny}})) {
       r.fallback = *v;
@@ -534,7 +555,8 @@ void RulesParser::parse_limits(const Field& f, std::string_view owner, int64_t b
     if (!parse_limit_node(*it, line, path, owner, bucket_ms, l)) continue;
     // Of two limits on one window only the stricter can ever decide: the other is a mistake.
     auto same_window = std::find_if(out.begin(), out.end(), [&](const Limit& o) {
-      return o.spec.window_ms == l.spec.window_ms;
+      return o.algorithm == Algorithm::kWindow && l.algorithm == Algorithm::kWindow &&
+             o.spec.window_ms == l.spec.window_ms;
     });
     if (same_window != out.end()) {
       error(line, path,
@@ -568,8 +590,26 @@ bool RulesParser::parse_limit_node(const YAML::Node& n, int line, const std::str
               std::string(type_name(n)));
     return false;
   }
-  const Fields fields = read_fields(n, path, {"limit", "window", "name", "granularity"});
+  const Fields fields = read_fields(
+      n, path, {"limit", "window", "name", "granularity", "algorithm", "rate", "burst"});
   bool ok = true;
+  if (const Field* a = fields.find("algorithm")) {
+    if (auto v = read_choice<Algorithm>(
+            *a, {{"window", Algorithm::kWindow}, {"gcra", Algorithm::kGcra}})) {
+      out.algorithm = *v;
+    } else {
+      return false;
+    }
+  }
+  if (out.algorithm == Algorithm::kGcra) return parse_gcra_node(fields, line, path, owner, out);
+  for (const char* gcra_only : {"rate", "burst"}) {
+    if (const Field* f = fields.find(gcra_only)) {
+      error(f->line, f->path,
+            "applies to `algorithm: gcra` only (a sliding-window limit takes `limit` and "
+            "`window`)");
+      ok = false;
+    }
+  }
   const Field* limit = fields.find("limit");
   const Field* window = fields.find("window");
   if (limit == nullptr) {
@@ -602,20 +642,7 @@ bool RulesParser::parse_limit_node(const YAML::Node& n, int line, const std::str
       ok = false;
     }
   }
-  if (const Field* name = fields.find("name")) {
-    auto v = read_string(*name);
-    if (v && !valid_limit_name(*v)) {
-      error(name->line, name->path,
-            ticked(*v) +
-                " is not a valid limit name (letters, digits, "
-                "'_', '.', '-', ':' and '/' only)");
-      ok = false;
-    } else if (v) {
-      out.name = *v;
-    } else {
-      ok = false;
-    }
-  }
+  if (!read_limit_name(fields, out)) ok = false;
   if (!ok) return false;
   out.spec = window::make_spec(window_ms, bucket_ms);
   if (std::string why = window::validate(out.spec); !why.empty()) {
@@ -623,6 +650,67 @@ bool RulesParser::parse_limit_node(const YAML::Node& n, int line, const std::str
     return false;
   }
   if (out.name.empty()) out.name = default_limit_name(owner, out);
+  return true;
+}
+
+bool RulesParser::parse_gcra_node(const Fields& fields, int line, const std::string& path,
+                                  std::string_view owner, Limit& out) {
+  bool ok = true;
+  for (const char* window_only : {"limit", "window", "granularity"}) {
+    if (const Field* f = fields.find(window_only)) {
+      error(f->line, f->path,
+            "does not apply to `algorithm: gcra` (it takes `rate`, e.g. 10/1s, and `burst`)");
+      ok = false;
+    }
+  }
+  std::optional<std::string> rate;
+  if (const Field* f = fields.find("rate")) {
+    rate = read_string(*f);
+    ok = ok && rate.has_value();
+  } else {
+    error(line, path, "missing required field `rate` (requests per period, e.g. 10/1s)");
+    ok = false;
+  }
+  uint64_t burst = 0;
+  const Field* burst_field = fields.find("burst");
+  if (burst_field == nullptr) {
+    error(line, path, "missing required field `burst` (the most admitted at once, e.g. 20)");
+    ok = false;
+  } else if (auto b = read_string(*burst_field)) {
+    if (auto v = parse_count(*b)) {
+      burst = *v;
+    } else {
+      error(burst_field->line, burst_field->path,
+            "must be a whole number from 1 to 2^40 (1099511627776), got " + ticked(*b));
+      ok = false;
+    }
+  } else {
+    ok = false;
+  }
+  if (!read_limit_name(fields, out)) ok = false;
+  if (!ok) return false;
+  if (std::string why = parse_gcra(*rate, burst, out); !why.empty()) {
+    const Field* at = why.rfind("burst", 0) == 0 ? burst_field : fields.find("rate");
+    error(at->line, at->path, why);
+    return false;
+  }
+  if (out.name.empty()) out.name = default_limit_name(owner, out);
+  return true;
+}
+
+bool RulesParser::read_limit_name(const Fields& fields, Limit& out) {
+  const Field* name = fields.find("name");
+  if (name == nullptr) return true;
+  auto v = read_string(*name);
+  if (!v) return false;
+  if (!valid_limit_name(*v)) {
+    error(name->line, name->path,
+          ticked(*v) +
+              " is not a valid limit name (letters, digits, "
+              "'_', '.', '-', ':' and '/' only)");
+    return false;
+  }
+  out.name = *v;
   return true;
 }
 
@@ -702,6 +790,47 @@ std::string parse_limit(std::string_view text, int64_t bucket_ms, Limit& out) {
   out.requests = *requests;
   out.spec = spec;
   return {};
+}
+
+std::string parse_gcra(std::string_view rate, uint64_t burst, Limit& out) {
+  const size_t slash = rate.find('/');
+  if (slash == std::string_view::npos) {
+    return "a rate looks like N/duration (e.g. 10/1s or 600/1m), got " + ticked(rate);
+  }
+  const std::string_view n = rate.substr(0, slash);
+  const auto requests = parse_count(n);
+  if (!requests) {
+    if (n == "0") return "rate must admit at least 1 request per period, got " + ticked(rate);
+    return "the request count must be a whole number from 1 to 2^40 (1099511627776), got " +
+           ticked(n) + " in " + ticked(rate);
+  }
+  const auto period_ms = parse_duration_ms(rate.substr(slash + 1));
+  if (!period_ms) {
+    return "bad period " + ticked(rate.substr(slash + 1)) + " in " + ticked(rate) +
+           ": use a whole number and a unit, e.g. 1s, 10m, 1h";
+  }
+  window::GcraSpec g;
+  if (std::string why = window::make_gcra(*requests, *period_ms, burst, g); !why.empty()) {
+    return why;
+  }
+  out.algorithm = Algorithm::kGcra;
+  out.rate_requests = *requests;
+  out.rate_period_ms = *period_ms;
+  out.gcra = g;
+  out.requests = burst;
+  out.spec = window::gcra_window(g);
+  return {};
+}
+
+int64_t reported_window_ms(const Limit& l) {
+  if (l.algorithm != Algorithm::kGcra) return l.spec.window_ms;
+  __extension__ typedef unsigned __int128 u128;
+  const u128 ns = static_cast<u128>(l.gcra.interval_ns) * l.gcra.burst;
+  return static_cast<int64_t>((ns + 999'999) / 1'000'000);  // under 2^31 ms (make_gcra)
+}
+
+std::string_view to_string(Algorithm a) {
+  return a == Algorithm::kGcra ? "gcra" : "window";
 }
 
 std::string ParseError::to_string() const {

@@ -106,6 +106,10 @@ std::string validate(const WindowSpec& spec) {
     return "granularity " + std::to_string(spec.bucket_ms) + "ms must divide the window " +
            std::to_string(spec.window_ms) + "ms";
   }
+  if (spec.gcra && spec.bucket_ms != spec.window_ms) {
+    return "a GCRA limit's window is one bucket, got " + std::to_string(spec.window_ms) +
+           "ms at granularity " + std::to_string(spec.bucket_ms) + "ms";
+  }
   if (spec.window_ms / spec.bucket_ms > kMaxBuckets) {
     return "window " + std::to_string(spec.window_ms) + "ms at granularity " +
            std::to_string(spec.bucket_ms) + "ms needs more than " + std::to_string(kMaxBuckets) +

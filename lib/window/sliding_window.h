@@ -45,6 +45,9 @@ std::string_view to_string(Estimator e);
 struct WindowSpec {
   int64_t window_ms = 60'000;
   int64_t bucket_ms = 60'000;
+  // The counters hold a GCRA limit's state (window/gcra.h), not bucket counts: window = bucket,
+  // and nothing that reads or merges buckets may touch them.
+  bool gcra = false;
 
   // Buckets wholly inside a window (n) and the ring size (n + 1).
   uint32_t buckets() const { return static_cast<uint32_t>(window_ms / bucket_ms); }
