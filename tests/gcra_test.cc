@@ -210,6 +210,64 @@ TEST_CASE("a rules file declares a GCRA limit with rate and burst") {
   CHECK(rules::reported_window_ms(limits[1]) == 3'600'000);
 }
 
+TEST_CASE("sluicectl rules convert writes GCRA limits (and granularity) back as they were read") {
+  const auto r = parse(R"(domains:
+  - name: api
+    rules:
+      - name: per-ip
+        key: [ip]
+        limits:
+          - {algorithm: gcra, rate: 10/1s, burst: 5}
+          - {limit: 100, window: 1m, granularity: 1s}
+)");
+  REQUIRE_MESSAGE(r.errors.empty(), errors_of(r));
+  const std::string yaml = rules::to_rules_yaml(*r.rules);
+  const auto again = parse(yaml);
+  REQUIRE_MESSAGE(again.errors.empty(), errors_of(again) << yaml);
+  const auto& a = r.rules->domains[0].rules[0].limits;
+  const auto& b = again.rules->domains[0].rules[0].limits;
+  REQUIRE(b.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(a[i].name == b[i].name);
+    CHECK(a[i].algorithm == b[i].algorithm);
+    CHECK(a[i].requests == b[i].requests);
+    CHECK(a[i].spec == b[i].spec);
+    CHECK(a[i].gcra == b[i].gcra);
+  }
+}
+
+TEST_CASE("an override's window limit never counts in a GCRA limit's counter") {
+  rules::Overrides ov;
+  rules::Override o;
+  o.domain = "api";
+  o.entries = {{"user", "1"}};
+  rules::Limit w;
+  REQUIRE(rules::parse_limit("100/1s", 0, w).empty());
+  w.spec.bucket_ms = 0;  // names no granularity: inherits from the rule's limit of that window
+  o.limits = {w};
+  REQUIRE(ov.set(o).empty());
+  rules::RuleSet set;
+  rules::Domain d;
+  d.name = "api";
+  rules::Rule rule;
+  rule.name = "per-user";
+  rule.key = {"user"};
+  rules::Limit g;
+  REQUIRE(rules::parse_gcra("10/1s", 10, g).empty());  // its spec is 1s/1s, flagged gcra
+  rule.limits = {g};
+  d.rules.push_back(std::move(rule));
+  set.domains.push_back(std::move(d));
+  const auto policy = rules::Policy::compile(std::move(set), ov, 42);
+  rules::Resolution res;
+  const rules::Descriptor desc[] = {{"user", "1"}};
+  const rules::ResolvedRequest rr = policy->resolve(rules::CheckRequest{"api", desc, 1}, kT0, res);
+  REQUIRE(rr.num_rules == 1);
+  REQUIRE(res.limits.size() == 1);
+  CHECK(res.limits[0].limit->algorithm == rules::Algorithm::kWindow);
+  CHECK_FALSE(res.limits[0].limit->spec.gcra);
+  CHECK(res.limits[0].limit->spec.window_ms == 1'000);
+}
+
 TEST_CASE("bad GCRA limits are errors naming the file, the line and the field") {
   const auto expect_error = [](const std::string& limit_yaml, const std::string& extra,
                                const std::string& field, const std::string& words) {

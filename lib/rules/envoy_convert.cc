@@ -33,14 +33,26 @@ std::string sluice_name(std::string_view s) {
   return out.empty() ? "rule" : out;
 }
 
+// One limit as a flow map: {limit, window[, granularity]} or {algorithm: gcra, rate, burst}.
+std::string limit_yaml(const Limit& l) {
+  std::string out;
+  if (l.algorithm == Algorithm::kGcra) {
+    out = "{algorithm: gcra, rate: " + std::to_string(l.rate_requests) + "/" +
+          format_duration(l.rate_period_ms) + ", burst: " + std::to_string(l.requests);
+  } else {
+    out = "{limit: " + std::to_string(l.requests) + ", window: " + format_duration(l.spec.window_ms);
+    if (l.spec.bucket_ms != window::default_bucket_ms(l.spec.window_ms)) {
+      out += ", granularity: " + format_duration(l.spec.bucket_ms);
+    }
+  }
+  if (!l.name.empty()) out += ", name: " + quoted(l.name);
+  return out + "}";
+}
+
 void print_limits(const std::vector<Limit>& limits, std::string& out) {
   out += "        limits:\n";
-  for (const Limit& l : limits) {
-    out += "          - {limit: " + std::to_string(l.requests) +
-           ", window: " + format_duration(l.spec.window_ms);
-    if (!l.name.empty()) out += ", name: " + quoted(l.name);
-    out += "}\n";
-  }
+  for (const Limit& l : limits)
+    out += "          - " + limit_yaml(l) + "\n";
 }
 
 void print_rule_tail(const Rule& r, std::string& out) {
@@ -131,9 +143,7 @@ std::string to_rules_yaml(const RuleSet& rules) {
       for (const Plan& p : d.plans) {
         out += "      " + p.name + ":\n";
         for (const Limit& l : p.limits)
-          out += "        - {limit: " + std::to_string(l.requests) +
-                 ", window: " + format_duration(l.spec.window_ms) + ", name: " + quoted(l.name) +
-                 "}\n";
+          out += "        - " + limit_yaml(l) + "\n";
       }
     }
     if (d.envoy) {

@@ -206,11 +206,13 @@ LimitSpan base_limits(const CompiledDomain& cd, const CompiledRule& cr,
 // limit with the same window, so it counts in the same counter; else the finest of the rule's
 // buckets that divides the window into at most kMaxBuckets; else the window's default.
 window::WindowSpec inherited_spec(int64_t window_ms, std::span<const LimitRef> rule_limits) {
+  // A GCRA limit's spec is no window's: an override's window limit never counts in it.
   for (const LimitRef& lr : rule_limits) {
-    if (lr.limit->spec.window_ms == window_ms) return lr.limit->spec;
+    if (!lr.limit->spec.gcra && lr.limit->spec.window_ms == window_ms) return lr.limit->spec;
   }
   int64_t bucket = 0;
   for (const LimitRef& lr : rule_limits) {
+    if (lr.limit->spec.gcra) continue;
     const int64_t b = lr.limit->spec.bucket_ms;
     if (window_ms % b == 0 && window_ms / b <= window::kMaxBuckets && (bucket == 0 || b < bucket)) {
       bucket = b;
