@@ -32,8 +32,24 @@
 // drew no wrong weighted decision (0 of 1.1M, 1 s and 1 m windows, seed 1; measured once by hand,
 // this program does not split rows by key rate).
 //
-// Usage: sluice-bench-accuracy [--json] [--trace NAME] [--window 1s|1m|1h] [--mode M]
-//          [--counting admitted|all]
+// GCRA rows (--mode gcra): the rule's limit is parse_gcra("<L>/<W>", burst, ...) with L the
+// window case's limit (100/1s, 600/1m, 3600/1h) and burst = max(1, L/10), bucket_ms 0. They are
+// judged, with shared history as above, against an independent exact token bucket per key
+// (GcraReference below; it calls nothing in window/gcra.h): integers in nanoseconds, interval =
+// W * 1e6 / L rounded down, tokens scaled by the interval and capped at burst * interval, full
+// at a key's first request, refilled by the ns elapsed since the key's previous request; h hits
+// are admitted iff tokens >= h * interval. Counting:
+//   admitted  the bucket takes h * interval for what the engine admitted;
+//   all       (count_denied) it takes them for every request, admitted or not, and may go into
+//             debt (tokens below 0; the engine's arrival time then runs ahead of now by more
+//             than the burst), as the window rows' log holds the whole trace.
+// The engine decides GCRA exactly, so every gcra row must show 0 wrong decisions. A token
+// bucket admits at most burst + L hits into any true window (t - W, t], so gcra rows also give
+// gcra_bound = (burst + L) / L, and the program fails (exit 1) if max_window_over_limit of a
+// gcra row exceeds it.
+//
+// Usage: sluice-bench-accuracy [--json] [--trace NAME] [--window 1s|1m|1h]
+//          [--mode weighted|strict|gcra] [--counting admitted|all]
 //          [--seed N] [--windows N] [--granularity default|1/N[,...]] [--max-events N]
 // Build Release; the default run takes well under three minutes on one core.
 #include <algorithm>
@@ -88,7 +104,7 @@ struct Options {
   bool json = false;
   std::vector<std::string> traces;            // empty = all
   std::vector<std::string> windows;           // empty = all
-  std::vector<std::string> modes;             // empty = both
+  std::vector<std::string> modes;             // empty = all: weighted, strict, gcra
   std::vector<std::string> countings;         // empty = both: "admitted", "all"
   std::vector<uint32_t> granularities = {0};  // 0 = the window's default bucket, else 1/N
   uint64_t seed = 1;
@@ -100,9 +116,10 @@ struct Row {
   std::string trace;
   std::string window_label;
   int64_t window_ms = 0;
-  Estimator mode = Estimator::kWeighted;
-  bool count_all = false;  // counting "all" (count_denied) rather than "admitted"
-  int64_t bucket_ms = 0;
+  Estimator mode = Estimator::kWeighted;  // window rows
+  bool gcra = false;                      // a GCRA row (mode "gcra"); `mode` is then unused
+  bool count_all = false;                 // counting "all" (count_denied) rather than "admitted"
+  int64_t bucket_ms = 0;                  // 0 for gcra rows
   uint64_t requests = 0;
   uint64_t allowed = 0;
   uint64_t wrongly_allowed = 0;
@@ -110,7 +127,16 @@ struct Row {
   uint64_t errors = 0;
   double max_window_over_limit = 0;
   double seconds = 0;
+  // GCRA rows only: the burst, the rate as given to parse_gcra, and (burst + L) / L.
+  uint64_t burst = 0;
+  std::string rate;
+  double gcra_bound = 0;
+  bool over_gcra_bound = false;  // max admitted into a window > burst + L: the program fails
 };
+
+std::string mode_name(const Row& r) {
+  return r.gcra ? "gcra" : std::string(window::to_string(r.mode));
+}
 
 double pct(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
@@ -140,8 +166,8 @@ bool contains(const std::vector<std::string>& v, std::string_view s) {
       stderr,
       "sluice-bench-accuracy: %s\n"
       "usage: sluice-bench-accuracy [--json] [--trace NAME[,..]] [--window 1s|1m|1h[,..]]\n"
-      "         [--mode weighted|strict] [--counting admitted|all] [--seed N] [--windows N]\n"
-      "         [--granularity default|1/N[,..]] [--max-events N]\n"
+      "         [--mode weighted|strict|gcra] [--counting admitted|all] [--seed N]\n"
+      "         [--windows N] [--granularity default|1/N[,..]] [--max-events N]\n"
       "traces: steady-0.5x steady-1x steady-2x on-off edge-burst mixed\n",
       why);
   std::exit(2);
@@ -179,7 +205,9 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--mode") {
       o.modes = split_commas(value());
       for (const auto& m : o.modes) {
-        if (m != "weighted" && m != "strict") usage("--mode takes weighted or strict");
+        if (m != "weighted" && m != "strict" && m != "gcra") {
+          usage("--mode takes weighted, strict or gcra");
+        }
       }
     } else if (a == "--counting") {
       o.countings = split_commas(value());
@@ -220,35 +248,19 @@ std::shared_ptr<const rules::Policy> make_policy(const window::WindowSpec& spec,
   return testing::one_rule_policy({"bench", "r", "k", limit, spec, est, count_all}, seed);
 }
 
-Row replay(std::string_view trace_name, const std::vector<Event>& trace, const WindowCase& wc,
-           const window::WindowSpec& spec, Estimator est, bool count_all, uint64_t seed) {
-  Row row;
-  row.trace = std::string(trace_name);
-  row.window_label = wc.label;
-  row.window_ms = wc.window_ms;
-  row.mode = est;
-  row.count_all = count_all;
-  row.bucket_ms = spec.bucket_ms;
-  const auto started = std::chrono::steady_clock::now();
-
-  EngineOptions opts;
-  opts.memory_cap_bytes = 1ull << 30;
-  Engine engine(make_policy(spec, wc.limit, est, count_all, seed), opts);
-
-  const uint32_t keys = testing::trace_keys(trace_name);
-  std::vector<ExactSlidingLog> ref(keys, ExactSlidingLog(wc.window_ms));
-  // What the engine admitted, for max_window_over_limit (with counting "all" the reference holds
-  // every request, admitted or not).
-  std::vector<ExactSlidingLog> admitted(count_all ? keys : 0, ExactSlidingLog(wc.window_ms));
+// Replays `trace` through `engine` (a policy of one rule keyed by "k" in domain "bench") and
+// judges every decision by `judge`: judge.allows(e) says what the exact reference decides for
+// event e given the history so far, judge.record(e, allowed) then feeds it what it must count.
+// Fills the counts of `row`.
+template <typename Judge>
+void replay_trace(Engine& engine, const std::vector<Event>& trace, uint32_t keys, Row& row,
+                  Judge& judge) {
   std::vector<std::string> values(keys);
   for (uint32_t k = 0; k < keys; ++k)
     values[k] = std::to_string(k);
-
   std::vector<rules::Descriptor> descs(kMaxBatch);
   std::vector<rules::CheckRequest> batch(kMaxBatch);
   BatchResult out;
-  uint64_t max_window = 0;
-
   // Requests of one millisecond go in one batch (up to kMaxBatch): the engine decides a batch in
   // order, each request seeing the hits of the earlier ones, and the reference is walked in the
   // same order below, so batching changes no decision.
@@ -270,32 +282,221 @@ Row replay(std::string_view trace_name, const std::vector<Event>& trace, const W
         ++row.errors;
         continue;
       }
-      ExactSlidingLog& log = ref[e.key];
-      const bool exact_allows = log.count(now) + e.hits <= wc.limit;
+      const bool exact_allows = judge.allows(e);
       if (d.allowed && !exact_allows) ++row.wrongly_allowed;
       if (!d.allowed && exact_allows) ++row.wrongly_denied;
       if (d.allowed) ++row.allowed;
-      if (d.allowed || count_all) log.record(now, e.hits);
-      if (d.allowed && count_all) admitted[e.key].record(now, e.hits);
+      judge.record(e, d.allowed);
     }
     i += n;
   }
-  for (const auto& log : count_all ? admitted : ref)
-    max_window = std::max(max_window, log.max_window_count());
-  row.max_window_over_limit = static_cast<double>(max_window) / static_cast<double>(wc.limit);
+}
 
+void warn_after(const Engine& engine, const Row& row) {
   const auto stats = engine.stats();
   if (stats.evicted_live != 0) {
     std::fprintf(stderr,
                  "warning: %s %s %s: engine evicted %" PRIu64
                  " live counters; the row is not a pure accuracy figure\n",
-                 row.trace.c_str(), wc.label, std::string(window::to_string(est)).c_str(),
+                 row.trace.c_str(), row.window_label.c_str(), mode_name(row).c_str(),
                  stats.evicted_live);
   }
   if (row.errors != 0) {
     std::fprintf(stderr, "warning: %s %s: %" PRIu64 " requests were rejected with an error\n",
-                 row.trace.c_str(), wc.label, row.errors);
+                 row.trace.c_str(), row.window_label.c_str(), row.errors);
   }
+}
+
+// Window rows: the reference is an exact sliding log per key.
+struct WindowJudge {
+  uint64_t limit;
+  bool count_all;
+  std::vector<ExactSlidingLog> ref;
+  // What the engine admitted, for max_window_over_limit (with counting "all" the reference holds
+  // every request, admitted or not).
+  std::vector<ExactSlidingLog> admitted;
+
+  bool allows(const Event& e) { return ref[e.key].count(e.t_ms) + e.hits <= limit; }
+  void record(const Event& e, bool allowed) {
+    if (allowed || count_all) ref[e.key].record(e.t_ms, e.hits);
+    if (allowed && count_all) admitted[e.key].record(e.t_ms, e.hits);
+  }
+};
+
+Row replay(std::string_view trace_name, const std::vector<Event>& trace, const WindowCase& wc,
+           const window::WindowSpec& spec, Estimator est, bool count_all, uint64_t seed) {
+  Row row;
+  row.trace = std::string(trace_name);
+  row.window_label = wc.label;
+  row.window_ms = wc.window_ms;
+  row.mode = est;
+  row.count_all = count_all;
+  row.bucket_ms = spec.bucket_ms;
+  const auto started = std::chrono::steady_clock::now();
+
+  EngineOptions opts;
+  opts.memory_cap_bytes = 1ull << 30;
+  Engine engine(make_policy(spec, wc.limit, est, count_all, seed), opts);
+
+  const uint32_t keys = testing::trace_keys(trace_name);
+  WindowJudge judge{
+      wc.limit, count_all, std::vector<ExactSlidingLog>(keys, ExactSlidingLog(wc.window_ms)),
+      std::vector<ExactSlidingLog>(count_all ? keys : 0, ExactSlidingLog(wc.window_ms))};
+  replay_trace(engine, trace, keys, row, judge);
+
+  uint64_t max_window = 0;
+  for (const auto& log : count_all ? judge.admitted : judge.ref)
+    max_window = std::max(max_window, log.max_window_count());
+  row.max_window_over_limit = static_cast<double>(max_window) / static_cast<double>(wc.limit);
+
+  warn_after(engine, row);
+  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return row;
+}
+
+// ---- GCRA rows -------------------------------------------------------------------------------
+
+__extension__ typedef __int128 i128;  // signed: with counting "all" the bucket goes into debt
+__extension__ typedef unsigned __int128 u128;
+
+constexpr int64_t kNsPerMs = 1'000'000;
+
+// The exact reference for gcra rows: a token bucket of one key in integer nanoseconds, written
+// without window/gcra.h. Tokens are scaled by the interval (one request = interval_ns), so the
+// bucket holds burst * interval_ns when full. Products are taken in 128 bits.
+class GcraReference {
+ public:
+  GcraReference(int64_t interval_ns, uint64_t burst)
+      : interval_ns_(interval_ns),
+        cap_ns_(static_cast<i128>(interval_ns) * static_cast<i128>(burst)),
+        tokens_ns_(cap_ns_) {}
+
+  // Refills by the time since the previous request (full before the first).
+  void advance(int64_t now_ms) {
+    if (seen_) {
+      const i128 elapsed = static_cast<i128>(now_ms - last_ms_) * kNsPerMs;
+      tokens_ns_ = std::min(cap_ns_, tokens_ns_ + elapsed);
+    }
+    seen_ = true;
+    last_ms_ = now_ms;
+  }
+  bool admits(uint64_t hits) const { return tokens_ns_ >= cost(hits); }
+  void take(uint64_t hits) { tokens_ns_ -= cost(hits); }
+  i128 tokens_ns() const { return tokens_ns_; }
+  i128 cap_ns() const { return cap_ns_; }
+
+ private:
+  i128 cost(uint64_t hits) const {
+    return static_cast<i128>(hits) * static_cast<i128>(interval_ns_);
+  }
+
+  int64_t interval_ns_;
+  i128 cap_ns_;
+  i128 tokens_ns_;
+  int64_t last_ms_ = 0;
+  bool seen_ = false;
+};
+
+// A 128-bit value for a message (the ones printed here fit in 64 bits).
+long long as_ll(i128 v) {
+  return static_cast<long long>(v);
+}
+
+struct GcraJudge {
+  bool count_all;
+  std::vector<GcraReference> ref;
+  std::vector<ExactSlidingLog> admitted;  // what the engine admitted, for max_window_over_limit
+  std::string where;                      // "trace window counting", for the first disagreement
+  bool told = false;
+  bool exact = false;  // the reference's decision for the event being judged
+
+  bool allows(const Event& e) {
+    GcraReference& b = ref[e.key];
+    b.advance(e.t_ms);
+    exact = b.admits(e.hits);
+    return exact;
+  }
+  void record(const Event& e, bool allowed) {
+    GcraReference& b = ref[e.key];
+    if (allowed != exact && !told) {
+      told = true;
+      std::fprintf(stderr,
+                   "gcra disagreement: %s key %" PRIu32 " t_ms %" PRId64 " (trace start + %" PRId64
+                   " ms) hits %" PRIu32
+                   ": engine %s, reference %s; reference tokens_ns %lld of "
+                   "%lld\n",
+                   where.c_str(), e.key, e.t_ms, e.t_ms - testing::kTraceStartMs, e.hits,
+                   allowed ? "allowed" : "denied", exact ? "allows" : "denies",
+                   as_ll(b.tokens_ns()), as_ll(b.cap_ns()));
+    }
+    if (allowed || count_all) b.take(e.hits);
+    if (allowed) admitted[e.key].record(e.t_ms, e.hits);
+  }
+};
+
+Row replay_gcra(std::string_view trace_name, const std::vector<Event>& trace, const WindowCase& wc,
+                bool count_all, uint64_t seed) {
+  Row row;
+  row.trace = std::string(trace_name);
+  row.window_label = wc.label;
+  row.window_ms = wc.window_ms;
+  row.gcra = true;
+  row.count_all = count_all;
+  row.bucket_ms = 0;
+  row.burst = std::max<uint64_t>(1, wc.limit / 10);
+  row.rate = std::to_string(wc.limit) + "/" + wc.label;
+  row.gcra_bound = static_cast<double>(row.burst + wc.limit) / static_cast<double>(wc.limit);
+  const auto started = std::chrono::steady_clock::now();
+
+  rules::Limit lim;
+  if (const std::string why = rules::parse_gcra(row.rate, row.burst, lim); !why.empty()) {
+    std::fprintf(stderr, "error: parse_gcra(%s, %" PRIu64 "): %s\n", row.rate.c_str(), row.burst,
+                 why.c_str());
+    std::exit(1);
+  }
+  lim.name = "r:gcra " + row.rate + " burst " + std::to_string(row.burst);
+  rules::Rule rule;
+  rule.name = "r";
+  rule.key = {"k"};
+  rule.limits = {lim};
+  rule.count_denied = count_all;
+  rules::Domain domain;
+  domain.name = "bench";
+  domain.rules.push_back(std::move(rule));
+  rules::RuleSet set;
+  set.domains.push_back(std::move(domain));
+
+  EngineOptions opts;
+  opts.memory_cap_bytes = 1ull << 30;
+  Engine engine(rules::Policy::compile(std::move(set), rules::Overrides{}, seed), opts);
+
+  // The reference's interval, worked out here: W in ns over L, rounded down.
+  const auto interval_ns =
+      static_cast<int64_t>(static_cast<u128>(wc.window_ms) * kNsPerMs / wc.limit);
+  const uint32_t keys = testing::trace_keys(trace_name);
+  GcraJudge judge{count_all,
+                  std::vector<GcraReference>(keys, GcraReference(interval_ns, row.burst)),
+                  std::vector<ExactSlidingLog>(keys, ExactSlidingLog(wc.window_ms)),
+                  row.trace + " " + wc.label + " " + (count_all ? "all" : "admitted")};
+  replay_trace(engine, trace, keys, row, judge);
+
+  uint64_t max_window = 0;
+  for (const auto& log : judge.admitted)
+    max_window = std::max(max_window, log.max_window_count());
+  row.max_window_over_limit = static_cast<double>(max_window) / static_cast<double>(wc.limit);
+  if (max_window > row.burst + wc.limit) {
+    row.over_gcra_bound = true;
+    std::fprintf(stderr,
+                 "error: %s %s gcra %s: %" PRIu64
+                 " hits admitted into one window, over the "
+                 "GCRA bound burst + L = %" PRIu64
+                 " (max_window_over_limit %.4f > gcra_bound "
+                 "%.4f)\n",
+                 row.trace.c_str(), wc.label, count_all ? "all" : "admitted", max_window,
+                 row.burst + wc.limit, row.max_window_over_limit, row.gcra_bound);
+  }
+
+  warn_after(engine, row);
   row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return row;
 }
@@ -303,13 +504,24 @@ Row replay(std::string_view trace_name, const std::vector<Event>& trace, const W
 void print_table(const Options& opt, const std::vector<Row>& rows) {
   std::printf("# seed %" PRIu64 "; limits 100/1s, 600/1m, 3600/1h; percentages of all requests\n",
               opt.seed);
+  // GCRA rows: each rate with its burst and bound, once.
+  std::vector<std::string> gcra_cases;
+  for (const Row& r : rows) {
+    if (!r.gcra || std::find(gcra_cases.begin(), gcra_cases.end(), r.rate) != gcra_cases.end()) {
+      continue;
+    }
+    if (gcra_cases.empty()) std::printf("# gcra rows: against an exact token bucket;");
+    gcra_cases.push_back(r.rate);
+    std::printf(" %s burst %" PRIu64 " gcra_bound %.4f;", r.rate.c_str(), r.burst, r.gcra_bound);
+  }
+  if (!gcra_cases.empty()) std::printf("\n");
   std::printf("%-12s %-6s %-8s %-8s %9s %9s %9s %13s %13s %13s %9s %7s\n", "trace", "window",
               "mode", "counting", "bucket_ms", "requests", "allowed%", "wrong_allow%",
               "wrong_deny%", "wrong_total%", "max_win/L", "secs");
   for (const auto& r : rows) {
     std::printf(
         "%-12s %-6s %-8s %-8s %9" PRId64 " %9" PRIu64 " %9.3f %13.5g %13.5g %13.5g %9.4f %7.2f\n",
-        r.trace.c_str(), r.window_label.c_str(), std::string(window::to_string(r.mode)).c_str(),
+        r.trace.c_str(), r.window_label.c_str(), mode_name(r).c_str(),
         r.count_all ? "all" : "admitted", r.bucket_ms, r.requests, pct(r.allowed, r.requests),
         pct(r.wrongly_allowed, r.requests), pct(r.wrongly_denied, r.requests),
         pct(r.wrongly_allowed + r.wrongly_denied, r.requests), r.max_window_over_limit, r.seconds);
@@ -319,17 +531,30 @@ void print_table(const Options& opt, const std::vector<Row>& rows) {
 void print_json(const std::vector<Row>& rows) {
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows) {
-    out.push_back({{"trace", r.trace},
-                   {"window_s", r.window_ms / 1000},
-                   {"mode", window::to_string(r.mode)},
-                   {"counting", r.count_all ? "all" : "admitted"},
-                   {"bucket_ms", r.bucket_ms},
-                   {"requests", r.requests},
-                   {"wrongly_allowed_pct", pct(r.wrongly_allowed, r.requests)},
-                   {"wrongly_denied_pct", pct(r.wrongly_denied, r.requests)},
-                   {"max_window_over_limit", r.max_window_over_limit}});
+    nlohmann::json row = {{"trace", r.trace},
+                          {"window_s", r.window_ms / 1000},
+                          {"mode", mode_name(r)},
+                          {"counting", r.count_all ? "all" : "admitted"},
+                          {"bucket_ms", r.bucket_ms},
+                          {"requests", r.requests},
+                          {"wrongly_allowed_pct", pct(r.wrongly_allowed, r.requests)},
+                          {"wrongly_denied_pct", pct(r.wrongly_denied, r.requests)},
+                          {"max_window_over_limit", r.max_window_over_limit}};
+    if (r.gcra) {
+      row["burst"] = r.burst;
+      row["rate"] = r.rate;
+      row["gcra_bound"] = r.gcra_bound;
+    }
+    out.push_back(std::move(row));
   }
   sluice::bench::print_json_rows(out);
+}
+
+void note_done(const Row& r) {
+  std::fprintf(stderr,
+               "done %-12s %-3s %-8s bucket %" PRId64 " ms: %" PRIu64 " requests in %.2f s\n",
+               r.trace.c_str(), r.window_label.c_str(), mode_name(r).c_str(), r.bucket_ms,
+               r.requests, r.seconds);
 }
 
 }  // namespace
@@ -372,18 +597,27 @@ int main(int argc, char** argv) {
           for (const bool count_all : {false, true}) {
             if (!contains(opt.countings, count_all ? "all" : "admitted")) continue;
             rows.push_back(replay(name, trace, wc, spec, est, count_all, opt.seed));
-            const Row& r = rows.back();
-            std::fprintf(
-                stderr,
-                "done %-12s %-3s %-8s bucket %" PRId64 " ms: %" PRIu64 " requests in %.2f s\n",
-                r.trace.c_str(), r.window_label.c_str(),
-                std::string(window::to_string(r.mode)).c_str(), r.bucket_ms, r.requests, r.seconds);
+            note_done(rows.back());
           }
+        }
+      }
+      // GCRA has no buckets: one row per counting, whatever --granularity says.
+      if (contains(opt.modes, "gcra")) {
+        for (const bool count_all : {false, true}) {
+          if (!contains(opt.countings, count_all ? "all" : "admitted")) continue;
+          rows.push_back(replay_gcra(name, trace, wc, count_all, opt.seed));
+          note_done(rows.back());
         }
       }
     }
   }
   print_table(opt, rows);
   if (opt.json) print_json(rows);
+  for (const Row& r : rows) {
+    if (r.over_gcra_bound) {
+      std::fprintf(stderr, "error: a gcra row admitted more than its bound (see above)\n");
+      return 1;
+    }
+  }
   return 0;
 }
