@@ -291,8 +291,6 @@ TEST_CASE("bad GCRA limits are errors naming the file, the line and the field") 
   expect_error("{limit: 10, window: 1s, burst: 5}", "", "limits[0].burst",
                "applies to `algorithm: gcra` only");
   expect_error("{algorithm: leaky, rate: 10/1s, burst: 5}", "", "limits[0].algorithm", "gcra");
-  expect_error("{algorithm: gcra, rate: 10/1s, burst: 5}", "        consistency: gossip\n",
-               "consistency", "needs `consistency: owner`");
 }
 
 // ---- the engine ------------------------------------------------------------------------------------
@@ -471,4 +469,42 @@ TEST_CASE("deciding for an owner out of reach, a GCRA limit gets this node's sha
   Checker d{deny, {}, {}, {}};
   CHECK_FALSE(d.check("1", kT0, 1, half).allowed);
   CHECK(d.check("1", kT0).allowed);  // the owner itself decides as usual
+}
+
+TEST_CASE("in gossip mode each member decides a GCRA limit alone at its part of rate and burst") {
+  rules::RuleSet set;
+  rules::Domain d;
+  d.name = "api";
+  rules::Rule r;
+  r.name = "per-user";
+  r.key = {"user"};
+  r.limits = {gcra_limit("30/1s", 9)};
+  r.consistency = rules::Consistency::kGossip;
+  d.rules.push_back(std::move(r));
+  set.domains.push_back(std::move(d));
+  engine::EngineOptions opt;
+  opt.node_id = 2;
+  engine::Engine e(rules::Policy::compile(std::move(set), rules::Overrides{}, 42), opt);
+  Checker c{e, {}, {}, {}};
+  // Alone (no members known yet): the whole limit.
+  for (int i = 0; i < 9; ++i)
+    REQUIRE(c.check("alone", kT0).allowed);
+  CHECK_FALSE(c.check("alone", kT0).allowed);
+  // One of three members: burst 3, and one request per 100 ms (10/1s).
+  e.set_capacity(3, 3);
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(c.check("1", kT0).allowed);
+  CHECK_FALSE(c.check("1", kT0).allowed);
+  CHECK(c.limit().requests == 9);
+  CHECK(c.limit().retry_after_ms == 100);
+  CHECK(c.check("1", kT0 + 100).allowed);
+  // The others out of reach: still its part, never more (the others decide theirs).
+  e.set_capacity(1, 3);
+  CHECK_FALSE(c.check("1", kT0 + 100).allowed);
+  CHECK(c.check("1", kT0 + 200).allowed);
+  // Three members, each at its part: together never more than burst + rate x t.
+  const window::GcraSpec part = window::gcra_split(gcra_limit("30/1s", 9).gcra, 3);
+  CHECK(part.burst == 3);
+  CHECK(part.interval_ns == 3 * (1'000 * kNsPerMs / 30));  // 30/1s rounds down to the ns
+  CHECK(window::gcra_split(gcra_limit("30/1s", 2).gcra, 3).burst == 1);  // at least 1 each
 }

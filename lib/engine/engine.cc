@@ -248,9 +248,26 @@ inline void fill_limit_result(BatchResult& out, const rules::AppliedRule& ar,
   lr.retry_after_ms = ok ? 0 : ls.retry_after_ms;
 }
 
+window::GcraSpec Engine::Impl::gcra_in_force(const rules::AppliedLimit& al,
+                                             const rules::Rule& rule, uint64_t limit,
+                                             uint64_t cap) const {
+  if (rule.consistency == rules::Consistency::kGossip && opt.node_id != 0) {
+    // Every member decides alone, at its part of rate and burst (window::gcra_split), whether
+    // the others are in reach or not: together they stay within the limit.
+    return window::gcra_split(al.limit->gcra, std::max<uint32_t>(1, static_cast<uint32_t>(cap & 0xFFFF'FFFFu)));
+  }
+  return window::gcra_share(al.limit->gcra, limit);
+}
+
 bool Engine::Impl::decide_gcra(const CounterTable& t, size_t i, const rules::AppliedLimit& al,
                                const rules::Rule& rule, const Fallback& fallback, uint64_t limit,
-                               int64_t now_ms, uint64_t hits, uint64_t& in_force) {
+                               uint64_t cap, int64_t now_ms, uint64_t hits,
+                               uint64_t& in_force) const {
+  if (rule.consistency == rules::Consistency::kGossip && opt.node_id != 0) {
+    const window::GcraSpec g = gcra_in_force(al, rule, limit, cap);
+    in_force = g.burst;
+    return window::gcra_admits(gcra_tat(t, i), g, now_ms, hits);
+  }
   // Deciding for an owner that cannot be asked: denied, or within this node's share, which grows
   // over one refill period from when the owner was lost (as a window limit's over its window).
   if (fallback.members > 0 && rule.consistency == rules::Consistency::kOwner) {
@@ -261,8 +278,7 @@ bool Engine::Impl::decide_gcra(const CounterTable& t, size_t i, const rules::App
   }
   in_force = limit;
   if (limit == 0) return hits == 0;
-  return window::gcra_admits(gcra_tat(t, i), window::gcra_share(al.limit->gcra, limit), now_ms,
-                             hits);
+  return window::gcra_admits(gcra_tat(t, i), gcra_in_force(al, rule, limit, cap), now_ms, hits);
 }
 
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
@@ -295,6 +311,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const rules::AppliedRule& ar = rules_begin[r];
       for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
         if (ar.rule->consistency != rules::Consistency::kGossip) continue;
+        if (lims[k].limit->algorithm == rules::Algorithm::kGcra) continue;  // no demand quota
         sc.twin[k] = static_cast<uint32_t>(sc.pinned.size());
         sc.pinned.push_back(lims[k].counter ^ kDemandBit);
         sc.spec_of.push_back(sc.spec_of[k]);
@@ -378,7 +395,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const window::Moment& m = sc.at[k];
       const uint64_t limit = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
       if (t.spec().gcra) {
-        const bool ok = decide_gcra(t, i, lims[k], *ar.rule, fallback, limit, now_ms, hits,
+        const bool ok = decide_gcra(t, i, lims[k], *ar.rule, fallback, limit, cap, now_ms, hits,
                                     sc.limit_in_force[k]);
         if (!ok) {
           sc.limit_ok[k] = 0;
@@ -464,7 +481,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const window::Moment& m = sc.at[k];
       if (t.spec().gcra) {
         const uint64_t lim = sc.limit_in_force[k];
-        const window::GcraSpec g = window::gcra_share(lims[k].limit->gcra, lim);
+        const window::GcraSpec g = gcra_in_force(lims[k], *ar.rule, lim, cap);
         uint64_t tat = gcra_tat(t, i);
         if (counted && hits > 0) {
           tat = window::gcra_count(tat, g, now_ms, hits);

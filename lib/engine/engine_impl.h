@@ -371,10 +371,15 @@ struct Engine::Impl {
     if (bucket > t.head_at(i)) t.set_head(i, bucket);
   }
   // Decides a GCRA limit (its limit in force, `limit`, scales burst and rate alike: a share of it
-  // while members are out of reach); sets `in_force` to the burst it was decided at.
-  static bool decide_gcra(const CounterTable& t, size_t i, const rules::AppliedLimit& al,
-                          const rules::Rule& rule, const Fallback& fallback, uint64_t limit,
-                          int64_t now_ms, uint64_t hits, uint64_t& in_force);
+  // while members are out of reach; in gossip mode this member's part, by the `cap`'s expected
+  // members); sets `in_force` to the burst it was decided at.
+  bool decide_gcra(const CounterTable& t, size_t i, const rules::AppliedLimit& al,
+                   const rules::Rule& rule, const Fallback& fallback, uint64_t limit,
+                   uint64_t cap, int64_t now_ms, uint64_t hits, uint64_t& in_force) const;
+  // The GCRA a limit is decided at: in gossip mode this member's part of it, else its share at
+  // `limit` (the burst in force).
+  window::GcraSpec gcra_in_force(const rules::AppliedLimit& al, const rules::Rule& rule,
+                                 uint64_t limit, uint64_t cap) const;
 
   // What a limit allows on this side of the cluster: limit x reachable / expected (see
   // set_capacity), rounded down; the whole limit when every member is in reach.

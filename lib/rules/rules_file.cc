@@ -512,20 +512,6 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
       r.consistency = *v;
     }
   }
-  if (r.consistency == Consistency::kGossip) {
-    const auto is_gcra = [](const Limit& l) { return l.algorithm == Algorithm::kGcra; };
-    bool gcra = std::any_of(r.limits.begin(), r.limits.end(), is_gcra);
-    if (!r.plan_from.empty()) {
-      for (const Plan& p : d.plans)
-        gcra = gcra || std::any_of(p.limits.begin(), p.limits.end(), is_gcra);
-    }
-    if (gcra) {
-      const Field* f = fields.find("consistency");
-      error(f->line, f->path,
-            "a GCRA limit needs `consistency: owner` (its state is one arrival time that only "
-            "the key's owner can keep exact; gossip merges counts)");
-    }
-  }
   if (const Field* f = fields.find("fallback")) {
     if (auto v = read_choice<Fallback>(*f, {{"share", Fallback::kShare}, {"deny", Fallback::kDeny}})) {
       r.fallback = *v;

@@ -64,6 +64,17 @@ GcraSpec gcra_share(const GcraSpec& g, uint64_t limit) {
   return s;
 }
 
+GcraSpec gcra_split(const GcraSpec& g, uint32_t members) {
+  if (members <= 1) return g;
+  GcraSpec s;
+  const u128 interval = static_cast<u128>(g.interval_ns) * members;
+  s.interval_ns = interval > static_cast<u128>(std::numeric_limits<int64_t>::max())
+                      ? std::numeric_limits<int64_t>::max()
+                      : static_cast<int64_t>(interval);
+  s.burst = std::max<uint64_t>(1, g.burst / members);
+  return s;
+}
+
 bool gcra_admits(uint64_t tat_ns, const GcraSpec& g, int64_t now_ms, uint64_t hits) {
   const u128 tolerance = static_cast<u128>(g.interval_ns) * g.burst;
   return ahead(tat_ns, now_ms) + static_cast<u128>(hits) * static_cast<u128>(g.interval_ns) <=

@@ -47,6 +47,12 @@ WindowSpec gcra_window(const GcraSpec& g);
 // must be between 1 and g.burst.
 GcraSpec gcra_share(const GcraSpec& g, uint64_t limit);
 
+// One node's part of a GCRA limit that `members` nodes decide each on their own (gossip mode):
+// the rate divided by members and the burst too (at least 1). Together they never admit more than
+// max(burst, members) + rate x t in any time t; a node that sees more than its part of the
+// traffic is held to its part.
+GcraSpec gcra_split(const GcraSpec& g, uint32_t members);
+
 // True when `hits` more are admitted at now for a key whose TAT is `tat_ns` (0: no state). With
 // hits = 0 it asks whether the key is within its allowance (false only after denied hits were
 // counted, or under a lowered burst).

@@ -1,7 +1,7 @@
 // Process tests of GCRA limits (`algorithm: gcra`, window/gcra.h): a real sluiced deciding them over
 // UDP and the admin port's /v1/check, shown by `sluicectl inspect`, kept across a SIGTERM and a
-// restart on the same data directory, and refused in rules files that give them gossip
-// consistency, a zero rate or a zero burst.
+// restart on the same data directory, and refused in rules files that give them a zero rate, a
+// zero burst or a refill longer than 24 days.
 //
 // Timing: a GCRA limit of 10/1s refills one request every 100 ms, so "a burst at once" means the
 // checks of one burst all arrive within 100 ms of the first. A machine busy enough to stall the
@@ -256,8 +256,8 @@ TEST_CASE("a GCRA key's state survives a restart") {
 }
 
 TEST_CASE(
-    "a GCRA rule with gossip consistency, a zero rate or a zero burst is refused with file, line "
-    "and field") {
+    "a GCRA rule with a zero rate, a zero burst or a refill over 24 days is refused with file, "
+    "line and field") {
   struct Case {
     const char* what;
     std::string rules;
@@ -272,11 +272,10 @@ TEST_CASE(
       "      - name: r\n"   // 4
       "        key: [user]\n";  // 5
   const std::vector<Case> cases = {
-      {"gossip",
-       head + "        consistency: gossip\n"                            // 6
-              "        limits:\n"                                        // 7
-              "          - {algorithm: gcra, rate: 10/1s, burst: 5}\n",  // 8
-       6, "domains[0].rules[0].consistency", "consistency: owner"},
+      {"refill over 24 days",
+       head + "        limits:\n"                                         // 6
+              "          - {algorithm: gcra, rate: 1/1d, burst: 30}\n",  // 7
+       7, "domains[0].rules[0].limits[0].burst", "24 days"},
       {"zero rate",
        head + "        limits:\n"                                       // 6
               "          - {algorithm: gcra, rate: 0/1s, burst: 5}\n",  // 7

@@ -21,6 +21,30 @@
 //               the total rate set so the hottest key runs at 10x its limit; then keys 1-4 run at
 //               2x to 10x, only ~15 keys (0.15%) reach 0.5x and the rest stay far below. Bounded
 //               by max_events.
+//   cloudflare  modelled on Cloudflare's published measurement of its sliding window (400 million
+//               requests from 270,000 distinct sources, 0.003% wrongly decided): kCloudflareSources
+//               = 270,000 keys over a run of p.windows windows (the bench runs 40 windows with a
+//               limit of 100 in every window case). Rates are factors of the limit rate
+//               (limit / window); arrivals are Poisson at the source's rate (exponential gaps):
+//               - normal sources, keys 270 .. 269,999 (99.9%): factor r from a Pareto with
+//                 alpha = 1 bounded to [0.0002, 1): P(r > x) = (0.0002/x - 0.0002) / 0.9998, so
+//                 the median is 0.0004, 99.8% are below 0.1, 0.02% (about 54) are at 0.5 to 1,
+//                 none is above 1, mean 0.0017. Each arrives at a uniform time in the run, sends
+//                 one request then, then Poisson at r until the end of the run;
+//               - abusive sources, keys 0 .. 269 (kCloudflareAbusive, 0.1%): factor f =
+//                 2 * 10^u (log-uniform in [2, 20)), one episode starting at a uniform time in the
+//                 run and lasting a uniform [1, 4) windows (cut at the end of the run). Even keys
+//                 are steady: a request at the episode's start, then Poisson at f until its end.
+//                 Odd keys send bursts: a burst lasts a uniform [0.1, 0.5) of a window (cut at the
+//                 episode's end), sends a request at its start, then Poisson at f until it ends;
+//                 then silence for a uniform [0.5, 2) windows; repeated while the next burst starts
+//                 before the episode's end.
+//               Parameters are drawn in key order (abusive: f, start, length, first burst length;
+//               normal: r, arrival), then requests in time order (a heap over the sources, ties by
+//               key), so the trace is bounded by max_events in time like mixed. Expected size
+//               with limit L over D windows: normal 269,730 * (1 + 0.0017 * L * D / 2) requests
+//               (1.19M at L = 100, D = 40); abusive about 135 * 7.8 * L * 2.5 (steady) plus a
+//               fifth of that (bursts): ~0.3M at L = 100.
 // Each request costs a uniform number of hits in [1, max_hits]; rates above are in hits, so with
 // max_hits > 1 there are proportionally fewer requests.
 #pragma once
@@ -31,9 +55,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace sluice::testing {
@@ -58,8 +84,8 @@ struct TraceParams {
   size_t max_events = 2'000'000;  // generation stops here (it bounds mixed in practice)
 };
 
-inline constexpr std::array<std::string_view, 6> kTraceNames = {
-    "steady-0.5x", "steady-1x", "steady-2x", "on-off", "edge-burst", "mixed"};
+inline constexpr std::array<std::string_view, 7> kTraceNames = {
+    "steady-0.5x", "steady-1x", "steady-2x", "on-off", "edge-burst", "mixed", "cloudflare"};
 
 namespace trace_detail {
 
@@ -219,6 +245,79 @@ inline std::vector<Event> mixed(const TraceParams& p) {
   return out;
 }
 
+inline constexpr uint32_t kCloudflareSources = 270'000;
+inline constexpr uint32_t kCloudflareAbusive = 270;  // keys 0 .. 269: 0.1% of the sources
+inline constexpr double kCloudflareRateMin = 0.0002;  // normal sources' factor: Pareto(1) on
+inline constexpr double kCloudflareRateMax = 1.0;     // [min, max)
+
+inline bool cloudflare_abusive(uint32_t key) {
+  return key < kCloudflareAbusive;
+}
+
+inline std::vector<Event> cloudflare(const TraceParams& p) {
+  using trace_detail::uniform01;
+  std::mt19937_64 rng(p.seed);
+  const auto w = static_cast<double>(p.window_ms);
+  const double run = static_cast<double>(p.windows) * w;
+  // Requests per ms at 1x the limit rate.
+  const double unit = trace_detail::hit_rate(p, 1.0) / trace_detail::mean_hits(p.max_hits);
+  struct Source {
+    double rate;       // requests per ms
+    double end;        // no request at or after this (ms offset)
+    double burst_end;  // the current burst's end (= end for sources without bursts)
+    bool bursty;
+  };
+  std::vector<Source> src(kCloudflareSources);
+  using Next = std::pair<double, uint32_t>;  // (ms offset of the source's next request, key)
+  std::vector<Next> heap;
+  heap.reserve(kCloudflareSources);
+  for (uint32_t k = 0; k < kCloudflareSources; ++k) {
+    Source& s = src[k];
+    double start = 0;
+    if (cloudflare_abusive(k)) {
+      const double f = 2.0 * std::pow(10.0, uniform01(rng));
+      start = uniform01(rng) * run;
+      const double len = (1.0 + 3.0 * uniform01(rng)) * w;
+      s.rate = f * unit;
+      s.end = std::min(run, start + len);
+      s.bursty = k % 2 == 1;
+      const double burst = (0.1 + 0.4 * uniform01(rng)) * w;
+      s.burst_end = s.bursty ? std::min(s.end, start + burst) : s.end;
+    } else {
+      constexpr double lo = kCloudflareRateMin;
+      constexpr double hi = kCloudflareRateMax;
+      const double r = lo / (1.0 - uniform01(rng) * (1.0 - lo / hi));
+      s.rate = r * unit;
+      start = uniform01(rng) * run;
+      s.end = run;
+      s.burst_end = run;
+      s.bursty = false;
+    }
+    heap.push_back({start, k});
+  }
+  const std::greater<Next> later;
+  std::make_heap(heap.begin(), heap.end(), later);
+  std::vector<Event> out;
+  while (!heap.empty() && out.size() < p.max_events) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const auto [t, k] = heap.back();
+    heap.pop_back();
+    out.push_back(
+        {p.start_ms + static_cast<int64_t>(t), k, trace_detail::draw_hits(rng, p.max_hits)});
+    Source& s = src[k];
+    double next = t + trace_detail::exponential(rng, s.rate);
+    if (next >= s.burst_end) {
+      if (!s.bursty) continue;  // the source is done
+      next = s.burst_end + (0.5 + 1.5 * uniform01(rng)) * w;
+      if (next >= s.end) continue;
+      s.burst_end = std::min(s.end, next + (0.1 + 0.4 * uniform01(rng)) * w);
+    }
+    heap.push_back({next, k});
+    std::push_heap(heap.begin(), heap.end(), later);
+  }
+  return out;
+}
+
 // The trace called `name` (one of kTraceNames), or nullopt for an unknown name.
 inline std::optional<std::vector<Event>> make_trace(std::string_view name, const TraceParams& p) {
   if (name == "steady-0.5x") return steady(p, 0.5);
@@ -227,6 +326,7 @@ inline std::optional<std::vector<Event>> make_trace(std::string_view name, const
   if (name == "on-off") return on_off(p);
   if (name == "edge-burst") return edge_burst(p);
   if (name == "mixed") return mixed(p);
+  if (name == "cloudflare") return cloudflare(p);
   return std::nullopt;
 }
 
@@ -236,7 +336,9 @@ inline bool is_trace_name(std::string_view name) {
 
 // Number of distinct keys a trace uses (ids are 0 .. n-1).
 inline uint32_t trace_keys(std::string_view name) {
-  return name == "mixed" ? kMixedKeys : 1;
+  if (name == "mixed") return kMixedKeys;
+  if (name == "cloudflare") return kCloudflareSources;
+  return 1;
 }
 
 }  // namespace sluice::testing
