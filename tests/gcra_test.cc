@@ -161,9 +161,18 @@ TEST_CASE("GCRA specs refuse a zero rate, a zero burst, a rate under a nanosecon
   CHECK(window::make_gcra(2'000'000, 1, 1, g).find("nanosecond") != std::string::npos);
   CHECK(window::make_gcra(1, 86'400'000, 30, g).find("24 days") != std::string::npos);
   CHECK(window::make_gcra(1, 86'400'000, 24, g).empty());
-  // Saturating: a huge count never wraps the arrival time.
+  // Counted denials push the arrival time at most kGcraMaxDebtMs past now; it never wraps.
   const GcraSpec slow = gcra_of(1, 86'400'000, 1);
-  CHECK(window::gcra_count(UINT64_MAX - 5, slow, kT0, 1'000'000'000) == UINT64_MAX);
+  const uint64_t debt_cap = static_cast<uint64_t>(kT0 + window::kGcraMaxDebtMs) * kNsPerMs;
+  CHECK(window::gcra_count(0, slow, kT0, 1'000'000'000) == debt_cap);
+  CHECK(window::gcra_count(UINT64_MAX - 5, slow, kT0, 1) == debt_cap);
+  // A counter in debt keeps its head ahead until its arrival time has passed.
+  const window::WindowSpec ws = window::gcra_window(gcra_of(10, 1'000, 5));  // 1 s buckets
+  CHECK(window::gcra_head(0, ws, kT0) == kT0 / 1'000);
+  CHECK(window::gcra_head(static_cast<uint64_t>(kT0 + 10'500) * kNsPerMs, ws, kT0) ==
+        kT0 / 1'000 + 9);
+  CHECK_FALSE(window::expired(kT0 / 1'000 + 9, ws, kT0 + 10'500));
+  CHECK(window::expired(kT0 / 1'000 + 9, ws, kT0 + 11'000));
   // A share scales burst and rate alike: half of 10/1s burst 4 is burst 2 at 5/1s.
   const GcraSpec half = window::gcra_share(gcra_of(10, 1'000, 4), 2);
   CHECK(half.burst == 2);
@@ -507,4 +516,43 @@ TEST_CASE("in gossip mode each member decides a GCRA limit alone at its part of 
   CHECK(part.burst == 3);
   CHECK(part.interval_ns == 3 * (1'000 * kNsPerMs / 30));  // 30/1s rounds down to the ns
   CHECK(window::gcra_split(gcra_limit("30/1s", 2).gcra, 3).burst == 1);  // at least 1 each
+}
+
+TEST_CASE("a join's credits move a GCRA key's arrival time on: the new owner goes on from there") {
+  const rules::Limit lim = gcra_limit("10/1s", 5);
+  engine::EngineOptions opt;
+  opt.node_id = 2;
+  engine::Engine e(policy_of({lim}), opt);
+  // Node 1, the owner before this one, admitted 4 of the key's checks for it.
+  const rules::Descriptor desc[] = {{"user", "1"}};
+  for (int i = 0; i < 4; ++i)
+    e.credit(rules::CheckRequest{"api", desc, 1}, 1, kT0);
+  e.credit(rules::CheckRequest{"api", desc, 1}, 2, kT0);  // its own id: not a credit
+  Checker c{e, {}, {}, {}};
+  CHECK(c.check("1", kT0).allowed);  // the 5th of the burst
+  CHECK_FALSE(c.check("1", kT0).allowed);
+  CHECK(c.limit().retry_after_ms == 100);
+}
+
+TEST_CASE("with count_denied a GCRA key in debt stays denied past its window, until its debt is paid") {
+  rules::RuleSet set;
+  rules::Domain d;
+  d.name = "api";
+  rules::Rule r;
+  r.name = "per-user";
+  r.key = {"user"};
+  r.limits = {gcra_limit("10/1s", 5)};  // window spec 1 s: an idle counter expires after 1-2 s
+  r.count_denied = true;
+  d.rules.push_back(std::move(r));
+  set.domains.push_back(std::move(d));
+  engine::Engine e(rules::Policy::compile(std::move(set), rules::Overrides{}, 42));
+  Checker c{e, {}, {}, {}};
+  for (int i = 0; i < 100; ++i)
+    c.check("1", kT0);  // 5 admitted, 95 denied and counted: 10 s of debt
+  CHECK_FALSE(c.check("1", kT0).allowed);
+  e.sweep(kT0 + 5'000);  // well past the window: a counter without debt would be gone
+  CHECK_FALSE(c.check("1", kT0 + 5'000).allowed);  // counted too: the debt grows to 10.2 s
+  e.sweep(kT0 + 9'600);
+  CHECK_FALSE(c.check("1", kT0 + 9'600).allowed);  // arrival time 10.3 s: 700 ms over burst
+  CHECK(c.check("1", kT0 + 9'900).allowed);         // 500 ms ahead: within the burst again
 }

@@ -485,7 +485,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         uint64_t tat = gcra_tat(t, i);
         if (counted && hits > 0) {
           tat = window::gcra_count(tat, g, now_ms, hits);
-          set_gcra_tat(t, i, tat, m.bucket);
+          set_gcra_tat(t, i, tat, window::gcra_head(tat, t.spec(), now_ms));
           t.set_flags(i, CounterTable::kDirtyFlag);  // for the store; never synced
         }
         const window::LimitState ls = window::gcra_state(tat, g, now_ms, hits);

@@ -327,6 +327,7 @@ class Engine {
   // check of such a key passes through this node, so that is a lower bound of `node`'s own total,
   // and its own report replaces it when it arrives (merge keeps the larger): nothing is counted
   // twice, and this node does not admit again what `node` admitted before its report came.
+  // A GCRA limit's arrival time is moved on by the request's hits instead (window/gcra.h).
   void credit(const rules::CheckRequest& req, uint16_t node, int64_t now_ms);
   // Cluster partitions (docs/architecture.md, "Members out of reach"): `reachable` of the
   // `expected` members are in reach of this node, itself included. While fewer than expected,

@@ -2,6 +2,7 @@
 // merges of other nodes' totals, credits while keys move, sync passes (engine_sync.cc walks the
 // shards), gossip quotas, and what a node in a partial cluster allows (set_capacity).
 #include <algorithm>
+#include <array>
 
 #include "engine/engine_impl.h"
 
@@ -242,9 +243,11 @@ void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_m
   if (req.hits == 0 || node == im.opt.node_id) return;
   thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread
   thread_local std::vector<RemoteTotal> raised;
+  thread_local std::vector<const rules::AppliedLimit*> gcra;
   const State& st = im.current_state();
   res.clear();
   raised.clear();
+  gcra.clear();
   const rules::ResolvedRequest rr = st.policy->resolve(req, now_ms, res);
   if (rr.error != CheckError::kNone || rr.allowlisted) return;
   {
@@ -261,7 +264,10 @@ void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_m
       if (ar.rule->consistency != rules::Consistency::kOwner) continue;
       for (uint32_t j = 0; j < ar.num_limits; ++j) {
         const rules::AppliedLimit& al = res.limits[ar.first_limit + j];
-        if (al.limit->algorithm == rules::Algorithm::kGcra) continue;  // counts only
+        if (al.limit->algorithm == rules::Algorithm::kGcra) {
+          gcra.push_back(&al);  // an arrival time: moved on here, below
+          continue;
+        }
         const window::WindowSpec& spec = al.limit->spec;
         const int64_t bucket = window::bucket_of(now_ms, spec.bucket_ms);
         const uint64_t key = remote_key(al.counter, im.spec_id(spec)) ^
@@ -275,6 +281,24 @@ void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_m
     }
   }
   merge(raised, now_ms);
+  // A GCRA key's arrival time moves on by what `node` admitted for it, as if admitted here: when
+  // this node starts deciding the key, it goes on from there rather than from a full burst. (Not
+  // idempotent like the totals above: each admission is credited once, by the check's answer.)
+  for (const rules::AppliedLimit* al : gcra) {
+    const uint32_t spec_id = st.spec_ids[al->spec_index];
+    Shard& sh = im.shards[al->counter & im.shard_mask];
+    std::lock_guard g(sh.lock);
+    CounterTable& t = im.table(sh, spec_id);
+    const std::array<uint64_t, 1> pins{al->counter};
+    bool inserted = false;
+    const int64_t i = im.find_or_insert(sh, t, spec_id, al->counter, now_ms, pins, inserted);
+    if (i < 0) continue;  // no room under the memory cap: as any check would, uncounted
+    const auto slot = static_cast<size_t>(i);
+    const uint64_t tat = window::gcra_count(Impl::gcra_tat(t, slot), al->limit->gcra, now_ms,
+                                            req.hits);
+    Impl::set_gcra_tat(t, slot, tat, window::gcra_head(tat, t.spec(), now_ms));
+    t.set_flags(slot, CounterTable::kDirtyFlag);
+  }
 }
 
 bool Engine::sync_step(SyncCursor& c, size_t max_slots, const std::function<bool(uint64_t)>& owns,

@@ -359,7 +359,8 @@ struct Engine::Impl {
   }
 
   // A GCRA counter's arrival time (window/gcra.h) lives in its two own words, low word first;
-  // its head is the bucket of the last check that counted, so it expires with its window.
+  // its head is window::gcra_head's (the bucket of the last check that counted, later for a key
+  // in debt), so it expires only once its arrival time has passed.
   static uint64_t gcra_tat(const CounterTable& t, size_t i) {
     const auto own = t.own(i);
     return uint64_t{own[1]} << 32 | own[0];

@@ -82,10 +82,18 @@ bool gcra_admits(uint64_t tat_ns, const GcraSpec& g, int64_t now_ms, uint64_t hi
 }
 
 uint64_t gcra_count(uint64_t tat_ns, const GcraSpec& g, int64_t now_ms, uint64_t hits) {
-  const u128 from = std::max<u128>(tat_ns, now_ns(now_ms));
-  const u128 to = from + static_cast<u128>(hits) * static_cast<u128>(g.interval_ns);
+  const u128 now = now_ns(now_ms);
+  const u128 from = std::max<u128>(tat_ns, now);
+  const u128 to = std::min(from + static_cast<u128>(hits) * static_cast<u128>(g.interval_ns),
+                           now + static_cast<u128>(kGcraMaxDebtMs) * kNsPerMs);
   return to > std::numeric_limits<uint64_t>::max() ? std::numeric_limits<uint64_t>::max()
                                                    : static_cast<uint64_t>(to);
+}
+
+int64_t gcra_head(uint64_t tat_ns, const WindowSpec& spec, int64_t now_ms) {
+  const int64_t now_bucket = bucket_of(now_ms, spec.bucket_ms);
+  const auto tat_ms = static_cast<int64_t>(tat_ns / kNsPerMs);  // under 2^63: ns / 10^6
+  return std::max(now_bucket, bucket_of(tat_ms, spec.bucket_ms) - 1);
 }
 
 LimitState gcra_state(uint64_t tat_ns, const GcraSpec& g, int64_t now_ms, uint64_t hits) {

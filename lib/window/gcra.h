@@ -58,8 +58,18 @@ GcraSpec gcra_split(const GcraSpec& g, uint32_t members);
 // counted, or under a lowered burst).
 bool gcra_admits(uint64_t tat_ns, const GcraSpec& g, int64_t now_ms, uint64_t hits);
 
-// The TAT after counting `hits` at now (admitted, or counted although denied); saturates.
+// How far past now counted denials (count_denied) may push an arrival time: what lies beyond is
+// forgotten, so a key in debt is admitted again at most this long after its last check.
+inline constexpr int64_t kGcraMaxDebtMs = 1ll << 31;
+
+// The TAT after counting `hits` at now (admitted, or counted although denied), at most
+// kGcraMaxDebtMs past now.
 uint64_t gcra_count(uint64_t tat_ns, const GcraSpec& g, int64_t now_ms, uint64_t hits);
+
+// The bucket a GCRA counter's head must hold (its window spec `spec`) after a check at now left
+// `tat_ns`: the bucket of now, or later for a key in debt, so the counter expires (every bucket
+// out of its window) only once its arrival time has passed and it decides like no state at all.
+int64_t gcra_head(uint64_t tat_ns, const WindowSpec& spec, int64_t now_ms);
 
 // What a caller is told at now, after any hits were counted: remaining = how many more would be
 // admitted at once, reset = until the allowance is full again, retry_after = until `hits` more
