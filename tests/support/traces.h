@@ -246,7 +246,7 @@ inline std::vector<Event> mixed(const TraceParams& p) {
 }
 
 inline constexpr uint32_t kCloudflareSources = 270'000;
-inline constexpr uint32_t kCloudflareAbusive = 270;  // keys 0 .. 269: 0.1% of the sources
+inline constexpr uint32_t kCloudflareAbusive = 270;   // keys 0 .. 269: 0.1% of the sources
 inline constexpr double kCloudflareRateMin = 0.0002;  // normal sources' factor: Pareto(1) on
 inline constexpr double kCloudflareRateMax = 1.0;     // [min, max)
 
