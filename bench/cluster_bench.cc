@@ -30,6 +30,8 @@
 //                       the owner rule each under 10,000 active keys at 10,000 checks/s spread
 //                       over the nodes, with the 1 s limit and the hourly total (2 counters per
 //                       check) and with the 1 s limit alone (1 counter) (run_peer_traffic)
+//   gcra                3 nodes, a GCRA limit (owner mode, 50/1s, burst 10) on 4 keys at 2x its
+//                       rate, round-robin; admitted_over_bound etc.: bench/cluster_gcra.h
 //
 // admitted_over_limit = the largest number of checks admitted in any true 1 s window (exact, over
 // the clients' send times) / the limit; for several keys the worst key. admitted_min_over_limit =
@@ -54,6 +56,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster_gcra.h"
 #include "cluster_process.h"
 #include "json_rows.h"
 #include "netns_cluster.h"
@@ -105,6 +108,7 @@ struct Row {
                         active_keys = std::nullopt;
   std::optional<double> counters_per_check =
       std::nullopt;  // peer-traffic: counters a check counts in
+  std::optional<double> admitted_over_bound = std::nullopt;  // gcra (cluster_gcra.h)
 };
 
 struct Settings {
@@ -1051,6 +1055,30 @@ std::string run_peer_traffic(const Settings& st, std::vector<Row>& rows) {
   return "";
 }
 
+// gcra: at least 15 s of traffic (--quick: 6 s); checks_per_s = decided per s, all 4 keys.
+std::string run_gcra(const Settings& st, std::vector<Row>& rows) {
+  sluice::bench::GcraOptions o{
+      st.sluiced, 3, 4, 50, 10, 2, std::max(st.seconds, st.quick ? 6. : 15.)};
+  sluice::bench::GcraResult g;
+  if (std::string err = sluice::bench::run_gcra_cluster(o, g); !err.empty()) return err;
+  Row row;
+  row.scenario = row.mode = "gcra";
+  row.nodes = o.nodes;
+  row.sync_ms = 100;
+  row.offered_per_s = o.offered_factor * static_cast<double>(o.rate_per_s);
+  row.limit_per_s = o.rate_per_s;
+  row.admitted_over_limit = g.over_limit;
+  row.admitted_over_bound = g.over_bound;
+  row.failed_checks = g.failed;
+  row.skew = "even";
+  row.fallbacks = g.fallbacks;
+  row.checks_per_s = g.decided_per_s;
+  row.active_keys = static_cast<double>(o.keys);
+  row.note = g.note;
+  rows.push_back(std::move(row));
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1064,7 +1092,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1.0, 120.0));
   app.add_option("--scenario", only,
                  "one of stable-3, stable-5, seed000, kill9, restart, join, drain, forwarding, overrides, "
-                 "partition, sync-cost, peer-traffic");
+                 "partition, sync-cost, peer-traffic, gcra");
   app.add_option("--sluiced", st.sluiced, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
   if (st.quick && !app.count("--seconds")) st.seconds = 3;
@@ -1087,6 +1115,7 @@ int main(int argc, char** argv) {
       {"partition", false, [&](auto& r) { return run_partition(st, r); }},
       {"sync-cost", false, [&](auto& r) { return run_sync_cost(st, r); }},
       {"peer-traffic", false, [&](auto& r) { return run_peer_traffic(st, r); }},
+      {"gcra", false, [&](auto& r) { return run_gcra(st, r); }},
   };
   bool known = only.empty();
   for (const Scenario& s : scenarios)
@@ -1161,6 +1190,7 @@ int main(int argc, char** argv) {
                      {"checks_per_s", opt(r.checks_per_s)},
                      {"active_keys", opt(r.active_keys)},
                      {"counters_per_check", opt(r.counters_per_check)},
+                     {"admitted_over_bound", opt(r.admitted_over_bound)},
                      {"note", r.note}});
     }
     sluice::bench::print_json_rows(out);
