@@ -281,6 +281,27 @@ bool Engine::Impl::decide_gcra(const CounterTable& t, size_t i, const rules::App
   return window::gcra_admits(gcra_tat(t, i), gcra_in_force(al, rule, limit, cap), now_ms, hits);
 }
 
+void Engine::Impl::answer_gcra(const State& st, const rules::CheckRequest& req,
+                               const rules::AppliedRule& ar, const rules::AppliedLimit& al,
+                               CounterTable& t, size_t i, uint64_t lim, bool ok, bool counted,
+                               uint64_t cap, int64_t now_ms, BatchResult& out) {
+  const window::GcraSpec g = gcra_in_force(al, *ar.rule, lim, cap);
+  const uint64_t hits = req.hits;
+  uint64_t tat = gcra_tat(t, i);
+  if (counted && hits > 0) {
+    tat = window::gcra_count(tat, g, now_ms, hits);
+    set_gcra_tat(t, i, tat, window::gcra_head(tat, t.spec(), now_ms));
+    t.set_flags(i, CounterTable::kDirtyFlag);  // for the store; never synced
+  }
+  const window::LimitState ls = window::gcra_state(tat, g, now_ms, hits);
+  fill_limit_result(out, ar, al, ls, ok);
+  const uint64_t used = lim - std::min(lim, ls.remaining);
+  if (!ok || used * 5 >= lim * 4) {
+    note_hot(shards[al.counter & shard_mask], al.counter, st.stats_ids[ar.stats_index], ar, al,
+             req, used, !ok, now_ms);
+  }
+}
+
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
                           const rules::ResolvedRequest& rr, int64_t now_ms, Fallback fallback,
                           BatchResult& out, Decision& d) {
@@ -366,7 +387,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
   sc.at.resize(num_counters);
   for (size_t k = 0; k < num_counters; ++k) {
     CounterTable& t = *sc.tables[k];
-    if (t.spec().gcra) {  // an arrival time, not a ring: nothing to move
+    if (t.spec().gcra) [[unlikely]] {  // an arrival time, not a ring: nothing to move
       sc.at[k] = sc.moment_now(t.spec(), now_ms);
       continue;
     }
@@ -394,7 +415,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const size_t i = sc.slots[k];
       const window::Moment& m = sc.at[k];
       const uint64_t limit = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
-      if (t.spec().gcra) {
+      if (t.spec().gcra) [[unlikely]] {
         const bool ok = decide_gcra(t, i, lims[k], *ar.rule, fallback, limit, cap, now_ms, hits,
                                     sc.limit_in_force[k]);
         if (!ok) {
@@ -479,22 +500,9 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
       const window::Moment& m = sc.at[k];
-      if (t.spec().gcra) {
-        const uint64_t lim = sc.limit_in_force[k];
-        const window::GcraSpec g = gcra_in_force(lims[k], *ar.rule, lim, cap);
-        uint64_t tat = gcra_tat(t, i);
-        if (counted && hits > 0) {
-          tat = window::gcra_count(tat, g, now_ms, hits);
-          set_gcra_tat(t, i, tat, window::gcra_head(tat, t.spec(), now_ms));
-          t.set_flags(i, CounterTable::kDirtyFlag);  // for the store; never synced
-        }
-        const window::LimitState ls = window::gcra_state(tat, g, now_ms, hits);
-        fill_limit_result(out, ar, lims[k], ls, sc.limit_ok[k] != 0);
-        const uint64_t used = lim - std::min(lim, ls.remaining);
-        if (!sc.limit_ok[k] || used * 5 >= lim * 4) {
-          note_hot(shards[lims[k].counter & shard_mask], lims[k].counter,
-                   st.stats_ids[ar.stats_index], ar, lims[k], req, used, !sc.limit_ok[k], now_ms);
-        }
+      if (t.spec().gcra) [[unlikely]] {
+        answer_gcra(st, req, ar, lims[k], t, i, sc.limit_in_force[k], sc.limit_ok[k] != 0,
+                    counted, cap, now_ms, out);
         continue;
       }
       uint64_t added = 0;
