@@ -13,6 +13,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -80,6 +81,24 @@ constexpr TraceCase kCases[] = {
     {10, 1'000, 5},    {100, 60'000, 20}, {7, 60'000, 1},  {1'000, 1'000, 1'000},
     {3, 1'000, 2},     {50, 10'000, 50},  {1, 3'600'000, 3},
 };
+
+// One domain "api" with one rule "per-user" keyed by `user`, holding `limits`; `tweak` changes
+// the rule (consistency, fallback, count_denied) before it is compiled with `overrides`.
+std::shared_ptr<const rules::Policy> policy_of(
+    std::vector<rules::Limit> limits, const std::function<void(rules::Rule&)>& tweak = {},
+    const rules::Overrides& overrides = rules::Overrides{}) {
+  rules::RuleSet set;
+  rules::Domain d;
+  d.name = "api";
+  rules::Rule r;
+  r.name = "per-user";
+  r.key = {"user"};
+  r.limits = std::move(limits);
+  if (tweak) tweak(r);
+  d.rules.push_back(std::move(r));
+  set.domains.push_back(std::move(d));
+  return rules::Policy::compile(std::move(set), overrides, 42);
+}
 
 }  // namespace
 
@@ -255,18 +274,9 @@ TEST_CASE("an override's window limit never counts in a GCRA limit's counter") {
   w.spec.bucket_ms = 0;  // names no granularity: inherits from the rule's limit of that window
   o.limits = {w};
   REQUIRE(ov.set(o).empty());
-  rules::RuleSet set;
-  rules::Domain d;
-  d.name = "api";
-  rules::Rule rule;
-  rule.name = "per-user";
-  rule.key = {"user"};
   rules::Limit g;
   REQUIRE(rules::parse_gcra("10/1s", 10, g).empty());  // its spec is 1s/1s, flagged gcra
-  rule.limits = {g};
-  d.rules.push_back(std::move(rule));
-  set.domains.push_back(std::move(d));
-  const auto policy = rules::Policy::compile(std::move(set), ov, 42);
+  const auto policy = policy_of({g}, {}, ov);
   rules::Resolution res;
   const rules::Descriptor desc[] = {{"user", "1"}};
   const rules::ResolvedRequest rr = policy->resolve(rules::CheckRequest{"api", desc, 1}, kT0, res);
@@ -312,19 +322,6 @@ rules::Limit gcra_limit(const char* rate, uint64_t burst) {
   REQUIRE_MESSAGE(why.empty(), why);
   l.name = "gcra";
   return l;
-}
-
-std::shared_ptr<const rules::Policy> policy_of(std::vector<rules::Limit> limits) {
-  rules::RuleSet set;
-  rules::Domain d;
-  d.name = "api";
-  rules::Rule r;
-  r.name = "per-user";
-  r.key = {"user"};
-  r.limits = std::move(limits);
-  d.rules.push_back(std::move(r));
-  set.domains.push_back(std::move(d));
-  return rules::Policy::compile(std::move(set), rules::Overrides{}, 42);
 }
 
 struct Checker {
@@ -461,39 +458,18 @@ TEST_CASE("deciding for an owner out of reach, a GCRA limit gets this node's sha
   CHECK_FALSE(c.check("1", kT0, 1, half).allowed);  // burst 2 of 4
   CHECK(c.limit().retry_after_ms == 200);           // at 5/1s, half the rate
 
-  auto deny_policy = [&] {
-    rules::RuleSet set;
-    rules::Domain d;
-    d.name = "api";
-    rules::Rule r;
-    r.name = "per-user";
-    r.key = {"user"};
-    r.limits = {lim};
-    r.fallback = rules::Fallback::kDeny;
-    d.rules.push_back(std::move(r));
-    set.domains.push_back(std::move(d));
-    return rules::Policy::compile(std::move(set), rules::Overrides{}, 42);
-  };
-  engine::Engine deny(deny_policy());
+  engine::Engine deny(policy_of({lim}, [](rules::Rule& r) { r.fallback = rules::Fallback::kDeny; }));
   Checker d{deny, {}, {}, {}};
   CHECK_FALSE(d.check("1", kT0, 1, half).allowed);
   CHECK(d.check("1", kT0).allowed);  // the owner itself decides as usual
 }
 
 TEST_CASE("in gossip mode each member decides a GCRA limit alone at its part of rate and burst") {
-  rules::RuleSet set;
-  rules::Domain d;
-  d.name = "api";
-  rules::Rule r;
-  r.name = "per-user";
-  r.key = {"user"};
-  r.limits = {gcra_limit("30/1s", 9)};
-  r.consistency = rules::Consistency::kGossip;
-  d.rules.push_back(std::move(r));
-  set.domains.push_back(std::move(d));
   engine::EngineOptions opt;
   opt.node_id = 2;
-  engine::Engine e(rules::Policy::compile(std::move(set), rules::Overrides{}, 42), opt);
+  engine::Engine e(policy_of({gcra_limit("30/1s", 9)},
+                             [](rules::Rule& r) { r.consistency = rules::Consistency::kGossip; }),
+                   opt);
   Checker c{e, {}, {}, {}};
   // Alone (no members known yet): the whole limit.
   for (int i = 0; i < 9; ++i)
@@ -535,17 +511,9 @@ TEST_CASE("a join's credits move a GCRA key's arrival time on: the new owner goe
 }
 
 TEST_CASE("with count_denied a GCRA key in debt stays denied past its window, until its debt is paid") {
-  rules::RuleSet set;
-  rules::Domain d;
-  d.name = "api";
-  rules::Rule r;
-  r.name = "per-user";
-  r.key = {"user"};
-  r.limits = {gcra_limit("10/1s", 5)};  // window spec 1 s: an idle counter expires after 1-2 s
-  r.count_denied = true;
-  d.rules.push_back(std::move(r));
-  set.domains.push_back(std::move(d));
-  engine::Engine e(rules::Policy::compile(std::move(set), rules::Overrides{}, 42));
+  // Window spec 1 s: an idle counter without debt expires after 1-2 s.
+  engine::Engine e(
+      policy_of({gcra_limit("10/1s", 5)}, [](rules::Rule& r) { r.count_denied = true; }));
   Checker c{e, {}, {}, {}};
   for (int i = 0; i < 100; ++i)
     c.check("1", kT0);  // 5 admitted, 95 denied and counted: 10 s of debt
