@@ -524,3 +524,26 @@ TEST_CASE("with count_denied a GCRA key in debt stays denied past its window, un
   CHECK_FALSE(c.check("1", kT0 + 9'600).allowed);  // arrival time 10.3 s: 700 ms over burst
   CHECK(c.check("1", kT0 + 9'900).allowed);         // 500 ms ahead: within the burst again
 }
+
+TEST_CASE("a store record of a window limit with a bucket of 2^31 ms or more is not read as GCRA") {
+  // 30 days at a 30-day granularity: the bucket has bit 31 set, as a GCRA key's does.
+  rules::Limit w;
+  REQUIRE(rules::parse_limit("5/30d", 30LL * 86'400'000, w).empty());
+  w.name = "month";
+  REQUIRE(w.spec.bucket_ms >= (1LL << 31));
+  engine::Engine e(policy_of({w}));
+  Checker c{e, {}, {}, {}};
+  REQUIRE(c.check("1", kT0, 5).allowed);
+  Records recs;
+  recs.export_all(e);
+  REQUIRE(recs.puts.size() == 1);
+  const auto spec = engine::Engine::record_spec(recs.puts[0].first);
+  REQUIRE(spec.has_value());
+  CHECK_FALSE(spec->gcra);
+  CHECK(*spec == w.spec);
+  engine::Engine restored(policy_of({w}));
+  REQUIRE(restored.import_record(recs.puts[0].first, recs.puts[0].second, kT0 + 1'000) ==
+          engine::ImportResult::kImported);
+  Checker r{restored, {}, {}, {}};
+  CHECK_FALSE(r.check("1", kT0 + 1'000).allowed);  // the month's 5 are still counted
+}

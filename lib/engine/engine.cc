@@ -137,13 +137,18 @@ void encode_key(uint64_t counter, const window::WindowSpec& spec, uint8_t* out) 
   put_be(out + 12, static_cast<uint64_t>(spec.bucket_ms) | (spec.gcra ? kGcraKeyBit : 0), 4);
 }
 
-// The window spec in a record key; validity is the caller's to check.
+// The window spec in a record key; validity is the caller's to check. A GCRA key is one whose
+// bucket, without bit 31, equals a window under 2^31 ms: a window limit's bucket with bit 31 set
+// (2^31 ms or more) lies in a window of 2^31 ms or more, whose field has bit 31 set too (or, past
+// 2^32 ms, was cut to 32 bits and never restored as that window anyway), so the two cannot meet.
 window::WindowSpec decode_spec(const uint8_t* key) {
   window::WindowSpec spec;
   spec.window_ms = static_cast<int64_t>(get_be(key + 8, 4));
   const uint64_t bucket = get_be(key + 12, 4);
-  spec.bucket_ms = static_cast<int64_t>(bucket & ~kGcraKeyBit);
-  spec.gcra = (bucket & kGcraKeyBit) != 0;
+  const uint64_t low = bucket & ~kGcraKeyBit;
+  spec.gcra = (bucket & kGcraKeyBit) != 0 && spec.window_ms < static_cast<int64_t>(kGcraKeyBit) &&
+              static_cast<int64_t>(low) == spec.window_ms;
+  spec.bucket_ms = static_cast<int64_t>(spec.gcra ? low : bucket);
   return spec;
 }
 
