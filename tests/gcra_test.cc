@@ -78,8 +78,8 @@ struct TraceCase {
   uint64_t burst;
 };
 constexpr TraceCase kCases[] = {
-    {10, 1'000, 5},    {100, 60'000, 20}, {7, 60'000, 1},  {1'000, 1'000, 1'000},
-    {3, 1'000, 2},     {50, 10'000, 50},  {1, 3'600'000, 3},
+    {10, 1'000, 5}, {100, 60'000, 20}, {7, 60'000, 1},    {1'000, 1'000, 1'000},
+    {3, 1'000, 2},  {50, 10'000, 50},  {1, 3'600'000, 3},
 };
 
 // One domain "api" with one rule "per-user" keyed by `user`, holding `limits`; `tweak` changes
@@ -114,14 +114,14 @@ TEST_CASE("GCRA decides every check of random traces as an exact token bucket do
     for (int i = 0; i < 20'000; ++i) {
       // Gaps around the interval: bursts (0), steady, and idle stretches.
       const int kind = static_cast<int>(rng() % 10);
-      now += kind < 3 ? 0 : kind < 9 ? static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * interval_ms + 1))
-                                     : static_cast<int64_t>(rng() % static_cast<uint64_t>(tc.period_ms + 1));
+      now += kind < 3   ? 0
+             : kind < 9 ? static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * interval_ms + 1))
+                        : static_cast<int64_t>(rng() % static_cast<uint64_t>(tc.period_ms + 1));
       const uint64_t hits = rng() % 8 == 0 ? rng() % (tc.burst + 2) : 1;
       const bool want = ref.admits(now, hits);
       const bool got = window::gcra_admits(tat, g, now, hits);
-      REQUIRE_MESSAGE(got == want, "rate " << tc.n << "/" << tc.period_ms << "ms burst "
-                                           << tc.burst << " at +" << now - kT0 << "ms hits "
-                                           << hits);
+      REQUIRE_MESSAGE(got == want, "rate " << tc.n << "/" << tc.period_ms << "ms burst " << tc.burst
+                                           << " at +" << now - kT0 << "ms hits " << hits);
       ++decisions;
       if (got) {
         ref.take(hits);
@@ -173,7 +173,8 @@ TEST_CASE("GCRA admits its burst at once from idle, then one request per interva
   CHECK(window::gcra_window(gcra_of(100, 60'000, 20)).window_ms == 12'000);
 }
 
-TEST_CASE("GCRA specs refuse a zero rate, a zero burst, a rate under a nanosecond and a long refill") {
+TEST_CASE(
+    "GCRA specs refuse a zero rate, a zero burst, a rate under a nanosecond and a long refill") {
   GcraSpec g;
   CHECK(window::make_gcra(0, 1'000, 5, g).find("at least 1 request") != std::string::npos);
   CHECK(window::make_gcra(10, 1'000, 0, g).find("burst must be at least 1") != std::string::npos);
@@ -198,7 +199,8 @@ TEST_CASE("GCRA specs refuse a zero rate, a zero burst, a rate under a nanosecon
   CHECK(half.interval_ns == 200 * kNsPerMs);
 }
 
-// ---- the rules file ------------------------------------------------------------------------------
+// ---- the rules file
+// ------------------------------------------------------------------------------
 
 namespace {
 rules::ParseResult parse(const std::string& yaml) {
@@ -290,8 +292,9 @@ TEST_CASE("an override's window limit never counts in a GCRA limit's counter") {
 TEST_CASE("bad GCRA limits are errors naming the file, the line and the field") {
   const auto expect_error = [](const std::string& limit_yaml, const std::string& extra,
                                const std::string& field, const std::string& words) {
-    const auto r = parse("domains:\n  - name: api\n    rules:\n      - name: per-ip\n        key: [ip]\n" +
-                         extra + "        limits:\n          - " + limit_yaml + "\n");
+    const auto r =
+        parse("domains:\n  - name: api\n    rules:\n      - name: per-ip\n        key: [ip]\n" +
+              extra + "        limits:\n          - " + limit_yaml + "\n");
     REQUIRE_FALSE(r.errors.empty());
     const std::string all = errors_of(r);
     CHECK_MESSAGE(all.find("rules.yaml:") == 0, all);
@@ -312,7 +315,8 @@ TEST_CASE("bad GCRA limits are errors naming the file, the line and the field") 
   expect_error("{algorithm: leaky, rate: 10/1s, burst: 5}", "", "limits[0].algorithm", "gcra");
 }
 
-// ---- the engine ------------------------------------------------------------------------------------
+// ---- the engine
+// ------------------------------------------------------------------------------------
 
 namespace {
 
@@ -376,7 +380,9 @@ TEST_CASE("the engine decides GCRA limits on random traces exactly as a token bu
     int64_t now = kT0;
     size_t wrong = 0;
     for (int i = 0; i < 5'000; ++i) {
-      now += rng() % 3 == 0 ? 0 : static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * interval_ms + 1));
+      now += rng() % 3 == 0
+                 ? 0
+                 : static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * interval_ms + 1));
       const size_t user = rng() % refs.size();
       const uint64_t hits = rng() % 10 == 0 ? rng() % (tc.burst + 1) + 1 : 1;
       const bool want = refs[user].admits(now, hits);
@@ -388,7 +394,8 @@ TEST_CASE("the engine decides GCRA limits on random traces exactly as a token bu
       CHECK(l.requests == tc.burst);
       CHECK(l.remaining == refs[user].remaining());
       CHECK(l.exceeded == !d.allowed);
-      if (!d.allowed && hits <= tc.burst) CHECK(l.retry_after_ms == refs[user].retry_after_ms(hits));
+      if (!d.allowed && hits <= tc.burst)
+        CHECK(l.retry_after_ms == refs[user].retry_after_ms(hits));
     }
     CHECK_MESSAGE(wrong == 0, rate << " burst " << tc.burst);
   }
@@ -422,11 +429,13 @@ TEST_CASE("a GCRA key's state survives a store record, and a cluster sync pass n
   CountSync sync;
   engine::SyncCursor cur;
   cur.restart(false);
-  while (!e.sync_step(cur, 64, [](uint64_t) { return true; }, sync)) {
+  while (!e.sync_step(
+      cur, 64, [](uint64_t) { return true; }, sync)) {
   }
   e.mark_all_changed_for_sync();
   cur.restart(true);
-  while (!e.sync_step(cur, 64, [](uint64_t) { return true; }, sync)) {
+  while (!e.sync_step(
+      cur, 64, [](uint64_t) { return true; }, sync)) {
   }
   CHECK(sync.items == 0);
 
@@ -458,7 +467,8 @@ TEST_CASE("deciding for an owner out of reach, a GCRA limit gets this node's sha
   CHECK_FALSE(c.check("1", kT0, 1, half).allowed);  // burst 2 of 4
   CHECK(c.limit().retry_after_ms == 200);           // at 5/1s, half the rate
 
-  engine::Engine deny(policy_of({lim}, [](rules::Rule& r) { r.fallback = rules::Fallback::kDeny; }));
+  engine::Engine deny(
+      policy_of({lim}, [](rules::Rule& r) { r.fallback = rules::Fallback::kDeny; }));
   Checker d{deny, {}, {}, {}};
   CHECK_FALSE(d.check("1", kT0, 1, half).allowed);
   CHECK(d.check("1", kT0).allowed);  // the owner itself decides as usual
@@ -510,7 +520,8 @@ TEST_CASE("a join's credits move a GCRA key's arrival time on: the new owner goe
   CHECK(c.limit().retry_after_ms == 100);
 }
 
-TEST_CASE("with count_denied a GCRA key in debt stays denied past its window, until its debt is paid") {
+TEST_CASE(
+    "with count_denied a GCRA key in debt stays denied past its window, until its debt is paid") {
   // Window spec 1 s: an idle counter without debt expires after 1-2 s.
   engine::Engine e(
       policy_of({gcra_limit("10/1s", 5)}, [](rules::Rule& r) { r.count_denied = true; }));
@@ -522,7 +533,7 @@ TEST_CASE("with count_denied a GCRA key in debt stays denied past its window, un
   CHECK_FALSE(c.check("1", kT0 + 5'000).allowed);  // counted too: the debt grows to 10.2 s
   e.sweep(kT0 + 9'600);
   CHECK_FALSE(c.check("1", kT0 + 9'600).allowed);  // arrival time 10.3 s: 700 ms over burst
-  CHECK(c.check("1", kT0 + 9'900).allowed);         // 500 ms ahead: within the burst again
+  CHECK(c.check("1", kT0 + 9'900).allowed);        // 500 ms ahead: within the burst again
 }
 
 TEST_CASE("a store record of a window limit with a bucket of 2^31 ms or more is not read as GCRA") {

@@ -30,7 +30,7 @@ struct Scratch {
   std::vector<uint32_t> twin;     // per limit: index of its demand twin in slots, or 0
   std::vector<uint8_t> rule_ok;
   std::vector<uint8_t> limit_ok;
-  std::vector<window::Moment> at;  // per entry of slots: the moment it is evaluated at
+  std::vector<window::Moment> at;        // per entry of slots: the moment it is evaluated at
   std::vector<uint64_t> limit_in_force;  // per limit: Impl::limit_here
   std::vector<window::Usage> usage;      // per limit: its ring's usage before counting
   // The moment of the batch's time for the specs in use (a division each, once per batch, not
@@ -58,7 +58,8 @@ struct Scratch {
   }
 
   const window::Moment& moment_now(const window::WindowSpec& spec, int64_t now_ms) {
-    CachedMoment& c = moments[static_cast<size_t>(spec.bucket_ms ^ spec.window_ms) % moments.size()];
+    CachedMoment& c =
+        moments[static_cast<size_t>(spec.bucket_ms ^ spec.window_ms) % moments.size()];
     if (c.now_ms != now_ms || c.spec != spec) {
       c.now_ms = now_ms;
       c.spec = spec;
@@ -126,10 +127,10 @@ void append_le(std::vector<uint8_t>& out, uint64_t v, int bytes) {
     out.push_back(static_cast<uint8_t>(v));
 }
 
-// The counter id goes little-endian: a scan in key order then visits ids in an order unrelated
-// to their high bits, which place them in a table (counter_table.h, home_in).
 constexpr uint64_t kGcraKeyBit = 1ull << 31;
 
+// The counter id goes little-endian: a scan in key order then visits ids in an order unrelated
+// to their high bits, which place them in a table (counter_table.h, home_in).
 void encode_key(uint64_t counter, const window::WindowSpec& spec, uint8_t* out) {
   put_be(out, __builtin_bswap64(counter), 8);
   put_be(out + 8, static_cast<uint64_t>(spec.window_ms), 4);
@@ -253,13 +254,13 @@ inline void fill_limit_result(BatchResult& out, const rules::AppliedRule& ar,
   lr.retry_after_ms = ok ? 0 : ls.retry_after_ms;
 }
 
-window::GcraSpec Engine::Impl::gcra_in_force(const rules::AppliedLimit& al,
-                                             const rules::Rule& rule, uint64_t limit,
-                                             uint64_t cap) const {
+window::GcraSpec Engine::Impl::gcra_in_force(const rules::AppliedLimit& al, const rules::Rule& rule,
+                                             uint64_t limit, uint64_t cap) const {
   if (rule.consistency == rules::Consistency::kGossip && opt.node_id != 0) {
     // Every member decides alone, at its part of rate and burst (window::gcra_split), whether
     // the others are in reach or not: together they stay within the limit.
-    return window::gcra_split(al.limit->gcra, std::max<uint32_t>(1, static_cast<uint32_t>(cap & 0xFFFF'FFFFu)));
+    return window::gcra_split(al.limit->gcra,
+                              std::max<uint32_t>(1, static_cast<uint32_t>(cap & 0xFFFF'FFFFu)));
   }
   return window::gcra_share(al.limit->gcra, limit);
 }
@@ -277,8 +278,7 @@ bool Engine::Impl::decide_gcra(const CounterTable& t, size_t i, const rules::App
   // over one refill period from when the owner was lost (as a window limit's over its window).
   if (fallback.members > 0 && rule.consistency == rules::Consistency::kOwner) {
     limit = rule.fallback == rules::Fallback::kShare
-                ? std::min(limit, fallback_share(al.requests, fallback, now_ms,
-                                                 t.spec().window_ms))
+                ? std::min(limit, fallback_share(al.requests, fallback, now_ms, t.spec().window_ms))
                 : 0;
   }
   in_force = limit;
@@ -302,8 +302,8 @@ void Engine::Impl::answer_gcra(const State& st, const rules::CheckRequest& req,
   fill_limit_result(out, ar, al, ls, ok);
   const uint64_t used = lim - std::min(lim, ls.remaining);
   if (!ok || used * 5 >= lim * 4) {
-    note_hot(shards[al.counter & shard_mask], al.counter, st.stats_ids[ar.stats_index], ar, al,
-             req, used, !ok, now_ms);
+    note_hot(shards[al.counter & shard_mask], al.counter, st.stats_ids[ar.stats_index], ar, al, req,
+             used, !ok, now_ms);
   }
 }
 
@@ -506,8 +506,8 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const size_t i = sc.slots[k];
       const window::Moment& m = sc.at[k];
       if (t.spec().gcra) [[unlikely]] {
-        answer_gcra(st, req, ar, lims[k], t, i, sc.limit_in_force[k], sc.limit_ok[k] != 0,
-                    counted, cap, now_ms, out);
+        answer_gcra(st, req, ar, lims[k], t, i, sc.limit_in_force[k], sc.limit_ok[k] != 0, counted,
+                    cap, now_ms, out);
         continue;
       }
       uint64_t added = 0;
@@ -927,7 +927,8 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
   } else if (spec.gcra) {
     // The later arrival time of both (the one that admitted more), with its head.
     const uint64_t theirs = uint64_t{own[1]} << 32 | own[0];
-    if (theirs > Impl::gcra_tat(t, i)) Impl::set_gcra_tat(t, i, theirs, std::max(head, t.head_at(i)));
+    if (theirs > Impl::gcra_tat(t, i))
+      Impl::set_gcra_tat(t, i, theirs, std::max(head, t.head_at(i)));
   } else {
     // Both to the newer head, then the larger count per bucket (idempotent).
     const int64_t h = window::advance(t.own(i), t.others(i), t.head_at(i), head);

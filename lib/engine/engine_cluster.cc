@@ -120,7 +120,8 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
     }
     sh.remote.prefetch(remote_key(t.counter, last_spec_id));
   };
-  for (size_t k = 0; k < std::min(kAhead, totals.size()); ++k) prefetch(totals[k]);
+  for (size_t k = 0; k < std::min(kAhead, totals.size()); ++k)
+    prefetch(totals[k]);
   for (size_t k = 0; k < totals.size(); ++k) {
     const RemoteTotal& t = totals[k];
     if (k + kAhead < totals.size()) prefetch(totals[k + kAhead]);
@@ -294,8 +295,8 @@ void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_m
     const int64_t i = im.find_or_insert(sh, t, spec_id, al->counter, now_ms, pins, inserted);
     if (i < 0) continue;  // no room under the memory cap: as any check would, uncounted
     const auto slot = static_cast<size_t>(i);
-    const uint64_t tat = window::gcra_count(Impl::gcra_tat(t, slot), al->limit->gcra, now_ms,
-                                            req.hits);
+    const uint64_t tat =
+        window::gcra_count(Impl::gcra_tat(t, slot), al->limit->gcra, now_ms, req.hits);
     Impl::set_gcra_tat(t, slot, tat, window::gcra_head(tat, t.spec(), now_ms));
     t.set_flags(slot, CounterTable::kDirtyFlag);
   }

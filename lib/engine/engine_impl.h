@@ -375,14 +375,15 @@ struct Engine::Impl {
   // while members are out of reach; in gossip mode this member's part, by the `cap`'s expected
   // members); sets `in_force` to the burst it was decided at.
   [[gnu::noinline]] bool decide_gcra(const CounterTable& t, size_t i, const rules::AppliedLimit& al,
-                   const rules::Rule& rule, const Fallback& fallback, uint64_t limit,
-                   uint64_t cap, int64_t now_ms, uint64_t hits, uint64_t& in_force) const;
+                                     const rules::Rule& rule, const Fallback& fallback,
+                                     uint64_t limit, uint64_t cap, int64_t now_ms, uint64_t hits,
+                                     uint64_t& in_force) const;
   // Counts a GCRA limit's admitted (or counted) hits and reports it (decide's second half, out
   // of line: the window path stays compact).
   [[gnu::noinline]] void answer_gcra(const State& st, const rules::CheckRequest& req,
                                      const rules::AppliedRule& ar, const rules::AppliedLimit& al,
-                                     CounterTable& t, size_t i, uint64_t lim, bool ok,
-                                     bool counted, uint64_t cap, int64_t now_ms, BatchResult& out);
+                                     CounterTable& t, size_t i, uint64_t lim, bool ok, bool counted,
+                                     uint64_t cap, int64_t now_ms, BatchResult& out);
   // The GCRA a limit is decided at: in gossip mode this member's part of it, else its share at
   // `limit` (the burst in force).
   window::GcraSpec gcra_in_force(const rules::AppliedLimit& al, const rules::Rule& rule,

@@ -149,9 +149,9 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
   s.limits.clear();
   s.limits.reserve(s.result.limits.size());
   for (const auto& l : s.result.limits) {
-    s.limits.push_back({l.limit->name, l.requests, rules::reported_window_ms(*l.limit), l.remaining, l.reset_ms,
-                        l.retry_after_ms == window::kNever ? -1 : l.retry_after_ms, to_wire(l.mode),
-                        l.exceeded});
+    s.limits.push_back({l.limit->name, l.requests, rules::reported_window_ms(*l.limit), l.remaining,
+                        l.reset_ms, l.retry_after_ms == window::kNever ? -1 : l.retry_after_ms,
+                        to_wire(l.mode), l.exceeded});
   }
   s.decisions.clear();
   for (size_t i = 0; i < checks.size(); ++i) {

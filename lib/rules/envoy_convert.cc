@@ -40,7 +40,8 @@ std::string limit_yaml(const Limit& l) {
     out = "{algorithm: gcra, rate: " + std::to_string(l.rate_requests) + "/" +
           format_duration(l.rate_period_ms) + ", burst: " + std::to_string(l.requests);
   } else {
-    out = "{limit: " + std::to_string(l.requests) + ", window: " + format_duration(l.spec.window_ms);
+    out =
+        "{limit: " + std::to_string(l.requests) + ", window: " + format_duration(l.spec.window_ms);
     if (l.spec.bucket_ms != window::default_bucket_ms(l.spec.window_ms)) {
       out += ", granularity: " + format_duration(l.spec.bucket_ms);
     }

@@ -66,7 +66,7 @@ std::string_view to_string(Algorithm a);
 // One limit: "N requests per window", or a GCRA rate with a burst.
 struct Limit {
   std::string name;  // shown to callers; defaults to "<rule>:<N>/<window>" e.g. "per-ip:100/1m"
-  uint64_t requests = 0;  // GCRA: the burst, the most admitted at once
+  uint64_t requests = 0;    // GCRA: the burst, the most admitted at once
   window::WindowSpec spec;  // GCRA: window::gcra_window(gcra)
   Algorithm algorithm = Algorithm::kWindow;
   // GCRA only: the rate as written ("10/1s": rate_requests per rate_period_ms), and the spec

@@ -388,10 +388,10 @@ void RulesParser::parse_plans(const Field& f, Domain& d) {
 void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& path,
                              const Domain& d, Rule& r) {
   if (!expect(n, YAML::NodeType::Map, line, path, "a map")) return;
-  const Fields fields = read_fields(n, path,
-                                    {"name", "match", "key", "limits", "plan", "mode",
-                                     "count_denied", "estimator", "granularity", "consistency",
-                                     "fallback"});
+  const Fields fields =
+      read_fields(n, path,
+                  {"name", "match", "key", "limits", "plan", "mode", "count_denied", "estimator",
+                   "granularity", "consistency", "fallback"});
   std::string name;
   if (const Field* f = fields.find("name")) {
     if (auto v = read_name(*f)) name = *v;
@@ -513,10 +513,12 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
     }
   }
   if (const Field* f = fields.find("fallback")) {
-    if (auto v = read_choice<Fallback>(*f, {{"share", Fallback::kShare}, {"deny", Fallback::kDeny}})) {
+    if (auto v =
+            read_choice<Fallback>(*f, {{"share", Fallback::kShare}, {"deny", Fallback::kDeny}})) {
       r.fallback = *v;
       if (r.consistency != Consistency::kOwner) {
-        error(f->line, f->path, "applies to `consistency: owner` only (a gossip rule never waits for an owner)");
+        error(f->line, f->path,
+              "applies to `consistency: owner` only (a gossip rule never waits for an owner)");
       }
     }
   }

@@ -1,6 +1,6 @@
-// Process tests of GCRA limits (`algorithm: gcra`, window/gcra.h): a real sluiced deciding them over
-// UDP and the admin port's /v1/check, shown by `sluicectl inspect`, kept across a SIGTERM and a
-// restart on the same data directory, and refused in rules files that give them a zero rate, a
+// Process tests of GCRA limits (`algorithm: gcra`, window/gcra.h): a real sluiced deciding them
+// over UDP and the admin port's /v1/check, shown by `sluicectl inspect`, kept across a SIGTERM and
+// a restart on the same data directory, and refused in rules files that give them a zero rate, a
 // zero burst or a refill longer than 24 days.
 //
 // Timing: a GCRA limit of 10/1s refills one request every 100 ms, so "a burst at once" means the
@@ -96,7 +96,8 @@ sluice::wire::Decision decide(const Daemon& d, const std::string& user,
 
 // Runs `attempt(key)` with keys gcra-<base>-1, -2, ... until it returns true (it ran within its
 // time budget and checked what it meant to), at most kAttempts times.
-void with_fresh_keys(const std::string& base, const std::function<bool(const std::string&)>& attempt) {
+void with_fresh_keys(const std::string& base,
+                     const std::function<bool(const std::string&)>& attempt) {
   for (int i = 1; i <= kAttempts; ++i) {
     if (attempt(base + "-" + std::to_string(i))) return;
   }
@@ -127,8 +128,8 @@ TEST_CASE(
     for (size_t i = 0; i < 5; ++i) {
       INFO("check " << i + 1);
       CHECK(got[i].allowed);
-      CHECK(got[i].limits[0].limit == 5);         // the burst
-      CHECK(got[i].limits[0].window_ms == 500);   // 5 x 100 ms to refill the whole burst
+      CHECK(got[i].limits[0].limit == 5);        // the burst
+      CHECK(got[i].limits[0].window_ms == 500);  // 5 x 100 ms to refill the whole burst
       CHECK(got[i].limits[0].remaining == 4 - i);
       CHECK_FALSE(got[i].limits[0].exceeded);
       CHECK(got[i].limits[0].name == "per-user:10/1s:burst-5");
@@ -266,14 +267,14 @@ TEST_CASE(
     std::string why;    // part of the reason
   };
   const std::string head =
-      "domains:\n"          // 1
-      "  - name: t\n"       // 2
-      "    rules:\n"        // 3
-      "      - name: r\n"   // 4
+      "domains:\n"              // 1
+      "  - name: t\n"           // 2
+      "    rules:\n"            // 3
+      "      - name: r\n"       // 4
       "        key: [user]\n";  // 5
   const std::vector<Case> cases = {
       {"refill over 24 days",
-       head + "        limits:\n"                                         // 6
+       head + "        limits:\n"                                        // 6
               "          - {algorithm: gcra, rate: 1/1d, burst: 30}\n",  // 7
        7, "domains[0].rules[0].limits[0].burst", "24 days"},
       {"zero rate",
@@ -281,11 +282,11 @@ TEST_CASE(
               "          - {algorithm: gcra, rate: 0/1s, burst: 5}\n",  // 7
        7, "domains[0].rules[0].limits[0].rate", "0/1s"},
       {"zero burst",
-       head + "        limits:\n"                                        // 6
-              "          - name: no-burst\n"                             // 7
-              "            algorithm: gcra\n"                            // 8
-              "            rate: 10/1s\n"                                // 9
-              "            burst: 0\n",                                  // 10
+       head + "        limits:\n"              // 6
+              "          - name: no-burst\n"   // 7
+              "            algorithm: gcra\n"  // 8
+              "            rate: 10/1s\n"      // 9
+              "            burst: 0\n",        // 10
        10, "domains[0].rules[0].limits[0].burst", "`0`"},
   };
   for (const Case& c : cases) {
@@ -296,8 +297,8 @@ TEST_CASE(
         d.rules_file().string() + ":" + std::to_string(c.line) + ": " + c.field + ": ";
     // `sluiced --check` and a plain start both refuse the file with the same message.
     for (const bool check_only : {true, false}) {
-      const ProcessResult r =
-          d.run_to_exit(check_only ? std::vector<std::string>{"--check"} : std::vector<std::string>{});
+      const ProcessResult r = d.run_to_exit(check_only ? std::vector<std::string>{"--check"}
+                                                       : std::vector<std::string>{});
       INFO(c.what << (check_only ? " (--check)" : " (start)") << ": exit " << r.exit_code()
                   << "\nstdout: " << r.out << "\nstderr: " << r.err);
       CHECK(r.exit_code() == 2);
