@@ -1062,7 +1062,9 @@ std::string run_gcra(const Settings& st, std::vector<Row>& rows) {
         st.sluiced, 3, 4, 50, 10, 2, std::max(st.seconds, st.quick ? 6. : 15.), 1000, c};
     sluice::bench::GcraResult g;
     if (std::string err = sluice::bench::run_gcra_cluster(o, g); !err.empty()) return err;
-    Row row{.scenario = "gcra", .mode = "gcra-" + o.consistency, .nodes = o.nodes, .sync_ms = 100};
+    Row row;
+    row.scenario = "gcra", row.mode = "gcra-" + o.consistency;
+    row.nodes = o.nodes, row.sync_ms = 100;
     row.offered_per_s = o.offered_factor * static_cast<double>(o.rate_per_s);
     row.limit_per_s = o.rate_per_s;
     row.admitted_over_limit = g.over_limit;
