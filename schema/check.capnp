@@ -19,6 +19,17 @@ struct Check {
   entries @1 :List(Entry);
   hits @2 :Int64 = 1;   # signed so that a negative cost is seen and refused, not wrapped
   limitOverride @3 :LimitOverride;  # absent: the rules decide
+  release @4 :Release;              # present: not a check but the release of a lease
+}
+
+# Gives back a lease a concurrency limit granted (docs/protocol.md, "Leases"). It travels as a
+# Check with the same domain and entries as the check that acquired the lease, so it reaches the
+# same owner, and is answered by a Decision: `ok` when it freed the lease's slot; `leaseReleased`
+# when the lease was released before; `leaseExpired` when its time to live is over;
+# `leaseUnknown` when no lease of that id was granted for these entries (forged, mistyped, or
+# granted by a node that has since restarted). Only `ok` changes anything. `hits` is ignored.
+struct Release {
+  lease @0 :UInt64;
 }
 
 # A check's own limit (Envoy's per-descriptor `limit`): this many requests per this window
@@ -63,6 +74,10 @@ enum Code {
   tooManyChecks @11;
   unsupportedVersion @12;
   tooLarge @13;
+  # per check, answering a release
+  leaseUnknown @14;
+  leaseExpired @15;
+  leaseReleased @16;       # already released: nothing changed
 }
 
 struct LimitStatus {
@@ -83,6 +98,7 @@ struct Decision {
   shadow @3 :Bool;
   allowlisted @4 :Bool;
   limits @5 :List(LimitStatus);
+  lease @6 :UInt64;        # granted by the concurrency limits that admitted the check; 0 = none
 }
 
 struct CheckAnswer {

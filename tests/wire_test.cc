@@ -364,16 +364,16 @@ TEST_CASE(
     s.point_struct(root, req, 3, 3);
     s.w[req + 1] = 31;      // id
     s.w[req + 2] = 0xffff;  // an unknown field
-    const size_t tag = s.alloc(1 + 6);
-    s.point_list(req + 3, tag, kInlineComposite, 6);
-    s.w[tag] = struct_ptr(1, 2, 4);
+    const size_t tag = s.alloc(1 + 7);
+    s.point_list(req + 3, tag, kInlineComposite, 7);
+    s.w[tag] = struct_ptr(1, 2, 5);
     s.w[tag + 1] = 2 ^ 1;   // hits 2
     s.w[tag + 2] = 0x1234;  // unknown
     const size_t dom = s.text("login");
     s.point_text(tag + 3, dom, 5);
-    // Pointer 2 (limitOverride) left null; pointer 3 is beyond this schema.
+    // Pointers 2 (limitOverride) and 3 (release) left null; pointer 4 is beyond this schema.
     const size_t extra = s.text("unknown pointer field");
-    s.point_text(tag + 6, extra, 21);
+    s.point_text(tag + 7, extra, 21);
     RequestDecoder d;
     REQUIRE(d.decode(raw_message({s})) == Code::kOk);
     CHECK(d.id() == 31);
@@ -428,13 +428,13 @@ TEST_CASE("message sizes are those docs/protocol.md gives for sizing the padding
   Bytes out;
   CHECK(encode_answer(1, Code::kMalformed, {}, 0, out) == 40);
   std::vector<OwnedDecision> owned(1);
-  CHECK(encode_answer(1, Code::kOk, views(owned), 0, out) == 40 + 8 + 16);
+  CHECK(encode_answer(1, Code::kOk, views(owned), 0, out) == 40 + 8 + 24);
   owned[0].limits = {limit_view("per-user", 100, 0, Mode::kEnforce, false),
                      limit_view("per-ip", 3000, 0, Mode::kEnforce, false)};
-  CHECK(encode_answer(1, Code::kOk, views(owned), 0, out) == 208);
+  CHECK(encode_answer(1, Code::kOk, views(owned), 0, out) == 216);
   CHECK(encode(1, {}).size() == 48);
-  CHECK(encode(1, {{"", {}, 1}}).size() == 48 + 8 + 32);
-  CHECK(encode(1, {{"api", {{"", ""}}, 1}}).size() == 48 + 8 + 32 + 8 + 8 + 16);
+  CHECK(encode(1, {{"", {}, 1}}).size() == 48 + 8 + 40);
+  CHECK(encode(1, {{"api", {{"", ""}}, 1}}).size() == 48 + 8 + 40 + 8 + 8 + 16);
 }
 
 // ==== answers ====================================================================================

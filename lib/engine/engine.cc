@@ -238,22 +238,6 @@ void Engine::Impl::encode_value(const Shard& sh, const CounterTable& t, size_t i
   }
 }
 
-// One limit's answer, filled in place: a LimitResult built on the stack and copied was read back
-// in 16-byte pieces spanning its smaller stores, which the store buffer cannot forward (a stall).
-inline void fill_limit_result(BatchResult& out, const rules::AppliedRule& ar,
-                              const rules::AppliedLimit& al, const window::LimitState& ls,
-                              bool ok) {
-  LimitResult& lr = out.limits.emplace_back();
-  lr.rule = ar.rule;
-  lr.limit = al.limit;
-  lr.requests = al.requests;
-  lr.mode = ar.mode;
-  lr.remaining = ls.remaining;
-  lr.reset_ms = ls.reset_ms;
-  lr.exceeded = !ok;
-  lr.retry_after_ms = ok ? 0 : ls.retry_after_ms;
-}
-
 window::GcraSpec Engine::Impl::gcra_in_force(const rules::AppliedLimit& al, const rules::Rule& rule,
                                              uint64_t limit, uint64_t cap) const {
   if (rule.consistency == rules::Consistency::kGossip && opt.node_id != 0) {
@@ -331,13 +315,24 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     sc.pinned.push_back(lims[k].counter);
     sc.spec_of.push_back(st.spec_ids[lims[k].spec_index]);
   }
+  // Concurrency limits: their release twins (the `twin` of a concurrency limit), and a lease id.
+  bool leases = false;
+  for (uint32_t k = 0; k < num_limits; ++k) {
+    if (lims[k].limit->algorithm != rules::Algorithm::kConcurrency) [[likely]]
+      continue;
+    leases = true;
+    sc.twin[k] = static_cast<uint32_t>(sc.pinned.size());
+    sc.pinned.push_back(lims[k].counter ^ kReleaseBit);
+    sc.spec_of.push_back(sc.spec_of[k]);
+  }
   if (opt.node_id != 0) {
     uint32_t k = 0;
     for (uint32_t r = 0; r < rr.num_rules; ++r) {
       const rules::AppliedRule& ar = rules_begin[r];
       for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
         if (ar.rule->consistency != rules::Consistency::kGossip) continue;
-        if (lims[k].limit->algorithm == rules::Algorithm::kGcra) continue;  // no demand quota
+        // No demand quota for a GCRA limit (a split rate instead) nor a concurrency limit.
+        if (lims[k].limit->algorithm != rules::Algorithm::kWindow) continue;
         sc.twin[k] = static_cast<uint32_t>(sc.pinned.size());
         sc.pinned.push_back(lims[k].counter ^ kDemandBit);
         sc.spec_of.push_back(sc.spec_of[k]);
@@ -374,6 +369,12 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         sc.slots[k] = static_cast<size_t>(i);
       }
     }
+  }
+  // A lease for this check, should its concurrency limits admit it: room for it, and its id.
+  uint64_t lease = 0;
+  if (leases && hits > 0 && !missing) [[unlikely]] {
+    lease = prepare_lease({lims, num_limits}, now_ms);
+    if (lease == 0) missing = true;
   }
   if (missing) {
     // The memory cap leaves no room even after evicting: answer without counting (fail open),
@@ -420,6 +421,16 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       const size_t i = sc.slots[k];
       const window::Moment& m = sc.at[k];
       const uint64_t limit = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
+      if (leases && lims[k].limit->algorithm == rules::Algorithm::kConcurrency) [[unlikely]] {
+        sc.limit_in_force[k] = limit;
+        const size_t tw = sc.twin[k];
+        if (!decide_leases(t, i, *sc.tables[tw], sc.slots[tw], m, lims[k], *ar.rule, fallback,
+                           limit, now_ms, hits)) {
+          sc.limit_ok[k] = 0;
+          sc.rule_ok[r] = 0;
+        }
+        continue;
+      }
       if (t.spec().gcra) [[unlikely]] {
         const bool ok = decide_gcra(t, i, lims[k], *ar.rule, fallback, limit, cap, now_ms, hits,
                                     sc.limit_in_force[k]);
@@ -505,6 +516,15 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
       const window::Moment& m = sc.at[k];
+      if (leases && lims[k].limit->algorithm == rules::Algorithm::kConcurrency) [[unlikely]] {
+        // Only what was admitted holds a lease, whatever count_denied says.
+        const size_t tw = sc.twin[k];
+        const bool granted = d.allowed && sc.rule_ok[r] && hits > 0;
+        answer_leases(st, req, ar, lims[k], t, i, *sc.tables[tw], sc.slots[tw], m,
+                      sc.limit_in_force[k], sc.limit_ok[k] != 0, granted, lease, now_ms, out);
+        if (granted) d.lease = lease;
+        continue;
+      }
       if (t.spec().gcra) [[unlikely]] {
         answer_gcra(st, req, ar, lims[k], t, i, sc.limit_in_force[k], sc.limit_ok[k] != 0, counted,
                     cap, now_ms, out);
@@ -600,6 +620,12 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
       ++rejected[static_cast<size_t>(rr.error)];
       continue;
     }
+    if (rr.allowlisted || rr.num_rules == 0) {
+      if (batch[n].is_release) [[unlikely]] {  // no concurrency limit applies: nothing granted
+        im.release(st, batch[n], sc.res, rr, now_ms, out, d);
+        continue;
+      }
+    }
     if (rr.allowlisted) {
       d.allowed = true;
       d.allowlisted = true;
@@ -608,6 +634,10 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
     }
     if (rr.num_rules == 0) {  // no rule applies: nothing limits this request
       d.allowed = true;
+      continue;
+    }
+    if (batch[n].is_release) [[unlikely]] {
+      im.release(st, batch[n], sc.res, rr, now_ms, out, d);
       continue;
     }
     prefetch_to(sc.res.rules[rr.first_rule].first_limit + kPrefetchAhead);
@@ -630,6 +660,7 @@ size_t Engine::sweep(int64_t now_ms, size_t max_slots) {
   for (uint32_t s = 0; s <= im.shard_mask; ++s) {
     Shard& sh = im.shards[s];
     std::lock_guard g(sh.lock);
+    if (sh.leases.may_have_expired(now_ms)) sh.leases.sweep(now_ms);
     for (size_t id = 0; id < sh.owned.size(); ++id) {
       CounterTable* t = sh.owned[id].get();
       if (t == nullptr) continue;
@@ -705,6 +736,8 @@ EngineStats Engine::stats() const {
       s.table_bytes += t->bytes();
     }
     s.remote_bytes += remote_bytes(sh);
+    s.leases_held += sh.leases.held();
+    s.lease_bytes += sh.leases.bytes();
     s.evicted_expired += sh.evicted_expired;
     s.evicted_live += sh.evicted_live;
     for (size_t r = 0; r < sh.rule_stats.size() && r < sums.size(); ++r) {
@@ -721,6 +754,11 @@ EngineStats Engine::stats() const {
   s.checks = im.checks.load(std::memory_order_relaxed);
   s.allowlisted = im.allowlisted.load(std::memory_order_relaxed);
   s.no_room = im.no_room.load(std::memory_order_relaxed);
+  s.leases_granted = im.leases_granted.load(std::memory_order_relaxed);
+  s.leases_released = im.leases_released.load(std::memory_order_relaxed);
+  s.lease_unknown = im.lease_unknown.load(std::memory_order_relaxed);
+  s.lease_expired = im.lease_expired.load(std::memory_order_relaxed);
+  s.lease_released_before = im.lease_released_before.load(std::memory_order_relaxed);
   for (size_t e = 1; e < kNumCheckErrors; ++e) {
     s.rejected.emplace_back(std::string(rules::to_string(static_cast<CheckError>(e))),
                             im.rejected[e].load(std::memory_order_relaxed));

@@ -77,6 +77,9 @@ struct Decision {
   bool shadow = false;       // denied by shadow rules only: the caller should fail silently
   bool allowlisted = false;  // an allowlist entry matched: allowed, nothing counted
   bool no_room = false;      // the memory cap left no room for its counters: allowed, uncounted
+  // Granted by the request's concurrency limits when they admitted it (hits > 0); 0 = none. A
+  // release (rules::CheckRequest::is_release) of it with the same entries frees their slots.
+  uint64_t lease = 0;
   uint32_t first_limit = 0;  // into BatchResult::limits
   uint32_t num_limits = 0;
 };
@@ -111,6 +114,15 @@ struct EngineStats {
   uint64_t allowlisted = 0;
   uint64_t no_room = 0;  // checks allowed uncounted: no room under the memory cap
   uint64_t checks = 0;
+  // Concurrency limits: leases held now (granted, neither released nor expired, in the lease
+  // tables), granted and released since start, and releases refused, by reason.
+  uint64_t leases_held = 0;
+  uint64_t leases_granted = 0;
+  uint64_t leases_released = 0;
+  uint64_t lease_unknown = 0;
+  uint64_t lease_expired = 0;
+  uint64_t lease_released_before = 0;
+  uint64_t lease_bytes = 0;  // the lease tables' memory, counted against the cap
   std::vector<std::pair<std::string, uint64_t>> rejected;  // by CheckError name
   std::vector<RuleStats> rules;                            // every rule ever seen, by name
 };

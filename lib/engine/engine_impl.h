@@ -40,6 +40,27 @@ struct State {
 // keeps the routing half (high 32 bits: same owner) and the shard bits of its counter.
 constexpr uint64_t kDemandBit = 1ull << 31;
 
+// Concurrency limits (window/concurrency.h): a limit's counter counts the hits of the leases it
+// grants, per bucket granted in; its twin with this bit counts the hits released, per the same
+// bucket. Both grow only, sync and persist like any counter. Same routing half and shard bits.
+constexpr uint64_t kReleaseBit = 1ull << 30;
+
+// One limit's answer, filled in place: a LimitResult built on the stack and copied was read back
+// in 16-byte pieces spanning its smaller stores, which the store buffer cannot forward (a stall).
+inline void fill_limit_result(BatchResult& out, const rules::AppliedRule& ar,
+                              const rules::AppliedLimit& al, const window::LimitState& ls,
+                              bool ok) {
+  LimitResult& lr = out.limits.emplace_back();
+  lr.rule = ar.rule;
+  lr.limit = al.limit;
+  lr.requests = al.requests;
+  lr.mode = ar.mode;
+  lr.remaining = ls.remaining;
+  lr.reset_ms = ls.reset_ms;
+  lr.exceeded = !ok;
+  lr.retry_after_ms = ok ? 0 : ls.retry_after_ms;
+}
+
 struct Engine::Impl {
   static uint64_t new_uid();  // a process-wide id per engine (engine.cc)
   EngineOptions opt;
@@ -78,6 +99,11 @@ struct Engine::Impl {
   std::atomic<uint64_t> allowlisted{0};
   std::atomic<uint64_t> no_room{0};
   std::array<std::atomic<uint64_t>, kNumCheckErrors> rejected{};
+  std::atomic<uint64_t> leases_granted{0};
+  std::atomic<uint64_t> leases_released{0};
+  std::atomic<uint64_t> lease_unknown{0};
+  std::atomic<uint64_t> lease_expired{0};
+  std::atomic<uint64_t> lease_released_before{0};
 
   explicit Impl(EngineOptions o) : opt(o) {
     uint32_t n = std::clamp<uint32_t>(o.shards, 1, 64);
@@ -181,7 +207,8 @@ struct Engine::Impl {
     // The record keys of evicted counters waiting for the next snapshot pass are memory too
     // (16 bytes per eviction: 4.6 MB a second in a key spray), so they count against the budget,
     // as does what other nodes reported (in a cluster, often more than the table itself).
-    if (sh.bytes + sh.erased_keys.size() + remote_bytes(sh) + extra > sh.budget) return false;
+    // So do the leases of concurrency limits (side_bytes).
+    if (sh.bytes + side_bytes(sh) + extra > sh.budget) return false;
     sh.bytes += extra;
     t.rehash(cap);
     return true;
@@ -218,7 +245,7 @@ struct Engine::Impl {
   // needs, so the shard stays within its budget but for the last counter's reports.
   bool remote_over_budget(const Shard& sh) const {
     const uint64_t remote = remote_bytes(sh);
-    return remote != 0 && sh.bytes + sh.erased_keys.size() + remote > sh.budget;
+    return remote != 0 && sh.bytes + side_bytes(sh) > sh.budget;
   }
   bool make_room_for_remote(Shard& sh, CounterTable& t, uint32_t spec_id, int64_t now_ms,
                             std::span<const uint64_t> pinned) {
@@ -388,6 +415,29 @@ struct Engine::Impl {
   // `limit` (the burst in force).
   window::GcraSpec gcra_in_force(const rules::AppliedLimit& al, const rules::Rule& rule,
                                  uint64_t limit, uint64_t cap) const;
+
+  // Concurrency limits (engine_leases.cc). decide_leases evaluates one against the leases held
+  // (its counter `t`/`i`, its release twin `rt`/`ri`), as decide's GCRA branch does; answer_leases
+  // grants (counts the hits, records the lease `lease` in the shard's table) and reports it.
+  [[gnu::noinline]] bool decide_leases(const CounterTable& t, size_t i, const CounterTable& rt,
+                                       size_t ri, const window::Moment& m,
+                                       const rules::AppliedLimit& al, const rules::Rule& rule,
+                                       const Fallback& fallback, uint64_t limit, int64_t now_ms,
+                                       uint64_t hits) const;
+  [[gnu::noinline]] void answer_leases(const State& st, const rules::CheckRequest& req,
+                                       const rules::AppliedRule& ar, const rules::AppliedLimit& al,
+                                       CounterTable& t, size_t i, CounterTable& rt, size_t ri,
+                                       const window::Moment& m, uint64_t lim, bool ok,
+                                       bool counted, uint64_t lease, int64_t now_ms,
+                                       BatchResult& out);
+  // Before a check that may grant a lease: room for one more in the tables of every concurrency
+  // limit's shard (expired leases are dropped first), and a lease id that none of them holds.
+  // Returns 0 when the memory budget leaves no room.
+  uint64_t prepare_lease(std::span<const rules::AppliedLimit> lims, int64_t now_ms);
+  // A release (rules::CheckRequest::is_release), decided in place of a check.
+  [[gnu::noinline]] void release(const State& st, const rules::CheckRequest& req,
+                                 const rules::Resolution& res, const rules::ResolvedRequest& rr,
+                                 int64_t now_ms, BatchResult& out, Decision& d);
 
   // What a limit allows on this side of the cluster: limit x reachable / expected (see
   // set_capacity), rounded down; the whole limit when every member is in reach.

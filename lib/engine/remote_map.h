@@ -29,6 +29,11 @@ class FlatKeyMap {
   size_t size() const { return size_; }
   // Bytes of the slot array (entries inline; what the values own on the heap is not included).
   size_t slot_bytes() const { return capacity() * sizeof(Entry); }
+  // What the slot array grows by when the next insert of a new key grows it (0: it does not).
+  size_t growth_bytes() const {
+    if ((size_ + 1) * 4 <= capacity() * 3) return 0;
+    return (capacity() == 0 ? 16 : capacity()) * sizeof(Entry);
+  }
 
   Value* find(uint64_t key) {
     if (size_ == 0) return nullptr;

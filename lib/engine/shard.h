@@ -20,6 +20,7 @@
 
 #include "engine/counter_table.h"
 #include "engine/engine.h"
+#include "engine/lease_table.h"
 #include "engine/remote_map.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
@@ -152,12 +153,19 @@ struct Shard {
   std::vector<uint8_t> erased_keys;  // record keys of exported counters dropped since
   std::array<HotSlot, kHotPerShard> hot{};
   SyncList sync_changed;  // for the next sync pass (not the resend pass: that walks)
+  LeaseTable leases;      // granted by this shard's concurrency counters (lease_table.h)
 };
 
 // What other nodes' reports take in a shard: the remote map's slots and the rings they hold. It
 // counts against the shard's budget like the tables do (Engine::Impl::try_grow).
 inline uint64_t remote_bytes(const Shard& sh) {
   return sh.remote.slot_bytes() + sh.remote_ring_bytes;
+}
+
+// Everything of a shard's memory but its tables that counts against its budget: the record keys
+// of evicted counters waiting for a snapshot pass, other nodes' reports, and the leases.
+inline uint64_t side_bytes(const Shard& sh) {
+  return sh.erased_keys.size() + remote_bytes(sh) + sh.leases.bytes();
 }
 
 // The heap bytes of one remote map value (its vector and every ring's buckets).

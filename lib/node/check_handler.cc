@@ -30,6 +30,12 @@ wire::Code to_wire(rules::CheckError e) {
       return wire::Code::kHitsTooLarge;
     case rules::CheckError::kBadLimitOverride:
       return wire::Code::kMalformed;
+    case rules::CheckError::kLeaseUnknown:
+      return wire::Code::kLeaseUnknown;
+    case rules::CheckError::kLeaseExpired:
+      return wire::Code::kLeaseExpired;
+    case rules::CheckError::kLeaseReleased:
+      return wire::Code::kLeaseReleased;
   }
   return wire::Code::kMalformed;
 }
@@ -137,6 +143,8 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
     req.has_limit_override = c.has_limit_override;
     req.limit_override_requests = c.limit_override_requests;
     req.limit_override_window_ms = c.limit_override_window_ms;
+    req.is_release = c.is_release;
+    req.release = c.release;
   }
   // A forwarded request is decided here, unless this node has just joined and the owner before
   // it still decides some of its keys; a redirected one is always decided here.
@@ -165,6 +173,7 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
       dv.would_deny = d.would_deny;
       dv.shadow = d.shadow;
       dv.allowlisted = d.allowlisted;
+      dv.lease = d.lease;
       dv.limits = std::span<const wire::LimitView>(s.limits.data() + d.first_limit, d.num_limits);
     }
     s.decisions.push_back(dv);
@@ -251,6 +260,8 @@ void CheckHandler::credit(std::span<const uint8_t> part, const wire::Answer& ans
     req.has_limit_override = checks[i].has_limit_override;
     req.limit_override_requests = checks[i].limit_override_requests;
     req.limit_override_window_ms = checks[i].limit_override_window_ms;
+    req.is_release = checks[i].is_release;
+    req.release = checks[i].release;
     engine_.credit(req, node, now_ms);
   }
 }

@@ -247,6 +247,7 @@ struct Worker::Forwarder : CheckRouter {
       v.would_deny = d.would_deny;
       v.shadow = d.shadow;
       v.allowlisted = d.allowlisted;
+      v.lease = d.lease;
       v.limits = std::span<const wire::LimitView>(limit_views.data() + at, d.limits.size());
       at += d.limits.size();
       views.push_back(v);

@@ -33,12 +33,20 @@ std::string sluice_name(std::string_view s) {
   return out.empty() ? "rule" : out;
 }
 
-// One limit as a flow map: {limit, window[, granularity]} or {algorithm: gcra, rate, burst}.
+// One limit as a flow map: {limit, window[, granularity]}, {algorithm: gcra, rate, burst} or
+// {algorithm: concurrency, max_in_flight, lease_ttl[, granularity]}.
 std::string limit_yaml(const Limit& l) {
   std::string out;
   if (l.algorithm == Algorithm::kGcra) {
     out = "{algorithm: gcra, rate: " + std::to_string(l.rate_requests) + "/" +
           format_duration(l.rate_period_ms) + ", burst: " + std::to_string(l.requests);
+  } else if (l.algorithm == Algorithm::kConcurrency) {
+    out = "{algorithm: concurrency, max_in_flight: " + std::to_string(l.requests) +
+          ", lease_ttl: " + format_duration(l.spec.window_ms);
+    const int64_t w = l.spec.window_ms;
+    if (l.spec.bucket_ms != (w % 10 == 0 ? w / 10 : w)) {
+      out += ", granularity: " + format_duration(l.spec.bucket_ms);
+    }
   } else {
     out =
         "{limit: " + std::to_string(l.requests) + ", window: " + format_duration(l.spec.window_ms);

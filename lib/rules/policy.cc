@@ -129,14 +129,18 @@ inline uint64_t mix_counter(uint64_t key_hash, const window::WindowSpec& spec) {
 // A limit's counter: a GCRA limit's also mixes its interval and burst, so it never shares a
 // counter with a window limit of the same length, nor with a GCRA limit of another rate (a
 // changed rate starts a new arrival time rather than reading the old one at the wrong scale).
+// A concurrency limit's mixes its lease time and buckets (not max_in_flight: a changed maximum
+// keeps the leases held), and never shares a counter with a window limit either.
 inline uint64_t limit_counter(uint64_t key_hash, const Limit& l) {
-  if (l.algorithm != Algorithm::kGcra) return mix_counter(key_hash, l.spec);
+  if (l.algorithm == Algorithm::kWindow) return mix_counter(key_hash, l.spec);
+  const bool gcra = l.algorithm == Algorithm::kGcra;
   unsigned char buf[40];
   put_u64_le(buf, key_hash);
   put_u64_le(buf + 8, static_cast<uint64_t>(l.spec.window_ms));
-  put_u64_le(buf + 16, static_cast<uint64_t>(l.gcra.interval_ns));
-  put_u64_le(buf + 24, l.gcra.burst);
-  put_u64_le(buf + 32, 0x67637261ull);  // "gcra"
+  put_u64_le(buf + 16, gcra ? static_cast<uint64_t>(l.gcra.interval_ns)
+                            : static_cast<uint64_t>(l.spec.bucket_ms));
+  put_u64_le(buf + 24, gcra ? l.gcra.burst : 0);
+  put_u64_le(buf + 32, gcra ? 0x67637261ull : 0x636f6e63ull);  // "gcra", "conc"
   const uint64_t h = XXH3_64bits(buf, sizeof(buf));
   const uint64_t c = (key_hash & 0xFFFF'FFFF'0000'0000ull) | (h & 0xFFFF'FFFFull);
   return c == 0 ? 1 : c;
@@ -207,12 +211,15 @@ LimitSpan base_limits(const CompiledDomain& cd, const CompiledRule& cr,
 // buckets that divides the window into at most kMaxBuckets; else the window's default.
 window::WindowSpec inherited_spec(int64_t window_ms, std::span<const LimitRef> rule_limits) {
   // A GCRA limit's spec is no window's: an override's window limit never counts in it.
+  // Nor does it inherit a concurrency limit's (lease times, not request windows).
   for (const LimitRef& lr : rule_limits) {
-    if (!lr.limit->spec.gcra && lr.limit->spec.window_ms == window_ms) return lr.limit->spec;
+    if (lr.limit->algorithm == Algorithm::kWindow && lr.limit->spec.window_ms == window_ms) {
+      return lr.limit->spec;
+    }
   }
   int64_t bucket = 0;
   for (const LimitRef& lr : rule_limits) {
-    if (lr.limit->spec.gcra) continue;
+    if (lr.limit->algorithm != Algorithm::kWindow) continue;
     const int64_t b = lr.limit->spec.bucket_ms;
     if (window_ms % b == 0 && window_ms / b <= window::kMaxBuckets && (bucket == 0 || b < bucket)) {
       bucket = b;
@@ -235,8 +242,9 @@ window::WindowSpec inherited_spec(int64_t window_ms, std::span<const LimitRef> r
     if (s.first == current.first && s.count == current.count) return;
     for (uint32_t i = 0; i < s.count; ++i) {
       const LimitRef& lr = p.limit_refs[s.first + i];
-      // A GCRA counter holds an arrival time, not counts: nothing can be seeded from it.
-      if (lr.limit->algorithm == Algorithm::kGcra) continue;
+      // A GCRA counter holds an arrival time, not counts, and a concurrency counter leases:
+      // nothing can be seeded from either.
+      if (lr.limit->algorithm != Algorithm::kWindow) continue;
       out.carry.push_back(CarrySource{mix_counter(kh, lr.limit->spec), lr.spec_index, rule, group});
       ++n;
     }
@@ -442,6 +450,12 @@ std::string_view to_string(CheckError e) {
       return "hits_too_large";
     case CheckError::kBadLimitOverride:
       return "bad_limit_override";
+    case CheckError::kLeaseUnknown:
+      return "lease_unknown";
+    case CheckError::kLeaseExpired:
+      return "lease_expired";
+    case CheckError::kLeaseReleased:
+      return "lease_released";
   }
   return "unknown";
 }

@@ -60,14 +60,18 @@ std::string_view to_string(Fallback f);
 enum class Algorithm : uint8_t {
   kWindow,  // N requests per sliding window (the rule's estimator)
   kGcra,    // a rate with a burst allowance (window/gcra.h)
+  // At most `requests` (max_in_flight) admitted checks hold a lease at once; a lease is held
+  // until released or until its time to live (spec.window_ms, lease_ttl) is over
+  // (window/concurrency.h).
+  kConcurrency,
 };
 std::string_view to_string(Algorithm a);
 
-// One limit: "N requests per window", or a GCRA rate with a burst.
+// One limit: "N requests per window", a GCRA rate with a burst, or N leases in flight.
 struct Limit {
   std::string name;  // shown to callers; defaults to "<rule>:<N>/<window>" e.g. "per-ip:100/1m"
-  uint64_t requests = 0;    // GCRA: the burst, the most admitted at once
-  window::WindowSpec spec;  // GCRA: window::gcra_window(gcra)
+  uint64_t requests = 0;    // GCRA: the burst, the most admitted at once; concurrency: max_in_flight
+  window::WindowSpec spec;  // GCRA: window::gcra_window(gcra); concurrency: lease_ttl and its buckets
   Algorithm algorithm = Algorithm::kWindow;
   // GCRA only: the rate as written ("10/1s": rate_requests per rate_period_ms), and the spec
   // worked out from it and the burst.
@@ -82,6 +86,11 @@ std::string parse_limit(std::string_view text, int64_t bucket_ms, Limit& out);
 // A GCRA limit: `rate` is "N/duration" (e.g. "10/1s"), `burst` the most admitted at once. Returns
 // an empty string on success, else the reason (a zero rate or burst, a refill over 24 days).
 std::string parse_gcra(std::string_view rate, uint64_t burst, Limit& out);
+// A concurrency limit: at most `max_in_flight` leases held at once, each for at most `lease_ttl_ms`
+// (plus part of a bucket: window/concurrency.h); bucket_ms 0 = lease_ttl / 10 when that is a
+// whole number of ms, else lease_ttl. Returns an empty string on success, else the reason.
+std::string parse_concurrency(uint64_t max_in_flight, int64_t lease_ttl_ms, int64_t bucket_ms,
+                              Limit& out);
 // The window a caller is told about a limit (answers, RateLimit headers, Envoy's unit): a window
 // limit's window; a GCRA limit's time to refill its whole burst from empty, in ms rounded up.
 int64_t reported_window_ms(const Limit& l);
@@ -247,6 +256,10 @@ struct CheckRequest {
   bool has_limit_override = false;
   uint64_t limit_override_requests = 0;
   int64_t limit_override_window_ms = 0;
+  // Not a check but the release of lease `release`, granted for the same domain and entries
+  // (engine.h, "Leases"). `hits` is ignored.
+  bool is_release = false;
+  uint64_t release = 0;
 };
 
 // Bounds on hostile or mistaken input, enforced by resolve().
@@ -266,6 +279,10 @@ enum class CheckError : uint8_t {
   kDuplicateDescriptor,
   kHitsTooLarge,
   kBadLimitOverride,  // a limit override whose window is not one of the units
+  // Answers to a release (CheckRequest::is_release), decided by the engine: nothing changed.
+  kLeaseUnknown,   // no lease of that id was granted for these entries (or none applies)
+  kLeaseExpired,   // the lease's time to live is over
+  kLeaseReleased,  // released before
 };
 std::string_view to_string(CheckError e);
 

@@ -68,6 +68,9 @@ std::string default_limit_name(std::string_view owner, const Limit& l) {
     return std::string(owner) + ":" + std::to_string(l.rate_requests) + "/" +
            format_duration(l.rate_period_ms) + ":burst-" + std::to_string(l.requests);
   }
+  if (l.algorithm == Algorithm::kConcurrency) {
+    return std::string(owner) + ":" + std::to_string(l.requests) + "-in-flight";
+  }
   return std::string(owner) + ":" + std::to_string(l.requests) + "/" +
          format_duration(l.spec.window_ms);
 }
@@ -144,6 +147,8 @@ class RulesParser {
   // Reads a list of limits; `owner` names them by default ("<owner>:<N>/<window>").
   void parse_limits(const Field& f, std::string_view owner, int64_t bucket_ms,
                     std::vector<Limit>& out);
+  bool parse_concurrency_node(const Fields& fields, int line, const std::string& path,
+                              std::string_view owner, Limit& out);
   bool parse_gcra_node(const Fields& fields, int line, const std::string& path,
                        std::string_view owner, Limit& out);
   bool read_limit_name(const Fields& fields, Limit& out);
@@ -510,6 +515,14 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
     if (auto v = read_choice<Consistency>(
             *f, {{"owner", Consistency::kOwner}, {"gossip", Consistency::kGossip}})) {
       r.consistency = *v;
+      const bool leases = std::any_of(r.limits.begin(), r.limits.end(), [](const Limit& l) {
+        return l.algorithm == Algorithm::kConcurrency;
+      });
+      if (r.consistency == Consistency::kGossip && leases) {
+        error(f->line, f->path,
+              "a rule with an `algorithm: concurrency` limit takes `consistency: owner` (the "
+              "key's owner holds its leases)");
+      }
     }
   }
   if (const Field* f = fields.find("fallback")) {
@@ -579,21 +592,35 @@ bool RulesParser::parse_limit_node(const YAML::Node& n, int line, const std::str
     return false;
   }
   const Fields fields = read_fields(
-      n, path, {"limit", "window", "name", "granularity", "algorithm", "rate", "burst"});
+      n, path,
+      {"limit", "window", "name", "granularity", "algorithm", "rate", "burst", "max_in_flight",
+       "lease_ttl"});
   bool ok = true;
   if (const Field* a = fields.find("algorithm")) {
-    if (auto v = read_choice<Algorithm>(
-            *a, {{"window", Algorithm::kWindow}, {"gcra", Algorithm::kGcra}})) {
+    if (auto v = read_choice<Algorithm>(*a, {{"window", Algorithm::kWindow},
+                                             {"gcra", Algorithm::kGcra},
+                                             {"concurrency", Algorithm::kConcurrency}})) {
       out.algorithm = *v;
     } else {
       return false;
     }
   }
   if (out.algorithm == Algorithm::kGcra) return parse_gcra_node(fields, line, path, owner, out);
+  if (out.algorithm == Algorithm::kConcurrency) {
+    return parse_concurrency_node(fields, line, path, owner, out);
+  }
   for (const char* gcra_only : {"rate", "burst"}) {
     if (const Field* f = fields.find(gcra_only)) {
       error(f->line, f->path,
             "applies to `algorithm: gcra` only (a sliding-window limit takes `limit` and "
+            "`window`)");
+      ok = false;
+    }
+  }
+  for (const char* concurrency_only : {"max_in_flight", "lease_ttl"}) {
+    if (const Field* f = fields.find(concurrency_only)) {
+      error(f->line, f->path,
+            "applies to `algorithm: concurrency` only (a sliding-window limit takes `limit` and "
             "`window`)");
       ok = false;
     }
@@ -641,10 +668,69 @@ bool RulesParser::parse_limit_node(const YAML::Node& n, int line, const std::str
   return true;
 }
 
+bool RulesParser::parse_concurrency_node(const Fields& fields, int line, const std::string& path,
+                                         std::string_view owner, Limit& out) {
+  bool ok = true;
+  for (const char* other : {"limit", "window", "rate", "burst"}) {
+    if (const Field* f = fields.find(other)) {
+      error(f->line, f->path,
+            "does not apply to `algorithm: concurrency` (it takes `max_in_flight`, e.g. 20, and "
+            "`lease_ttl`, e.g. 30s)");
+      ok = false;
+    }
+  }
+  uint64_t max_in_flight = 0;
+  const Field* max_field = fields.find("max_in_flight");
+  if (max_field == nullptr) {
+    error(line, path, "missing required field `max_in_flight` (the most leases held at once)");
+    ok = false;
+  } else if (auto m = read_string(*max_field)) {
+    if (auto v = parse_count(*m)) {
+      max_in_flight = *v;
+    } else {
+      error(max_field->line, max_field->path,
+            "must be a whole number from 1 to 2^40 (1099511627776), got " + ticked(*m));
+      ok = false;
+    }
+  } else {
+    ok = false;
+  }
+  int64_t ttl_ms = 0;
+  const Field* ttl_field = fields.find("lease_ttl");
+  if (ttl_field == nullptr) {
+    error(line, path,
+          "missing required field `lease_ttl` (how long an unreleased lease is held, e.g. 30s)");
+    ok = false;
+  } else if (auto v = read_duration(*ttl_field)) {
+    ttl_ms = *v;
+  } else {
+    ok = false;
+  }
+  int64_t bucket_ms = 0;
+  const Field* granularity = fields.find("granularity");
+  if (granularity != nullptr) {
+    if (auto v = read_duration(*granularity)) {
+      bucket_ms = *v;
+    } else {
+      ok = false;
+    }
+  }
+  if (!read_limit_name(fields, out)) ok = false;
+  if (!ok) return false;
+  if (std::string why = parse_concurrency(max_in_flight, ttl_ms, bucket_ms, out); !why.empty()) {
+    const Field* at = granularity != nullptr && why.rfind("granularity", 0) == 0 ? granularity
+                                                                                  : ttl_field;
+    error(at->line, at->path, why);
+    return false;
+  }
+  if (out.name.empty()) out.name = default_limit_name(owner, out);
+  return true;
+}
+
 bool RulesParser::parse_gcra_node(const Fields& fields, int line, const std::string& path,
                                   std::string_view owner, Limit& out) {
   bool ok = true;
-  for (const char* window_only : {"limit", "window", "granularity"}) {
+  for (const char* window_only : {"limit", "window", "granularity", "max_in_flight", "lease_ttl"}) {
     if (const Field* f = fields.find(window_only)) {
       error(f->line, f->path,
             "does not apply to `algorithm: gcra` (it takes `rate`, e.g. 10/1s, and `burst`)");
@@ -810,6 +896,21 @@ std::string parse_gcra(std::string_view rate, uint64_t burst, Limit& out) {
   return {};
 }
 
+std::string parse_concurrency(uint64_t max_in_flight, int64_t lease_ttl_ms, int64_t bucket_ms,
+                              Limit& out) {
+  if (max_in_flight == 0) return "max_in_flight must be at least 1";
+  if (lease_ttl_ms < window::kMinWindowMs || lease_ttl_ms > 86'400'000) {
+    return "lease_ttl must be from 1s to 1d, got " + format_duration(lease_ttl_ms);
+  }
+  if (bucket_ms == 0) bucket_ms = lease_ttl_ms % 10 == 0 ? lease_ttl_ms / 10 : lease_ttl_ms;
+  const window::WindowSpec spec = window::make_spec(lease_ttl_ms, bucket_ms);
+  if (std::string why = window::validate(spec); !why.empty()) return "granularity: " + why;
+  out.algorithm = Algorithm::kConcurrency;
+  out.requests = max_in_flight;
+  out.spec = spec;
+  return {};
+}
+
 int64_t reported_window_ms(const Limit& l) {
   if (l.algorithm != Algorithm::kGcra) return l.spec.window_ms;
   __extension__ typedef unsigned __int128 u128;
@@ -818,7 +919,15 @@ int64_t reported_window_ms(const Limit& l) {
 }
 
 std::string_view to_string(Algorithm a) {
-  return a == Algorithm::kGcra ? "gcra" : "window";
+  switch (a) {
+    case Algorithm::kGcra:
+      return "gcra";
+    case Algorithm::kConcurrency:
+      return "concurrency";
+    case Algorithm::kWindow:
+      break;
+  }
+  return "window";
 }
 
 std::string ParseError::to_string() const {

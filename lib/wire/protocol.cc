@@ -67,13 +67,14 @@ constexpr size_t bare_answer_bytes(size_t n) {
           struct_list_words<schema::Decision>(n)) *
          kWordBytes;
 }
-static_assert(bare_answer_bytes(0) == 40 && bare_answer_bytes(1) == 64);
+static_assert(bare_answer_bytes(0) == 40 && bare_answer_bytes(1) == 72);
 
 size_t request_words(std::span<const Check> checks) {
   size_t words = kRootPointerWords + struct_words<schema::CheckRequest>() +
                  struct_list_words<schema::Check>(checks.size());
   for (const Check& c : checks) {
     words += text_words(c.domain) + struct_list_words<schema::Entry>(c.entries.size());
+    if (c.is_release) words += struct_words<schema::Release>();
     for (const Entry& e : c.entries)
       words += text_words(e.key) + text_words(e.value);
   }
@@ -165,6 +166,12 @@ schema::Code to_schema(Code c) {
       return schema::Code::UNSUPPORTED_VERSION;
     case Code::kTooLarge:
       return schema::Code::TOO_LARGE;
+    case Code::kLeaseUnknown:
+      return schema::Code::LEASE_UNKNOWN;
+    case Code::kLeaseExpired:
+      return schema::Code::LEASE_EXPIRED;
+    case Code::kLeaseReleased:
+      return schema::Code::LEASE_RELEASED;
   }
   return schema::Code::MALFORMED;  // not a Code value: a caller bug, never sent as "ok"
 }
@@ -201,6 +208,12 @@ Code from_schema(schema::Code c) {
       return Code::kUnsupportedVersion;
     case schema::Code::TOO_LARGE:
       return Code::kTooLarge;
+    case schema::Code::LEASE_UNKNOWN:
+      return Code::kLeaseUnknown;
+    case schema::Code::LEASE_EXPIRED:
+      return Code::kLeaseExpired;
+    case schema::Code::LEASE_RELEASED:
+      return Code::kLeaseReleased;
   }
   return Code::kMalformed;
 }
@@ -265,6 +278,7 @@ void fill_answer(schema::CheckAnswer::Builder answer, uint64_t id, Code code,
     out.setWouldDeny(d.would_deny);
     out.setShadow(d.shadow);
     out.setAllowlisted(d.allowlisted);
+    if (d.lease != 0) out.setLease(d.lease);
     if (detail == Detail::kNoLimits || d.limits.empty()) continue;
     auto limits = out.initLimits(count(d.limits.size()));
     for (size_t j = 0; j < d.limits.size(); ++j) {
@@ -315,6 +329,7 @@ Code read_answer(kj::ArrayPtr<const capnp::word> words, Answer& out) {
     o.would_deny = d.getWouldDeny();
     o.shadow = d.getShadow();
     o.allowlisted = d.getAllowlisted();
+    o.lease = d.getLease();
     auto limits = d.getLimits();
     o.limits.resize(limits.size());
     for (unsigned int j = 0; j < limits.size(); ++j) {
@@ -365,6 +380,12 @@ std::string_view to_string(Code c) {
       return "unsupported_version";
     case Code::kTooLarge:
       return "too_large";
+    case Code::kLeaseUnknown:
+      return "lease_unknown";
+    case Code::kLeaseExpired:
+      return "lease_expired";
+    case Code::kLeaseReleased:
+      return "lease_released";
   }
   return "unknown";
 }
@@ -407,6 +428,7 @@ void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
     auto out_check = list[static_cast<unsigned int>(i)];
     set_text(c.domain, [&](unsigned int n) { return out_check.initDomain(n); });
     out_check.setHits(c.hits);
+    if (c.is_release) out_check.initRelease().setLease(c.release);
     if (c.has_limit_override) {
       auto lo = out_check.initLimitOverride();
       lo.setRequests(c.limit_override_requests);
@@ -465,7 +487,7 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
           // A request must pay for its answer. Checks packed tighter than their decisions (Cap'n
           // Proto allows zero-sized structs in a list and charges them only to the traversal
           // limit) would turn a node into a UDP reflection amplifier. Every honest encoding,
-          // canonical ones included, spends more than 16 bytes per check.
+          // canonical ones included, spends more than the 24 bytes of a decision per check.
           result = Code::kMalformed;
         } else {
           for (auto c : checks) {
@@ -480,6 +502,10 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
               continue;
             }
             if (check.hits < 0) code = Code::kNegativeHits;  // entries still shown, for logs
+            if (c.hasRelease()) {
+              check.is_release = true;
+              check.release = c.getRelease().getLease();
+            }
             if (c.hasLimitOverride()) {
               const auto lo = c.getLimitOverride();
               const int64_t w = lo.getWindowMs();

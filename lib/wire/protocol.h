@@ -43,6 +43,9 @@ enum class Code : uint8_t {
   kTooManyChecks,
   kUnsupportedVersion,
   kTooLarge,
+  kLeaseUnknown,   // a release: no lease of that id was granted for these entries
+  kLeaseExpired,   // a release: the lease's time to live is over
+  kLeaseReleased,  // a release: the lease was released before (nothing changed)
 };
 std::string_view to_string(Code c);  // "ok", "unknown_domain", ...
 
@@ -70,6 +73,10 @@ struct Check {
   bool has_limit_override = false;
   uint64_t limit_override_requests = 0;
   int64_t limit_override_window_ms = 0;
+  // Not a check but the release of lease `release` (schema Release; docs/protocol.md, "Leases"),
+  // with the domain and entries of the check that acquired it.
+  bool is_release = false;
+  uint64_t release = 0;
 };
 
 // Encodes a request into `out` (replacing its contents). When pad_to is larger than the message,
@@ -135,6 +142,7 @@ struct DecisionView {
   bool shadow = false;
   bool allowlisted = false;
   std::span<const LimitView> limits;
+  uint64_t lease = 0;  // granted by the check's concurrency limits; 0 = none
 };
 
 // Encodes an answer into `out` and returns its size. With max_bytes > 0 (UDP: the request's
@@ -163,6 +171,7 @@ struct Decision {
   bool shadow = false;
   bool allowlisted = false;
   std::vector<LimitStatus> limits;
+  uint64_t lease = 0;  // granted by the check's concurrency limits; 0 = none
 };
 
 struct Answer {
