@@ -975,7 +975,8 @@ TEST_CASE("a warm resolve allocates nothing") {
   CHECK(out.rules.size() == 4);  // per-client, per-ip, per-user, token-per-user
 }
 
-TEST_CASE("fallback: share by default, deny when asked, an error on a gossip rule or an unknown value") {
+TEST_CASE(
+    "fallback: share by default, deny when asked, an error on a gossip rule or an unknown value") {
   const RuleSet rs = must_parse(R"(domains:
   - name: api
     rules:
@@ -1015,8 +1016,13 @@ TEST_CASE("fallback: share by default, deny when asked, an error on a gossip rul
 TEST_CASE("rules: text that makes yaml-cpp 0.7 loop is refused at once, naming its line") {
   // Each of these never returned from yaml-cpp (found by tests/fuzz/rules_fuzz).
   const std::vector<std::pair<std::string, int>> loops = {
-      {",", 1}, {",\x01(", 1}, {" ,", 1}, {"# c\n,", 2}, {"\"x\"\n,", 2},
-      {"{a: 1}\n,", 2}, {"domains: []\n---\n,", 2}};  // the second document starts at "---"
+      {",", 1},
+      {",\x01(", 1},
+      {" ,", 1},
+      {"# c\n,", 2},
+      {"\"x\"\n,", 2},
+      {"{a: 1}\n,", 2},
+      {"domains: []\n---\n,", 2}};  // the second document starts at "---"
   for (const auto& [text, line] : loops) {
     CAPTURE(text);
     const auto r = sluice::rules::parse_rules(text, "r.yaml");
@@ -1033,4 +1039,89 @@ TEST_CASE("rules: text that makes yaml-cpp 0.7 loop is refused at once, naming i
       "        limits: [10/1s, 100/1m]\n",
       "ok.yaml");
   CHECK(ok.errors.empty());
+}
+
+// ---- concurrency limits -------------------------------------------------------------------------
+
+TEST_CASE("bad concurrency limits are errors naming the file, the line and the field") {
+  struct Case {
+    std::string limit;  // the limit's flow map
+    std::string extra;  // rule fields before `limits`
+    std::string field;  // the field path the error names
+    std::string words;  // part of its message
+  };
+  const std::vector<Case> cases = {
+      {"{algorithm: concurrency, lease_ttl: 30s}", "", "domains[0].rules[0].limits[0]",
+       "missing required field `max_in_flight`"},
+      {"{algorithm: concurrency, max_in_flight: 20}", "", "domains[0].rules[0].limits[0]",
+       "missing required field `lease_ttl`"},
+      {"{algorithm: concurrency, max_in_flight: 0, lease_ttl: 30s}", "",
+       "domains[0].rules[0].limits[0].max_in_flight", "whole number from 1"},
+      {"{algorithm: concurrency, max_in_flight: 2000000000000, lease_ttl: 30s}", "",
+       "domains[0].rules[0].limits[0].max_in_flight", "whole number from 1"},
+      {"{algorithm: concurrency, max_in_flight: 20, lease_ttl: 500ms}", "",
+       "domains[0].rules[0].limits[0].lease_ttl", "from 1s to 1d"},
+      {"{algorithm: concurrency, max_in_flight: 20, lease_ttl: 2d}", "",
+       "domains[0].rules[0].limits[0].lease_ttl", "from 1s to 1d"},
+      {"{algorithm: concurrency, max_in_flight: 20, lease_ttl: 30s, granularity: 7s}", "",
+       "domains[0].rules[0].limits[0].granularity", "granularity"},
+      {"{algorithm: concurrency, max_in_flight: 20, lease_ttl: 30s, limit: 5}", "",
+       "domains[0].rules[0].limits[0].limit", "does not apply to `algorithm: concurrency`"},
+      {"{algorithm: concurrency, max_in_flight: 20, lease_ttl: 30s, rate: 5/1s}", "",
+       "domains[0].rules[0].limits[0].rate", "does not apply to `algorithm: concurrency`"},
+      {"{limit: 5, window: 1s, max_in_flight: 20}", "",
+       "domains[0].rules[0].limits[0].max_in_flight", "applies to `algorithm: concurrency` only"},
+      {"{algorithm: gcra, rate: 5/1s, burst: 5, lease_ttl: 30s}", "",
+       "domains[0].rules[0].limits[0].lease_ttl", "does not apply to `algorithm: gcra`"},
+      {"{algorithm: concurrency, max_in_flight: 20, lease_ttl: 30s}",
+       "        consistency: gossip\n", "domains[0].rules[0].consistency",
+       "takes `consistency: owner`"},
+      {"{algorithm: semaphore, max_in_flight: 20, lease_ttl: 30s}", "",
+       "domains[0].rules[0].limits[0].algorithm", "semaphore"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.limit);
+    const std::string yaml =
+        "domains:\n  - name: api\n    rules:\n      - name: in-flight\n"
+        "        key: [client]\n" +
+        c.extra + "        limits:\n          - " + c.limit + "\n";
+    const ParseError e = sluice::testing::require_one_error(parse_rules(yaml, "rules.yaml"));
+    CHECK(e.file == "rules.yaml");
+    CHECK(e.line >= 6);
+    CHECK(e.field == c.field);
+    CHECK_MESSAGE(e.message.find(c.words) != std::string::npos, e.message);
+  }
+}
+
+TEST_CASE("sluicectl rules convert writes concurrency limits back as they were read") {
+  const RuleSet rs = must_parse(R"(domains:
+  - name: api
+    rules:
+      - name: in-flight
+        key: [client]
+        limits:
+          - {algorithm: concurrency, max_in_flight: 20, lease_ttl: 30s}
+          - {algorithm: concurrency, max_in_flight: 5, lease_ttl: 1m, granularity: 1s, name: slow}
+)");
+  const std::string yaml = to_rules_yaml(rs);
+  const RuleSet again = must_parse(yaml);
+  const auto& a = rs.domains[0].rules[0].limits;
+  const auto& b = again.domains[0].rules[0].limits;
+  REQUIRE(b.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CAPTURE(yaml);
+    CHECK(b[i].algorithm == Algorithm::kConcurrency);
+    CHECK(a[i].name == b[i].name);
+    CHECK(a[i].requests == b[i].requests);
+    CHECK(a[i].spec == b[i].spec);
+  }
+  CHECK(a[0].name == "in-flight:20-in-flight");
+  CHECK(a[0].spec == WindowSpec{30'000, 3'000});
+  CHECK(a[1].spec == WindowSpec{60'000, 1'000});
+  // A concurrency limit counts apart from a window limit of the same length and buckets.
+  Limit w;
+  REQUIRE(parse_limit("20/30s", 3'000, w).empty());
+  CHECK(counter_id(0x1234'5678'9abc'def0ull, w) != counter_id(0x1234'5678'9abc'def0ull, a[0]));
+  CHECK(routing_key(counter_id(0x1234'5678'9abc'def0ull, w)) ==
+        routing_key(counter_id(0x1234'5678'9abc'def0ull, a[0])));
 }

@@ -33,8 +33,8 @@ constexpr uint64_t kCountedFlags =
 
 }  // namespace
 
-bool Engine::Impl::decide_leases(const CounterTable& t, size_t i, const CounterTable& rt,
-                                 size_t ri, const window::Moment& m, const rules::AppliedLimit& al,
+bool Engine::Impl::decide_leases(const CounterTable& t, size_t i, const CounterTable& rt, size_t ri,
+                                 const window::Moment& m, const rules::AppliedLimit& al,
                                  const rules::Rule& rule, const Fallback& fallback, uint64_t limit,
                                  int64_t now_ms, uint64_t hits) const {
   const window::WindowSpec& spec = t.spec();
@@ -45,9 +45,9 @@ bool Engine::Impl::decide_leases(const CounterTable& t, size_t i, const CounterT
     // Deciding for an owner that cannot be asked: denied, or within this node's share of the
     // limit by the leases it granted itself (check(), as for a window limit).
     return rule.fallback == rules::Fallback::kShare &&
-           window::admits_leases(
-               window::leases_held(own_view(t, i), own_view(rt, ri), spec, m), hits,
-               fallback_share(al.requests, fallback, now_ms, spec.window_ms));
+           window::admits_leases(window::leases_held(own_view(t, i), own_view(rt, ri), spec, m),
+                                 hits,
+                                 fallback_share(al.requests, fallback, now_ms, spec.window_ms));
   }
   return true;
 }
@@ -153,8 +153,8 @@ void Engine::Impl::release(const State& st, const rules::CheckRequest& req,
         } else {
           window::Moment at;
           bring_to_now(t, static_cast<size_t>(ri), moment_of(t.spec(), now_ms), at);
-          if (e->bucket > t.head_at(static_cast<size_t>(ri)) -
-                              static_cast<int64_t>(t.spec().ring_size())) {
+          if (e->bucket >
+              t.head_at(static_cast<size_t>(ri)) - static_cast<int64_t>(t.spec().ring_size())) {
             window::add(t.own(static_cast<size_t>(ri)), e->bucket, e->hits);
             set_changed(sh, t, static_cast<size_t>(ri), spec_id, kCountedFlags);
           }
