@@ -69,9 +69,42 @@
 // gcra_bound = (burst + L) / L, and the program fails (exit 1) if max_window_over_limit of a
 // gcra row exceeds it.
 //
+// Concurrency rows (--mode concurrency, trace "leases"): a concurrency limit
+// (parse_concurrency(M, lease_ttl, granularity)) on 3 keys, judged operation by operation with
+// shared history against the exact reference model (tests/support/concurrency_reference.h,
+// written from the contract, sharing no code with lib/window/concurrency.*). The operations are
+// randomized lease traces (tests/support/concurrency_trace.h): checks of mostly 1 hit (some 0,
+// 2..M and M + 1) at 0.5x to 4x of what keeps M leases busy, releases within the ttl, clients
+// that crash (their leases must expire at E = (floor(t/B) + n + 1) * B, probed at E - 1 and E),
+// releases at E - 1, E and around it, second releases, releases with another key's entries, long
+// after E, and forged ids; --lease-ops operations per row (default 100,000), --seed names them.
+// Engine::sweep runs every second of the trace's time, as the daemon's sweep timer does.
+// One row per (M, lease_ttl, granularity) case of kLeaseCases and counting ("all" sets
+// count_denied, which must change nothing). Their figures:
+//   requests             every operation sent: checks and releases; allowed% is checks admitted
+//                        plus releases answered ok, over all operations;
+//   wrongly_allowed_pct  checks admitted that the reference denies, of all operations;
+//   wrongly_denied_pct   checks denied that the reference admits;
+//   wrong_other_pct      the other wrong answers: a release answered with another code than the
+//                        reference's (lease_expired, lease_released, lease_unknown or ok), an
+//                        admitted check without a lease or with an id unlike the contract's
+//                        (floor(E / 1000) in the high 32 bits, new for its key), a lease on a
+//                        denied check or a check of 0 hits, an error on a check; wrong_total%
+//                        adds it;
+//   max_window_over_limit  the most hits any key held in leases at once, as the reference counts
+//                        the leases the engine granted, over M (above 1: the limit was exceeded);
+//   avg_rate_error_pct   null, as for gcra rows: a concurrency limit counts leases exactly and
+//                        estimates nothing.
+// The contract is exact, so any wrong answer fails the program (exit 1) after the rows, with the
+// first one described and the smallest trace found that still shows one. `remaining` and
+// `exceeded` of the limit are compared too (remaining_mismatches in the JSON) but only warned
+// about: the contract does not fix them. --trace, --window and --granularity do not select
+// among these rows, except that --trace without "leases" leaves them out.
+//
 // Usage: sluice-bench-accuracy [--json] [--trace NAME] [--window 1s|1m|1h]
-//          [--mode weighted|strict|gcra] [--counting admitted|all]
+//          [--mode weighted|strict|gcra|concurrency] [--counting admitted|all]
 //          [--seed N] [--windows N] [--granularity default|1/N[,...]] [--max-events N]
+//          [--lease-ops N]
 // Build Release. --trace cloudflare alone (18 rows at the default granularity, ~0.55 GB peak RSS
 // in its counting "all" rows) takes about half a minute on one core; the default run includes it.
 #include <algorithm>
@@ -86,6 +119,8 @@
 #include <string_view>
 #include <vector>
 
+#include "concurrency_reference.h"
+#include "concurrency_trace.h"
 #include "engine/engine.h"
 #include "exact_log.h"
 #include "json_rows.h"
@@ -132,16 +167,34 @@ WindowCase case_for(std::string_view trace, const WindowCase& wc) {
 
 constexpr size_t kMaxBatch = 64;
 
+// The concurrency rows' trace name, and their cases: M, lease_ttl and granularity (0 = default).
+constexpr std::string_view kLeaseTrace = "leases";
+struct LeaseCase {
+  uint64_t max_in_flight;
+  int64_t lease_ttl_ms;
+  int64_t bucket_ms;
+};
+constexpr LeaseCase kLeaseCases[] = {
+    {1, 1'000, 0},         // one at a time; 100 ms buckets
+    {4, 1'005, 0},         // 1005 / 10 is not whole: B = ttl, n = 1, E off whole seconds
+    {10, 30'000, 0},       // the default 3 s buckets
+    {10, 30'000, 30'000},  // n = 1: an unreleased lease lasts up to 2 ttl
+    {25, 2'500, 0},        // 250 ms buckets, E off whole seconds
+    {100, 10'000, 250},    // 40 buckets
+    {3, 60'000, 1'500},    // 40 buckets of 1.5 s
+};
+
 struct Options {
   bool json = false;
   std::vector<std::string> traces;            // empty = all
   std::vector<std::string> windows;           // empty = all
-  std::vector<std::string> modes;             // empty = all: weighted, strict, gcra
+  std::vector<std::string> modes;             // empty = all: weighted, strict, gcra, concurrency
   std::vector<std::string> countings;         // empty = both: "admitted", "all"
   std::vector<uint32_t> granularities = {0};  // 0 = the window's default bucket, else 1/N
   uint64_t seed = 1;
   int64_t windows_override = 0;
   size_t max_events = 2'000'000;
+  size_t lease_ops = 100'000;  // operations per concurrency row
 };
 
 struct Row {
@@ -150,6 +203,7 @@ struct Row {
   int64_t window_ms = 0;
   Estimator mode = Estimator::kWeighted;  // window rows
   bool gcra = false;                      // a GCRA row (mode "gcra"); `mode` is then unused
+  bool concurrency = false;               // a concurrency row (mode "concurrency"), likewise
   bool count_all = false;                 // counting "all" (count_denied) rather than "admitted"
   int64_t bucket_ms = 0;                  // 0 for gcra rows
   uint64_t limit = 0;
@@ -170,14 +224,20 @@ struct Row {
   bool over_gcra_bound = false;  // max admitted into a window > burst + L: the program fails
   // Window rows: requests the SlidingWindow mirror decided unlike the engine: the program fails.
   uint64_t mirror_disagreements = 0;
+  // Concurrency rows: wrong answers other than a check's decision (see the file comment), and
+  // what the rows were made of.
+  uint64_t wrong_other = 0;
+  int64_t lease_ttl_ms = 0;
+  testing::LeaseTally lease;
 };
 
 std::optional<double> avg_rate_error_pct(const Row& r) {
-  if (r.gcra || r.rate_error_checks == 0) return std::nullopt;
+  if (r.gcra || r.concurrency || r.rate_error_checks == 0) return std::nullopt;
   return 100.0 * r.rate_error_sum / static_cast<double>(r.rate_error_checks);
 }
 
 std::string mode_name(const Row& r) {
+  if (r.concurrency) return "concurrency";
   return r.gcra ? "gcra" : std::string(window::to_string(r.mode));
 }
 
@@ -209,9 +269,10 @@ bool contains(const std::vector<std::string>& v, std::string_view s) {
       stderr,
       "sluice-bench-accuracy: %s\n"
       "usage: sluice-bench-accuracy [--json] [--trace NAME[,..]] [--window 1s|1m|1h[,..]]\n"
-      "         [--mode weighted|strict|gcra] [--counting admitted|all] [--seed N]\n"
-      "         [--windows N] [--granularity default|1/N[,..]] [--max-events N]\n"
-      "traces: steady-0.5x steady-1x steady-2x on-off edge-burst mixed cloudflare\n",
+      "         [--mode weighted|strict|gcra|concurrency] [--counting admitted|all]\n"
+      "         [--seed N] [--windows N] [--granularity default|1/N[,..]] [--max-events N]\n"
+      "         [--lease-ops N]\n"
+      "traces: steady-0.5x steady-1x steady-2x on-off edge-burst mixed cloudflare leases\n",
       why);
   std::exit(2);
 }
@@ -236,7 +297,7 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--trace") {
       o.traces = split_commas(value());
       for (const auto& t : o.traces) {
-        if (!testing::is_trace_name(t)) {
+        if (!testing::is_trace_name(t) && t != kLeaseTrace) {
           usage("unknown trace");
         }
       }
@@ -248,8 +309,8 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--mode") {
       o.modes = split_commas(value());
       for (const auto& m : o.modes) {
-        if (m != "weighted" && m != "strict" && m != "gcra") {
-          usage("--mode takes weighted, strict or gcra");
+        if (m != "weighted" && m != "strict" && m != "gcra" && m != "concurrency") {
+          usage("--mode takes weighted, strict, gcra or concurrency");
         }
       }
     } else if (a == "--counting") {
@@ -264,6 +325,9 @@ Options parse_args(int argc, char** argv) {
       if (o.windows_override <= 0) usage("--windows must be positive");
     } else if (a == "--max-events") {
       o.max_events = parse_u64(value(), "--max-events takes a number");
+    } else if (a == "--lease-ops") {
+      o.lease_ops = parse_u64(value(), "--lease-ops takes a number");
+      if (o.lease_ops == 0) usage("--lease-ops must be positive");
     } else if (a == "--granularity") {
       o.granularities.clear();
       for (const auto& g : split_commas(value())) {
@@ -576,6 +640,77 @@ Row replay_gcra(std::string_view trace_name, const std::vector<Event>& trace, co
   return row;
 }
 
+// ---- concurrency rows ------------------------------------------------------------------------
+
+Row replay_concurrency(const LeaseCase& lc, bool count_all, const Options& opt) {
+  Row row;
+  row.trace = std::string(kLeaseTrace);
+  row.concurrency = true;
+  row.count_all = count_all;
+  row.limit = lc.max_in_flight;
+  row.lease_ttl_ms = lc.lease_ttl_ms;
+  row.window_ms = lc.lease_ttl_ms;
+  row.window_label = rules::format_duration(lc.lease_ttl_ms);
+  const auto started = std::chrono::steady_clock::now();
+
+  testing::LeaseTraceParams p;
+  p.max_in_flight = lc.max_in_flight;
+  p.lease_ttl_ms = lc.lease_ttl_ms;
+  p.bucket_ms = lc.bucket_ms;
+  p.count_denied = count_all;
+  p.operations = opt.lease_ops;
+  p.seed = opt.seed;
+  p.sweep_every_ms = 1'000;  // sluiced's default sweep_interval_ms
+  row.bucket_ms =
+      testing::ConcurrencyReference(p.max_in_flight, p.lease_ttl_ms, p.bucket_ms).bucket_ms();
+  std::string why;
+  const auto policy = testing::concurrency_policy(p, opt.seed, &why);
+  if (policy == nullptr) {
+    std::fprintf(stderr, "error: parse_concurrency(%" PRIu64 ", %" PRId64 ", %" PRId64 "): %s\n",
+                 p.max_in_flight, p.lease_ttl_ms, p.bucket_ms, why.c_str());
+    std::exit(1);
+  }
+  const std::vector<testing::LeaseOp> ops = testing::make_lease_trace(p);
+  EngineOptions opts;
+  opts.memory_cap_bytes = 1ull << 30;
+  Engine engine(policy, opts);
+  const testing::LeaseTally t = testing::replay_lease_trace(engine, p, ops);
+  row.lease = t;
+  row.requests = t.operations;
+  row.allowed = t.admitted + t.release_ok;
+  row.wrongly_allowed = t.wrongly_allowed;
+  row.wrongly_denied = t.wrongly_denied;
+  row.wrong_other = t.check_errors + t.bad_leases + t.wrong_releases;
+  row.max_window_over_limit =
+      static_cast<double>(t.max_held) / static_cast<double>(lc.max_in_flight);
+  const std::string where = row.window_label + " M " + std::to_string(lc.max_in_flight) +
+                            " bucket " + std::to_string(row.bucket_ms) + "ms " +
+                            (count_all ? "all" : "admitted");
+  if (t.report_mismatches != 0) {
+    std::fprintf(stderr,
+                 "warning: leases %s: %" PRIu64
+                 " checks whose remaining/exceeded differ from M - in_flight / denied; first: "
+                 "%s\n",
+                 where.c_str(), t.report_mismatches, t.first_report_mismatch.c_str());
+  }
+  if (t.wrong() != 0) {
+    std::fprintf(stderr,
+                 "error: leases %s: %" PRIu64 " wrong answers (checks wrongly allowed %" PRIu64
+                 ", wrongly denied %" PRIu64 ", errors %" PRIu64 ", bad leases %" PRIu64
+                 ", releases %" PRIu64 "); first: %s\n",
+                 where.c_str(), t.wrong(), t.wrongly_allowed, t.wrongly_denied, t.check_errors,
+                 t.bad_leases, t.wrong_releases, t.first_wrong.c_str());
+    const auto shrunk = testing::shrink_lease_trace(
+        [&] { return std::make_unique<Engine>(policy, opts); }, p, ops, 1'000);
+    Engine fresh(policy, opts);
+    std::fprintf(stderr, "smallest trace found (%zu operations):\n%s", shrunk.size(),
+                 testing::lease_trace_text(fresh, p, shrunk).c_str());
+  }
+  warn_after(engine, row);
+  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return row;
+}
+
 void print_table(const Options& opt, const std::vector<Row>& rows,
                  const std::vector<std::string>& notes) {
   std::printf("# seed %" PRIu64
@@ -595,20 +730,27 @@ void print_table(const Options& opt, const std::vector<Row>& rows,
     std::printf(" %s burst %" PRIu64 " gcra_bound %.4f;", r.rate.c_str(), r.burst, r.gcra_bound);
   }
   if (!gcra_cases.empty()) std::printf("\n");
-  std::printf("%-12s %-6s %-8s %-8s %9s %9s %9s %13s %13s %13s %9s %13s %7s\n", "trace", "window",
+  if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.concurrency; })) {
+    std::printf(
+        "# concurrency rows (trace leases, limit = max_in_flight M, window = lease_ttl): "
+        "against the exact reference model, %zu operations planned per row on 3 keys; "
+        "wrong_total%% includes wrong release answers and lease ids\n",
+        opt.lease_ops);
+  }
+  std::printf("%-12s %-6s %-11s %-8s %9s %9s %9s %13s %13s %13s %9s %13s %7s\n", "trace", "window",
               "mode", "counting", "bucket_ms", "requests", "allowed%", "wrong_allow%",
               "wrong_deny%", "wrong_total%", "max_win/L", "avg_rate_err%", "secs");
   for (const auto& r : rows) {
     char err[32] = "-";
     if (const auto e = avg_rate_error_pct(r)) std::snprintf(err, sizeof err, "%.5g", *e);
-    std::printf("%-12s %-6s %-8s %-8s %9" PRId64 " %9" PRIu64
+    std::printf("%-12s %-6s %-11s %-8s %9" PRId64 " %9" PRIu64
                 " %9.3f %13.5g %13.5g %13.5g %9.4f %13s %7.2f\n",
                 r.trace.c_str(), r.window_label.c_str(), mode_name(r).c_str(),
                 r.count_all ? "all" : "admitted", r.bucket_ms, r.requests,
                 pct(r.allowed, r.requests), pct(r.wrongly_allowed, r.requests),
                 pct(r.wrongly_denied, r.requests),
-                pct(r.wrongly_allowed + r.wrongly_denied, r.requests), r.max_window_over_limit, err,
-                r.seconds);
+                pct(r.wrongly_allowed + r.wrongly_denied + r.wrong_other, r.requests),
+                r.max_window_over_limit, err, r.seconds);
   }
 }
 
@@ -629,6 +771,23 @@ void print_json(const std::vector<Row>& rows) {
       row["avg_rate_error_pct"] = *e;
     } else {
       row["avg_rate_error_pct"] = nullptr;
+    }
+    if (r.concurrency) {
+      const testing::LeaseTally& t = r.lease;
+      row["max_in_flight"] = r.limit;
+      row["lease_ttl_ms"] = r.lease_ttl_ms;
+      row["wrong_other_pct"] = pct(r.wrong_other, r.requests);
+      row["checks"] = t.checks;
+      row["admitted"] = t.admitted;
+      row["releases"] = t.releases;
+      row["release_answers"] = {{"ok", t.release_ok},
+                                {"lease_expired", t.release_expired},
+                                {"lease_released", t.release_released},
+                                {"lease_unknown", t.release_unknown}};
+      row["wrong_releases"] = t.wrong_releases;
+      row["bad_leases"] = t.bad_leases;
+      row["check_errors"] = t.check_errors;
+      row["remaining_mismatches"] = t.report_mismatches;
     }
     if (r.gcra) {
       row["burst"] = r.burst;
@@ -683,8 +842,11 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::vector<std::string> noted;  // invalid window/granularity pairs already reported
   std::vector<std::string> notes;  // printed under the table's first line
+  // The request traces serve the window and gcra rows only.
+  const bool trace_modes = contains(opt.modes, "weighted") || contains(opt.modes, "strict") ||
+                           contains(opt.modes, "gcra");
   for (const std::string_view name : testing::kTraceNames) {
-    if (!contains(opt.traces, name)) continue;
+    if (!trace_modes || !contains(opt.traces, name)) continue;
     for (const WindowCase& window_case : kWindows) {
       if (!contains(opt.windows, window_case.label)) continue;
       const WindowCase wc = case_for(name, window_case);
@@ -734,6 +896,16 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // Concurrency rows: their own trace, cases and operations.
+  if (contains(opt.traces, kLeaseTrace) && contains(opt.modes, "concurrency")) {
+    for (const LeaseCase& lc : kLeaseCases) {
+      for (const bool count_all : {false, true}) {
+        if (!contains(opt.countings, count_all ? "all" : "admitted")) continue;
+        rows.push_back(replay_concurrency(lc, count_all, opt));
+        note_done(rows.back());
+      }
+    }
+  }
   print_table(opt, rows, notes);
   if (opt.json) print_json(rows);
   for (const Row& r : rows) {
@@ -747,6 +919,15 @@ int main(int argc, char** argv) {
     }
     if (r.over_gcra_bound) {
       std::fprintf(stderr, "error: a gcra row admitted more than its bound (see above)\n");
+      return 1;
+    }
+    if (r.concurrency && r.wrongly_allowed + r.wrongly_denied + r.wrong_other != 0) {
+      // Exact as well: any answer unlike the reference model's is a bug (described above).
+      std::fprintf(stderr,
+                   "error: leases %s M %" PRIu64 " bucket %" PRId64 " ms: %" PRIu64
+                   " answers unlike the reference model's\n",
+                   r.window_label.c_str(), r.limit, r.bucket_ms,
+                   r.wrongly_allowed + r.wrongly_denied + r.wrong_other);
       return 1;
     }
     if (r.gcra && r.wrongly_allowed + r.wrongly_denied != 0) {
