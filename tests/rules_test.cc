@@ -1057,7 +1057,7 @@ TEST_CASE("bad concurrency limits are errors naming the file, the line and the f
        "missing required field `lease_ttl`"},
       {"{algorithm: concurrency, max_in_flight: 0, lease_ttl: 30s}", "",
        "domains[0].rules[0].limits[0].max_in_flight", "whole number from 1"},
-      {"{algorithm: concurrency, max_in_flight: 2000000000000, lease_ttl: 30s}", "",
+      {"{algorithm: concurrency, max_in_flight: 4294967296, lease_ttl: 30s}", "",
        "domains[0].rules[0].limits[0].max_in_flight", "whole number from 1"},
       {"{algorithm: concurrency, max_in_flight: 20, lease_ttl: 500ms}", "",
        "domains[0].rules[0].limits[0].lease_ttl", "from 1s to 1d"},

@@ -38,6 +38,9 @@ bool Engine::Impl::decide_leases(const CounterTable& t, size_t i, const CounterT
                                  const rules::Rule& rule, const Fallback& fallback, uint64_t limit,
                                  int64_t now_ms, uint64_t hits) const {
   const window::WindowSpec& spec = t.spec();
+  // A bucket's count is 32 bits: hits it could not hold are not granted (only keys with
+  // billions of hits in flight get here).
+  if (uint64_t{t.own(i)[m.index]} + hits > UINT32_MAX) return false;
   if (!window::admits_leases(window::leases_held(t.view(i), rt.view(ri), spec, m), hits, limit)) {
     return false;
   }

@@ -685,11 +685,11 @@ bool RulesParser::parse_concurrency_node(const Fields& fields, int line, const s
     error(line, path, "missing required field `max_in_flight` (the most leases held at once)");
     ok = false;
   } else if (auto m = read_string(*max_field)) {
-    if (auto v = parse_count(*m)) {
+    if (auto v = parse_count(*m); v && *v <= UINT32_MAX) {
       max_in_flight = *v;
     } else {
       error(max_field->line, max_field->path,
-            "must be a whole number from 1 to 2^40 (1099511627776), got " + ticked(*m));
+            "must be a whole number from 1 to 4294967295, got " + ticked(*m));
       ok = false;
     }
   } else {
@@ -898,7 +898,10 @@ std::string parse_gcra(std::string_view rate, uint64_t burst, Limit& out) {
 
 std::string parse_concurrency(uint64_t max_in_flight, int64_t lease_ttl_ms, int64_t bucket_ms,
                               Limit& out) {
-  if (max_in_flight == 0) return "max_in_flight must be at least 1";
+  // Per-bucket counts are 32 bits (window/sliding_window.h): more could not be told apart.
+  if (max_in_flight == 0 || max_in_flight > UINT32_MAX) {
+    return "max_in_flight must be a whole number from 1 to 4294967295";
+  }
   if (lease_ttl_ms < window::kMinWindowMs || lease_ttl_ms > 86'400'000) {
     return "lease_ttl must be from 1s to 1d, got " + format_duration(lease_ttl_ms);
   }
