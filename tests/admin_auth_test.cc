@@ -191,6 +191,10 @@ TEST_CASE("admin token: reads and checks stay open without the token") {
                 R"({"domain":"api","descriptors":{"api_key":"k"}})")
             .status == 200);
   CHECK(request(n.port(), "GET", "/v1/auth?domain=api&api_key=k", "").status == 204);
+  // A release is a check's other half: answered (409: no such lease), not refused for the token.
+  CHECK(request(n.port(), "POST", "/v1/release", "",
+                R"({"domain":"api","descriptors":{"api_key":"k"},"lease":"00c0ffee12345678"})")
+            .status == 409);
 }
 
 TEST_CASE("admin token: admin_token_reads locks reads too (not /healthz)") {
@@ -200,6 +204,9 @@ TEST_CASE("admin token: admin_token_reads locks reads too (not /healthz)") {
   CHECK(request(n.port(), "GET", "/v1/status", bearer("nope")).status == 403);
   CHECK(request(n.port(), "GET", "/v1/status", bearer(kToken)).status == 200);
   CHECK(request(n.port(), "GET", "/healthz", "").status == 200);
+  CHECK(request(n.port(), "POST", "/v1/release", "",
+                R"({"domain":"api","descriptors":{"api_key":"k"},"lease":"00c0ffee12345678"})")
+            .status == 409);
   CHECK(auth_failures(n.port(), "missing", bearer(kToken)) == 2);
 }
 

@@ -15,6 +15,7 @@
 #include "in_process_node.h"
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -55,6 +56,12 @@ constexpr const char* kRules = R"(domains:
         key: [user]
         limits: [1/1m]
         mode: dry-run
+  - name: jobs
+    rules:
+      - name: per-tenant
+        key: [tenant]
+        limits:
+          - {algorithm: concurrency, max_in_flight: 2, lease_ttl: 30s, name: in-flight}
 )";
 
 struct Response {
@@ -187,6 +194,35 @@ Response check(Client& c, const std::string& body) {
 
 std::string key_body(const std::string& key, int hits = 1) {
   return Json{{"domain", "api"}, {"descriptors", {{"api_key", key}}}, {"hits", hits}}.dump();
+}
+
+std::string job_body(const std::string& tenant) {
+  return Json{{"domain", "jobs"}, {"descriptors", {{"tenant", tenant}}}}.dump();
+}
+
+Response release(Client& c, const std::string& tenant, const std::string& lease) {
+  return c.request(
+      "POST", "/v1/release",
+      Json{{"domain", "jobs"}, {"descriptors", {{"tenant", tenant}}}, {"lease", lease}}.dump());
+}
+
+// A lease id the node never granted, whose time is not over: the engine puts a lease's expiry
+// (whole seconds) in its high 32 bits and chooses the low ones at random, so `real` with other
+// low bits. (An id whose time is over is answered lease_expired: it may have been swept.)
+std::string forged_from(const std::string& real) {
+  const uint64_t id = std::stoull(real, nullptr, 16) ^ 0x5a5a5a5a;
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(id));
+  return out;
+}
+
+// The lease a /v1/check answer granted: 16 lowercase hex digits.
+std::string lease_of(const Response& r) {
+  const Json j = r.json();
+  REQUIRE(j.contains("lease"));
+  const std::string lease = j["lease"].get<std::string>();
+  CHECK(std::regex_match(lease, std::regex("[0-9a-f]{16}")));
+  return lease;
 }
 
 // The value of one sample in Prometheus text, or -1 when absent.
@@ -624,4 +660,188 @@ TEST_CASE(
   const Response m = c.request("GET", "/metrics");
   CHECK(metric(m.body, "sluice_http_connections_closed_total{reason=\"header\"}") == 1);
   CHECK(metric(m.body, "sluice_http_connections_closed_total{reason=\"idle\"}") == 1);
+}
+
+TEST_CASE("check: a concurrency limit grants a lease per admitted check, other rules grant none") {
+  TestNode n;
+  Client c(n.port());
+  Response r = check(c, job_body("t1"));
+  REQUIRE(r.status == 200);
+  const std::string first = lease_of(r);
+  r = check(c, job_body("t1"));
+  REQUIRE(r.status == 200);
+  CHECK(lease_of(r) != first);
+  // max_in_flight 2: the third is denied while both are held, and gets no lease.
+  r = check(c, job_body("t1"));
+  CHECK(r.status == 429);
+  CHECK(r.json()["allowed"] == false);
+  CHECK_FALSE(r.json().contains("lease"));
+  // Another tenant has slots of its own.
+  CHECK(check(c, job_body("t2")).status == 200);
+  // A window rule grants no lease.
+  r = check(c, key_body("no-lease"));
+  CHECK(r.status == 200);
+  CHECK_FALSE(r.json().contains("lease"));
+  // nginx auth_request: the lease travels in a header (no body on a 204).
+  r = c.request("GET", "/v1/auth?domain=jobs&tenant=t3");
+  CHECK(r.status == 204);
+  CHECK(std::regex_match(r.header("sluice-lease"), std::regex("[0-9a-f]{16}")));
+}
+
+TEST_CASE("release: 200 frees the slot, a second release is 409 lease_released") {
+  TestNode n;
+  Client c(n.port());
+  const std::string a = lease_of(check(c, job_body("t1")));
+  const std::string b = lease_of(check(c, job_body("t1")));
+  CHECK(check(c, job_body("t1")).status == 429);
+
+  Response r = release(c, "t1", a);
+  CHECK(r.status == 200);
+  CHECK(r.json() == Json{{"released", true}});
+  // The slot is free again: one more check is admitted, and then the limit holds again.
+  r = check(c, job_body("t1"));
+  CHECK(r.status == 200);
+  const std::string c3 = lease_of(r);
+  CHECK(check(c, job_body("t1")).status == 429);
+
+  // Released twice: nothing changes, and the answer says why.
+  r = release(c, "t1", a);
+  CHECK(r.status == 409);
+  CHECK(r.json() == Json{{"released", false}, {"code", "lease_released"}});
+  CHECK(check(c, job_body("t1")).status == 429);
+
+  CHECK(release(c, "t1", b).status == 200);
+  CHECK(release(c, "t1", c3).status == 200);
+  CHECK(check(c, job_body("t1")).status == 200);
+  CHECK(check(c, job_body("t1")).status == 200);
+}
+
+TEST_CASE(
+    "release: an unknown lease, or one released with other entries, is 409 lease_unknown, an id "
+    "whose time is over is 409 lease_expired") {
+  TestNode n;
+  Client c(n.port());
+  const std::string a = lease_of(check(c, job_body("t1")));
+  Response r = release(c, "t1", forged_from(a));
+  CHECK(r.status == 409);
+  CHECK(r.json() == Json{{"released", false}, {"code", "lease_unknown"}});
+  // Its high half says it expired in 1970: the node cannot tell it from one it has swept.
+  r = release(c, "t1", "00c0ffee12345678");
+  CHECK(r.status == 409);
+  CHECK(r.json() == Json{{"released", false}, {"code", "lease_expired"}});
+
+  // The release must carry the entries of the check that took the lease.
+  r = release(c, "t2", a);
+  CHECK(r.status == 409);
+  CHECK(r.json()["code"] == "lease_unknown");
+  // The lease is still held, and the right entries release it.
+  CHECK(release(c, "t1", a).status == 200);
+
+  // A request error is a 400, as for /v1/check.
+  r = c.request("POST", "/v1/release",
+                R"({"domain":"nope","descriptors":{"tenant":"t1"},"lease":")" + a + "\"}");
+  CHECK(r.status == 400);
+  CHECK(r.json() == Json{{"released", false}, {"code", "unknown_domain"}});
+}
+
+TEST_CASE(
+    "release: a lease not released within lease_ttl expires, frees its slot, 409 lease_expired") {
+  TestNode n;
+  Client c(n.port());
+  const std::string a = lease_of(check(c, job_body("t1")));
+  const std::string b = lease_of(check(c, job_body("t1")));
+  CHECK(check(c, job_body("t1")).status == 429);
+  // lease_ttl 30 s: a lease lives at most lease_ttl + lease_ttl / 10.
+  n.advance(33'001);
+  CHECK(check(c, job_body("t1")).status == 200);
+  CHECK(check(c, job_body("t1")).status == 200);
+  CHECK(check(c, job_body("t1")).status == 429);
+  Response r = release(c, "t1", a);
+  CHECK(r.status == 409);
+  CHECK(r.json() == Json{{"released", false}, {"code", "lease_expired"}});
+  CHECK(release(c, "t1", b).json()["code"] == "lease_expired");
+  // Refused releases freed nothing.
+  CHECK(check(c, job_body("t1")).status == 429);
+}
+
+TEST_CASE("release: a malformed body or lease is 400 with the reason, and releases nothing") {
+  TestNode n;
+  Client c(n.port());
+  const std::string a = lease_of(check(c, job_body("t1")));
+  const auto body = [](const Json& lease) {
+    return Json{{"domain", "jobs"}, {"descriptors", {{"tenant", "t1"}}}, {"lease", lease}}.dump();
+  };
+  std::string upper = a;
+  for (char& ch : upper)
+    ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const std::vector<Json> bad_leases = {
+      Json(12345),  // a number: loses precision past 2^53
+      Json(std::stoull(a, nullptr, 16)),
+      Json("0x" + a.substr(2)),  // a prefix
+      Json(a.substr(1)),         // 15 digits
+      Json(a + "0"),             // 17 digits
+      Json("00c0ffee1234567g"),  // not hex
+      Json(nullptr),
+  };
+  for (const Json& lease : bad_leases) {
+    CAPTURE(lease.dump());
+    Response r = c.request("POST", "/v1/release", body(lease));
+    CHECK(r.status == 400);
+    CHECK(r.json()["error"].get<std::string>().find("16 lowercase hex digits") !=
+          std::string::npos);
+  }
+  if (upper != a) {  // a lease of digits only has no uppercase spelling
+    CHECK(c.request("POST", "/v1/release", body(upper)).status == 400);
+  }
+  Response r = c.request("POST", "/v1/release", body("0000000000000000"));
+  CHECK(r.status == 400);
+  CHECK(r.json()["error"].get<std::string>().find("no lease") != std::string::npos);
+  r = c.request("POST", "/v1/release", R"({"domain":"jobs","descriptors":{"tenant":"t1"}})");
+  CHECK(r.status == 400);
+  CHECK(r.json()["error"] == "lease is required");
+  r = c.request("POST", "/v1/release", R"({"descriptors":{"tenant":"t1"},"lease":")" + a + "\"}");
+  CHECK(r.status == 400);
+  CHECK(r.json()["error"] == "domain is required");
+  r = c.request(
+      "POST", "/v1/release",
+      R"({"domain":"jobs","descriptors":{"tenant":"t1"},"lease":")" + a + R"(","hits":1})");
+  CHECK(r.status == 400);
+  r = c.request("POST", "/v1/release",
+                R"({"domain":"jobs","descriptor":{"tenant":"t1"},"lease":")" + a + "\"}");
+  CHECK(r.status == 400);
+  CHECK(r.json()["error"] == "unknown field \"descriptor\"");
+  r = c.request("POST", "/v1/release", R"({"domain":"jobs")");
+  CHECK(r.status == 400);
+  r = c.request("GET", "/v1/release");
+  CHECK(r.status == 405);
+  CHECK(r.header("allow") == "POST");
+  // None of it released the lease: it is still held, once.
+  CHECK(release(c, "t1", a).status == 200);
+  CHECK(release(c, "t1", a).status == 409);
+}
+
+TEST_CASE("metrics: leases held, granted, released and refused releases by reason") {
+  TestNode n;
+  Client c(n.port());
+  const std::string a = lease_of(check(c, job_body("m")));
+  lease_of(check(c, job_body("m")));
+  check(c, job_body("m"));  // denied: no lease
+  release(c, "m", a);
+  release(c, "m", a);                   // lease_released
+  release(c, "m", forged_from(a));      // lease_unknown
+  release(c, "m", "00000000000000ff");  // lease_expired: its time (the high half) is over
+  const Response r = c.request("GET", "/metrics");
+  REQUIRE(r.status == 200);
+  CHECK(metric(r.body, "sluice_leases_held") == 1);
+  CHECK(metric(r.body, "sluice_leases_granted_total") == 2);
+  CHECK(metric(r.body, "sluice_leases_released_total") == 1);
+  CHECK(metric(r.body, R"(sluice_lease_release_refused_total{reason="lease_released"})") == 1);
+  CHECK(metric(r.body, R"(sluice_lease_release_refused_total{reason="lease_unknown"})") == 1);
+  CHECK(metric(r.body, R"(sluice_lease_release_refused_total{reason="lease_expired"})") == 1);
+  CHECK(metric(r.body, "sluice_lease_table_bytes") >= 0);
+  CHECK(metric(r.body, R"(sluice_requests_total{transport="http"})") == 7);
+  const Json status = c.request("GET", "/v1/status").json();
+  CHECK(status["engine"]["leases_held"] == 1);
+  CHECK(status["engine"]["leases_granted"] == 2);
+  CHECK(status["engine"]["leases_released"] == 1);
 }

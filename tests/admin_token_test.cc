@@ -107,8 +107,14 @@ TEST_CASE("writes need the token, reads, checks and read-only POSTs do not") {
   CHECK_FALSE(AdminAuth::is_write("GET", "/metrics"));
   CHECK_FALSE(AdminAuth::is_write("POST", "/v1/check"));
   CHECK_FALSE(AdminAuth::is_write("GET", "/v1/auth"));
+  CHECK_FALSE(AdminAuth::is_write("POST", "/v1/release"));  // the checks' other half
   CHECK_FALSE(AdminAuth::is_write("POST", "/v1/inspect"));
   CHECK_FALSE(AdminAuth::is_write("POST", "/v1/ring"));
+  // With admin_token_reads too, a service's checks and releases need no token.
+  const AdminAuth locked("tok", /*lock_reads=*/true);
+  CHECK_FALSE(locked.needs_token("POST", "/v1/check"));
+  CHECK_FALSE(locked.needs_token("POST", "/v1/release"));
+  CHECK(locked.needs_token("POST", "/v1/inspect"));
 }
 
 TEST_CASE(

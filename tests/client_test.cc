@@ -17,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,7 +30,7 @@
 // Every test runs against fake nodes started here, on free loopback ports: no sluiced needed.
 // The fakes answer by a rule of their own: a check is allowed when hits <= 5; its one limit is
 // named after the check's first entry value, so a test can tell which answer belongs to which
-// check.
+// check. A fake with Behaviour::kLeases plays a concurrency limit instead (LeaseRule).
 
 namespace {
 
@@ -81,6 +82,71 @@ enum class Behaviour {
   kReverse4,      // TCP: hold requests until 4 arrived, answer them newest first
   kCloseOnFirst,  // TCP: close the connection on the first request, unanswered
   kHugeFrame,     // TCP: answer with a frame length over the limit
+  kLeases,        // answer by LeaseRule: leases and releases
+};
+
+// A concurrency limit as a node keeps it (docs/protocol.md, "Leases"): at most kMaxInFlight
+// leases held per domain and entries; a release frees one with the same domain and entries.
+// Lease ids start past 2^53, where a double (a JSON number) would lose them.
+constexpr int kMaxInFlight = 2;
+constexpr uint64_t kFirstLease = 0xc0ffee0000000001;
+
+class LeaseRule {
+ public:
+  void answer(const sluice::wire::RequestDecoder& req, size_t max_bytes,
+              std::vector<uint8_t>& out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto checks = req.checks();
+    std::vector<sluice::wire::DecisionView> decisions(checks.size());
+    for (size_t i = 0; i < checks.size(); ++i) {
+      const sluice::wire::Check& c = checks[i];
+      sluice::wire::DecisionView& d = decisions[i];
+      d.code = req.check_code(i);
+      if (d.code != Code::kOk) continue;
+      std::string key(c.domain);
+      for (const sluice::wire::Entry& e : c.entries)
+        key.append("|").append(e.key).append("=").append(e.value);
+      if (c.is_release) {
+        ++releases_;
+        auto it = leases_.find(c.release);
+        if (it == leases_.end() || it->second.key != key) {
+          d.code = Code::kLeaseUnknown;
+        } else if (it->second.released) {
+          d.code = Code::kLeaseReleased;
+        } else {
+          it->second.released = true;
+          --held_[key];
+        }
+        continue;
+      }
+      d.allowed = held_[key] < kMaxInFlight;
+      if (!d.allowed) continue;
+      ++held_[key];
+      d.lease = next_++;
+      leases_[d.lease] = Held{key, false};
+    }
+    sluice::wire::encode_answer(req.id(), Code::kOk, decisions, max_bytes, out);
+  }
+  int releases() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return releases_;
+  }
+  int held(const std::string& key) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = held_.find(key);
+    return it == held_.end() ? 0 : it->second;
+  }
+
+ private:
+  struct Held {
+    std::string key;
+    bool released = false;
+  };
+  mutable std::mutex mu_;  // guards everything below: the fake's thread and the test's
+  std::map<uint64_t, Held> leases_;
+  std::map<std::string, int> held_;
+  uint64_t next_ = kFirstLease;
+  int releases_ = 0;  // release checks received
 };
 
 // A fake node on its own thread and io_context. Counts requests (datagrams/frames) and checks.
@@ -117,6 +183,7 @@ class FakeNode {
   }
   int requests() const { return requests_.load(); }
   int checks() const { return checks_.load(); }
+  const LeaseRule& leases() const { return leases_; }
   size_t smallest_request() const { return smallest_request_.load(); }
 
  private:
@@ -147,6 +214,10 @@ class FakeNode {
             switch (behaviour_) {
               case Behaviour::kRule:
                 rule_answer(req, len, out);
+                udp_.send_to(asio::buffer(out), peer_, 0, ec);
+                break;
+              case Behaviour::kLeases:
+                leases_.answer(req, len, out);
                 udp_.send_to(asio::buffer(out), peer_, 0, ec);
                 break;
               case Behaviour::kRefuse:
@@ -203,7 +274,11 @@ class FakeNode {
             }
             if (behaviour_ == Behaviour::kSilent || behaviour_ == Behaviour::kHugeFrame) continue;
             std::vector<uint8_t> answer;
-            rule_answer(req, 0, answer);
+            if (behaviour_ == Behaviour::kLeases) {
+              leases_.answer(req, 0, answer);
+            } else {
+              rule_answer(req, 0, answer);
+            }
             std::vector<uint8_t> framed;
             sluice::wire::append_frame(answer, framed);
             if (behaviour_ == Behaviour::kReverse4) {
@@ -224,6 +299,7 @@ class FakeNode {
   }
 
   const Behaviour behaviour_;
+  LeaseRule leases_;
   asio::io_context io_;
   udp::socket udp_;
   udp::endpoint peer_;
@@ -668,4 +744,177 @@ TEST_CASE("create() rejects unusable options with a reason") {
   std::string error;
   CHECK(Client::create({.nodes = {"localhost:7350", "[::1]:7350"}}, &error) != nullptr);
   CHECK(error.empty());
+}
+
+// ---- leases -----------------------------------------------------------------------------------
+
+namespace {
+
+// Waits (bounded) until the fake node has received `n` releases in all.
+bool wait_releases(const FakeNode& node, int n) {
+  for (int i = 0; i < 2'000 && node.leases().releases() < n; ++i)
+    std::this_thread::sleep_for(milliseconds(1));
+  return node.leases().releases() == n;
+}
+
+}  // namespace
+
+TEST_CASE("leases: a granted lease is in the result, release answers ok, then lease_released") {
+  for (const sluice::Transport transport : {sluice::Transport::kUdp, sluice::Transport::kTcp}) {
+    CAPTURE(static_cast<int>(transport));
+    FakeNode node(transport, Behaviour::kLeases);
+    auto client = make_client(
+        {.nodes = {node.address()}, .transport = transport, .timeout = milliseconds(500)});
+    const Result a = client->check("jobs", {{"tenant", "t1"}});
+    CHECK(a.decided());
+    CHECK(a.allowed);
+    CHECK(a.lease == kFirstLease);  // past 2^53: carried exactly
+    const Result b = client->check("jobs", {{"tenant", "t1"}});
+    CHECK(b.lease == kFirstLease + 1);
+    const Result full = client->check("jobs", {{"tenant", "t1"}});
+    CHECK_FALSE(full.allowed);
+    CHECK(full.lease == 0);
+
+    sluice::ReleaseResult r = client->release("jobs", {{"tenant", "t1"}}, a.lease);
+    CHECK(r.outcome == Outcome::kDecided);
+    CHECK(r.code == Code::kOk);
+    CHECK(r.released());
+    CHECK(r.gone());
+    CHECK(sluice::to_string(r) == "released");
+    CHECK(client->check("jobs", {{"tenant", "t1"}}).allowed);  // its slot is free again
+
+    r = client->release("jobs", {{"tenant", "t1"}}, a.lease);  // idempotent
+    CHECK(r.code == Code::kLeaseReleased);
+    CHECK_FALSE(r.released());
+    CHECK(r.gone());
+    CHECK(sluice::to_string(r) == "lease_released");
+
+    // Another tenant's entries, or a lease never granted: unknown, nothing changes.
+    r = client->release("jobs", {{"tenant", "t2"}}, b.lease);
+    CHECK(r.code == Code::kLeaseUnknown);
+    CHECK_FALSE(r.gone());
+    CHECK(client->release("jobs", {{"tenant", "t1"}}, 42).code == Code::kLeaseUnknown);
+    CHECK(node.leases().held("jobs|tenant=t1") == 2);
+    CHECK(client->release("jobs", {{"tenant", "t1"}}, b.lease).released());
+
+    // Lease 0 is no lease: refused by the client, never sent.
+    const int sent = node.leases().releases();
+    r = client->release("jobs", {{"tenant", "t1"}}, 0);
+    CHECK(r.outcome == Outcome::kInvalid);
+    CHECK(r.code == Code::kLeaseUnknown);
+    CHECK(node.leases().releases() == sent);
+
+    // Async, with a callback.
+    const Result c = client->check("jobs", {{"tenant", "t3"}});
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<sluice::ReleaseResult> got;
+    const std::vector<sluice::Entry> t3 = {{"tenant", "t3"}};
+    client->async_release("jobs", t3, c.lease, [&](sluice::ReleaseResult rr) {
+      std::lock_guard<std::mutex> lock(mu);
+      got = rr;
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, milliseconds(2'000), [&] { return got.has_value(); }));
+    CHECK(got->released());
+  }
+}
+
+TEST_CASE("leases: a Lease releases when it goes out of scope, unless released or detached") {
+  FakeNode node(sluice::Transport::kUdp, Behaviour::kLeases);
+  auto client = make_client({.nodes = {node.address()}, .timeout = milliseconds(500)});
+  const std::string key = "jobs|tenant=t1";
+
+  SUBCASE("destroyed: released in the background") {
+    {
+      auto [r, lease] = client->acquire("jobs", {{"tenant", "t1"}});
+      CHECK(r.allowed);
+      CHECK(lease.held());
+      CHECK(lease.id() == r.lease);
+      CHECK(node.leases().held(key) == 1);
+    }
+    REQUIRE(wait_releases(node, 1));
+    CHECK(node.leases().held(key) == 0);
+  }
+  SUBCASE("released by hand: the outcome, and nothing more at destruction") {
+    {
+      auto [r, lease] = client->acquire("jobs", {{"tenant", "t1"}});
+      const sluice::ReleaseResult rr = lease.release();
+      CHECK(rr.released());
+      CHECK_FALSE(lease.held());
+      CHECK(node.leases().held(key) == 0);
+      // Holding nothing: nothing sent.
+      CHECK(lease.release().outcome == Outcome::kInvalid);
+    }
+    CHECK(node.leases().releases() == 1);
+  }
+  SUBCASE("detached: held until the caller releases it") {
+    uint64_t id = 0;
+    {
+      auto [r, lease] = client->acquire("jobs", {{"tenant", "t1"}});
+      id = lease.detach();
+      CHECK(id == r.lease);
+      CHECK_FALSE(lease.held());
+    }
+    CHECK(node.leases().releases() == 0);
+    CHECK(node.leases().held(key) == 1);
+    CHECK(client->release("jobs", {{"tenant", "t1"}}, id).released());
+  }
+  SUBCASE("moved: released once, by its last owner; move assignment releases what it held") {
+    {
+      auto [r1, first] = client->acquire("jobs", {{"tenant", "t1"}});
+      sluice::Lease owner = std::move(first);
+      CHECK_FALSE(first.held());  // NOLINT(bugprone-use-after-move): moved from holds nothing
+      CHECK(owner.held());
+      auto [r2, second] = client->acquire("jobs", {{"tenant", "t1"}});
+      CHECK(node.leases().held(key) == 2);
+      owner = std::move(second);  // the first lease is released now
+      CHECK(owner.id() == r2.lease);
+      REQUIRE(wait_releases(node, 1));
+      CHECK(node.leases().held(key) == 1);
+    }
+    REQUIRE(wait_releases(node, 2));
+    CHECK(node.leases().held(key) == 0);
+  }
+  SUBCASE("built from a decision: the entries are copied") {
+    sluice::Lease lease;
+    {
+      const std::string tenant = "t1";
+      const std::vector<sluice::Entry> entries = {{"tenant", tenant}};
+      const Result r = client->check("jobs", entries);
+      lease = sluice::Lease(*client, "jobs", entries, r);
+    }  // the caller's strings are gone; the lease kept its own copy
+    CHECK(lease.release().released());
+  }
+}
+
+TEST_CASE("leases: a denied or undecided check holds no lease, and nothing is released for it") {
+  SUBCASE("denied") {
+    FakeNode node(sluice::Transport::kUdp, Behaviour::kLeases);
+    auto client = make_client({.nodes = {node.address()}, .timeout = milliseconds(500)});
+    auto [r1, l1] = client->acquire("jobs", {{"tenant", "t"}});
+    auto [r2, l2] = client->acquire("jobs", {{"tenant", "t"}});
+    {
+      auto [r3, l3] = client->acquire("jobs", {{"tenant", "t"}});
+      CHECK_FALSE(r3.allowed);
+      CHECK_FALSE(l3.held());
+    }
+    CHECK(node.leases().releases() == 0);
+    CHECK(l1.held());
+    CHECK(l2.held());
+  }
+  SUBCASE("no node answers: fail-open, and no lease") {
+    FakeNode node(sluice::Transport::kUdp, Behaviour::kSilent);
+    auto client = make_client({.nodes = {node.address()}, .timeout = milliseconds(30)});
+    auto [r, lease] = client->acquire("jobs", {{"tenant", "t"}});
+    CHECK(r.failed_open());
+    CHECK(r.lease == 0);
+    CHECK_FALSE(lease.held());
+    // A release nobody answers: unavailable, the lease is left to expire.
+    const sluice::ReleaseResult rr = client->release("jobs", {{"tenant", "t"}}, 7);
+    CHECK(rr.outcome == Outcome::kUnavailable);
+    CHECK(sluice::to_string(rr) == "unavailable");
+    CHECK_FALSE(rr.gone());
+  }
 }

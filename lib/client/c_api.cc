@@ -7,6 +7,7 @@
 #include "sluice/sluice.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -55,6 +56,12 @@ int status_of_code(Code c) {
       return SLUICE_ERR_NO_ROOM;
     case Code::kTooLarge:
       return SLUICE_ERR_TOO_LARGE;
+    case Code::kLeaseUnknown:
+      return SLUICE_ERR_LEASE_UNKNOWN;
+    case Code::kLeaseExpired:
+      return SLUICE_ERR_LEASE_EXPIRED;
+    case Code::kLeaseReleased:
+      return SLUICE_ERR_LEASE_RELEASED;
     case Code::kMalformed:
     case Code::kTooManyChecks:
     case Code::kUnsupportedVersion:
@@ -77,15 +84,25 @@ int status_of(const Result& r) {
   return SLUICE_ERR_UNAVAILABLE;
 }
 
-// Only struct version 0 exists: its exact size. A later version accepts every older size and
-// writes only the fields that size covers (docs/client.md, "ABI").
+// sluice_result's versions, by size: version 0 ends with `limits`; version 1 (sizeof) appends
+// `lease`. A result of either is filled as far as its size goes, and no further (docs/client.md,
+// "ABI"): a program built before leases passes version-0 results.
+constexpr size_t kResultV0Bytes = offsetof(sluice_result, lease);
+static_assert(sizeof(void*) != 8 || kResultV0Bytes == 1192, "sluice_result version 0 moved");
+
 bool result_usable(const sluice_result* r) {
-  return r != nullptr && r->struct_size == sizeof(sluice_result);
+  return r != nullptr &&
+         (r->struct_size == sizeof(sluice_result) || r->struct_size == kResultV0Bytes);
 }
 
+bool has_lease_field(const sluice_result* r) {
+  return r->struct_size >= offsetof(sluice_result, lease) + sizeof r->lease;
+}
+
+// `out` is result_usable: its struct_size bytes are the caller's.
 void clear_result(sluice_result* out, int status) {
   const size_t size = out->struct_size;
-  std::memset(out, 0, sizeof(sluice_result));
+  std::memset(out, 0, size);
   out->struct_size = size;
   out->status = status;
   out->outcome = SLUICE_INVALID;
@@ -116,6 +133,7 @@ void fill_result(const Result& r, sluice_result* out) {
     o.mode = static_cast<int>(l.mode);
     o.exceeded = l.exceeded ? 1 : 0;
   }
+  if (has_lease_field(out)) out->lease = r.lease;
 }
 
 // A string's length, or SIZE_MAX when it is NULL or longer than SLUICE_MAX_STRING_BYTES (read no
@@ -164,6 +182,15 @@ void write_error(char* error, size_t size, const char* text) {
   if (error != nullptr && size > 0) std::snprintf(error, size, "%s", text);
 }
 
+// n results of one version, `stride` bytes apart (the caller's sizeof(sluice_result)).
+struct ResultArray {
+  sluice_result* first;
+  size_t stride;
+  sluice_result& operator[](size_t i) const {
+    return *reinterpret_cast<sluice_result*>(reinterpret_cast<char*>(first) + i * stride);
+  }
+};
+
 struct BatchScratch {
   std::vector<sluice::Entry> entries;
   std::vector<sluice::Check> checks;
@@ -211,6 +238,12 @@ const char* sluice_strerror(int status) {
       return "the node has no room for more counters";
     case SLUICE_ERR_TOO_LARGE:
       return "a string or the check is too large";
+    case SLUICE_ERR_LEASE_UNKNOWN:
+      return "no such lease for this domain and these entries";
+    case SLUICE_ERR_LEASE_EXPIRED:
+      return "the lease had expired";
+    case SLUICE_ERR_LEASE_RELEASED:
+      return "the lease was released before";
     default:
       return "unknown status";
   }
@@ -233,10 +266,20 @@ void sluice_options_init(sluice_options* options) {
   options->connect_timeout_ms = static_cast<uint32_t>(d.connect_timeout.count());
 }
 
+// The current version (sluice_result_init@@SLUICE_1 by sluice.map): the whole struct.
 void sluice_result_init(sluice_result* result) {
   if (result == nullptr) return;
   std::memset(result, 0, sizeof *result);
   result->struct_size = sizeof *result;
+}
+
+// What programs linked before leases call (sluice_result_init@SLUICE_0): their results are
+// version 0, so nothing past `limits` may be written. Exported only under that name (sluice.map).
+__attribute__((symver("sluice_result_init@SLUICE_0"))) SLUICE_API void sluice_result_init_v0(
+    sluice_result* result) {
+  if (result == nullptr) return;
+  std::memset(result, 0, kResultV0Bytes);
+  result->struct_size = kResultV0Bytes;
 }
 
 int sluice_client_create(const sluice_options* options, sluice_client** client, char* error,
@@ -345,11 +388,16 @@ int sluice_check_one(sluice_client* client, const sluice_check* check, sluice_re
 }
 
 int sluice_check_batch(sluice_client* client, const sluice_check* checks, size_t n,
-                       sluice_result* results) {
+                       sluice_result* results_in) {
   if (n == 0) return SLUICE_OK;
-  if (results == nullptr || n > SLUICE_MAX_BATCH) return SLUICE_ERR_INVALID_ARGUMENT;
-  for (size_t i = 0; i < n; ++i) {
-    if (!result_usable(&results[i])) return SLUICE_ERR_INVALID_ARGUMENT;
+  if (results_in == nullptr || n > SLUICE_MAX_BATCH) return SLUICE_ERR_INVALID_ARGUMENT;
+  if (!result_usable(results_in)) return SLUICE_ERR_INVALID_ARGUMENT;
+  // The caller's array of its own version: its stride is that version's size, not ours.
+  const ResultArray results{results_in, results_in->struct_size};
+  for (size_t i = 1; i < n; ++i) {
+    if (!result_usable(&results[i]) || results[i].struct_size != results_in->struct_size) {
+      return SLUICE_ERR_INVALID_ARGUMENT;
+    }
   }
   int refuse = SLUICE_OK;
   if (client == nullptr || checks == nullptr) refuse = SLUICE_ERR_INVALID_ARGUMENT;
@@ -410,6 +458,34 @@ int sluice_check_async(sluice_client* client, const sluice_check* check, sluice_
       done(&out, user_data);
     });
     return SLUICE_OK;
+  } catch (...) {  // std::bad_alloc; nothing else is thrown on this path
+    return SLUICE_ERR_NO_MEMORY;
+  }
+}
+
+int sluice_release(sluice_client* client, const sluice_check* check, uint64_t lease) {
+  if (client == nullptr || lease == 0) return SLUICE_ERR_INVALID_ARGUMENT;
+  if (t_in_callback) return SLUICE_ERR_IN_CALLBACK;
+  try {
+    thread_local std::vector<sluice::Entry> entries;
+    entries.clear();
+    entries.reserve(SLUICE_MAX_ENTRIES);
+    sluice::Check c;
+    if (check == nullptr) return SLUICE_ERR_INVALID_ARGUMENT;
+    sluice_check no_cost = *check;  // a release's hits are ignored: a negative one is no error
+    no_cost.hits = 0;
+    if (int s = convert(&no_cost, entries, c); s != SLUICE_OK) return s;
+    const sluice::ReleaseResult r = client->impl->release(c.domain, c.entries, lease);
+    switch (r.outcome) {
+      case Outcome::kDecided:
+      case Outcome::kInvalid:
+        return status_of_code(r.code);
+      case Outcome::kRefused:
+        return SLUICE_ERR_REFUSED;
+      case Outcome::kUnavailable:
+        return SLUICE_ERR_UNAVAILABLE;
+    }
+    return SLUICE_ERR_UNAVAILABLE;
   } catch (...) {  // std::bad_alloc; nothing else is thrown on this path
     return SLUICE_ERR_NO_MEMORY;
   }

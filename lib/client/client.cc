@@ -120,6 +120,11 @@ std::string_view to_string(Outcome o) {
   return "unknown";
 }
 
+std::string_view to_string(const ReleaseResult& r) {
+  if (r.outcome != Outcome::kDecided) return to_string(r.outcome);
+  return r.code == wire::Code::kOk ? "released" : wire::to_string(r.code);
+}
+
 std::unique_ptr<Client> Client::create(ClientOptions options, std::string* error) {
   std::string err = validate(options);
   std::vector<NodeAddress> nodes;
@@ -193,6 +198,54 @@ asio::awaitable<Result> Client::co_check(const Check& check) {
   OwnedCheck owned;  // copied now: the caller's views need not outlive this call
   owned.assign(check);
   return co_check_owned(core_.get(), std::move(owned));
+}
+
+Client::Acquired Client::acquire(std::string_view domain, std::span<const Entry> entries,
+                                 int64_t hits) {
+  Acquired a;
+  a.result = check(Check{domain, entries, hits});
+  // Only a node's decision grants a lease (a fail-open result holds none).
+  if (a.result.decided() && a.result.lease != 0) a.lease = Lease(*this, domain, entries, a.result);
+  return a;
+}
+
+Client::Acquired Client::acquire(std::string_view domain, std::initializer_list<Entry> entries,
+                                 int64_t hits) {
+  return acquire(domain, std::span<const Entry>(entries.begin(), entries.size()), hits);
+}
+
+namespace {
+
+Check release_check(std::string_view domain, std::span<const Entry> entries, uint64_t lease) {
+  Check c{domain, entries, 0};
+  c.is_release = true;
+  c.release = lease;
+  return c;
+}
+
+}  // namespace
+
+ReleaseResult Client::release(std::string_view domain, std::span<const Entry> entries,
+                              uint64_t lease) {
+  const Result r = check(release_check(domain, entries, lease));
+  return ReleaseResult{r.outcome, r.code};
+}
+
+ReleaseResult Client::release(std::string_view domain, std::initializer_list<Entry> entries,
+                              uint64_t lease) {
+  return release(domain, std::span<const Entry>(entries.begin(), entries.size()), lease);
+}
+
+void Client::async_release(std::string_view domain, std::span<const Entry> entries, uint64_t lease,
+                           ReleaseCallback done) {
+  Completion completion;  // no callback: fire-and-forget (Core::deliver drops the result)
+  if (done) {
+    completion.callback = [done = std::move(done)](Result r) {
+      done(ReleaseResult{r.outcome, r.code});
+    };
+  }
+  core_->submit(release_check(domain, entries, lease), Clock::now() + core_->options().timeout,
+                std::move(completion));
 }
 
 ClientStats Client::stats() const {

@@ -11,6 +11,14 @@
 //   sluice::Result r = client->check("api", {{"client_id", "shop-17"}, {"user", "42"}});
 //   if (!r.allowed) return reply_429(r);            // r.limits has the RateLimit-* details
 //
+// Concurrency limits (docs/protocol.md, "Leases") grant an admitted check a lease, held until it
+// is released or its lease_ttl is over. acquire() returns it in a Lease, which releases it when
+// it goes out of scope:
+//
+//   auto [r, lease] = client->acquire("jobs", {{"tenant", "t1"}});
+//   if (!r.allowed) return reply_429(r);
+//   run_job();                                      // ~Lease releases the slot
+//
 // Thread safety: every member function may be called from any number of threads at once, except
 // the destructor. Callbacks (async_check) run on the Client's I/O thread: they must be short,
 // must not block, must not call the blocking check()/check_batch() (that throws
@@ -42,7 +50,7 @@ namespace sluice {
 
 // What a check names: views, copied by the Client before any call returns.
 using Entry = wire::Entry;              // {key, value}, e.g. {"user", "42"}
-using Check = wire::Check;              // {domain, entries, hits = 1}
+using Check = wire::Check;              // {domain, entries, hits = 1}; is_release: a release
 using LimitStatus = wire::LimitStatus;  // one applied limit: name, limit, remaining, reset, ...
 
 enum class Transport : uint8_t {
@@ -118,10 +126,40 @@ struct Result {
   // One per applied limit, for RateLimit-* and Retry-After headers (empty unless decided).
   std::vector<LimitStatus> limits;
 
+  // Granted by the check's concurrency limits when they admitted it; 0 = none (no such limit,
+  // denied, or not decided by a node: a fail-open check holds no slot and needs no release).
+  // Release it with Client::release and the check's domain and entries, or hold it in a Lease.
+  uint64_t lease = 0;
+
   bool decided() const { return outcome == Outcome::kDecided; }
   // No node decided and the fail mode let the request through: log it, count it, alert on it.
   bool failed_open() const { return !decided() && allowed; }
 };
+
+// What a release came to (Client::release, Lease::release).
+struct ReleaseResult {
+  // kDecided: a node answered, `code` says what it did. kUnavailable / kRefused: no node
+  // decided; the lease stays held until it is released or its lease_ttl is over. kInvalid: not
+  // sent (`code`: kEmptyDomain, kTooManyEntries, kTooLarge; kLeaseUnknown for lease 0).
+  Outcome outcome = Outcome::kUnavailable;
+  // With kDecided: kOk (released: its slots are free), kLeaseReleased (released before; nothing
+  // changed. A retried release whose first answer was lost sees this too: its own first attempt
+  // released it), kLeaseExpired (its lease_ttl was over: the slots were freed then; also any id
+  // the node does not hold whose expiry time, kept in the id, is over), kLeaseUnknown (no such
+  // lease for this domain and these entries: other entries, mistyped, granted by a node that has
+  // restarted since, or the rules changed), kNoRoom (the node's memory cap left no room to count
+  // the release: nothing changed), or a check error (kUnknownDomain, ...).
+  wire::Code code = wire::Code::kOk;
+
+  bool released() const { return outcome == Outcome::kDecided && code == wire::Code::kOk; }
+  // The lease holds nothing any more: released now or before, or expired.
+  bool gone() const {
+    return outcome == Outcome::kDecided &&
+           (code == wire::Code::kOk || code == wire::Code::kLeaseReleased ||
+            code == wire::Code::kLeaseExpired);
+  }
+};
+std::string_view to_string(const ReleaseResult& r);  // "released", "lease_expired", "unavailable"
 
 // Counters since create(), for metrics and tests. Reading them is cheap and lock-free.
 struct ClientStats {
@@ -138,6 +176,57 @@ struct ClientStats {
 namespace client_detail {
 class Core;
 }
+
+class Client;
+
+// A granted lease that releases itself: the destructor (and move assignment over a held lease)
+// releases it unless release() was called or it was detach()ed. Movable, not copyable.
+//
+// The destructor's release is fire-and-forget: queued on the Client like async_release, sent
+// with the Client's timeout, retries and failover, its result dropped. A destructor must not
+// block the request path (a blocking release waits up to the Client's timeout) nor throw, and it
+// may run on the Client's I/O thread (a Lease destroyed in a callback), where a blocking call
+// is refused. A release that never arrives costs the slot until the lease_ttl is over, as for a
+// process that dies holding it. Call release() to know the outcome.
+//
+// Thread safety: one Lease is used by one thread at a time (as a std::unique_ptr); different
+// Leases may be used at once. The Client must outlive every Lease made with it; a release queued
+// just before the Client is destroyed may not be sent (TCP) and is left to expire.
+class Lease {
+ public:
+  Lease() = default;  // holds nothing
+  // Takes over the lease `decision` granted (decision.lease, 0: holds nothing) for the check of
+  // this domain and these entries, which are copied: a release must name the same ones.
+  Lease(Client& client, std::string_view domain, std::span<const Entry> entries,
+        const Result& decision);
+  ~Lease();
+  Lease(Lease&& other) noexcept;
+  Lease& operator=(Lease&& other) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  bool held() const { return id_ != 0; }
+  explicit operator bool() const { return held(); }
+  uint64_t id() const { return id_; }  // 0 when it holds nothing
+
+  // Releases it now and waits for the answer (Client::release); afterwards it holds nothing,
+  // whatever the outcome. Holding nothing: nothing sent, {kInvalid, kLeaseUnknown}. Not from a
+  // Client callback (std::logic_error, as a blocking check).
+  ReleaseResult release();
+  // Gives the lease up without releasing it and returns its id (0 when it held none): the caller
+  // releases it (Client::release) or lets it expire.
+  uint64_t detach();
+
+ private:
+  void release_async() noexcept;
+  std::string_view domain() const;
+  std::vector<Entry> entries() const;  // views into text_
+
+  Client* client_ = nullptr;
+  uint64_t id_ = 0;
+  std::string text_;               // the domain, then each entry's key and value, back to back
+  std::vector<uint32_t> lengths_;  // their lengths, in that order
+};
 
 class Client {
  public:
@@ -167,6 +256,31 @@ class Client {
   // For Boost.Asio coroutines: `Result r = co_await client.co_check(check);`. The check is copied
   // when co_check is called; the coroutine resumes on its own executor.
   boost::asio::awaitable<Result> co_check(const Check& check);
+
+  // ---- leases (concurrency limits; docs/protocol.md, "Leases") ----
+
+  // A blocking check (as check()) whose granted lease, if any, comes in a Lease that releases
+  // it. `lease` holds nothing when none was granted: denied, no concurrency limit applied, or no
+  // node decided (fail-open holds no slot).
+  struct Acquired {
+    Result result;
+    Lease lease;
+  };
+  Acquired acquire(std::string_view domain, std::span<const Entry> entries, int64_t hits = 1);
+  Acquired acquire(std::string_view domain, std::initializer_list<Entry> entries, int64_t hits = 1);
+
+  // Gives back a lease, blocking (as check(), within the timeout). `domain` and `entries` must be
+  // those of the check that was granted it: the release goes to the node that holds it (its
+  // keys' owner in a cluster) and frees the slots of exactly those keys. Idempotent: a second
+  // release answers kLeaseReleased and changes nothing.
+  ReleaseResult release(std::string_view domain, std::span<const Entry> entries, uint64_t lease);
+  ReleaseResult release(std::string_view domain, std::initializer_list<Entry> entries,
+                        uint64_t lease);
+  // Queues a release and returns at once; `done` (may be empty: fire-and-forget) runs exactly
+  // once, on the I/O thread.
+  using ReleaseCallback = std::function<void(ReleaseResult)>;
+  void async_release(std::string_view domain, std::span<const Entry> entries, uint64_t lease,
+                     ReleaseCallback done);
 
   ClientStats stats() const;
   const ClientOptions& options() const;

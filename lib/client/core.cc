@@ -62,8 +62,15 @@ std::string split_host_port(std::string_view text, std::string& host, uint16_t& 
 void OwnedCheck::assign(const wire::Check& c) {
   text.clear();
   lengths.clear();
-  hits = c.hits;
+  // A release has no cost (the node ignores hits): 0, so that no cost check can refuse it.
+  hits = c.is_release ? 0 : c.hits;
+  is_release = c.is_release;
+  release = c.release;
   invalid = wire::Code::kOk;
+  if (c.is_release && c.release == 0) {  // no lease has id 0: nothing to give back
+    invalid = wire::Code::kLeaseUnknown;
+    return;
+  }
   if (c.domain.empty()) {
     invalid = wire::Code::kEmptyDomain;
     return;
@@ -72,7 +79,7 @@ void OwnedCheck::assign(const wire::Check& c) {
     invalid = wire::Code::kTooManyEntries;
     return;
   }
-  if (c.hits < 0) {
+  if (hits < 0) {
     invalid = wire::Code::kNegativeHits;
     return;
   }
@@ -425,9 +432,11 @@ void Core::send_chunk(size_t node, std::span<const SlotRef> refs) {
   size_t first_entry = 0;
   for (const SlotRef ref : refs) {
     const OwnedCheck& c = slots_[ref.index].check;
-    check_views_.push_back(wire::Check{
+    wire::Check& view = check_views_.emplace_back(wire::Check{
         c.domain(),
         std::span<const wire::Entry>(entry_views_).subspan(first_entry, c.num_entries()), c.hits});
+    view.is_release = c.is_release;
+    view.release = c.release;
     first_entry += c.num_entries();
   }
   size_t pad_to = 0;
@@ -631,6 +640,7 @@ void Core::on_answer(size_t node, std::span<const uint8_t> bytes) {
     r.allowlisted = d.allowlisted;
     r.truncated = answer_.truncated;
     r.limits = std::move(d.limits);
+    r.lease = d.lease;
     complete(req.slots[i], std::move(r));
   }
   spare_refs_.push_back(std::move(req.slots));

@@ -58,6 +58,8 @@ struct OwnedCheck {
   std::string text;               // domain, then key and value of each entry, back to back
   std::vector<uint32_t> lengths;  // domain length, then key and value lengths
   int64_t hits = 1;
+  bool is_release = false;  // the release of lease `release` (wire::Check::is_release)
+  uint64_t release = 0;
   wire::Code invalid = wire::Code::kOk;  // why the check will not be sent
 
   void assign(const wire::Check& c);

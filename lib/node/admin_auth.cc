@@ -93,15 +93,21 @@ bool AdminAuth::has_token() const {
 bool AdminAuth::is_write(std::string_view method, std::string_view path) {
   if (method == "GET" || method == "HEAD") return false;
   // The checks count requests, as UDP checks do: the service's data path, not an operator's.
+  // /v1/release is that path's other half: whoever may take a concurrency limit's lease with
+  // /v1/check must be able to give it back, or every lease taken over HTTP would hold its slot
+  // until it expires. It frees only the lease it names, with the domain and descriptors it was
+  // granted for, as a release over UDP/TCP does (which has no token either).
   // /v1/inspect and /v1/ring take a body to name a key, and only read.
-  return !(path == "/v1/check" || path == "/v1/auth" || path == "/v1/inspect" ||
-           path == "/v1/ring");
+  return !(path == "/v1/check" || path == "/v1/auth" || path == "/v1/release" ||
+           path == "/v1/inspect" || path == "/v1/ring");
 }
 
 bool AdminAuth::needs_token(std::string_view method, std::string_view path) const {
   if (is_write(method, path)) return true;
   if (!lock_reads_) return false;
-  return !(path == "/healthz" || path == "/v1/check" || path == "/v1/auth");
+  // The checks, /v1/release with them (see is_write), stay open: a service needs no token.
+  return !(path == "/healthz" || path == "/v1/check" || path == "/v1/auth" ||
+           path == "/v1/release");
 }
 
 AdminAuth::Verdict AdminAuth::refuse(Failure f, unsigned status, std::string message) {

@@ -1,11 +1,11 @@
 // Private to lib/node: who may use the admin HTTP port (docs/operations.md, "Admin token").
 //
-// Operator writes (every request that is not GET or HEAD, except the checks /v1/check and
-// /v1/auth and the read-only POSTs /v1/inspect and /v1/ring) need `Authorization: Bearer <token>`
-// when the node has an admin token (`admin_token_file`). Unknown paths count as writes, so an
-// endpoint added later is closed until someone decides otherwise. With `admin_token_reads` every
-// request but /healthz and the checks needs the token too (/healthz stays open for liveness
-// probes; it tells nothing but "ok").
+// Operator writes (every request that is not GET or HEAD, except the checks /v1/check, /v1/auth
+// and /v1/release (a lease's release: the checks' other half) and the read-only POSTs /v1/inspect
+// and /v1/ring) need `Authorization: Bearer <token>` when the node has an admin token
+// (`admin_token_file`). Unknown paths count as writes, so an endpoint added later is closed until
+// someone decides otherwise. With `admin_token_reads` every request but /healthz and the checks
+// needs the token too (/healthz stays open for liveness probes; it tells nothing but "ok").
 //
 // Without a token, writes are refused when the admin listener is bound to an address other than
 // loopback (anyone on the network could change limits or drain the node); on loopback they are

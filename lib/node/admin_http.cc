@@ -177,7 +177,7 @@ struct AdminHttp::State : std::enable_shared_from_this<AdminHttp::State> {
   bool stopped = false;
   bool accepting = false;  // an async_accept is pending
   std::unordered_set<Connection*> connections;
-  uint64_t http_checks = 0;    // /v1/check and /v1/auth requests decided
+  uint64_t http_checks = 0;    // /v1/check, /v1/auth and /v1/release requests decided
   uint64_t next_check_id = 0;  // ids of the check requests they become
   uint64_t accept_errors = 0;
   uint64_t internal_errors = 0;  // requests answered 500 (an exception out of a handler)
@@ -209,7 +209,7 @@ struct AdminHttp::State : std::enable_shared_from_this<AdminHttp::State> {
 
 namespace {
 
-// ---- the check shared by /v1/check and /v1/auth ----------------------------------------------
+// ---- the check shared by /v1/check, /v1/auth and /v1/release --------------------------------
 
 // Outcome of one check, ready for either endpoint's answer.
 struct CheckOutcome {
@@ -264,6 +264,8 @@ CheckOutcome outcome_of(const wire::Decision& d) {
                 {"allowlisted", o.allowlisted},
                 {"code", wire::to_string(o.code)},
                 {"limits", std::move(limits)}};
+  // A concurrency limit admitted the check: the caller gives the lease back with /v1/release.
+  if (d.lease != 0) o.body["lease"] = format_lease(d.lease);
   o.headers = wire::ratelimit_headers(d.limits, o.enforce_denied).headers;
   return o;
 }
@@ -315,9 +317,26 @@ std::string render_metrics(AdminHttp::State& st) {
   m.sample("sluice_evictions_total", {"kind", "live"}, es.evicted_live);
   m.one("sluice_no_room_total", "counter",
         "Checks allowed uncounted because the memory cap left no room.", es.no_room);
+  m.one("sluice_leases_held", "gauge",
+        "Leases of concurrency limits held now (granted, neither released nor expired).",
+        es.leases_held);
+  m.one("sluice_leases_granted_total", "counter",
+        "Leases granted to checks that concurrency limits admitted.", es.leases_granted);
+  m.one("sluice_leases_released_total", "counter", "Leases released by their holders.",
+        es.leases_released);
+  m.family("sluice_lease_release_refused_total", "counter",
+           "Releases that changed nothing, by reason: lease_unknown (no such lease for these "
+           "entries), lease_expired (its time to live was over), lease_released (released "
+           "before).");
+  m.sample("sluice_lease_release_refused_total", {"reason", "lease_unknown"}, es.lease_unknown);
+  m.sample("sluice_lease_release_refused_total", {"reason", "lease_expired"}, es.lease_expired);
+  m.sample("sluice_lease_release_refused_total", {"reason", "lease_released"},
+           es.lease_released_before);
+  m.one("sluice_lease_table_bytes", "gauge",
+        "Memory of the lease tables in bytes (counts against the memory cap).", es.lease_bytes);
 
   m.family("sluice_requests_total", "counter",
-           "Check requests received, by transport (http: /v1/check and /v1/auth).");
+           "Check requests received, by transport (http: /v1/check, /v1/auth, /v1/release).");
   m.sample("sluice_requests_total", {"transport", "udp"}, nc.udp_requests);
   m.sample("sluice_requests_total", {"transport", "tcp"}, nc.tcp_requests);
   m.sample("sluice_requests_total", {"transport", "http"}, st.http_checks);
@@ -606,7 +625,11 @@ std::string render_status(AdminHttp::State& st) {
         {"evicted_live", es.evicted_live},
         {"allowlisted", es.allowlisted},
         {"no_room", es.no_room},
-        {"checks", es.checks}}},
+        {"checks", es.checks},
+        {"leases_held", es.leases_held},
+        {"leases_granted", es.leases_granted},
+        {"leases_released", es.leases_released},
+        {"lease_bytes", es.lease_bytes}}},
       {"requests",
        {{"udp", nc.udp_requests},
         {"tcp", nc.tcp_requests},
@@ -759,15 +782,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!check_pending_) write();  // else finish_check() writes
   }
 
-  // /v1/check and /v1/auth: the check goes the way every check port's does (Node::check_async);
-  // the answer is written when it comes back, on this connection's thread.
-  enum class Front { kCheck, kAuth };
+  // /v1/check, /v1/auth and /v1/release: the check goes the way every check port's does
+  // (Node::check_async: a worker, and in a cluster the owner of its keys, which is also the node
+  // that holds their leases); the answer is written when it comes back, on this connection's
+  // thread.
+  enum class Front { kCheck, kAuth, kRelease };
   void start_check(const CheckInput& in, Front front) {
     std::vector<wire::Entry> entries;
     entries.reserve(in.entries.size());
     for (const auto& [k, v] : in.entries)
       entries.push_back({k, v});
-    const wire::Check check{in.domain, entries, static_cast<int64_t>(in.hits)};
+    wire::Check check{in.domain, entries, static_cast<int64_t>(in.hits)};
+    check.is_release = in.release != 0;
+    check.release = in.release;
     std::vector<uint8_t> request;
     wire::encode_request(++st_->next_check_id, std::span<const wire::Check>(&check, 1), 0, request);
     check_pending_ = true;
@@ -788,6 +815,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return write();
     }
     ++st_->http_checks;
+    if (front == Front::kRelease) return finish_release(a.decisions[0]);
     const CheckOutcome o = outcome_of(a.decisions[0]);
     for (const auto& [name, value] : o.headers)
       res_.set(name, value);
@@ -804,7 +832,35 @@ class Connection : public std::enable_shared_from_this<Connection> {
       // auth_request lets the request through on any 2xx. A shadow denial passes too (the
       // caller must fail silently); the header lets nginx hand the verdict to the upstream.
       if (o.shadow) res_.set("Sluice-Shadow", "1");
+      // So does a lease (nginx cannot release it; an upstream that can, may).
+      if (a.decisions[0].lease != 0) res_.set("Sluice-Lease", format_lease(a.decisions[0].lease));
       res_.result(http::status::no_content);
+    }
+    write();
+  }
+
+  // /v1/release: 200 when it freed the lease's slots; 409 when it changed nothing (the lease was
+  // released before, has expired, or is not known for these entries); 503 when the memory cap
+  // left no room to count the release (nothing changed); 400 for a request error (unknown
+  // domain, ...), as /v1/check.
+  void finish_release(const wire::Decision& d) {
+    switch (d.code) {
+      case wire::Code::kOk:
+        json(http::status::ok, Json{{"released", true}});
+        break;
+      case wire::Code::kLeaseUnknown:
+      case wire::Code::kLeaseExpired:
+      case wire::Code::kLeaseReleased:
+        json(http::status::conflict, Json{{"released", false}, {"code", wire::to_string(d.code)}});
+        break;
+      case wire::Code::kNoRoom:  // the memory cap: the lease stays held; try again, or it expires
+        json(http::status::service_unavailable,
+             Json{{"released", false}, {"code", wire::to_string(d.code)}});
+        break;
+      default:
+        json(http::status::bad_request,
+             Json{{"released", false}, {"code", wire::to_string(d.code)}});
+        break;
     }
     write();
   }
@@ -905,6 +961,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
         return json(http::status::bad_request, Json{{"error", err}});
       }
       return start_check(in, Front::kCheck);
+    }
+    if (path == "/v1/release") {
+      if (req.method() != http::verb::post) return method_not_allowed("POST");
+      CheckInput in;
+      if (std::string err = parse_release_body(req.body(), in); !err.empty()) {
+        return json(http::status::bad_request, Json{{"error", err}});
+      }
+      return start_check(in, Front::kRelease);
     }
     if (path == "/v1/auth") {
       if (!get) return method_not_allowed("GET");

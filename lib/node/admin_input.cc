@@ -187,6 +187,59 @@ std::string parse_check_body(std::string_view body, CheckInput& in) {
   return "";
 }
 
+std::string format_lease(uint64_t lease) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, lease >>= 4)
+    out[static_cast<size_t>(i)] = kDigits[lease & 0xf];
+  return out;
+}
+
+std::string parse_lease(const Json& value, uint64_t& out) {
+  constexpr const char* kForm =
+      "lease must be a string of 16 lowercase hex digits, as /v1/check answered it (e.g. "
+      "\"00c0ffee12345678\")";
+  if (!value.is_string()) return kForm;
+  const std::string& s = value.get_ref<const std::string&>();
+  if (s.size() != 16) return kForm;
+  uint64_t v = 0;
+  for (const char c : s) {
+    // Uppercase is refused too: one spelling per lease, so logs and caches can compare them.
+    const int d = c >= 'A' && c <= 'F' ? -1 : hex_value(c);
+    if (d < 0) return kForm;
+    v = v << 4 | static_cast<uint64_t>(d);
+  }
+  if (v == 0) return "lease 0000000000000000 is no lease (0 means none was granted)";
+  out = v;
+  return "";
+}
+
+std::string parse_release_body(std::string_view body, CheckInput& in) {
+  Json j;
+  if (std::string err = parse_json_object(body, j); !err.empty()) return err;
+  bool has_lease = false;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "domain") {
+      if (!value.is_string()) return "domain must be a string";
+      in.domain = value.get<std::string>();
+      in.has_domain = true;
+    } else if (key == "descriptors") {
+      if (std::string err = parse_descriptors(value, in.entries); !err.empty()) return err;
+    } else if (key == "lease") {
+      if (std::string err = parse_lease(value, in.release); !err.empty()) return err;
+      has_lease = true;
+    } else if (key == "hits") {
+      return "hits does not apply to a release (it frees what the lease holds)";
+    } else {
+      return "unknown field \"" + key + "\"";
+    }
+  }
+  if (!in.has_domain) return "domain is required";
+  if (!has_lease) return "lease is required";
+  in.hits = 0;  // ignored by the engine; 0 so that no cost limit can refuse a release
+  return "";
+}
+
 // Collects /v1/auth input from the query and X-Sluice-* headers. Returns "" or the error.
 std::string parse_auth_input(std::string_view query,
                              std::span<const std::pair<std::string_view, std::string_view>> headers,

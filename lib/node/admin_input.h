@@ -5,6 +5,7 @@
 //   query strings     "a=1&b=%2F" (percent-escapes, '+' is a space)
 //   JSON bodies       an object, nested at most kMaxJsonDepth deep
 //   /v1/check         {"domain","descriptors":{..},"hits"}
+//   /v1/release       {"domain","descriptors":{..},"lease":"00c0ffee12345678"}
 //   /v1/auth          ?domain=&hits=&KEY=VALUE and X-Sluice-KEY headers (nginx auth_request)
 //   /v1/overrides     {"domain","descriptors","limits":["500/1m"],"granularity","mode","ttl","plan"}
 //   /v1/plans         {"domain","descriptors","plan","ttl"}
@@ -51,17 +52,27 @@ std::string check_fields(const nlohmann::json& j, std::initializer_list<std::str
 // "ttl": "24h" | "90s" | seconds as a number; 0 or absent = no expiry (expires_at_ms 0).
 std::string parse_ttl(const nlohmann::json& j, int64_t now_ms, int64_t& expires_at_ms);
 
-// The check shared by /v1/check and /v1/auth.
+// The check shared by /v1/check, /v1/auth and /v1/release.
 struct CheckInput {
   std::string domain;
   bool has_domain = false;
   Entries entries;
   uint64_t hits = 1;
+  // /v1/release: not a check but the release of this lease (never 0: no lease has that id).
+  uint64_t release = 0;
 };
 // "hits" given as text (a query parameter or a header): 0..kMaxHits.
 std::string parse_hits_text(std::string_view s, uint64_t& out);
 // The /v1/check body.
 std::string parse_check_body(std::string_view body, CheckInput& in);
+// A lease id as JSON carries it: exactly 16 lowercase hex digits ("00c0ffee12345678"), a string
+// because a JSON number loses precision past 2^53 in many clients.
+std::string format_lease(uint64_t lease);
+// The inverse of format_lease; "" or the error. "0000000000000000" is refused: 0 means "no lease".
+std::string parse_lease(const nlohmann::json& value, uint64_t& out);
+// The /v1/release body: the domain and descriptors of the check that was granted the lease, and
+// the lease (into in.release). No "hits": a release has no cost.
+std::string parse_release_body(std::string_view body, CheckInput& in);
 // /v1/auth: the query, then the headers named X-Sluice-KEY (any case; '-' in KEY becomes '_');
 // `headers` may hold every header of the request, the others are skipped.
 std::string parse_auth_input(std::string_view query,

@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +50,10 @@ static int failures = 0;
     }                                                                                             \
   } while (0)
 
-/* Limits of the rules file: 3 per minute per user (1-second buckets keep the count exact). */
+/* Limits of the rules file: 3 per minute per user (1-second buckets keep the count exact); in
+ * domain "c", at most 2 leases held per user (a concurrency limit). */
 #define LIMIT 3
+#define IN_FLIGHT 2
 static const char* const RULES =
     "domains:\n"
     "  - name: t\n"
@@ -58,7 +61,13 @@ static const char* const RULES =
     "      - name: per-user\n"
     "        key: [user]\n"
     "        limits:\n"
-    "          - {limit: 3, window: 1m, name: per-user, granularity: 1s}\n";
+    "          - {limit: 3, window: 1m, name: per-user, granularity: 1s}\n"
+    "  - name: c\n"
+    "    rules:\n"
+    "      - name: in-flight\n"
+    "        key: [user]\n"
+    "        limits:\n"
+    "          - {algorithm: concurrency, max_in_flight: 2, lease_ttl: 30s}\n";
 
 static double now_s(void) {
   struct timespec ts;
@@ -732,7 +741,7 @@ static void case_bad_input(void) {
   sluice_result_init(&r);
   EXPECT_STATUS(sluice_check_one(c, &chk, &r), SLUICE_ERR_INVALID_ARGUMENT);
   /* every status has a text */
-  for (i = 0; i <= SLUICE_ERR_TOO_LARGE; ++i) {
+  for (i = 0; i <= SLUICE_ERR_LEASE_RELEASED; ++i) {
     EXPECT(sluice_strerror(i) != NULL);
     EXPECT(strcmp(sluice_strerror(i), "unknown status") != 0);
   }
@@ -740,6 +749,126 @@ static void case_bad_input(void) {
   EXPECT(strcmp(sluice_strerror(1000), "unknown status") == 0);
   sluice_options_init(NULL); /* no-ops, no crash */
   sluice_result_init(NULL);
+  stop_node(&n);
+}
+
+/* Concurrency leases: granted in the result, given back with sluice_release. */
+static void case_lease(void) {
+  node n;
+  const char* addr;
+  sluice_client* c;
+  sluice_entry e;
+  sluice_check chk;
+  sluice_result r;
+  uint64_t held[IN_FLIGHT];
+  int i;
+  start_node(&n);
+  addr = n.addr;
+  c = make_client(&addr, 1, SLUICE_UDP, SLUICE_FAIL_CLOSED, 500000);
+  chk = user_check("c", &e, "alice", 1);
+  for (i = 0; i < IN_FLIGHT; ++i) {
+    sluice_result_init(&r);
+    r.lease = 12345; /* overwritten: every result says whether it carries a lease */
+    EXPECT_STATUS(sluice_check_one(c, &chk, &r), SLUICE_OK);
+    EXPECT(r.allowed == 1);
+    EXPECT(r.lease != 0);
+    held[i] = r.lease;
+  }
+  EXPECT(held[0] != held[1]);
+  sluice_result_init(&r);
+  r.lease = 12345;
+  EXPECT_STATUS(sluice_check_one(c, &chk, &r), SLUICE_OK);
+  EXPECT(r.allowed == 0); /* both slots held */
+  EXPECT(r.lease == 0);
+
+  EXPECT_STATUS(sluice_release(c, &chk, held[0]), SLUICE_OK);
+  EXPECT_STATUS(sluice_release(c, &chk, held[0]), SLUICE_ERR_LEASE_RELEASED);
+  sluice_result_init(&r);
+  EXPECT_STATUS(sluice_check_one(c, &chk, &r), SLUICE_OK);
+  EXPECT(r.allowed == 1); /* the released slot */
+  EXPECT(r.lease != 0);
+  {
+    /* Another user's entries, a lease never granted: unknown, nothing changes. */
+    sluice_entry other;
+    sluice_check bob = user_check("c", &other, "bob", 1);
+    EXPECT_STATUS(sluice_release(c, &bob, held[1]), SLUICE_ERR_LEASE_UNKNOWN);
+    /* Never granted: the high half (its expiry time) kept, so it is not taken for expired. */
+    EXPECT_STATUS(sluice_release(c, &chk, held[1] ^ 0x5a5a5a5aULL), SLUICE_ERR_LEASE_UNKNOWN);
+    EXPECT_STATUS(sluice_release(c, &chk, 0xffULL), SLUICE_ERR_LEASE_EXPIRED); /* 1970 */
+  }
+  chk.hits = -1; /* ignored by a release */
+  EXPECT_STATUS(sluice_release(c, &chk, held[1]), SLUICE_OK);
+  EXPECT_STATUS(sluice_release(c, &chk, r.lease), SLUICE_OK);
+  /* Bad arguments. */
+  EXPECT_STATUS(sluice_release(c, &chk, 0), SLUICE_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(sluice_release(NULL, &chk, 1), SLUICE_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(sluice_release(c, NULL, 1), SLUICE_ERR_INVALID_ARGUMENT);
+  chk = user_check("", &e, "alice", 1);
+  EXPECT_STATUS(sluice_release(c, &chk, 1), SLUICE_ERR_EMPTY_DOMAIN);
+  chk = user_check("nope", &e, "alice", 1);
+  EXPECT_STATUS(sluice_release(c, &chk, 1), SLUICE_ERR_UNKNOWN_DOMAIN);
+  EXPECT(strcmp(sluice_strerror(SLUICE_ERR_LEASE_EXPIRED), "unknown status") != 0);
+  sluice_client_destroy(&c);
+  stop_node(&n);
+}
+
+/* A program linked before leases: its results are version 0 (no `lease`), and it calls
+ * sluice_result_init@SLUICE_0, which must not write past them. */
+__asm__(".symver sluice_result_init_linked_before_leases, sluice_result_init@SLUICE_0");
+void sluice_result_init_linked_before_leases(sluice_result* result);
+
+static void case_result_v0(void) {
+  const size_t v0 = offsetof(sluice_result, lease);
+  node n;
+  const char* addr;
+  sluice_client* c;
+  sluice_entry e;
+  sluice_check chk;
+  sluice_result r;
+  unsigned char past[sizeof r.lease];
+  memset(&r, 0xab, sizeof r);
+  memset(past, 0xab, sizeof past);
+  sluice_result_init_linked_before_leases(&r);
+  EXPECT(r.struct_size == v0);
+  EXPECT(r.status == 0 && r.num_limits == 0);
+  EXPECT(memcmp(&r.lease, past, sizeof past) == 0); /* untouched */
+  start_node(&n);
+  addr = n.addr;
+  c = make_client(&addr, 1, SLUICE_UDP, SLUICE_FAIL_CLOSED, 500000);
+  chk = user_check("c", &e, "old", 1); /* a lease is granted, and not written */
+  EXPECT_STATUS(sluice_check_one(c, &chk, &r), SLUICE_OK);
+  EXPECT(r.allowed == 1);
+  EXPECT(memcmp(&r.lease, past, sizeof past) == 0);
+  chk.domain = ""; /* an error result is cleared, as far as version 0 goes */
+  EXPECT_STATUS(sluice_check_one(c, &chk, &r), SLUICE_ERR_EMPTY_DOMAIN);
+  EXPECT(memcmp(&r.lease, past, sizeof past) == 0);
+  {
+    /* A version-0 caller's batch: an array whose stride is the version-0 size, with 8 more
+     * bytes after it that nothing may touch. */
+    uint64_t words[(2 * 1192 + 8) / 8];
+    unsigned char* bytes = (unsigned char*)words;
+    sluice_result* r0 = (sluice_result*)bytes;
+    sluice_result* r1 = (sluice_result*)(bytes + v0);
+    sluice_check cs[2];
+    sluice_entry es[2];
+    EXPECT(sizeof words >= 2 * v0 + sizeof past);
+    memset(words, 0xab, sizeof words);
+    r0->struct_size = v0;
+    r1->struct_size = v0;
+    cs[0] = user_check("c", &es[0], "old2", 1);
+    cs[1] = user_check("c", &es[1], "old3", 1);
+    EXPECT_STATUS(sluice_check_batch(c, cs, 2, r0), SLUICE_OK);
+    EXPECT(r0->status == SLUICE_OK && r0->allowed == 1);
+    EXPECT(r1->struct_size == v0); /* where r0's lease would be: untouched */
+    EXPECT(r1->status == SLUICE_OK && r1->allowed == 1);
+    EXPECT(memcmp(bytes + 2 * v0, past, sizeof past) == 0);
+    /* One array has one version: sizes that differ are refused. */
+    r1->struct_size = sizeof(sluice_result);
+    EXPECT_STATUS(sluice_check_batch(c, cs, 2, r0), SLUICE_ERR_INVALID_ARGUMENT);
+  }
+  r.struct_size = v0 + 4; /* neither version */
+  EXPECT_STATUS(sluice_check_one(c, &chk, &r), SLUICE_ERR_INVALID_ARGUMENT);
+  sluice_client_destroy(&c);
   stop_node(&n);
 }
 
@@ -759,6 +888,8 @@ static const test_case cases[] = {
     {"fail_closed", case_fail_closed},
     {"garbage_answer", case_garbage_answer},
     {"bad_input", case_bad_input},
+    {"lease", case_lease},
+    {"result_v0", case_result_v0},
 };
 
 int main(int argc, char** argv) {

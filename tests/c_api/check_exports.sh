@@ -16,8 +16,16 @@ if [ -n "$others" ]; then
   exit 1
 fi
 for want in sluice_client_create sluice_client_destroy sluice_check_one sluice_check_batch \
-            sluice_check_async sluice_strerror sluice_options_init sluice_result_init; do
+            sluice_check_async sluice_strerror sluice_options_init sluice_result_init \
+            sluice_release; do
   grep -qx "$want" <<<"$symbols" || { echo "FAIL: $want is not exported"; exit 1; }
+done
+# Version nodes (lib/client/sluice.map): what a program linked against an older library asks for
+# must still be there, and what leases added is in SLUICE_1.
+versioned=$(nm -D --defined-only "$lib" | awk '$2 != "A" { print $3 }')
+for want in sluice_check_one@@SLUICE_0 sluice_result_init@SLUICE_0 sluice_result_init@@SLUICE_1 \
+            sluice_release@@SLUICE_1; do
+  grep -qx "$want" <<<"$versioned" || { echo "FAIL: $want is not exported"; exit 1; }
 done
 soname=$(objdump -p "$lib" | awk '$1 == "SONAME" { print $2 }')
 [ "$soname" = libsluice.so.0 ] || { echo "FAIL: SONAME is '$soname', expected libsluice.so.0"; exit 1; }

@@ -4,14 +4,15 @@
 // Input: [mode][bytes...]. Mode % 5:
 //   0  a raw HTTP/1.1 request, parsed by Boost.Beast with the port's header and body limits, then
 //      routed like the port does: the admin token check, then the parser of the endpoint
-//   1  a /v1/check body
+//   1  a /v1/check body, and the same bytes as a /v1/release body
 //   2  /v1/auth: a query string, then "Name: value" header lines
 //   3  an override body (/v1/overrides); bit 3 of the mode: a plan assignment (/v1/plans)
 //   4  a query string
 //
 // Properties beyond "no crash, no sanitizer report":
 //  - a parse that succeeds gives what its endpoint needs: a domain, hits at most kMaxHits, an
-//    override with entries, at most kMaxLimitsPerOverride limits and a non-negative expiry;
+//    override with entries, at most kMaxLimitsPerOverride limits and a non-negative expiry; a
+//    release a non-zero lease that format_lease spells back as the body had it;
 //  - a decoded query, encoded again, decodes to the same pairs;
 //  - the admin token check lets a write through only with exactly "Bearer <token>" (any case of
 //    the scheme, spaces after it), and its refusals are 401 or 403.
@@ -52,6 +53,17 @@ void check_input(const CheckInput& in) {
 void fuzz_check_body(std::string_view body) {
   CheckInput in;
   if (parse_check_body(body, in).empty()) check_input(in);
+}
+
+void fuzz_release_body(std::string_view body) {
+  CheckInput in;
+  if (!parse_release_body(body, in).empty()) return;
+  check_input(in);
+  FUZZ_REQUIRE(in.release != 0);
+  // One spelling per lease: the body's, exactly.
+  Json j;
+  FUZZ_REQUIRE(parse_json_object(body, j).empty());
+  FUZZ_REQUIRE(j["lease"].get<std::string>() == format_lease(in.release));
 }
 
 void fuzz_auth(std::string_view query, const Headers& headers) {
@@ -155,6 +167,8 @@ void fuzz_request(std::string_view raw) {
   const std::string_view body = req.body();
   if (path == "/v1/check") {
     fuzz_check_body(body);
+  } else if (path == "/v1/release") {
+    fuzz_release_body(body);
   } else if (path == "/v1/auth") {
     Headers headers;
     for (const auto& f : req) {
@@ -179,6 +193,7 @@ void fuzz_http(std::span<const uint8_t> in) {
       break;
     case 1:
       fuzz_check_body(text);
+      fuzz_release_body(text);
       break;
     case 2:
       fuzz_auth_text(text);
@@ -214,6 +229,8 @@ void write_seeds(const std::string& dir) {
   seed("request-healthz", 0, "GET /healthz?ready HTTP/1.1\r\nHost: x\r\n\r\n");
   seed("check-body", 1, R"({"domain":"api","descriptors":{"user":"42","path":"/a"},"hits":0})");
   seed("check-body-negative", 1, R"({"domain":"api","hits":-1})");
+  seed("release-body", 1,
+       R"({"domain":"jobs","descriptors":{"tenant":"t1"},"lease":"00c0ffee12345678"})");
   seed("auth", 2, "domain=api&user=%E2%82%AC&hits=3\nX-Sluice-Plan: pro\nX-Other: 1\n");
   seed("override", 3,
        R"({"domain":"api","descriptors":{"client_id":"shop-17"},"limits":["2000/1m","50/1s"],)"

@@ -323,3 +323,64 @@ TEST_CASE("with udp_busy_poll_us, UDP checks hold the limit and TCP checks on th
   CHECK(d.admitted(3, "9") == 0);
   ::close(s);
 }
+
+TEST_CASE("libsluice leases from a real sluiced: a Lease frees its slot when it goes, once") {
+  sluice::testing::DaemonConfig config;
+  config.rules = R"(domains:
+  - name: jobs
+    rules:
+      - name: per-tenant
+        key: [tenant]
+        limits:
+          - {algorithm: concurrency, max_in_flight: 2, lease_ttl: 30s}
+)";
+  sluice::testing::Daemon d(config);
+  for (const auto transport : {sluice::Transport::kUdp, sluice::Transport::kTcp}) {
+    CAPTURE(static_cast<int>(transport));
+    sluice::ClientOptions opt;
+    opt.nodes = {"127.0.0.1:" + std::to_string(d.port)};
+    opt.transport = transport;
+    opt.fail_mode = sluice::FailMode::kClosed;
+    opt.timeout = std::chrono::milliseconds(500);
+    std::string error;
+    auto client = sluice::Client::create(opt, &error);
+    REQUIRE_MESSAGE(client, error);
+    const std::string tenant = transport == sluice::Transport::kUdp ? "udp" : "tcp";
+    const std::vector<sluice::Entry> entries = {{"tenant", tenant}};
+
+    auto [r1, kept] = client->acquire("jobs", entries);
+    REQUIRE(r1.decided());
+    CHECK(r1.allowed);
+    CHECK(kept.held());
+    {
+      auto [r2, dropped] = client->acquire("jobs", entries);
+      CHECK(dropped.held());
+      auto [r3, none] = client->acquire("jobs", entries);  // both slots held
+      CHECK_FALSE(r3.allowed);
+      CHECK_FALSE(none.held());
+    }  // `dropped` releases in the background: its slot comes back
+    std::optional<sluice::Lease> again;
+    for (int i = 0; i < 200 && !again; ++i) {
+      auto [r, lease] = client->acquire("jobs", entries);
+      if (lease.held()) {
+        again = std::move(lease);
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    REQUIRE(again.has_value());
+    CHECK_FALSE(client->acquire("jobs", entries).result.allowed);
+
+    const uint64_t id = kept.id();
+    const sluice::ReleaseResult rr = kept.release();
+    CHECK(rr.released());
+    CHECK(client->release("jobs", entries, id).code == Code::kLeaseReleased);
+    CHECK(client->release("jobs", {{"tenant", "other"}}, again->id()).code == Code::kLeaseUnknown);
+    CHECK(again->release().released());
+    // Both free again.
+    auto [a, la] = client->acquire("jobs", entries);
+    auto [b, lb] = client->acquire("jobs", entries);
+    CHECK(la.held());
+    CHECK(lb.held());
+  }
+}

@@ -20,6 +20,7 @@
  *   sluice_result_init(&r);
  *   sluice_check_one(c, &chk, &r);     // r.allowed is always set; the status says how
  *   if (!r.allowed) reply_429(&r);
+ *   if (r.lease) sluice_release(c, &chk, r.lease);   // a concurrency limit's slot, given back
  *   sluice_client_destroy(&c);         // c is NULL afterwards
  *
  * Threads: every function may be called from any number of threads at once, except
@@ -32,7 +33,9 @@
  *
  * ABI: the SONAME is libsluice.so.SLUICE_ABI_VERSION. Structs the caller fills or receives start
  * with `struct_size` (set by the *_init functions); new fields are only ever appended, so a newer
- * library reads and writes only what the caller's struct_size covers. docs/client.md, "ABI".
+ * library reads and writes only what the caller's struct_size covers. sluice_result_init is
+ * versioned (lib/client/sluice.map): programs linked before sluice_result had `lease` keep the
+ * one that writes version 0 only. docs/client.md, "ABI".
  */
 #ifndef SLUICE_SLUICE_H
 #define SLUICE_SLUICE_H
@@ -78,8 +81,12 @@ typedef enum sluice_status {
   SLUICE_ERR_DUPLICATE_ENTRY = 12,
   SLUICE_ERR_HITS_TOO_LARGE = 13,
   SLUICE_ERR_NEGATIVE_HITS = 14,
-  SLUICE_ERR_NO_ROOM = 15,  /* the node's counter table is full */
-  SLUICE_ERR_TOO_LARGE = 16 /* a string over SLUICE_MAX_STRING_BYTES, or a check too big */
+  SLUICE_ERR_NO_ROOM = 15,   /* the node's counter table is full */
+  SLUICE_ERR_TOO_LARGE = 16, /* a string over SLUICE_MAX_STRING_BYTES, or a check too big */
+  /* sluice_release: a node answered, and nothing changed. */
+  SLUICE_ERR_LEASE_UNKNOWN = 17, /* no such lease for this domain and these entries */
+  SLUICE_ERR_LEASE_EXPIRED = 18, /* its lease_ttl was over: its slots were freed then */
+  SLUICE_ERR_LEASE_RELEASED = 19 /* released before (or by this call's own lost first attempt) */
 } sluice_status;
 
 /* A static English text for a status ("no node answered in time"); never NULL. */
@@ -144,6 +151,8 @@ typedef struct sluice_limit {
   int exceeded;
 } sluice_limit;
 
+/* Version 1 (this header) appended `lease`. The library also accepts version 0 (struct_size up to
+ * `limits`, no `lease`: programs built before leases) and then writes only those fields. */
 typedef struct sluice_result {
   size_t struct_size;  /* set by sluice_result_init (the caller's sizeof) */
   int status;          /* sluice_status of this check */
@@ -155,6 +164,9 @@ typedef struct sluice_result {
   int truncated;       /* limit details were dropped (by the node, or past SLUICE_MAX_LIMITS) */
   uint32_t num_limits; /* filled entries of `limits` */
   sluice_limit limits[SLUICE_MAX_LIMITS];
+  /* Version 1. Granted by the check's concurrency limits when they admitted it; 0 = none.
+   * Give it back with sluice_release and the same check, or it is held until its lease_ttl. */
+  uint64_t lease;
 } sluice_result;
 
 SLUICE_API void sluice_result_init(sluice_result* result);
@@ -178,8 +190,10 @@ SLUICE_API int sluice_check_one(sluice_client* client, const sluice_check* check
                                 sluice_result* result);
 
 /* `n` checks sharing requests; results[i] for checks[i], each with its own status. Every
- * results[i].struct_size must be set. Returns SLUICE_OK when the call was valid (look at each
- * status), else the argument error (results filled with it when they can be). */
+ * results[i].struct_size must be set, all to the same size (the array's stride: a program built
+ * before `lease` passes an array of version-0 results). Returns SLUICE_OK when the call was
+ * valid (look at each status), else the argument error (results filled with it when they can
+ * be). */
 SLUICE_API int sluice_check_batch(sluice_client* client, const sluice_check* checks, size_t n,
                                   sluice_result* results);
 
@@ -190,6 +204,15 @@ typedef void (*sluice_callback)(const sluice_result* result, void* user_data);
  * within the timeout, or at destroy). Any other return: `done` never runs. */
 SLUICE_API int sluice_check_async(sluice_client* client, const sluice_check* check,
                                   sluice_callback done, void* user_data);
+
+/* Gives back `lease` (a result's `lease`), blocking like sluice_check_one. `check` must name the
+ * domain and entries of the check that was granted it (its `hits` is ignored). Returns SLUICE_OK
+ * when the lease's slots were freed; SLUICE_ERR_LEASE_RELEASED, _EXPIRED or _UNKNOWN when a node
+ * answered and nothing changed (a release is idempotent); SLUICE_ERR_UNAVAILABLE or
+ * SLUICE_ERR_REFUSED when no node decided (the lease is held until its lease_ttl is over; try
+ * again, or let it expire); SLUICE_ERR_INVALID_ARGUMENT for lease 0; a check's errors as
+ * sluice_check_one. Since version SLUICE_1 of the library (sluice.map). */
+SLUICE_API int sluice_release(sluice_client* client, const sluice_check* check, uint64_t lease);
 
 /* Counters since create, as the C++ ClientStats. */
 typedef struct sluice_stats {
