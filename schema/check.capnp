@@ -25,9 +25,11 @@ struct Check {
 # Gives back a lease a concurrency limit granted (docs/protocol.md, "Leases"). It travels as a
 # Check with the same domain and entries as the check that acquired the lease, so it reaches the
 # same owner, and is answered by a Decision: `ok` when it freed the lease's slot; `leaseReleased`
-# when the lease was released before; `leaseExpired` when its time to live is over;
-# `leaseUnknown` when no lease of that id was granted for these entries (forged, mistyped, or
-# granted by a node that has since restarted). Only `ok` changes anything. `hits` is ignored.
+# when the lease was released before; `leaseExpired` when its time to live is over (a lease id
+# carries its expiry in whole seconds in its high 32 bits: an id the node does not hold whose
+# time has passed, forged or not, is `leaseExpired` too); `leaseUnknown` when no lease of that id
+# was granted for these entries (forged, mistyped, other entries, or granted by a node that has
+# since restarted). Only `ok` changes anything. `hits` is ignored.
 struct Release {
   lease @0 :UInt64;
 }

@@ -564,3 +564,69 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE(
+    "concurrency limit over 3 nodes: the owner grants at most max_in_flight leases, and a release "
+    "through any node frees one, once") {
+  // Issue 15, item 2: the key's owner holds the leases; checks and releases sent to any node are
+  // forwarded to it (a release carries the check's entries, so it routes the same way).
+  ClusterSpec spec = spec_for(3, 5);
+  spec.rules_yaml =
+      "domains:\n  - name: c\n    rules:\n      - name: in-flight\n        key: [k]\n"
+      "        consistency: owner\n"
+      "        limits: [{algorithm: concurrency, max_in_flight: 5, lease_ttl: 30s}]\n";
+  LocalCluster c(spec);
+  const std::string started = c.start();
+  REQUIRE_MESSAGE(started.empty(), started);
+  std::vector<std::unique_ptr<sluice::Client>> clients;
+  for (uint16_t port : c.check_ports()) {
+    sluice::ClientOptions co;
+    co.nodes = {"127.0.0.1:" + std::to_string(port)};
+    co.timeout = milliseconds(1000);
+    co.attempts = 1;
+    std::string err;
+    clients.push_back(sluice::Client::create(co, &err));
+    REQUIRE_MESSAGE(clients.back() != nullptr, err);
+  }
+  for (const std::string key : {"a", "b", "c"}) {
+    CAPTURE(key);
+    const sluice::Entry e[] = {{"k", key}};
+    // 10 checks round-robin: exactly 5 leases, each one a distinct id.
+    std::vector<uint64_t> leases;
+    size_t failed = 0;
+    for (int i = 0; i < 10; ++i) {
+      const sluice::Result r = clients[static_cast<size_t>(i) % 3]->check("c", e);
+      if (!r.decided() || r.code != sluice::wire::Code::kOk) ++failed;
+      if (r.allowed) {
+        CHECK(r.lease != 0);
+        leases.push_back(r.lease);
+      } else {
+        CHECK(r.lease == 0);
+      }
+    }
+    CHECK(failed == 0);
+    REQUIRE(leases.size() == 5);
+    std::vector<uint64_t> unique = leases;
+    std::sort(unique.begin(), unique.end());
+    CHECK(std::unique(unique.begin(), unique.end()) == unique.end());
+    // Each released through another node than the one after it: freed once, then lease_released.
+    for (size_t i = 0; i < leases.size(); ++i) {
+      const sluice::ReleaseResult first = clients[(i + 1) % 3]->release("c", e, leases[i]);
+      CHECK_MESSAGE(first.released(), sluice::to_string(first));
+      const sluice::ReleaseResult again = clients[(i + 2) % 3]->release("c", e, leases[i]);
+      CHECK(again.code == sluice::wire::Code::kLeaseReleased);
+    }
+    // A forged id, and the entries of another key: lease_unknown, nothing freed.
+    CHECK(clients[0]->release("c", e, leases[0] ^ 0x5a5a).code == sluice::wire::Code::kLeaseUnknown);
+    const sluice::Entry other[] = {{"k", key + "-other"}};
+    CHECK(clients[1]->release("c", other, leases[1]).code == sluice::wire::Code::kLeaseUnknown);
+    // The five slots are free again: five more leases, then a denial.
+    size_t admitted = 0;
+    for (int i = 0; i < 6; ++i) {
+      if (clients[static_cast<size_t>(i) % 3]->check("c", e).allowed) ++admitted;
+    }
+    MESSAGE("key " << key << ": 5 of 10 granted, 5 released through other nodes, then "
+                   << admitted << " of 6 granted");
+    CHECK(admitted == 5);
+  }
+}
