@@ -138,9 +138,8 @@ int print_result(const sluice::Result& r, const std::string& server, bool as_jso
                 r.allowlisted ? " (allowlisted)" : "");
     for (const auto& l : details ? r.limits : std::vector<sluice::LimitStatus>{}) {
       const std::string limit = std::to_string(l.limit) + "/" + window_text(l.window_ms);
-      std::printf("  %-24s %-12s remaining %-8llu reset %-9s%s%s\n", l.name.c_str(),
-                  limit.c_str(), static_cast<unsigned long long>(l.remaining),
-                  seconds_text(l.reset_ms).c_str(),
+      std::printf("  %-24s %-12s remaining %-8llu reset %-9s%s%s\n", l.name.c_str(), limit.c_str(),
+                  static_cast<unsigned long long>(l.remaining), seconds_text(l.reset_ms).c_str(),
                   l.exceeded ? " retry after " : "",
                   l.exceeded ? seconds_text(l.retry_after_ms).c_str() : "");
     }
@@ -209,9 +208,8 @@ std::optional<json> call_json(const std::string& admin, http::verb verb, const s
     return std::nullopt;
   }
   if (r->status != 200) {
-    const std::string msg = j.contains("error") && j["error"].is_string()
-                                ? j["error"].get<std::string>()
-                                : r->body;
+    const std::string msg =
+        j.contains("error") && j["error"].is_string() ? j["error"].get<std::string>() : r->body;
     std::fprintf(stderr, "sluicectl: %s (HTTP %u from %s)\n", msg.c_str(), r->status,
                  admin.c_str());
     return std::nullopt;
@@ -350,6 +348,23 @@ int run_inspect(const std::string& admin, const json& target, bool as_json) {
                               : "full allowance (nothing counted lately)");
         continue;
       }
+      if (l.value("algorithm", "window") == "concurrency") {
+        std::printf("    concurrency: %llu of %llu held in leases, lease_ttl %s\n",
+                    static_cast<unsigned long long>(l.at("held").get<uint64_t>()),
+                    static_cast<unsigned long long>(l.at("max_in_flight").get<uint64_t>()),
+                    l.at("lease_ttl").get<std::string>().c_str());
+        if (l.at("buckets").empty()) continue;
+        std::printf("    %-12s %10s %10s %12s %12s\n", "granted age", "this node", "others",
+                    "released here", "released else");
+        for (const auto& b : l.at("buckets")) {
+          std::printf("    %-12s %10u %10u %12u %12u\n",
+                      seconds_text(now - b.at("start_ms").get<int64_t>()).c_str(),
+                      b.at("own").get<unsigned>(), b.at("others").get<unsigned>(),
+                      b.at("released_own").get<unsigned>(),
+                      b.at("released_others").get<unsigned>());
+        }
+        continue;
+      }
       if (l.at("buckets").empty()) {
         std::printf("    no counter yet (nothing counted in this window)\n");
         continue;
@@ -384,8 +399,8 @@ int run_top(const std::string& admin, int n, bool watch, double interval_s, int 
     } else {
       if (watch) std::printf("\033[H\033[2J");  // clear the terminal between refreshes
       const int64_t now = j->at("now_ms").get<int64_t>();
-      std::printf("%-10s %-28s %-32s %15s %7s %8s %9s %8s\n", "state", "rule", "key",
-                  "used/limit", "%", "window", "exceeded", "last");
+      std::printf("%-10s %-28s %-32s %15s %7s %8s %9s %8s\n", "state", "rule", "key", "used/limit",
+                  "%", "window", "exceeded", "last");
       if (j->at("keys").empty()) std::printf("(no key at 80 %% or more of a limit)\n");
       for (const auto& k : j->at("keys")) {
         const std::string used = std::to_string(k.at("used").get<uint64_t>()) + "/" +
@@ -504,10 +519,10 @@ int run_status(const std::string& admin, bool as_json) {
         std::printf("data      none: counters and overrides live in memory only\n");
       } else {
         const auto& last = p.at("last_snapshot");
-        std::string age = last.at("age_ms").is_null()
-                              ? std::string("no snapshot yet")
-                              : "last snapshot " + seconds_text(last.at("age_ms").get<int64_t>()) +
-                                    " ago";
+        std::string age =
+            last.at("age_ms").is_null()
+                ? std::string("no snapshot yet")
+                : "last snapshot " + seconds_text(last.at("age_ms").get<int64_t>()) + " ago";
         // Nodes before the overrides' database of their own report only the total.
         std::string split;
         if (p.contains("disk")) {
@@ -516,23 +531,26 @@ int run_status(const std::string& admin, bool as_json) {
                         p.at("disk").at("overrides_bytes").get<double>() / 1024.0);
           split = buf;
         }
-        std::printf("data      %s: %s (%llu written, %.1f KiB, %.1f ms%s), %.1f MiB on disk%s, "
-                    "%llu overrides\n",
-                    p.at("dir").get<std::string>().c_str(), age.c_str(),
-                    static_cast<unsigned long long>(last.at("written").get<uint64_t>()),
-                    last.at("bytes").get<double>() / 1024.0, last.at("duration_ms").get<double>(),
-                    last.at("ok").get<bool>() ? "" : ", FAILED",
-                    p.at("disk_bytes").get<double>() / 1048576.0, split.c_str(),
-                    static_cast<unsigned long long>(p.at("overrides").get<uint64_t>()));
-        std::printf("restored  %llu counters at start in %.1f ms (%llu expired, %llu unreadable)\n",
-                    static_cast<unsigned long long>(p.at("restored").at("counters").get<uint64_t>()),
-                    p.at("restored").at("duration_ms").get<double>(),
-                    static_cast<unsigned long long>(p.at("restored").at("expired").get<uint64_t>()),
-                    static_cast<unsigned long long>(p.at("restored").at("malformed").get<uint64_t>()));
+        std::printf(
+            "data      %s: %s (%llu written, %.1f KiB, %.1f ms%s), %.1f MiB on disk%s, "
+            "%llu overrides\n",
+            p.at("dir").get<std::string>().c_str(), age.c_str(),
+            static_cast<unsigned long long>(last.at("written").get<uint64_t>()),
+            last.at("bytes").get<double>() / 1024.0, last.at("duration_ms").get<double>(),
+            last.at("ok").get<bool>() ? "" : ", FAILED",
+            p.at("disk_bytes").get<double>() / 1048576.0, split.c_str(),
+            static_cast<unsigned long long>(p.at("overrides").get<uint64_t>()));
+        std::printf(
+            "restored  %llu counters at start in %.1f ms (%llu expired, %llu unreadable)\n",
+            static_cast<unsigned long long>(p.at("restored").at("counters").get<uint64_t>()),
+            p.at("restored").at("duration_ms").get<double>(),
+            static_cast<unsigned long long>(p.at("restored").at("expired").get<uint64_t>()),
+            static_cast<unsigned long long>(p.at("restored").at("malformed").get<uint64_t>()));
       }
     }
     if (j.contains("rules")) {
-      std::printf("%-32s %12s %12s %12s %12s\n", "rule", "allowed", "denied", "shadow", "would-deny");
+      std::printf("%-32s %12s %12s %12s %12s\n", "rule", "allowed", "denied", "shadow",
+                  "would-deny");
       for (const auto& r : j["rules"]) {
         std::printf("%-32s %12llu %12llu %12llu %12llu\n", r.at("name").get<std::string>().c_str(),
                     r.at("allowed").get<unsigned long long>(),
@@ -565,7 +583,8 @@ int run_status(const std::string& admin, bool as_json) {
                     m.at("name").get<std::string>().c_str(), peer.c_str(),
                     m.at("state").get<std::string>().c_str(), m.at("incarnation").get<unsigned>(),
                     100.0 * m.at("share").get<double>(), ago(m.at("last_heard_ms")).c_str(),
-                    ago(m.at("sync_lag_ms")).c_str(), m.at("self").get<bool>() ? "  (this node)" : "");
+                    ago(m.at("sync_lag_ms")).c_str(),
+                    m.at("self").get<bool>() ? "  (this node)" : "");
       }
       if (!c.at("dropped").empty()) {
         std::string d;

@@ -157,6 +157,11 @@ struct HotKey {
 // others per ring position, and what each other node reported). Importing a record is idempotent.
 inline constexpr size_t kRecordKeyBytes = 16;
 
+// A concurrency limit's counter counts the hits of the leases it granted, per bucket; its twin,
+// `counter ^ kLeaseReleaseBit` (same spec), the hits of those leases released since
+// (window/concurrency.h). For inspection: the engine keeps both.
+inline constexpr uint64_t kLeaseReleaseBit = 1ull << 30;
+
 class RecordSink {
  public:
   virtual ~RecordSink() = default;

@@ -43,7 +43,7 @@ constexpr uint64_t kDemandBit = 1ull << 31;
 // Concurrency limits (window/concurrency.h): a limit's counter counts the hits of the leases it
 // grants, per bucket granted in; its twin with this bit counts the hits released, per the same
 // bucket. Both grow only, sync and persist like any counter. Same routing half and shard bits.
-constexpr uint64_t kReleaseBit = 1ull << 30;
+constexpr uint64_t kReleaseBit = kLeaseReleaseBit;
 
 // One limit's answer, filled in place: a LimitResult built on the stack and copied was read back
 // in 16-byte pieces spanning its smaller stores, which the store buffer cannot forward (a stall).

@@ -9,6 +9,7 @@
 #include "node/node.h"
 #include "node/node_cluster.h"
 #include "rules/rules.h"
+#include "window/concurrency.h"
 #include "window/sliding_window.h"
 
 namespace sluice::node {
@@ -49,13 +50,22 @@ Json entries_json(const Entries& entries) {
 
 Json limit_json(const rules::Limit& l) {
   if (l.algorithm == rules::Algorithm::kGcra) {
+    return Json{
+        {"name", l.name},
+        {"algorithm", "gcra"},
+        {"rate", std::to_string(l.rate_requests) + "/" + rules::format_duration(l.rate_period_ms)},
+        {"burst", l.requests},
+        {"limit", l.requests},
+        {"window", rules::format_duration(rules::reported_window_ms(l))}};
+  }
+  if (l.algorithm == rules::Algorithm::kConcurrency) {
     return Json{{"name", l.name},
-                {"algorithm", "gcra"},
-                {"rate", std::to_string(l.rate_requests) + "/" +
-                             rules::format_duration(l.rate_period_ms)},
-                {"burst", l.requests},
+                {"algorithm", "concurrency"},
+                {"max_in_flight", l.requests},
+                {"lease_ttl", rules::format_duration(l.spec.window_ms)},
                 {"limit", l.requests},
-                {"window", rules::format_duration(rules::reported_window_ms(l))}};
+                {"window", rules::format_duration(l.spec.window_ms)},
+                {"bucket", rules::format_duration(l.spec.bucket_ms)}};
   }
   return Json{{"name", l.name},
               {"limit", l.requests},
@@ -63,6 +73,65 @@ Json limit_json(const rules::Limit& l) {
               // null: none given, the rule's (an override's limits only)
               {"bucket", l.spec.bucket_ms == 0 ? Json(nullptr)
                                                : Json(rules::format_duration(l.spec.bucket_ms))}};
+}
+
+// A ring of `view` laid out by bucket number (position b mod n), as window::RingView reads it.
+void ring_of(const engine::CounterView& view, std::vector<uint32_t>& own,
+             std::vector<uint32_t>& others) {
+  const auto n = static_cast<int64_t>(view.own.size());
+  own.assign(view.own.size(), 0);
+  others.assign(view.own.size(), 0);
+  for (int64_t b = view.head - n + 1, idx = 0; b <= view.head; ++b, ++idx) {
+    const auto pos = static_cast<size_t>(((b % n) + n) % n);
+    own[pos] = view.own[static_cast<size_t>(idx)];
+    others[pos] = view.others[static_cast<size_t>(idx)];
+  }
+}
+
+// A concurrency limit's state (window/concurrency.h): the hits held in leases now, and per
+// bucket the hits granted and released, this node's and the others'.
+Json lease_limit_json(Node& node, const rules::AppliedLimit& al, int64_t now,
+                      const std::optional<engine::CounterView>& granted, Json lj) {
+  const window::WindowSpec& spec = al.limit->spec;
+  const auto released = node.engine().inspect(al.counter ^ engine::kLeaseReleaseBit, spec);
+  std::vector<uint32_t> g_own, g_others, r_own, r_others;
+  int64_t head = window::bucket_of(now, spec.bucket_ms);
+  if (granted) {
+    ring_of(*granted, g_own, g_others);
+    head = std::max(head, granted->head);
+  } else {
+    g_own.assign(spec.ring_size(), 0);
+    g_others.assign(spec.ring_size(), 0);
+  }
+  if (released) {
+    ring_of(*released, r_own, r_others);
+  } else {
+    r_own.assign(spec.ring_size(), 0);
+    r_others.assign(spec.ring_size(), 0);
+  }
+  const window::RingView gv{g_own, g_others, granted ? granted->head : head};
+  const window::RingView rv{r_own, r_others, released ? released->head : head};
+  const window::Moment m =
+      window::moment_of(spec, window::effective_now(now, head, spec.bucket_ms));
+  const window::LimitState ls = window::lease_state(gv, rv, spec, m, 0, al.requests);
+  Json buckets = Json::array();
+  for (int64_t b = m.bucket - spec.buckets(); granted && b <= m.bucket; ++b) {
+    const window::RingView g_own_view{g_own, {}, gv.head};
+    const window::RingView r_own_view{r_own, {}, rv.head};
+    buckets.push_back(Json{{"start_ms", b * spec.bucket_ms},
+                           {"own", g_own_view.count(b)},
+                           {"others", gv.count(b) - g_own_view.count(b)},
+                           {"released_own", r_own_view.count(b)},
+                           {"released_others", rv.count(b) - r_own_view.count(b)}});
+  }
+  const uint64_t held = window::leases_held(gv, rv, spec, m);
+  lj["held"] = held;
+  lj["estimate"] = static_cast<double>(held);
+  lj["remaining"] = ls.remaining;
+  lj["reset_ms"] = ls.reset_ms;
+  lj["buckets"] = std::move(buckets);
+  lj["nodes"] = Json::array();
+  return lj;
 }
 
 Json override_json(const rules::Override& o, int64_t now_ms) {
@@ -75,9 +144,9 @@ Json override_json(const rules::Override& o, int64_t now_ms) {
          {"plan", o.plan},
          {"mode", o.mode ? Json(std::string(rules::to_string(*o.mode))) : Json(nullptr)},
          {"expires_at_ms", o.expires_at_ms == 0 ? Json(nullptr) : Json(o.expires_at_ms)},
-         {"ttl_left_s", o.expires_at_ms == 0 ? Json(nullptr)
-                                             : Json(std::max<int64_t>(0, o.expires_at_ms - now_ms) /
-                                                    1000)}};
+         {"ttl_left_s", o.expires_at_ms == 0
+                            ? Json(nullptr)
+                            : Json(std::max<int64_t>(0, o.expires_at_ms - now_ms) / 1000)}};
   return j;
 }
 
@@ -116,7 +185,7 @@ OpsReply set_override(Node& node, const Json& j, bool plan_only) {
   if (!r.ok()) return from_result(r, {});
   const auto stored = node.get_override(domain, entries);
   return reply(200, Json{{"override", stored ? versioned_override_json(node, *stored, node.now_ms())
-                                              : Json()}});
+                                             : Json()}});
 }
 
 // A request named by an operator body ({"domain", "descriptors"}), resolved against the rules
@@ -188,6 +257,10 @@ OpsReply inspect(Node& node, const Json& j) {
         limits.push_back(std::move(lj));
         continue;
       }
+      if (lim.algorithm == rules::Algorithm::kConcurrency) {
+        limits.push_back(lease_limit_json(node, al, now, view, std::move(lj)));
+        continue;
+      }
       Json buckets = Json::array();
       double estimate = 0;
       window::LimitState ls{al.requests, 0, 0};
@@ -198,9 +271,8 @@ OpsReply inspect(Node& node, const Json& j) {
           const auto pos = static_cast<size_t>(((b % n) + n) % n);
           own[pos] = view->own[static_cast<size_t>(idx)];
           others[pos] = view->others[static_cast<size_t>(idx)];
-          buckets.push_back(Json{{"start_ms", b * spec.bucket_ms},
-                                 {"own", own[pos]},
-                                 {"others", others[pos]}});
+          buckets.push_back(
+              Json{{"start_ms", b * spec.bucket_ms}, {"own", own[pos]}, {"others", others[pos]}});
         }
         const window::RingView rv{own, others, view->head};
         const int64_t at = window::effective_now(now, view->head, spec.bucket_ms);
@@ -251,19 +323,19 @@ OpsReply top(Node& node, std::string_view query) {
     const char* state = k.mode == rules::Mode::kDryRun ? (over ? "would-deny" : "near")
                         : over                         ? "over"
                                                        : "near";
-    keys.push_back(Json{{"rule", k.rule},
-                        {"key", k.key},
-                        {"mode", std::string(rules::to_string(k.mode))},
-                        {"state", state},
-                        {"limit", k.limit},
-                        {"window", rules::format_duration(k.window_ms)},
-                        {"used", k.used},
-                        {"percent", k.limit ? 100.0 * static_cast<double>(k.used) /
-                                                  static_cast<double>(k.limit)
-                                            : 0.0},
-                        {"exceeded", k.exceeded},
-                        {"since_ms", k.first_ms},
-                        {"last_ms", k.last_ms}});
+    keys.push_back(
+        Json{{"rule", k.rule},
+             {"key", k.key},
+             {"mode", std::string(rules::to_string(k.mode))},
+             {"state", state},
+             {"limit", k.limit},
+             {"window", rules::format_duration(k.window_ms)},
+             {"used", k.used},
+             {"percent",
+              k.limit ? 100.0 * static_cast<double>(k.used) / static_cast<double>(k.limit) : 0.0},
+             {"exceeded", k.exceeded},
+             {"since_ms", k.first_ms},
+             {"last_ms", k.last_ms}});
   }
   return reply(200, Json{{"now_ms", now}, {"keys", std::move(keys)}});
 }
@@ -272,12 +344,9 @@ OpsReply snapshot(Node& node, std::string_view query) {
   const auto full = query_value(query, "full");
   const auto r = node.snapshot_now(full && (*full == "1" || *full == "true"));
   if (!r) return error(503, "persistence is off: the node has no data directory");
-  Json body{{"ok", r->ok},
-            {"full", r->full},
-            {"written", r->written},
-            {"deleted", r->erased},
-            {"bytes", r->bytes},
-            {"duration_ms", static_cast<double>(r->duration_us) / 1000.0}};
+  Json body{{"ok", r->ok},           {"full", r->full},
+            {"written", r->written}, {"deleted", r->erased},
+            {"bytes", r->bytes},     {"duration_ms", static_cast<double>(r->duration_us) / 1000.0}};
   if (!r->ok) body["error"] = r->error;
   return reply(r->ok ? 200 : 500, std::move(body));
 }
@@ -311,18 +380,19 @@ Json cluster_json(const ClusterStatus& c) {
   if (!c.enabled) return Json{{"enabled", false}};
   Json members = Json::array();
   for (const MemberStatus& m : c.members) {
-    members.push_back(Json{{"id", m.member.id},
-                           {"name", m.member.name},
-                           {"host", m.member.host},
-                           {"peer_port", m.member.peer_port},
-                           {"check_port", m.member.check_port},
-                           {"admin_port", m.member.admin_port},
-                           {"state", std::string(cluster::to_string(m.member.state))},
-                           {"incarnation", m.member.incarnation},
-                           {"share", m.share},
-                           {"self", m.member.id == c.self},
-                           {"last_heard_ms", m.last_heard_ms < 0 ? Json(nullptr) : Json(m.last_heard_ms)},
-                           {"sync_lag_ms", m.last_sync_ms < 0 ? Json(nullptr) : Json(m.last_sync_ms)}});
+    members.push_back(
+        Json{{"id", m.member.id},
+             {"name", m.member.name},
+             {"host", m.member.host},
+             {"peer_port", m.member.peer_port},
+             {"check_port", m.member.check_port},
+             {"admin_port", m.member.admin_port},
+             {"state", std::string(cluster::to_string(m.member.state))},
+             {"incarnation", m.member.incarnation},
+             {"share", m.share},
+             {"self", m.member.id == c.self},
+             {"last_heard_ms", m.last_heard_ms < 0 ? Json(nullptr) : Json(m.last_heard_ms)},
+             {"sync_lag_ms", m.last_sync_ms < 0 ? Json(nullptr) : Json(m.last_sync_ms)}});
   }
   Json dropped = Json::object();
   for (const auto& [reason, n] : c.dropped)
@@ -344,44 +414,48 @@ Json cluster_json(const ClusterStatus& c) {
               {"bytes_in", c.bytes_in},
               {"bytes_out", c.bytes_out},
               {"send_errors", c.send_errors},
-              {"sync", {{"passes", c.sync_passes},
-                        {"totals_out", c.sync_totals_out},
-                        {"batches_out", c.sync_batches_out},
-                        {"totals_in", c.sync_totals_in},
-                        {"handoffs", c.handoffs},
-                        {"cpu_us", {{"changed", c.sync_cpu_us[0]},
-                                    {"resend", c.sync_cpu_us[1]},
-                                    {"handoff", c.sync_cpu_us[2]}}},
-                        {"kind_passes", {{"changed", c.sync_kind_passes[0]},
-                                         {"resend", c.sync_kind_passes[1]},
-                                         {"handoff", c.sync_kind_passes[2]}}},
-                        {"cpu_us_max_changed", c.sync_cpu_us_max_changed},
-                        {"slices_deferred", c.sync_slices_deferred},
-                        {"cpu_us_buckets_changed", c.sync_cpu_us_buckets}}},
-              {"overrides", {{"records", c.overrides.records},
-                             {"digest", c.overrides.hash},
-                             {"records_sent", c.overrides.records_sent},
-                             {"records_received", c.overrides.records_received},
-                             {"applied", c.overrides.applied},
-                             {"known", c.overrides.known},
-                             {"expired", c.overrides.expired},
-                             {"dropped", c.overrides.dropped},
-                             {"pushes_sent", c.overrides.pushes_sent},
-                             {"digests_sent", c.overrides.digests_sent},
-                             {"digests_received", c.overrides.digests_received},
-                             {"full_sent", c.overrides.full_sent}}},
-              {"membership", {{"probes_sent", ms.probes_sent},
-                              {"probes_failed", ms.probes_failed},
-                              {"suspicions_raised", ms.suspicions_raised},
-                              {"refutations", ms.refutations},
-                              {"deaths_declared", ms.deaths_declared},
-                              {"suspect_pings", ms.suspect_pings},
-                              {"joins_answered", ms.joins_answered},
-                              {"pulls_in_sync", ms.pulls_in_sync},
-                              {"pull_entries_sent", ms.pull_entries_sent},
-                              {"local_health", ms.local_health},
-                              {"identity_conflicts",
-                               ms.ignored_of(cluster::IgnoredReason::kIdentityConflict)}}}};
+              {"sync",
+               {{"passes", c.sync_passes},
+                {"totals_out", c.sync_totals_out},
+                {"batches_out", c.sync_batches_out},
+                {"totals_in", c.sync_totals_in},
+                {"handoffs", c.handoffs},
+                {"cpu_us",
+                 {{"changed", c.sync_cpu_us[0]},
+                  {"resend", c.sync_cpu_us[1]},
+                  {"handoff", c.sync_cpu_us[2]}}},
+                {"kind_passes",
+                 {{"changed", c.sync_kind_passes[0]},
+                  {"resend", c.sync_kind_passes[1]},
+                  {"handoff", c.sync_kind_passes[2]}}},
+                {"cpu_us_max_changed", c.sync_cpu_us_max_changed},
+                {"slices_deferred", c.sync_slices_deferred},
+                {"cpu_us_buckets_changed", c.sync_cpu_us_buckets}}},
+              {"overrides",
+               {{"records", c.overrides.records},
+                {"digest", c.overrides.hash},
+                {"records_sent", c.overrides.records_sent},
+                {"records_received", c.overrides.records_received},
+                {"applied", c.overrides.applied},
+                {"known", c.overrides.known},
+                {"expired", c.overrides.expired},
+                {"dropped", c.overrides.dropped},
+                {"pushes_sent", c.overrides.pushes_sent},
+                {"digests_sent", c.overrides.digests_sent},
+                {"digests_received", c.overrides.digests_received},
+                {"full_sent", c.overrides.full_sent}}},
+              {"membership",
+               {{"probes_sent", ms.probes_sent},
+                {"probes_failed", ms.probes_failed},
+                {"suspicions_raised", ms.suspicions_raised},
+                {"refutations", ms.refutations},
+                {"deaths_declared", ms.deaths_declared},
+                {"suspect_pings", ms.suspect_pings},
+                {"joins_answered", ms.joins_answered},
+                {"pulls_in_sync", ms.pulls_in_sync},
+                {"pull_entries_sent", ms.pull_entries_sent},
+                {"local_health", ms.local_health},
+                {"identity_conflicts", ms.ignored_of(cluster::IgnoredReason::kIdentityConflict)}}}};
 }
 
 std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::string_view path,
@@ -444,9 +518,12 @@ std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::str
       const ClusterStatus c = node.cluster_status();
       Json shares = Json::array();
       for (const MemberStatus& m : c.members) {
-        if (m.share > 0) shares.push_back(Json{{"id", m.member.id}, {"name", m.member.name}, {"share", m.share}});
+        if (m.share > 0)
+          shares.push_back(Json{{"id", m.member.id}, {"name", m.member.name}, {"share", m.share}});
       }
-      return reply(200, Json{{"enabled", c.enabled}, {"replicas", c.replicas}, {"shares", std::move(shares)}});
+      return reply(
+          200,
+          Json{{"enabled", c.enabled}, {"replicas", c.replicas}, {"shares", std::move(shares)}});
     }
     if (post) return with_body([&](const Json& j) { return ring_for(node, j); });
     return method_not_allowed("GET, POST");
