@@ -209,8 +209,9 @@ TEST_CASE("traces are deterministic per seed, sorted, and shaped as documented")
 // ---- (a) strict never over-admits ---------------------------------------------------------------
 
 TEST_CASE("strict admits at most the limit in every true window, any window size and cost") {
-  // Windows from the design (1 s .. 1 d) at their default granularity and at 1/10 of the window;
-  // costs of 1..4 hits; the traces that push hardest at the limit.
+  // Windows from the design (1 s .. 1 d) at 1/10 of the window, at their default granularity,
+  // and at the default before windows under ten minutes got ten buckets (one bucket for 1 s,
+  // 10 s and 1 min); costs of 1..4 hits; the traces that push hardest at the limit.
   struct Case {
     int64_t window_ms;
     int64_t bucket_ms;
@@ -223,7 +224,10 @@ TEST_CASE("strict admits at most the limit in every true window, any window size
   std::vector<Case> cases;
   for (const int64_t w : {kSecond, 10 * kSecond, kMinute, 15 * kMinute, kHour, kDay}) {
     cases.push_back({w, w / 10, 60, all, seeds});
-    if (w != kDay) cases.push_back({w, window::default_bucket_ms(w), 60, all, seeds});
+    if (w == kDay) continue;
+    for (const int64_t b : {window::default_bucket_ms(w), window::legacy_default_bucket_ms(w)}) {
+      if (b != w / 10 && b != cases.back().bucket_ms) cases.push_back({w, b, 60, all, seeds});
+    }
   }
   // A day at its default one-minute granularity keeps 1441 buckets, and every denied check makes
   // the engine compute retry-after by walking up to n + 2 future buckets, each summing n buckets

@@ -32,7 +32,9 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-// An epoch-aligned minute (2023-11-14 22:13) plus 15 s: one-minute buckets are 15 s old.
+// An epoch-aligned minute (2023-11-14 22:13) plus 15 s: one-minute buckets are 15 s old. The
+// `per-minute` limit is on one-minute buckets (the default before windows under ten minutes got
+// ten buckets), which the reset, Retry-After and RateLimit values below were worked out for.
 constexpr int64_t kMinute = 28'333'333LL * 60'000;
 constexpr int64_t kT0 = kMinute + 15'000;
 
@@ -42,7 +44,7 @@ constexpr const char* kRules = R"(domains:
       - name: per-key
         key: [api_key]
         limits:
-          - {limit: 3, window: 1m, name: per-minute}
+          - {limit: 3, window: 1m, granularity: 1m, name: per-minute}
           - {limit: 10, window: 1h, name: per-hour}
   - name: spam
     rules:

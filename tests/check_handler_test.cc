@@ -29,7 +29,9 @@ using node::CheckRouter;
 using node::ForwardPlan;
 using Outcome = CheckHandler::Outcome;
 
-// An epoch-aligned minute (2023-11-14 22:13) plus 15 s: one-minute buckets are 15 s old.
+// An epoch-aligned minute (2023-11-14 22:13) plus 15 s: one-minute buckets are 15 s old. The
+// `per-minute` limit is on one-minute buckets (the default before windows under ten minutes got
+// ten buckets), which its reset and retry-after values below were worked out for.
 constexpr int64_t kMinute = 28'333'333LL * 60'000;
 constexpr int64_t kT0 = kMinute + 15'000;
 constexpr uint64_t kSeed = 0x5eed;
@@ -41,7 +43,7 @@ constexpr const char* kRules = R"(domains:
       - name: per-user
         key: [user]
         limits:
-          - {limit: 3, window: 1m, name: per-minute}
+          - {limit: 3, window: 1m, granularity: 1m, name: per-minute}
         consistency: owner
   - name: feed
     rules:

@@ -20,6 +20,10 @@ using rules::Descriptor;
 constexpr int64_t kT0 = 28'333'333LL * 60'000;  // an epoch-aligned minute (2023-11-14 22:13)
 constexpr uint64_t kSeed = 42;
 
+// A limit as the rules file reads `text`: on the window's default bucket, or on `bucket_ms`. The
+// cases whose numbers (reset, retry-after, merged totals per bucket, sweeps, memory) were worked
+// out for one one-minute bucket per 1m window, the default before windows under ten minutes got
+// ten buckets (window::default_bucket_ms), pass 60'000.
 rules::Limit limit(const char* text, int64_t bucket_ms = 0) {
   rules::Limit l;
   const std::string err = rules::parse_limit(text, bucket_ms, l);
@@ -84,7 +88,7 @@ const engine::RuleStats& stats_of(const engine::EngineStats& s, std::string_view
 }  // namespace
 
 TEST_CASE("a burst is admitted up to the limit and the rest is denied with retry-after") {
-  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("5/1m")})})));
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("5/1m", 60'000)})})));
   Checker c{e, {}, {}};
   CHECK(c.admitted(5, {{"user", "42"}}, kT0 + 1000) == 5);
   const auto& d = c.check({{"user", "42"}}, kT0 + 1000);
@@ -164,7 +168,7 @@ TEST_CASE("layered rules: a denial by one rule leaves the other rule's counter u
 }
 
 TEST_CASE("count_denied makes denied requests count against the window") {
-  rules::Rule r = rule("strict-ban", {"user"}, {limit("3/1m")});
+  rules::Rule r = rule("strict-ban", {"user"}, {limit("3/1m", 60'000)});
   r.count_denied = true;
   Engine e(compile(one_domain({r})));
   Checker c{e, {}, {}};
@@ -172,7 +176,7 @@ TEST_CASE("count_denied makes denied requests count against the window") {
   // 10 hits counted in minute 0; at 1:30 the weighted estimate is 5: still over 3.
   CHECK_FALSE(c.check({{"user", "1"}}, kT0 + 90'000).allowed);
   // Without count_denied, the same pattern admits again once the estimate falls under 3.
-  Engine e2(compile(one_domain({rule("strict-ban", {"user"}, {limit("3/1m")})})));
+  Engine e2(compile(one_domain({rule("strict-ban", {"user"}, {limit("3/1m", 60'000)})})));
   Checker c2{e2, {}, {}};
   CHECK(c2.admitted(10, {{"user", "1"}}, kT0) == 3);
   CHECK(c2.check({{"user", "1"}}, kT0 + 90'000).allowed);  // estimate 1.5 + 1 <= 3
@@ -326,7 +330,7 @@ TEST_CASE("concurrent callers never admit more than the limit") {
 }
 
 TEST_CASE("merging remote totals is idempotent: duplicates and stale reports change nothing") {
-  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m", 60'000)})})));
   Checker c{e, {}, {}};
   CHECK(c.check({{"user", "1"}}, kT0, 10).allowed);
   const auto& lim = *c.limits()[0].limit;
@@ -357,7 +361,7 @@ TEST_CASE("merging remote totals is idempotent: duplicates and stale reports cha
 TEST_CASE("a peer's report of this node's own count raises it, so counts lost to a crash return") {
   // Node 0 counted 30, was killed before its snapshot held them, and restarted with 10; the owner
   // still knows node 0's total of 30 and pushes it back.
-  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m", 60'000)})})));
   Checker c{e, {}, {}};
   CHECK(c.check({{"user", "1"}}, kT0, 10).allowed);
   const auto& lim = *c.limits()[0].limit;
@@ -399,7 +403,7 @@ struct CollectSync : engine::SyncSink {
 TEST_CASE("a sync pass sends own totals of changed counters once, and the owner pushes others") {
   engine::EngineOptions opt;
   opt.node_id = 1;
-  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})), opt);
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m", 60'000)})})), opt);
   Checker c{e, {}, {}};
   c.check({{"user", "1"}}, kT0, 3);
   c.check({{"user", "2"}}, kT0, 4);
@@ -457,8 +461,10 @@ std::vector<uint64_t> reported(const CollectSync& s) {
   return out;
 }
 
+// On one-minute buckets, which the sync cases below were worked out for (the merges name minute
+// buckets, the memory cap sizes tables of two-bucket rings).
 rules::RuleSet per_user(const char* lim = "1000/1m") {
-  return one_domain({rule("per-user", {"user"}, {limit(lim)})});
+  return one_domain({rule("per-user", {"user"}, {limit(lim, 60'000)})});
 }
 }  // namespace
 
@@ -665,9 +671,9 @@ TEST_CASE("sync: a step looks at no more listed counters than it is given") {
 }
 
 TEST_CASE("merges in any order converge to the same count") {
-  Engine a(compile(one_domain({rule("r", {"k"}, {limit("1000/1m")})})));
-  Engine b(compile(one_domain({rule("r", {"k"}, {limit("1000/1m")})})));
-  const auto spec = window::make_spec(60'000);
+  Engine a(compile(one_domain({rule("r", {"k"}, {limit("1000/1m", 60'000)})})));
+  Engine b(compile(one_domain({rule("r", {"k"}, {limit("1000/1m", 60'000)})})));
+  const auto spec = window::make_spec(60'000, 60'000);
   const std::string_view values[] = {"x"};
   const uint64_t counter =
       rules::counter_id(rules::key_hash(kSeed, "api", rule("r", {"k"}, {}), values), spec);
@@ -693,7 +699,7 @@ TEST_CASE("merges in any order converge to the same count") {
 }
 
 TEST_CASE("sweep drops only counters whose buckets all left the window") {
-  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("10/1m")})})));
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("10/1m", 60'000)})})));
   Checker c{e, {}, {}};
   for (int u = 0; u < 100; ++u)
     c.check({{"user", std::to_string(u)}}, kT0);
@@ -713,7 +719,7 @@ TEST_CASE("under the memory cap, expired counters are evicted before any live on
   engine::EngineOptions opt;
   opt.shards = 1;
   opt.memory_cap_bytes = 128 * 1024;  // tables up to 3,079 slots: about 2,600 counters
-  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("10/1m")})})), opt);
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("10/1m", 60'000)})})), opt);
   Checker c{e, {}, {}};
   for (int u = 0; u < 1500; ++u)
     c.check({{"user", "old-" + std::to_string(u)}}, kT0);
@@ -733,8 +739,8 @@ TEST_CASE("what other nodes report counts against the memory cap and is given ba
   engine::EngineOptions opt;
   opt.shards = 1;
   opt.memory_cap_bytes = 256 * 1024;
-  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("1000/1m")})})), opt);
-  const window::WindowSpec spec = window::make_spec(60'000);
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("1000/1m", 60'000)})})), opt);
+  const window::WindowSpec spec = window::make_spec(60'000, 60'000);
   const int64_t bucket = window::bucket_of(kT0, 60'000);
   // Four other nodes report on 4,000 counters: far more than the cap holds with their reports.
   std::vector<engine::RemoteTotal> totals;
@@ -955,7 +961,7 @@ TEST_CASE(
 TEST_CASE(
     "credit: what a previous owner admitted for us counts as its total until its report is "
     "larger") {
-  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));
+  Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m", 60'000)})})));
   Checker c{e, {}, {}};
   std::vector<Descriptor> ds{{"user", "1"}};
   e.credit(CheckRequest{"api", ds, 30}, 2, kT0);
@@ -988,8 +994,8 @@ TEST_CASE(
 TEST_CASE(
     "fallback for a silent owner: share admits limit / members of this node's own hits, deny "
     "admits none") {
-  rules::Rule shared = rule("shared", {"user"}, {limit("100/1m")});
-  rules::Rule denied = rule("denied", {"ip"}, {limit("100/1m")});
+  rules::Rule shared = rule("shared", {"user"}, {limit("100/1m", 60'000)});
+  rules::Rule denied = rule("denied", {"ip"}, {limit("100/1m", 60'000)});
   denied.fallback = rules::Fallback::kDeny;
   Engine e(compile(one_domain({shared, denied})));
   std::vector<Descriptor> user{{"user", "1"}};
@@ -1054,9 +1060,9 @@ TEST_CASE("a fallback's share grows from nothing when the owner was lost to whol
 TEST_CASE(
     "a replica taking over an owner out of reach: nothing for one window, then this side's part "
     "of the limit, every count it knows included, and gossip rules are not held back") {
-  rules::Rule gossip = rule("g", {"ip"}, {limit("100/1m")});
+  rules::Rule gossip = rule("g", {"ip"}, {limit("100/1m", 60'000)});
   gossip.consistency = rules::Consistency::kGossip;
-  Engine e(compile(one_domain({rule("shared", {"user"}, {limit("100/1m")}), gossip})));
+  Engine e(compile(one_domain({rule("shared", {"user"}, {limit("100/1m", 60'000)}), gossip})));
   e.set_capacity(3, 5);  // this side: 60 of 100
   BatchResult out;
   auto admitted = [&](const char* entry, const char* value, int64_t now, engine::Fallback f,

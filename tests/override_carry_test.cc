@@ -396,3 +396,72 @@ TEST_CASE("randomized: after any override change, no true window admits more tha
   }
   CHECK(total_admitted > 24 * 100);  // the limits let traffic through, not only deny it
 }
+
+// ---- the default bucket's upgrade (issue 15 item 4) -----------------------------------------
+
+TEST_CASE("a window on the new default bucket carries the counts of the older default's counter") {
+  // Before: 100/1m counted in one 60 s bucket (the older default). After an upgrade (the same
+  // rules, now on 6 s buckets, compiled at the restart) the key's new counter is seeded from the
+  // old one for one window, so the window in progress keeps its 80 hits.
+  const rules::RuleSet before = parse(R"(domains:
+  - name: api
+    rules:
+      - name: per-client
+        key: [client]
+        limits: [{limit: 100, window: 1m, granularity: 1m}]
+)");
+  const rules::RuleSet after = parse(R"(domains:
+  - name: api
+    rules:
+      - name: per-client
+        key: [client]
+        limits: [100/1m]
+)");
+  REQUIRE(after.domains[0].rules[0].limits[0].spec == window::WindowSpec{60'000, 6'000});
+  REQUIRE(after.domains[0].rules[0].limits[0].default_bucket);
+  const rules::Descriptor desc[] = {{"client", "c1"}};
+  const rules::CheckRequest req{"api", desc, 1};
+  engine::BatchResult out;
+  auto admitted = [&](Engine& e, int64_t now, int n) {
+    int ok = 0;
+    for (int i = 0; i < n; ++i) {
+      e.check({&req, 1}, now, out);
+      ok += out.decisions[0].allowed ? 1 : 0;
+    }
+    return ok;
+  };
+  SUBCASE("within one window of the restart: carried") {
+    Engine e(rules::Policy::compile(before, {}, kSeed));
+    CHECK(admitted(e, kT0 + 10 * kSec, 80) == 80);
+    e.set_policy(rules::Policy::compile(after, {}, kSeed, {}, nullptr, kT0 + 20 * kSec));
+    CHECK(admitted(e, kT0 + 30 * kSec, 30) == 20);
+  }
+  SUBCASE("through a store record, as a restart of an upgraded node restores it") {
+    Engine old_node(rules::Policy::compile(before, {}, kSeed));
+    CHECK(admitted(old_node, kT0 + 10 * kSec, 80) == 80);
+    struct Records : engine::RecordSink {
+      std::vector<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> all;
+      void put(std::span<const uint8_t> k, std::span<const uint8_t> v) override {
+        all.emplace_back(std::vector<uint8_t>(k.begin(), k.end()),
+                         std::vector<uint8_t>(v.begin(), v.end()));
+      }
+      void erase(std::span<const uint8_t>) override {}
+    } records;
+    engine::ExportCursor cursor;
+    cursor.restart(true);
+    while (!old_node.export_step(cursor, 1'000, records)) {
+    }
+    REQUIRE(records.all.size() == 1);
+    Engine upgraded(rules::Policy::compile(after, {}, kSeed, {}, nullptr, kT0 + 20 * kSec));
+    CHECK(upgraded.import_record(records.all[0].first, records.all[0].second, kT0 + 20 * kSec) ==
+          engine::ImportResult::kImported);
+    CHECK(admitted(upgraded, kT0 + 30 * kSec, 30) == 20);
+  }
+  SUBCASE("a policy compiled more than a window after: nothing to carry, nothing looked up") {
+    rules::Resolution res;
+    const auto p = rules::Policy::compile(after, {}, kSeed, {}, nullptr, kT0);
+    CHECK(p->resolve(req, kT0 + 10 * kSec, res).num_carry == 1);
+    res.clear();
+    CHECK(p->resolve(req, kT0 + 67 * kSec, res).num_carry == 0);
+  }
+}

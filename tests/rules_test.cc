@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -47,25 +48,29 @@ TEST_CASE("durations format in the largest exact unit") {
 }
 
 TEST_CASE("parse_limit reads N/duration with the default or a given bucket") {
+  // The default bucket (window::default_bucket_ms) cuts windows under ten minutes into ten
+  // buckets: 1 min at 6 s, 1 s at 100 ms, 90 s at 9 s; 10 min and 1 d keep one-minute buckets.
   Limit l;
   CHECK(parse_limit("100/1m", 0, l).empty());
   CHECK(l.requests == 100);
-  CHECK(l.spec == WindowSpec{60'000, 60'000});
+  CHECK(l.spec == WindowSpec{60'000, 6'000});
+  CHECK(l.default_bucket);
 
   CHECK(parse_limit("10/1s", 0, l).empty());
-  CHECK(l.spec == WindowSpec{1'000, 1'000});
+  CHECK(l.spec == WindowSpec{1'000, 100});
 
   CHECK(parse_limit("3000/10m", 0, l).empty());
   CHECK(l.spec == WindowSpec{600'000, 60'000});
 
-  CHECK(parse_limit("20/90s", 0, l).empty());  // not whole minutes: the window is its own bucket
-  CHECK(l.spec == WindowSpec{90'000, 90'000});
+  CHECK(parse_limit("20/90s", 0, l).empty());  // not whole minutes: ten 9 s buckets
+  CHECK(l.spec == WindowSpec{90'000, 9'000});
 
   CHECK(parse_limit("500/1d", 0, l).empty());
   CHECK(l.spec == WindowSpec{86'400'000, 60'000});
 
   CHECK(parse_limit("100/1m", 1'000, l).empty());
   CHECK(l.spec == WindowSpec{60'000, 1'000});
+  CHECK_FALSE(l.default_bucket);
 
   CHECK(parse_limit("1099511627776/1m", 0, l).empty());  // 2^40, the largest
   CHECK(l.requests == (uint64_t{1} << 40));
@@ -122,7 +127,8 @@ TEST_CASE("seed 000: per-client and per-(client, user) limits by grant type, all
   REQUIRE(per_client.limits.size() == 1);
   CHECK(per_client.limits[0].name == "token-per-client:500/1m");
   CHECK(per_client.limits[0].requests == 500);
-  CHECK(per_client.limits[0].spec == WindowSpec{60'000, 60'000});
+  // Written without a granularity: the default bucket, ten per window under ten minutes.
+  CHECK(per_client.limits[0].spec == WindowSpec{60'000, 6'000});
   CHECK(per_client.mode == Mode::kEnforce);
   CHECK_FALSE(per_client.count_denied);
   CHECK(per_client.estimator == Estimator::kWeighted);
@@ -176,7 +182,7 @@ TEST_CASE("seed 001: two windows on one key, and 10000 per 15 minutes") {
   const Rule& per_key = rs.domains[0].rules[0];
   REQUIRE(per_key.limits.size() == 2);
   CHECK(per_key.limits[0].name == "per-key:10/1s");
-  CHECK(per_key.limits[0].spec == WindowSpec{1'000, 1'000});
+  CHECK(per_key.limits[0].spec == WindowSpec{1'000, 100});  // default: ten 100 ms buckets
   CHECK(per_key.limits[1].name == "per-key:3000/10m");
   CHECK(per_key.limits[1].spec == WindowSpec{600'000, 60'000});
   const Rule& per_user = rs.domains[0].rules[1];
@@ -289,8 +295,8 @@ TEST_CASE("anchors share one limit set between rules") {
 )");
   const Rule& b = rs.domains[0].rules[1];
   REQUIRE(b.limits.size() == 2);
-  CHECK(b.limits[0].name == "b:100/1m");  // named after the rule that uses them
-  CHECK(b.limits[1].spec == WindowSpec{1'000, 1'000});
+  CHECK(b.limits[0].name == "b:100/1m");              // named after the rule that uses them
+  CHECK(b.limits[1].spec == WindowSpec{1'000, 100});  // the default bucket of 1 s: 100 ms
 }
 
 // ---- errors: each with its line and field ---------------------------------------------------
@@ -856,13 +862,23 @@ TEST_CASE("window_specs lists every distinct spec once, including plans and over
   REQUIRE(ov.set(Override{"api", {{"api_key", "k1"}}, {limit_of(5, 2 * kMin)}, "", {}, 0}) == "");
   auto p = compile_text(seeds_text(), ov);
   const auto specs = p->window_specs();
-  // 1m, 1h, 1s, 10m, 15m from the rules and plans, 2m from the override, then the limit
-  // override units not already there: 1d, 7d, 30d, 365d.
-  CHECK(specs.size() == 10);
+  // 1m (6 s buckets), 1h, 1s (100 ms buckets), 10m, 15m from the rules and plans, 2m from the
+  // override, then the limit override units not already there: 1d, 7d, 30d, 365d. And the older
+  // default specs of the 1m and 1s limits written without a granularity (1m and 1s in one
+  // bucket each), whose counters those limits carry counts from for one window after compile
+  // (Limit::default_bucket): 12. 1h, 10m and 15m have the same default bucket as before.
+  CHECK(specs.size() == 12);
   for (size_t i = 0; i < specs.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
       CHECK_FALSE(specs[i] == specs[j]);
   }
+  auto listed = [&](const WindowSpec& s) {
+    return std::find(specs.begin(), specs.end(), s) != specs.end();
+  };
+  CHECK(listed(WindowSpec{60'000, 6'000}));
+  CHECK(listed(WindowSpec{60'000, 60'000}));
+  CHECK(listed(WindowSpec{1'000, 100}));
+  CHECK(listed(WindowSpec{1'000, 1'000}));
   Resolved r = resolve(*p, "api", {{"api_key", "k1"}});
   REQUIRE(r.limits.size() == 1);
   CHECK(specs[r.limits[0].spec_index] == make_spec(2 * kMin));

@@ -25,12 +25,18 @@ struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("sluice-store") {}
 };
 
+// One minute in one bucket: the spec these cases were worked out for (merged totals and records
+// per minute bucket, expiry two minutes on), the default before windows under ten minutes got
+// ten buckets (window::default_bucket_ms).
+const window::WindowSpec kMinute = window::make_spec(60'000, 60'000);
+
 testing::OneRule per_user(uint64_t limit = 100) {
   testing::OneRule o;
   o.domain = "api";
   o.rule = "per-user";
   o.key = "user";
   o.limit = limit;
+  o.spec = kMinute;
   return o;
 }
 
@@ -51,8 +57,6 @@ uint64_t counter_of(const engine::Engine& e, const std::string& user) {
   const std::string_view values[] = {user};
   return rules::counter_id(rules::key_hash(kSeed, "api", r, values), r.limits[0].spec);
 }
-
-const window::WindowSpec kMinute = window::make_spec(60'000);
 
 }  // namespace
 

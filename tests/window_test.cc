@@ -97,15 +97,15 @@ std::string describe(const RingView& v, const WindowSpec& spec) {
 // Specs: default buckets and validation
 // ------------------------------------------------------------------------------------------------
 
-TEST_CASE("default_bucket_ms is one minute for whole-minute windows and the window otherwise") {
-  CHECK(default_bucket_ms(1 * kSec) == 1 * kSec);
-  CHECK(default_bucket_ms(10 * kSec) == 10 * kSec);
-  CHECK(default_bucket_ms(30 * kSec) == 30 * kSec);
-  CHECK(default_bucket_ms(90 * kSec) == 90 * kSec);  // not a whole number of minutes
-  CHECK(default_bucket_ms(1 * kMin) == kMin);
-  CHECK(default_bucket_ms(15 * kMin) == kMin);
-  CHECK(default_bucket_ms(1 * kHour) == kMin);
-  CHECK(default_bucket_ms(1 * kDay) == kMin);
+TEST_CASE("the older default bucket: one minute for whole-minute windows, the window otherwise") {
+  CHECK(legacy_default_bucket_ms(1 * kSec) == 1 * kSec);
+  CHECK(legacy_default_bucket_ms(10 * kSec) == 10 * kSec);
+  CHECK(legacy_default_bucket_ms(30 * kSec) == 30 * kSec);
+  CHECK(legacy_default_bucket_ms(90 * kSec) == 90 * kSec);  // not a whole number of minutes
+  CHECK(legacy_default_bucket_ms(1 * kMin) == kMin);
+  CHECK(legacy_default_bucket_ms(15 * kMin) == kMin);
+  CHECK(legacy_default_bucket_ms(1 * kHour) == kMin);
+  CHECK(legacy_default_bucket_ms(1 * kDay) == kMin);
 }
 
 TEST_CASE("the windows rules use (1s, 10s, 1min, 15min, 1h, 1d) are valid with default buckets") {
@@ -114,9 +114,12 @@ TEST_CASE("the windows rules use (1s, 10s, 1min, 15min, 1h, 1d) are valid with d
     int64_t bucket;
     uint32_t buckets;
   };
+  // Windows under ten minutes are cut into ten buckets (default_bucket_ms, kDefaultBuckets):
+  // 1 s at 100 ms, 10 s at 1 s, 1 min at 6 s. From ten minutes on the bucket stays one minute,
+  // so 15 min, 1 h and 1 d keep 15, 60 and 1440 one-minute buckets.
   const Want wants[] = {
-      {1 * kSec, 1 * kSec, 1}, {10 * kSec, 10 * kSec, 1}, {1 * kMin, kMin, 1},
-      {15 * kMin, kMin, 15},   {1 * kHour, kMin, 60},     {1 * kDay, kMin, 1440},
+      {1 * kSec, 100, 10},   {10 * kSec, 1 * kSec, 10}, {1 * kMin, 6 * kSec, 10},
+      {15 * kMin, kMin, 15}, {1 * kHour, kMin, 60},     {1 * kDay, kMin, 1440},
   };
   for (const Want& w : wants) {
     CAPTURE(w.window);
@@ -189,8 +192,11 @@ TEST_CASE("windows longer than a day default to coarse buckets that keep the rin
     CHECK(validate(s).empty());
     CHECK(s.ring_size() <= kMaxBuckets + 1);
   }
-  // One minute over a day divides by nothing coarser: the window is its own bucket.
-  CHECK(make_spec(kDay + kMin).bucket_ms == kDay + kMin);
+  // One minute over a day divides by none of 1 h, 6 h, 1 d; rather than one bucket (the older
+  // default: the window itself), it is cut into the ten buckets every default window has at
+  // least (default_bucket_ms, kDefaultBuckets): 1441 min / 10 = 144.1 min each.
+  CHECK(legacy_default_bucket_ms(kDay + kMin) == kDay + kMin);
+  CHECK(make_spec(kDay + kMin).bucket_ms == (kDay + kMin) / 10);
   // A year at one-minute buckets is refused, naming the bucket count.
   CHECK(validate(WindowSpec{365 * kDay, kMin}).find("more than 1440 buckets") != std::string::npos);
 }
@@ -274,7 +280,7 @@ TEST_CASE("RingView::count sums own and others and holds exactly the ring_size n
 // ------------------------------------------------------------------------------------------------
 
 TEST_CASE("weighted estimate: seed 001's 400 in minute 22 and 250 in minute 23 give 350 at 23:45") {
-  const WindowSpec spec = make_spec(1 * kMin);
+  const WindowSpec spec = make_spec(1 * kMin, kMin);
   const int64_t m22 = bucket_of(kHourStart + 22 * kMin, kMin);
   TestRing ring(spec, m22);
   ring.put(m22, 400).put(m22 + 1, 250);
@@ -292,7 +298,7 @@ TEST_CASE(
   // happened within the last `elapsed` ms, so all of them are inside the window and count fully;
   // only the oldest (straddling) bucket is weighted, by the share of it still inside the window.
   // Seed 000's formula would let a burst at the start of a bucket pass nearly uncounted.
-  const WindowSpec spec = make_spec(1 * kMin);
+  const WindowSpec spec = make_spec(1 * kMin, kMin);
   const int64_t prev = bucket_of(kHourStart, kMin);
   TestRing ring(spec, prev);
   ring.put(prev, 12).put(prev + 1, 5);
@@ -331,7 +337,7 @@ TEST_CASE("1h window at 1min granularity: 60 full buckets plus the weighted stra
 }
 
 TEST_CASE("strict estimate counts the whole straddling bucket for the entire bucket") {
-  const WindowSpec spec = make_spec(1 * kMin);
+  const WindowSpec spec = make_spec(1 * kMin, kMin);
   const int64_t b = bucket_of(kHourStart, kMin);
   TestRing ring(spec, b);
   ring.put(b, 40).put(b + 1, 7);
@@ -346,8 +352,11 @@ TEST_CASE("strict estimate counts the whole straddling bucket for the entire buc
 
 TEST_CASE("strict is never below weighted, and both agree at a bucket boundary") {
   std::mt19937_64 rng(1);
-  for (const WindowSpec spec : {make_spec(1 * kSec), make_spec(1 * kMin), make_spec(1 * kHour),
-                                make_spec(10 * kSec, kSec)}) {
+  // One-bucket 1 s and 1 min windows (the older defaults), 1 h in 60, 10 s at 1 s, and the
+  // current defaults of 1 s and 1 min (ten buckets each).
+  for (const WindowSpec spec :
+       {make_spec(1 * kSec, kSec), make_spec(1 * kMin, kMin), make_spec(1 * kHour),
+        make_spec(10 * kSec, kSec), make_spec(1 * kSec), make_spec(1 * kMin)}) {
     const uint32_t r = spec.ring_size();
     std::uniform_int_distribution<uint32_t> cnt(0, 1000);
     std::uniform_int_distribution<int64_t> elapsed(0, spec.bucket_ms - 1);
@@ -373,7 +382,7 @@ TEST_CASE("strict is never below weighted, and both agree at a bucket boundary")
 TEST_CASE("the weighted estimate falls continuously across a bucket boundary with no new hits") {
   // Just before the boundary the straddler weighs 1/B; just after, it has left and the old
   // current bucket is the straddler at full weight: no jump either way.
-  const WindowSpec spec = make_spec(1 * kMin);
+  const WindowSpec spec = make_spec(1 * kMin, kMin);
   const int64_t b = bucket_of(kHourStart, kMin);
   TestRing ring(spec, b);
   ring.put(b, 60'000).put(b + 1, 9);
@@ -388,7 +397,7 @@ TEST_CASE("the weighted estimate falls continuously across a bucket boundary wit
 // ------------------------------------------------------------------------------------------------
 
 TEST_CASE("admits at the exact boundary: estimate + hits == limit is admitted, one more is not") {
-  const WindowSpec spec = make_spec(1 * kMin);
+  const WindowSpec spec = make_spec(1 * kMin, kMin);
   const int64_t m22 = bucket_of(kHourStart + 22 * kMin, kMin);
   TestRing ring(spec, m22);
   ring.put(m22, 400).put(m22 + 1, 250);
@@ -408,7 +417,7 @@ TEST_CASE("admits at the exact boundary: estimate + hits == limit is admitted, o
 }
 
 TEST_CASE("a cost above the limit is never admitted, even by an empty window") {
-  const WindowSpec spec = make_spec(1 * kMin);
+  const WindowSpec spec = make_spec(1 * kMin, kMin);
   const std::vector<uint32_t> empty(spec.ring_size(), 0u);
   const RingView v{empty, {}, 100};
   for (Estimator est : {Estimator::kWeighted, Estimator::kStrict}) {
@@ -424,7 +433,7 @@ TEST_CASE("a zero cost is admitted whenever the window is at or under the limit"
   // Note: when the estimate is above the limit (denied hits counted, a lowered limit, merged
   // peers' counts) admits() follows its header (estimate + hits <= limit) and says false for a
   // zero cost; this case pins only the uncontroversial part.
-  const WindowSpec spec = make_spec(1 * kMin);
+  const WindowSpec spec = make_spec(1 * kMin, kMin);
   const int64_t b = bucket_of(kHourStart, kMin);
   TestRing ring(spec, b);
   ring.put(b, 400).put(b + 1, 250);
@@ -442,7 +451,7 @@ TEST_CASE("a zero cost is admitted whenever the window is at or under the limit"
 // ------------------------------------------------------------------------------------------------
 
 TEST_CASE("limit_state: remaining is floor(limit - estimate), 0 at or over the limit") {
-  const WindowSpec spec = make_spec(1 * kMin);
+  const WindowSpec spec = make_spec(1 * kMin, kMin);
   const int64_t m22 = bucket_of(kHourStart + 22 * kMin, kMin);
   TestRing ring(spec, m22);
   ring.put(m22, 400).put(m22 + 1, 250);
@@ -477,7 +486,7 @@ TEST_CASE("limit_state: reset_ms is the time until the newest non-empty bucket l
   const std::vector<uint32_t> empty(spec.ring_size(), 0u);
   CHECK(limit_state(RingView{empty, {}, c}, spec, Estimator::kWeighted, now, 1, 1).reset_ms == 0);
   // A single-bucket window: hits in the current minute leave one minute after it ends.
-  const WindowSpec minute = make_spec(1 * kMin);
+  const WindowSpec minute = make_spec(1 * kMin, kMin);
   TestRing one(minute, c);
   one.put(c, 1);
   CHECK(limit_state(one.view(), minute, Estimator::kWeighted, now, 1, 10).reset_ms ==
@@ -487,7 +496,7 @@ TEST_CASE("limit_state: reset_ms is the time until the newest non-empty bucket l
 }
 
 TEST_CASE("limit_state: retry_after_ms is 0 when admitted now and kNever when hits > limit") {
-  const WindowSpec spec = make_spec(1 * kMin);
+  const WindowSpec spec = make_spec(1 * kMin, kMin);
   const int64_t m22 = bucket_of(kHourStart + 22 * kMin, kMin);
   TestRing ring(spec, m22);
   ring.put(m22, 400).put(m22 + 1, 250);
@@ -645,10 +654,12 @@ void check_random_case(const RandomCase& rc) {
 }  // namespace
 
 TEST_CASE("retry_after_ms is exact: denied 1 ms before it, admitted at it (random rings)") {
-  // Specs: 1 s in one bucket, 1 min in one bucket, 1 h in 60, 10 s at 1 s, 1 s at 10 ms, 90 s.
-  const WindowSpec specs[] = {make_spec(1 * kSec),     make_spec(1 * kMin),
-                              make_spec(1 * kHour),    make_spec(10 * kSec, 1 * kSec),
-                              make_spec(1 * kSec, 10), make_spec(90 * kSec)};
+  // Specs: 1 s in one bucket, 1 min in one bucket, 1 h in 60, 10 s at 1 s, 1 s at 10 ms, 90 s in
+  // one bucket; then the current defaults of 1 min (6 s buckets) and 90 s (9 s buckets).
+  const WindowSpec specs[] = {make_spec(1 * kSec, kSec), make_spec(1 * kMin, kMin),
+                              make_spec(1 * kHour),      make_spec(10 * kSec, 1 * kSec),
+                              make_spec(1 * kSec, 10),   make_spec(90 * kSec, 90 * kSec),
+                              make_spec(1 * kMin),       make_spec(90 * kSec)};
   std::mt19937_64 rng(20240601);
   int delayed = 0;     // cases with 0 < retry_after < kNever, so the interesting branch ran
   int mid_bucket = 0;  // ... of which the weighted ones whose answer falls inside a bucket
@@ -758,7 +769,7 @@ TEST_CASE("add saturates at UINT32_MAX even for a cost near UINT64_MAX") {
 }
 
 TEST_CASE("expired is true once every bucket the ring holds has left the window") {
-  const WindowSpec minute = make_spec(1 * kMin);  // ring of 2
+  const WindowSpec minute = make_spec(1 * kMin, kMin);  // ring of 2
   const int64_t h = bucket_of(kHourStart, kMin);
   CHECK_FALSE(expired(h, minute, h * kMin));
   CHECK_FALSE(expired(h, minute, (h + 1) * kMin));      // h straddles, weighted 1
@@ -791,7 +802,7 @@ TEST_CASE("expired is true once every bucket the ring holds has left the window"
 TEST_CASE("SlidingWindow admits exactly `limit` hits of a burst and then what the window frees") {
   for (Estimator est : {Estimator::kWeighted, Estimator::kStrict}) {
     CAPTURE(to_string(est));
-    SlidingWindow sw(make_spec(1 * kMin), est);
+    SlidingWindow sw(make_spec(1 * kMin, kMin), est);
     const int64_t t0 = kHourStart + 10 * kSec;
     int admitted = 0;
     for (int i = 0; i < 150; ++i)
@@ -825,8 +836,8 @@ TEST_CASE("SlidingWindow with a multi-hit cost admits only costs that fit whole"
 }
 
 TEST_CASE("SlidingWindow count_denied counts denied hits against the window") {
-  SlidingWindow counted(make_spec(1 * kMin), Estimator::kWeighted);
-  SlidingWindow free_denials(make_spec(1 * kMin), Estimator::kWeighted);
+  SlidingWindow counted(make_spec(1 * kMin, kMin), Estimator::kWeighted);
+  SlidingWindow free_denials(make_spec(1 * kMin, kMin), Estimator::kWeighted);
   const int64_t t = kHourStart + 5 * kSec;
   int admitted = 0;
   for (int i = 0; i < 15; ++i) {
@@ -844,7 +855,7 @@ TEST_CASE("SlidingWindow count_denied counts denied hits against the window") {
 }
 
 TEST_CASE("SlidingWindow clamps a clock that runs behind to the head bucket") {
-  const WindowSpec spec = make_spec(1 * kMin);
+  const WindowSpec spec = make_spec(1 * kMin, kMin);
   SlidingWindow sw(spec, Estimator::kWeighted);
   const int64_t c = bucket_of(kHourStart, kMin);
   sw.add(c * kMin + 5 * kSec, 3);
@@ -865,7 +876,7 @@ TEST_CASE("SlidingWindow clamps a clock that runs behind to the head bucket") {
 TEST_CASE("SlidingWindow estimate and state match the free functions over the same ring") {
   for (Estimator est : {Estimator::kWeighted, Estimator::kStrict}) {
     CAPTURE(to_string(est));
-    const WindowSpec spec = make_spec(1 * kMin);
+    const WindowSpec spec = make_spec(1 * kMin, kMin);
     SlidingWindow sw(spec, est);
     const int64_t m22 = bucket_of(kHourStart + 22 * kMin, kMin);
     sw.add(m22 * kMin + 1, 400);
@@ -901,7 +912,7 @@ TEST_CASE("SlidingWindow works with times before the epoch") {
   // bucket_of is defined for negative times; a window driven by a test clock starting below 0
   // must count in the right buckets: a hit at -1:30 lies in [-2:00, -1:00), which straddles the
   // window ending at -0:30 with half of it inside.
-  SlidingWindow sw(make_spec(1 * kMin), Estimator::kWeighted);
+  SlidingWindow sw(make_spec(1 * kMin, kMin), Estimator::kWeighted);
   sw.add(-90 * kSec, 2);
   CHECK(sw.estimate(-90 * kSec) == 2.0);
   CHECK(sw.estimate(-30 * kSec) == 1.0);
@@ -912,7 +923,8 @@ TEST_CASE("strict SlidingWindow never admits more than the limit in any true win
   // The guarantee of the strict estimator, checked against an exact log of admitted hits.
   std::mt19937_64 rng(99);
   for (const WindowSpec spec :
-       {make_spec(1 * kSec), make_spec(1 * kMin), make_spec(10 * kSec, 1 * kSec)}) {
+       {make_spec(1 * kSec, kSec), make_spec(1 * kMin, kMin), make_spec(10 * kSec, 1 * kSec),
+        make_spec(1 * kSec), make_spec(1 * kMin)}) {  // one-bucket; then the current defaults
     SlidingWindow sw(spec, Estimator::kStrict);
     const uint64_t limit = 20;
     std::vector<int64_t> log;
@@ -978,4 +990,24 @@ TEST_CASE(
   CHECK_FALSE(admits(v, spec, Estimator::kStrict, midday, kU64Max - strict_used + 1, kU64Max));
   CHECK(limit_state(v, spec, Estimator::kStrict, midday, 1, kU64Max).remaining ==
         kU64Max - strict_used);
+}
+
+TEST_CASE("default_bucket_ms cuts windows under ten minutes into ten buckets or more") {
+  CHECK(default_bucket_ms(1 * kSec) == 100);
+  CHECK(default_bucket_ms(10 * kSec) == 1 * kSec);
+  CHECK(default_bucket_ms(30 * kSec) == 3 * kSec);
+  CHECK(default_bucket_ms(90 * kSec) == 9 * kSec);
+  CHECK(default_bucket_ms(1 * kMin) == 6 * kSec);
+  CHECK(default_bucket_ms(5 * kMin) == 30 * kSec);
+  CHECK(default_bucket_ms(1'001) == 91);  // 11 buckets: the fewest, at least 10, that divide it
+  CHECK(default_bucket_ms(10 * kMin) == kMin);  // already ten: the older default
+  CHECK(default_bucket_ms(1 * kHour) == kMin);
+  CHECK(default_bucket_ms(1 * kDay) == kMin);
+  CHECK(default_bucket_ms(7 * kDay) == kHour);
+  for (int64_t w = kMinWindowMs; w <= 12 * kMin; w += 997) {
+    CAPTURE(w);
+    const WindowSpec s = make_spec(w);
+    CHECK(validate(s).empty());
+    CHECK((s.buckets() >= kDefaultBuckets || s.bucket_ms == legacy_default_bucket_ms(w)));
+  }
 }

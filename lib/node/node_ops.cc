@@ -126,8 +126,10 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
   engine::EngineOptions eo;
   eo.memory_cap_bytes = table_cap;
   if (opt.cluster.enabled) eo.node_id = opt.cluster.node_id;
+  // Compiled at now: for one window, window limits on the default bucket carry from counters on
+  // the older default (window::legacy_default_bucket_ms) that the restore below brings back.
   engine = std::make_unique<engine::Engine>(
-      rules::Policy::compile(rules, overrides, opt.hash_seed), eo);
+      rules::Policy::compile(rules, overrides, opt.hash_seed, {}, nullptr, opt.clock()), eo);
   if (store) {
     restored = store->restore(*engine, opt.clock());
     spdlog::info(

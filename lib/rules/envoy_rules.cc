@@ -331,6 +331,7 @@ void EnvoyParser::parse_rate_limit(const YAML::Node& n, int line, const std::str
   l.name = limit_name;
   l.requests = requests;
   l.spec = window::make_spec(*window_ms);
+  l.default_bucket = true;
   r.limits.push_back(std::move(l));
   r.mode = shadow ? Mode::kDryRun : Mode::kEnforce;
   r.count_denied = options_.count_denied;

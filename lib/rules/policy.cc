@@ -258,6 +258,23 @@ window::WindowSpec inherited_spec(int64_t window_ms, std::span<const LimitRef> r
   return n;
 }
 
+// For one window after compile: the counters of the older default buckets of the limits in force
+// (LimitRef::legacy), one group, from which the engine seeds the key's counters (an upgrade that
+// changed the default keeps the counts of the window in progress). Returns how many.
+[[gnu::noinline]] uint32_t add_legacy_carry(const Policy::Impl& p, LimitSpan span, uint64_t kh,
+                                            uint32_t rule, Resolution& out) {
+  constexpr uint32_t kLegacyGroup = 0x4c454741;  // apart from add_carry's groups (0, 1, ...)
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < span.count; ++i) {
+    const LimitRef& lr = p.limit_refs[span.first + i];
+    if (lr.legacy < 0) continue;
+    const auto legacy = static_cast<uint32_t>(lr.legacy);
+    out.carry.push_back(CarrySource{mix_counter(kh, p.specs[legacy]), legacy, rule, kLegacyGroup});
+    ++n;
+  }
+  return n;
+}
+
 // Appends rule `cr` for the key whose hash is `kh`: its limits (or its override's), the
 // counters it carries from, and counts it in `res`.
 void apply_rule(const Policy::Impl& p, const CompiledDomain& cd, const CompiledRule& cr,
@@ -282,6 +299,9 @@ void apply_rule(const Policy::Impl& p, const CompiledDomain& cd, const CompiledR
     span = base_limits(cd, cr, desc);
   }
   if (entry != nullptr) res.num_carry += add_carry(p, cd, cr, *entry, kh, now_ms, span, desc, out);
+  if (cr.legacy && now_ms < p.legacy_until_ms) [[unlikely]] {
+    res.num_carry += add_legacy_carry(p, span, kh, static_cast<uint32_t>(out.rules.size()), out);
+  }
 
   out.rules.push_back(
       AppliedRule{&rule, cr.stats_index, ov != nullptr && ov->has_mode ? ov->mode : rule.mode,
@@ -494,9 +514,28 @@ std::shared_ptr<const Policy> Policy::compile(RuleSet rules, const Overrides& ov
   auto add_limits = [&](const std::vector<Limit>& limits) {
     LimitSpan span{static_cast<uint32_t>(p.limit_refs.size()),
                    static_cast<uint32_t>(limits.size())};
-    for (const Limit& l : limits)
-      p.limit_refs.push_back({&l, spec_index(l.spec)});
+    for (const Limit& l : limits) {
+      LimitRef ref{&l, spec_index(l.spec)};
+      // A default bucket that is not the older default: the older default's counter (written
+      // by an older version before a restart, or by older members) seeds this one.
+      const window::WindowSpec legacy =
+          window::make_spec(l.spec.window_ms, window::legacy_default_bucket_ms(l.spec.window_ms));
+      if (l.algorithm == Algorithm::kWindow && l.default_bucket && legacy != l.spec) {
+        ref.legacy = static_cast<int32_t>(spec_index(legacy));
+        // Hits counted before `now_ms` leave every true window by now + window; a bucket more
+        // covers where the seed places them (at most the target's newest bucket).
+        p.legacy_until_ms =
+            std::max(p.legacy_until_ms, now_ms + l.spec.window_ms + l.spec.bucket_ms);
+      }
+      p.limit_refs.push_back(ref);
+    }
     return span;
+  };
+  auto has_legacy = [&p](LimitSpan span) {
+    for (uint32_t i = 0; i < span.count; ++i) {
+      if (p.limit_refs[span.first + i].legacy >= 0) return true;
+    }
+    return false;
   };
 
   uint32_t stats_index = 0;
@@ -515,9 +554,11 @@ std::shared_ptr<const Policy> Policy::compile(RuleSet rules, const Overrides& ov
       if (cr.uses_plans) {
         for (const CompiledPlan& cp : cd.plans) {
           if (cp.name == r.default_plan) cr.limits = cp.limits;
+          cr.legacy = cr.legacy || has_legacy(cp.limits);
         }
       } else {
         cr.limits = add_limits(r.limits);
+        cr.legacy = has_legacy(cr.limits);
       }
       cd.rules.push_back(cr);
       p.stats_names.push_back(d.name + "/" + r.name);

@@ -39,6 +39,9 @@ struct LimitSpan {
 struct LimitRef {
   const Limit* limit = nullptr;
   uint32_t spec_index = 0;
+  // Into Impl::specs: the spec of the older default bucket (Limit::default_bucket) when it is
+  // another, whose counter this limit carries from for one window after compile; else -1.
+  int32_t legacy = -1;
 };
 
 struct CompiledRule {
@@ -48,6 +51,7 @@ struct CompiledRule {
   LimitSpan limits;            // the rule's own limits, or its default plan's
   bool uses_plans = false;     // rule->plan_from is set
   bool has_overrides = false;  // only then is the override map consulted
+  bool legacy = false;         // a limit of the rule (or of a plan) has a LimitRef::legacy
 };
 
 struct CompiledPlan {
@@ -133,6 +137,9 @@ struct Policy::Impl {
   std::unordered_map<uint64_t, CompiledOverride> overrides;  // by key_hash
   std::vector<PastLimits> past;
   int64_t compiled_at_ms = 0;  // compile's now_ms
+  // Until when rules carry from their limits' legacy counters (LimitRef::legacy): one window and
+  // one bucket of the longest of their limits after compile.
+  int64_t legacy_until_ms = INT64_MIN;
   std::vector<window::WindowSpec> specs;
   std::vector<std::string> stats_names;
   // What requests with a limit override count under: one rule per domain (CompiledDomain::

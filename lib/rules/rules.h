@@ -73,6 +73,10 @@ struct Limit {
   uint64_t requests = 0;    // GCRA: the burst, the most admitted at once; concurrency: max_in_flight
   window::WindowSpec spec;  // GCRA: window::gcra_window(gcra); concurrency: lease_ttl and its buckets
   Algorithm algorithm = Algorithm::kWindow;
+  // A window limit whose bucket is the window's default (no granularity given): its counts carry
+  // over from the counter of the older default for one window after a start (window.h,
+  // legacy_default_bucket_ms), so an upgrade that changed the default loses none.
+  bool default_bucket = false;
   // GCRA only: the rate as written ("10/1s": rate_requests per rate_period_ms), and the spec
   // worked out from it and the burst.
   uint64_t rate_requests = 0;
@@ -378,7 +382,8 @@ class Policy {
   // "<domain>/limit-override". Stable for the life of the Policy.
   size_t num_stats_slots() const;
   std::string_view stats_name(uint32_t index) const;
-  // Every distinct window spec any limit (rules, plans, overrides) uses.
+  // Every distinct window spec any limit (rules, plans, overrides) uses, and the specs of the
+  // older default buckets their counts carry from after a start (Limit::default_bucket).
   std::span<const window::WindowSpec> window_specs() const;
 
   struct Impl;

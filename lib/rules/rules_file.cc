@@ -660,6 +660,7 @@ bool RulesParser::parse_limit_node(const YAML::Node& n, int line, const std::str
   if (!read_limit_name(fields, out)) ok = false;
   if (!ok) return false;
   out.spec = window::make_spec(window_ms, bucket_ms);
+  out.default_bucket = bucket_ms == 0;
   if (std::string why = window::validate(out.spec); !why.empty()) {
     error(line, path, "window: " + why);
     return false;
@@ -863,6 +864,7 @@ std::string parse_limit(std::string_view text, int64_t bucket_ms, Limit& out) {
   if (std::string why = window::validate(spec); !why.empty()) return "window: " + why;
   out.requests = *requests;
   out.spec = spec;
+  out.default_bucket = bucket_ms == 0;
   return {};
 }
 

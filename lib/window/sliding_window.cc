@@ -83,6 +83,16 @@ std::string_view to_string(Estimator e) {
 }
 
 int64_t default_bucket_ms(int64_t window_ms) {
+  const int64_t legacy = legacy_default_bucket_ms(window_ms);
+  if (legacy <= 0 || window_ms / legacy >= kDefaultBuckets) return legacy;
+  // The coarsest bucket that cuts the window into at least kDefaultBuckets whole buckets.
+  for (int64_t n = kDefaultBuckets; n <= kMaxBuckets && window_ms / n >= kMinBucketMs; ++n) {
+    if (window_ms % n == 0) return window_ms / n;
+  }
+  return legacy;
+}
+
+int64_t legacy_default_bucket_ms(int64_t window_ms) {
   constexpr int64_t kDayMs = 86'400'000;
   if (window_ms > kDayMs) {
     for (int64_t b : {kDayMs / 24, kDayMs / 4, kDayMs}) {
