@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <random>
 #include <span>
@@ -66,7 +67,11 @@ uint64_t ref_count(const RingView& v, int64_t b) {
 
 // The estimate at now scaled by bucket_ms (exact integer), straight from DESIGN.md's formula.
 // Random tests keep counts small enough for 64 bits.
-uint64_t ref_scaled(const RingView& v, const WindowSpec& spec, Estimator est, int64_t now) {
+// The estimate scaled by B. Deciding against `limit`, the weighted estimate counts the straddler
+// at least as its hits less limit / n (scaled: straddle * B - floor(limit * B / n)), so that a true
+// window never holds more than (1 + 1/n) x the limit; without a limit (display) it does not.
+uint64_t ref_scaled(const RingView& v, const WindowSpec& spec, Estimator est, int64_t now,
+                    uint64_t limit = UINT64_MAX) {
   const int64_t B = spec.bucket_ms;
   const int64_t c = bucket_of(now, B);
   const int64_t elapsed = now - c * B;
@@ -76,7 +81,13 @@ uint64_t ref_scaled(const RingView& v, const WindowSpec& spec, Estimator est, in
     full += ref_count(v, b);
   const uint64_t straddle = ref_count(v, c - n);
   const auto share = static_cast<uint64_t>(est == Estimator::kStrict ? B : B - elapsed);
-  return full * static_cast<uint64_t>(B) + straddle * share;
+  uint64_t straddle_scaled = straddle * share;
+  if (est == Estimator::kWeighted && limit != UINT64_MAX) {
+    const uint64_t discount = limit * static_cast<uint64_t>(B) / static_cast<uint64_t>(n);
+    const uint64_t all = straddle * static_cast<uint64_t>(B);
+    straddle_scaled = std::max(straddle_scaled, all > discount ? all - discount : 0);
+  }
+  return full * static_cast<uint64_t>(B) + straddle_scaled;
 }
 
 std::string describe(const RingView& v, const WindowSpec& spec) {
@@ -325,8 +336,16 @@ TEST_CASE("1h window at 1min granularity: 60 full buckets plus the weighted stra
         static_cast<double>(full + 50));
   CHECK(estimate(ring.view(), spec, Estimator::kStrict, at_11_00_35) ==
         static_cast<double>(full + 120));
-  CHECK(admits(ring.view(), spec, Estimator::kWeighted, at_11_00_35, 20, full + 70));
-  CHECK_FALSE(admits(ring.view(), spec, Estimator::kWeighted, at_11_00_35, 21, full + 70));
+  // Deciding against a limit of 5000, the weighted share (50) is above the floor the estimate
+  // keeps under the straddler (its 120 hits less 5000 / 60): 5000 - 1880 more fit.
+  CHECK(admits(ring.view(), spec, Estimator::kWeighted, at_11_00_35, 3120, 5000));
+  CHECK_FALSE(admits(ring.view(), spec, Estimator::kWeighted, at_11_00_35, 3121, 5000));
+  // Against full + 70 = 1900 the floor binds: the 120 hits may all have come late in 10:00 and
+  // be inside the true window, and the estimate discounts at most 1900 / 60 of them, so it stands
+  // at 1830 + 120 - 31.67 = 1918.33, over the limit: nothing more fits.
+  CHECK_FALSE(admits(ring.view(), spec, Estimator::kWeighted, at_11_00_35, 0, full + 70));
+  CHECK(admits(ring.view(), spec, Estimator::kWeighted, at_11_00_35, 0, full + 89));
+  CHECK_FALSE(admits(ring.view(), spec, Estimator::kWeighted, at_11_00_35, 1, full + 89));
 
   // Seed 002's example: 3 requests at 10:00:xx and a check at 11:00:35. A plain sum of 60 minute
   // counters ignores them; weighted counts 3 * 25/60 of them, strict all 3 (the "harsher" sum).
@@ -608,13 +627,15 @@ void check_random_case(const RandomCase& rc) {
 
   auto admitted_at = [&](int64_t t) { return admits(v, spec, rc.est, t, rc.hits, rc.limit); };
 
-  // admits() and remaining against the reference formula.
-  const uint64_t used = ref_scaled(v, spec, rc.est, rc.now);
+  // admits() and remaining against the reference formula (decisions with the weighted floor,
+  // the displayed estimate without it).
+  const uint64_t used = ref_scaled(v, spec, rc.est, rc.now, rc.limit);
   const uint64_t cap = rc.limit * B;
   const bool ref_admits = rc.hits <= rc.limit && used + rc.hits * B <= cap;
   REQUIRE(admitted_at(rc.now) == ref_admits);
   REQUIRE(estimate(v, spec, rc.est, rc.now) ==
-          static_cast<double>(used) / static_cast<double>(spec.bucket_ms));
+          static_cast<double>(ref_scaled(v, spec, rc.est, rc.now)) /
+              static_cast<double>(spec.bucket_ms));
   const LimitState st = limit_state(v, spec, rc.est, rc.now, rc.hits, rc.limit);
   REQUIRE(st.remaining == (used >= cap ? 0 : (cap - used) / B));
   if (used <= cap) {
@@ -1009,5 +1030,42 @@ TEST_CASE("default_bucket_ms cuts windows under ten minutes into ten buckets or 
     const WindowSpec s = make_spec(w);
     CHECK(validate(s).empty());
     CHECK((s.buckets() >= kDefaultBuckets || s.bucket_ms == legacy_default_bucket_ms(w)));
+  }
+}
+
+TEST_CASE("weighted: a client timing bursts at bucket edges gets at most (1 + 1/n) x the limit") {
+  // Closed loop, as sluice-bench-edges: from a moment in the first bucket, send hits while they
+  // are admitted, every millisecond (after the whole limit at once when the start is a bucket's
+  // last millisecond); then the most any true window (t - W, t] holds.
+  const uint64_t limit = 100;
+  for (const WindowSpec spec : {make_spec(1 * kSec), make_spec(1 * kMin), make_spec(10 * kSec),
+                                make_spec(1 * kSec, 250), make_spec(1 * kSec, 1 * kSec)}) {
+    const uint64_t n = spec.buckets();
+    // One bucket: the floor is the whole limit, and the bound is 2x.
+    const uint64_t bound = limit + limit / n;
+    for (int64_t phase : {int64_t{0}, spec.bucket_ms / 2, spec.bucket_ms - 1}) {
+      CAPTURE(spec.window_ms);
+      CAPTURE(spec.bucket_ms);
+      CAPTURE(phase);
+      SlidingWindow sw(spec, Estimator::kWeighted);
+      std::deque<std::pair<int64_t, uint64_t>> in_window;
+      uint64_t held = 0, most = 0;
+      const int64_t start = kHourStart + phase;
+      for (int64_t t = start; t < start + 4 * spec.window_ms; ++t) {
+        while (!in_window.empty() && in_window.front().first <= t - spec.window_ms) {
+          held -= in_window.front().second;
+          in_window.pop_front();
+        }
+        uint64_t sent = 0;
+        while (sent < limit && sw.try_acquire(t, 1, limit))
+          ++sent;
+        if (sent > 0) in_window.emplace_back(t, sent);
+        held += sent;
+        most = std::max(most, held);
+      }
+      CHECK(most <= bound);
+      // A burst at a bucket's end comes near the bound (at its start the weighting is right).
+      if (n >= 10 && phase == spec.bucket_ms - 1) CHECK(most > limit);
+    }
   }
 }

@@ -65,15 +65,31 @@ uint64_t div_down(u128 x, u128 b) {
   return (q >> 64) != 0 ? UINT64_MAX : static_cast<uint64_t>(q);
 }
 
-u128 scaled(const Split& s, Estimator est, int64_t bucket_ms, int64_t elapsed) {
+// The weighted estimate's floor under the straddling bucket, scaled by B: its hits less
+// limit / n (window.h, "weighted"), so that a true window never holds more than (1 + 1/n) x the
+// limit however the hits lie inside the bucket. Rounded so that the floor is never lower.
+u128 straddle_floor(uint64_t straddle, int64_t bucket_ms, uint64_t limit, uint32_t n) {
   const u128 b = static_cast<u128>(bucket_ms);
-  if (est == Estimator::kStrict) return (static_cast<u128>(s.full) + s.straddle) * b;
-  return static_cast<u128>(s.full) * b +
-         static_cast<u128>(s.straddle) * static_cast<u128>(bucket_ms - elapsed);
+  const u128 discount = static_cast<u128>(limit) * b / n;
+  const u128 all = static_cast<u128>(straddle) * b;
+  return all > discount ? all - discount : 0;
 }
 
-u128 scaled_at(const RingView& ring, const WindowSpec& spec, Estimator est, const Moment& m) {
-  return scaled(split_at(ring, spec.buckets(), m), est, spec.bucket_ms, m.elapsed);
+// The estimate scaled by B. `limit` and `n` bound what the weighted estimate may discount of the
+// straddling bucket (UINT64_MAX: no bound, for display).
+u128 scaled(const Split& s, Estimator est, int64_t bucket_ms, int64_t elapsed, uint64_t limit,
+            uint32_t n) {
+  const u128 b = static_cast<u128>(bucket_ms);
+  if (est == Estimator::kStrict) return (static_cast<u128>(s.full) + s.straddle) * b;
+  const u128 weighted = static_cast<u128>(s.straddle) * static_cast<u128>(bucket_ms - elapsed);
+  return static_cast<u128>(s.full) * b +
+         std::max(weighted, straddle_floor(s.straddle, bucket_ms, limit, n));
+}
+
+u128 scaled_at(const RingView& ring, const WindowSpec& spec, Estimator est, const Moment& m,
+               uint64_t limit) {
+  return scaled(split_at(ring, spec.buckets(), m), est, spec.bucket_ms, m.elapsed, limit,
+                spec.buckets());
 }
 
 }  // namespace
@@ -152,7 +168,7 @@ uint64_t RingView::count(int64_t bucket) const {
 }
 
 double estimate(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms) {
-  return static_cast<double>(scaled_at(ring, spec, est, moment_of(spec, now_ms))) /
+  return static_cast<double>(scaled_at(ring, spec, est, moment_of(spec, now_ms), UINT64_MAX)) /
          static_cast<double>(spec.bucket_ms);
 }
 
@@ -160,7 +176,7 @@ bool admits(const RingView& ring, const WindowSpec& spec, Estimator est, const M
             uint64_t hits, uint64_t limit) {
   if (hits > limit) return false;
   const u128 b = static_cast<u128>(spec.bucket_ms);
-  return scaled_at(ring, spec, est, m) + static_cast<u128>(hits) * b <=
+  return scaled_at(ring, spec, est, m, limit) + static_cast<u128>(hits) * b <=
          static_cast<u128>(limit) * b;
 }
 
@@ -174,14 +190,14 @@ LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator e
   return limit_state(ring, spec, est, moment_of(spec, now_ms), hits, limit);
 }
 
-LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est,
-                       const Moment& m, uint64_t hits, uint64_t limit) {
+LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est, const Moment& m,
+                       uint64_t hits, uint64_t limit) {
   LimitState st;
   const int64_t now_ms = m.now_ms;
   const int64_t B = spec.bucket_ms;
   const u128 b = static_cast<u128>(B);
   const u128 cap = static_cast<u128>(limit) * b;
-  const u128 used = scaled_at(ring, spec, est, m);
+  const u128 used = scaled_at(ring, spec, est, m, limit);
   st.remaining = used >= cap ? 0 : div_down(cap - used, b);
 
   // Reset: the newest bucket holding hits leaves the window at its end plus the window.
@@ -213,13 +229,15 @@ LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator e
   for (int64_t k = 0; k <= static_cast<int64_t>(n) + 1; ++k) {
     const int64_t seg_start = (c + k) * B;
     const int64_t from = k == 0 ? now_ms - seg_start : 0;  // elapsed ms at the segment's start
-    if (scaled(s, est, B, from) + need <= cap) {
+    if (scaled(s, est, B, from, limit, n) + need <= cap) {
       st.retry_after_ms = seg_start + from - now_ms;
       return st;
     }
     const u128 full_scaled = static_cast<u128>(s.full) * b;
-    if (est == Estimator::kWeighted && s.straddle != 0 && full_scaled + need <= cap) {
-      // full*B + straddle*(B - e) + need <= cap  <=>  straddle*(B - e) <= room.
+    if (est == Estimator::kWeighted && s.straddle != 0 && full_scaled + need <= cap &&
+        straddle_floor(s.straddle, B, limit, n) <= cap - full_scaled - need) {
+      // full*B + max(straddle*(B - e), floor) + need <= cap  <=>  straddle*(B - e) <= room (the
+      // floor, constant in the segment, fits).
       const u128 room = cap - full_scaled - need;
       const u128 max_x = room / s.straddle;             // largest B - e that fits
       if (max_x > 0 && max_x < static_cast<u128>(B)) {  // e in (0, B): inside this segment
@@ -246,7 +264,7 @@ bool admits(const Usage& u, const WindowSpec& spec, Estimator est, const Moment&
             uint64_t limit) {
   if (hits > limit) return false;
   const u128 b = static_cast<u128>(spec.bucket_ms);
-  return scaled(Split{u.full, u.straddle}, est, spec.bucket_ms, m.elapsed) +
+  return scaled(Split{u.full, u.straddle}, est, spec.bucket_ms, m.elapsed, limit, spec.buckets()) +
              static_cast<u128>(hits) * b <=
          static_cast<u128>(limit) * b;
 }
@@ -261,7 +279,8 @@ LimitState limit_state_after(const RingView& ring, const WindowSpec& spec, Estim
   const u128 b = static_cast<u128>(B);
   const u128 cap = static_cast<u128>(limit) * b;
   // m's bucket is one of the n wholly inside the window (n >= 1), so the added hits count whole.
-  const u128 used = scaled(Split{before.full + added, before.straddle}, est, B, m.elapsed);
+  const u128 used =
+      scaled(Split{before.full + added, before.straddle}, est, B, m.elapsed, limit, spec.buckets());
   if (used + static_cast<u128>(hits) * b > cap) return limit_state(ring, spec, est, m, hits, limit);
   LimitState st;
   st.remaining = div_down(cap - used, b);

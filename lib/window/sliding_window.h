@@ -8,7 +8,11 @@
 // window (now-W, now], with now in bucket c that began `elapsed` ms ago:
 //
 //   weighted: sum(bucket c-n+1 .. c) + bucket(c-n) * (B - elapsed) / B
-//             (seeds 000 and 001 with n = 1; seed 002 with n = 60)
+//             (seeds 000 and 001 with n = 1; seed 002 with n = 60); deciding against a limit L,
+//             the straddler counts at least bucket(c-n) - L / n: the weighting takes its hits as
+//             spread evenly, and a client that put them at its very end would otherwise get up to
+//             2x L into one true window. With the floor no true window holds more than
+//             (1 + 1/n) x L (1.10x at the default ten buckets); estimate() (display) omits it.
 //   strict:   sum(bucket c-n .. c)
 //             (seed 002's "harsher" variant: the whole straddling bucket counts, so the estimate is
 //             never below the exact count and the limiter never admits more than the limit in any
