@@ -32,6 +32,8 @@
 //                       check) and with the 1 s limit alone (1 counter) (run_peer_traffic)
 //   gcra                3 nodes, a GCRA limit (50/1s, burst 10) on 4 keys at 2x its rate, round-
 //                       robin, rows gcra-owner and gcra-gossip; admitted_over_bound: cluster_gcra.h
+//   concurrency         5 nodes, max_in_flight 20 on 3 keys, stable, then key 0's owner killed -9;
+//                       max/limit = leases held at once / 20 (cluster_concurrency.h)
 //
 // admitted_over_limit = the largest number of checks admitted in any true 1 s window (exact, over
 // the clients' send times) / the limit; for several keys the worst key. admitted_min_over_limit =
@@ -56,6 +58,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster_concurrency.h"
 #include "cluster_gcra.h"
 #include "cluster_process.h"
 #include "json_rows.h"
@@ -109,6 +112,7 @@ struct Row {
   std::optional<double> counters_per_check =
       std::nullopt;  // peer-traffic: counters a check counts in
   std::optional<double> admitted_over_bound = std::nullopt;  // gcra (cluster_gcra.h)
+  nlohmann::json extra = nullptr;  // more figures for --json, merged into the row (concurrency)
 };
 
 struct Settings {
@@ -1080,6 +1084,25 @@ std::string run_gcra(const Settings& st, std::vector<Row>& rows) {
   return "";
 }
 
+// concurrency: phase 1 is 2 x --seconds (10 s; at most 30), lease_ttl 10 s (--quick: 5 s).
+std::string run_concurrency(const Settings& st, std::vector<Row>& rows) {
+  sluice::bench::ConcurrencyOptions o;
+  o.sluiced = st.sluiced, o.stable_s = std::clamp(2 * st.seconds, 2.0, 30.0);
+  o.lease_ttl_s = st.quick ? 5 : 10, o.after_kill_s = static_cast<double>(o.lease_ttl_s) + 5;
+  std::vector<sluice::bench::ConcurrencyPhase> phases;
+  if (std::string err = sluice::bench::run_concurrency_cluster(o, phases); !err.empty()) return err;
+  for (sluice::bench::ConcurrencyPhase& p : phases) {
+    Row row;
+    row.scenario = "concurrency", row.mode = "concurrency", row.skew = "even";
+    row.nodes = o.nodes, row.sync_ms = o.sync_ms, row.offered_per_s = p.checks_per_s_per_key;
+    row.limit_per_s = o.max_in_flight, row.admitted_over_limit = p.held_max_over_limit;
+    row.failed_checks = p.failed, row.detect_s = p.detect_s, row.fallbacks = p.fallbacks;
+    row.note = std::move(p.note), row.extra = std::move(p.figures);
+    rows.push_back(std::move(row));
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1093,7 +1116,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1.0, 120.0));
   app.add_option("--scenario", only,
                  "one of stable-3, stable-5, seed000, kill9, restart, join, drain, forwarding, overrides, "
-                 "partition, sync-cost, peer-traffic, gcra");
+                 "partition, sync-cost, peer-traffic, gcra, concurrency");
   app.add_option("--sluiced", st.sluiced, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
   if (st.quick && !app.count("--seconds")) st.seconds = 3;
@@ -1117,6 +1140,7 @@ int main(int argc, char** argv) {
       {"sync-cost", false, [&](auto& r) { return run_sync_cost(st, r); }},
       {"peer-traffic", false, [&](auto& r) { return run_peer_traffic(st, r); }},
       {"gcra", false, [&](auto& r) { return run_gcra(st, r); }},
+      {"concurrency", false, [&](auto& r) { return run_concurrency(st, r); }},
   };
   bool known = only.empty();
   for (const Scenario& s : scenarios)
@@ -1193,6 +1217,7 @@ int main(int argc, char** argv) {
                      {"counters_per_check", opt(r.counters_per_check)},
                      {"admitted_over_bound", opt(r.admitted_over_bound)},
                      {"note", r.note}});
+      if (r.extra.is_object()) out.back().update(r.extra);
     }
     sluice::bench::print_json_rows(out);
   }
