@@ -51,6 +51,33 @@ struct CheckRequest {
   forwarded @4 :Bool;         # sent by a node to a key's owner: decide here, never forward again
   redirected @5 :Bool;        # with forwarded: sent on by a key's owner that has just joined to
                               # the owner before it, which decides it whatever its own ring says
+  slices @6 :SliceAsk;        # with forwarded: leased quotas (consistency: lease) asked or returned
+}
+
+# Leased quotas (`consistency: lease`, docs/architecture.md "Leased quotas"): between nodes only,
+# honoured under the cluster's tag. A node that is not a key's owner asks the owner for a slice of
+# the key's remaining budget, answers checks from it without a round trip, and gives back what
+# it did not use.
+struct SliceAsk {
+  node @0 :UInt16;                # the node asking (and returning): the slices are its
+  wants @1 :List(UInt32);         # per check of the request: hits wanted for its lease limits
+  returns @2 :List(SliceReturn);  # slices given back: their owner counts `used`, frees the rest
+}
+
+struct SliceReturn {
+  counter @0 :UInt64;  # the limit's counter id, as both nodes compute it
+  id @1 :UInt64;       # the slice's id, from its SliceGrant
+  used @2 :UInt32;     # hits the node admitted from it
+}
+
+# A slice granted with the answer to check `check`: `hits` more hits of each of its lease limits,
+# usable for `ttlMs` from when the node sent the request (never after: the owner counts it as
+# held until then).
+struct SliceGrant {
+  check @0 :UInt32;
+  hits @1 :UInt32;
+  ttlMs @2 :UInt32;
+  id @3 :UInt64;
 }
 
 enum Mode {
@@ -109,4 +136,5 @@ struct CheckAnswer {
   code @2 :Code;             # request-level: ok, or why no decision was made
   decisions @3 :List(Decision);
   truncated @4 :Bool;        # limit details were dropped to keep a UDP answer within budget
+  slices @5 :List(SliceGrant);  # between nodes only: slices granted (SliceAsk)
 }

@@ -350,12 +350,13 @@ TEST_CASE(
     s.point_list(req + 1, tag, kInlineComposite, 3);
     s.w[tag] = struct_ptr(1, 1, 2);
     s.w[tag + 1] = 5 ^ 1;  // hits 5
-    const size_t dom = s.text("api");
-    s.point_text(tag + 2, dom, 3);
+    // (A domain long enough that the request pays for its answer: an answer is never larger.)
+    const size_t dom = s.text("api.example.internal");
+    s.point_text(tag + 2, dom, 20);
     RequestDecoder d;
     REQUIRE(d.decode(raw_message({s})) == Code::kOk);
     CHECK(d.id() == 0);
-    require_checks(d, {{"api", {}, 5}});
+    require_checks(d, {{"api.example.internal", {}, 5}});
   }
   SUBCASE("newer: structs with more data words and pointers than this schema knows") {
     RawSegment s;
@@ -426,15 +427,15 @@ TEST_CASE("encoders write one-segment messages whatever their size (no far point
 
 TEST_CASE("message sizes are those docs/protocol.md gives for sizing the padding") {
   Bytes out;
-  CHECK(encode_answer(1, Code::kMalformed, {}, 0, out) == 40);
+  CHECK(encode_answer(1, Code::kMalformed, {}, 0, out) == 48);
   std::vector<OwnedDecision> owned(1);
-  CHECK(encode_answer(1, Code::kOk, views(owned), 0, out) == 40 + 8 + 24);
+  CHECK(encode_answer(1, Code::kOk, views(owned), 0, out) == 48 + 8 + 24);
   owned[0].limits = {limit_view("per-user", 100, 0, Mode::kEnforce, false),
                      limit_view("per-ip", 3000, 0, Mode::kEnforce, false)};
-  CHECK(encode_answer(1, Code::kOk, views(owned), 0, out) == 216);
-  CHECK(encode(1, {}).size() == 48);
-  CHECK(encode(1, {{"", {}, 1}}).size() == 48 + 8 + 40);
-  CHECK(encode(1, {{"api", {{"", ""}}, 1}}).size() == 48 + 8 + 40 + 8 + 8 + 16);
+  CHECK(encode_answer(1, Code::kOk, views(owned), 0, out) == 224);
+  CHECK(encode(1, {}).size() == 56);
+  CHECK(encode(1, {{"", {}, 1}}).size() == 56 + 8 + 40);
+  CHECK(encode(1, {{"api", {{"", ""}}, 1}}).size() == 56 + 8 + 40 + 8 + 8 + 16);
 }
 
 // ==== answers ====================================================================================

@@ -260,7 +260,7 @@ bool Engine::Impl::decide_gcra(const CounterTable& t, size_t i, const rules::App
   }
   // Deciding for an owner that cannot be asked: denied, or within this node's share, which grows
   // over one refill period from when the owner was lost (as a window limit's over its window).
-  if (fallback.members > 0 && rule.consistency == rules::Consistency::kOwner) {
+  if (fallback.members > 0 && rules::owner_decides(rule.consistency)) {
     limit = rule.fallback == rules::Fallback::kShare
                 ? std::min(limit, fallback_share(al.requests, fallback, now_ms, t.spec().window_ms))
                 : 0;
@@ -325,11 +325,17 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     sc.pinned.push_back(lims[k].counter ^ kReleaseBit);
     sc.spec_of.push_back(sc.spec_of[k]);
   }
+  // Leased quotas, at the owner: slices granted count against a lease rule's window limits.
+  bool lease_mode = false;
   if (opt.node_id != 0) {
     uint32_t k = 0;
     for (uint32_t r = 0; r < rr.num_rules; ++r) {
       const rules::AppliedRule& ar = rules_begin[r];
       for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
+        if (ar.rule->consistency == rules::Consistency::kLease) [[unlikely]] {
+          lease_mode = true;
+          continue;
+        }
         if (ar.rule->consistency != rules::Consistency::kGossip) continue;
         // No demand quota for a GCRA limit (a split rate instead) nor a concurrency limit.
         if (lims[k].limit->algorithm != rules::Algorithm::kWindow) continue;
@@ -420,7 +426,13 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
       const window::Moment& m = sc.at[k];
-      const uint64_t limit = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
+      uint64_t limit = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
+      if (lease_mode && ar.rule->consistency == rules::Consistency::kLease && !t.spec().gcra)
+          [[unlikely]] {
+        // What the slices still out may yet admit is not this node's to admit.
+        limit -= std::min(limit, slices_out(shards[lims[k].counter & shard_mask], t, i,
+                                            lims[k].counter, sc.spec_of[k], now_ms));
+      }
       if (leases && lims[k].limit->algorithm == rules::Algorithm::kConcurrency) [[unlikely]] {
         sc.limit_in_force[k] = limit;
         const size_t tw = sc.twin[k];
@@ -453,7 +465,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         ok = window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
                             ar.rule->estimator, m, hits, quota);
       }
-      if (ok && fallback.members > 0 && ar.rule->consistency == rules::Consistency::kOwner) {
+      if (ok && fallback.members > 0 && rules::owner_decides(ar.rule->consistency)) {
         // Deciding for an owner that cannot be asked (see check()): denied, or within this
         // node's share of the limit, counting only its own hits (what the others admit is
         // theirs), the share growing over one window from when the owner was lost.
@@ -557,6 +569,10 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       fill_limit_result(out, ar, lims[k], ls, sc.limit_ok[k] != 0);
     }
   }
+  if (lease_mode && req.slice_want > 0 && req.slice_for != 0 && req.slice_for != opt.node_id &&
+      fallback.members == 0 && !fallback.takeover) [[unlikely]] {
+    grant_slice(req, {lims, num_limits}, {sc.spec_of.data(), num_limits}, now_ms, out, d);
+  }
   unlock_shards(shard_set);
 }
 
@@ -640,6 +656,10 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
       im.release(st, batch[n], sc.res, rr, now_ms, out, d);
       continue;
     }
+    if (fallback.slice_owner != 0) [[unlikely]] {
+      im.decide_from_slices(st, batch[n], sc.res, rr, now_ms, fallback.slice_owner, out, d);
+      continue;
+    }
     prefetch_to(sc.res.rules[rr.first_rule].first_limit + kPrefetchAhead);
     if (rr.num_carry != 0) [[unlikely]]
       im.carry_over(st, sc.res, rr, now_ms);
@@ -661,6 +681,7 @@ size_t Engine::sweep(int64_t now_ms, size_t max_slots) {
     Shard& sh = im.shards[s];
     std::lock_guard g(sh.lock);
     if (sh.leases.may_have_expired(now_ms)) sh.leases.sweep(now_ms);
+    if (!sh.slices.held.empty() || !sh.slices.granted.empty()) im.sweep_slices(sh, now_ms);
     for (size_t id = 0; id < sh.owned.size(); ++id) {
       CounterTable* t = sh.owned[id].get();
       if (t == nullptr) continue;
@@ -738,6 +759,7 @@ EngineStats Engine::stats() const {
     s.remote_bytes += remote_bytes(sh);
     s.leases_held += sh.leases.held();
     s.lease_bytes += sh.leases.bytes();
+    s.slice_bytes += sh.slices.bytes();
     s.evicted_expired += sh.evicted_expired;
     s.evicted_live += sh.evicted_live;
     for (size_t r = 0; r < sh.rule_stats.size() && r < sums.size(); ++r) {
@@ -759,6 +781,12 @@ EngineStats Engine::stats() const {
   s.lease_unknown = im.lease_unknown.load(std::memory_order_relaxed);
   s.lease_expired = im.lease_expired.load(std::memory_order_relaxed);
   s.lease_released_before = im.lease_released_before.load(std::memory_order_relaxed);
+  s.slice_checks_local = im.slice_checks_local.load(std::memory_order_relaxed);
+  s.slice_checks_to_owner = im.slice_checks_to_owner.load(std::memory_order_relaxed);
+  s.slices_granted = im.slices_granted.load(std::memory_order_relaxed);
+  s.slice_hits_granted = im.slice_hits_granted.load(std::memory_order_relaxed);
+  s.slices_returned = im.slices_returned.load(std::memory_order_relaxed);
+  s.slices_expired = im.slices_expired.load(std::memory_order_relaxed);
   for (size_t e = 1; e < kNumCheckErrors; ++e) {
     s.rejected.emplace_back(std::string(rules::to_string(static_cast<CheckError>(e))),
                             im.rejected[e].load(std::memory_order_relaxed));

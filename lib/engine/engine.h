@@ -80,6 +80,19 @@ struct Decision {
   // Granted by the request's concurrency limits when they admitted it (hits > 0); 0 = none. A
   // release (rules::CheckRequest::is_release) of it with the same entries frees their slots.
   uint64_t lease = 0;
+  // Leased quotas (consistency: lease; docs/architecture.md, "Leased quotas").
+  // Decided from slices (Fallback::slice_owner): its lease limits' slices could not cover it,
+  // nothing was counted, and its owner must decide it.
+  bool needs_owner = false;
+  // Decided from slices: hits to ask the owner for, with the check sent to it (needs_owner) or
+  // on their own (a slice running low); 0 = none.
+  uint32_t slice_want = 0;
+  // Decided by the owner, asked for a slice (rules::CheckRequest::slice_want): the slice granted
+  // to the asking node, `slice_hits` of each lease limit, usable for `slice_ttl_ms` from when
+  // the node sent the request; slice_hits 0 = none.
+  uint32_t slice_hits = 0;
+  uint32_t slice_ttl_ms = 0;
+  uint64_t slice_id = 0;
   uint32_t first_limit = 0;  // into BatchResult::limits
   uint32_t num_limits = 0;
 };
@@ -123,6 +136,16 @@ struct EngineStats {
   uint64_t lease_expired = 0;
   uint64_t lease_released_before = 0;
   uint64_t lease_bytes = 0;  // the lease tables' memory, counted against the cap
+  // Leased quotas: checks decided from a slice (no round trip: allowed from it, or denied while
+  // the owner said the key was spent), checks their slices could not cover (sent to the owner),
+  // slices granted (and their hits), given back, and expired unreturned, as owner.
+  uint64_t slice_checks_local = 0;
+  uint64_t slice_checks_to_owner = 0;
+  uint64_t slices_granted = 0;
+  uint64_t slice_hits_granted = 0;
+  uint64_t slices_returned = 0;
+  uint64_t slices_expired = 0;
+  uint64_t slice_bytes = 0;  // the slice tables' memory, counted against the cap
   std::vector<std::pair<std::string, uint64_t>> rejected;  // by CheckError name
   std::vector<RuleStats> rules;                            // every rule ever seen, by name
 };
@@ -236,8 +259,8 @@ struct SyncCursor {
 
 // What a counter holds, for inspection and tests.
 struct CounterView {
-  int64_t head = 0;           // newest bucket number
-  std::vector<uint32_t> own;  // own[i] is bucket head - (ring_size - 1) + i
+  int64_t head = 0;              // newest bucket number
+  std::vector<uint32_t> own;     // own[i] is bucket head - (ring_size - 1) + i
   std::vector<uint32_t> others;  // other nodes' totals, and counts carried over (engine_carry.cc)
   // What each other node reported, aligned like own (a bucket it reported nothing for: 0).
   std::vector<std::pair<uint16_t, std::vector<uint32_t>>> nodes;
@@ -260,6 +283,16 @@ struct Fallback {
   uint32_t members = 0;          // 0: not a fallback; else this node's share is 1 / members
   int64_t since_ms = INT64_MIN;  // INT64_MIN: the whole share at once
   bool takeover = false;         // members 0: a replica deciding for an owner out of reach
+  // Leased quotas: the batch's keys are owned by node `slice_owner`, in reach, and this node
+  // decides from the slices that node granted it (Decision::needs_owner when they cannot).
+  uint16_t slice_owner = 0;
+};
+
+// Leased quotas: a slice given back to the node that granted it, with what was used of it.
+struct SliceReturn {
+  uint64_t counter = 0;
+  uint64_t id = 0;
+  uint32_t used = 0;
 };
 
 // Bytes of counter tables mapped outside the heap allocator (tables of 4 MiB and more are mapped
@@ -337,7 +370,9 @@ class Engine {
   // The routing key (rules::routing_key) of the first rule applying to `req` whose consistency is
   // `owner`: where a cluster decides the request. nullopt when none applies, or the request is
   // invalid or allowlisted (it is then decided where it arrives). Allocates nothing once warm.
-  std::optional<uint64_t> owner_routing_key(const rules::CheckRequest& req, int64_t now_ms);
+  // `lease`, when given, is set to whether that rule's consistency is `lease`.
+  std::optional<uint64_t> owner_routing_key(const rules::CheckRequest& req, int64_t now_ms,
+                                            bool* lease = nullptr);
   // Owner mode, while this node takes over keys it has just come to own (a join): `node`, the
   // owner before it, decided `req` for it and admitted it. Raises what this node knows `node`
   // counted in each owner-mode counter of `req` by the request's hits, in the bucket of now. Every
@@ -356,6 +391,23 @@ class Engine {
   void set_gossip_lag(int64_t ms);
   // Marks every counter for the next resend sync pass (handoff after a membership change).
   void mark_all_changed_for_sync();
+
+  // Leased quotas (docs/architecture.md, "Leased quotas"). How long a slice of a limit of this
+  // window lives: a tenth of the window, from 20 ms to 2 s.
+  static int64_t slice_ttl_ms(int64_t window_ms);
+  // At a node that is not the owner: `owner` granted `hits` of each lease limit of `req` as slice
+  // `id`, usable until `expires_ms` (this node's clock: when it sent the request, plus the ttl).
+  // The slice it replaces, if any, is appended to `returns`, to be given back to its owner.
+  // `denied_until_ms` (> 0, no slice): the owner denied the check, and said its lease limits
+  // would not admit it before then; checks of the key are denied here until then, without asking
+  // (unless a rule counts denied requests).
+  void install_slice(const rules::CheckRequest& req, uint16_t owner, uint64_t id, uint32_t hits,
+                     int64_t expires_ms, int64_t denied_until_ms, int64_t now_ms,
+                     std::vector<SliceReturn>& returns);
+  // At the owner: node `node` gives back slices. What it used of each is counted now in this
+  // node's own total; the rest is free again. Unknown ids (expired and counted in full, returned
+  // before, forged) change nothing.
+  void return_slices(uint16_t node, std::span<const SliceReturn> returns, int64_t now_ms);
 
   struct Impl;
 

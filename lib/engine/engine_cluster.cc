@@ -215,7 +215,8 @@ uint16_t Engine::node_id() const {
   return impl_->opt.node_id;
 }
 
-std::optional<uint64_t> Engine::owner_routing_key(const rules::CheckRequest& req, int64_t now_ms) {
+std::optional<uint64_t> Engine::owner_routing_key(const rules::CheckRequest& req, int64_t now_ms,
+                                                  bool* lease) {
   thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread
   const State& st = impl_->current_state();
   res.clear();
@@ -223,7 +224,8 @@ std::optional<uint64_t> Engine::owner_routing_key(const rules::CheckRequest& req
   if (rr.error != CheckError::kNone || rr.allowlisted) return std::nullopt;
   for (uint32_t r = 0; r < rr.num_rules; ++r) {
     const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
-    if (ar.rule->consistency == rules::Consistency::kOwner && ar.num_limits > 0) {
+    if (rules::owner_decides(ar.rule->consistency) && ar.num_limits > 0) {
+      if (lease != nullptr) *lease = ar.rule->consistency == rules::Consistency::kLease;
       return rules::routing_key(res.limits[ar.first_limit].counter);
     }
   }
@@ -263,7 +265,7 @@ void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_m
     }
     for (uint32_t r = 0; r < rr.num_rules; ++r) {
       const rules::AppliedRule& ar = res.rules[rr.first_rule + r];
-      if (ar.rule->consistency != rules::Consistency::kOwner) continue;
+      if (!rules::owner_decides(ar.rule->consistency)) continue;
       for (uint32_t j = 0; j < ar.num_limits; ++j) {
         const rules::AppliedLimit& al = res.limits[ar.first_limit + j];
         if (al.limit->algorithm == rules::Algorithm::kGcra) {

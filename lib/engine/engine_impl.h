@@ -104,6 +104,12 @@ struct Engine::Impl {
   std::atomic<uint64_t> lease_unknown{0};
   std::atomic<uint64_t> lease_expired{0};
   std::atomic<uint64_t> lease_released_before{0};
+  std::atomic<uint64_t> slice_checks_local{0};
+  std::atomic<uint64_t> slice_checks_to_owner{0};
+  std::atomic<uint64_t> slices_granted{0};
+  std::atomic<uint64_t> slice_hits_granted{0};
+  std::atomic<uint64_t> slices_returned{0};
+  std::atomic<uint64_t> slices_expired{0};
 
   explicit Impl(EngineOptions o) : opt(o) {
     uint32_t n = std::clamp<uint32_t>(o.shards, 1, 64);
@@ -427,13 +433,33 @@ struct Engine::Impl {
   [[gnu::noinline]] void answer_leases(const State& st, const rules::CheckRequest& req,
                                        const rules::AppliedRule& ar, const rules::AppliedLimit& al,
                                        CounterTable& t, size_t i, CounterTable& rt, size_t ri,
-                                       const window::Moment& m, uint64_t lim, bool ok,
-                                       bool counted, uint64_t lease, int64_t now_ms,
-                                       BatchResult& out);
+                                       const window::Moment& m, uint64_t lim, bool ok, bool counted,
+                                       uint64_t lease, int64_t now_ms, BatchResult& out);
   // Before a check that may grant a lease: room for one more in the tables of every concurrency
   // limit's shard (expired leases are dropped first), and a lease id that none of them holds.
   // Returns 0 when the memory budget leaves no room.
   uint64_t prepare_lease(std::span<const rules::AppliedLimit> lims, int64_t now_ms);
+  // Leased quotas (engine_slices.cc). A request decided from slices (Fallback::slice_owner), in
+  // place of decide(): allowed when the slices of all its limits cover it, denied while its owner
+  // said the key is spent, else needs_owner with nothing counted.
+  [[gnu::noinline]] void decide_from_slices(const State& st, const rules::CheckRequest& req,
+                                            const rules::Resolution& res,
+                                            const rules::ResolvedRequest& rr, int64_t now_ms,
+                                            uint16_t owner, BatchResult& out, Decision& d);
+  // At the owner, before a lease limit is decided: counts the slices of counter `c` (slot `i` of
+  // `t`, brought to now) that expired unreturned, in the bucket of their expiry, and returns the
+  // hits of the slices still out.
+  uint64_t slices_out(Shard& sh, CounterTable& t, size_t i, uint64_t c, uint32_t spec_id,
+                      int64_t now_ms);
+  // At the owner, after a check decided by decide(): the slice it asked for, when its lease
+  // limits have room for one (Decision::slice_hits).
+  [[gnu::noinline]] void grant_slice(const rules::CheckRequest& req,
+                                     std::span<const rules::AppliedLimit> lims,
+                                     std::span<const uint32_t> spec_of, int64_t now_ms,
+                                     BatchResult& out, Decision& d);
+  // Drops what slice tables keep that no decision needs any more: slices held that are over and
+  // unused for a window, slices granted that expired more than a window ago. Shard lock held.
+  void sweep_slices(Shard& sh, int64_t now_ms);
   // A release (rules::CheckRequest::is_release), decided in place of a check.
   [[gnu::noinline]] void release(const State& st, const rules::CheckRequest& req,
                                  const rules::Resolution& res, const rules::ResolvedRequest& rr,
@@ -456,7 +482,7 @@ struct Engine::Impl {
   static uint64_t limit_here(uint64_t cap, const rules::AppliedLimit& l, const rules::Rule& rule,
                              const Fallback& f, int64_t now_ms) {
     const uint64_t side = share_of(cap, l.requests);
-    if (!f.takeover || rule.consistency != rules::Consistency::kOwner) return side;
+    if (!f.takeover || !rules::owner_decides(rule.consistency)) return side;
     return f.since_ms != INT64_MIN && now_ms < f.since_ms + l.limit->spec.window_ms ? 0 : side;
   }
 

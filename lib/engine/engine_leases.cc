@@ -44,7 +44,7 @@ bool Engine::Impl::decide_leases(const CounterTable& t, size_t i, const CounterT
   if (!window::admits_leases(window::leases_held(t.view(i), rt.view(ri), spec, m), hits, limit)) {
     return false;
   }
-  if (fallback.members > 0 && rule.consistency == rules::Consistency::kOwner) {
+  if (fallback.members > 0 && rules::owner_decides(rule.consistency)) {
     // Deciding for an owner that cannot be asked: denied, or within this node's share of the
     // limit by the leases it granted itself (check(), as for a window limit).
     return rule.fallback == rules::Fallback::kShare &&

@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "engine/lease_table.h"
 #include "engine/remote_map.h"
+#include "engine/slice_table.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
 
@@ -154,6 +155,7 @@ struct Shard {
   std::array<HotSlot, kHotPerShard> hot{};
   SyncList sync_changed;  // for the next sync pass (not the resend pass: that walks)
   LeaseTable leases;      // granted by this shard's concurrency counters (lease_table.h)
+  SliceTables slices;     // leased quotas of this shard's counters (slice_table.h)
 };
 
 // What other nodes' reports take in a shard: the remote map's slots and the rings they hold. It
@@ -163,9 +165,9 @@ inline uint64_t remote_bytes(const Shard& sh) {
 }
 
 // Everything of a shard's memory but its tables that counts against its budget: the record keys
-// of evicted counters waiting for a snapshot pass, other nodes' reports, and the leases.
+// of evicted counters waiting for a snapshot pass, other nodes' reports, leases and slices.
 inline uint64_t side_bytes(const Shard& sh) {
-  return sh.erased_keys.size() + remote_bytes(sh) + sh.leases.bytes();
+  return sh.erased_keys.size() + remote_bytes(sh) + sh.leases.bytes() + sh.slices.bytes();
 }
 
 // The heap bytes of one remote map value (its vector and every ring's buckets).

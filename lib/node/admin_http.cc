@@ -334,6 +334,28 @@ std::string render_metrics(AdminHttp::State& st) {
            es.lease_released_before);
   m.one("sluice_lease_table_bytes", "gauge",
         "Memory of the lease tables in bytes (counts against the memory cap).", es.lease_bytes);
+  m.one("sluice_lease_local_total", "counter",
+        "Leased quotas: checks of keys another node owns decided here from a slice it granted (no "
+        "round trip).",
+        es.slice_checks_local);
+  m.one("sluice_lease_forwarded_total", "counter",
+        "Leased quotas: checks of keys another node owns that no slice here covered, sent to the "
+        "owner (a round trip).",
+        es.slice_checks_to_owner);
+  m.one("sluice_lease_prefetches_total", "counter",
+        "Leased quotas: slices asked for before the one held ran out.", nc.slice_prefetches);
+  m.one("sluice_lease_slices_granted_total", "counter",
+        "Leased quotas: slices this node granted as owner.", es.slices_granted);
+  m.one("sluice_lease_slice_hits_granted_total", "counter",
+        "Leased quotas: hits in the slices this node granted as owner.", es.slice_hits_granted);
+  m.one("sluice_lease_slices_returned_total", "counter",
+        "Leased quotas: slices given back to this node (what was used counted, the rest freed).",
+        es.slices_returned);
+  m.one("sluice_lease_slices_expired_total", "counter",
+        "Leased quotas: slices not given back before they expired (counted in full).",
+        es.slices_expired);
+  m.one("sluice_lease_slice_table_bytes", "gauge",
+        "Memory of the slice tables in bytes (counts against the memory cap).", es.slice_bytes);
 
   m.family("sluice_requests_total", "counter",
            "Check requests received, by transport (http: /v1/check, /v1/auth, /v1/release).");
@@ -629,7 +651,13 @@ std::string render_status(AdminHttp::State& st) {
         {"leases_held", es.leases_held},
         {"leases_granted", es.leases_granted},
         {"leases_released", es.leases_released},
-        {"lease_bytes", es.lease_bytes}}},
+        {"lease_bytes", es.lease_bytes},
+        {"slice_checks_local", es.slice_checks_local},
+        {"slice_checks_to_owner", es.slice_checks_to_owner},
+        {"slices_granted", es.slices_granted},
+        {"slices_returned", es.slices_returned},
+        {"slices_expired", es.slices_expired},
+        {"slice_bytes", es.slice_bytes}}},
       {"requests",
        {{"udp", nc.udp_requests},
         {"tcp", nc.tcp_requests},

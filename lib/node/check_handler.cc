@@ -52,6 +52,29 @@ wire::Mode to_wire(rules::Mode m) {
   return wire::Mode::kEnforce;
 }
 
+wire::LimitView to_view(const engine::LimitResult& l) {
+  return {l.limit->name,   l.requests, rules::reported_window_ms(*l.limit),
+          l.remaining,     l.reset_ms, l.retry_after_ms == window::kNever ? -1 : l.retry_after_ms,
+          to_wire(l.mode), l.exceeded};
+}
+
+// An engine decision as an answer's decision (owning its strings).
+wire::Decision to_answer(const engine::Decision& d, std::span<const engine::LimitResult> limits) {
+  wire::Decision w;
+  w.code = d.no_room ? wire::Code::kNoRoom : to_wire(d.error);
+  w.allowed = d.allowed;
+  w.would_deny = d.would_deny;
+  w.shadow = d.shadow;
+  w.allowlisted = d.allowlisted;
+  w.lease = d.lease;
+  for (const engine::LimitResult& l : limits) {
+    const wire::LimitView v = to_view(l);
+    w.limits.push_back({std::string(v.name), v.limit, v.window_ms, v.remaining, v.reset_ms,
+                        v.retry_after_ms, v.mode, v.exceeded});
+  }
+  return w;
+}
+
 }  // namespace
 
 // Reused per worker: after the first few requests nothing here allocates.
@@ -67,6 +90,22 @@ struct CheckHandler::Scratch {
   wire::RequestDecoder credit_decoder;     // a redirected part, when its answer comes
   std::vector<rules::Descriptor> credit_descriptors;
   std::vector<wire::Check> part_checks;  // one part of a split request
+  // Leased quotas: per engine request, decided from slices (index into slice_decisions, or
+  // UINT32_MAX); those decisions and their limits (owned by slice_policy); per wire check, the
+  // hits to ask the owner for; the requests the engine decides after them.
+  std::vector<uint32_t> sliced;
+  size_t num_sliced = 0;
+  engine::BatchResult slice_result;
+  std::shared_ptr<const rules::Policy> slice_policy;
+  std::vector<engine::Decision> slice_decisions;
+  std::vector<engine::LimitResult> slice_limits;
+  std::vector<uint32_t> wants;
+  std::vector<uint32_t> part_wants;
+  std::vector<rules::CheckRequest> rest;
+  std::vector<uint32_t> rest_index;  // per engine request: its index in rest
+  std::vector<engine::SliceReturn> returns;
+  std::vector<wire::SliceGrant> grants;
+  std::vector<rules::Descriptor> slice_descriptors;  // settle_slices
 };
 
 CheckHandler::CheckHandler(engine::Engine& engine)
@@ -145,6 +184,24 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
     req.limit_override_window_ms = c.limit_override_window_ms;
     req.is_release = c.is_release;
     req.release = c.release;
+    // Leased quotas: another node asks for a slice of this check's lease limits (its tag vouches
+    // for the node id).
+    if (trusted && i < s.decoder.slice_wants().size()) {
+      req.slice_want = s.decoder.slice_wants()[i];
+      req.slice_for = s.decoder.slice_node();
+    }
+  }
+  if (trusted && !s.decoder.slice_returns().empty()) {
+    s.returns.clear();
+    for (const wire::SliceReturn& r : s.decoder.slice_returns())
+      s.returns.push_back({r.counter, r.id, r.used});
+    engine_.return_slices(s.decoder.slice_node(), s.returns, now_ms);
+  }
+  s.sliced.assign(s.requests.size(), UINT32_MAX);
+  s.num_sliced = 0;
+  if (router != nullptr) {
+    plan.decided.clear();
+    plan.prefetch.clear();
   }
   // A forwarded request is decided here, unless this node has just joined and the owner before
   // it still decides some of its keys; a redirected one is always decided here.
@@ -152,34 +209,82 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
       split(router, now_ms, first_id, plan, trusted)) {
     return Outcome::kForward;
   }
-  engine_.check(s.requests, now_ms, s.result, fallback_);
+  // Requests decided from slices (split) are not decided again.
+  std::span<const rules::CheckRequest> batch = s.requests;
+  if (s.num_sliced != 0) {
+    s.rest.clear();
+    s.rest_index.assign(s.requests.size(), UINT32_MAX);
+    for (size_t j = 0; j < s.requests.size(); ++j) {
+      if (s.sliced[j] != UINT32_MAX) continue;
+      s.rest_index[j] = static_cast<uint32_t>(s.rest.size());
+      s.rest.push_back(s.requests[j]);
+    }
+    batch = s.rest;
+  }
+  engine_.check(batch, now_ms, s.result, fallback_);
 
   s.limits.clear();
-  s.limits.reserve(s.result.limits.size());
-  for (const auto& l : s.result.limits) {
-    s.limits.push_back({l.limit->name, l.requests, rules::reported_window_ms(*l.limit), l.remaining,
-                        l.reset_ms, l.retry_after_ms == window::kNever ? -1 : l.retry_after_ms,
-                        to_wire(l.mode), l.exceeded});
+  s.limits.reserve(s.result.limits.size() + s.slice_limits.size());
+  for (const auto& l : s.result.limits)
+    s.limits.push_back(to_view(l));
+  const size_t slice_limits_at = s.limits.size();
+  if (s.num_sliced != 0) {
+    for (const auto& l : s.slice_limits)
+      s.limits.push_back(to_view(l));
   }
   s.decisions.clear();
+  s.grants.clear();
   for (size_t i = 0; i < checks.size(); ++i) {
     wire::DecisionView dv;
     if (s.engine_index[i] == UINT32_MAX) {
       dv.code = s.decoder.check_code(i);
     } else {
-      const engine::Decision& d = s.result.decisions[s.engine_index[i]];
+      const uint32_t j = s.engine_index[i];
+      const bool sliced = s.sliced[j] != UINT32_MAX;
+      const engine::Decision& d = sliced              ? s.slice_decisions[s.sliced[j]]
+                                  : s.num_sliced != 0 ? s.result.decisions[s.rest_index[j]]
+                                                      : s.result.decisions[j];
+      const size_t limits_at = sliced ? slice_limits_at : 0;
+      if (d.slice_hits != 0) {
+        s.grants.push_back({static_cast<uint32_t>(i), d.slice_hits, d.slice_ttl_ms, d.slice_id});
+      }
       dv.code = d.no_room ? wire::Code::kNoRoom : to_wire(d.error);
       dv.allowed = d.allowed;
       dv.would_deny = d.would_deny;
       dv.shadow = d.shadow;
       dv.allowlisted = d.allowlisted;
       dv.lease = d.lease;
-      dv.limits = std::span<const wire::LimitView>(s.limits.data() + d.first_limit, d.num_limits);
+      dv.limits = std::span<const wire::LimitView>(s.limits.data() + limits_at + d.first_limit,
+                                                   d.num_limits);
     }
     s.decisions.push_back(dv);
   }
-  return answered(
-      wire::encode_answer(s.decoder.id(), wire::Code::kOk, s.decisions, max_answer_bytes, out));
+  return answered(wire::encode_answer(s.decoder.id(), wire::Code::kOk, s.decisions,
+                                      max_answer_bytes, out, s.grants));
+}
+
+bool CheckHandler::decide_from_slices(size_t i, size_t j, uint16_t owner, int64_t now_ms,
+                                      ForwardPlan& plan) {
+  Scratch& s = *s_;
+  engine::Fallback f;
+  f.slice_owner = owner;
+  engine_.check(std::span<const rules::CheckRequest>(&s.requests[j], 1), now_ms, s.slice_result, f);
+  const engine::Decision& d = s.slice_result.decisions[0];
+  s.wants[i] = d.slice_want;
+  if (d.needs_owner) return false;
+  if (s.num_sliced == 0) {
+    s.slice_decisions.clear();
+    s.slice_limits.clear();
+  }
+  s.slice_policy = s.slice_result.policy;  // the limits' names live there
+  engine::Decision& kept = s.slice_decisions.emplace_back(d);
+  kept.first_limit = static_cast<uint32_t>(s.slice_limits.size());
+  const auto limits = s.slice_result.limits_of(d);
+  s.slice_limits.insert(s.slice_limits.end(), limits.begin(), limits.end());
+  s.sliced[j] = static_cast<uint32_t>(s.slice_decisions.size() - 1);
+  ++s.num_sliced;
+  if (d.slice_want != 0) plan.prefetch.push_back({static_cast<uint32_t>(i), owner, d.slice_want});
+  return true;
 }
 
 bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id, ForwardPlan& plan,
@@ -187,13 +292,24 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
   Scratch& s = *s_;
   const auto checks = s.decoder.checks();
   s.routes.assign(checks.size(), CheckRouter::Route{});
+  s.wants.assign(checks.size(), 0);
   bool remote = false;
   for (size_t i = 0; i < checks.size(); ++i) {
     if (s.engine_index[i] == UINT32_MAX) continue;  // refused here: answered here
-    const auto key = engine_.owner_routing_key(s.requests[s.engine_index[i]], now_ms);
+    const uint32_t j = s.engine_index[i];
+    bool lease = false;
+    const auto key = engine_.owner_routing_key(s.requests[j], now_ms, &lease);
     if (!key) continue;
     s.routes[i] = router->route(*key, forwarded);
-    remote = remote || s.routes[i].node != 0 || s.routes[i].fallback || s.routes[i].takeover;
+    const CheckRouter::Route& r = s.routes[i];
+    // Leased quotas: a client's check of a key another node owns, in reach, is decided here
+    // when the slice that node granted covers it.
+    if (lease && !forwarded && r.node != 0 && !r.redirect && !r.fallback && !r.takeover &&
+        !s.requests[j].is_release && decide_from_slices(i, j, r.node, now_ms, plan)) {
+      s.routes[i] = CheckRouter::Route{};
+      continue;
+    }
+    remote = remote || r.node != 0 || r.fallback || r.takeover;
   }
   if (!remote) return false;
   plan.client_id = s.decoder.id();
@@ -203,6 +319,13 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
   for (size_t i = 0; i < checks.size(); ++i) {
     if (s.engine_index[i] == UINT32_MAX) {  // refused by the decoder: answered with its code
       plan.refused.emplace_back(static_cast<uint32_t>(i), s.decoder.check_code(i));
+      continue;
+    }
+    if (const uint32_t at = s.sliced[s.engine_index[i]]; at != UINT32_MAX) {
+      const engine::Decision& d = s.slice_decisions[at];
+      plan.decided.emplace_back(static_cast<uint32_t>(i),
+                                to_answer(d, std::span<const engine::LimitResult>(s.slice_limits)
+                                                 .subspan(d.first_limit, d.num_limits)));
       continue;
     }
     ForwardPlan::Part* part = nullptr;
@@ -221,8 +344,10 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
       part->takeover = r.takeover;
       part->fallback_since_ms = r.fallback_since_ms;
       part->redirected = false;
+      part->asks_slices = false;
       part->checks.clear();
     }
+    part->asks_slices = part->asks_slices || s.wants[i] != 0;
     part->fallback_since_ms = std::max(part->fallback_since_ms, r.fallback_since_ms);
     part->redirected = part->redirected || s.routes[i].redirect;
     part->checks.push_back(static_cast<uint32_t>(i));
@@ -230,12 +355,17 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
   for (size_t p = 0; p < plan.used; ++p) {
     ForwardPlan::Part& part = plan.parts[p];
     s.part_checks.clear();
-    for (uint32_t i : part.checks)
+    s.part_wants.clear();
+    for (uint32_t i : part.checks) {
       s.part_checks.push_back(checks[i]);
-    // Room for the owner's answer: it never answers larger than the request it got.
-    const size_t pad = std::min<size_t>(wire::kMaxDatagramBytes, 512 + 256 * part.checks.size());
+      s.part_wants.push_back(s.wants[i]);
+    }
+    // Room for the owner's answer: it never answers larger than the request it got (a slice
+    // granted takes 32 bytes more per check).
+    const size_t pad = std::min<size_t>(wire::kMaxDatagramBytes, 512 + 288 * part.checks.size());
+    const wire::SliceAsk ask{engine_.node_id(), s.part_wants, {}};
     wire::encode_request(first_id + p, s.part_checks, pad, part.request, /*forwarded=*/true,
-                         part.redirected);
+                         part.redirected, part.asks_slices ? &ask : nullptr);
   }
   return true;
 }
@@ -264,6 +394,78 @@ void CheckHandler::credit(std::span<const uint8_t> part, const wire::Answer& ans
     req.release = checks[i].release;
     engine_.credit(req, node, now_ms);
   }
+}
+
+void CheckHandler::settle_slices(std::span<const uint8_t> part, const wire::Answer& answer,
+                                 uint16_t owner, int64_t sent_ms, int64_t now_ms,
+                                 std::vector<engine::SliceReturn>& returns) {
+  Scratch& s = *s_;
+  if (part.size() > kForwardTagBytes) part = part.first(part.size() - kForwardTagBytes);
+  if (s.credit_decoder.decode(part) != wire::Code::kOk) return;
+  const auto checks = s.credit_decoder.checks();
+  const auto wants = s.credit_decoder.slice_wants();
+  for (size_t i = 0; i < checks.size() && i < wants.size() && i < answer.decisions.size(); ++i) {
+    if (wants[i] == 0 || s.credit_decoder.check_code(i) != wire::Code::kOk) continue;
+    const wire::Decision& d = answer.decisions[i];
+    if (d.code != wire::Code::kOk) continue;
+    const wire::SliceGrant* grant = nullptr;
+    for (const wire::SliceGrant& g : answer.grants) {
+      if (g.check == i) grant = &g;
+    }
+    // Without a slice, a denial tells until when the key is spent: the longest retry_after of
+    // the limits it exceeded (none known, or one that never admits: nothing noted).
+    int64_t denied_until = 0;
+    if (grant == nullptr) {
+      if (d.allowed || answer.truncated) continue;
+      int64_t wait = 0;
+      for (const wire::LimitStatus& l : d.limits) {
+        if (!l.exceeded) continue;
+        if (l.retry_after_ms < 0) {
+          wait = 0;
+          break;
+        }
+        wait = std::max(wait, l.retry_after_ms);
+      }
+      if (wait == 0) continue;
+      denied_until = sent_ms + wait;
+    }
+    s.slice_descriptors.clear();
+    for (const auto& e : checks[i].entries)
+      s.slice_descriptors.push_back({e.key, e.value});
+    rules::CheckRequest req{checks[i].domain, s.slice_descriptors,
+                            static_cast<uint64_t>(checks[i].hits)};
+    req.has_limit_override = checks[i].has_limit_override;
+    req.limit_override_requests = checks[i].limit_override_requests;
+    req.limit_override_window_ms = checks[i].limit_override_window_ms;
+    if (grant != nullptr) {
+      engine_.install_slice(req, owner, grant->id, grant->hits, sent_ms + grant->ttl_ms, 0, now_ms,
+                            returns);
+    } else {
+      engine_.install_slice(req, owner, 0, 0, 0, denied_until, now_ms, returns);
+    }
+  }
+}
+
+void CheckHandler::encode_prefetch(const ForwardPlan::Prefetch& pf, uint64_t id,
+                                   std::vector<uint8_t>& out) {
+  Scratch& s = *s_;
+  wire::Check c = s.decoder.checks()[pf.check];
+  c.hits = 0;  // asks, counts nothing
+  const uint32_t want = pf.want;
+  const wire::SliceAsk ask{engine_.node_id(), std::span<const uint32_t>(&want, 1), {}};
+  wire::encode_request(id, std::span<const wire::Check>(&c, 1), 512, out, /*forwarded=*/true, false,
+                       &ask);
+}
+
+void CheckHandler::encode_returns(std::span<const engine::SliceReturn> returns,
+                                  std::vector<uint8_t>& out) {
+  std::vector<wire::SliceReturn> wire_returns;
+  wire_returns.reserve(returns.size());
+  for (const engine::SliceReturn& r : returns)
+    wire_returns.push_back({r.counter, r.id, r.used});
+  const wire::SliceAsk ask{engine_.node_id(), {}, wire_returns};
+  // An id no answer is matched to: the owner's empty answer is dropped.
+  wire::encode_request(UINT64_MAX, {}, 0, out, /*forwarded=*/true, false, &ask);
 }
 
 }  // namespace sluice::node

@@ -48,6 +48,7 @@ struct Worker::Forwarder : CheckRouter {
     std::vector<wire::Decision> decisions;  // per client check
     std::vector<ForwardPlan::Part> parts;
     std::vector<uint8_t> part_done;
+    bool internal = false;  // a slice asked for on its own (a prefetch): no client waits
   };
   static constexpr size_t kMaxParts = 256;  // part index in the low 8 bits of a forwarded id
 
@@ -111,6 +112,8 @@ struct Worker::Forwarder : CheckRouter {
     const uint64_t base = (static_cast<uint64_t>(p.generation) << 32) | (slot << 8);
     const CheckHandler::Outcome o =
         w.handler.handle_routed(request, max_answer, now, reply, this, base, plan);
+    for (const ForwardPlan::Prefetch& pf : plan.prefetch)
+      send_prefetch(pf, now);
     if (o != CheckHandler::Outcome::kForward || plan.used > kMaxParts) {
       release(slot);
       if (o == CheckHandler::Outcome::kForward) {  // more owners than ids: decide it all here
@@ -121,6 +124,7 @@ struct Worker::Forwarder : CheckRouter {
     }
     w.counters.forwarded_requests.fetch_add(1, std::memory_order_relaxed);
     p.busy = true;
+    p.internal = false;
     p.client = client;
     p.client_id = plan.client_id;
     p.max_answer = max_answer;
@@ -129,6 +133,8 @@ struct Worker::Forwarder : CheckRouter {
     p.decisions.assign(plan.num_checks, wire::Decision{});
     for (const auto& [i, code] : plan.refused)
       p.decisions[i].code = code;
+    for (auto& [i, decision] : plan.decided)  // decided here from slices
+      p.decisions[i] = std::move(decision);
     if (p.parts.size() < plan.used) p.parts.resize(plan.used);
     p.part_done.assign(plan.used, 0);
     p.outstanding = plan.used;
@@ -140,6 +146,8 @@ struct Worker::Forwarder : CheckRouter {
       p.parts[i].fallback = plan.parts[i].fallback;
       p.parts[i].takeover = plan.parts[i].takeover;
       p.parts[i].fallback_since_ms = plan.parts[i].fallback_since_ms;
+      p.parts[i].asks_slices = plan.parts[i].asks_slices;
+      p.parts[i].sent_ms = now;
       auth->sign(p.parts[i].request);  // the owner honours `forwarded` only under our tag
     }
     for (size_t i = 0; i < plan.used && p.busy; ++i) {
@@ -159,6 +167,50 @@ struct Worker::Forwarder : CheckRouter {
     }
     if (pending[slot].busy) arm_timer();
     return CheckHandler::Outcome::kForward;
+  }
+
+  // Leased quotas: asks `pf.owner` for a slice of a check's key on its own (its answer installs
+  // the slice, and nobody waits for it; lost, the next check asks again).
+  void send_prefetch(const ForwardPlan::Prefetch& pf, int64_t now) {
+    const size_t slot = take_slot();
+    Pending& p = pending[slot];
+    const uint64_t id = (static_cast<uint64_t>(p.generation) << 32) | (slot << 8);
+    p.busy = true;
+    p.internal = true;
+    p.client = Client{};
+    p.client_id = 0;
+    p.max_answer = 0;
+    p.deadline_ms = now + cluster.forward_timeout_ms();
+    p.decisions.assign(1, wire::Decision{});
+    if (p.parts.empty()) p.parts.resize(1);
+    ForwardPlan::Part& part = p.parts[0];
+    part.checks.assign(1, 0);
+    part.owner = pf.owner;
+    part.redirected = part.fallback = part.takeover = false;
+    part.asks_slices = true;
+    part.sent_ms = now;
+    w.handler.encode_prefetch(pf, id, part.request);
+    auth->sign(part.request);
+    p.part_done.assign(1, 0);
+    p.outstanding = 1;
+    if (!send_part(pf.owner, part)) {
+      release(slot);
+      return;
+    }
+    w.counters.slice_prefetches.fetch_add(1, std::memory_order_relaxed);
+    arm_timer();
+  }
+
+  // Gives slices back to `owner` (signed; no answer is waited for).
+  void send_returns(uint16_t owner) {
+    if (returns.empty()) return;
+    w.handler.encode_returns(returns, scratch_returns);
+    returns.clear();
+    auth->sign(scratch_returns);
+    if (const auto ep = endpoint_of(owner)) {
+      boost::system::error_code ec;
+      socket.send_to(asio::buffer(scratch_returns), *ep, 0, ec);
+    }
   }
 
   // Sends a part (signed, as planned) to node `to`; false when it has no address or the send
@@ -231,6 +283,10 @@ struct Worker::Forwarder : CheckRouter {
 
   void finish(size_t slot) {
     Pending& p = pending[slot];
+    if (p.internal) {
+      release(slot);
+      return;
+    }
     limit_views.clear();
     views.clear();
     for (const wire::Decision& d : p.decisions) {
@@ -307,6 +363,11 @@ struct Worker::Forwarder : CheckRouter {
     if (p.parts[part].redirected) {
       w.handler.credit(p.parts[part].request, answer, p.parts[part].owner, w.opt.clock());
     }
+    if (p.parts[part].asks_slices) {
+      w.handler.settle_slices(p.parts[part].request, answer, p.parts[part].owner,
+                              p.parts[part].sent_ms, w.opt.clock(), returns);
+      send_returns(p.parts[part].owner);
+    }
     fill(slot, part);
   }
 
@@ -326,6 +387,10 @@ struct Worker::Forwarder : CheckRouter {
           any = true;
           continue;
         }
+        if (pending[slot].internal) {  // a prefetch unanswered: the next check asks again
+          release(slot);
+          continue;
+        }
         for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
           if (i >= pending[slot].part_done.size() || pending[slot].part_done[i]) continue;
           // The owner, in reach, did not answer: it may have admitted the part, so it is denied
@@ -342,6 +407,10 @@ struct Worker::Forwarder : CheckRouter {
   void stop() {
     const int64_t now = w.opt.clock();
     for (size_t slot = 0; slot < pending.size(); ++slot) {
+      if (pending[slot].busy && pending[slot].internal) {
+        release(slot);
+        continue;
+      }
       for (size_t i = 0; i < pending[slot].parts.size() && pending[slot].busy; ++i) {
         if (i < pending[slot].part_done.size() && !pending[slot].part_done[i]) {
           const ForwardPlan::Part& part = pending[slot].parts[i];
@@ -373,6 +442,8 @@ struct Worker::Forwarder : CheckRouter {
   wire::Answer answer;
   std::vector<wire::LimitView> limit_views;
   std::vector<wire::DecisionView> views;
+  std::vector<engine::SliceReturn> returns;  // slices to give back (settle_slices)
+  std::vector<uint8_t> scratch_returns;
 };
 
 }  // namespace sluice::node

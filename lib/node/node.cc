@@ -675,6 +675,7 @@ NodeCounters Node::counters() const {
     c.forwarded_parts += k.forwarded_parts.load(std::memory_order_relaxed);
     c.forward_fallbacks += k.forward_fallbacks.load(std::memory_order_relaxed);
     c.forward_failovers += k.forward_failovers.load(std::memory_order_relaxed);
+    c.slice_prefetches += k.slice_prefetches.load(std::memory_order_relaxed);
     c.untrusted_forwards += w->handler.untrusted_forwards();
     for (size_t i = 0; i < kLatencyBuckets; ++i) {
       c.latency_us_buckets[i] += k.latency[i].load(std::memory_order_relaxed);

@@ -32,10 +32,10 @@ namespace sluice::node {
 // Cluster membership and sync (docs/operations.md, "Cluster"). Disabled: one node on its own.
 struct ClusterOptions {
   bool enabled = false;
-  uint16_t node_id = 0;            // unique in the cluster, 1..65535
-  std::string name;                // unique and stable across restarts; default "node-<id>"
-  std::string listen;              // peer UDP address, e.g. "127.0.0.1:7352"
-  std::string advertise;           // IP other nodes reach this node at; default: listen's address
+  uint16_t node_id = 0;   // unique in the cluster, 1..65535
+  std::string name;       // unique and stable across restarts; default "node-<id>"
+  std::string listen;     // peer UDP address, e.g. "127.0.0.1:7352"
+  std::string advertise;  // IP other nodes reach this node at; default: listen's address
   // "host:port" of peers (a DNS name resolves to every address, at start), "dns:NAME" (every
   // A/AAAA address of NAME, with this node's peer port) or "dns+srv:_service._proto.NAME" (every
   // SRV target and port); the dns forms are resolved again every seed_refresh_ms and newly found
@@ -44,8 +44,8 @@ struct ClusterOptions {
   int64_t seed_refresh_ms = 30'000;
   // "IP:PORT" of the DNS server for dns: and dns+srv: seeds; "" = the system's (resolv.conf).
   std::string dns_server;
-  std::string secret;              // shared by every node, >= 16 bytes (or secret_file)
-  size_t replicas = 2;             // owner included
+  std::string secret;   // shared by every node, >= 16 bytes (or secret_file)
+  size_t replicas = 2;  // owner included
   int64_t sync_interval_ms = 100;
   int64_t anti_entropy_interval_ms = 5'000;
   int64_t probe_interval_ms = 1'000;
@@ -73,7 +73,7 @@ struct NodeOptions {
   std::string grpc_listen = "127.0.0.1:8081";
   bool grpc_rate_limit_headers = false;  // RateLimit headers in response_headers_to_add
   unsigned threads = 2;
-  std::string rules_file;           // "" = the embedded example rules (deploy/rules.example.yaml)
+  std::string rules_file;  // "" = the embedded example rules (deploy/rules.example.yaml)
   // envoyproxy/ratelimit config: a file or a directory of them (docs/envoy-config.md); "" none.
   // With envoy_rules and no rules_file, the embedded example rules are not loaded.
   std::string envoy_rules;
@@ -109,7 +109,7 @@ struct NodeOptions {
   // wake-up (tens to hundreds of µs on a virtual machine). Costs up to this much CPU after each
   // burst; 0 (the default) never spins.
   int64_t udp_busy_poll_us = 0;
-  std::function<int64_t()> clock;           // ms since the epoch; default: system clock
+  std::function<int64_t()> clock;  // ms since the epoch; default: system clock
   // Called on the control thread (the one inside run()) at each NodeEvent, with a one-line status
   // for people (ports, a reload's outcome). Short; it must not block nor call into the node.
   std::function<void(NodeEvent, std::string_view status)> on_event;
@@ -138,6 +138,7 @@ struct NodeCounters {
   uint64_t forwarded_parts = 0;     // parts sent to another node
   uint64_t forward_fallbacks = 0;   // parts decided here: the owner was silent or unreachable
   uint64_t forward_failovers = 0;   // parts sent on to the key's replica after the owner's timeout
+  uint64_t slice_prefetches = 0;    // leased quotas: slices asked for before the one held ran out
   uint64_t untrusted_forwards = 0;  // requests that claimed `forwarded` without the cluster's tag
   uint64_t reloads = 0;
   uint64_t reload_failures = 0;
@@ -198,11 +199,13 @@ struct ForwardPlan {
   struct Part {
     uint16_t owner = 0;
     bool redirected = false;
-    bool fallback = false;            // owner 0: Route::fallback of every check in the part
-    bool takeover = false;            // owner 0: Route::takeover of every check in the part
-    int64_t fallback_since_ms = 0;    // the latest of its checks' Route::fallback_since_ms
-    std::vector<uint32_t> checks;     // indices into the client's request
+    bool fallback = false;          // owner 0: Route::fallback of every check in the part
+    bool takeover = false;          // owner 0: Route::takeover of every check in the part
+    int64_t fallback_since_ms = 0;  // the latest of its checks' Route::fallback_since_ms
+    std::vector<uint32_t> checks;   // indices into the client's request
     std::vector<uint8_t> request;
+    bool asks_slices = false;  // leased quotas: some of its checks ask for a slice
+    int64_t sent_ms = 0;       // when it was sent (slices granted live from then)
   };
   uint64_t client_id = 0;
   size_t num_checks = 0;
@@ -211,6 +214,15 @@ struct ForwardPlan {
   // Checks the decoder refused (too many entries, a negative cost): in no part, answered here
   // with their code.
   std::vector<std::pair<uint32_t, wire::Code>> refused;
+  // Leased quotas (consistency: lease): checks decided here from slices, in no part, with their
+  // answers; and slices to ask their owners for on their own (prefetches), whatever the outcome.
+  std::vector<std::pair<uint32_t, wire::Decision>> decided;
+  struct Prefetch {
+    uint32_t check = 0;  // index into the client's request
+    uint16_t owner = 0;
+    uint32_t want = 0;
+  };
+  std::vector<Prefetch> prefetch;
 };
 
 // Handles one request message end to end, transport-independent: decode, decide, encode. One per
@@ -240,6 +252,16 @@ class CheckHandler {
   // what it admitted is credited to it in this node's counters (engine::Engine::credit).
   void credit(std::span<const uint8_t> part, const wire::Answer& answer, uint16_t node,
               int64_t now_ms);
+  // Leased quotas: `part` (signed, as sent to `owner` at `sent_ms`) was answered `answer`:
+  // installs the slices granted (engine::Engine::install_slice), or notes the owner's denial;
+  // slices to give back are appended to `returns`.
+  void settle_slices(std::span<const uint8_t> part, const wire::Answer& answer, uint16_t owner,
+                     int64_t sent_ms, int64_t now_ms, std::vector<engine::SliceReturn>& returns);
+  // The prefetch `pf` of the request handle_routed last saw, as a forwarded request with id `id`
+  // (unsigned): its check with no hits, asking for the slice.
+  void encode_prefetch(const ForwardPlan::Prefetch& pf, uint64_t id, std::vector<uint8_t>& out);
+  // Slices given back to their owner, as a forwarded request of no checks (unsigned).
+  void encode_returns(std::span<const engine::SliceReturn> returns, std::vector<uint8_t>& out);
 
   // In a cluster: recognises a request that ends with the cluster's tag over the rest (an
   // owner-mode part forwarded by another node; see node.cc). Only such a request's `forwarded`
@@ -256,6 +278,9 @@ class CheckHandler {
   struct Scratch;
   bool split(CheckRouter* router, int64_t now_ms, uint64_t first_id, ForwardPlan& plan,
              bool forwarded);
+  // Leased quotas: decides engine request `j` (check `i`) from the slices `owner` granted, when
+  // they cover it; records what to ask for either way.
+  bool decide_from_slices(size_t i, size_t j, uint16_t owner, int64_t now_ms, ForwardPlan& plan);
   engine::Engine& engine_;
   std::unique_ptr<Scratch> s_;
   wire::Code last_code_ = wire::Code::kOk;

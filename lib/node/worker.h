@@ -55,6 +55,7 @@ struct alignas(64) WorkerCounters {
   std::atomic<uint64_t> forwarded_parts{0};     // parts sent to another node
   std::atomic<uint64_t> forward_fallbacks{0};   // parts decided here: owner silent or unreachable
   std::atomic<uint64_t> forward_failovers{0};   // checks a replica decided: owner out of reach
+  std::atomic<uint64_t> slice_prefetches{0};    // leased quotas: slices asked for on their own
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
 };
 

@@ -47,7 +47,14 @@ std::string_view to_string(Mode m);
 std::optional<Mode> parse_mode(std::string_view s);  // "enforce" | "dry-run" | "shadow"
 
 // How the cluster keeps a rule's counters (DESIGN.md, Cluster). Single node: no effect.
-enum class Consistency : uint8_t { kOwner, kGossip };
+// kLease: the owner decides, as kOwner, and grants the other nodes that see the key's traffic
+// slices of its remaining budget, which they answer from without asking (docs/rules.md).
+enum class Consistency : uint8_t { kOwner, kGossip, kLease };
+// Decided by the key's owner (owner and lease modes): routed, taken over, and fallen back on as
+// owner mode is.
+inline bool owner_decides(Consistency c) {
+  return c != Consistency::kGossip;
+}
 std::string_view to_string(Consistency c);
 
 // Owner mode: how a node decides a check whose owner did not answer in time (or cannot be sent
@@ -70,8 +77,9 @@ std::string_view to_string(Algorithm a);
 // One limit: "N requests per window", a GCRA rate with a burst, or N leases in flight.
 struct Limit {
   std::string name;  // shown to callers; defaults to "<rule>:<N>/<window>" e.g. "per-ip:100/1m"
-  uint64_t requests = 0;    // GCRA: the burst, the most admitted at once; concurrency: max_in_flight
-  window::WindowSpec spec;  // GCRA: window::gcra_window(gcra); concurrency: lease_ttl and its buckets
+  uint64_t requests = 0;  // GCRA: the burst, the most admitted at once; concurrency: max_in_flight
+  window::WindowSpec
+      spec;  // GCRA: window::gcra_window(gcra); concurrency: lease_ttl and its buckets
   Algorithm algorithm = Algorithm::kWindow;
   // A window limit whose bucket is the window's default (no granularity given): its counts carry
   // over from the counter of the older default for one window after a start (window.h,
@@ -120,7 +128,7 @@ struct Rule {
   bool count_denied = false;  // denied requests count against the window too
   window::Estimator estimator = window::Estimator::kWeighted;
   Consistency consistency = Consistency::kOwner;
-  Fallback fallback = Fallback::kShare;  // owner mode only
+  Fallback fallback = Fallback::kShare;  // owner and lease modes only
   int line = 0;                          // where it was declared (1-based), for messages
   // Set only by the envoyproxy/ratelimit import (docs/envoy-config.md); the gRPC front acts on
   // them, resolve does not: the rule names whose limits this one replaces, and quota mode.
@@ -264,6 +272,10 @@ struct CheckRequest {
   // (engine.h, "Leases"). `hits` is ignored.
   bool is_release = false;
   uint64_t release = 0;
+  // Leased quotas (consistency: lease), at the key's owner: node `slice_for` (another member)
+  // asks for a slice of `slice_want` hits of the request's lease limits (engine.h, Decision).
+  uint32_t slice_want = 0;
+  uint16_t slice_for = 0;
 };
 
 // Bounds on hostile or mistaken input, enforced by resolve().

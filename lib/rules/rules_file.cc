@@ -512,16 +512,22 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
     }
   }
   if (const Field* f = fields.find("consistency")) {
-    if (auto v = read_choice<Consistency>(
-            *f, {{"owner", Consistency::kOwner}, {"gossip", Consistency::kGossip}})) {
+    if (auto v = read_choice<Consistency>(*f, {{"owner", Consistency::kOwner},
+                                               {"gossip", Consistency::kGossip},
+                                               {"lease", Consistency::kLease}})) {
       r.consistency = *v;
-      const bool leases = std::any_of(r.limits.begin(), r.limits.end(), [](const Limit& l) {
-        return l.algorithm == Algorithm::kConcurrency;
-      });
-      if (r.consistency == Consistency::kGossip && leases) {
+      const auto has = [&](Algorithm a) {
+        return std::any_of(r.limits.begin(), r.limits.end(),
+                           [a](const Limit& l) { return l.algorithm == a; });
+      };
+      if (r.consistency != Consistency::kOwner && has(Algorithm::kConcurrency)) {
         error(f->line, f->path,
               "a rule with an `algorithm: concurrency` limit takes `consistency: owner` (the "
               "key's owner holds its leases)");
+      } else if (r.consistency == Consistency::kLease && has(Algorithm::kGcra)) {
+        error(f->line, f->path,
+              "`consistency: lease` slices a window's budget; a rule with an `algorithm: gcra` "
+              "limit takes `consistency: owner` or `gossip`");
       }
     }
   }
@@ -529,9 +535,10 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
     if (auto v =
             read_choice<Fallback>(*f, {{"share", Fallback::kShare}, {"deny", Fallback::kDeny}})) {
       r.fallback = *v;
-      if (r.consistency != Consistency::kOwner) {
+      if (!owner_decides(r.consistency)) {
         error(f->line, f->path,
-              "applies to `consistency: owner` only (a gossip rule never waits for an owner)");
+              "applies to `consistency: owner` and `lease` only (a gossip rule never waits for an "
+              "owner)");
       }
     }
   }
@@ -591,10 +598,9 @@ bool RulesParser::parse_limit_node(const YAML::Node& n, int line, const std::str
               std::string(type_name(n)));
     return false;
   }
-  const Fields fields = read_fields(
-      n, path,
-      {"limit", "window", "name", "granularity", "algorithm", "rate", "burst", "max_in_flight",
-       "lease_ttl"});
+  const Fields fields = read_fields(n, path,
+                                    {"limit", "window", "name", "granularity", "algorithm", "rate",
+                                     "burst", "max_in_flight", "lease_ttl"});
   bool ok = true;
   if (const Field* a = fields.find("algorithm")) {
     if (auto v = read_choice<Algorithm>(*a, {{"window", Algorithm::kWindow},
@@ -719,8 +725,8 @@ bool RulesParser::parse_concurrency_node(const Fields& fields, int line, const s
   if (!read_limit_name(fields, out)) ok = false;
   if (!ok) return false;
   if (std::string why = parse_concurrency(max_in_flight, ttl_ms, bucket_ms, out); !why.empty()) {
-    const Field* at = granularity != nullptr && why.rfind("granularity", 0) == 0 ? granularity
-                                                                                  : ttl_field;
+    const Field* at =
+        granularity != nullptr && why.rfind("granularity", 0) == 0 ? granularity : ttl_field;
     error(at->line, at->path, why);
     return false;
   }
@@ -815,7 +821,15 @@ std::string_view to_string(Fallback f) {
 }
 
 std::string_view to_string(Consistency c) {
-  return c == Consistency::kGossip ? "gossip" : "owner";
+  switch (c) {
+    case Consistency::kGossip:
+      return "gossip";
+    case Consistency::kLease:
+      return "lease";
+    case Consistency::kOwner:
+      break;
+  }
+  return "owner";
 }
 
 std::optional<int64_t> parse_duration_ms(std::string_view text) {

@@ -67,11 +67,20 @@ constexpr size_t bare_answer_bytes(size_t n) {
           struct_list_words<schema::Decision>(n)) *
          kWordBytes;
 }
-static_assert(bare_answer_bytes(0) == 40 && bare_answer_bytes(1) == 72);
+static_assert(bare_answer_bytes(0) == 48 && bare_answer_bytes(1) == 80);
 
-size_t request_words(std::span<const Check> checks) {
+// A list of n primitives of `bytes` each, rounded up to words.
+constexpr size_t value_list_words(size_t n, size_t bytes) {
+  return (n * bytes + kWordBytes - 1) / kWordBytes;
+}
+
+size_t request_words(std::span<const Check> checks, const SliceAsk* slices) {
   size_t words = kRootPointerWords + struct_words<schema::CheckRequest>() +
                  struct_list_words<schema::Check>(checks.size());
+  if (slices != nullptr) {
+    words += struct_words<schema::SliceAsk>() + value_list_words(slices->wants.size(), 4) +
+             struct_list_words<schema::SliceReturn>(slices->returns.size());
+  }
   for (const Check& c : checks) {
     words += text_words(c.domain) + struct_list_words<schema::Entry>(c.entries.size());
     if (c.is_release) words += struct_words<schema::Release>();
@@ -248,9 +257,11 @@ Mode from_schema(schema::Mode m) {
 // How much of each limit an answer carries; each step is smaller than the one before.
 enum class Detail { kFull, kNoNames, kNoLimits };
 
-size_t answer_words(std::span<const DecisionView> decisions, Detail detail) {
+size_t answer_words(std::span<const DecisionView> decisions, Detail detail,
+                    std::span<const SliceGrant> grants) {
   size_t words = kRootPointerWords + struct_words<schema::CheckAnswer>() +
-                 struct_list_words<schema::Decision>(decisions.size());
+                 struct_list_words<schema::Decision>(decisions.size()) +
+                 struct_list_words<schema::SliceGrant>(grants.size());
   if (detail == Detail::kNoLimits) return words;
   for (const DecisionView& d : decisions) {
     words += struct_list_words<schema::LimitStatus>(d.limits.size());
@@ -263,11 +274,22 @@ size_t answer_words(std::span<const DecisionView> decisions, Detail detail) {
 }
 
 void fill_answer(schema::CheckAnswer::Builder answer, uint64_t id, Code code,
-                 std::span<const DecisionView> decisions, Detail detail) {
+                 std::span<const DecisionView> decisions, Detail detail,
+                 std::span<const SliceGrant> grants) {
   answer.setVersion(kVersion);
   answer.setId(id);
   answer.setCode(to_schema(code));
   answer.setTruncated(detail == Detail::kNoLimits);
+  if (!grants.empty()) {
+    auto list = answer.initSlices(count(grants.size()));
+    for (size_t i = 0; i < grants.size(); ++i) {
+      auto g = list[static_cast<unsigned int>(i)];
+      g.setCheck(grants[i].check);
+      g.setHits(grants[i].hits);
+      g.setTtlMs(grants[i].ttl_ms);
+      g.setId(grants[i].id);
+    }
+  }
   if (decisions.empty()) return;
   auto list = answer.initDecisions(count(decisions.size()));
   for (size_t i = 0; i < decisions.size(); ++i) {
@@ -319,6 +341,11 @@ Code read_answer(kj::ArrayPtr<const capnp::word> words, Answer& out) {
   auto decisions = answer.getDecisions();
   // A node answers at most one decision per check.
   if (decisions.size() > kMaxChecks) return Code::kMalformed;
+  auto grants = answer.getSlices();
+  if (grants.size() > kMaxChecks) return Code::kMalformed;
+  out.grants.clear();
+  for (auto g : grants)
+    out.grants.push_back({g.getCheck(), g.getHits(), g.getTtlMs(), g.getId()});
   // resize, not clear: decisions that stay keep their limits' capacity.
   out.decisions.resize(decisions.size());
   for (unsigned int i = 0; i < decisions.size(); ++i) {
@@ -405,8 +432,9 @@ std::string_view to_string(Mode m) {
 // ---- requests --------------------------------------------------------------------------------
 
 void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
-                    std::vector<uint8_t>& out, bool forwarded, bool redirected) {
-  const size_t words = request_words(checks);
+                    std::vector<uint8_t>& out, bool forwarded, bool redirected,
+                    const SliceAsk* slices) {
+  const size_t words = request_words(checks, slices);
   const size_t bytes = (kSegmentTableWords + words) * kWordBytes;
   // Data grows the message by its size rounded up to words, so this padding makes the message
   // the smallest multiple of 8 that is >= pad_to.
@@ -418,6 +446,24 @@ void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
   if (forwarded || redirected) request.setForwarded(true);
   if (redirected) request.setRedirected(true);
   if (padding > 0) request.initPadding(count(padding));
+  if (slices != nullptr) {
+    auto ask = request.initSlices();
+    ask.setNode(slices->node);
+    if (!slices->wants.empty()) {
+      auto wants = ask.initWants(count(slices->wants.size()));
+      for (size_t i = 0; i < slices->wants.size(); ++i)
+        wants.set(static_cast<unsigned int>(i), slices->wants[i]);
+    }
+    if (!slices->returns.empty()) {
+      auto returns = ask.initReturns(count(slices->returns.size()));
+      for (size_t i = 0; i < slices->returns.size(); ++i) {
+        auto r = returns[static_cast<unsigned int>(i)];
+        r.setCounter(slices->returns[i].counter);
+        r.setId(slices->returns[i].id);
+        r.setUsed(slices->returns[i].used);
+      }
+    }
+  }
   if (checks.empty()) {
     serialize(builder, out);
     return;
@@ -462,6 +508,9 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
   checks_.clear();
   entries_.clear();
   codes_.clear();
+  slice_node_ = 0;
+  slice_wants_.clear();
+  slice_returns_.clear();
   buf_->entry_counts.clear();
   if (auto bad = check_size(bytes)) return *bad;
   auto words = copy_aligned(bytes, buf_->words);
@@ -477,9 +526,23 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
       id_ = request.getId();  // first, so that every error answer can carry it
       forwarded_ = request.getForwarded();
       redirected_ = forwarded_ && request.getRedirected();
-      if (request.getVersion() != kVersion) {
+      if (forwarded_ && request.hasSlices()) {
+        auto ask = request.getSlices();
+        slice_node_ = ask.getNode();
+        auto wants = ask.getWants();
+        auto returns = ask.getReturns();
+        if (wants.size() <= kMaxChecks && returns.size() <= kMaxChecks) {
+          for (uint32_t w : wants)
+            slice_wants_.push_back(w);
+          for (auto r : returns)
+            slice_returns_.push_back({r.getCounter(), r.getId(), r.getUsed()});
+        } else {
+          result = Code::kMalformed;
+        }
+      }
+      if (result == Code::kOk && request.getVersion() != kVersion) {
         result = Code::kUnsupportedVersion;
-      } else {
+      } else if (result == Code::kOk) {
         auto checks = request.getChecks();
         if (checks.size() > kMaxChecks) {
           result = Code::kTooManyChecks;
@@ -534,8 +597,13 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
     checks_.clear();
     entries_.clear();
     codes_.clear();
+    slice_node_ = 0;
+    slice_wants_.clear();
+    slice_returns_.clear();
     return result;
   }
+  // A want per check, or none at all.
+  if (!slice_wants_.empty() && slice_wants_.size() != checks_.size()) slice_wants_.clear();
   // entries_ is final: now the spans can point into it.
   size_t first = 0;
   for (size_t i = 0; i < checks_.size(); ++i) {
@@ -549,9 +617,10 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
 // ---- answers ---------------------------------------------------------------------------------
 
 size_t encode_answer(uint64_t id, Code code, std::span<const DecisionView> decisions,
-                     size_t max_bytes, std::vector<uint8_t>& out) {
+                     size_t max_bytes, std::vector<uint8_t>& out,
+                     std::span<const SliceGrant> grants) {
   for (Detail detail : {Detail::kFull, Detail::kNoNames, Detail::kNoLimits}) {
-    const size_t words = answer_words(decisions, detail);
+    const size_t words = answer_words(decisions, detail, grants);
     const bool last = detail == Detail::kNoLimits;
     // Skip a level that cannot fit without building it.
     if (max_bytes > 0 && !last && (kSegmentTableWords + words) * kWordBytes > max_bytes) continue;
@@ -561,7 +630,7 @@ size_t encode_answer(uint64_t id, Code code, std::span<const DecisionView> decis
     } else {
       builder.emplace(count(words));  // large TCP answers: one segment still
     }
-    fill_answer(builder->initRoot<schema::CheckAnswer>(), id, code, decisions, detail);
+    fill_answer(builder->initRoot<schema::CheckAnswer>(), id, code, decisions, detail, grants);
     const size_t size = capnp::computeSerializedSizeInWords(*builder) * kWordBytes;
     if (max_bytes == 0 || size <= max_bytes || last) return serialize(*builder, out);
   }
@@ -574,6 +643,7 @@ Code decode_answer(std::span<const uint8_t> bytes, Answer& out) {
   out.truncated = false;
   if (auto bad = check_size(bytes)) {
     out.decisions.clear();
+    out.grants.clear();
     return *bad;
   }
   thread_local kj::Array<capnp::word> store;
@@ -588,6 +658,7 @@ Code decode_answer(std::span<const uint8_t> bytes, Answer& out) {
     out.code = Code::kOk;
     out.truncated = false;
     out.decisions.clear();
+    out.grants.clear();
   }
   return result;
 }

@@ -79,13 +79,33 @@ struct Check {
   uint64_t release = 0;
 };
 
+// Leased quotas between nodes (schema SliceAsk, SliceReturn, SliceGrant).
+struct SliceReturn {
+  uint64_t counter = 0;
+  uint64_t id = 0;
+  uint32_t used = 0;
+};
+struct SliceAsk {
+  uint16_t node = 0;                // the node the slices are for
+  std::span<const uint32_t> wants;  // per check: hits wanted (0: none)
+  std::span<const SliceReturn> returns;
+};
+struct SliceGrant {
+  uint32_t check = 0;  // index of the check in the request
+  uint32_t hits = 0;
+  uint32_t ttl_ms = 0;
+  uint64_t id = 0;
+};
+
 // Encodes a request into `out` (replacing its contents). When pad_to is larger than the message,
 // padding is added so the message is at least pad_to bytes: over UDP a node never answers with
 // more bytes than the request carried, so a client that wants every limit's details pads.
 // `forwarded`: sent by a node to a key's owner; `redirected` (implies forwarded): sent on by an
 // owner that has just joined to the owner before it (cluster owner mode, docs/architecture.md).
+// `slices` (with forwarded only): slices asked for and given back.
 void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
-                    std::vector<uint8_t>& out, bool forwarded = false, bool redirected = false);
+                    std::vector<uint8_t>& out, bool forwarded = false, bool redirected = false,
+                    const SliceAsk* slices = nullptr);
 
 // Decodes requests with no allocation once warm. Views returned by checks() point into the
 // decoder's own buffer and stay valid until the next decode().
@@ -107,6 +127,11 @@ class RequestDecoder {
   // Sent on by a key's owner that has just joined to the owner before it: decide it here.
   bool redirected() const { return redirected_; }
   std::span<const Check> checks() const { return checks_; }
+  // Leased quotas (forwarded requests only; the caller checks the cluster's tag): the node asking,
+  // hits wanted per check (empty, or one per check), slices given back.
+  uint16_t slice_node() const { return slice_node_; }
+  std::span<const uint32_t> slice_wants() const { return slice_wants_; }
+  std::span<const SliceReturn> slice_returns() const { return slice_returns_; }
   // kOk, or kNegativeHits / kTooManyEntries / kMalformed (a bad limit override) for a check the
   // engine must not see.
   Code check_code(size_t i) const { return codes_[i]; }
@@ -120,6 +145,9 @@ class RequestDecoder {
   std::vector<Check> checks_;
   std::vector<Entry> entries_;
   std::vector<Code> codes_;
+  uint16_t slice_node_ = 0;
+  std::vector<uint32_t> slice_wants_;
+  std::vector<SliceReturn> slice_returns_;
 };
 
 // ---- answers ---------------------------------------------------------------------------------
@@ -149,8 +177,10 @@ struct DecisionView {
 // size), an answer that would be larger is re-encoded without limit names, then without any limit
 // details (truncated = true); the decisions themselves always fit (a decision is smaller than the
 // check it answers).
+// `grants`: slices granted with the answer (between nodes; always kept, never truncated).
 size_t encode_answer(uint64_t id, Code code, std::span<const DecisionView> decisions,
-                     size_t max_bytes, std::vector<uint8_t>& out);
+                     size_t max_bytes, std::vector<uint8_t>& out,
+                     std::span<const SliceGrant> grants = {});
 
 // A decoded answer, owning its strings (client side).
 struct LimitStatus {
@@ -179,6 +209,7 @@ struct Answer {
   Code code = Code::kOk;
   bool truncated = false;
   std::vector<Decision> decisions;
+  std::vector<SliceGrant> grants;  // slices granted (between nodes)
 };
 
 // kOk, or kMalformed / kTooLarge when the bytes are not an answer.
