@@ -1057,6 +1057,45 @@ TEST_CASE("rules: text that makes yaml-cpp 0.7 loop is refused at once, naming i
   CHECK(ok.errors.empty());
 }
 
+TEST_CASE(
+    "consistency: lease parses, takes a fallback, writes back as read; its limits are windows") {
+  const RuleSet rs = must_parse(R"(domains:
+  - name: api
+    rules:
+      - name: leased
+        key: [k]
+        limits: [100/1s, 1000/1m]
+        consistency: lease
+        fallback: deny
+)");
+  const Rule& r = rs.domains[0].rules[0];
+  CHECK(r.consistency == Consistency::kLease);
+  CHECK(r.fallback == Fallback::kDeny);
+  CHECK(to_string(Consistency::kLease) == "lease");
+  CHECK(sluice::rules::owner_decides(Consistency::kLease));
+  CHECK(sluice::rules::owner_decides(Consistency::kOwner));
+  CHECK_FALSE(sluice::rules::owner_decides(Consistency::kGossip));
+  const std::string yaml = to_rules_yaml(rs);
+  CHECK(yaml.find("consistency: lease") != std::string::npos);
+  CHECK(must_parse(yaml).domains[0].rules[0].consistency == Consistency::kLease);
+  struct Case {
+    std::string limit, words;
+  };
+  for (const Case& c : {Case{"{algorithm: gcra, rate: 5/1s, burst: 5}", "`algorithm: gcra`"},
+                        Case{"{algorithm: concurrency, max_in_flight: 2, lease_ttl: 30s}",
+                             "takes `consistency: owner`"}}) {
+    CAPTURE(c.limit);
+    const ParseError e = sluice::testing::require_one_error(
+        parse_rules("domains:\n  - name: api\n    rules:\n      - name: r\n        key: [k]\n"
+                    "        limits:\n          - " +
+                        c.limit + "\n        consistency: lease\n",
+                    "rules.yaml"));
+    CHECK(e.field == "domains[0].rules[0].consistency");
+    CHECK(e.line == 8);
+    CHECK_MESSAGE(e.message.find(c.words) != std::string::npos, e.message);
+  }
+}
+
 // ---- concurrency limits -------------------------------------------------------------------------
 
 TEST_CASE("bad concurrency limits are errors naming the file, the line and the field") {

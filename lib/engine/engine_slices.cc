@@ -266,18 +266,19 @@ void Engine::install_slice(const rules::CheckRequest& req, uint16_t owner, uint6
       if (al.limit->algorithm != rules::Algorithm::kWindow) continue;
       Shard& sh = im.shards[al.counter & im.shard_mask];
       std::lock_guard g(sh.lock);
-      if (id == 0) {  // a denial: no slice, and none asked for until then
-        const auto it = sh.slices.held.find(al.counter);
-        if (it != sh.slices.held.end() && it->second.owner == owner) {
-          it->second.denied_until_ms = std::max(it->second.denied_until_ms, denied_until_ms);
-        }
-        continue;
-      }
       HeldSlice& h = sh.slices.held[al.counter];
       if (h.last_ms == 0) {
         h.spec_id = st.spec_ids[al.spec_index];
         h.demand_since_ms = now_ms;
         h.last_ms = now_ms;
+      }
+      if (id == 0) {  // a denial: no slice, and no asking until then
+        // (Not over a live slice of another owner, which this node still decides from.)
+        if (h.owner != owner && h.id != 0 && h.expires_ms > now_ms) continue;
+        if (h.owner != owner) h.id = 0;
+        h.owner = owner;
+        h.denied_until_ms = std::max(h.denied_until_ms, denied_until_ms);
+        continue;
       }
       if (h.id != 0 && h.id != id) returns.push_back({al.counter, h.id, h.used});
       if (h.id == id) continue;  // the same grant twice (a duplicated answer)
