@@ -68,6 +68,9 @@ struct SliceReturn {
   counter @0 :UInt64;  # the limit's counter id, as both nodes compute it
   id @1 :UInt64;       # the slice's id, from its SliceGrant
   used @2 :UInt32;     # hits the node admitted from it
+  uses @3 :List(UInt32);  # the same per step after the request that got the slice was sent:
+                          # uses[i] within [i, i + 1) x stepMs of it (at most 256)
+  stepMs @4 :UInt32;
 }
 
 # A slice granted with the answer to check `check`: `hits` more hits of each of its lease limits,

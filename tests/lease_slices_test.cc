@@ -100,7 +100,7 @@ struct Node {
                                            int64_t sent, int64_t now, uint16_t owner = kOwner) {
     std::vector<engine::SliceReturn> returns;
     const rules::CheckRequest req = request(u, 1);
-    engine.install_slice(req, owner, grant.slice_id, grant.slice_hits, sent + grant.slice_ttl_ms, 0,
+    engine.install_slice(req, owner, grant.slice_id, grant.slice_hits, sent, grant.slice_ttl_ms, 0,
                          now, returns);
     return returns;
   }
@@ -115,10 +115,13 @@ size_t admitted_in_a_row(Node& n, const std::string& u, int64_t now) {
 
 }  // namespace
 
-TEST_CASE("a slice's ttl is a tenth of its window, from 20 ms to 2 s") {
+TEST_CASE("a slice's ttl is a tenth of its window, from 20 ms to 2 s, its uses told in 256 steps") {
   CHECK(engine::Engine::slice_ttl_ms(1'000) == 100);
   CHECK(engine::Engine::slice_ttl_ms(60'000) == 2'000);
   CHECK(engine::Engine::slice_ttl_ms(100) == 20);
+  CHECK(engine::Engine::slice_step_ms(1'000) == 1);
+  CHECK(engine::Engine::slice_step_ms(60'000) == 8);
+  CHECK(engine::Engine::slice_step_ms(100) == 1);
 }
 
 TEST_CASE("the owner grants what is left at most, and counts a slice from its grant") {
@@ -171,20 +174,20 @@ TEST_CASE(
   owner.engine.return_slices(2, returns, kT0 + 30);
   owner.engine.return_slices(2, returns, kT0 + 30);  // twice: once
   CHECK(owner.engine.stats().slices_returned == 1);
-  // 2 used (counted at 30 ms) and the second slice's 1 still out: 7 for the owner.
+  // 2 used and the second slice's 1 still out: 7 for the owner.
   CHECK(admitted_in_a_row(owner, "a", kT0 + 40) == 7);
-  // The 2 leave one window after the return, not one window after their use (strict buckets of
-  // 10 ms: once the bucket of 30 ms has left); the second slice, expired unreturned at 120 ms,
-  // counts its hit from then.
-  CHECK(admitted_in_a_row(owner, "a", kT0 + 1'039) == 0);
-  CHECK(admitted_in_a_row(owner, "a", kT0 + 1'040) == 2);
+  // The 2 count from their last use, 10 ms after the request was sent, here granted at once: they
+  // leave one window after it (strict buckets of 10 ms: once the bucket of 10 ms has left); the
+  // second slice, expired unreturned at 120 ms, counts its hit from then.
+  CHECK(admitted_in_a_row(owner, "a", kT0 + 1'019) == 0);
+  CHECK(admitted_in_a_row(owner, "a", kT0 + 1'020) == 2);
   // By 1130 ms the 7 of 40 ms and that hit have left too.
   CHECK(admitted_in_a_row(owner, "a", kT0 + 1'129) == 7);
   CHECK(admitted_in_a_row(owner, "a", kT0 + 1'130) == 1);
   CHECK(owner.engine.stats().slices_expired == 1);
 }
 
-TEST_CASE("a slice given back after its expiry counts what was used at its expiry") {
+TEST_CASE("a slice given back after its expiry counts what was used from its last use") {
   auto p = lease_policy("10/1s", 10);
   Node owner(p, kOwner), other(p, 2);
   const engine::Decision g = owner.own("a", kT0, 0, 5, 2);
@@ -198,6 +201,44 @@ TEST_CASE("a slice given back after its expiry counts what was used at its expir
   owner.engine.return_slices(2, returns, kT0 + 500);
   CHECK(admitted_in_a_row(owner, "a", kT0 + 600) == 8);    // 1 used, 1 of the second slice
   CHECK(admitted_in_a_row(owner, "a", kT0 + 1'110) == 1);  // the used hit, counted at 100 ms
+}
+
+TEST_CASE("a slice used up, or found expired, is handed back at once") {
+  auto p = lease_policy("100/1s", 10);
+  Node owner(p, kOwner), other(p, 2);
+  std::vector<engine::SliceReturn> done;
+  engine::Engine::take_slice_returns(done);  // whatever an earlier case left on this thread
+  done.clear();
+  const engine::Decision g = owner.own("a", kT0, 0, 2, 2);
+  REQUIRE(g.slice_hits == 2);
+  other.install("a", g, kT0, kT0 + 1);
+  CHECK(other.sliced("a", kT0 + 5).allowed);
+  engine::Engine::take_slice_returns(done);
+  CHECK(done.empty());
+  CHECK(other.sliced("a", kT0 + 7).allowed);  // the last of it
+  engine::Engine::take_slice_returns(done);
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].id == g.slice_id);
+  CHECK(done[0].used == 2);
+  CHECK(done[0].step_ms == 1);  // a 100 ms ttl in steps of 1 ms
+  CHECK(done[0].uses == std::vector<uint32_t>{0, 0, 0, 0, 0, 1, 0, 1});  // 5 and 7 ms after
+  CHECK(done[0].owner == kOwner);
+  CHECK(other.sliced("a", kT0 + 8).needs_owner);
+  done.clear();
+  // One that expires with some left: handed back by the next check.
+  const engine::Decision g2 = owner.own("a", kT0 + 10, 0, 5, 2);
+  other.install("a", g2, kT0 + 10, kT0 + 11);
+  CHECK(other.sliced("a", kT0 + 20).allowed);
+  CHECK(other.sliced("a", kT0 + 110).needs_owner);
+  engine::Engine::take_slice_returns(done);
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].id == g2.slice_id);
+  CHECK(done[0].used == 1);
+  REQUIRE(done[0].uses.size() == 11);  // 10 ms after it was sent
+  CHECK(done[0].uses[10] == 1);
+  // Given back: the owner frees what was left.
+  owner.engine.return_slices(2, done, kT0 + 111);
+  CHECK(owner.engine.stats().slices_returned == 1);
 }
 
 TEST_CASE("a slice not given back counts in full from its expiry, for a window") {
@@ -259,7 +300,7 @@ TEST_CASE("an owner's denial is kept until the time it gave, then the owner is a
   REQUIRE(other.sliced("a", kT0).needs_owner);  // known here from now on
   std::vector<engine::SliceReturn> returns;
   const rules::CheckRequest req = other.request("a", 1);
-  other.engine.install_slice(req, kOwner, 0, 0, 0, kT0 + 300, kT0 + 5, returns);
+  other.engine.install_slice(req, kOwner, 0, 0, kT0, 0, kT0 + 300, kT0 + 5, returns);
   const engine::Decision d = other.sliced("a", kT0 + 10);
   CHECK_FALSE(d.needs_owner);
   CHECK_FALSE(d.allowed);
@@ -271,7 +312,7 @@ TEST_CASE("an owner's denial is kept until the time it gave, then the owner is a
   // A dry-run rule's denial is the owner's to count: never decided here.
   Node dry(lease_policy("100/1s", 10, rules::Mode::kDryRun), 2);
   REQUIRE(dry.sliced("a", kT0).needs_owner);
-  dry.engine.install_slice(dry.request("a", 1), kOwner, 0, 0, 0, kT0 + 300, kT0 + 5, returns);
+  dry.engine.install_slice(dry.request("a", 1), kOwner, 0, 0, kT0, 0, kT0 + 300, kT0 + 5, returns);
   CHECK(dry.sliced("a", kT0 + 10).needs_owner);
   CHECK(returns.empty());
 }
@@ -337,6 +378,14 @@ SimResult simulate(uint64_t seed, uint64_t limit, double per_ms, int64_t max_del
       const uint32_t want = d.slice_want;
       const bool to_owner = d.needs_owner;
       if (!to_owner && d.allowed) admits.push_back(t);
+      // Slices it finished with (used up, or found expired) go back at once.
+      std::vector<engine::SliceReturn> done;
+      engine::Engine::take_slice_returns(done);
+      if (!done.empty() && u01(rng) >= loss) {
+        events.emplace(t + delay(rng), [&, n, done](int64_t at) {
+          owner.engine.return_slices(static_cast<uint16_t>(n + 2), done, at);
+        });
+      }
       if (!to_owner && want == 0) continue;
       if (to_owner) ++r.round_trips;
       // To the owner: the check itself (to_owner), or a prefetch of no hits.

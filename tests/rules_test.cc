@@ -1058,7 +1058,7 @@ TEST_CASE("rules: text that makes yaml-cpp 0.7 loop is refused at once, naming i
 }
 
 TEST_CASE(
-    "consistency: lease parses, takes a fallback, writes back as read; its limits are windows") {
+    "consistency: lease parses, takes a fallback, writes back as read, its limits are windows") {
   const RuleSet rs = must_parse(R"(domains:
   - name: api
     rules:

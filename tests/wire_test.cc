@@ -1017,6 +1017,64 @@ TEST_CASE("once warm, decoding requests and encoding and decoding answers alloca
 
 // ==== names ======================================================================================
 
+TEST_CASE("leased quotas between nodes: slices asked, returned and granted round-trip") {
+  const Check checks[] = {{"api", {}, 1}, {"api", {}, 0}};
+  const uint32_t wants[] = {5, 0};
+  const uint32_t uses_a[] = {1, 0, 2};
+  const SliceReturn returns[] = {{11, 22, 3, uses_a, 2}, {33, 44, 0, {}, 0}};
+  const SliceAsk ask{7, wants, returns};
+  Bytes req;
+  encode_request(9, checks, 0, req, /*forwarded=*/true, false, &ask);
+  RequestDecoder d;
+  REQUIRE(d.decode(req) == Code::kOk);
+  CHECK(d.slice_node() == 7);
+  REQUIRE(d.slice_wants().size() == 2);
+  CHECK(d.slice_wants()[0] == 5);
+  CHECK(d.slice_wants()[1] == 0);
+  REQUIRE(d.slice_returns().size() == 2);
+  CHECK(d.slice_returns()[0].counter == 11);
+  CHECK(d.slice_returns()[0].id == 22);
+  CHECK(d.slice_returns()[0].used == 3);
+  CHECK(std::vector<uint32_t>(d.slice_returns()[0].uses.begin(), d.slice_returns()[0].uses.end()) ==
+        std::vector<uint32_t>{1, 0, 2});
+  CHECK(d.slice_returns()[0].step_ms == 2);
+  CHECK(d.slice_returns()[1].uses.empty());
+  // Only a forwarded request carries them: a client's are ignored.
+  encode_request(9, checks, 0, req, /*forwarded=*/false, false, &ask);
+  REQUIRE(d.decode(req) == Code::kOk);
+  CHECK(d.slice_node() == 0);
+  CHECK(d.slice_wants().empty());
+  CHECK(d.slice_returns().empty());
+  // Wants that do not match the checks one for one are dropped; too many uses is malformed.
+  const uint32_t one_want[] = {5};
+  const SliceAsk short_ask{7, one_want, {}};
+  encode_request(9, checks, 0, req, true, false, &short_ask);
+  REQUIRE(d.decode(req) == Code::kOk);
+  CHECK(d.slice_wants().empty());
+  const std::vector<uint32_t> many(kMaxSliceUses + 1, 1);
+  const SliceReturn too_many[] = {{1, 2, 3, many, 1}};
+  const SliceAsk bad{7, {}, too_many};
+  encode_request(9, {}, 0, req, true, false, &bad);
+  CHECK(d.decode(req) == Code::kMalformed);
+  // A request of returns alone, and the answer's grants.
+  encode_request(9, {}, 0, req, true, false, &ask);
+  CHECK(d.decode(req) == Code::kOk);
+  const SliceGrant grants[] = {{1, 40, 100, 0xABCDEF}};
+  std::vector<OwnedDecision> owned(2);
+  Bytes out;
+  encode_answer(9, Code::kOk, views(owned), 0, out, grants);
+  Answer a;
+  REQUIRE(decode_answer(out, a) == Code::kOk);
+  REQUIRE(a.grants.size() == 1);
+  CHECK(a.grants[0].check == 1);
+  CHECK(a.grants[0].hits == 40);
+  CHECK(a.grants[0].ttl_ms == 100);
+  CHECK(a.grants[0].id == 0xABCDEF);
+  encode_answer(9, Code::kOk, views(owned), 0, out);
+  REQUIRE(decode_answer(out, a) == Code::kOk);
+  CHECK(a.grants.empty());
+}
+
 TEST_CASE("codes and modes have stable snake_case names") {
   const std::pair<Code, std::string_view> names[] = {
       {Code::kOk, "ok"},

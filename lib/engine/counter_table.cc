@@ -119,7 +119,8 @@ std::unique_ptr<uint32_t[], SlotStorage> CounterTable::allocate(size_t words) {
     const uintptr_t start = (base + kHugePage - 1) & ~(kHugePage - 1);
     const size_t len = (bytes + 4095) & ~size_t{4095};
     if (start > base) munmap(p, start - base);
-    if (base + span > start + len) munmap(reinterpret_cast<void*>(start + len), base + span - start - len);
+    if (base + span > start + len)
+      munmap(reinterpret_cast<void*>(start + len), base + span - start - len);
     madvise(reinterpret_cast<void*>(start), len, MADV_HUGEPAGE);  // advice: failure is harmless
     mapped_total.fetch_add(len, std::memory_order_relaxed);
     return {reinterpret_cast<uint32_t*>(start), SlotStorage{len, true}};

@@ -41,11 +41,11 @@ class CounterTable {
  public:
   static constexpr size_t kMinCapacity = 16;
   static constexpr uint64_t kRemoteFlag = 1ull << 63;
-  static constexpr uint64_t kDirtyFlag = 1ull << 62;     // counted since the last export
-  static constexpr uint64_t kPersistedFlag = 1ull << 61;  // a store holds a record of it
+  static constexpr uint64_t kDirtyFlag = 1ull << 62;          // counted since the last export
+  static constexpr uint64_t kPersistedFlag = 1ull << 61;      // a store holds a record of it
   static constexpr uint64_t kOwnChangedFlag = 1ull << 60;     // own counts changed since last sync
   static constexpr uint64_t kRemoteChangedFlag = 1ull << 59;  // others' counts changed since
-  static constexpr uint64_t kRecentFlag = 1ull << 58;  // changed since the last anti-entropy pass
+  static constexpr uint64_t kRecentFlag = 1ull << 58;   // changed since the last anti-entropy pass
   static constexpr uint64_t kCarriedFlag = 1ull << 57;  // Shard::carried holds rings of it
   // The policy epoch in which the counter last took its carry-over (engine_carry.cc); 0: never.
   static constexpr int kEpochShift = 40;

@@ -293,6 +293,13 @@ struct SliceReturn {
   uint64_t counter = 0;
   uint64_t id = 0;
   uint32_t used = 0;
+  uint16_t owner = 0;  // the node that granted it (install_slice): where it goes back
+  // What was used, per step after the request that got it was sent: uses[i] within
+  // [i, i + 1) x step_ms of it. The owner counts each at the end of that span after its grant (the
+  // request was sent before it was granted: never earlier than the use); without them, all of
+  // `used` at the return.
+  std::vector<uint32_t> uses;
+  uint32_t step_ms = 0;
 };
 
 // Bytes of counter tables mapped outside the heap allocator (tables of 4 MiB and more are mapped
@@ -395,15 +402,22 @@ class Engine {
   // Leased quotas (docs/architecture.md, "Leased quotas"). How long a slice of a limit of this
   // window lives: a tenth of the window, from 20 ms to 2 s.
   static int64_t slice_ttl_ms(int64_t window_ms);
+  // The step a slice's uses are told in (SliceReturn::uses): its ttl in 256 steps, at least 1 ms.
+  static int64_t slice_step_ms(int64_t window_ms);
   // At a node that is not the owner: `owner` granted `hits` of each lease limit of `req` as slice
   // `id`, usable until `expires_ms` (this node's clock: when it sent the request, plus the ttl).
   // The slice it replaces, if any, is appended to `returns`, to be given back to its owner.
   // `denied_until_ms` (> 0, no slice): the owner denied the check, and said its lease limits
   // would not admit it before then; checks of the key are denied here until then, without asking
   // (unless a rule counts denied requests).
+  // `sent_ms`: when the request that got it was sent (this node's clock); it lives `ttl_ms`.
   void install_slice(const rules::CheckRequest& req, uint16_t owner, uint64_t id, uint32_t hits,
-                     int64_t expires_ms, int64_t denied_until_ms, int64_t now_ms,
+                     int64_t sent_ms, uint32_t ttl_ms, int64_t denied_until_ms, int64_t now_ms,
                      std::vector<SliceReturn>& returns);
+  // Slices this thread's checks (Fallback::slice_owner) finished with since the last call: used
+  // up, or found expired. Appended to `returns`, to be given back to their owners at once (what
+  // was used then counts from its last use, not from the slice's expiry).
+  static void take_slice_returns(std::vector<SliceReturn>& returns);
   // At the owner: node `node` gives back slices. What it used of each is counted now in this
   // node's own total; the rest is free again. Unknown ids (expired and counted in full, returned
   // before, forged) change nothing.

@@ -451,14 +451,15 @@ struct Engine::Impl {
   // hits of the slices still out.
   uint64_t slices_out(Shard& sh, CounterTable& t, size_t i, uint64_t c, uint32_t spec_id,
                       int64_t now_ms);
+  size_t settle_expired(Shard& sh, CounterTable& t, size_t i, GrantedSlices& g, int64_t now_ms);
   // At the owner, after a check decided by decide(): the slice it asked for, when its lease
   // limits have room for one (Decision::slice_hits).
   [[gnu::noinline]] void grant_slice(const rules::CheckRequest& req,
                                      std::span<const rules::AppliedLimit> lims,
                                      std::span<const uint32_t> spec_of, int64_t now_ms,
                                      BatchResult& out, Decision& d);
-  // Drops what slice tables keep that no decision needs any more: slices held that are over and
-  // unused for a window, slices granted that expired more than a window ago. Shard lock held.
+  // Counts the slices granted that expired unreturned, and drops slices held that are over and
+  // unused for a window. Shard lock held.
   void sweep_slices(Shard& sh, int64_t now_ms);
   // A release (rules::CheckRequest::is_release), decided in place of a check.
   [[gnu::noinline]] void release(const State& st, const rules::CheckRequest& req,

@@ -53,10 +53,57 @@ uint32_t want_of(const HeldSlice& h, uint64_t hits, uint64_t limit, int64_t ttl_
   return static_cast<uint32_t>(std::min<uint64_t>(want, UINT32_MAX));
 }
 
+constexpr int64_t kMaxUses = 256;  // wire::kMaxSliceUses (the engine does not use lib/wire)
+
+// Slices finished with by this thread's checks (take_slice_returns).
+thread_local std::vector<SliceReturn> tls_finished;
+
+SliceReturn finished(uint64_t counter, const HeldSlice& h) {
+  return {counter, h.id, h.used, h.owner, h.uses, h.step_ms};
+}
+
+// Notes `hits` used at now in the slice's uses (per step since it was sent; a use past the last
+// step kept goes in the last, which only counts it later).
+void note_use(HeldSlice& h, int64_t now_ms, uint64_t hits) {
+  const auto i = static_cast<size_t>(
+      std::clamp<int64_t>((now_ms - h.sent_ms) / std::max<int64_t>(h.step_ms, 1), 0, kMaxUses - 1));
+  if (h.uses.size() <= i) h.uses.resize(i + 1, 0);
+  h.uses[i] += static_cast<uint32_t>(hits);
+}
+
 }  // namespace
+
+void Engine::take_slice_returns(std::vector<SliceReturn>& returns) {
+  returns.insert(returns.end(), tls_finished.begin(), tls_finished.end());
+  tls_finished.clear();
+}
 
 int64_t Engine::slice_ttl_ms(int64_t window_ms) {
   return std::clamp<int64_t>(window_ms / 10, 20, 2'000);
+}
+
+int64_t Engine::slice_step_ms(int64_t window_ms) {
+  return std::max<int64_t>(1, (slice_ttl_ms(window_ms) + kMaxUses - 1) / kMaxUses);
+}
+
+// Counts the slices of `g` that expired unreturned in slot `i` of `t` (brought to now), in the
+// bucket of their expiry: the node may have used all of each, up to then. Returns how many.
+size_t Engine::Impl::settle_expired(Shard& sh, CounterTable& t, size_t i, GrantedSlices& g,
+                                    int64_t now_ms) {
+  const size_t before = g.slices.size();
+  std::erase_if(g.slices, [&](const GrantedSlice& s) {
+    if (s.expires_ms > now_ms) return false;
+    count_at(t, i, s.expires_ms, s.hits);
+    g.outstanding -= s.hits;
+    return true;
+  });
+  const size_t n = before - g.slices.size();
+  if (n != 0) {
+    sh.slices.granted_slices -= n;
+    slices_expired.fetch_add(n, std::memory_order_relaxed);
+    set_changed(sh, t, i, g.spec_id, kCountedFlags);
+  }
+  return n;
 }
 
 uint64_t Engine::Impl::slices_out(Shard& sh, CounterTable& t, size_t i, uint64_t c,
@@ -64,18 +111,8 @@ uint64_t Engine::Impl::slices_out(Shard& sh, CounterTable& t, size_t i, uint64_t
   const auto it = sh.slices.granted.find(c);
   if (it == sh.slices.granted.end()) return 0;
   GrantedSlices& g = it->second;
-  bool counted = false;
-  std::erase_if(g.slices, [&](const GrantedSlice& s) {
-    if (s.expires_ms > now_ms) return false;
-    // Not given back in time: the node may have used all of it, up to its expiry.
-    count_at(t, i, s.expires_ms, s.hits);
-    g.outstanding -= s.hits;
-    --sh.slices.granted_slices;
-    slices_expired.fetch_add(1, std::memory_order_relaxed);
-    counted = true;
-    return true;
-  });
-  if (counted) set_changed(sh, t, i, spec_id, kCountedFlags);
+  g.spec_id = spec_id;
+  settle_expired(sh, t, i, g, now_ms);
   const uint64_t out = g.outstanding;
   if (g.slices.empty()) sh.slices.granted.erase(it);
   return out;
@@ -111,7 +148,7 @@ void Engine::Impl::grant_slice(const rules::CheckRequest& req,
     Shard& sh = shards[lims[k].counter & shard_mask];
     GrantedSlices& g = sh.slices.granted[lims[k].counter];
     g.spec_id = spec_of[k];
-    g.slices.push_back({id, now_ms + ttl, static_cast<uint32_t>(hits), req.slice_for});
+    g.slices.push_back({id, now_ms, now_ms + ttl, static_cast<uint32_t>(hits), req.slice_for});
     g.outstanding += hits;
     ++sh.slices.granted_slices;
     lr.remaining -= hits;
@@ -169,6 +206,10 @@ void Engine::Impl::decide_from_slices(const State& st, const rules::CheckRequest
     h.demand += hits;
     h.last_ms = now_ms;
     held.push_back(&h);
+    if (h.id != 0 && now_ms >= h.expires_ms) {  // over: back to its owner with what was used
+      tls_finished.push_back(finished(lims[k].counter, h));
+      h.id = 0;
+    }
     const bool live = h.id != 0 && h.owner == owner && now_ms < h.expires_ms;
     if (!live || h.hits - h.used < hits) {
       covered = false;
@@ -180,7 +221,10 @@ void Engine::Impl::decide_from_slices(const State& st, const rules::CheckRequest
   for (uint32_t k = 0; k < num_limits; ++k) {
     HeldSlice& h = *held[k];
     const int64_t ttl = Engine::slice_ttl_ms(lims[k].limit->spec.window_ms);
-    if (covered) h.used += static_cast<uint32_t>(hits);
+    if (covered && hits > 0) {
+      h.used += static_cast<uint32_t>(hits);
+      note_use(h, now_ms, hits);
+    }
     // Ask for more when the slice is half used or near its end (a prefetch), or when this check
     // goes to the owner anyway; not again while an ask is on its way.
     const bool low = !covered || (h.hits - h.used) * 2 < h.hits || h.expires_ms - now_ms < ttl / 4;
@@ -191,6 +235,14 @@ void Engine::Impl::decide_from_slices(const State& st, const rules::CheckRequest
   if (want != 0) {
     for (HeldSlice* h : held)
       h->asked_ms = now_ms;
+  }
+  // A slice used up goes back at once: what it held counts from its last use.
+  for (uint32_t k = 0; k < num_limits; ++k) {
+    HeldSlice& h = *held[k];
+    if (covered && h.id != 0 && h.used == h.hits) {
+      tls_finished.push_back(finished(lims[k].counter, h));
+      h.id = 0;
+    }
   }
   d.slice_want = want;
   if (!decided_here) {
@@ -230,27 +282,36 @@ void Engine::Impl::decide_from_slices(const State& st, const rules::CheckRequest
 
 void Engine::Impl::sweep_slices(Shard& sh, int64_t now_ms) {
   const uint32_t known = num_specs.load(std::memory_order_acquire);
-  const auto window_of = [&](uint32_t spec_id) {
-    return spec_id < known ? spec_by_id[spec_id].window_ms : window::kMaxWindowMs;
-  };
   std::erase_if(sh.slices.held, [&](const auto& e) {
     const HeldSlice& h = e.second;
+    const int64_t window_ms =
+        h.spec_id < known ? spec_by_id[h.spec_id].window_ms : window::kMaxWindowMs;
     return (h.id == 0 || h.expires_ms <= now_ms) && h.denied_until_ms <= now_ms &&
-           now_ms - h.last_ms > window_of(h.spec_id);
+           now_ms - h.last_ms > window_ms;
   });
-  std::erase_if(sh.slices.granted, [&](const auto& e) {
-    const GrantedSlices& g = e.second;
-    const int64_t window_ms = window_of(g.spec_id);
-    const bool over = std::all_of(g.slices.begin(), g.slices.end(), [&](const GrantedSlice& s) {
-      return s.expires_ms + window_ms < now_ms;
-    });
-    if (over) sh.slices.granted_slices -= g.slices.size();
-    return over;
-  });
+  // Slices that expired unreturned are counted now even when no check of their key came since
+  // (the count syncs to the replicas, and to a new owner after a ring change).
+  for (auto it = sh.slices.granted.begin(); it != sh.slices.granted.end();) {
+    GrantedSlices& g = it->second;
+    const bool expired = std::any_of(g.slices.begin(), g.slices.end(),
+                                     [&](const GrantedSlice& s) { return s.expires_ms <= now_ms; });
+    if (expired) {
+      CounterTable& t = table(sh, g.spec_id);
+      const std::array<uint64_t, 1> pins{it->first};
+      bool inserted = false;
+      const int64_t i = find_or_insert(sh, t, g.spec_id, it->first, now_ms, pins, inserted);
+      if (i >= 0) {
+        window::Moment at;
+        bring_to_now(t, static_cast<size_t>(i), window::moment_of(t.spec(), now_ms), at);
+        settle_expired(sh, t, static_cast<size_t>(i), g, now_ms);
+      }
+    }
+    it = g.slices.empty() ? sh.slices.granted.erase(it) : std::next(it);
+  }
 }
 
 void Engine::install_slice(const rules::CheckRequest& req, uint16_t owner, uint64_t id,
-                           uint32_t hits, int64_t expires_ms, int64_t denied_until_ms,
+                           uint32_t hits, int64_t sent_ms, uint32_t ttl_ms, int64_t denied_until_ms,
                            int64_t now_ms, std::vector<SliceReturn>& returns) {
   Impl& im = *impl_;
   thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread
@@ -280,13 +341,16 @@ void Engine::install_slice(const rules::CheckRequest& req, uint16_t owner, uint6
         h.denied_until_ms = std::max(h.denied_until_ms, denied_until_ms);
         continue;
       }
-      if (h.id != 0 && h.id != id) returns.push_back({al.counter, h.id, h.used});
       if (h.id == id) continue;  // the same grant twice (a duplicated answer)
+      if (h.id != 0) returns.push_back(finished(al.counter, h));
       h.owner = owner;
       h.id = id;
       h.hits = hits;
       h.used = 0;
-      h.expires_ms = expires_ms;
+      h.sent_ms = sent_ms;
+      h.uses.clear();
+      h.step_ms = static_cast<uint32_t>(Engine::slice_step_ms(al.limit->spec.window_ms));
+      h.expires_ms = sent_ms + ttl_ms;
       h.asked_ms = kNeverAsked;
       h.denied_until_ms = 0;
       // The demand it was sized from fades: half of it stays, over half the time.
@@ -312,14 +376,14 @@ void Engine::return_slices(uint16_t node, std::span<const SliceReturn> returns, 
     });
     if (s == gs.slices.end()) continue;
     const uint32_t used = std::min(ret.used, s->hits);
-    const int64_t expires_ms = s->expires_ms;
+    const int64_t granted_ms = s->granted_ms;
+    const int64_t last_ms = std::min(now_ms, s->expires_ms);  // no use after either
     gs.outstanding -= s->hits;
     gs.slices.erase(s);
     --sh.slices.granted_slices;
     im.slices_returned.fetch_add(1, std::memory_order_relaxed);
     if (used > 0) {
-      // Counted now (at the latest, its expiry: a late return was due then), in this node's own
-      // total, so it syncs as the owner's.
+      // In this node's own total, so it syncs as the owner's.
       CounterTable& t = im.table(sh, gs.spec_id);
       const std::array<uint64_t, 1> pins{ret.counter};
       bool inserted = false;
@@ -328,7 +392,19 @@ void Engine::return_slices(uint16_t node, std::span<const SliceReturn> returns, 
         const auto slot = static_cast<size_t>(i);
         window::Moment at;
         Impl::bring_to_now(t, slot, window::moment_of(t.spec(), now_ms), at);
-        count_at(t, slot, std::min(now_ms, expires_ms), used);
+        // Each use at the end of its bucket's span after the grant: the request was sent
+        // before the grant, so that is never earlier than the use. Uses that do not add up to
+        // `used` (an older node's return) count the rest at the latest moment.
+        const auto step = static_cast<int64_t>(ret.step_ms);
+        uint64_t left = step > 0 ? used : 0;
+        if (step == 0) count_at(t, slot, last_ms, used);
+        for (size_t b = 0; b < ret.uses.size() && left > 0; ++b) {
+          const uint64_t n = std::min<uint64_t>(ret.uses[b], left);
+          const int64_t at_ms = granted_ms + static_cast<int64_t>(b + 1) * step - 1;
+          count_at(t, slot, std::min(last_ms, at_ms), n);
+          left -= n;
+        }
+        if (left > 0) count_at(t, slot, last_ms, left);
         set_changed(sh, t, slot, gs.spec_id, kCountedFlags);
       }
     }

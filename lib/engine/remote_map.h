@@ -51,7 +51,8 @@ class FlatKeyMap {
     if (Value* v = find(key)) return *v;
     if ((size_ + 1) * 4 > capacity() * 3) grow();
     size_t i = home(key, mask_);
-    while (slots_[i].used) i = (i + 1) & mask_;
+    while (slots_[i].used)
+      i = (i + 1) & mask_;
     slots_[i].used = true;
     slots_[i].key = key;
     ++size_;
@@ -110,7 +111,8 @@ class FlatKeyMap {
     for (size_t i = 0; i < old_cap; ++i) {
       if (!old[i].used) continue;
       size_t j = home(old[i].key, mask_);
-      while (slots_[j].used) j = (j + 1) & mask_;
+      while (slots_[j].used)
+        j = (j + 1) & mask_;
       slots_[j].used = true;
       slots_[j].key = old[i].key;
       slots_[j].value = std::move(old[i].value);

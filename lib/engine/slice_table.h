@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -22,6 +23,7 @@ namespace sluice::engine {
 
 struct GrantedSlice {
   uint64_t id = 0;
+  int64_t granted_ms = 0;  // on the owner's clock
   int64_t expires_ms = 0;  // on the owner's clock
   uint32_t hits = 0;
   uint16_t node = 0;  // the node holding it
@@ -42,7 +44,10 @@ struct HeldSlice {
   uint64_t id = 0;     // 0: none held
   uint32_t hits = 0;
   uint32_t used = 0;
-  int64_t expires_ms = 0;  // on this node's clock: the request's send time + the slice's ttl
+  int64_t sent_ms = 0;             // on this node's clock: when the request that got it was sent
+  int64_t expires_ms = 0;          // on this node's clock: sent_ms + the slice's ttl
+  std::vector<uint32_t> uses;      // hits used per step since sent_ms
+  uint32_t step_ms = 1;            // Engine::slice_step_ms
   int64_t asked_ms = kNeverAsked;  // when more was last asked for (a prefetch in flight)
   // The owner denied a check of the key and said its limit would not admit it before then:
   // checks are denied here until then without asking (this node's clock).

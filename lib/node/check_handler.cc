@@ -194,7 +194,7 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
   if (trusted && !s.decoder.slice_returns().empty()) {
     s.returns.clear();
     for (const wire::SliceReturn& r : s.decoder.slice_returns())
-      s.returns.push_back({r.counter, r.id, r.used});
+      s.returns.push_back({r.counter, r.id, r.used, 0, {r.uses.begin(), r.uses.end()}, r.step_ms});
     engine_.return_slices(s.decoder.slice_node(), s.returns, now_ms);
   }
   s.sliced.assign(s.requests.size(), UINT32_MAX);
@@ -438,10 +438,10 @@ void CheckHandler::settle_slices(std::span<const uint8_t> part, const wire::Answ
     req.limit_override_requests = checks[i].limit_override_requests;
     req.limit_override_window_ms = checks[i].limit_override_window_ms;
     if (grant != nullptr) {
-      engine_.install_slice(req, owner, grant->id, grant->hits, sent_ms + grant->ttl_ms, 0, now_ms,
+      engine_.install_slice(req, owner, grant->id, grant->hits, sent_ms, grant->ttl_ms, 0, now_ms,
                             returns);
     } else {
-      engine_.install_slice(req, owner, 0, 0, 0, denied_until, now_ms, returns);
+      engine_.install_slice(req, owner, 0, 0, sent_ms, 0, denied_until, now_ms, returns);
     }
   }
 }
@@ -462,7 +462,7 @@ void CheckHandler::encode_returns(std::span<const engine::SliceReturn> returns,
   std::vector<wire::SliceReturn> wire_returns;
   wire_returns.reserve(returns.size());
   for (const engine::SliceReturn& r : returns)
-    wire_returns.push_back({r.counter, r.id, r.used});
+    wire_returns.push_back({r.counter, r.id, r.used, r.uses, r.step_ms});
   const wire::SliceAsk ask{engine_.node_id(), {}, wire_returns};
   // An id no answer is matched to: the owner's empty answer is dropped.
   wire::encode_request(UINT64_MAX, {}, 0, out, /*forwarded=*/true, false, &ask);

@@ -114,6 +114,8 @@ struct Worker::Forwarder : CheckRouter {
         w.handler.handle_routed(request, max_answer, now, reply, this, base, plan);
     for (const ForwardPlan::Prefetch& pf : plan.prefetch)
       send_prefetch(pf, now);
+    CheckHandler::take_slice_returns(returns);
+    send_returns();
     if (o != CheckHandler::Outcome::kForward || plan.used > kMaxParts) {
       release(slot);
       if (o == CheckHandler::Outcome::kForward) {  // more owners than ids: decide it all here
@@ -201,15 +203,22 @@ struct Worker::Forwarder : CheckRouter {
     arm_timer();
   }
 
-  // Gives slices back to `owner` (signed; no answer is waited for).
-  void send_returns(uint16_t owner) {
-    if (returns.empty()) return;
-    w.handler.encode_returns(returns, scratch_returns);
-    returns.clear();
-    auth->sign(scratch_returns);
-    if (const auto ep = endpoint_of(owner)) {
-      boost::system::error_code ec;
-      socket.send_to(asio::buffer(scratch_returns), *ep, 0, ec);
+  // Gives the slices in `returns` back to the nodes that granted them, one datagram per node
+  // (signed; no answer is waited for: one lost, its slice counts in full when it expires).
+  void send_returns() {
+    while (!returns.empty()) {
+      const uint16_t owner = returns.front().owner;
+      const auto split =
+          std::stable_partition(returns.begin(), returns.end(),
+                                [owner](const engine::SliceReturn& r) { return r.owner == owner; });
+      w.handler.encode_returns({returns.data(), static_cast<size_t>(split - returns.begin())},
+                               scratch_returns);
+      returns.erase(returns.begin(), split);
+      auth->sign(scratch_returns);
+      if (const auto ep = endpoint_of(owner)) {
+        boost::system::error_code ec;
+        socket.send_to(asio::buffer(scratch_returns), *ep, 0, ec);
+      }
     }
   }
 
@@ -366,7 +375,7 @@ struct Worker::Forwarder : CheckRouter {
     if (p.parts[part].asks_slices) {
       w.handler.settle_slices(p.parts[part].request, answer, p.parts[part].owner,
                               p.parts[part].sent_ms, w.opt.clock(), returns);
-      send_returns(p.parts[part].owner);
+      send_returns();
     }
     fill(slot, part);
   }

@@ -262,6 +262,10 @@ class CheckHandler {
   void encode_prefetch(const ForwardPlan::Prefetch& pf, uint64_t id, std::vector<uint8_t>& out);
   // Slices given back to their owner, as a forwarded request of no checks (unsigned).
   void encode_returns(std::span<const engine::SliceReturn> returns, std::vector<uint8_t>& out);
+  // Slices this thread's checks finished with (engine::Engine::take_slice_returns).
+  static void take_slice_returns(std::vector<engine::SliceReturn>& returns) {
+    engine::Engine::take_slice_returns(returns);
+  }
 
   // In a cluster: recognises a request that ends with the cluster's tag over the rest (an
   // owner-mode part forwarded by another node; see node.cc). Only such a request's `forwarded`

@@ -80,6 +80,8 @@ size_t request_words(std::span<const Check> checks, const SliceAsk* slices) {
   if (slices != nullptr) {
     words += struct_words<schema::SliceAsk>() + value_list_words(slices->wants.size(), 4) +
              struct_list_words<schema::SliceReturn>(slices->returns.size());
+    for (const SliceReturn& r : slices->returns)
+      words += value_list_words(r.uses.size(), 4);
   }
   for (const Check& c : checks) {
     words += text_words(c.domain) + struct_list_words<schema::Entry>(c.entries.size());
@@ -461,6 +463,13 @@ void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
         r.setCounter(slices->returns[i].counter);
         r.setId(slices->returns[i].id);
         r.setUsed(slices->returns[i].used);
+        r.setStepMs(slices->returns[i].step_ms);
+        const auto uses = slices->returns[i].uses;
+        if (!uses.empty()) {
+          auto list = r.initUses(count(uses.size()));
+          for (size_t j = 0; j < uses.size(); ++j)
+            list.set(static_cast<unsigned int>(j), uses[j]);
+        }
       }
     }
   }
@@ -496,6 +505,7 @@ struct RequestDecoder::Buffers {
   kj::Array<capnp::word> words;
   // Entries per check, so the checks' spans are set once entries_ stops growing.
   std::vector<uint32_t> entry_counts;
+  std::vector<uint32_t> use_counts;  // the same for the slice returns' uses
 };
 
 RequestDecoder::RequestDecoder() : buf_(std::make_unique<Buffers>()) {}
@@ -511,7 +521,9 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
   slice_node_ = 0;
   slice_wants_.clear();
   slice_returns_.clear();
+  slice_uses_.clear();
   buf_->entry_counts.clear();
+  buf_->use_counts.clear();
   if (auto bad = check_size(bytes)) return *bad;
   auto words = copy_aligned(bytes, buf_->words);
 
@@ -534,8 +546,18 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
         if (wants.size() <= kMaxChecks && returns.size() <= kMaxChecks) {
           for (uint32_t w : wants)
             slice_wants_.push_back(w);
-          for (auto r : returns)
-            slice_returns_.push_back({r.getCounter(), r.getId(), r.getUsed()});
+          for (auto r : returns) {
+            auto uses = r.getUses();
+            if (uses.size() > kMaxSliceUses) {
+              result = Code::kMalformed;
+              break;
+            }
+            for (uint32_t u : uses)
+              slice_uses_.push_back(u);
+            // The uses' span is set below, once slice_uses_ stops growing.
+            slice_returns_.push_back({r.getCounter(), r.getId(), r.getUsed(), {}, r.getStepMs()});
+            buf_->use_counts.push_back(uses.size());
+          }
         } else {
           result = Code::kMalformed;
         }
@@ -600,10 +622,17 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
     slice_node_ = 0;
     slice_wants_.clear();
     slice_returns_.clear();
+    slice_uses_.clear();
     return result;
   }
   // A want per check, or none at all.
   if (!slice_wants_.empty() && slice_wants_.size() != checks_.size()) slice_wants_.clear();
+  size_t at = 0;
+  for (size_t i = 0; i < slice_returns_.size(); ++i) {
+    slice_returns_[i].uses =
+        std::span<const uint32_t>(slice_uses_).subspan(at, buf_->use_counts[i]);
+    at += buf_->use_counts[i];
+  }
   // entries_ is final: now the spans can point into it.
   size_t first = 0;
   for (size_t i = 0; i < checks_.size(); ++i) {

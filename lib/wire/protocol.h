@@ -84,7 +84,11 @@ struct SliceReturn {
   uint64_t counter = 0;
   uint64_t id = 0;
   uint32_t used = 0;
+  // Per step_ms after the request that got it was sent (schema SliceReturn).
+  std::span<const uint32_t> uses;
+  uint32_t step_ms = 0;
 };
+inline constexpr size_t kMaxSliceUses = 256;  // entries of SliceReturn::uses
 struct SliceAsk {
   uint16_t node = 0;                // the node the slices are for
   std::span<const uint32_t> wants;  // per check: hits wanted (0: none)
@@ -148,6 +152,7 @@ class RequestDecoder {
   uint16_t slice_node_ = 0;
   std::vector<uint32_t> slice_wants_;
   std::vector<SliceReturn> slice_returns_;
+  std::vector<uint32_t> slice_uses_;  // every return's uses, in order
 };
 
 // ---- answers ---------------------------------------------------------------------------------
