@@ -34,6 +34,14 @@
 //                       robin, rows gcra-owner and gcra-gossip; admitted_over_bound: cluster_gcra.h
 //   concurrency         5 nodes, max_in_flight 20 on 3 keys, stable, then key 0's owner killed -9;
 //                       max/limit = leases held at once / 20 (cluster_concurrency.h)
+//   lease               leased quotas (consistency: lease) beside owner and gossip mode, a key per
+//                       mode, one steady run each, weighted estimator in 10 ms buckets: lease-3x
+//                       (3 nodes, 100/s, 300/s offered), lease-2x (3 nodes, 100/s, 200/s),
+//                       lease-10x (seed000's 10 nodes, 50/s, 500/s); --quick: lease-3x alone.
+//                       added_p50_us (p99) = the mode's p50 (p99) minus the gossip run's;
+//                       round_trip_pct = % of checks sent that cost a round trip to the owner
+//                       (owner: forwarded parts; lease: sluice_lease_forwarded_total; gossip 0)
+//                       (cluster_lease.h)
 //
 // admitted_over_limit = the largest number of checks admitted in any true 1 s window (exact, over
 // the clients' send times) / the limit; for several keys the worst key. admitted_min_over_limit =
@@ -60,7 +68,9 @@
 
 #include "cluster_concurrency.h"
 #include "cluster_gcra.h"
+#include "cluster_lease.h"
 #include "cluster_process.h"
+#include "cluster_steady.h"
 #include "json_rows.h"
 #include "netns_cluster.h"
 #include "peer_traffic.h"
@@ -68,13 +78,20 @@
 namespace {
 
 using namespace sluice::testing;
+using sluice::bench::fallbacks_total;
+using sluice::bench::indices;
 using sluice::bench::KeySweepLoad;
+using sluice::bench::kWindowUs;
 using sluice::bench::measure_peer_window;
+using sluice::bench::metric_total;
+using sluice::bench::ms_of;
+using sluice::bench::nearest_rank;
 using sluice::bench::PeerWindow;
+using sluice::bench::Skew;
+using sluice::bench::steady;
+using sluice::bench::SteadyResult;
 using sluice::bench::SweepOptions;
 using std::chrono::milliseconds;
-
-constexpr int64_t kWindowUs = 1'000'000;
 
 struct Row {
   std::string scenario;
@@ -112,6 +129,7 @@ struct Row {
   std::optional<double> counters_per_check =
       std::nullopt;  // peer-traffic: counters a check counts in
   std::optional<double> admitted_over_bound = std::nullopt;  // gcra (cluster_gcra.h)
+  std::optional<double> round_trip_pct = std::nullopt;       // lease: % of checks sent to an owner
   nlohmann::json extra = nullptr;  // more figures for --json, merged into the row (concurrency)
 };
 
@@ -135,10 +153,6 @@ ClusterSpec spec_for(const Settings& st, size_t nodes, uint64_t limit, int64_t s
   return s;
 }
 
-milliseconds ms_of(double seconds) {
-  return milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
-}
-
 // Worst key of `domain` among the driver's keys: max admitted in a true window / limit.
 double worst_ratio(const std::vector<CheckRecord>& records, const LoadOptions& lo,
                    const std::string& domain, uint64_t limit) {
@@ -159,14 +173,6 @@ uint64_t failed_of(const std::vector<CheckRecord>& records, const LoadOptions& l
   return n;
 }
 
-std::vector<size_t> indices(size_t n, size_t skip = SIZE_MAX) {
-  std::vector<size_t> out;
-  for (size_t i = 0; i < n; ++i) {
-    if (i != skip) out.push_back(i);
-  }
-  return out;
-}
-
 // A key of `domain` whose owner is node `id` (tries prefix0, prefix1, ...); "" when none of 64.
 std::string key_owned_by(const LocalCluster& c, const std::string& domain,
                          const std::string& prefix, uint16_t id) {
@@ -176,91 +182,6 @@ std::string key_owned_by(const LocalCluster& c, const std::string& domain,
     if (!o.empty() && o[0] == id) return k;
   }
   return "";
-}
-
-// How a steady run spreads its checks over the nodes: all of them round-robin (even), one node,
-// three nodes, or one node at a time, moving to the next every 2 s.
-enum class Skew { kEven, kOneNode, kThreeNodes, kMoving };
-const char* to_string(Skew s) {
-  switch (s) {
-    case Skew::kEven:
-      return "even";
-    case Skew::kOneNode:
-      return "one-node";
-    case Skew::kThreeNodes:
-      return "three-nodes";
-    case Skew::kMoving:
-      return "moving";
-  }
-  return "?";
-}
-
-struct SteadyResult {
-  double max_ratio = 0;             // most admitted in a true window / limit
-  std::optional<double> min_ratio;  // fewest in a true window after the first / limit
-  uint64_t failed = 0;
-  std::optional<double> fallbacks;  // owner-mode parts decided by a fallback, all nodes
-};
-
-// Metric `metric` (one without labels) summed over the running nodes; nullopt if one does not
-// answer or lacks it.
-std::optional<double> metric_total(LocalCluster& c, const std::string& metric) {
-  double sum = 0;
-  const std::string name = metric + " ";
-  for (size_t i = 0; i < c.size(); ++i) {
-    if (!c.running(i)) continue;
-    const HttpReply m = c.get(i, "/metrics");
-    const size_t at = m.body.find("\n" + name);
-    if (m.status != 200 || at == std::string::npos) return std::nullopt;
-    sum += std::strtod(m.body.c_str() + at + 1 + name.size(), nullptr);
-  }
-  return sum;
-}
-
-// sluice_forward_fallbacks_total summed over the running nodes; nullopt if one does not answer.
-std::optional<double> fallbacks_total(LocalCluster& c) {
-  return metric_total(c, "sluice_forward_fallbacks_total");
-}
-
-// One steady run of `domain`/`key` spread over the nodes as `skew` says.
-SteadyResult steady(LocalCluster& c, const std::string& domain, const std::string& key, double rate,
-                    double seconds, uint64_t limit, std::string& err, Skew skew = Skew::kEven) {
-  LoadOptions lo;
-  lo.domain = domain;
-  lo.keys = {key};
-  lo.rate_per_s = rate;
-  lo.duration = ms_of(seconds);
-  lo.failover = false;
-  LoadDriver load(lo, c.check_ports());
-  const std::optional<double> fallbacks_before = fallbacks_total(c);
-  std::vector<size_t> targets = indices(c.size());
-  if (skew == Skew::kOneNode || skew == Skew::kMoving) targets = {0};
-  if (skew == Skew::kThreeNodes) targets = {0, 1, 2};
-  if (err = load.start(targets); !err.empty()) return {};
-  if (skew == Skew::kMoving) {
-    const auto t0 = SteadyClock::now();
-    for (size_t next = 1; SteadyClock::now() - t0 + milliseconds(2000) < ms_of(seconds); ++next) {
-      std::this_thread::sleep_until(t0 + milliseconds(2000) * next);
-      load.set_targets({next % c.size()});
-    }
-  }
-  if (!load.wait()) err = "some checks never completed";
-  const auto records = load.records();
-  SteadyResult r;
-  r.max_ratio = admitted_over_limit(records, 0, kWindowUs, limit);
-  r.min_ratio = admitted_min_over_limit(records, 0, kWindowUs, limit, kWindowUs,
-                                        static_cast<int64_t>(seconds * 1e6));
-  r.failed = summarize(records).failed;
-  if (const auto after = fallbacks_total(c); after && fallbacks_before) {
-    r.fallbacks = *after - *fallbacks_before;
-  }
-  if (std::getenv("SLUICE_BENCH_TIMELINE") != nullptr) {  // admitted per 100 ms, for a look
-    std::fprintf(stderr, "  %s admitted per 100 ms: %s\n", key.c_str(),
-                 window_timeline(admit_times(records, 0), 100'000, 100'000, 0,
-                                 static_cast<int64_t>(seconds * 1e6))
-                     .c_str());
-  }
-  return r;
 }
 
 std::string run_stable(const Settings& st, size_t nodes, std::vector<Row>& rows) {
@@ -377,12 +298,12 @@ std::string run_kill9(const Settings& st, std::vector<Row>& rows, bool at_once =
   c.kill9(victim);
   const auto survivors = indices(n, victim);
   std::optional<double> detect;
-  if (!at_once &&
-      wait_until([&] { return c.all_see(survivors, victim_id, "dead"); }, milliseconds(20000),
-                 milliseconds(50))) {
+  if (!at_once && wait_until([&] { return c.all_see(survivors, victim_id, "dead"); },
+                             milliseconds(20000), milliseconds(50))) {
     detect = secs_since(killed);
   }
-  std::string note = at_once ? "victim owned both keys, restarted at once" : "victim owned both keys";
+  std::string note =
+      at_once ? "victim owned both keys, restarted at once" : "victim owned both keys";
   if (std::string err = c.start_node(victim); !err.empty()) {
     note += "; restart failed";
   } else if (wait_until([&] { return c.all_see(indices(n), victim_id, "alive"); },
@@ -485,8 +406,11 @@ std::string run_overrides(const Settings& st, std::vector<Row>& rows) {
     return v[std::clamp<size_t>(i, 1, v.size()) - 1];
   };
   const auto pct = [&](double p) { return pct_of(took_ms, p); };
-  Row row{"overrides", "-", n, 100, 0, 0, std::nullopt, 0, std::nullopt, std::nullopt,
-          "", std::nullopt, std::nullopt, "", std::nullopt};
+  Row row{"overrides",  "-", n,
+          100,          0,   0,
+          std::nullopt, 0,   std::nullopt,
+          std::nullopt, "",  std::nullopt,
+          std::nullopt, "",  std::nullopt};
   row.override_p50_ms = pct(50);
   row.override_p99_ms = pct(99);
   row.override_max_ms = pct(100);
@@ -592,13 +516,7 @@ std::string run_forwarding(const Settings& st, std::vector<Row>& rows) {
     }
   };
   // Nearest-rank percentile q (0..1) of a kind's latencies; -1 when there are none.
-  const auto pct = [&](const std::string& kind, double q) -> int64_t {
-    auto& v = lat[kind];
-    if (v.empty()) return -1;
-    std::sort(v.begin(), v.end());
-    const auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
-    return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
-  };
+  const auto pct = [&](const std::string& kind, double q) { return nearest_rank(lat[kind], q); };
   const auto p50 = [&](const std::string& kind) { return pct(kind, 0.5); };
   std::string err;
   run(mixed, "", 0.5, err);  // warm-up: clients, sockets, the owner's forwarding path
@@ -678,7 +596,8 @@ std::string run_sync_cost(const Settings& st, std::vector<Row>& rows) {
         checks[j] = {"g", std::span<const sluice::Entry>(&entries[j], 1), 1};
       }
       client->check_batch(checks, results);
-      for (const auto& r : results) failed += r.outcome == sluice::Outcome::kDecided ? 0 : 1;
+      for (const auto& r : results)
+        failed += r.outcome == sluice::Outcome::kDecided ? 0 : 1;
     }
     return true;
   };
@@ -739,8 +658,11 @@ std::string run_sync_cost(const Settings& st, std::vector<Row>& rows) {
     }
     return std::numeric_limits<double>::infinity();
   };
-  Row row{"sync-cost", "gossip", 3, 100, 0, 0, std::nullopt, failed, std::nullopt, std::nullopt,
-          "", std::nullopt, std::nullopt, "", std::nullopt};
+  Row row{"sync-cost",  "gossip", 3,
+          100,          0,        0,
+          std::nullopt, failed,   std::nullopt,
+          std::nullopt, "",       std::nullopt,
+          std::nullopt, "",       std::nullopt};
   row.sync_cpu_ms_mean = cpu_us / passes / 1000.0;
   row.sync_cpu_ms_p50 = bucket_bound_ms(0.50);
   row.sync_cpu_ms_p99 = bucket_bound_ms(0.99);
@@ -1084,6 +1006,28 @@ std::string run_gcra(const Settings& st, std::vector<Row>& rows) {
   return "";
 }
 
+// lease: a row per case and mode (cluster_lease.h).
+std::string run_lease(const Settings& st, std::vector<Row>& rows) {
+  for (const sluice::bench::LeaseCase& lc : sluice::bench::lease_cases(st.quick)) {
+    std::vector<sluice::bench::LeaseModeRun> runs;
+    if (std::string err = sluice::bench::run_lease_case(st.sluiced, lc, st.seconds, runs);
+        !err.empty()) {
+      return lc.name + ": " + err;
+    }
+    for (sluice::bench::LeaseModeRun& m : runs) {
+      Row row;
+      row.scenario = lc.name, row.mode = m.mode, row.skew = "even";
+      row.nodes = lc.nodes, row.sync_ms = 100, row.offered_per_s = lc.offered_per_s;
+      row.limit_per_s = lc.limit_per_s, row.failed_checks = m.failed, row.fallbacks = m.fallbacks;
+      row.admitted_over_limit = m.max_ratio, row.admitted_min_over_limit = m.min_ratio;
+      row.added_p50_us = m.added_p50_us, row.added_p99_us = m.added_p99_us;
+      row.round_trip_pct = m.round_trip_pct, row.note = std::move(m.note);
+      rows.push_back(std::move(row));
+    }
+  }
+  return "";
+}
+
 // concurrency: phase 1 is 2 x --seconds (10 s; at most 30), lease_ttl 10 s (--quick: 5 s).
 std::string run_concurrency(const Settings& st, std::vector<Row>& rows) {
   sluice::bench::ConcurrencyOptions o;
@@ -1111,12 +1055,14 @@ int main(int argc, char** argv) {
   bool json = false;
   std::string only;
   app.add_flag("--json", json, "last line of stdout: {\"rows\":[...]}");
-  app.add_flag("--quick", st.quick, "a short subset (stable-3, seed000 at 100 ms, forwarding)");
+  app.add_flag("--quick", st.quick,
+               "a short subset (stable-3, seed000 at 100 ms, forwarding, overrides, lease-3x)");
   app.add_option("--seconds", st.seconds, "traffic per steady run (membership runs take more)")
       ->check(CLI::Range(1.0, 120.0));
-  app.add_option("--scenario", only,
-                 "one of stable-3, stable-5, seed000, kill9, restart, join, drain, forwarding, overrides, "
-                 "partition, sync-cost, peer-traffic, gcra, concurrency");
+  app.add_option(
+      "--scenario", only,
+      "one of stable-3, stable-5, seed000, kill9, restart, join, drain, forwarding, overrides, "
+      "partition, sync-cost, peer-traffic, gcra, concurrency, lease");
   app.add_option("--sluiced", st.sluiced, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
   if (st.quick && !app.count("--seconds")) st.seconds = 3;
@@ -1141,6 +1087,7 @@ int main(int argc, char** argv) {
       {"peer-traffic", false, [&](auto& r) { return run_peer_traffic(st, r); }},
       {"gcra", false, [&](auto& r) { return run_gcra(st, r); }},
       {"concurrency", false, [&](auto& r) { return run_concurrency(st, r); }},
+      {"lease", true, [&](auto& r) { return run_lease(st, r); }},
   };
   bool known = only.empty();
   for (const Scenario& s : scenarios)
@@ -1167,19 +1114,20 @@ int main(int argc, char** argv) {
 
   std::printf("sluice-bench-cluster: %zu rows, %.0f s of traffic per steady run, %.0f s in all\n",
               rows.size(), st.seconds, secs_since(t0));
-  std::printf("%-12s %-6s %-11s %5s %7s %9s %7s %9s %9s %6s %8s %11s %11s %9s  %s\n", "scenario",
-              "mode", "skew", "nodes", "sync_ms", "offered/s", "limit/s", "max/limit", "min/limit",
-              "failed", "detect_s", "added_p50us", "added_p99us", "fallbacks", "note");
+  std::printf("%-12s %-6s %-11s %5s %7s %9s %7s %9s %9s %6s %8s %11s %11s %9s %6s  %s\n",
+              "scenario", "mode", "skew", "nodes", "sync_ms", "offered/s", "limit/s", "max/limit",
+              "min/limit", "failed", "detect_s", "added_p50us", "added_p99us", "fallbacks",
+              "rt_pct", "note");
   for (const Row& r : rows) {
-    std::printf("%-12s %-6s %-11s %5zu %7lld %9.0f %7llu %9s %9s %6llu %8s %11s %11s %9s  %s\n",
-                r.scenario.c_str(), r.mode.c_str(), r.skew.empty() ? "-" : r.skew.c_str(), r.nodes,
-                static_cast<long long>(r.sync_ms), r.offered_per_s,
-                static_cast<unsigned long long>(r.limit_per_s),
-                fmt_opt(r.admitted_over_limit, 3).c_str(),
-                fmt_opt(r.admitted_min_over_limit, 3).c_str(),
-                static_cast<unsigned long long>(r.failed_checks), fmt_opt(r.detect_s, 2).c_str(),
-                fmt_opt(r.added_p50_us, 0).c_str(), fmt_opt(r.added_p99_us, 0).c_str(),
-                fmt_opt(r.fallbacks, 0).c_str(), r.note.c_str());
+    std::printf(
+        "%-12s %-6s %-11s %5zu %7lld %9.0f %7llu %9s %9s %6llu %8s %11s %11s %9s %6s  %s\n",
+        r.scenario.c_str(), r.mode.c_str(), r.skew.empty() ? "-" : r.skew.c_str(), r.nodes,
+        static_cast<long long>(r.sync_ms), r.offered_per_s,
+        static_cast<unsigned long long>(r.limit_per_s), fmt_opt(r.admitted_over_limit, 3).c_str(),
+        fmt_opt(r.admitted_min_over_limit, 3).c_str(),
+        static_cast<unsigned long long>(r.failed_checks), fmt_opt(r.detect_s, 2).c_str(),
+        fmt_opt(r.added_p50_us, 0).c_str(), fmt_opt(r.added_p99_us, 0).c_str(),
+        fmt_opt(r.fallbacks, 0).c_str(), fmt_opt(r.round_trip_pct, 1).c_str(), r.note.c_str());
   }
   if (json) {
     nlohmann::json out = nlohmann::json::array();
@@ -1216,6 +1164,7 @@ int main(int argc, char** argv) {
                      {"active_keys", opt(r.active_keys)},
                      {"counters_per_check", opt(r.counters_per_check)},
                      {"admitted_over_bound", opt(r.admitted_over_bound)},
+                     {"round_trip_pct", opt(r.round_trip_pct)},
                      {"note", r.note}});
       if (r.extra.is_object()) out.back().update(r.extra);
     }
