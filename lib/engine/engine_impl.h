@@ -24,6 +24,9 @@ namespace sluice::engine {
 constexpr size_t kVictimSample = 32;
 constexpr size_t kNumCheckErrors = 9;  // rules::CheckError values, kNone included
 
+// A random 64-bit id, never 0 (thread-local splitmix64 from a random seed): lease and slice ids.
+uint64_t random_id();
+
 // The immutable per-policy view the hot path needs: the policy and its index maps into the
 // engine's stable spec and stats registries.
 struct State {

@@ -7,10 +7,8 @@
 #include "window/concurrency.h"
 
 namespace sluice::engine {
-namespace {
 
-// A lease id's low half: random, never 0 (thread-local splitmix64 from a random seed).
-uint32_t lease_nonce() {
+uint64_t random_id() {
   thread_local uint64_t state = [] {
     std::random_device rd;
     return (uint64_t{rd()} << 32) ^ rd();
@@ -20,7 +18,16 @@ uint32_t lease_nonce() {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    if (static_cast<uint32_t>(z) != 0) return static_cast<uint32_t>(z);
+    if (z != 0) return z;
+  }
+}
+
+namespace {
+
+// A lease id's low half: random, never 0.
+uint32_t lease_nonce() {
+  for (;;) {
+    if (const auto z = static_cast<uint32_t>(random_id()); z != 0) return z;
   }
 }
 

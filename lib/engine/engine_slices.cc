@@ -3,8 +3,6 @@
 // count against a lease limit (slices_out, called by decide), a check that asks for a slice gets
 // one from what is left (grant_slice), slices come back (return_slices). The other nodes' side:
 // checks decided from the slice held (decide_from_slices), slices installed (install_slice).
-#include <random>
-
 #include "engine/engine_impl.h"
 
 namespace sluice::engine {
@@ -15,21 +13,6 @@ namespace {
 
 constexpr uint64_t kCountedFlags =
     CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag;
-
-// A slice id: random, never 0 (thread-local splitmix64 from a random seed).
-uint64_t slice_nonce() {
-  thread_local uint64_t state = [] {
-    std::random_device rd;
-    return (uint64_t{rd()} << 32) ^ rd();
-  }();
-  for (;;) {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    if (z != 0) return z;
-  }
-}
 
 // Adds `hits` to the bucket of `at_ms` of slot `i` (brought to now), when the ring still holds it;
 // a bucket that has left the ring has left every window of it too.
@@ -141,7 +124,7 @@ void Engine::Impl::grant_slice(const rules::CheckRequest& req,
     const Shard& sh = shards[lims[k].counter & shard_mask];
     if (sh.bytes + side_bytes(sh) + 256 > sh.budget) return;
   }
-  const uint64_t id = slice_nonce();
+  const uint64_t id = random_id();
   for (size_t k = 0; k < lims.size(); ++k) {
     LimitResult& lr = out.limits[d.first_limit + k];
     if (lr.rule->consistency != rules::Consistency::kLease) continue;

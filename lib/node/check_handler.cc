@@ -58,6 +58,21 @@ wire::LimitView to_view(const engine::LimitResult& l) {
           to_wire(l.mode), l.exceeded};
 }
 
+// A decoded check (of a part sent to another node) as the engine's request; its descriptors go
+// in `descs`, which must outlive it.
+rules::CheckRequest to_request(const wire::Check& c, std::vector<rules::Descriptor>& descs) {
+  descs.clear();
+  for (const auto& e : c.entries)
+    descs.push_back({e.key, e.value});
+  rules::CheckRequest req{c.domain, descs, static_cast<uint64_t>(c.hits)};
+  req.has_limit_override = c.has_limit_override;
+  req.limit_override_requests = c.limit_override_requests;
+  req.limit_override_window_ms = c.limit_override_window_ms;
+  req.is_release = c.is_release;
+  req.release = c.release;
+  return req;
+}
+
 // An engine decision as an answer's decision (owning its strings).
 wire::Decision to_answer(const engine::Decision& d, std::span<const engine::LimitResult> limits) {
   wire::Decision w;
@@ -87,7 +102,7 @@ struct CheckHandler::Scratch {
   std::vector<wire::LimitView> limits;
   std::vector<wire::DecisionView> decisions;
   std::vector<CheckRouter::Route> routes;  // per wire check: where it is decided
-  wire::RequestDecoder credit_decoder;     // a redirected part, when its answer comes
+  wire::RequestDecoder credit_decoder;     // a part, when its answer comes (credit, settle_slices)
   std::vector<rules::Descriptor> credit_descriptors;
   std::vector<wire::Check> part_checks;  // one part of a split request
   // Leased quotas: per engine request, decided from slices (index into slice_decisions, or
@@ -105,7 +120,6 @@ struct CheckHandler::Scratch {
   std::vector<uint32_t> rest_index;  // per engine request: its index in rest
   std::vector<engine::SliceReturn> returns;
   std::vector<wire::SliceGrant> grants;
-  std::vector<rules::Descriptor> slice_descriptors;  // settle_slices
 };
 
 CheckHandler::CheckHandler(engine::Engine& engine)
@@ -382,17 +396,7 @@ void CheckHandler::credit(std::span<const uint8_t> part, const wire::Answer& ans
         s.credit_decoder.check_code(i) != wire::Code::kOk) {
       continue;
     }
-    s.credit_descriptors.clear();
-    for (const auto& e : checks[i].entries)
-      s.credit_descriptors.push_back({e.key, e.value});
-    rules::CheckRequest req{checks[i].domain, s.credit_descriptors,
-                            static_cast<uint64_t>(checks[i].hits)};
-    req.has_limit_override = checks[i].has_limit_override;
-    req.limit_override_requests = checks[i].limit_override_requests;
-    req.limit_override_window_ms = checks[i].limit_override_window_ms;
-    req.is_release = checks[i].is_release;
-    req.release = checks[i].release;
-    engine_.credit(req, node, now_ms);
+    engine_.credit(to_request(checks[i], s.credit_descriptors), node, now_ms);
   }
 }
 
@@ -429,14 +433,7 @@ void CheckHandler::settle_slices(std::span<const uint8_t> part, const wire::Answ
       if (wait == 0) continue;
       denied_until = sent_ms + wait;
     }
-    s.slice_descriptors.clear();
-    for (const auto& e : checks[i].entries)
-      s.slice_descriptors.push_back({e.key, e.value});
-    rules::CheckRequest req{checks[i].domain, s.slice_descriptors,
-                            static_cast<uint64_t>(checks[i].hits)};
-    req.has_limit_override = checks[i].has_limit_override;
-    req.limit_override_requests = checks[i].limit_override_requests;
-    req.limit_override_window_ms = checks[i].limit_override_window_ms;
+    const rules::CheckRequest req = to_request(checks[i], s.credit_descriptors);
     if (grant != nullptr) {
       engine_.install_slice(req, owner, grant->id, grant->hits, sent_ms, grant->ttl_ms, 0, now_ms,
                             returns);
