@@ -38,7 +38,11 @@
 //                       mode, one steady run each, weighted estimator in 10 ms buckets: lease-3x
 //                       (3 nodes, 100/s, 300/s offered), lease-2x (3 nodes, 100/s, 200/s),
 //                       lease-10x (seed000's 10 nodes, 50/s, 500/s); --quick: lease-3x alone.
-//                       added_p50_us (p99) = the mode's p50 (p99) minus the gossip run's;
+//                       Then a latency pass: a fresh key per mode, the three interleaved in one
+//                       run of --seconds at 3x the offered rate, round-robin, no failover.
+//                       added_p50_us (p99) = the mode's p50 (p99) minus the gossip key's, both
+//                       from that pass (sequential runs drifted 40-70 us apart on a busy box;
+//                       their p50s stay in the note);
 //                       round_trip_pct = % of checks sent that cost a round trip to the owner
 //                       (owner: forwarded parts; lease: sluice_lease_forwarded_total; gossip 0)
 //                       (cluster_lease.h)
