@@ -112,10 +112,15 @@ struct Worker::Forwarder : CheckRouter {
     const uint64_t base = (static_cast<uint64_t>(p.generation) << 32) | (slot << 8);
     const CheckHandler::Outcome o =
         w.handler.handle_routed(request, max_answer, now, reply, this, base, plan);
+    // Slices asked for and given back go out after the client's answer, not before it (the
+    // prefetches are encoded now, while the request they come from is at hand).
     for (const ForwardPlan::Prefetch& pf : plan.prefetch)
-      send_prefetch(pf, now);
+      prepare_prefetch(pf, now);
     CheckHandler::take_slice_returns(returns);
-    send_returns();
+    if ((!prefetches.empty() || !returns.empty()) && !slice_flush_posted) {
+      slice_flush_posted = true;
+      asio::post(w.io, [this] { flush_slices(); });
+    }
     if (o != CheckHandler::Outcome::kForward || plan.used > kMaxParts) {
       release(slot);
       if (o == CheckHandler::Outcome::kForward) {  // more owners than ids: decide it all here
@@ -171,9 +176,28 @@ struct Worker::Forwarder : CheckRouter {
     return CheckHandler::Outcome::kForward;
   }
 
-  // Leased quotas: asks `pf.owner` for a slice of a check's key on its own (its answer installs
-  // the slice, and nobody waits for it; lost, the next check asks again).
-  void send_prefetch(const ForwardPlan::Prefetch& pf, int64_t now) {
+  // Sends the prefetches and returns the requests handled since the last flush left.
+  void flush_slices() {
+    slice_flush_posted = false;
+    if (w.stopping) return;
+    for (const size_t slot : prefetches) {
+      Pending& p = pending[slot];
+      if (!p.busy || !p.internal) continue;  // timed out meanwhile
+      if (!send_part(p.parts[0].owner, p.parts[0])) {
+        release(slot);
+        continue;
+      }
+      w.counters.slice_prefetches.fetch_add(1, std::memory_order_relaxed);
+      arm_timer();
+    }
+    prefetches.clear();
+    send_returns();
+  }
+
+  // Leased quotas: a request asking `pf.owner` for a slice of a check's key on its own, in a
+  // pending slot of its own (its answer installs the slice, and nobody waits for it; lost, the
+  // next check asks again), sent by flush_slices.
+  void prepare_prefetch(const ForwardPlan::Prefetch& pf, int64_t now) {
     const size_t slot = take_slot();
     Pending& p = pending[slot];
     const uint64_t id = (static_cast<uint64_t>(p.generation) << 32) | (slot << 8);
@@ -195,12 +219,7 @@ struct Worker::Forwarder : CheckRouter {
     auth->sign(part.request);
     p.part_done.assign(1, 0);
     p.outstanding = 1;
-    if (!send_part(pf.owner, part)) {
-      release(slot);
-      return;
-    }
-    w.counters.slice_prefetches.fetch_add(1, std::memory_order_relaxed);
-    arm_timer();
+    prefetches.push_back(slot);
   }
 
   // Gives the slices in `returns` back to the nodes that granted them, one datagram per node
@@ -452,6 +471,8 @@ struct Worker::Forwarder : CheckRouter {
   std::vector<wire::LimitView> limit_views;
   std::vector<wire::DecisionView> views;
   std::vector<engine::SliceReturn> returns;  // slices to give back (settle_slices)
+  std::vector<size_t> prefetches;  // pending slots of prefetches to send once answers are out
+  bool slice_flush_posted = false;
   std::vector<uint8_t> scratch_returns;
 };
 
