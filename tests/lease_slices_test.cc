@@ -294,6 +294,26 @@ TEST_CASE("a node decides from a slice only while it covers the check and lives,
   CHECK(s.slice_bytes > 0);
 }
 
+TEST_CASE("a spray of new keys at a node that is not their owner stays within the memory cap") {
+  engine::EngineOptions o = node(2);
+  o.memory_cap_bytes = 8 * 1024;
+  engine::Engine e(lease_policy("100/1s", 10), o);
+  engine::BatchResult out;
+  engine::Fallback f;
+  f.slice_owner = kOwner;
+  for (int i = 0; i < 10'000; ++i) {
+    const std::string user = "spray-" + std::to_string(i);
+    const rules::Descriptor descs[] = {{"user", user}};
+    const rules::CheckRequest req{"api", descs, 1};
+    e.check({&req, 1}, kT0 + i / 10, out, f);
+    REQUIRE(out.decisions[0].needs_owner);  // nothing held: every check goes to the owner
+  }
+  const engine::EngineStats s = e.stats();
+  CHECK(s.slice_bytes > 0);
+  CHECK(s.slice_bytes <= o.memory_cap_bytes);
+  CHECK(s.slice_checks_to_owner == 10'000);
+}
+
 TEST_CASE("an owner's denial is kept until the time it gave, then the owner is asked again") {
   auto p = lease_policy("100/1s", 10);
   Node other(p, 2);

@@ -181,6 +181,14 @@ void Engine::Impl::decide_from_slices(const State& st, const rules::CheckRequest
   bool spent = false;
   for (uint32_t k = 0; k < num_limits; ++k) {
     Shard& sh = shards[lims[k].counter & shard_mask];
+    // A key seen here for the first time takes an entry only within the memory cap (a spray of
+    // new keys must not grow the table past it): else it goes to the owner, untracked.
+    if (!sh.slices.held.contains(lims[k].counter) && sh.bytes + side_bytes(sh) + 256 > sh.budget) {
+      unlock_shards(shard_set);
+      d.needs_owner = true;
+      slice_checks_to_owner.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     HeldSlice& h = sh.slices.held[lims[k].counter];
     if (h.last_ms == 0) {
       h.spec_id = st.spec_ids[lims[k].spec_index];
