@@ -19,15 +19,16 @@
 // peak is the larger of the samples and the kernel's VmHWM.
 //
 // Hot keys' counters: every key, hot or sprayed, has the same limit, --limit per minute (1000),
-// one-minute buckets, weighted estimator (docs/architecture.md, "Counting"). A hot key takes 120
-// hits a minute at the default period, so it is never denied and never the smallest counter of an
-// eviction sample. The benchmark keeps the exact log of the hits each hot key was answered
-// "allowed" for, each with the interval [sent, answered] (epoch ms, the node reads the same
-// clock) that holds the time the node counted it. For every answer it computes the weighted
-// estimate the node must hold: bounds [lo, hi] over those intervals (the estimate only grows with
-// a hit's time and only falls with the time of evaluation inside a bucket; an answer whose own
-// interval straddles a bucket boundary is not judged). The node's count is limit - remaining, and
-// remaining = floor(limit - estimate), so it lies in [estimate, estimate + 1). A hot key is
+// 6-second buckets (the default for a minute, written in the rules), weighted estimator
+// (docs/architecture.md, "Counting"). A hot key takes 120 hits a minute at the default period, so
+// it is never denied and never the smallest counter of an eviction sample. The benchmark keeps the
+// exact log of the hits each hot key was answered "allowed" for, each with the interval [sent,
+// answered] (epoch ms, the node reads the same clock) that holds the time the node counted it. For
+// every answer it computes the weighted estimate the node must hold: bounds [lo, hi] over those
+// intervals (the estimate only grows with a hit's time and only falls with the time of evaluation
+// inside a bucket; an answer whose own interval straddles a bucket boundary is not judged). The
+// node's count is limit - remaining, and remaining = floor(limit - estimate), so it lies in
+// [estimate, estimate + 1). A hot key is
 // **reset** when that count is below lo - 1 (the node forgot hits it had counted: an evicted or
 // re-created counter), **over** when above hi + 2 (it counted hits that were never sent). This is
 // exact, not a tolerance on the estimator's error: the estimator is recomputed, not approximated.
@@ -45,8 +46,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
@@ -54,10 +58,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <fcntl.h>
 #include <fstream>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -89,7 +90,7 @@ struct Options {
   double max_seconds = 900;  // bound on the spray
   uint32_t spray_sockets = 4;
   uint32_t server_threads = 1;
-  double rss_slack_mb = 0;  // CI only (keyspray_short): allocator slack on top of the RSS bound
+  double rss_slack_mb = 0;   // CI only (keyspray_short): allocator slack on top of the RSS bound
   bool memory_only = false;  // data_dir: "" (no snapshots), to tell the tables from RocksDB
   std::string sluiced;
 };
@@ -159,14 +160,18 @@ Options parse(int argc, char** argv) {
 }
 
 constexpr std::string_view kDomain = bench::kSluiceDomain;  // sluice_probe checks it too
-constexpr int64_t kBucketMs = 60'000;  // the limit's window and its (default) bucket
+constexpr int64_t kWindowMs = 60'000;                       // the limit's window
+constexpr int64_t kBucketMs = 6'000;  // and its bucket (the default for a minute), set in the rules
+constexpr int64_t kBuckets = kWindowMs / kBucketMs;
 constexpr uint32_t kSprayBatch = 64;
 constexpr uint32_t kSprayWindow = 4;
 constexpr int64_t kSprayTimeoutNs = 500'000'000;
 constexpr int64_t kHotTickMs = 10;
 constexpr int64_t kHotTimeoutNs = 5'000'000'000;  // a hot answer later than this is a failure
 
-int64_t epoch_ms_floor() { return bench::epoch_ms(); }
+int64_t epoch_ms_floor() {
+  return bench::epoch_ms();
+}
 int64_t epoch_ms_ceil() {
   timespec ts{};
   ::clock_gettime(CLOCK_REALTIME, &ts);
@@ -198,7 +203,8 @@ int connected_socket(int type, uint16_t port) {
   return fd;
 }
 
-// ---- hot keys: the exact log and the estimate the node must hold ---------------------------------
+// ---- hot keys: the exact log and the estimate the node must hold
+// ---------------------------------
 
 struct Hit {
   int64_t from_ms;  // sent (floor): the node counted it at or after this
@@ -207,34 +213,36 @@ struct Hit {
 
 struct HotKey {
   std::string name;
-  std::deque<Hit> hits;  // hits answered "allowed", oldest first; older than bucket c-1 pruned
+  std::deque<Hit> hits;  // hits answered "allowed", oldest first; older than bucket c-n pruned
   bool in_flight = false;
   int64_t next_due_ms = 0;
 };
 
-int64_t window_bucket(int64_t t) { return t / kBucketMs; }  // epoch ms are positive
+int64_t window_bucket(int64_t t) {
+  return t / kBucketMs;
+}  // epoch ms are positive
 
-// The weighted estimate at `now` (one-minute window, one-minute buckets: n = 1) of hits at times
-// `t`: bucket(now)'s hits count 1, bucket(now) - 1's count (B - elapsed) / B.
+// The weighted estimate at `now` (one-minute window of n = kBuckets buckets) of hits at times `t`:
+// the hits of the n buckets up to bucket(now) count 1, bucket(now) - n's count (B - elapsed) / B.
 double weight(int64_t t, int64_t now) {
   const int64_t c = window_bucket(now);
   const int64_t b = window_bucket(t);
-  if (b >= c) return 1;
-  if (b == c - 1) return static_cast<double>(kBucketMs - (now - c * kBucketMs)) / kBucketMs;
+  if (b > c - kBuckets) return 1;
+  if (b == c - kBuckets) return static_cast<double>(kBucketMs - (now - c * kBucketMs)) / kBucketMs;
   return 0;
 }
 
 struct HotTotals {
-  uint64_t checks = 0;          // hot answers judged or not
-  uint64_t judged = 0;          // answers compared with the log
-  uint64_t straddling = 0;      // not judged: their own interval straddles a bucket boundary
-  uint64_t resets = 0;          // node count below the log's lower bound - 1
-  uint64_t over = 0;            // node count above the log's upper bound + 2
-  uint64_t denied = 0;          // hot checks denied (the limit is meant to allow them all)
-  uint64_t failed = 0;          // error answers, malformed or late (over kHotTimeoutNs) answers
-  uint64_t skipped = 0;         // a key's check was due while its previous one was in flight
-  double max_deficit = 0;       // largest lo - node count seen
-  std::string first_reset;      // the first reset, for the report
+  uint64_t checks = 0;      // hot answers judged or not
+  uint64_t judged = 0;      // answers compared with the log
+  uint64_t straddling = 0;  // not judged: their own interval straddles a bucket boundary
+  uint64_t resets = 0;      // node count below the log's lower bound - 1
+  uint64_t over = 0;        // node count above the log's upper bound + 2
+  uint64_t denied = 0;      // hot checks denied (the limit is meant to allow them all)
+  uint64_t failed = 0;      // error answers, malformed or late (over kHotTimeoutNs) answers
+  uint64_t skipped = 0;     // a key's check was due while its previous one was in flight
+  double max_deficit = 0;   // largest lo - node count seen
+  std::string first_reset;  // the first reset, for the report
 };
 
 // ---- the run ------------------------------------------------------------------------------------
@@ -296,7 +304,7 @@ class KeySpray {
     drive_until(warm_end, true);
     warm_udp_ = false;
     drive_until(bench::now_ns() + 600'000'000, false);  // the warm datagrams' answers or timeouts
-    warm_checks_ = spray_answered_;  // errors and losses stay counted
+    warm_checks_ = spray_answered_;                     // errors and losses stay counted
     spray_answered_ = 0;
     sample(true);
     overhead_kb_ = samples_.back().rss_kb;
@@ -324,7 +332,9 @@ class KeySpray {
   uint64_t spray_lost() const { return spray_lost_; }
   uint64_t spray_errors() const { return spray_errors_; }
   uint64_t spray_no_room() const { return spray_no_room_; }
-  double spray_seconds() const { return static_cast<double>(spray_end_ns_ - spray_start_ns_) / 1e9; }
+  double spray_seconds() const {
+    return static_cast<double>(spray_end_ns_ - spray_start_ns_) / 1e9;
+  }
   bool spray_done() const { return next_key_ >= o_.keys; }
 
  private:
@@ -345,7 +355,8 @@ class KeySpray {
   void drive_until(int64_t end_ns, bool spraying) {
     std::vector<pollfd> fds;
     int64_t next_tick_ms = 0;
-    const uint64_t guard = static_cast<uint64_t>(std::max<int64_t>(end_ns - bench::now_ns(), 0) / 100) + 1000;
+    const uint64_t guard =
+        static_cast<uint64_t>(std::max<int64_t>(end_ns - bench::now_ns(), 0) / 100) + 1000;
     for (uint64_t iter = 0; iter < guard && !bench::stop_requested(); ++iter) {
       const int64_t now = bench::now_ns();
       if (now >= end_ns) break;
@@ -360,7 +371,8 @@ class KeySpray {
           refill(s);
       }
       fds.clear();
-      fds.push_back(pollfd{hot_fd_, static_cast<short>(POLLIN | (hot_out_.empty() ? 0 : POLLOUT)), 0});
+      fds.push_back(
+          pollfd{hot_fd_, static_cast<short>(POLLIN | (hot_out_.empty() ? 0 : POLLOUT)), 0});
       for (SpraySocket& s : spray_)
         fds.push_back(pollfd{s.fd, POLLIN, 0});
       const int n = ::poll(fds.data(), fds.size(), 1);
@@ -454,7 +466,8 @@ class KeySpray {
     }
     const HotRequest req = std::move(it->second);
     hot_requests_.erase(it);
-    const bool usable = answer_.code == wire::Code::kOk && answer_.decisions.size() == req.keys.size();
+    const bool usable =
+        answer_.code == wire::Code::kOk && answer_.decisions.size() == req.keys.size();
     for (size_t j = 0; j < req.keys.size(); ++j) {
       HotKey& k = hot_[req.keys[j]];
       k.in_flight = false;
@@ -475,8 +488,8 @@ class KeySpray {
     } else {
       ++totals_.denied;  // not counted (count_denied: false)
     }
-    // Hits that ended before bucket(now) - 1 weigh nothing at any later evaluation.
-    const int64_t keep_from = (window_bucket(from_ms) - 1) * kBucketMs;
+    // Hits that ended before bucket(now) - n weigh nothing at any later evaluation.
+    const int64_t keep_from = (window_bucket(from_ms) - kBuckets) * kBucketMs;
     while (!k.hits.empty() && k.hits.front().to_ms < keep_from)
       k.hits.pop_front();
     if (window_bucket(from_ms) != window_bucket(to_ms)) {
@@ -489,7 +502,8 @@ class KeySpray {
       hi += weight(h.to_ms, from_ms);
     }
     const uint64_t remaining = d.limits.front().remaining;
-    const double node = static_cast<double>(o_.limit) - static_cast<double>(std::min(remaining, o_.limit));
+    const double node =
+        static_cast<double>(o_.limit) - static_cast<double>(std::min(remaining, o_.limit));
     ++totals_.judged;
     if (node < lo - 1) {
       ++totals_.resets;
@@ -523,8 +537,9 @@ class KeySpray {
 
   void refill(SpraySocket& s) {
     while (s.inflight.size() < kSprayWindow && (warm_udp_ || next_key_ < o_.keys)) {
-      const auto n = warm_udp_ ? kSprayBatch
-                               : static_cast<uint32_t>(std::min<uint64_t>(kSprayBatch, o_.keys - next_key_));
+      const auto n =
+          warm_udp_ ? kSprayBatch
+                    : static_cast<uint32_t>(std::min<uint64_t>(kSprayBatch, o_.keys - next_key_));
       names_.resize(n);
       entries_.resize(n);
       checks_.resize(n);
@@ -565,17 +580,19 @@ class KeySpray {
       }
       for (const wire::Decision& d : answer_.decisions) {
         ++spray_answered_;
-        if (d.code == wire::Code::kNoRoom) ++spray_no_room_;
-        else if (d.code != wire::Code::kOk) ++spray_errors_;
+        if (d.code == wire::Code::kNoRoom)
+          ++spray_no_room_;
+        else if (d.code != wire::Code::kOk)
+          ++spray_errors_;
       }
     }
   }
 
   void expire(int64_t now) {
     for (SpraySocket& s : spray_) {
-      const auto old = std::remove_if(s.inflight.begin(), s.inflight.end(), [&](const SprayInFlight& f) {
-        return now - f.sent_ns > kSprayTimeoutNs;
-      });
+      const auto old =
+          std::remove_if(s.inflight.begin(), s.inflight.end(),
+                         [&](const SprayInFlight& f) { return now - f.sent_ns > kSprayTimeoutNs; });
       spray_lost_ += static_cast<uint64_t>(s.inflight.end() - old);
       s.inflight.erase(old, s.inflight.end());
     }
@@ -599,15 +616,15 @@ class KeySpray {
         s.evictions_expired = metric(body, "sluice_evictions_total", "kind=\"expired\"");
       }
     }
-    std::printf("%7.1f s  rss %8.1f MiB  sprayed %10" PRIu64 "  hot judged %8" PRIu64
-                " resets %" PRIu64 "%s\n",
-                s.t_s, static_cast<double>(s.rss_kb) / 1024.0, s.sprayed, totals_.judged,
-                totals_.resets,
-                s.evictions_live >= 0
-                    ? ("  evictions live " + std::to_string(static_cast<uint64_t>(s.evictions_live)) +
-                       " expired " + std::to_string(static_cast<uint64_t>(s.evictions_expired)))
-                          .c_str()
-                    : "");
+    std::printf(
+        "%7.1f s  rss %8.1f MiB  sprayed %10" PRIu64 "  hot judged %8" PRIu64 " resets %" PRIu64
+        "%s\n",
+        s.t_s, static_cast<double>(s.rss_kb) / 1024.0, s.sprayed, totals_.judged, totals_.resets,
+        s.evictions_live >= 0
+            ? ("  evictions live " + std::to_string(static_cast<uint64_t>(s.evictions_live)) +
+               " expired " + std::to_string(static_cast<uint64_t>(s.evictions_expired)))
+                  .c_str()
+            : "");
     std::fflush(stdout);
     samples_.push_back(s);
   }
@@ -658,28 +675,32 @@ int run(const Options& o) {
                           "    rules:\n"
                           "      - name: per-k\n"
                           "        key: ["
-                       << bench::kSluiceEntryKey << "]\n        limits: [" << o.limit << "/1m]\n";
+                       << bench::kSluiceEntryKey << "]\n        limits: [" << o.limit
+                       << "/1m]\n        granularity: " << kBucketMs << "ms\n";
   const std::string config = dir.path() + "/sluiced.yaml";
   std::ofstream(config) << "# written by sluice-bench-keyspray\n"
                         << "udp: " << addr << "\ntcp: " << addr << "\nadmin: 127.0.0.1:" << admin
                         << "\ngrpc: \"\"\nthreads: " << o.server_threads << "\nrules: " << rules
-                        << (o.memory_only ? "\ndata_dir: \"\"\n"
-                                          : "\ndata_dir: " + dir.path() + "/sluiced-data\ninit_data: true")
+                        << (o.memory_only
+                                ? "\ndata_dir: \"\"\n"
+                                : "\ndata_dir: " + dir.path() + "/sluiced-data\ninit_data: true")
                         << "\nmemory_cap_mb: " << o.cap_mb << "\nlog_level: warn\n";
   bench::ChildProcess sluiced;
   if (std::string e = sluiced.start({exe, "--config", config}, dir.path() + "/sluiced.log");
       !e.empty()) {
     throw std::runtime_error("sluiced: " + e);
   }
-  bench::wait_ready(sluiced, [&] { return bench::sluice_probe(port, 500); }, 15'000);
+  bench::wait_ready(
+      sluiced, [&] { return bench::sluice_probe(port, 500); }, 15'000);
   // sluice_probe made one counter (its own key), before the idle RSS is taken.
   std::this_thread::sleep_for(std::chrono::seconds(2));
   const uint64_t idle_kb = bench::proc_status_kb(sluiced.pid());
-  std::printf("sluice-bench-keyspray: sluiced pid %d, memory_cap_mb %u, --threads %u, limit %" PRIu64
-              "/1m per key%s; idle RSS at start %.1f MiB\n",
-              static_cast<int>(sluiced.pid()), o.cap_mb, o.server_threads, o.limit,
-              o.memory_only ? ", no data directory" : ", snapshots to its data directory",
-              static_cast<double>(idle_kb) / 1024.0);
+  std::printf(
+      "sluice-bench-keyspray: sluiced pid %d, memory_cap_mb %u, --threads %u, limit %" PRIu64
+      "/1m per key%s; idle RSS at start %.1f MiB\n",
+      static_cast<int>(sluiced.pid()), o.cap_mb, o.server_threads, o.limit,
+      o.memory_only ? ", no data directory" : ", snapshots to its data directory",
+      static_cast<double>(idle_kb) / 1024.0);
 
   KeySpray spray(o, port, admin, sluiced.pid());
   std::string fatal;
@@ -708,43 +729,50 @@ int run(const Options& o) {
   const auto slack_kb = static_cast<uint64_t>(o.rss_slack_mb * 1024);
   const uint64_t bound_kb = uint64_t{o.cap_mb} * 1024 + overhead_kb + slack_kb;
   const HotTotals& h = spray.hot();
-  std::printf("\nspray: %" PRIu64 " of %" PRIu64 " keys sent in %.1f s (%.0f keys/s), %" PRIu64
-              " answered, %" PRIu64 " lost (UDP, no answer in 500 ms), %" PRIu64
-              " no_room, %" PRIu64 " errors\n",
-              spray.sprayed(), o.keys, spray.spray_seconds(),
-              spray.spray_seconds() > 0 ? static_cast<double>(spray.sprayed()) / spray.spray_seconds() : 0,
-              spray.spray_answered(), spray.spray_lost(), spray.spray_no_room(), spray.spray_errors());
+  std::printf(
+      "\nspray: %" PRIu64 " of %" PRIu64 " keys sent in %.1f s (%.0f keys/s), %" PRIu64
+      " answered, %" PRIu64 " lost (UDP, no answer in 500 ms), %" PRIu64 " no_room, %" PRIu64
+      " errors\n",
+      spray.sprayed(), o.keys, spray.spray_seconds(),
+      spray.spray_seconds() > 0 ? static_cast<double>(spray.sprayed()) / spray.spray_seconds() : 0,
+      spray.spray_answered(), spray.spray_lost(), spray.spray_no_room(), spray.spray_errors());
   std::printf("warm-up: %" PRIu64 " checks of the 64 warm keys over UDP\n", spray.warm_checks());
   std::printf("hot keys: %" PRIu64 " checks, %" PRIu64 " judged against the log, %" PRIu64
-              " not judged (straddling a minute), %" PRIu64 " denied, %" PRIu64 " failed, %" PRIu64
-              " skipped (previous in flight); resets %" PRIu64 ", over-counts %" PRIu64 "%s%s\n",
+              " not judged (straddling a bucket boundary), %" PRIu64 " denied, %" PRIu64
+              " failed, %" PRIu64 " skipped (previous in flight); resets %" PRIu64
+              ", over-counts %" PRIu64 "%s%s\n",
               h.checks, h.judged, h.straddling, h.denied, h.failed, h.skipped, h.resets, h.over,
               h.first_reset.empty() ? "" : "; first: ", h.first_reset.c_str());
-  std::printf("metrics: sluice_evictions_total live %.0f, expired %.0f; sluice_no_room_total %.0f; "
-              "sluice_table_bytes %.1f MiB of sluice_memory_cap_bytes %.1f MiB%s\n",
-              ev_live, ev_expired, no_room, table_bytes / 1048576.0, table_cap / 1048576.0, metrics_err.empty() ? "" : (" (" + metrics_err + ")").c_str());
-  std::printf("RSS: idle at start %.1f MiB, fixed overhead (end of warm-up) %.1f MiB, peak %.1f MiB "
-              "(VmHWM %.1f MiB), end %.1f MiB\n",
-              static_cast<double>(idle_kb) / 1024.0, static_cast<double>(overhead_kb) / 1024.0,
-              static_cast<double>(peak_kb) / 1024.0, static_cast<double>(hwm_kb) / 1024.0,
-              spray.samples().empty() ? 0.0 : static_cast<double>(spray.samples().back().rss_kb) / 1024.0);
-  std::printf("RSS parts (anonymous / file-backed): end of warm-up %.1f / %.1f MiB, end %.1f / %.1f MiB\n",
-              static_cast<double>(spray.overhead_anon_kb()) / 1024.0,
-              static_cast<double>(spray.overhead_file_kb()) / 1024.0,
-              static_cast<double>(end_anon_kb) / 1024.0, static_cast<double>(end_file_kb) / 1024.0);
+  std::printf(
+      "metrics: sluice_evictions_total live %.0f, expired %.0f; sluice_no_room_total %.0f; "
+      "sluice_table_bytes %.1f MiB of sluice_memory_cap_bytes %.1f MiB%s\n",
+      ev_live, ev_expired, no_room, table_bytes / 1048576.0, table_cap / 1048576.0,
+      metrics_err.empty() ? "" : (" (" + metrics_err + ")").c_str());
+  std::printf(
+      "RSS: idle at start %.1f MiB, fixed overhead (end of warm-up) %.1f MiB, peak %.1f MiB "
+      "(VmHWM %.1f MiB), end %.1f MiB\n",
+      static_cast<double>(idle_kb) / 1024.0, static_cast<double>(overhead_kb) / 1024.0,
+      static_cast<double>(peak_kb) / 1024.0, static_cast<double>(hwm_kb) / 1024.0,
+      spray.samples().empty() ? 0.0 : static_cast<double>(spray.samples().back().rss_kb) / 1024.0);
+  std::printf(
+      "RSS parts (anonymous / file-backed): end of warm-up %.1f / %.1f MiB, end %.1f / %.1f MiB\n",
+      static_cast<double>(spray.overhead_anon_kb()) / 1024.0,
+      static_cast<double>(spray.overhead_file_kb()) / 1024.0,
+      static_cast<double>(end_anon_kb) / 1024.0, static_cast<double>(end_file_kb) / 1024.0);
   if (!fatal.empty()) std::printf("run stopped: %s\n", fatal.c_str());
 
   const bool rss_ok = peak_kb <= bound_kb;
   const bool ev_ok = ev_live > 0;
-  const bool hot_ok = fatal.empty() && alive && spray.spray_done() && h.resets == 0 && h.over == 0 &&
-                      h.failed == 0 && h.judged > 0;
-  std::printf("\n%s rss: peak %.1f MiB <= %u MiB cap + %.1f MiB fixed overhead%s = %.1f MiB\n",
-              rss_ok ? "PASS" : "FAIL", static_cast<double>(peak_kb) / 1024.0, o.cap_mb,
-              static_cast<double>(overhead_kb) / 1024.0,
-              slack_kb > 0 ? (" + " + std::to_string(slack_kb / 1024) + " MiB CI slack").c_str() : "",
-              static_cast<double>(bound_kb) / 1024.0);
-  std::printf("%s evictions: sluice_evictions_total{kind=\"live\"} = %.0f > 0\n", ev_ok ? "PASS" : "FAIL",
-              ev_live);
+  const bool hot_ok = fatal.empty() && alive && spray.spray_done() && h.resets == 0 &&
+                      h.over == 0 && h.failed == 0 && h.judged > 0;
+  std::printf(
+      "\n%s rss: peak %.1f MiB <= %u MiB cap + %.1f MiB fixed overhead%s = %.1f MiB\n",
+      rss_ok ? "PASS" : "FAIL", static_cast<double>(peak_kb) / 1024.0, o.cap_mb,
+      static_cast<double>(overhead_kb) / 1024.0,
+      slack_kb > 0 ? (" + " + std::to_string(slack_kb / 1024) + " MiB CI slack").c_str() : "",
+      static_cast<double>(bound_kb) / 1024.0);
+  std::printf("%s evictions: sluice_evictions_total{kind=\"live\"} = %.0f > 0\n",
+              ev_ok ? "PASS" : "FAIL", ev_live);
   std::printf("%s hot keys: %" PRIu64 " resets, %" PRIu64 " over-counts, %" PRIu64
               " failed checks in %" PRIu64 " judged answers%s%s\n",
               hot_ok ? "PASS" : "FAIL", h.resets, h.over, h.failed, h.judged,
