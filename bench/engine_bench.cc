@@ -38,6 +38,7 @@
 //
 // Usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf] [--seconds S]
 //          [--checks N] [--limit N] [--shards N] [--threads N[,N..]] [--batch N]
+//          [--granularity MS]   (the 1-minute limit's bucket; default the rules' default, 6 s)
 //        sluice-bench-engine --scenario sync-cost [--json] [--keys N[,N..]] [--active N[,N..]]
 //          [--passes N] [--shards N]
 #include <malloc.h>
@@ -87,6 +88,7 @@ struct Options {
   double seconds = 10.0;
   uint64_t checks = 20'000'000;
   uint64_t limit = 1'000'000'000;
+  int64_t bucket_ms = 0;  // --granularity: the limit's bucket, 0 = the default for 1 minute
   uint32_t shards = 64;
   uint64_t seed = 1;
   std::vector<uint64_t> threads = {1, 2};
@@ -114,7 +116,7 @@ struct Row {
                "sluice-bench-engine: %s\n"
                "usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf]\n"
                "         [--seconds S] [--checks N] [--limit N] [--shards N] [--seed N]\n"
-               "         [--threads N[,N..]] [--batch N]\n"
+               "         [--threads N[,N..]] [--batch N] [--granularity MS]\n"
                "       sluice-bench-engine --scenario sync-cost [--json] [--keys N[,N..]]\n"
                "         [--active N[,N..]] [--passes N] [--shards N] [--seed N]\n",
                why);
@@ -183,6 +185,12 @@ Options parse_args(int argc, char** argv) {
       o.checks = parse_u64(value(), "--checks takes a number");
     } else if (a == "--limit") {
       o.limit = parse_u64(value(), "--limit takes a number");
+    } else if (a == "--granularity") {
+      o.bucket_ms = static_cast<int64_t>(parse_u64(value(), "--granularity takes milliseconds"));
+      if (const std::string why = window::validate(window::make_spec(60'000, o.bucket_ms));
+          o.bucket_ms != 0 && !why.empty()) {
+        usage(("--granularity: " + why).c_str());
+      }
     } else if (a == "--shards") {
       o.shards = static_cast<uint32_t>(parse_u64(value(), "--shards takes a number"));
     } else if (a == "--threads") {
@@ -294,10 +302,11 @@ double per_key(uint64_t after, uint64_t before, uint64_t keys) {
   return (static_cast<double>(after) - static_cast<double>(before)) / static_cast<double>(keys);
 }
 
-std::shared_ptr<const rules::Policy> make_policy(uint64_t limit, uint64_t seed) {
-  return testing::one_rule_policy({"bench", "per-user", "user", limit, window::make_spec(60'000),
-                                   window::Estimator::kWeighted, false},
-                                  seed);
+std::shared_ptr<const rules::Policy> make_policy(uint64_t limit, int64_t bucket_ms, uint64_t seed) {
+  return testing::one_rule_policy(
+      {"bench", "per-user", "user", limit, window::make_spec(60'000, bucket_ms),
+       window::Estimator::kWeighted, false},
+      seed);
 }
 
 // Checks keys[seq[i]] for i in [0, len) in batches of batch_size, time starting at `first_check`
@@ -348,7 +357,7 @@ std::vector<Row> run_rows(const Options& opt, const KeyArena& arena, uint64_t ke
   EngineOptions eo;
   eo.memory_cap_bytes = 8ull << 30;
   eo.shards = opt.shards;
-  auto engine = std::make_unique<Engine>(make_policy(opt.limit, opt.seed), eo);
+  auto engine = std::make_unique<Engine>(make_policy(opt.limit, opt.bucket_ms, opt.seed), eo);
   uint64_t warm_allowed = 0;
   run_checks(
       *engine, opt.batch, keys, 0, [&](uint64_t i) { return arena[i]; }, nullptr, &warm_allowed);
@@ -407,34 +416,35 @@ std::vector<Row> run_rows(const Options& opt, const KeyArena& arena, uint64_t ke
 }
 
 void print_table(const Options& opt, const std::vector<Row>& rows) {
-  std::printf("# limit %" PRIu64
-              "/1m (1m buckets); %u shards; batches of %zu;"
+  std::printf("# limit %" PRIu64 "/1m (%" PRId64
+              " ms buckets); %u shards; batches of %zu;"
               " memory cap 8 GiB; up to %" PRIu64 " checks per thread or %.1f s per row\n",
-              opt.limit, opt.shards, opt.batch, opt.checks, opt.seconds);
+              opt.limit, window::make_spec(60'000, opt.bucket_ms).bucket_ms, opt.shards, opt.batch,
+              opt.checks, opt.seconds);
   std::printf("%10s %-8s %3s %10s %7s %12s %12s %9s %9s %9s %8s %10s %8s %8s\n", "keys", "dist",
               "thr", "checks", "secs", "checks/s", "per_thread", "B/key", "rssB/key", "tblB/key",
               "allowed%", "live", "ev_exp", "ev_live");
   for (const auto& r : rows) {
-    std::printf("%10" PRIu64 " %-8s %3" PRIu64 " %10" PRIu64
-                " %7.2f %12.0f %12.0f %9.1f %9.1f %9.1f %8.3f %10" PRIu64 " %8" PRIu64 " %8" PRIu64
-                "\n",
-                r.keys, r.dist.c_str(), r.threads, r.checks, r.seconds, r.checks_per_sec,
-                r.checks_per_sec / static_cast<double>(r.threads), r.bytes_per_key,
-                r.rss_bytes_per_key, r.table_bytes_per_key,
-                r.checks == 0
-                    ? 0.0
-                    : 100.0 * static_cast<double>(r.allowed) / static_cast<double>(r.checks),
-                r.live_counters, r.evicted_expired, r.evicted_live);
+    std::printf(
+        "%10" PRIu64 " %-8s %3" PRIu64 " %10" PRIu64
+        " %7.2f %12.0f %12.0f %9.1f %9.1f %9.1f %8.3f %10" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n",
+        r.keys, r.dist.c_str(), r.threads, r.checks, r.seconds, r.checks_per_sec,
+        r.checks_per_sec / static_cast<double>(r.threads), r.bytes_per_key, r.rss_bytes_per_key,
+        r.table_bytes_per_key,
+        r.checks == 0 ? 0.0
+                      : 100.0 * static_cast<double>(r.allowed) / static_cast<double>(r.checks),
+        r.live_counters, r.evicted_expired, r.evicted_live);
   }
 }
 
-void print_json(const std::vector<Row>& rows, size_t batch) {
+void print_json(const std::vector<Row>& rows, size_t batch, int64_t bucket_ms) {
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows) {
     out.push_back({{"keys", r.keys},
                    {"distribution", r.dist},
                    {"threads", r.threads},
                    {"batch", batch},
+                   {"bucket_ms", bucket_ms},
                    {"checks_per_sec", r.checks_per_sec},
                    {"checks_per_sec_per_thread", r.checks_per_sec / static_cast<double>(r.threads)},
                    {"bytes_per_key", r.bytes_per_key},
@@ -509,7 +519,7 @@ void run_sync_cost(const Options& opt, const KeyArena& arena, uint64_t keys, uin
   eo.memory_cap_bytes = 8ull << 30;
   eo.shards = opt.shards;
   eo.node_id = 1;
-  auto engine = std::make_unique<Engine>(make_policy(opt.limit, opt.seed), eo);
+  auto engine = std::make_unique<Engine>(make_policy(opt.limit, opt.bucket_ms, opt.seed), eo);
   // Every key once (run_checks' clock: kStartMs + 1 ms per 1024 checks). Passes then run 100 ms
   // apart: 500 of them cross one minute boundary, and nothing expires (1-minute limit).
   uint64_t allowed = 0;
@@ -612,6 +622,6 @@ int main(int argc, char** argv) {
     }
   }
   print_table(opt, rows);
-  if (opt.json) print_json(rows, opt.batch);
+  if (opt.json) print_json(rows, opt.batch, window::make_spec(60'000, opt.bucket_ms).bucket_ms);
   return 0;
 }

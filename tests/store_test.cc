@@ -447,3 +447,59 @@ TEST_CASE("the snapshotter writes on its interval, on demand, and once more at s
   CHECK(snap.status().passes == 2);
   CHECK(snap.stop().written == 1);  // idempotent: the final result again
 }
+
+TEST_CASE(
+    "others' counts in a record without nodes count in the decisions of the node that reads it") {
+  // The check path reads others' counts only in slots flagged as holding them
+  // (CounterTable::counted_view); a record written with others' counts but no reporting nodes
+  // (counts carried over from an override's earlier counter) must flag its slot as well.
+  const auto policy = testing::one_rule_policy(per_user(100), kSeed);
+  engine::Engine a(policy);
+  Checker ca{a, {}};
+  REQUIRE(ca.check("k", kT0, 10));
+  struct Collect : engine::RecordSink {
+    std::vector<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> recs;
+    void put(std::span<const uint8_t> k, std::span<const uint8_t> v) override {
+      recs.emplace_back(std::vector<uint8_t>(k.begin(), k.end()),
+                        std::vector<uint8_t>(v.begin(), v.end()));
+    }
+    void erase(std::span<const uint8_t>) override {}
+  } sink;
+  engine::ExportCursor cur;
+  cur.restart(false);
+  while (!a.export_step(cur, 64, sink)) {
+  }
+  REQUIRE(sink.recs.size() == 1);
+  // The value: version (1), head (8), ring (2), own (4 x ring), others (4 x ring), nodes (2).
+  auto [k, v] = sink.recs[0];
+  const size_t ring = kMinute.ring_size();
+  REQUIRE(v.size() == 1 + 8 + 2 + 8 * ring + 2);
+  size_t moved = 0;
+  for (size_t p = 0; p < ring; ++p) {
+    const size_t own_at = 11 + 4 * p, others_at = 11 + 4 * (ring + p);
+    for (size_t b = 0; b < 4; ++b) {
+      std::swap(v[own_at + b], v[others_at + b]);
+      moved += v[others_at + b];
+    }
+  }
+  REQUIRE(moved == 10);
+
+  SUBCASE("into a new counter") {
+    engine::Engine b(policy);
+    Checker cb{b, {}};
+    REQUIRE(b.import_record(k, v, kT0) == engine::ImportResult::kImported);
+    CHECK(b.inspect(counter_of(b, "k"), kMinute)->others.back() == 10);
+    CHECK_FALSE(cb.check("k", kT0 + 1, 91));
+    CHECK(cb.check("k", kT0 + 1, 90));
+    CHECK_FALSE(cb.check("k", kT0 + 2, 1));
+  }
+  SUBCASE("into a counter that exists") {
+    engine::Engine b(policy);
+    Checker cb{b, {}};
+    REQUIRE(cb.check("k", kT0, 3));
+    REQUIRE(b.import_record(k, v, kT0) == engine::ImportResult::kImported);
+    CHECK_FALSE(cb.check("k", kT0 + 1, 88));
+    CHECK(cb.check("k", kT0 + 1, 87));
+    CHECK_FALSE(cb.check("k", kT0 + 2, 1));
+  }
+}

@@ -108,6 +108,19 @@ class CounterTable {
   std::span<const uint32_t> own(size_t i) const { return {slot(i) + 4, ring_}; }
   std::span<const uint32_t> others(size_t i) const { return {slot(i) + 4 + ring_, ring_}; }
   window::RingView view(size_t i) const { return {own(i), others(i), head_at(i)}; }
+  // Others' counts are non-zero only in a slot flagged remote or carried (both flags stay once
+  // set; Engine::import_record flags a record's others remote). The check path reads and moves
+  // them only there, so a counter of one node touches its head and own counts alone: for a
+  // ten-bucket ring the first 60 bytes of its 104 (docs/benchmarks.md, "Ten buckets at the
+  // speed of one").
+  static constexpr uint64_t kOthersFlags = kRemoteFlag | kCarriedFlag;
+  std::span<uint32_t> counted_others(size_t i) {
+    return (raw_head(i) & kOthersFlags) != 0 ? others(i) : std::span<uint32_t>{};
+  }
+  window::RingView counted_view(size_t i) const {
+    if ((raw_head(i) & kOthersFlags) != 0) return view(i);
+    return {own(i), {}, head_at(i)};
+  }
 
   // Erases every counter that has expired at now (all buckets out of the window) and records the
   // earliest bucket at which a remaining one could expire. `on_erase(index)` is called for each

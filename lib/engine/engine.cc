@@ -453,7 +453,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         continue;
       }
       sc.limit_in_force[k] = limit;
-      sc.usage[k] = window::usage(t.view(i), t.spec(), m);
+      sc.usage[k] = window::usage(t.counted_view(i), t.spec(), m);
       bool ok = window::admits(sc.usage[k], t.spec(), ar.rule->estimator, m, hits, limit);
       if (ok && sc.twin[k] != 0 && hits > 0) {
         // Gossip mode: within the limit as far as this node knows; of its own hits in the
@@ -560,7 +560,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       }
       const uint64_t lim = sc.limit_in_force[k];
       const window::LimitState ls = window::limit_state_after(
-          t.view(i), t.spec(), ar.rule->estimator, m, sc.usage[k], added, hits, lim);
+          t.counted_view(i), t.spec(), ar.rule->estimator, m, sc.usage[k], added, hits, lim);
       const uint64_t used = lim - std::min(lim, ls.remaining);
       if (!sc.limit_ok[k] || used * 5 >= lim * 4) {
         note_hot(shards[lims[k].counter & shard_mask], lims[k].counter,
@@ -1005,8 +1005,11 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
     }
   }
   t.set_flags(i, CounterTable::kPersistedFlag);
-  if (!nodes.empty()) {
+  // Others' counts without nodes (carried over before the record was written) flag the slot as
+  // well: the check path reads others only in a flagged slot (CounterTable::counted_view).
+  if (!nodes.empty() || std::any_of(others.begin(), others.end(), [](uint32_t v) { return v; }))
     t.set_remote(i);
+  if (!nodes.empty()) {
     auto& known = sh.remote[remote_key(counter, spec_id)];
     for (const RemoteRing& n : nodes) {
       RemoteRing* have = nullptr;

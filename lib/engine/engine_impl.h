@@ -390,7 +390,7 @@ struct Engine::Impl {
       at = window::moment_of(t.spec(), head * t.spec().bucket_ms);
       return;
     }
-    if (now.bucket > head) t.set_head(i, window::advance(t.own(i), t.others(i), head, now));
+    if (now.bucket > head) t.set_head(i, window::advance(t.own(i), t.counted_others(i), head, now));
     at = now;
   }
 
