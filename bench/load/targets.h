@@ -5,7 +5,8 @@
 //   Redis               seed 003's Lua sliding log, seed 002's hash of minute counters, plain INCR
 //   memcached           seed 001's two counters (get of both buckets, then incr or add)
 //
-// The RESP and memcached text clients are written here over plain non-blocking sockets.
+// sluiced's connections are in targets.cc, the RESP and memcached text clients (over plain
+// non-blocking sockets) in targets_kv.cc.
 #pragma once
 
 #include <cstdint>
