@@ -39,6 +39,9 @@
 // Usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf] [--seconds S]
 //          [--checks N] [--limit N] [--shards N] [--threads N[,N..]] [--batch N]
 //          [--granularity MS]   (the 1-minute limit's bucket; default the rules' default, 6 s)
+//          [--cluster]          (the engine of a cluster member, whose counter slots also hold
+//                                others' counts; default: of a node on its own, as sluiced
+//                                without a cluster section)
 //        sluice-bench-engine --scenario sync-cost [--json] [--keys N[,N..]] [--active N[,N..]]
 //          [--passes N] [--shards N]
 #include <malloc.h>
@@ -89,6 +92,7 @@ struct Options {
   uint64_t checks = 20'000'000;
   uint64_t limit = 1'000'000'000;
   int64_t bucket_ms = 0;  // --granularity: the limit's bucket, 0 = the default for 1 minute
+  bool cluster = false;   // --cluster: a cluster member's tables (slots with others' counts)
   uint32_t shards = 64;
   uint64_t seed = 1;
   std::vector<uint64_t> threads = {1, 2};
@@ -116,7 +120,7 @@ struct Row {
                "sluice-bench-engine: %s\n"
                "usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf]\n"
                "         [--seconds S] [--checks N] [--limit N] [--shards N] [--seed N]\n"
-               "         [--threads N[,N..]] [--batch N] [--granularity MS]\n"
+               "         [--threads N[,N..]] [--batch N] [--granularity MS] [--cluster]\n"
                "       sluice-bench-engine --scenario sync-cost [--json] [--keys N[,N..]]\n"
                "         [--active N[,N..]] [--passes N] [--shards N] [--seed N]\n",
                why);
@@ -185,6 +189,8 @@ Options parse_args(int argc, char** argv) {
       o.checks = parse_u64(value(), "--checks takes a number");
     } else if (a == "--limit") {
       o.limit = parse_u64(value(), "--limit takes a number");
+    } else if (a == "--cluster") {
+      o.cluster = true;
     } else if (a == "--granularity") {
       o.bucket_ms = static_cast<int64_t>(parse_u64(value(), "--granularity takes milliseconds"));
       if (const std::string why = window::validate(window::make_spec(60'000, o.bucket_ms));
@@ -357,6 +363,7 @@ std::vector<Row> run_rows(const Options& opt, const KeyArena& arena, uint64_t ke
   EngineOptions eo;
   eo.memory_cap_bytes = 8ull << 30;
   eo.shards = opt.shards;
+  eo.single_node = !opt.cluster;  // as sluiced runs without a cluster, unless --cluster
   auto engine = std::make_unique<Engine>(make_policy(opt.limit, opt.bucket_ms, opt.seed), eo);
   uint64_t warm_allowed = 0;
   run_checks(
@@ -417,10 +424,11 @@ std::vector<Row> run_rows(const Options& opt, const KeyArena& arena, uint64_t ke
 
 void print_table(const Options& opt, const std::vector<Row>& rows) {
   std::printf("# limit %" PRIu64 "/1m (%" PRId64
-              " ms buckets); %u shards; batches of %zu;"
+              " ms buckets); %s; %u shards; batches of %zu;"
               " memory cap 8 GiB; up to %" PRIu64 " checks per thread or %.1f s per row\n",
-              opt.limit, window::make_spec(60'000, opt.bucket_ms).bucket_ms, opt.shards, opt.batch,
-              opt.checks, opt.seconds);
+              opt.limit, window::make_spec(60'000, opt.bucket_ms).bucket_ms,
+              opt.cluster ? "a cluster member's tables" : "a node on its own", opt.shards,
+              opt.batch, opt.checks, opt.seconds);
   std::printf("%10s %-8s %3s %10s %7s %12s %12s %9s %9s %9s %8s %10s %8s %8s\n", "keys", "dist",
               "thr", "checks", "secs", "checks/s", "per_thread", "B/key", "rssB/key", "tblB/key",
               "allowed%", "live", "ev_exp", "ev_live");
@@ -437,7 +445,7 @@ void print_table(const Options& opt, const std::vector<Row>& rows) {
   }
 }
 
-void print_json(const std::vector<Row>& rows, size_t batch, int64_t bucket_ms) {
+void print_json(const std::vector<Row>& rows, size_t batch, int64_t bucket_ms, bool cluster) {
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows) {
     out.push_back({{"keys", r.keys},
@@ -445,6 +453,7 @@ void print_json(const std::vector<Row>& rows, size_t batch, int64_t bucket_ms) {
                    {"threads", r.threads},
                    {"batch", batch},
                    {"bucket_ms", bucket_ms},
+                   {"cluster", cluster},
                    {"checks_per_sec", r.checks_per_sec},
                    {"checks_per_sec_per_thread", r.checks_per_sec / static_cast<double>(r.threads)},
                    {"bytes_per_key", r.bytes_per_key},
@@ -622,6 +631,8 @@ int main(int argc, char** argv) {
     }
   }
   print_table(opt, rows);
-  if (opt.json) print_json(rows, opt.batch, window::make_spec(60'000, opt.bucket_ms).bucket_ms);
+  if (opt.json) {
+    print_json(rows, opt.batch, window::make_spec(60'000, opt.bucket_ms).bucket_ms, opt.cluster);
+  }
   return 0;
 }

@@ -64,6 +64,7 @@ struct Node {
   static engine::EngineOptions options(uint16_t node_id) {
     engine::EngineOptions o;
     o.node_id = node_id;
+    o.single_node = node_id == 0;  // as lib/node runs a node without a cluster
     return o;
   }
 

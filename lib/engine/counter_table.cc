@@ -9,16 +9,23 @@
 
 namespace sluice::engine {
 
-CounterTable::CounterTable(const window::WindowSpec& spec)
+CounterTable::CounterTable(const window::WindowSpec& spec, bool with_others)
     : spec_(spec),
       ring_(spec.ring_size()),
-      stride_(4 + 2 * static_cast<size_t>(spec.ring_size())),
+      with_others_(with_others),
+      others_len_(with_others ? spec.ring_size() : 0),
+      stride_(stride_for(spec, with_others)),
       carry_(stride_),
       spare_(stride_) {}
 
-uint64_t CounterTable::bytes_for(size_t capacity, const window::WindowSpec& spec) {
-  return static_cast<uint64_t>(capacity) * (4 + 2 * static_cast<uint64_t>(spec.ring_size())) *
-         sizeof(uint32_t);
+size_t CounterTable::stride_for(const window::WindowSpec& spec, bool with_others) {
+  const size_t ring = spec.ring_size();
+  if (with_others) return 4 + 2 * ring;  // as before: a cluster member's slots keep their size
+  // Own counts only: padded to 32 or 64 bytes when that fits (the table is line-aligned).
+  const size_t words = 4 + ring;
+  if (words <= 8) return 8;
+  if (words <= 16) return 16;
+  return words + (words & 1);  // the head word stays 8-byte aligned
 }
 
 size_t CounterTable::grown_capacity() const {

@@ -9,7 +9,10 @@
 //   changed since the last cluster sync; 58: changed since the last anti-entropy pass; 57: holds
 //   counts carried over from other counters; 40..56: the policy epoch it last took them in),
 //   [4 .. 4+R)  own counts, [4+R .. 4+2R) others' counts      (R = ring size of the spec)
-// One slot of a one-minute limit with one-minute buckets (R = 2) is 32 bytes.
+// A table of a node without a cluster keeps no others' counts (no other node reports any): its
+// slots end after the own counts, padded to 32 or 64 bytes when that fits, so that a slot never
+// straddles two cache lines. One slot of a one-minute limit with one-minute buckets (R = 2) is 32
+// bytes either way; with the default six-second buckets (R = 11) 104 bytes, or 64 on its own.
 //
 // Not thread-safe: the owning shard's lock guards every call except prefetch(), which may race
 // with a rehash by design (a prefetch of a stale address is harmless and never faults).
@@ -56,15 +59,22 @@ class CounterTable {
                                         kOwnChangedFlag | kRemoteChangedFlag | kRecentFlag |
                                         kCarriedFlag | kEpochMask;
 
-  explicit CounterTable(const window::WindowSpec& spec);
+  // `with_others`: slots hold others' counts (a cluster member's tables).
+  explicit CounterTable(const window::WindowSpec& spec, bool with_others = true);
 
   const window::WindowSpec& spec() const { return spec_; }
+  bool has_others() const { return with_others_; }
   uint32_t ring() const { return ring_; }
   size_t size() const { return size_; }
   size_t capacity() const { return cap_; }
   size_t slot_bytes() const { return stride_ * sizeof(uint32_t); }
   uint64_t bytes() const { return static_cast<uint64_t>(cap_) * slot_bytes(); }
-  static uint64_t bytes_for(size_t capacity, const window::WindowSpec& spec);
+  // The bytes of this table's slots at `capacity`.
+  uint64_t bytes_for(size_t capacity) const {
+    return static_cast<uint64_t>(capacity) * slot_bytes();
+  }
+  // Words per slot for a spec's ring.
+  static size_t stride_for(const window::WindowSpec& spec, bool with_others);
 
   // True when one more insert would pass the maximum load (85%), or there is no storage yet.
   bool full() const { return (size_ + 1) * 20 > cap_ * 17; }
@@ -104,9 +114,10 @@ class CounterTable {
   // The slot's raw words (counter, head with flags, own, others), for export.
   std::span<const uint32_t> words(size_t i) const { return {slot(i), stride_}; }
   std::span<uint32_t> own(size_t i) { return {slot(i) + 4, ring_}; }
-  std::span<uint32_t> others(size_t i) { return {slot(i) + 4 + ring_, ring_}; }
+  // Empty in a table without others' counts (has_others()).
+  std::span<uint32_t> others(size_t i) { return {slot(i) + 4 + ring_, others_len_}; }
   std::span<const uint32_t> own(size_t i) const { return {slot(i) + 4, ring_}; }
-  std::span<const uint32_t> others(size_t i) const { return {slot(i) + 4 + ring_, ring_}; }
+  std::span<const uint32_t> others(size_t i) const { return {slot(i) + 4 + ring_, others_len_}; }
   window::RingView view(size_t i) const { return {own(i), others(i), head_at(i)}; }
   // Others' counts are non-zero only in a slot flagged remote or carried (both flags stay once
   // set; Engine::import_record flags a record's others remote). The check path reads and moves
@@ -163,7 +174,9 @@ class CounterTable {
 
   window::WindowSpec spec_;
   uint32_t ring_;
-  size_t stride_;  // words per slot
+  bool with_others_;
+  uint32_t others_len_;  // ring_ with others' counts, else 0
+  size_t stride_;        // words per slot
   size_t cap_ = 0;
   size_t size_ = 0;
   // Slot storage: aligned to a cache line, so a 32-byte slot never straddles two lines (a check

@@ -223,6 +223,7 @@ void Engine::Impl::encode_value(const Shard& sh, const CounterTable& t, size_t i
     append_le(out, v, 4);
   for (uint32_t v : t.others(i))
     append_le(out, v, 4);
+  if (!t.has_others()) out.insert(out.end(), 4 * size_t{ring}, 0);  // the same record format
   const std::vector<RemoteRing>* nodes = nullptr;
   if (t.has_remote(i)) {
     nodes = sh.remote.find(remote_key(t.counter_at(i), spec_id));
@@ -720,7 +721,7 @@ std::optional<CounterView> Engine::inspect(uint64_t counter, const window::Windo
   for (int64_t b = v.head - r + 1; b <= v.head; ++b) {
     const auto idx = static_cast<size_t>(((b % r) + r) % r);
     cv.own.push_back(v.own[idx]);
-    cv.others.push_back(v.others[idx]);
+    cv.others.push_back(v.others.empty() ? 0 : v.others[idx]);
   }
   if (t->has_remote(static_cast<size_t>(i))) {
     if (const auto* known = sh.remote.find(remote_key(counter, spec_id))) {
@@ -921,7 +922,7 @@ void Engine::reserve(const window::WindowSpec& spec, size_t counters) {
     CounterTable& t = im.table(sh, spec_id);
     const size_t want = (t.size() + per_shard) * 20 / 17 + 1;  // under the 85 % load
     if (want <= t.capacity()) continue;
-    const uint64_t extra = CounterTable::bytes_for(want, spec) - t.bytes();
+    const uint64_t extra = t.bytes_for(want) - t.bytes();
     if (sh.bytes + remote_bytes(sh) + extra > sh.budget) continue;  // grow as usual later
     sh.bytes += extra;
     t.rehash(want);
@@ -974,6 +975,15 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
   }
   if (!r.done()) return ImportResult::kMalformed;
   if (window::expired(head, spec, now_ms)) return ImportResult::kExpired;
+  if (im.opt.single_node && !spec.gcra) {
+    // No others' counts here (EngineOptions::single_node): the record's count as this node's own,
+    // and no other node's reports to keep.
+    for (size_t p = 0; p < ring; ++p) {
+      own[p] = static_cast<uint32_t>(std::min<uint64_t>(uint64_t{own[p]} + others[p], UINT32_MAX));
+      others[p] = 0;
+    }
+    nodes.clear();
+  }
 
   const uint32_t spec_id = im.spec_id(spec);
   Shard& sh = im.shards[counter & im.shard_mask];
@@ -989,7 +999,7 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
   if (inserted) {
     t.set_head(i, head);
     std::copy(own.begin(), own.end(), t.own(i).begin());
-    std::copy(others.begin(), others.end(), t.others(i).begin());
+    std::copy_n(others.begin(), t.others(i).size(), t.others(i).begin());
   } else if (spec.gcra) {
     // The later arrival time of both (the one that admitted more), with its head.
     const uint64_t theirs = uint64_t{own[1]} << 32 | own[0];
@@ -1001,7 +1011,7 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
     t.set_head(i, h);
     for (int64_t b = std::max(h, head) - rr + 1; b <= std::min(h, head); ++b) {
       t.own(i)[pos(b)] = std::max(t.own(i)[pos(b)], own[pos(b)]);
-      t.others(i)[pos(b)] = std::max(t.others(i)[pos(b)], others[pos(b)]);
+      if (t.has_others()) t.others(i)[pos(b)] = std::max(t.others(i)[pos(b)], others[pos(b)]);
     }
   }
   t.set_flags(i, CounterTable::kPersistedFlag);

@@ -17,7 +17,8 @@
 // - What the source itself carried over from the target or from any other counter of the sources
 //   is left out: that is counted already, by the target or through its own group.
 // - The counts go to a ring per source (CarryRing) and into the target's `others`, never `own`:
-//   they are not this node's hits, and they are never synced, so no node counts them twice.
+//   they are not this node's hits, and they are never synced, so no node counts them twice. (A
+//   node without a cluster keeps no others' counts and syncs nothing: there they go into `own`.)
 //   Every node seeds its own targets from what it holds of the sources (its own hits and the
 //   other nodes' it merged), and the nodes' own hits in the target sync as always.
 // - A seed joins what the ring holds (the least placement at least as late as both: per bucket,
@@ -120,7 +121,7 @@ void seed_counter(std::span<Shard> shards, CounterTable& t, size_t i, uint32_t s
     bool any = false;
     for (int64_t b = st.head_at(si) - rs + 1; b <= st.head_at(si); ++b) {
       const size_t p = pos_of(b, rs);
-      int64_t v = static_cast<int64_t>(st.own(si)[p]) + st.others(si)[p];
+      int64_t v = static_cast<int64_t>(st.own(si)[p]) + (st.has_others() ? st.others(si)[p] : 0);
       if (their != nullptr) {
         for (const CarryRing& r : *their) {
           if (r.buckets[p].first == b && counted_here(r.source, r.source_spec)) {
@@ -164,7 +165,9 @@ void seed_counter(std::span<Shard> shards, CounterTable& t, size_t i, uint32_t s
           static_cast<uint32_t>(std::min<uint64_t>(joined - joined_before, UINT32_MAX));
       joined_before = joined;
       if (next == cur) continue;
-      uint32_t& others = t.others(i)[p];
+      // A node on its own has no others' counts to keep them in, and no other node to keep them
+      // from: its own counts take them (EngineOptions::single_node).
+      uint32_t& others = t.has_others() ? t.others(i)[p] : t.own(i)[p];
       others = static_cast<uint32_t>(std::clamp<int64_t>(static_cast<int64_t>(others) - cur + next,
                                                          0, static_cast<int64_t>(UINT32_MAX)));
       e = {x, next};

@@ -105,6 +105,7 @@ uint64_t Engine::Impl::gossip_quota(const Shard& sh, const CounterTable& dt, siz
 size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
   Impl& im = *impl_;
   size_t changed = 0;
+  if (im.opt.single_node) return 0;  // no other node, and no room for their counts
   std::array<uint64_t, 1> no_pins{};
   // Each total lands somewhere random in a large table and in the shard's remote map: start the
   // misses a few totals ahead (a batch holds up to ~2,000 totals, mostly of one spec).
@@ -244,7 +245,7 @@ void Engine::set_capacity(uint32_t reachable, uint32_t expected) {
 void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_ms) {
   Impl& im = *impl_;
   // A release counts in its twin at the node that held the lease, whose report brings it here.
-  if (req.hits == 0 || node == im.opt.node_id || req.is_release) return;
+  if (req.hits == 0 || node == im.opt.node_id || req.is_release || im.opt.single_node) return;
   thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread
   thread_local std::vector<RemoteTotal> raised;
   thread_local std::vector<const rules::AppliedLimit*> gcra;

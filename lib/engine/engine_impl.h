@@ -187,7 +187,7 @@ struct Engine::Impl {
     // Called with shard locks held: must not take state_mu (set_policy holds state_mu while it
     // takes shard locks). spec_by_id[spec_id] was written before the id was handed out.
     if (sh.owned.size() <= spec_id) sh.owned.resize(spec_id + 1);
-    sh.owned[spec_id] = std::make_unique<CounterTable>(spec_by_id[spec_id]);
+    sh.owned[spec_id] = std::make_unique<CounterTable>(spec_by_id[spec_id], !opt.single_node);
     t = sh.owned[spec_id].get();
     sh.tables[spec_id].store(t, std::memory_order_release);
     return *t;
@@ -212,7 +212,7 @@ struct Engine::Impl {
 
   bool try_grow(Shard& sh, CounterTable& t) {
     const size_t cap = t.grown_capacity();
-    const uint64_t extra = CounterTable::bytes_for(cap, t.spec()) - t.bytes();
+    const uint64_t extra = t.bytes_for(cap) - t.bytes();
     // The record keys of evicted counters waiting for the next snapshot pass are memory too
     // (16 bytes per eviction: 4.6 MB a second in a key spray), so they count against the budget,
     // as does what other nodes reported (in a cluster, often more than the table itself).

@@ -107,8 +107,8 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
       override_records.merge(rec, started_ms);
       if (rec.deleted) continue;
       if (ov.expires_at_ms != 0 && ov.expires_at_ms <= started_ms) {
-        spdlog::info("override {} expired while the node was down (its record stays until {})",
-                     who, override_records.horizon_ms(rec));
+        spdlog::info("override {} expired while the node was down (its record stays until {})", who,
+                     override_records.horizon_ms(rec));
         continue;
       }
       if (std::string why = check_applies_locked(ov); !why.empty()) {
@@ -126,6 +126,7 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
   engine::EngineOptions eo;
   eo.memory_cap_bytes = table_cap;
   if (opt.cluster.enabled) eo.node_id = opt.cluster.node_id;
+  eo.single_node = !opt.cluster.enabled;  // slots without others' counts: 64 bytes, not 104
   // Compiled at now: for one window, window limits on the default bucket carry from counters on
   // the older default (window::legacy_default_bucket_ms) that the restore below brings back.
   engine = std::make_unique<engine::Engine>(
@@ -169,8 +170,8 @@ std::string NodeState::reload() {
 
 void NodeState::start_snapshots() {
   if (store && !snapshotter) {
-    snapshotter = std::make_unique<store::Snapshotter>(*store, *engine, opt.snapshot_interval_ms,
-                                                       opt.clock);
+    snapshotter =
+        std::make_unique<store::Snapshotter>(*store, *engine, opt.snapshot_interval_ms, opt.clock);
   }
 }
 
@@ -193,7 +194,8 @@ std::string NodeState::check_applies_locked(const rules::Override& o) const {
     if (d.name == o.domain) dom = &d;
     domains += (domains.empty() ? "" : ", ") + d.name;
   }
-  if (dom == nullptr) return "the rules have no domain `" + o.domain + "` (domains: " + domains + ")";
+  if (dom == nullptr)
+    return "the rules have no domain `" + o.domain + "` (domains: " + domains + ")";
   const std::vector<std::string> names = sorted_names(o.entries);
   bool keyed = false;
   std::string keys;
@@ -216,8 +218,8 @@ std::string NodeState::check_applies_locked(const rules::Override& o) const {
       if (p.name == o.plan) return {};
       plans += (plans.empty() ? "" : ", ") + p.name;
     }
-    return "domain `" + o.domain + "` has no plan `" + o.plan + "` (plans: " +
-           (plans.empty() ? "none" : plans) + ")";
+    return "domain `" + o.domain + "` has no plan `" + o.plan +
+           "` (plans: " + (plans.empty() ? "none" : plans) + ")";
   }
   return {};
 }
@@ -299,9 +301,10 @@ size_t NodeState::prune_overrides() {
     try {
       if (store) store->erase_override_records(gone);
       override_records = std::move(next);
-      spdlog::info("{} override records past their horizon forgotten (tombstones and expired "
-                   "overrides older than {} ms)",
-                   gone.size(), override_records.tombstone_ttl_ms());
+      spdlog::info(
+          "{} override records past their horizon forgotten (tombstones and expired "
+          "overrides older than {} ms)",
+          gone.size(), override_records.tombstone_ttl_ms());
     } catch (const store::StoreError& e) {
       spdlog::warn("{} expired override records stay on disk for now: {}", gone.size(), e.what());
     }
@@ -318,8 +321,8 @@ NodeState::OverrideMerge NodeState::merge_overrides(
   for (const cluster::OverrideRecord& r : records) {
     if (std::string why = cluster::check_record(r, now); !why.empty()) {
       ++m.dropped[std::string(cluster::reason_label(why))];
-      spdlog::warn("override {} from node {} dropped: {}", describe(r.value.domain, r.value.entries),
-                   from, why);
+      spdlog::warn("override {} from node {} dropped: {}",
+                   describe(r.value.domain, r.value.entries), from, why);
       continue;
     }
     switch (override_records.offer(r, now)) {
@@ -361,8 +364,8 @@ NodeState::OverrideMerge NodeState::merge_overrides(
       continue;
     }
     if (std::string why = check_applies_locked(o); !why.empty()) {
-      spdlog::warn("override {} from node {} has no effect under this node's rules (kept): {}",
-                   who, from, why);
+      spdlog::warn("override {} from node {} has no effect under this node's rules (kept): {}", who,
+                   from, why);
     }
     overrides.set(o);
     spdlog::info("override set from node {}: {} (version {}/{})", from, who, r.version.ms,
