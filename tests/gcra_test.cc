@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "record_collector.h"
 #include "rules/rules.h"
 
 namespace {
@@ -346,20 +347,7 @@ struct Checker {
   std::string user_;
 };
 
-struct Records : engine::RecordSink {
-  std::vector<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> puts;
-  void put(std::span<const uint8_t> k, std::span<const uint8_t> v) override {
-    puts.emplace_back(std::vector<uint8_t>(k.begin(), k.end()),
-                      std::vector<uint8_t>(v.begin(), v.end()));
-  }
-  void erase(std::span<const uint8_t>) override {}
-  void export_all(engine::Engine& e) {
-    engine::ExportCursor c;
-    c.restart(true);
-    while (!e.export_step(c, 1'000, *this)) {
-    }
-  }
-};
+using Records = testing::RecordCollector;
 
 struct CountSync : engine::SyncSink {
   size_t items = 0;

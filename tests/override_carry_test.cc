@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "alloc_counter.h"  // this binary counts its heap allocations
+#include "record_collector.h"
 #include "rules/rules.h"
 
 namespace {
@@ -440,21 +441,11 @@ TEST_CASE("a window on the new default bucket carries the counts of the older de
   SUBCASE("through a store record, as a restart of an upgraded node restores it") {
     Engine old_node(rules::Policy::compile(before, {}, kSeed));
     CHECK(admitted(old_node, kT0 + 10 * kSec, 80) == 80);
-    struct Records : engine::RecordSink {
-      std::vector<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> all;
-      void put(std::span<const uint8_t> k, std::span<const uint8_t> v) override {
-        all.emplace_back(std::vector<uint8_t>(k.begin(), k.end()),
-                         std::vector<uint8_t>(v.begin(), v.end()));
-      }
-      void erase(std::span<const uint8_t>) override {}
-    } records;
-    engine::ExportCursor cursor;
-    cursor.restart(true);
-    while (!old_node.export_step(cursor, 1'000, records)) {
-    }
-    REQUIRE(records.all.size() == 1);
+    testing::RecordCollector records;
+    records.export_all(old_node);
+    REQUIRE(records.puts.size() == 1);
     Engine upgraded(rules::Policy::compile(after, {}, kSeed, {}, nullptr, kT0 + 20 * kSec));
-    CHECK(upgraded.import_record(records.all[0].first, records.all[0].second, kT0 + 20 * kSec) ==
+    CHECK(upgraded.import_record(records.puts[0].first, records.puts[0].second, kT0 + 20 * kSec) ==
           engine::ImportResult::kImported);
     CHECK(admitted(upgraded, kT0 + 30 * kSec, 30) == 20);
   }

@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "one_rule_policy.h"
+#include "record_collector.h"
 
 namespace {
 
@@ -54,21 +55,9 @@ uint64_t counter_of(const engine::Engine& e, const std::string& user) {
   return rules::counter_id(rules::key_hash(kSeed, "api", r, values), r.limits[0].spec);
 }
 
-struct Collect : engine::RecordSink {
-  std::vector<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> recs;
-  void put(std::span<const uint8_t> k, std::span<const uint8_t> v) override {
-    recs.emplace_back(std::vector<uint8_t>(k.begin(), k.end()),
-                      std::vector<uint8_t>(v.begin(), v.end()));
-  }
-  void erase(std::span<const uint8_t>) override {}
-};
-
-Collect export_all(engine::Engine& e) {
-  Collect sink;
-  engine::ExportCursor cur;
-  cur.restart(true);
-  while (!e.export_step(cur, 64, sink)) {
-  }
+testing::RecordCollector export_all(engine::Engine& e) {
+  testing::RecordCollector sink;
+  sink.export_all(e);
   return sink;
 }
 
@@ -127,14 +116,14 @@ TEST_CASE("store records move between a node on its own and a cluster member") {
   REQUIRE(
       member.merge(std::vector<engine::RemoteTotal>{{counter_of(member, "1"), spec, 2, bucket, 30}},
                    kT0) == 1);
-  const Collect from_member = export_all(member);
-  REQUIRE(from_member.recs.size() == 1);
+  const testing::RecordCollector from_member = export_all(member);
+  REQUIRE(from_member.puts.size() == 1);
 
   // Read by a node on its own: all 40 are its own count, twice read still 40 (idempotent).
   engine::Engine alone(p, options(true));
   Checker ca{alone, {}};
   for (int round = 0; round < 2; ++round) {
-    REQUIRE(alone.import_record(from_member.recs[0].first, from_member.recs[0].second, kT0) ==
+    REQUIRE(alone.import_record(from_member.puts[0].first, from_member.puts[0].second, kT0) ==
             engine::ImportResult::kImported);
   }
   auto view = alone.inspect(counter_of(alone, "1"), spec);
@@ -146,13 +135,13 @@ TEST_CASE("store records move between a node on its own and a cluster member") {
 
   // Written by the node on its own (the same record format, others' counts zero) and read by a
   // cluster member: 100 of its own.
-  const Collect from_alone = export_all(alone);
-  REQUIRE(from_alone.recs.size() == 1);
+  const testing::RecordCollector from_alone = export_all(alone);
+  REQUIRE(from_alone.puts.size() == 1);
   // version, head, ring size, 11 own and 11 others' counts, no nodes
-  CHECK(from_alone.recs[0].second.size() == 1 + 8 + 2 + 8 * 11 + 2);
+  CHECK(from_alone.puts[0].second.size() == 1 + 8 + 2 + 8 * 11 + 2);
   engine::Engine other(p, options(false, 3));
   Checker co{other, {}};
-  REQUIRE(other.import_record(from_alone.recs[0].first, from_alone.recs[0].second, kT0) ==
+  REQUIRE(other.import_record(from_alone.puts[0].first, from_alone.puts[0].second, kT0) ==
           engine::ImportResult::kImported);
   view = other.inspect(counter_of(other, "1"), spec);
   REQUIRE(view.has_value());

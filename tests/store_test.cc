@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "one_rule_policy.h"
+#include "record_collector.h"
 #include "temp_dir.h"
 
 namespace {
@@ -217,23 +218,13 @@ TEST_CASE("importing a record into a counter that exists keeps the larger count 
   engine::Engine a(policy);
   Checker ca{a, {}};
   ca.check("k", kT0, 10);
-  struct Collect : engine::RecordSink {
-    std::vector<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> recs;
-    void put(std::span<const uint8_t> k, std::span<const uint8_t> v) override {
-      recs.emplace_back(std::vector<uint8_t>(k.begin(), k.end()),
-                        std::vector<uint8_t>(v.begin(), v.end()));
-    }
-    void erase(std::span<const uint8_t>) override {}
-  } sink;
-  engine::ExportCursor cur;
-  cur.restart(false);
-  while (!a.export_step(cur, 64, sink)) {
-  }
-  REQUIRE(sink.recs.size() == 1);
+  testing::RecordCollector sink;
+  sink.export_all(a, false);
+  REQUIRE(sink.puts.size() == 1);
   engine::Engine b(policy);
   Checker cb{b, {}};
   cb.check("k", kT0, 3);
-  const auto& [k, v] = sink.recs[0];
+  const auto& [k, v] = sink.puts[0];
   CHECK(b.import_record(k, v, kT0) == engine::ImportResult::kImported);
   CHECK(b.inspect(counter_of(b, "k"), kMinute)->own.back() == 10);
   CHECK(b.import_record(k, v, kT0) == engine::ImportResult::kImported);  // idempotent
@@ -457,21 +448,11 @@ TEST_CASE(
   engine::Engine a(policy);
   Checker ca{a, {}};
   REQUIRE(ca.check("k", kT0, 10));
-  struct Collect : engine::RecordSink {
-    std::vector<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> recs;
-    void put(std::span<const uint8_t> k, std::span<const uint8_t> v) override {
-      recs.emplace_back(std::vector<uint8_t>(k.begin(), k.end()),
-                        std::vector<uint8_t>(v.begin(), v.end()));
-    }
-    void erase(std::span<const uint8_t>) override {}
-  } sink;
-  engine::ExportCursor cur;
-  cur.restart(false);
-  while (!a.export_step(cur, 64, sink)) {
-  }
-  REQUIRE(sink.recs.size() == 1);
+  testing::RecordCollector sink;
+  sink.export_all(a, false);
+  REQUIRE(sink.puts.size() == 1);
   // The value: version (1), head (8), ring (2), own (4 x ring), others (4 x ring), nodes (2).
-  auto [k, v] = sink.recs[0];
+  auto [k, v] = sink.puts[0];
   const size_t ring = kMinute.ring_size();
   REQUIRE(v.size() == 1 + 8 + 2 + 8 * ring + 2);
   size_t moved = 0;
