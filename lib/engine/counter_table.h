@@ -121,9 +121,9 @@ class CounterTable {
   window::RingView view(size_t i) const { return {own(i), others(i), head_at(i)}; }
   // Others' counts are non-zero only in a slot flagged remote or carried (both flags stay once
   // set; Engine::import_record flags a record's others remote). The check path reads and moves
-  // them only there, so a counter of one node touches its head and own counts alone: for a
-  // ten-bucket ring the first 60 bytes of its 104 (docs/benchmarks.md, "Ten buckets at the
-  // speed of one").
+  // them only there, so a counter no other node reports on touches its head and own counts
+  // alone: for a ten-bucket ring the first 60 bytes of its 104 (docs/benchmarks.md, "ten
+  // buckets at the engine's speed").
   static constexpr uint64_t kOthersFlags = kRemoteFlag | kCarriedFlag;
   std::span<uint32_t> counted_others(size_t i) {
     return (raw_head(i) & kOthersFlags) != 0 ? others(i) : std::span<uint32_t>{};
