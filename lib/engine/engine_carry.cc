@@ -119,9 +119,10 @@ void seed_counter(std::span<Shard> shards, CounterTable& t, size_t i, uint32_t s
     }
     seed.assign(static_cast<size_t>(rt), 0);
     bool any = false;
-    for (int64_t b = st.head_at(si) - rs + 1; b <= st.head_at(si); ++b) {
+    const window::RingView source = st.view(si);  // own and others' counts, or own alone
+    for (int64_t b = source.head - rs + 1; b <= source.head; ++b) {
       const size_t p = pos_of(b, rs);
-      int64_t v = static_cast<int64_t>(st.own(si)[p]) + (st.has_others() ? st.others(si)[p] : 0);
+      int64_t v = static_cast<int64_t>(source.count(b));
       if (their != nullptr) {
         for (const CarryRing& r : *their) {
           if (r.buckets[p].first == b && counted_here(r.source, r.source_spec)) {
