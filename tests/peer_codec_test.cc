@@ -29,6 +29,7 @@
 #include "peer.capnp.h"
 
 #include "alloc_counter.h"  // this binary counts its heap allocations
+#include "capnp_words.h"
 
 namespace {
 
@@ -158,18 +159,12 @@ void fill_gossip(ps::Envelope::Builder env, unsigned int n) {
 
 // ---- hand-crafted messages, word by word ------------------------------------------------------
 
-uint64_t struct_ptr(int64_t offset, uint16_t data_words, uint16_t ptr_count) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(offset) << 2)) |
-         (uint64_t{data_words} << 32) | (uint64_t{ptr_count} << 48);
-}
-enum ElementSize : uint32_t { kByte = 2, kEightBytes = 5, kInlineComposite = 7 };
-uint64_t list_ptr(int64_t offset, ElementSize size, uint32_t count) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(offset) << 2) | 1u) |
-         (uint64_t{size | (count << 3)} << 32);
-}
-uint64_t far_ptr(uint32_t landing_word, uint32_t segment) {
-  return uint64_t{(landing_word << 3) | 2u} | (uint64_t{segment} << 32);
-}
+using sluice::testing::far_ptr;  // capnp_words.h
+using sluice::testing::kByte;
+using sluice::testing::kEightBytes;
+using sluice::testing::kInlineComposite;
+using sluice::testing::list_ptr;
+using sluice::testing::struct_ptr;
 
 // One segment: the root pointer (word 0) and an Envelope (words 1-5) from kA, kind membership,
 // sent at kNow; the payload pointer is word 5, left null for the caller.
@@ -737,7 +732,7 @@ TEST_CASE("peer_codec: drops hand-crafted pointer tricks under a valid tag as ma
   }
   {  // a far pointer to a segment the message does not have
     RawEnvelope e(seq++);
-    e.w[RawEnvelope::kPayload] = far_ptr(0, 3);
+    e.w[RawEnvelope::kPayload] = far_ptr(0, false, 3);
     CHECK(open_raw(e) == PeerError::kMalformed);
   }
   {  // the payload points at itself: its gossip "list" is a struct pointer

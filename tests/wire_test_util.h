@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "capnp_words.h"
+
 namespace sluice::wire::testing {
 
 using Bytes = std::vector<uint8_t>;
@@ -113,19 +115,15 @@ inline std::vector<OwnedCheck> sample_checks() {
 
 // ---- hand-crafted messages ----------------------------------------------------------------------
 
-// Pointer words (capnp encoding spec): the offset counts words from the end of the pointer.
-inline uint64_t struct_ptr(int64_t offset, uint16_t data_words, uint16_t ptr_count) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(offset) << 2)) |
-         (uint64_t{data_words} << 32) | (uint64_t{ptr_count} << 48);
-}
-enum ElementSize : uint32_t { kVoid = 0, kByte = 2, kEightBytes = 5, kInlineComposite = 7 };
-inline uint64_t list_ptr(int64_t offset, ElementSize size, uint32_t count) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(offset) << 2) | 1u) |
-         (uint64_t{size | (count << 3)} << 32);
-}
-inline uint64_t far_ptr(uint32_t landing_word, bool double_far, uint32_t segment) {
-  return uint64_t{(landing_word << 3) | (double_far ? 4u : 0u) | 2u} | (uint64_t{segment} << 32);
-}
+// Pointer words (capnp_words.h).
+using ::sluice::testing::ElementSize;
+using ::sluice::testing::far_ptr;
+using ::sluice::testing::kByte;
+using ::sluice::testing::kEightBytes;
+using ::sluice::testing::kInlineComposite;
+using ::sluice::testing::kVoid;
+using ::sluice::testing::list_ptr;
+using ::sluice::testing::struct_ptr;
 
 // One segment, written word by word.
 struct RawSegment {
