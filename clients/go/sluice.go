@@ -6,6 +6,12 @@
 //	r, err := c.Check(ctx, "api", map[string]string{"user": "42"})
 //	if err == nil && !r.Allowed { /* 429 */ }
 //
+// A concurrency limit's lease is given back with Release, or by the *Held that Acquire returns:
+//
+//	h, r, err := c.Acquire(ctx, sluice.Check{Domain: "jobs", Entries: entries, Hits: 1})
+//	if err == nil && !r.Allowed { /* 429 */ }
+//	defer h.Release(context.Background()) // nil when nothing was granted: does nothing
+//
 // Build: the header and the library must be where cgo finds them (cmake --install puts them in
 // the system paths), or name them: CGO_CFLAGS=-I<repo>/lib/client/include
 // CGO_LDFLAGS="-L<build>/lib/client -Wl,-rpath,<build>/lib/client".
@@ -38,10 +44,12 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/cgo"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -107,6 +115,10 @@ type Result struct {
 	Allowlisted bool
 	Truncated   bool
 	Limits      []Limit
+	// Lease is granted by the check's concurrency limits when they admitted it; 0 = none
+	// (denied, no concurrency limit, or no node decided). Give it back with Release (the same
+	// domain and entries), or it is held until its lease_ttl is over.
+	Lease uint64
 }
 
 // Decided reports whether a node decided.
@@ -140,6 +152,12 @@ type Check struct {
 	Domain  string
 	Entries []Entry
 	Hits    int64 // 0 asks without counting; use 1 for one request
+}
+
+// clone is chk with Entries of its own: for a release after the call that got chk returned.
+func (chk Check) clone() Check {
+	chk.Entries = append([]Entry(nil), chk.Entries...)
+	return chk
 }
 
 // Client is a libsluice client. Safe for concurrent use.
@@ -218,9 +236,10 @@ func (c *Client) Check(ctx context.Context, domain string, descriptors map[strin
 }
 
 // CheckEntries runs one check. It returns within the client's timeout, or when ctx ends first
-// (then the error is ctx.Err() and the result is the fail mode's, outcome Unavailable). A result
-// decided by a node or by the fail mode (Unavailable, Refused, NoRoom) comes with a nil error;
-// a bad check returns its *Error (errors.Is(err, sluice.ErrEmptyDomain), ...).
+// (then the error is ctx.Err() and the result is the fail mode's, outcome Unavailable; a lease
+// the check is granted after all is released in the background, since nobody else knows of
+// it). A result decided by a node or by the fail mode (Unavailable, Refused, NoRoom) comes with a
+// nil error; a bad check returns its *Error (errors.Is(err, sluice.ErrEmptyDomain), ...).
 func (c *Client) CheckEntries(ctx context.Context, chk Check) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return c.ctxResult(), err
@@ -254,14 +273,23 @@ func (c *Client) CheckEntries(ctx context.Context, chk Check) (Result, error) {
 			return r, statusError(C.int(r.Status))
 		}
 		return r, nil
-	case <-ctx.Done(): // the callback still runs later, into the buffered channel
+	case <-ctx.Done():
+		// The callback still runs later (within the timeout, or at Close), into the buffered
+		// channel. A lease it brings is known to nobody else: give it back.
+		chk = chk.clone()
+		go func() {
+			if r := <-done; r.Lease != 0 {
+				c.Release(context.Background(), chk, r.Lease)
+			}
+		}()
 		return c.ctxResult(), ctx.Err()
 	}
 }
 
 // CheckBatch runs several checks sharing requests; one Result per check, each with its own
 // Status (a bad check does not fail the others). The error is the call's (a closed client, a
-// context that ended: then every result is the fail mode's).
+// context that ended: then every result is the fail mode's, and leases the checks are granted
+// after all are released in the background).
 func (c *Client) CheckBatch(ctx context.Context, checks []Check) ([]Result, error) {
 	if len(checks) == 0 {
 		return nil, nil
@@ -321,12 +349,140 @@ func (c *Client) CheckBatch(ctx context.Context, checks []Check) ([]Result, erro
 		}
 		return out, nil
 	case <-ctx.Done():
-		go func() { <-finished; free() }() // the C call ends within the timeout
+		for k := range send {
+			send[k] = send[k].clone()
+		}
+		go func() { // the C call ends within the timeout; the leases it was granted go back
+			type grant struct {
+				chk   Check
+				lease uint64
+			}
+			var grants []grant
+			if st := <-finished; st == C.SLUICE_OK {
+				rs := unsafe.Slice(results, len(send))
+				for k := range rs {
+					if rs[k].lease != 0 {
+						grants = append(grants, grant{send[k], uint64(rs[k].lease)})
+					}
+				}
+			}
+			free()
+			for _, g := range grants {
+				c.Release(context.Background(), g.chk, g.lease)
+			}
+		}()
 		for i := range out {
 			out[i] = c.ctxResult()
 		}
 		return out, ctx.Err()
 	}
+}
+
+// Release gives back a lease (a Result's Lease), blocking for up to the client's timeout. chk
+// must name the domain and entries of the check that was granted it (its Hits is ignored).
+//
+// It returns nil when the lease's slots were freed; ErrLeaseReleased, ErrLeaseExpired or
+// ErrLeaseUnknown when a node answered and nothing changed (a release is idempotent);
+// ErrUnavailable or ErrRefused when no node decided (the lease is held until its lease_ttl is
+// over: try again, or let it expire); ErrInvalidArgument for lease 0 (ErrClosed after Close); a
+// check's errors as CheckEntries (ErrUnknownDomain, ...).
+//
+// A release is sent even when ctx has ended, before or during the call: ctx only bounds the
+// wait (then the error is ctx.Err() and the release goes on in the background, its outcome
+// lost). A release is clean-up: a request whose context was cancelled must still give back its
+// slot.
+func (c *Client) Release(ctx context.Context, chk Check, lease uint64) error {
+	if lease == 0 {
+		return &Error{Status: ErrInvalidArgument.Status,
+			Message: "lease 0: nothing was granted, nothing to release"}
+	}
+	chk.Hits = 0 // ignored by sluice_release
+	mem, err := marshal([]Check{chk})
+	if err != nil {
+		return err
+	}
+	finished := make(chan C.int, 1)
+	run := func() {
+		c.mu.RLock()
+		st := C.sluice_release(c.c, mem.checks, C.uint64_t(lease))
+		c.mu.RUnlock()
+		C.free(mem.block)
+		finished <- st
+	}
+	if ctx.Done() == nil {
+		run()
+	} else {
+		go run()
+	}
+	select {
+	case st := <-finished:
+		return releaseError(st)
+	case <-ctx.Done():
+		select {
+		case st := <-finished: // both ready: the outcome is known, say it
+			return releaseError(st)
+		default:
+			return ctx.Err()
+		}
+	}
+}
+
+func releaseError(st C.int) error {
+	if st != C.SLUICE_OK {
+		return statusError(st)
+	}
+	return nil
+}
+
+// Held is a lease granted by Acquire, given back by its Release. A nil *Held holds nothing:
+// its Release does nothing, so `defer h.Release(ctx)` needs no test. Safe for concurrent use.
+type Held struct {
+	c     *Client
+	chk   Check // a copy: the caller may reuse its Entries
+	lease uint64
+	done  atomic.Bool // Release was called
+}
+
+// Acquire is CheckEntries plus a *Held for the lease the check was granted: nil when none was
+// (denied, no concurrency limit applied, no node decided: a fail-open result holds no slot, a
+// check of 0 Hits takes none, or err is not nil). A denied check is not an error: look at
+// r.Allowed, as after CheckEntries.
+//
+//	h, r, err := c.Acquire(ctx, sluice.Check{Domain: "jobs", Entries: entries, Hits: 1})
+//	if err != nil { return err }
+//	if !r.Allowed { return reply429(r.RetryAfterMs()) }
+//	defer h.Release(context.Background())
+func (c *Client) Acquire(ctx context.Context, chk Check) (*Held, Result, error) {
+	r, err := c.CheckEntries(ctx, chk)
+	if err != nil || r.Lease == 0 {
+		return nil, r, err
+	}
+	return &Held{c: c, chk: chk.clone(), lease: r.Lease}, r, nil
+}
+
+// Lease is the id held (0 for a nil Held); it stays readable after Release.
+func (h *Held) Lease() uint64 {
+	if h == nil {
+		return 0
+	}
+	return h.lease
+}
+
+// Release gives the lease back (Client.Release, with ctx bounding only the wait); only the first
+// call sends, later ones (and a nil Held's) return nil. It returns nil when the lease holds
+// nothing any more: released now, before (ErrLeaseReleased: by a Client.Release of its id, or
+// a retry whose first answer was lost) or expired (ErrLeaseExpired: the work outlasted
+// lease_ttl); else Client.Release's error (ErrUnavailable, ErrLeaseUnknown, ctx.Err(), ...:
+// the lease is then held until its lease_ttl is over, unless the release still arrives).
+func (h *Held) Release(ctx context.Context) error {
+	if h == nil || h.done.Swap(true) {
+		return nil
+	}
+	err := h.c.Release(ctx, h.chk, h.lease)
+	if errors.Is(err, ErrLeaseReleased) || errors.Is(err, ErrLeaseExpired) {
+		return nil
+	}
+	return err
 }
 
 // Stats are libsluice's counters since New.
@@ -375,7 +531,7 @@ func convert(r *C.sluice_result) Result {
 	res := Result{
 		Status: Status(r.status), Outcome: Outcome(r.outcome), Allowed: r.allowed != 0,
 		WouldDeny: r.would_deny != 0, Shadow: r.shadow != 0, Allowlisted: r.allowlisted != 0,
-		Truncated: r.truncated != 0,
+		Truncated: r.truncated != 0, Lease: uint64(r.lease),
 	}
 	n := int(r.num_limits)
 	if n > 0 {
@@ -514,6 +670,10 @@ var (
 	ErrNegativeHits    = &Error{Status: C.SLUICE_ERR_NEGATIVE_HITS}
 	ErrNoRoom          = &Error{Status: C.SLUICE_ERR_NO_ROOM}
 	ErrTooLarge        = &Error{Status: C.SLUICE_ERR_TOO_LARGE}
+	// Release: a node answered and nothing changed.
+	ErrLeaseUnknown  = &Error{Status: C.SLUICE_ERR_LEASE_UNKNOWN}  // not a lease of these entries
+	ErrLeaseExpired  = &Error{Status: C.SLUICE_ERR_LEASE_EXPIRED}  // its lease_ttl was over
+	ErrLeaseReleased = &Error{Status: C.SLUICE_ERR_LEASE_RELEASED} // released before
 	// ErrClosed: a call after Close (libsluice sees a NULL client: invalid argument).
 	ErrClosed = ErrInvalidArgument
 )

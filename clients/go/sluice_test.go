@@ -17,7 +17,11 @@ import (
 )
 
 // The rules of every test node: 3 per minute per user (1-second buckets keep the count exact).
+// Concurrency limits: in domain "c" at most inFlight leases held per user, each held 30 s unless
+// released; in domain "e" one, held shortTTL (the shortest lease_ttl there is).
 const limit = 3
+const inFlight = 2
+const shortTTL = time.Second
 const rules = `domains:
   - name: t
     rules:
@@ -25,6 +29,18 @@ const rules = `domains:
         key: [user]
         limits:
           - {limit: 3, window: 1m, name: per-user, granularity: 1s}
+  - name: c
+    rules:
+      - name: in-flight
+        key: [user]
+        limits:
+          - {algorithm: concurrency, max_in_flight: 2, lease_ttl: 30s, name: in-flight}
+  - name: e
+    rules:
+      - name: short
+        key: [user]
+        limits:
+          - {algorithm: concurrency, max_in_flight: 1, lease_ttl: 1s, name: short}
 `
 
 // freePort is a port free for TCP and UDP on 127.0.0.1 right now.
@@ -48,6 +64,12 @@ func freePort(t *testing.T) int {
 
 // startNode runs sluiced (SLUICED_BIN) on a free loopback port until the test ends.
 func startNode(t *testing.T) string {
+	addr, _ := startNodeProcess(t)
+	return addr
+}
+
+// startNodeProcess is startNode, with the process (for a test that kills it early).
+func startNodeProcess(t *testing.T) (string, *exec.Cmd) {
 	bin := os.Getenv("SLUICED_BIN")
 	if bin == "" {
 		t.Fatal("SLUICED_BIN must name the sluiced binary")
@@ -77,13 +99,13 @@ func startNode(t *testing.T) string {
 	for i := 0; i < 100; i++ { // 100 x (<= 100 ms + 50 ms)
 		r, _ := probe.CheckEntries(context.Background(), Check{Domain: "t", Entries: []Entry{{"user", "probe"}}})
 		if r.Decided() {
-			return addr
+			return addr, cmd
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	text, _ := os.ReadFile(filepath.Join(dir, "sluiced.log"))
 	t.Fatalf("sluiced did not answer within 10 s:\n%s", text)
-	return ""
+	return "", nil
 }
 
 func newClient(t *testing.T, o Options) *Client {

@@ -9,6 +9,13 @@ results and raises exceptions. Standard library only.
     if not r.allowed:
         return reply_429(r.retry_after_ms)
 
+A concurrency limit's lease is given back when the `with` block ends (release() by hand):
+
+    with client.acquire("jobs", tenant="t1") as r:
+        if not r.allowed:
+            return reply_429(r.retry_after_ms)
+        run_job()
+
 The library is found through $SLUICE_LIBRARY (a path), else the system loader (libsluice.so.0).
 A Client is safe to share between threads; close() it (or use `with`) when done.
 """
@@ -16,11 +23,12 @@ A Client is safe to share between threads; close() it (or use `with`) when done.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Sequence, Tuple, Union
+from typing import AsyncIterator, Dict, Iterable, Iterator, List, Mapping, Sequence, Tuple, Union
 
 from . import _native
 
@@ -29,6 +37,7 @@ __all__ = [
     "SluiceError", "InvalidArgument", "NoMemory", "BadNode", "InCallback", "Unavailable",
     "Refused", "EmptyDomain", "UnknownDomain", "TooManyEntries", "EntryTooLong", "EmptyEntryKey",
     "DuplicateEntry", "HitsTooLarge", "NegativeHits", "NoRoom", "TooLarge", "ClientClosed",
+    "LeaseError", "LeaseUnknown", "LeaseExpired", "LeaseReleased",
     "DECIDED", "REFUSED", "INVALID", "UNAVAILABLE",
 ]
 
@@ -120,10 +129,37 @@ class ClientClosed(InvalidArgument):
     """A call on a Client after close()."""
 
 
+class LeaseError(SluiceError):
+    """release(): a node answered and nothing changed (a release is idempotent)."""
+
+
+class LeaseUnknown(LeaseError):
+    """No such lease for this domain and these entries: other entries, a mistyped or forged id, a
+    node that restarted, rules changed since. Nothing to free: it expires on its own."""
+
+    status = 17
+
+
+class LeaseExpired(LeaseError):
+    """Its lease_ttl was over: its slots were freed then."""
+
+    status = 18
+
+
+class LeaseReleased(LeaseError):
+    """Released before (or by this call's own first attempt, whose answer was lost)."""
+
+    status = 19
+
+
 _ERRORS = {cls.status: cls for cls in (
     InvalidArgument, NoMemory, BadNode, InCallback, Unavailable, Refused, EmptyDomain,
     UnknownDomain, TooManyEntries, EntryTooLong, EmptyEntryKey, DuplicateEntry, HitsTooLarge,
-    NegativeHits, NoRoom, TooLarge)}
+    NegativeHits, NoRoom, TooLarge, LeaseUnknown, LeaseExpired, LeaseReleased)}
+
+# release() errors after which the lease holds nothing (C++ ReleaseResult::gone()): acquire()'s
+# release on exit takes them as done.
+_GONE = (LeaseReleased, LeaseExpired)
 
 # Statuses that are answers, not errors: the node decided, or the fail mode did (the result's
 # `allowed` says which way). check() returns a Result for these and raises for every other one.
@@ -179,6 +215,10 @@ class Result:
     allowlisted: bool
     truncated: bool
     limits: Tuple[Limit, ...]
+    # Granted by the check's concurrency limits when they admitted it; 0 = none (denied, no
+    # concurrency limit, or no node decided). Give it back with release(), or it is held until
+    # its lease_ttl is over.
+    lease: int = 0
 
     @property
     def decided(self) -> bool:
@@ -210,7 +250,7 @@ class Result:
         return self.allowed
 
 
-def _result(r: _native.Result) -> Result:
+def _result(r: _native.ResultV0) -> Result:
     limits = tuple(
         Limit(name=lim.name.decode("utf-8", "replace"), limit=lim.limit, window_ms=lim.window_ms,
               remaining=lim.remaining, reset_ms=lim.reset_ms, retry_after_ms=lim.retry_after_ms,
@@ -218,7 +258,8 @@ def _result(r: _native.Result) -> Result:
         for lim in r.limits[:r.num_limits])
     return Result(status=r.status, outcome=r.outcome, allowed=bool(r.allowed),
                   would_deny=bool(r.would_deny), shadow=bool(r.shadow),
-                  allowlisted=bool(r.allowlisted), truncated=bool(r.truncated), limits=limits)
+                  allowlisted=bool(r.allowlisted), truncated=bool(r.truncated), limits=limits,
+                  lease=getattr(r, "lease", 0))  # a version-0 result (an older library) has none
 
 
 @dataclass(frozen=True)
@@ -328,6 +369,7 @@ class Client:
         if st != 0:
             raise error_for(st, why.value.decode("utf-8", "replace"))
         self._handle = handle
+        self._result_type = _native.result_type(self._lib)
         # Guards _handle and _inflight: close() waits for calls in flight (each ends within its
         # timeout) before it destroys the C client under them.
         self._cv = threading.Condition()
@@ -384,8 +426,10 @@ class Client:
         """Blocking check: `client.check("api", user="42")`. Keys that are not Python names go in
         `entries` ({"api-key": "..."}). Returns a Result when a node or the fail mode decided;
         raises the status's exception for a bad check (EmptyDomain, UnknownDomain, ...)."""
-        p = _Prepared(domain, _merge(entries, descriptors), hits)
-        r = _native.Result()
+        return self._check(_Prepared(domain, _merge(entries, descriptors), hits))
+
+    def _check(self, p: _Prepared) -> Result:
+        r = self._result_type()
         r.struct_size = ctypes.sizeof(r)
         handle = self._enter()
         try:
@@ -395,6 +439,75 @@ class Client:
         if st not in _ANSWERS:
             raise error_for(st)
         return _result(r)
+
+    def release(self, domain: str, lease: int, /, *, entries: Entries | None = None,
+                **descriptors: str) -> None:
+        """Gives back `lease` (a Result's), blocking like check(): `client.release("jobs",
+        r.lease, tenant="t1")`. The domain and entries must be those of the check that was
+        granted it. Returns when the lease's slots were freed.
+
+        Raises LeaseReleased, LeaseExpired or LeaseUnknown (all LeaseError) when a node answered
+        and nothing changed (a release is idempotent); Unavailable or Refused when no node
+        decided (the lease is held until its lease_ttl is over: retry, or let it expire);
+        InvalidArgument for lease 0; a check's errors as check() (UnknownDomain, ...)."""
+        self._release(_Prepared(domain, _merge(entries, descriptors), 0), lease)
+
+    def _release(self, p: _Prepared, lease: int) -> None:
+        if not isinstance(lease, int) or isinstance(lease, bool) or not 0 <= lease < (1 << 64):
+            raise InvalidArgument("lease must be an int in 1 .. 2**64 - 1 (a Result's lease)")
+        if lease == 0:
+            raise InvalidArgument("lease 0: nothing was granted, nothing to release")
+        if not _native.has_leases(self._lib):
+            raise SluiceError("this libsluice predates leases (no sluice_release)")
+        handle = self._enter()
+        try:
+            # The check's hits are ignored (sluice_release): acquire() passes its own check.
+            st = self._lib.sluice_release(handle, ctypes.byref(p.check), lease)
+        finally:
+            self._leave()
+        if st != 0:
+            raise error_for(st)
+
+    @contextlib.contextmanager
+    def acquire(self, domain: str, /, *, hits: int = 1, entries: Entries | None = None,
+                **descriptors: str) -> Iterator[Result]:
+        """check() for the length of a `with` block, whose end releases the lease it was granted:
+
+            with client.acquire("jobs", tenant="t1") as r:
+                if not r.allowed:
+                    return reply_429(r.retry_after_ms)
+                run_job()
+
+        Yields the Result whatever it says: a denied check (or one no node decided, or one no
+        concurrency limit applied to) holds no lease and releases nothing on exit. A bad check
+        raises on entry, as check() does.
+
+        The release on exit blocks like release(). After the block ended normally, a failed
+        release raises its error (Unavailable, LeaseUnknown, ...: the lease is then held until
+        its lease_ttl is over); LeaseReleased (the block released r.lease itself) and
+        LeaseExpired (the block outlasted lease_ttl) are taken as done. After the block raised,
+        the block's exception goes on and a failed release only adds a note to it."""
+        p = _Prepared(domain, _merge(entries, descriptors), hits)
+        r = self._check(p)
+        if not r.lease:
+            yield r
+            return
+        try:
+            yield r
+        except BaseException as body:
+            try:
+                self._release(p, r.lease)
+            except _GONE:
+                pass
+            except SluiceError as e:
+                if hasattr(body, "add_note"):  # Python 3.11
+                    body.add_note(f"sluice: lease {r.lease} was not released ({e}): it is held "
+                                  "until its lease_ttl is over")
+            raise
+        try:
+            self._release(p, r.lease)
+        except _GONE:
+            pass
 
     def check_batch(self, checks: Sequence[CheckSpec]) -> List[Result]:
         """Several checks sharing requests: [(domain, entries) or (domain, entries, hits)].
@@ -407,9 +520,9 @@ class Client:
         if n > _native.MAX_BATCH:
             raise InvalidArgument(f"at most {_native.MAX_BATCH} checks per batch")
         cs = (_native.Check * n)(*(p.check for p in prepared))
-        rs = (_native.Result * n)()
+        rs = (self._result_type * n)()
         for r in rs:
-            r.struct_size = ctypes.sizeof(_native.Result)
+            r.struct_size = ctypes.sizeof(self._result_type)
         handle = self._enter()
         try:
             st = self._lib.sluice_check_batch(handle, cs, n, rs)
@@ -456,14 +569,16 @@ class AsyncClient:
     """The asyncio form: `r = await client.check("api", user="42")`.
 
     Uses libsluice's async check: the result comes on libsluice's I/O thread, which hands it to
-    the awaiting loop with call_soon_threadsafe; no thread of Python's executor is used. Takes
-    the same arguments as Client.
+    the awaiting loop with call_soon_threadsafe; no thread of Python's executor is used by
+    checks. Releases (release, acquire) do use one: see release. Takes the same arguments as
+    Client.
     """
 
     def __init__(self, nodes: Sequence[str], **options):
         self._client = Client(nodes, **options)
-        # token -> (loop, future); guarded by _lock
-        self._pending: Dict[int, Tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        # token -> (loop, future, the check: to release a lease granted after the await ended);
+        # guarded by _lock
+        self._pending: Dict[int, Tuple[asyncio.AbstractEventLoop, asyncio.Future, _Prepared]] = {}
         self._lock = threading.Lock()
         self._tokens = itertools.count(1)
         # One C callback for the client's life (ctypes must keep it alive while C may call it).
@@ -474,21 +589,42 @@ class AsyncClient:
             entry = self._pending.pop(token or 0, None)
         if entry is None:
             return
-        loop, fut = entry
-        r = _result(result_ptr.contents)
+        loop, fut, p = entry
+        r = _result(_native.widest(result_ptr))
         try:
-            loop.call_soon_threadsafe(_settle, fut, r)
-        except RuntimeError:  # the loop is closed: nobody awaits the result any more
-            pass
+            loop.call_soon_threadsafe(self._settle, fut, r, p)
+        except RuntimeError:  # the loop is closed: nobody awaits the result any more (a lease
+            pass              # granted to it is held until its lease_ttl is over)
+
+    def _settle(self, fut: asyncio.Future, r: Result, p: _Prepared) -> None:  # on the loop
+        if not fut.done():
+            fut.set_result(r)
+        elif r.lease:
+            # The await was cancelled (a timeout) before the answer came, and the answer granted
+            # a lease that nobody else knows of: give it back rather than hold it for lease_ttl.
+            try:
+                fut.get_loop().run_in_executor(None, self._release_quietly, p, r.lease)
+            except RuntimeError:  # the loop is shutting its executor down: it expires
+                pass
+
+    def _release_quietly(self, p: _Prepared, lease: int) -> None:
+        try:
+            self._client._release(p, lease)
+        except SluiceError:
+            pass  # not released (no node decided, closed): it expires after its lease_ttl
 
     async def check(self, domain: str, /, *, hits: int = 1, entries: Entries | None = None,
                     **descriptors: str) -> Result:
-        p = _Prepared(domain, _merge(entries, descriptors), hits)
+        """As Client.check. When the await is cancelled (asyncio.wait_for's timeout) and the
+        check is granted a lease after all, the lease is released in the background."""
+        return await self._check(_Prepared(domain, _merge(entries, descriptors), hits))
+
+    async def _check(self, p: _Prepared) -> Result:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         token = next(self._tokens)
         with self._lock:
-            self._pending[token] = (loop, fut)
+            self._pending[token] = (loop, fut, p)
         st = self._client._submit(p, self._callback, token)
         if st != 0:
             with self._lock:
@@ -498,6 +634,43 @@ class AsyncClient:
         if r.status not in _ANSWERS:
             raise error_for(r.status)
         return r
+
+    async def release(self, domain: str, lease: int, /, *, entries: Entries | None = None,
+                      **descriptors: str) -> None:
+        """As Client.release. libsluice has no asynchronous release (sluice_release blocks, for
+        up to the client's timeout), so it runs in the loop's default executor, holding one of
+        its threads for that long. Cancelling the await does not cancel the release."""
+        p = _Prepared(domain, _merge(entries, descriptors), 0)
+        await asyncio.get_running_loop().run_in_executor(None, self._client._release, p, lease)
+
+    @contextlib.asynccontextmanager
+    async def acquire(self, domain: str, /, *, hits: int = 1, entries: Entries | None = None,
+                      **descriptors: str) -> AsyncIterator[Result]:
+        """As Client.acquire: `async with client.acquire("jobs", tenant="t1") as r:`. The
+        release on exit runs in the default executor (release); a cancelled block
+        (CancelledError) is released too."""
+        p = _Prepared(domain, _merge(entries, descriptors), hits)
+        r = await self._check(p)
+        if not r.lease:
+            yield r
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            yield r
+        except BaseException as body:
+            try:
+                await loop.run_in_executor(None, self._client._release, p, r.lease)
+            except _GONE:
+                pass
+            except SluiceError as e:
+                if hasattr(body, "add_note"):  # Python 3.11
+                    body.add_note(f"sluice: lease {r.lease} was not released ({e}): it is held "
+                                  "until its lease_ttl is over")
+            raise
+        try:
+            await loop.run_in_executor(None, self._client._release, p, r.lease)
+        except _GONE:
+            pass
 
     async def check_batch(self, checks: Sequence[CheckSpec]) -> List[Result]:
         """Concurrent async checks: they share requests inside libsluice like a batch does."""
@@ -513,7 +686,7 @@ class AsyncClient:
         fut = loop.create_future()
         token = next(self._tokens)
         with self._lock:
-            self._pending[token] = (loop, fut)
+            self._pending[token] = (loop, fut, p)
         st = self._client._submit(p, self._callback, token)
         if st != 0:
             with self._lock:
@@ -533,8 +706,3 @@ class AsyncClient:
 
     async def __aexit__(self, *exc) -> None:
         self.close()
-
-
-def _settle(fut: asyncio.Future, r: Result) -> None:
-    if not fut.done():  # a cancelled await leaves a done future
-        fut.set_result(r)

@@ -16,6 +16,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import sluice  # noqa: E402
 
 LIMIT = 3
+# Concurrency limits: in domain "c" at most IN_FLIGHT leases held per user, each held 30 s unless
+# released; in domain "e" one, held SHORT_TTL seconds (the shortest lease_ttl there is).
+IN_FLIGHT = 2
+SHORT_TTL = 1.0
 RULES = """domains:
   - name: t
     rules:
@@ -23,6 +27,18 @@ RULES = """domains:
         key: [user]
         limits:
           - {limit: 3, window: 1m, name: per-user, granularity: 1s}
+  - name: c
+    rules:
+      - name: in-flight
+        key: [user]
+        limits:
+          - {algorithm: concurrency, max_in_flight: 2, lease_ttl: 30s, name: in-flight}
+  - name: e
+    rules:
+      - name: short
+        key: [user]
+        limits:
+          - {algorithm: concurrency, max_in_flight: 1, lease_ttl: 1s, name: short}
 """
 
 
