@@ -137,24 +137,51 @@ TEST_CASE("the owner grants what is left at most, and counts a slice from its gr
   const engine::Decision none = owner.own("a", kT0 + 2, 1, 4, 2);
   CHECK_FALSE(none.allowed);
   CHECK(none.slice_hits == 0);
-  // A grant never exceeds what is left: 3 left of another key after 7 of its own.
-  for (int i = 0; i < 7; ++i)
+  // A grant never exceeds its share of what is left, shared with the owner: 6 left of another
+  // key after 4 of its own, 3 of them for the asker; then 2 more of its own, and the last 1 (a
+  // share of less than one is one) to another node.
+  for (int i = 0; i < 4; ++i)
     REQUIRE(owner.own("b", kT0 + 3).allowed);
   CHECK(owner.own("b", kT0 + 4, 0, 50, 2).slice_hits == 3);
+  for (int i = 0; i < 2; ++i)
+    REQUIRE(owner.own("b", kT0 + 4).allowed);
+  CHECK(owner.own("b", kT0 + 4, 0, 50, 3).slice_hits == 1);
+  CHECK_FALSE(owner.own("b", kT0 + 4).allowed);
   // No slice for the owner itself, nor without a node to hold it.
   CHECK(owner.own("c", kT0 + 5, 1, 4, kOwner).slice_hits == 0);
   CHECK(owner.own("c", kT0 + 5, 1, 4, 0).slice_hits == 0);
   const engine::EngineStats s = owner.engine.stats();
-  CHECK(s.slices_granted == 2);
-  CHECK(s.slice_hits_granted == 7);
+  CHECK(s.slices_granted == 3);
+  CHECK(s.slice_hits_granted == 8);
+}
+
+TEST_CASE("a slice is at most an equal share of what is left between the nodes holding slices") {
+  Node owner(lease_policy("100/1s", 10), kOwner);
+  // One asker: half of what is left (the other half for the owner's own checks).
+  CHECK(owner.own("a", kT0, 0, 100, 2).slice_hits == 50);
+  // Node 3 shares the 50 left with node 2 and the owner: a third.
+  CHECK(owner.own("a", kT0 + 1, 0, 100, 3).slice_hits == 16);
+  // Node 2 again: its own slice does not count against it, node 3's does (34 left, 3 parts).
+  CHECK(owner.own("a", kT0 + 2, 0, 100, 2).slice_hits == 11);
+  // A want under the share is granted whole.
+  CHECK(owner.own("a", kT0 + 3, 0, 2, 4).slice_hits == 2);
+  // Slices that expired no longer share: at 150 ms (ttl 100 ms) a lone asker gets half again.
+  // They count in full at their expiry: 100 - 79 = 21 left, 10 of them granted.
+  CHECK(owner.own("a", kT0 + 150, 0, 100, 5).slice_hits == 10);
+  // Never less than one while anything is left.
+  Node busy(lease_policy("3/1s", 10), kOwner);
+  CHECK(busy.own("b", kT0, 0, 1, 2).slice_hits == 1);
+  CHECK(busy.own("b", kT0, 0, 1, 3).slice_hits == 1);
+  CHECK(busy.own("b", kT0, 0, 1, 4).slice_hits == 1);
+  CHECK(busy.own("b", kT0, 0, 1, 5).slice_hits == 0);
 }
 
 TEST_CASE(
     "a slice given back counts what was used, in the bucket of the return, and frees the rest") {
   auto p = lease_policy("10/1s", 10);
   Node owner(p, kOwner), other(p, 2);
-  const engine::Decision g = owner.own("a", kT0, 0, 6, 2);
-  REQUIRE(g.slice_hits == 6);
+  const engine::Decision g = owner.own("a", kT0, 0, 5, 2);
+  REQUIRE(g.slice_hits == 5);
   CHECK(other.install("a", g, kT0, kT0 + 1).empty());
   for (int i = 0; i < 2; ++i)
     CHECK(other.sliced("a", kT0 + 10).allowed);

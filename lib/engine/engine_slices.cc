@@ -36,6 +36,21 @@ uint32_t want_of(const HeldSlice& h, uint64_t hits, uint64_t limit, int64_t ttl_
   return static_cast<uint32_t>(std::min<uint64_t>(want, UINT32_MAX));
 }
 
+// How many nodes other than `asker` hold a live slice of `g` (a node holds at most one, but its
+// replaced one stays here until it comes back: count nodes, not slices).
+uint64_t other_holders(const GrantedSlices& g, uint16_t asker, int64_t now_ms) {
+  uint64_t n = 0;
+  for (size_t j = 0; j < g.slices.size(); ++j) {
+    const GrantedSlice& s = g.slices[j];
+    if (s.node == asker || s.expires_ms <= now_ms) continue;
+    bool seen = false;
+    for (size_t i = 0; i < j && !seen; ++i)
+      seen = g.slices[i].node == s.node && g.slices[i].expires_ms > now_ms;
+    n += seen ? 0 : 1;
+  }
+  return n;
+}
+
 constexpr int64_t kMaxUses = 256;  // wire::kMaxSliceUses (the engine does not use lib/wire)
 
 // Slices finished with by this thread's checks (take_slice_returns).
@@ -105,9 +120,14 @@ void Engine::Impl::grant_slice(const rules::CheckRequest& req,
                                std::span<const rules::AppliedLimit> lims,
                                std::span<const uint32_t> spec_of, int64_t now_ms, BatchResult& out,
                                Decision& d) {
-  // One amount for every lease limit of the request: the least any of them has left after the
-  // check, and what was asked.
-  uint64_t hits = req.slice_want;
+  // One amount for every lease limit of the request: what was asked, and at most an equal share
+  // of the least any of them has left after the check, shared between the asker, every other
+  // node holding a live slice of the key, and this node (the owner decides its own checks of
+  // the key from what is left). A slice of all that was left, to one of several nodes, held that
+  // budget from the others while its holder used it at its own rate: under overload the key's
+  // admissions spread out and a true window held less (docs/benchmarks.md, "Slices shared").
+  uint64_t left = UINT64_MAX;
+  uint64_t others = 0;
   int64_t ttl = INT64_MAX;
   bool any = false;
   for (size_t k = 0; k < lims.size(); ++k) {
@@ -115,10 +135,15 @@ void Engine::Impl::grant_slice(const rules::CheckRequest& req,
     if (lr.rule->consistency != rules::Consistency::kLease) continue;
     if (lims[k].limit->algorithm != rules::Algorithm::kWindow) return;  // no slices of those
     any = true;
-    hits = std::min(hits, lr.remaining);
+    left = std::min(left, lr.remaining);
     ttl = std::min(ttl, Engine::slice_ttl_ms(lims[k].limit->spec.window_ms));
+    const Shard& sh = shards[lims[k].counter & shard_mask];
+    if (const auto it = sh.slices.granted.find(lims[k].counter); it != sh.slices.granted.end())
+      others = std::max(others, other_holders(it->second, req.slice_for, now_ms));
   }
-  if (!any || hits == 0) return;
+  if (!any || left == 0) return;
+  const uint64_t hits =
+      std::min<uint64_t>(req.slice_want, std::max<uint64_t>(1, left / (2 + others)));
   // Room under the memory cap for the slice's entries, as a table would need.
   for (size_t k = 0; k < lims.size(); ++k) {
     const Shard& sh = shards[lims[k].counter & shard_mask];
