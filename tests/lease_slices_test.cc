@@ -137,43 +137,51 @@ TEST_CASE("the owner grants what is left at most, and counts a slice from its gr
   const engine::Decision none = owner.own("a", kT0 + 2, 1, 4, 2);
   CHECK_FALSE(none.allowed);
   CHECK(none.slice_hits == 0);
-  // A grant never exceeds its share of what is left, shared with the owner: 6 left of another
-  // key after 4 of its own, 3 of them for the asker; then 2 more of its own, and the last 1 (a
-  // share of less than one is one) to another node.
+  // A slice only of an equal share of what is left (here shared with the owner): 6 left of
+  // another key after 4 of its own, so 4 is not granted and 3 is; after 2 more of its own, the
+  // last 1 is the owner's to decide (a third of it for another node is less than one).
   for (int i = 0; i < 4; ++i)
     REQUIRE(owner.own("b", kT0 + 3).allowed);
-  CHECK(owner.own("b", kT0 + 4, 0, 50, 2).slice_hits == 3);
+  CHECK(owner.own("b", kT0 + 4, 0, 4, 2).slice_hits == 0);
+  CHECK(owner.own("b", kT0 + 4, 0, 3, 2).slice_hits == 3);
   for (int i = 0; i < 2; ++i)
     REQUIRE(owner.own("b", kT0 + 4).allowed);
-  CHECK(owner.own("b", kT0 + 4, 0, 50, 3).slice_hits == 1);
+  CHECK(owner.own("b", kT0 + 4, 0, 1, 3).slice_hits == 0);
+  CHECK(owner.own("b", kT0 + 4).allowed);
   CHECK_FALSE(owner.own("b", kT0 + 4).allowed);
   // No slice for the owner itself, nor without a node to hold it.
   CHECK(owner.own("c", kT0 + 5, 1, 4, kOwner).slice_hits == 0);
   CHECK(owner.own("c", kT0 + 5, 1, 4, 0).slice_hits == 0);
   const engine::EngineStats s = owner.engine.stats();
-  CHECK(s.slices_granted == 3);
-  CHECK(s.slice_hits_granted == 8);
+  CHECK(s.slices_granted == 2);
+  CHECK(s.slice_hits_granted == 7);
 }
 
-TEST_CASE("a slice is at most an equal share of what is left between the nodes holding slices") {
+TEST_CASE("a slice is granted only when it is at most an equal share of what is left") {
   Node owner(lease_policy("100/1s", 10), kOwner);
-  // One asker: half of what is left (the other half for the owner's own checks).
-  CHECK(owner.own("a", kT0, 0, 100, 2).slice_hits == 50);
+  // One asker: half of what is left at most (the other half for the owner's own checks).
+  CHECK(owner.own("a", kT0, 0, 51, 2).slice_hits == 0);
+  CHECK(owner.own("a", kT0, 0, 50, 2).slice_hits == 50);
   // Node 3 shares the 50 left with node 2 and the owner: a third.
-  CHECK(owner.own("a", kT0 + 1, 0, 100, 3).slice_hits == 16);
+  CHECK(owner.own("a", kT0 + 1, 0, 17, 3).slice_hits == 0);
+  CHECK(owner.own("a", kT0 + 1, 0, 16, 3).slice_hits == 16);
   // Node 2 again: its own slice does not count against it, node 3's does (34 left, 3 parts).
-  CHECK(owner.own("a", kT0 + 2, 0, 100, 2).slice_hits == 11);
-  // A want under the share is granted whole.
+  CHECK(owner.own("a", kT0 + 2, 0, 12, 2).slice_hits == 0);
+  CHECK(owner.own("a", kT0 + 2, 0, 11, 2).slice_hits == 11);
+  // Four parts of 23: node 4 may have 5.
   CHECK(owner.own("a", kT0 + 3, 0, 2, 4).slice_hits == 2);
-  // Slices that expired no longer share: at 150 ms (ttl 100 ms) a lone asker gets half again.
-  // They count in full at their expiry: 100 - 79 = 21 left, 10 of them granted.
-  CHECK(owner.own("a", kT0 + 150, 0, 100, 5).slice_hits == 10);
-  // Never less than one while anything is left.
-  Node busy(lease_policy("3/1s", 10), kOwner);
-  CHECK(busy.own("b", kT0, 0, 1, 2).slice_hits == 1);
-  CHECK(busy.own("b", kT0, 0, 1, 3).slice_hits == 1);
-  CHECK(busy.own("b", kT0, 0, 1, 4).slice_hits == 1);
-  CHECK(busy.own("b", kT0, 0, 1, 5).slice_hits == 0);
+  // Slices that expired no longer share: at 150 ms (ttl 100 ms) a lone asker may have half
+  // again. They count in full at their expiry: 100 - 79 = 21 left.
+  CHECK(owner.own("a", kT0 + 150, 0, 11, 5).slice_hits == 0);
+  CHECK(owner.own("a", kT0 + 150, 0, 10, 5).slice_hits == 10);
+  // A scarce key: no slice, and the forwarded checks are decided one by one, to the limit.
+  Node busy(lease_policy("2/1s", 10), kOwner);
+  const engine::Decision first = busy.own("b", kT0, 1, 1, 2);
+  CHECK(first.allowed);
+  CHECK(first.slice_hits == 0);  // 1 left after it: a share of 0
+  CHECK(busy.own("b", kT0, 1, 1, 3).allowed);
+  CHECK_FALSE(busy.own("b", kT0, 1, 1, 4).allowed);
+  CHECK(busy.engine.stats().slices_granted == 0);
 }
 
 TEST_CASE(

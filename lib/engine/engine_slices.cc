@@ -120,11 +120,12 @@ void Engine::Impl::grant_slice(const rules::CheckRequest& req,
                                std::span<const rules::AppliedLimit> lims,
                                std::span<const uint32_t> spec_of, int64_t now_ms, BatchResult& out,
                                Decision& d) {
-  // One amount for every lease limit of the request: what was asked, and at most an equal share
-  // of the least any of them has left after the check, shared between the asker, every other
-  // node holding a live slice of the key, and this node (the owner decides its own checks of
-  // the key from what is left). A slice of all that was left, to one of several nodes, held that
-  // budget from the others while its holder used it at its own rate: under overload the key's
+  // What was asked, when that is no more than an equal share of the least any lease limit of the
+  // request has left after the check, shared between the asker, every other node holding a live
+  // slice of the key, and this node (the owner decides its own checks of the key from what is
+  // left); else no slice, and the asker's checks come here one by one, as in owner mode, until
+  // the key has room again. A slice of what a scarce key had left went to the first node to
+  // ask, which spent it at its own rate while the others waited: under overload each window's
   // admissions spread out and a true window held less (docs/benchmarks.md, "Slices shared").
   uint64_t left = UINT64_MAX;
   uint64_t others = 0;
@@ -141,9 +142,8 @@ void Engine::Impl::grant_slice(const rules::CheckRequest& req,
     if (const auto it = sh.slices.granted.find(lims[k].counter); it != sh.slices.granted.end())
       others = std::max(others, other_holders(it->second, req.slice_for, now_ms));
   }
-  if (!any || left == 0) return;
-  const uint64_t hits =
-      std::min<uint64_t>(req.slice_want, std::max<uint64_t>(1, left / (2 + others)));
+  const uint64_t hits = req.slice_want;
+  if (!any || hits == 0 || left / (2 + others) < hits) return;
   // Room under the memory cap for the slice's entries, as a table would need.
   for (size_t k = 0; k < lims.size(); ++k) {
     const Shard& sh = shards[lims[k].counter & shard_mask];
