@@ -332,11 +332,7 @@ func (c *Client) CheckBatch(ctx context.Context, checks []Check) ([]Result, erro
 		C.free(mem.block)
 		C.free(unsafe.Pointer(results))
 	}
-	if ctx.Done() == nil {
-		run()
-	} else {
-		go run()
-	}
+	start(ctx, run)
 	select {
 	case st := <-finished:
 		defer free()
@@ -409,11 +405,7 @@ func (c *Client) Release(ctx context.Context, chk Check, lease uint64) error {
 		C.free(mem.block)
 		finished <- st
 	}
-	if ctx.Done() == nil {
-		run()
-	} else {
-		go run()
-	}
+	start(ctx, run)
 	select {
 	case st := <-finished:
 		return releaseError(st)
@@ -424,6 +416,16 @@ func (c *Client) Release(ctx context.Context, chk Check, lease uint64) error {
 		default:
 			return ctx.Err()
 		}
+	}
+}
+
+// start runs a blocking C call: here when ctx can never end, else on a goroutine of its own, so
+// that the caller can stop waiting for it when ctx ends (the call still completes).
+func start(ctx context.Context, run func()) {
+	if ctx.Done() == nil {
+		run()
+	} else {
+		go run()
 	}
 }
 

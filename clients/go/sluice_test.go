@@ -16,32 +16,13 @@ import (
 	"time"
 )
 
-// The rules of every test node: 3 per minute per user (1-second buckets keep the count exact).
+// The rules of every test node (../testdata/rules.yaml, shared with the Python tests): 3 per
+// minute per user (1-second buckets keep the count exact).
 // Concurrency limits: in domain "c" at most inFlight leases held per user, each held 30 s unless
 // released; in domain "e" one, held shortTTL (the shortest lease_ttl there is).
 const limit = 3
 const inFlight = 2
 const shortTTL = time.Second
-const rules = `domains:
-  - name: t
-    rules:
-      - name: per-user
-        key: [user]
-        limits:
-          - {limit: 3, window: 1m, name: per-user, granularity: 1s}
-  - name: c
-    rules:
-      - name: in-flight
-        key: [user]
-        limits:
-          - {algorithm: concurrency, max_in_flight: 2, lease_ttl: 30s, name: in-flight}
-  - name: e
-    rules:
-      - name: short
-        key: [user]
-        limits:
-          - {algorithm: concurrency, max_in_flight: 1, lease_ttl: 1s, name: short}
-`
 
 // freePort is a port free for TCP and UDP on 127.0.0.1 right now.
 func freePort(t *testing.T) int {
@@ -75,8 +56,8 @@ func startNodeProcess(t *testing.T) (string, *exec.Cmd) {
 		t.Fatal("SLUICED_BIN must name the sluiced binary")
 	}
 	dir := t.TempDir()
-	rulesFile := filepath.Join(dir, "rules.yaml")
-	if err := os.WriteFile(rulesFile, []byte(rules), 0o644); err != nil {
+	rulesFile, err := filepath.Abs(filepath.Join("..", "testdata", "rules.yaml"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))

@@ -495,19 +495,23 @@ class Client:
         try:
             yield r
         except BaseException as body:
-            try:
-                self._release(p, r.lease)
-            except _GONE:
-                pass
-            except SluiceError as e:
-                if hasattr(body, "add_note"):  # Python 3.11
-                    body.add_note(f"sluice: lease {r.lease} was not released ({e}): it is held "
-                                  "until its lease_ttl is over")
+            self._release_held(p, r.lease, body)
             raise
+        self._release_held(p, r.lease)
+
+    def _release_held(self, p: _Prepared, lease: int, body: BaseException | None = None) -> None:
+        """acquire()'s release on exit: LeaseReleased and LeaseExpired are done; another failure
+        raises, or, when the block raised `body`, is only noted on it."""
         try:
-            self._release(p, r.lease)
+            self._release(p, lease)
         except _GONE:
             pass
+        except SluiceError as e:
+            if body is None:
+                raise
+            if hasattr(body, "add_note"):  # Python 3.11
+                body.add_note(f"sluice: lease {lease} was not released ({e}): it is held until "
+                              "its lease_ttl is over")
 
     def check_batch(self, checks: Sequence[CheckSpec]) -> List[Result]:
         """Several checks sharing requests: [(domain, entries) or (domain, entries, hits)].
@@ -658,19 +662,9 @@ class AsyncClient:
         try:
             yield r
         except BaseException as body:
-            try:
-                await loop.run_in_executor(None, self._client._release, p, r.lease)
-            except _GONE:
-                pass
-            except SluiceError as e:
-                if hasattr(body, "add_note"):  # Python 3.11
-                    body.add_note(f"sluice: lease {r.lease} was not released ({e}): it is held "
-                                  "until its lease_ttl is over")
+            await loop.run_in_executor(None, self._client._release_held, p, r.lease, body)
             raise
-        try:
-            await loop.run_in_executor(None, self._client._release, p, r.lease)
-        except _GONE:
-            pass
+        await loop.run_in_executor(None, self._client._release_held, p, r.lease)
 
     async def check_batch(self, checks: Sequence[CheckSpec]) -> List[Result]:
         """Concurrent async checks: they share requests inside libsluice like a batch does."""

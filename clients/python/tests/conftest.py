@@ -1,4 +1,4 @@
-"""Fixtures: real sluiced processes on free loopback ports, a rules file in the test's tmp dir.
+"""Fixtures: real sluiced processes on free loopback ports, with clients/testdata/rules.yaml.
 
 Environment: SLUICED_BIN (the daemon), SLUICE_LIBRARY (libsluice.so; tests/CMakeLists.txt sets
 both). Every wait is bounded; every sluiced is killed at the end of its test.
@@ -20,26 +20,9 @@ LIMIT = 3
 # released; in domain "e" one, held SHORT_TTL seconds (the shortest lease_ttl there is).
 IN_FLIGHT = 2
 SHORT_TTL = 1.0
-RULES = """domains:
-  - name: t
-    rules:
-      - name: per-user
-        key: [user]
-        limits:
-          - {limit: 3, window: 1m, name: per-user, granularity: 1s}
-  - name: c
-    rules:
-      - name: in-flight
-        key: [user]
-        limits:
-          - {algorithm: concurrency, max_in_flight: 2, lease_ttl: 30s, name: in-flight}
-  - name: e
-    rules:
-      - name: short
-        key: [user]
-        limits:
-          - {algorithm: concurrency, max_in_flight: 1, lease_ttl: 1s, name: short}
-"""
+# The rules of every node (shared with the Go tests); LIMIT, IN_FLIGHT and SHORT_TTL are its.
+RULES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "testdata",
+                          "rules.yaml")
 
 
 def free_port() -> int:
@@ -71,15 +54,13 @@ def start_node(tmp_path):
 
     def start():
         i = len(started)
-        rules = tmp_path / f"rules-{i}.yaml"
-        rules.write_text(RULES)
         port = free_port()
         addr = f"127.0.0.1:{port}"
         log = tmp_path / f"sluiced-{i}.log"
         with open(log, "w") as out:
             proc = subprocess.Popen(
                 [sluiced, "--udp", addr, "--tcp", addr, "--admin", "", "--grpc", "",
-                 "--data-dir", "", "--rules", str(rules), "--threads", "1", "--log-level", "warn"],
+                 "--data-dir", "", "--rules", RULES_FILE, "--threads", "1", "--log-level", "warn"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         node = Node(proc, addr, log)
         started.append(node)
