@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "load/stream_conn.h"
+
 namespace sluice::bench {
 
 namespace {
@@ -215,17 +217,20 @@ bool plain_key(std::string_view k) {
 
 // ---- the connection ---------------------------------------------------------------------------
 
-// Requests are appended to `out_` by send() and written by flush(); their start times wait in a
-// ring (answers come back in request order). `in_` holds what was read and not yet parsed. All
-// three are sized once: nothing is allocated per request once the buffers have grown to the
-// row's needs.
-class HttpConn final : public Conn {
+// Requests are appended to `out_` by send() and written by StreamConn::flush(); their start times
+// wait in a ring (answers come back in request order). `in_` holds what was read and not yet
+// parsed; it stops growing once it could hold two of the largest answers the parser accepts (an
+// answer that fills it is malformed, and the parser says so). All three are sized once: nothing is
+// allocated per request once the buffers have grown to the row's needs.
+class HttpConn final : public detail::StreamConn {
  public:
   HttpConn(int fd, const HttpConnOptions& o, ThreadContext& ctx)
-      : Conn(fd),
+      : StreamConn(fd, ctx.recorder->stats,
+                   {.in_initial_bytes = 64 * 1024,
+                    .in_grow_below_bytes = 2 * (kMaxResponseHeaderBytes + kMaxResponseBodyBytes),
+                    .error_prefix = "http "}),
         o_(o),
         rec_(*ctx.recorder),
-        stats_(*ctx.recorder->stats),
         stream_(*ctx.keys),
         starts_(std::max<uint32_t>(o.window, 1)) {
     if (o.scheme == HttpScheme::kSluiceCheck) {
@@ -242,7 +247,6 @@ class HttpConn final : public Conn {
       body_suffix_ = " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     }
     out_.reserve(starts_.size() * (head_.size() + body_prefix_.size() + body_suffix_.size() + 64));
-    in_.resize(64 * 1024);
   }
 
   bool has_room() const override { return inflight_ < starts_.size(); }
@@ -250,8 +254,8 @@ class HttpConn final : public Conn {
   void send(int64_t start) override {
     const uint32_t i = stream_.next();
     if (i >= o_.keys->names.size()) {
-      stats_.note_error("key index " + std::to_string(i) + " outside the keyspace of " +
-                        std::to_string(o_.keys->names.size()) + " keys");
+      stats_->note_error("key index " + std::to_string(i) + " outside the keyspace of " +
+                         std::to_string(o_.keys->names.size()) + " keys");
       fail();
       return;
     }
@@ -270,48 +274,29 @@ class HttpConn final : public Conn {
     ++inflight_;
   }
 
-  void flush() override {
-    // Bounded: each pass writes something or stops.
-    while (out_pos_ < out_.size()) {
-      const ssize_t n = ::send(fd_, out_.data() + out_pos_, out_.size() - out_pos_, MSG_NOSIGNAL);
-      if (n > 0) {
-        out_pos_ += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      if (n < 0 && errno == EINTR) continue;
-      stats_.note_error(std::string("http send: ") + std::strerror(errno));
-      fail();
-      return;
-    }
-    out_.clear();  // keeps its capacity
-    out_pos_ = 0;
-  }
-  bool wants_write() const override { return out_pos_ < out_.size(); }
-
   void on_readable(int64_t now) override {
-    const bool open = read_available();
+    // The server closing is reported below, after the answers read before it are handled.
+    const bool open = read_some() == ReadResult::kOpen;
     // Bounded: each pass consumes one answer or stops.
-    for (size_t guard = 0; guard < 1'000'000 && !failed_ && in_begin_ < in_end_; ++guard) {
-      const std::string_view in(in_.data() + in_begin_, in_end_ - in_begin_);
+    for (size_t guard = 0; guard < 1'000'000 && !failed_ && !pending_input().empty(); ++guard) {
+      const std::string_view in = pending_input();
       Response r;
       const char* why = "";
       const Parse p = parse_response(in, r, why);
       if (p == Parse::kIncomplete) break;
       if (p == Parse::kMalformed) {
-        stats_.note_error(std::string("malformed HTTP answer to ") + target_ + ": " + why +
-                          " (starts \"" + snippet(in.substr(0, 80)) + "\")");
+        stats_->note_error(std::string("malformed HTTP answer to ") + target_ + ": " + why +
+                           " (starts \"" + snippet(in.substr(0, 80)) + "\")");
         fail();
         return;
       }
-      in_begin_ += r.size;
+      consume(r.size);  // r.body still points into the buffer: consume() only moves indices
       handle(r, now);
     }
-    if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
     if (!open && !failed_) {
-      stats_.note_error(std::string("the server closed the HTTP connection (") + target_ +
-                        ") after " + std::to_string(answers_) + " answers, with " +
-                        std::to_string(inflight_) + " requests unanswered");
+      stats_->note_error(std::string("the server closed the HTTP connection (") + target_ +
+                         ") after " + std::to_string(answers_) + " answers, with " +
+                         std::to_string(inflight_) + " requests unanswered");
       fail();
     }
   }
@@ -320,13 +305,13 @@ class HttpConn final : public Conn {
   void handle(const Response& r, int64_t now) {
     if (r.status < 200) {
       if (r.status == 101) {
-        stats_.note_error("HTTP 101 (protocol switch) from " + target_);
+        stats_->note_error("HTTP 101 (protocol switch) from " + target_);
         fail();
       }
       return;  // an interim answer (100 Continue): the final one follows
     }
     if (inflight_ == 0) {
-      stats_.note_error("HTTP answer with no request in flight from " + target_);
+      stats_->note_error("HTTP answer with no request in flight from " + target_);
       fail();
       return;
     }
@@ -338,55 +323,22 @@ class HttpConn final : public Conn {
     if (r.status >= 200 && r.status < 300) {
       rec_.complete(start, now, 1, sent, r.size);
     } else if (r.status == 429) {
-      ++stats_.denied;
+      ++stats_->denied;
       rec_.complete(start, now, 1, sent, r.size);
     } else {
       const std::string body = snippet(r.body);
-      stats_.note_error("HTTP " + std::to_string(r.status) + " from " + target_ +
-                        (body.empty() ? "" : ": " + body));
+      stats_->note_error("HTTP " + std::to_string(r.status) + " from " + target_ +
+                         (body.empty() ? "" : ": " + body));
     }
     if (r.close) {
-      stats_.note_error(std::string("the server ended keep-alive (Connection: close) on ") +
-                        target_ + " after " + std::to_string(answers_) + " answers");
+      stats_->note_error(std::string("the server ended keep-alive (Connection: close) on ") +
+                         target_ + " after " + std::to_string(answers_) + " answers");
       fail();
     }
   }
 
-  // Reads what is available (a few buffers full at most). False when the peer closed or failed;
-  // what was read before stays to be parsed.
-  bool read_available() {
-    for (int i = 0; i < 8; ++i) {
-      if (in_end_ == in_.size()) {
-        if (in_begin_ > 0) {
-          std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
-          in_end_ -= in_begin_;
-          in_begin_ = 0;
-        } else if (in_.size() < 2 * (kMaxResponseHeaderBytes + kMaxResponseBodyBytes)) {
-          in_.resize(in_.size() * 2);
-        } else {
-          return true;  // one answer this large is malformed: the parser says so
-        }
-      }
-      const ssize_t n = ::recv(fd_, in_.data() + in_end_, in_.size() - in_end_, 0);
-      if (n > 0) {
-        in_end_ += static_cast<size_t>(n);
-        if (in_end_ < in_.size()) return true;  // drained the socket
-        continue;
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        stats_.note_error(std::string("http recv: ") + std::strerror(errno));
-        fail();
-      }
-      return false;
-    }
-    return true;
-  }
-
   HttpConnOptions o_;
   Recorder& rec_;
-  RowStats& stats_;
   KeyStream& stream_;
   std::string target_;  // for messages: "POST /v1/check"
   // A request is head_ [Content-Length "\r\n\r\n" body_prefix_] key body_suffix_.
@@ -396,10 +348,6 @@ class HttpConn final : public Conn {
   size_t head_slot_ = 0;
   size_t inflight_ = 0;
   uint64_t answers_ = 0;
-  std::string out_;
-  size_t out_pos_ = 0;
-  std::vector<char> in_;
-  size_t in_begin_ = 0, in_end_ = 0;
 };
 
 // The nginx binary: "nginx" on PATH, else Debian's /usr/sbin/nginx (not on a user's PATH).

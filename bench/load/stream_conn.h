@@ -1,6 +1,7 @@
-// Private to bench/load: what targets.cc (sluiced) and targets_kv.cc (Redis, memcached) both
-// use. StreamConn is the byte-stream connection base (buffered output, an input buffer) of the
-// TCP targets; SyncClient is the blocking client of the probes and setup helpers.
+// Private to bench/load: what targets.cc (sluiced), targets_kv.cc (Redis, memcached) and
+// http_target.cc (sluiced's /v1/check, nginx) share. StreamConn is the byte-stream connection base
+// (buffered output, an input buffer) of the TCP and HTTP targets; SyncClient is the blocking
+// client of the probes and setup helpers of targets.cc and targets_kv.cc.
 #pragma once
 
 #include <poll.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -23,6 +25,16 @@ namespace sluice::bench::detail {
 
 // ---- a byte-stream connection: buffered output, input buffer ------------------------------------
 
+// How a StreamConn sizes its input buffer and names its socket errors. The defaults are the TCP
+// targets'.
+struct StreamConnOptions {
+  size_t in_initial_bytes = 256 * 1024;
+  // A full input buffer doubles only while it is smaller than this; past it, reading stops until
+  // the owner consumes (so its parser must call an answer that large malformed, or it stalls).
+  size_t in_grow_below_bytes = SIZE_MAX;
+  const char* error_prefix = "";  // before "send: " and "recv: " in error messages
+};
+
 class StreamConn : public Conn {
  public:
   void flush() override {
@@ -35,44 +47,68 @@ class StreamConn : public Conn {
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n < 0 && errno == EINTR) continue;
-      stats_->note_error(std::string("send: ") + std::strerror(errno));
+      stats_->note_error(std::string(error_prefix_) + "send: " + std::strerror(errno));
       fail();
       return;
     }
-    out_.clear();
+    out_.clear();  // keeps its capacity
     out_pos_ = 0;
   }
   bool wants_write() const override { return out_pos_ < out_.size(); }
 
  protected:
-  StreamConn(int fd, RowStats* stats) : Conn(fd), stats_(stats) { in_.resize(256 * 1024); }
+  StreamConn(int fd, RowStats* stats, const StreamConnOptions& o = {})
+      : Conn(fd),
+        stats_(stats),
+        in_grow_below_(o.in_grow_below_bytes),
+        error_prefix_(o.error_prefix) {
+    in_.resize(o.in_initial_bytes);
+  }
 
-  // Reads what is available (at most a few buffers full). False when the peer closed or failed.
-  bool read_available() {
+  enum class ReadResult {
+    kOpen,        // read what there was (maybe nothing)
+    kPeerClosed,  // the peer closed its side; nothing noted, the connection not failed
+    kFailed,      // recv failed: noted in the stats, the connection failed
+  };
+  // Reads what is available (at most a few buffers full). Whatever it returns, what was read
+  // stays in the input buffer to be parsed.
+  ReadResult read_some() {
     for (int i = 0; i < 8; ++i) {
       if (in_end_ == in_.size()) {
         if (in_begin_ > 0) {
           std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
           in_end_ -= in_begin_;
           in_begin_ = 0;
-        } else {
+        } else if (in_.size() < in_grow_below_) {
           in_.resize(in_.size() * 2);
+        } else {
+          return ReadResult::kOpen;  // full at the limit: the owner's parser has to decide
         }
       }
       const ssize_t n = ::recv(fd_, in_.data() + in_end_, in_.size() - in_end_, 0);
       if (n > 0) {
         in_end_ += static_cast<size_t>(n);
-        if (in_end_ < in_.size()) return true;  // drained the socket
+        if (in_end_ < in_.size()) return ReadResult::kOpen;  // drained the socket
         continue;
       }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ReadResult::kOpen;
       if (n < 0 && errno == EINTR) continue;
-      stats_->note_error(n == 0 ? std::string("connection closed by the server")
-                                : std::string("recv: ") + std::strerror(errno));
+      if (n == 0) return ReadResult::kPeerClosed;
+      stats_->note_error(std::string(error_prefix_) + "recv: " + std::strerror(errno));
       fail();
-      return false;
+      return ReadResult::kFailed;
     }
-    return true;
+    return ReadResult::kOpen;
+  }
+  // read_some(), the peer closing being an error too (noted, the connection failed). False when
+  // the peer closed or failed.
+  bool read_available() {
+    const ReadResult r = read_some();
+    if (r == ReadResult::kPeerClosed) {
+      stats_->note_error("connection closed by the server");
+      fail();
+    }
+    return r == ReadResult::kOpen;
   }
   std::string_view pending_input() const { return {in_.data() + in_begin_, in_end_ - in_begin_}; }
   void consume(size_t n) {
@@ -85,6 +121,10 @@ class StreamConn : public Conn {
   size_t out_pos_ = 0;
   std::vector<char> in_;
   size_t in_begin_ = 0, in_end_ = 0;
+
+ private:
+  size_t in_grow_below_;
+  const char* error_prefix_;
 };
 
 // ---- blocking helpers for setup -----------------------------------------------------------------
