@@ -1121,3 +1121,65 @@ TEST_CASE(
   small.set_capacity(4, 3);
   CHECK(s.admitted(3, {{"user", "x"}}, kT0) == 2);
 }
+
+TEST_CASE("a one-limit rule decides as the same limit among several does, on random traces") {
+  // A request of one rule with one window limit takes its own path through the engine
+  // (Engine::Impl::decide_one); with a second limit that never binds it takes the general one.
+  // Both must give the same decisions, limit results and rule statistics, whatever the mode,
+  // estimator, count_denied, hits and timing.
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto next = [&x](uint64_t n) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x % n;
+  };
+  const char* limits[] = {"7/1s", "20/10s", "50/1m", "400/10m"};
+  const rules::Mode modes[] = {rules::Mode::kEnforce, rules::Mode::kShadow, rules::Mode::kDryRun};
+  for (int round = 0; round < 24; ++round) {
+    const char* text = limits[round % 4];
+    const rules::Mode mode = modes[round % 3];
+    auto make = [&](bool extra) {
+      std::vector<rules::Limit> ls{limit(text)};
+      if (extra) ls.push_back(limit("1000000000/1d"));
+      rules::Rule r = rule("r", {"user"}, std::move(ls), mode);
+      r.count_denied = (round / 3) % 2 == 1;
+      r.estimator =
+          (round / 6) % 2 == 1 ? window::Estimator::kStrict : window::Estimator::kWeighted;
+      return compile(one_domain({r}));
+    };
+    Engine one(make(false));
+    Engine several(make(true));
+    Checker a{one, {}, {}};
+    Checker b{several, {}, {}};
+    int64_t now = kT0 + static_cast<int64_t>(next(60'000));
+    for (int n = 0; n < 3000; ++n) {
+      now += static_cast<int64_t>(next(4) == 0 ? next(3000) : next(40));
+      const std::string user = std::to_string(next(3));
+      const uint64_t hits = next(8) == 0 ? 0 : 1 + next(3);
+      const auto& da = a.check({{"user", user}}, now, hits);
+      const auto& db = b.check({{"user", user}}, now, hits);
+      INFO("round " << round << " check " << n << " at " << now - kT0 << " hits " << hits);
+      REQUIRE(da.allowed == db.allowed);
+      REQUIRE(da.shadow == db.shadow);
+      REQUIRE(da.would_deny == db.would_deny);
+      REQUIRE(a.limits().size() == 1);
+      REQUIRE(b.limits().size() == 2);
+      const auto& la = a.limits()[0];
+      const auto& lb = b.limits()[0];
+      REQUIRE(la.exceeded == lb.exceeded);
+      REQUIRE(la.remaining == lb.remaining);
+      REQUIRE(la.reset_ms == lb.reset_ms);
+      REQUIRE(la.retry_after_ms == lb.retry_after_ms);
+    }
+    const auto& sa = stats_of(one.stats(), "api/r");
+    const auto& sb = stats_of(several.stats(), "api/r");
+    CHECK(sa.allowed == sb.allowed);
+    CHECK(sa.denied == sb.denied);
+    CHECK(sa.shadow_denied == sb.shadow_denied);
+    CHECK(sa.would_deny == sb.would_deny);
+    CHECK(sa.allowed + sa.denied + sa.shadow_denied + sa.would_deny == 3000);
+    CHECK(sa.allowed > 0);  // the trace both admits and denies, in every round
+    CHECK(sa.allowed < 3000);
+  }
+}

@@ -92,6 +92,43 @@ void flush_rule_stats(Scratch& sc, std::span<Shard> shards) {
   sc.rule_stats_touched.clear();
 }
 
+// A rule's statistics for this check: the batch's (kBatchStatsFrom), else those of `sh`, the
+// shard of the rule's first counter, whose lock the caller holds (one more lock for one check
+// would cost more than the shared line it saves).
+RuleCounters& rule_counters(Scratch& sc, Shard& sh, uint32_t stats_id) {
+  return sc.batch_rule_stats ? sc.rule_stats_of(stats_id) : sh.rule_stats[stats_id];
+}
+
+// Adds a rule's outcome (`ok`: its limits admitted the request) to its statistics.
+void tally(RuleCounters& rs, bool ok, Mode mode) {
+  if (ok) {
+    ++rs.allowed;
+  } else if (mode == Mode::kEnforce) {
+    ++rs.denied;
+  } else if (mode == Mode::kShadow) {
+    ++rs.shadow_denied;
+  } else {
+    ++rs.would_deny;
+  }
+}
+
+// A decision's outcome from which modes of rule denied it.
+void set_outcome(Decision& d, bool enforce_denied, bool shadow_denied, bool dry_denied) {
+  d.allowed = !enforce_denied && !shadow_denied;
+  d.shadow = shadow_denied && !enforce_denied;
+  d.would_deny = dry_denied;
+}
+
+// Counts hits into a window counter's bucket at m; returns how many were added (fewer only at
+// saturation).
+uint64_t count_window(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id,
+                      const window::Moment& m, uint64_t hits) {
+  const uint64_t added = window::add(t.own(i), m, hits);
+  set_changed(sh, t, i, spec_id,
+              CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
+  return added;
+}
+
 // Batches of at least this many requests add up their rule statistics before adding them to a
 // shard (flush_rule_stats).
 constexpr size_t kBatchStatsFrom = 8;
@@ -292,6 +329,78 @@ void Engine::Impl::answer_gcra(const State& st, const rules::CheckRequest& req,
   }
 }
 
+void Engine::Impl::report_window(const State& st, const rules::CheckRequest& req,
+                                 const rules::AppliedRule& ar, const rules::AppliedLimit& al,
+                                 Shard& sh, const CounterTable& t, size_t i,
+                                 const window::Moment& m, const window::Usage& before,
+                                 uint64_t added, uint64_t lim, bool ok, int64_t now_ms,
+                                 BatchResult& out) {
+  const window::LimitState ls = window::limit_state_after(
+      t.counted_view(i), t.spec(), ar.rule->estimator, m, before, added, req.hits, lim);
+  const uint64_t used = lim - std::min(lim, ls.remaining);
+  if (!ok || used * 5 >= lim * 4) {
+    note_hot(sh, al.counter, st.stats_ids[ar.stats_index], ar, al, req, used, !ok, now_ms);
+  }
+  fill_limit_result(out, ar, al, ls, ok);
+}
+
+bool Engine::Impl::decides_alone(const rules::AppliedRule& ar, const rules::AppliedLimit& al,
+                                 const Fallback& fallback) const {
+  const rules::Limit& l = *al.limit;
+  if (l.algorithm != rules::Algorithm::kWindow || l.spec.gcra) return false;
+  const rules::Consistency c = ar.rule->consistency;
+  // In a cluster a gossip limit has a demand twin, and a lease limit may hand out slices.
+  if (opt.node_id != 0 && (c == rules::Consistency::kGossip || c == rules::Consistency::kLease)) {
+    return false;
+  }
+  return fallback.members == 0 || !rules::owner_decides(c);
+}
+
+void Engine::Impl::decide_one(const State& st, const rules::CheckRequest& req,
+                              const rules::AppliedRule& ar, const rules::AppliedLimit& al,
+                              int64_t now_ms, const Fallback& fallback, BatchResult& out,
+                              Decision& d) {
+  Scratch& sc = tls_scratch;
+  const uint64_t hits = req.hits;
+  const uint32_t spec_id = st.spec_ids[al.spec_index];
+  Shard& sh = shards[al.counter & shard_mask];
+  sh.lock.lock();
+  CounterTable& t = table(sh, spec_id);
+  bool inserted = false;
+  const int64_t found =
+      find_or_insert(sh, t, spec_id, al.counter, now_ms, {&al.counter, 1}, inserted);
+  if (found < 0) [[unlikely]] {
+    sh.lock.unlock();
+    answer_no_room(d);
+    return;
+  }
+  const auto i = static_cast<size_t>(found);
+  window::Moment m;
+  bring_to_now(t, i, sc.moment_now(t.spec(), now_ms), m);
+  const uint64_t lim =
+      limit_here(capacity.load(std::memory_order_relaxed), al, *ar.rule, fallback, now_ms);
+  const window::Usage before = window::usage(t.counted_view(i), t.spec(), m);
+  const bool ok = window::admits(before, t.spec(), ar.rule->estimator, m, hits, lim);
+  set_outcome(d, !ok && ar.mode == Mode::kEnforce, !ok && ar.mode == Mode::kShadow,
+              !ok && ar.mode == Mode::kDryRun);
+  tally(rule_counters(sc, sh, st.stats_ids[ar.stats_index]), ok, ar.mode);
+  d.first_limit = static_cast<uint32_t>(out.limits.size());
+  d.num_limits = 1;
+  uint64_t added = 0;
+  if (((d.allowed && ok) || ar.rule->count_denied) && hits > 0) {
+    added = count_window(sh, t, i, spec_id, m, hits);
+  }
+  report_window(st, req, ar, al, sh, t, i, m, before, added, lim, ok, now_ms, out);
+  sh.lock.unlock();
+}
+
+void Engine::Impl::answer_no_room(Decision& d) {
+  d.allowed = true;
+  d.no_room = true;
+  d.num_limits = 0;
+  no_room.fetch_add(1, std::memory_order_relaxed);
+}
+
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
                           const rules::ResolvedRequest& rr, int64_t now_ms, Fallback fallback,
                           BatchResult& out, Decision& d) {
@@ -299,6 +408,15 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
   Scratch& sc = tls_scratch;
   const rules::Resolution& res = sc.res;
   const auto* rules_begin = res.rules.data() + rr.first_rule;
+  // The common request, one rule with one window limit that this node decides on its own, takes
+  // a path without the per-request bookkeeping of several counters (scratch vectors, twins,
+  // leases): the same decision, counted and reported by the same helpers.
+  if (rr.num_rules == 1 && rules_begin[0].num_limits == 1 &&
+      decides_alone(rules_begin[0], res.limits[rules_begin[0].first_limit], fallback)) {
+    decide_one(st, req, rules_begin[0], res.limits[rules_begin[0].first_limit], now_ms, fallback,
+               out, d);
+    return;
+  }
   const uint32_t first_limit = rules_begin[0].first_limit;
   uint32_t num_limits = 0;
   for (uint32_t r = 0; r < rr.num_rules; ++r)
@@ -387,10 +505,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     // The memory cap leaves no room even after evicting: answer without counting (fail open),
     // visibly. Only a cap far below one table per shard gets here.
     unlock_shards(shard_set);
-    d.allowed = true;
-    d.no_room = true;
-    d.num_limits = 0;
-    no_room.fetch_add(1, std::memory_order_relaxed);
+    answer_no_room(d);
     return;
   }
 
@@ -494,9 +609,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       }
     }
   }
-  d.allowed = !enforce_denied && !shadow_denied;
-  d.shadow = shadow_denied && !enforce_denied;
-  d.would_deny = dry_denied;
+  set_outcome(d, enforce_denied, shadow_denied, dry_denied);
 
   // Count, then report each limit as it stands after this request.
   d.first_limit = static_cast<uint32_t>(out.limits.size());
@@ -507,24 +620,10 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     // A rule counts what was admitted if it would itself have admitted it (a dry-run rule thus
     // tracks what enforcing would have let through), and everything if it counts denials.
     const bool counted = (d.allowed && sc.rule_ok[r]) || ar.rule->count_denied;
-    // A batch of several adds them up and into a shard once at its end (flush_rule_stats); a
-    // request on its own adds them to the shard of the rule's first counter, whose lock is held
-    // (one more lock for one check would cost more than the shared line it saves).
-    const uint32_t stats_id = st.stats_ids[ar.stats_index];
-    RuleCounters& rs =
-        sc.batch_rule_stats
-            ? sc.rule_stats_of(stats_id)
-            : shards[(ar.num_limits ? lims[k].counter : lims[0].counter) & shard_mask]
-                  .rule_stats[stats_id];
-    if (sc.rule_ok[r]) {
-      ++rs.allowed;
-    } else if (ar.mode == Mode::kEnforce) {
-      ++rs.denied;
-    } else if (ar.mode == Mode::kShadow) {
-      ++rs.shadow_denied;
-    } else {
-      ++rs.would_deny;
-    }
+    tally(
+        rule_counters(sc, shards[(ar.num_limits ? lims[k].counter : lims[0].counter) & shard_mask],
+                      st.stats_ids[ar.stats_index]),
+        sc.rule_ok[r] != 0, ar.mode);
     for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
@@ -543,31 +642,16 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
                     cap, now_ms, out);
         continue;
       }
+      Shard& sh = shards[lims[k].counter & shard_mask];
       uint64_t added = 0;
-      if (counted && hits > 0) {
-        added = window::add(t.own(i), m, hits);
-        set_changed(
-            shards[lims[k].counter & shard_mask], t, i, st.spec_ids[lims[k].spec_index],
-            CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
-      }
+      if (counted && hits > 0) added = count_window(sh, t, i, sc.spec_of[k], m, hits);
       if (sc.twin[k] != 0 && hits > 0) {  // demand: every check, admitted or not
         const size_t tw = sc.twin[k];
-        CounterTable& dt = *sc.tables[tw];
-        const size_t di = sc.slots[tw];
-        window::add(dt.own(di), sc.at[tw], hits);
-        set_changed(
-            shards[sc.pinned[tw] & shard_mask], dt, di, sc.spec_of[tw],
-            CounterTable::kDirtyFlag | CounterTable::kOwnChangedFlag | CounterTable::kRecentFlag);
+        count_window(shards[sc.pinned[tw] & shard_mask], *sc.tables[tw], sc.slots[tw],
+                     sc.spec_of[tw], sc.at[tw], hits);
       }
-      const uint64_t lim = sc.limit_in_force[k];
-      const window::LimitState ls = window::limit_state_after(
-          t.counted_view(i), t.spec(), ar.rule->estimator, m, sc.usage[k], added, hits, lim);
-      const uint64_t used = lim - std::min(lim, ls.remaining);
-      if (!sc.limit_ok[k] || used * 5 >= lim * 4) {
-        note_hot(shards[lims[k].counter & shard_mask], lims[k].counter,
-                 st.stats_ids[ar.stats_index], ar, lims[k], req, used, !sc.limit_ok[k], now_ms);
-      }
-      fill_limit_result(out, ar, lims[k], ls, sc.limit_ok[k] != 0);
+      report_window(st, req, ar, lims[k], sh, t, i, m, sc.usage[k], added, sc.limit_in_force[k],
+                    sc.limit_ok[k] != 0, now_ms, out);
     }
   }
   if (lease_mode && req.slice_want > 0 && req.slice_for != 0 && req.slice_for != opt.node_id &&

@@ -377,6 +377,23 @@ struct Engine::Impl {
                   int64_t now_ms);
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, Fallback fallback, BatchResult& out, Decision& d);
+  // True when a request of one rule `ar` with one limit `al` touches no counter but its own:
+  // a window limit (not GCRA, not concurrency), no demand twin or slices (a cluster's gossip and
+  // lease rules), and not decided for an out-of-reach owner. decide_one then decides it.
+  bool decides_alone(const rules::AppliedRule& ar, const rules::AppliedLimit& al,
+                     const Fallback& fallback) const;
+  void decide_one(const State& st, const rules::CheckRequest& req, const rules::AppliedRule& ar,
+                  const rules::AppliedLimit& al, int64_t now_ms, const Fallback& fallback,
+                  BatchResult& out, Decision& d);
+  // Reports a window limit after a check (`added` of its hits went into m's bucket, whose usage
+  // before was `before`; `lim` in force; `ok`: it admitted them), and notes the key when hot.
+  // The caller holds the lock of `sh`, the counter's shard.
+  void report_window(const State& st, const rules::CheckRequest& req, const rules::AppliedRule& ar,
+                     const rules::AppliedLimit& al, Shard& sh, const CounterTable& t, size_t i,
+                     const window::Moment& m, const window::Usage& before, uint64_t added,
+                     uint64_t lim, bool ok, int64_t now_ms, BatchResult& out);
+  // The memory cap left no room for a request's counters: allowed uncounted, visibly.
+  void answer_no_room(Decision& d);
 
   // Moves a counter's ring to now (its buckets that left the window are zeroed); sets `at` to
   // the moment to evaluate it at (of window::effective_now). `now` is the moment of now_ms for the
