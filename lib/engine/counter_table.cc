@@ -21,11 +21,9 @@ CounterTable::CounterTable(const window::WindowSpec& spec, bool with_others)
 size_t CounterTable::stride_for(const window::WindowSpec& spec, bool with_others) {
   const size_t ring = spec.ring_size();
   if (with_others) return 4 + 2 * ring;  // as before: a cluster member's slots keep their size
-  // Own counts only: padded to 32 or 64 bytes when that fits (the table is line-aligned).
+  // Own counts only, and no padding beyond keeping the head word 8-byte aligned.
   const size_t words = 4 + ring;
-  if (words <= 8) return 8;
-  if (words <= 16) return 16;
-  return words + (words & 1);  // the head word stays 8-byte aligned
+  return words + (words & 1);
 }
 
 size_t CounterTable::grown_capacity() const {

@@ -10,9 +10,12 @@
 //   counts carried over from other counters; 40..56: the policy epoch it last took them in),
 //   [4 .. 4+R)  own counts, [4+R .. 4+2R) others' counts      (R = ring size of the spec)
 // A table of a node without a cluster keeps no others' counts (no other node reports any): its
-// slots end after the own counts, padded to 32 or 64 bytes when that fits, so that a slot never
-// straddles two cache lines. One slot of a one-minute limit with one-minute buckets (R = 2) is 32
-// bytes either way; with the default six-second buckets (R = 11) 104 bytes, or 64 on its own.
+// slots end after the own counts (one word more when R is odd, keeping the head word 8-byte
+// aligned). One slot of a one-minute limit with one-minute buckets (R = 2) is 32 bytes in a
+// cluster and 24 on its own; with the default six-second buckets (R = 11) 104, or 64 on its own.
+// Slots were once padded to 32 or 64 bytes so that none straddled two cache lines; since a check
+// prefetches kPrefetchBytes from the home slot, the 24-byte slot measured as fast as the 32-byte
+// one and takes a quarter less memory (docs/benchmarks.md, "24-byte slots").
 //
 // Not thread-safe: the owning shard's lock guards every call except prefetch(), which may race
 // with a rehash by design (a prefetch of a stale address is harmless and never faults).
@@ -183,8 +186,7 @@ class CounterTable {
   size_t stride_;        // words per slot
   size_t cap_ = 0;
   size_t size_ = 0;
-  // Slot storage: aligned to a cache line, so a 32-byte slot never straddles two lines (a check
-  // then waits for one miss, not two); zeroed (all slots empty). Big tables are mapped and
+  // Slot storage: aligned to a cache line; zeroed (all slots empty). Big tables are mapped and
   // advised to use transparent huge pages, so a random lookup rarely misses the TLB as well.
   static std::unique_ptr<uint32_t[], SlotStorage> allocate(size_t words);
   std::unique_ptr<uint32_t[], SlotStorage> data_;
