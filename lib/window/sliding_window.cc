@@ -88,6 +88,14 @@ u128 scaled(const Split& s, Estimator est, int64_t bucket_ms, int64_t elapsed, u
   const u128 b = static_cast<u128>(bucket_ms);
   if (est == Estimator::kStrict) return (static_cast<u128>(s.full) + s.straddle) * b;
   const u128 weighted = static_cast<u128>(s.straddle) * static_cast<u128>(bucket_ms - elapsed);
+  // The floor, straddle * B - floor(limit * B / n), passes the weighted count only when
+  // straddle * elapsed > floor(limit * B / n), that is when straddle * elapsed * n > limit * B:
+  // asked without dividing, the common answer (a key not bunched at its limit) costs none.
+  // Both products fit in 128 bits: straddle and limit < 2^64, elapsed < B <= a year in ms < 2^35,
+  // n <= kMaxBuckets < 2^11.
+  if (static_cast<u128>(s.straddle) * static_cast<u128>(elapsed) * n <=
+      static_cast<u128>(limit) * b)
+    return static_cast<u128>(s.full) * b + weighted;
   return static_cast<u128>(s.full) * b +
          std::max(weighted, straddle_floor(s.straddle, bucket_ms, limit, n));
 }
