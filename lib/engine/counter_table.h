@@ -14,7 +14,7 @@
 // aligned). One slot of a one-minute limit with one-minute buckets (R = 2) is 32 bytes in a
 // cluster and 24 on its own; with the default six-second buckets (R = 11) 104, or 64 on its own.
 // Slots were once padded to 32 or 64 bytes so that none straddled two cache lines; since a check
-// prefetches kPrefetchBytes from the home slot, the 24-byte slot measured as fast as the 32-byte
+// prefetches the slots past its home, the 24-byte slot measured as fast as the 32-byte
 // one and takes a quarter less memory (docs/benchmarks.md, "24-byte slots").
 //
 // Not thread-safe: the owning shard's lock guards every call except prefetch(), which may race
@@ -92,10 +92,13 @@ class CounterTable {
   void erase_at(size_t index);
   void rehash(size_t new_capacity);
 
-  // Starts the counter's likely slots on their way into the cache (kPrefetchBytes from its home).
+  // Starts the counter's likely slots on their way into the cache: kPrefetchSlots slots from its
+  // home, at most kPrefetchBytes (and at least the home slot). 256 bytes measured best of 192, 256
+  // and 320 on 64-byte slots, 6-13 % faster than the home slot alone at 1M uniform keys; on
+  // 24-byte slots four slots (96 bytes) ran faster than 256 bytes (docs/benchmarks.md,
+  // "Prefetching past the home slot", "One rule, one limit: a path of its own").
   void prefetch(uint64_t counter) const;
-  // 256 bytes measured best of 192, 256 and 320, and 6-13 % faster than the home slot alone at
-  // 1M uniform keys (docs/benchmarks.md, "Prefetching past the home slot").
+  static constexpr size_t kPrefetchSlots = 4;
   static constexpr size_t kPrefetchBytes = 256;
 
   // Slot accessors.
