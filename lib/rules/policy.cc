@@ -652,35 +652,42 @@ std::shared_ptr<const Policy> Policy::compile(RuleSet rules, const Overrides& ov
 }
 
 ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolution& out) const {
-  const Impl& p = *impl_;
   ResolvedRequest res;
+  resolve(req, now_ms, out, res);
+  return res;
+}
+
+void Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolution& out,
+                     ResolvedRequest& res) const {
+  const Impl& p = *impl_;
+  res = ResolvedRequest{};
   res.first_rule = static_cast<uint32_t>(out.rules.size());  // valid even when nothing applies
   res.first_carry = static_cast<uint32_t>(out.carry.size());
   // Validation in a fixed order, so a request with several faults always gets the same answer.
   if (req.domain.empty()) {
     res.error = CheckError::kEmptyDomain;
-    return res;
+    return;
   }
   if (req.hits > p.input.max_hits) {
     res.error = CheckError::kHitsTooLarge;
-    return res;
+    return;
   }
   const std::span<const Descriptor> desc = req.descriptors;
   if (desc.size() > p.input.max_descriptors) {
     res.error = CheckError::kTooManyDescriptors;
-    return res;
+    return;
   }
   bool too_long = false;
   for (const Descriptor& d : desc) {
     if (d.key.empty()) {
       res.error = CheckError::kEmptyDescriptorKey;
-      return res;
+      return;
     }
     too_long |= d.key.size() > p.input.max_entry_bytes || d.value.size() > p.input.max_entry_bytes;
   }
   if (too_long) {
     res.error = CheckError::kEntryTooLong;
-    return res;
+    return;
   }
   const auto dit = p.domain_index.find(req.domain);
   const bool envoy = dit != p.domain_index.end() && p.domains[dit->second].domain->envoy;
@@ -690,18 +697,18 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
     for (size_t j = 0; j < i; ++j) {
       if (desc[i].key == desc[j].key) {
         res.error = CheckError::kDuplicateDescriptor;
-        return res;
+        return;
       }
     }
   }
   if (dit == p.domain_index.end()) {
     res.error = CheckError::kUnknownDomain;
-    return res;
+    return;
   }
   const CompiledDomain& cd = p.domains[dit->second];
   if (allowlisted(cd, desc)) {
     res.allowlisted = true;
-    return res;
+    return;
   }
 
   if (req.has_limit_override) {
@@ -712,7 +719,7 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
     }
     if (unit == nullptr) {
       res.error = CheckError::kBadLimitOverride;
-      return res;
+      return;
     }
     const CompiledRule& cr = cd.limit_override;
     KeyBuffer key;
@@ -725,17 +732,17 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
     out.limits.push_back(AppliedLimit{unit->limit, mix_counter(kh, unit->limit->spec),
                                       unit->spec_index, req.limit_override_requests});
     res.num_rules = 1;
-    return res;
+    return;
   }
 
   if (cd.domain->envoy) {
     const CompiledEnvoyNode* node = envoy_walk(cd.envoy, desc);
-    if (node == nullptr) return res;
+    if (node == nullptr) return;
     if (node->unlimited) {
       res.allowlisted = true;
-      return res;
+      return;
     }
-    if (node->rule < 0) return res;
+    if (node->rule < 0) return;
     // The path's keys are the request's keys, one per level: its values in order are the key.
     const CompiledRule& cr = cd.rules[static_cast<size_t>(node->rule)];
     KeyBuffer key;
@@ -744,7 +751,7 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
       fits = fits && key.add(d.value);
     const uint64_t kh = fits ? key.digest(cr.seed) : hash_entries(cr.seed, desc, false);
     apply_rule(p, cd, cr, kh, now_ms, desc, out, res);
-    return res;
+    return;
   }
 
   for (const CompiledRule& cr : cd.rules) {
@@ -765,7 +772,6 @@ ResolvedRequest Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolut
     const uint64_t kh = fits ? key.digest(cr.seed) : hash_long_key(cr.seed, rule.key, desc);
     apply_rule(p, cd, cr, kh, now_ms, desc, out, res);
   }
-  return res;
 }
 
 const Rule* Policy::envoy_rule(std::string_view domain, std::span<const Descriptor> entries,

@@ -377,6 +377,11 @@ class Policy {
   // of the limit sets the key was under before (CarrySource: only for keys whose override changed
   // within a window). Never allocates once `out` is warm; never throws.
   ResolvedRequest resolve(const CheckRequest& req, int64_t now_ms, Resolution& out) const;
+  // The same, into `res` (the engine's batch: a ResolvedRequest returned through the stack and
+  // copied into place was read back in wider pieces than it was written, which the store buffer
+  // cannot forward).
+  void resolve(const CheckRequest& req, int64_t now_ms, Resolution& out,
+               ResolvedRequest& res) const;
 
   // Envoy domains (Domain::envoy): the rule upstream's tree walk reaches for `entries` (nullptr:
   // none), `unlimited` set when it reaches an unlimited node. Counts nothing; never allocates.
