@@ -21,9 +21,9 @@ CounterTable::CounterTable(const window::WindowSpec& spec, bool with_others)
 size_t CounterTable::stride_for(const window::WindowSpec& spec, bool with_others) {
   const size_t ring = spec.ring_size();
   if (with_others) return 4 + 2 * ring;  // as before: a cluster member's slots keep their size
-  // Own counts only, and no padding beyond keeping the head word 8-byte aligned.
-  const size_t words = 4 + ring;
-  return words + (words & 1);
+  // Own counts only, unpadded: every access to a slot goes through 32-bit words or memcpy (the
+  // head word), so a slot needs no more than 4-byte alignment.
+  return 4 + ring;
 }
 
 size_t CounterTable::grown_capacity() const {

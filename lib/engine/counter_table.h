@@ -10,12 +10,12 @@
 //   counts carried over from other counters; 40..56: the policy epoch it last took them in),
 //   [4 .. 4+R)  own counts, [4+R .. 4+2R) others' counts      (R = ring size of the spec)
 // A table of a node without a cluster keeps no others' counts (no other node reports any): its
-// slots end after the own counts (one word more when R is odd, keeping the head word 8-byte
-// aligned). One slot of a one-minute limit with one-minute buckets (R = 2) is 32 bytes in a
-// cluster and 24 on its own; with the default six-second buckets (R = 11) 104, or 64 on its own.
+// slots end after the own counts, unpadded (every access is to a 32-bit word, or a memcpy of the
+// head word). One slot of a one-minute limit with one-minute buckets (R = 2) is 32 bytes in a
+// cluster and 24 on its own; with the default six-second buckets (R = 11) 104, or 60 on its own.
 // Slots were once padded to 32 or 64 bytes so that none straddled two cache lines; since a check
-// prefetches the slots past its home, the 24-byte slot measured as fast as the 32-byte
-// one and takes a quarter less memory (docs/benchmarks.md, "24-byte slots").
+// prefetches the slots past its home, the unpadded slots measured as fast, and take a quarter
+// (one bucket) or 6 % (ten) less memory (docs/benchmarks.md, "One rule, one limit").
 //
 // Not thread-safe: the owning shard's lock guards every call except prefetch(), which may race
 // with a rehash by design (a prefetch of a stale address is harmless and never faults).

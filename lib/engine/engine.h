@@ -57,7 +57,7 @@ struct EngineOptions {
   uint32_t shards = 64;                    // power of two, 1..64
   uint16_t node_id = 0;                    // this node's id in merges
   // A node without a cluster: no other node ever reports counts, so counter slots keep none
-  // (a ten-bucket counter takes 64 bytes instead of 104). merge() and credit() then change
+  // (a ten-bucket counter takes 60 bytes instead of 104). merge() and credit() then change
   // nothing, counts carried over from an override's earlier counter go into the own counts
   // (there is no other node to keep them from), and an imported record's others' counts are
   // added to its own.
