@@ -78,6 +78,21 @@ std::string opt_str(const std::optional<uint64_t>& v) {
   return v ? std::to_string(*v) : std::string("?");
 }
 
+// When and where a key's failed checks were sent (at most ten), for a failure's message.
+std::string failed_at(const FaultRunResult& r, int key) {
+  std::string out;
+  size_t n = 0;
+  for (const CheckRecord& rec : r.records) {
+    if (rec.outcome != CheckOutcome::kFailed || rec.key != static_cast<uint32_t>(key)) continue;
+    if (++n > 10) break;
+    char t[64];
+    std::snprintf(t, sizeof t, "%s%.3f s to node %u", n == 1 ? ", sent at " : ", ",
+                  static_cast<double>(rec.send_us) / 1e6, rec.node + 1);
+    out += t;
+  }
+  return out;
+}
+
 // Prints what one run measured, per key.
 void print_figures(const std::string& what, const FaultRunResult& r, const LoadOptions& lo) {
   const double cut_s = static_cast<double>(r.heal_us - r.fault_us) / 1e6;
@@ -90,16 +105,17 @@ void print_figures(const std::string& what, const FaultRunResult& r, const LoadO
     const int key = static_cast<int>(k);
     const LoadSummary s = summarize(r.records);
     const std::string mode = lo.key_domains[k] == "o" ? "owner" : "gossip";
-    MESSAGE(
-        what << ", " << mode << " mode: max admitted in a true 1 s window / limit during the fault "
-             << r.during_fault(key, kLimit) << ", from 1 s after "
-             << "the heal " << r.after_heal(key, kLimit) << "; failed checks "
-             << r.failed(key, r.fault_us, r.heal_us) << " during the fault, " << r.failed(key)
-             << " in all (of " << s.sent << " sent, both keys); admitted per second "
-             << "(start s:count, the fault from " << static_cast<double>(r.fault_us) / 1e6
-             << " s to " << static_cast<double>(r.heal_us) / 1e6 << " s): "
-             << window_timeline(admit_times(r.records, key), 1'000'000, 1'000'000, 0, r.end_us)
-             << "; per 100 ms by node (s:node1+...+node5): " << r.node_timeline(key, kNodes));
+    MESSAGE(what << ", " << mode
+                 << " mode: max admitted in a true 1 s window / limit during the fault "
+                 << r.during_fault(key, kLimit) << ", from 1 s after "
+                 << "the heal " << r.after_heal(key, kLimit) << "; failed checks "
+                 << r.failed(key, r.fault_us, r.heal_us) << " during the fault, " << r.failed(key)
+                 << " in all (of " << s.sent << " sent, both keys)" << failed_at(r, key)
+                 << "; admitted per second "
+                 << "(start s:count, the fault from " << static_cast<double>(r.fault_us) / 1e6
+                 << " s to " << static_cast<double>(r.heal_us) / 1e6 << " s): "
+                 << window_timeline(admit_times(r.records, key), 1'000'000, 1'000'000, 0, r.end_us)
+                 << "; per 100 ms by node (s:node1+...+node5): " << r.node_timeline(key, kNodes));
   }
 }
 
