@@ -1172,8 +1172,9 @@ TEST_CASE("a one-limit rule decides as the same limit among several does, on ran
       REQUIRE(la.reset_ms == lb.reset_ms);
       REQUIRE(la.retry_after_ms == lb.retry_after_ms);
     }
-    const auto& sa = stats_of(one.stats(), "api/r");
-    const auto& sb = stats_of(several.stats(), "api/r");
+    const engine::EngineStats one_stats = one.stats(), several_stats = several.stats();
+    const auto& sa = stats_of(one_stats, "api/r");
+    const auto& sb = stats_of(several_stats, "api/r");
     CHECK(sa.allowed == sb.allowed);
     CHECK(sa.denied == sb.denied);
     CHECK(sa.shadow_denied == sb.shadow_denied);
