@@ -449,6 +449,20 @@ TEST_CASE("a window on the new default bucket carries the counts of the older de
           engine::ImportResult::kImported);
     CHECK(admitted(upgraded, kT0 + 30 * kSec, 30) == 20);
   }
+  SUBCASE("a record restored after the key's first checks is carried on the next one") {
+    // A key checked before any counter of the older default is held skips the carry (there is no
+    // table to look in) and stays unseeded, so what arrives later in the window still counts.
+    Engine old_node(rules::Policy::compile(before, {}, kSeed));
+    CHECK(admitted(old_node, kT0 + 10 * kSec, 80) == 80);
+    testing::RecordCollector records;
+    records.export_all(old_node);
+    REQUIRE(records.puts.size() == 1);
+    Engine upgraded(rules::Policy::compile(after, {}, kSeed, {}, nullptr, kT0 + 20 * kSec));
+    CHECK(admitted(upgraded, kT0 + 25 * kSec, 5) == 5);
+    CHECK(upgraded.import_record(records.puts[0].first, records.puts[0].second, kT0 + 26 * kSec) ==
+          engine::ImportResult::kImported);
+    CHECK(admitted(upgraded, kT0 + 30 * kSec, 30) == 15);
+  }
   SUBCASE("a policy compiled more than a window after: nothing to carry, nothing looked up") {
     rules::Resolution res;
     const auto p = rules::Policy::compile(after, {}, kSeed, {}, nullptr, kT0);

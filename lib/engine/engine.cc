@@ -746,7 +746,7 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
       continue;
     }
     prefetch_to(sc.res.rules[rr.first_rule].first_limit + kPrefetchAhead);
-    if (rr.num_carry != 0) [[unlikely]]
+    if (rr.num_carry != 0 && im.may_hold_carry(st, sc.res, rr)) [[unlikely]]
       im.carry_over(st, sc.res, rr, now_ms);
     im.decide(st, batch[n], rr, now_ms, fallback, out, d);
   }

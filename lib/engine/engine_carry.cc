@@ -26,6 +26,8 @@
 //   that gained hits since (a node that had not yet heard of the change) adds only those. The
 //   counter remembers the policy epoch it was seeded in and is seeded again only after the next
 //   policy change: the check path costs one comparison for a key with sources, nothing for others.
+//   A check whose sources have no table in their shards (a fresh node in the window after a start
+//   whose legacy counters it never held) skips all of this, and stays unseeded until one does.
 #include <algorithm>
 #include <optional>
 
@@ -191,6 +193,18 @@ void seed_carry(std::span<Shard> shards, CounterTable& t, size_t i, uint32_t spe
   while (end < carry.size() && carry[end].rule == rule)
     ++end;
   seed_counter(shards, t, i, spec_id, carry.subspan(first, end - first), spec_ids, now_ms, epoch);
+}
+
+bool Engine::Impl::may_hold_carry(const State& st, const rules::Resolution& res,
+                                  const rules::ResolvedRequest& rr) const {
+  for (uint32_t c = 0; c < rr.num_carry; ++c) {
+    const rules::CarrySource& s = res.carry[rr.first_carry + c];
+    const Shard& sh = shards[s.counter & shard_mask];
+    if (sh.tables[st.spec_ids[s.spec_index]].load(std::memory_order_relaxed) != nullptr) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void Engine::Impl::carry_over(const State& st, const rules::Resolution& res,

@@ -375,6 +375,13 @@ struct Engine::Impl {
   };
   void carry_over(const State& st, const rules::Resolution& res, const rules::ResolvedRequest& rr,
                   int64_t now_ms);
+  // Whether a table that could hold one of the request's carry sources exists (tables are made
+  // on a counter's first insert, and never for a source). When none does there is nothing to
+  // seed: carry_over is skipped and the counters stay unseeded in this policy epoch, so a source
+  // that arrives later (restored, or merged from a member that still counts in it) is seeded
+  // from on a later check. Seeding joins, so that is never counted twice.
+  bool may_hold_carry(const State& st, const rules::Resolution& res,
+                      const rules::ResolvedRequest& rr) const;
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, Fallback fallback, BatchResult& out, Decision& d);
   // True when a request of one rule `ar` with one limit `al` touches no counter but its own:
