@@ -402,8 +402,8 @@ void Engine::Impl::answer_no_room(Decision& d) {
 }
 
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
-                          const rules::ResolvedRequest& rr, int64_t now_ms, Fallback fallback,
-                          BatchResult& out, Decision& d) {
+                          const rules::ResolvedRequest& rr, int64_t now_ms,
+                          const Fallback& fallback, BatchResult& out, Decision& d) {
   const uint64_t hits = req.hits;
   Scratch& sc = tls_scratch;
   const rules::Resolution& res = sc.res;

@@ -383,7 +383,7 @@ struct Engine::Impl {
   bool may_hold_carry(const State& st, const rules::Resolution& res,
                       const rules::ResolvedRequest& rr) const;
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
-              int64_t now_ms, Fallback fallback, BatchResult& out, Decision& d);
+              int64_t now_ms, const Fallback& fallback, BatchResult& out, Decision& d);
   // True when a request of one rule `ar` with one limit `al` touches no counter but its own:
   // a window limit (not GCRA, not concurrency), no demand twin or slices (a cluster's gossip and
   // lease rules), and not decided for an out-of-reach owner. decide_one then decides it.
