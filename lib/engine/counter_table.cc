@@ -7,6 +7,8 @@
 #include <cstring>
 #include <new>
 
+#include "engine/table_heap.h"
+
 namespace sluice::engine {
 
 CounterTable::CounterTable(const window::WindowSpec& spec, bool with_others)
@@ -104,12 +106,12 @@ void CounterTable::erase_at(size_t index) {
 
 namespace {
 constexpr size_t kLine = 64;
-constexpr size_t kHugePage = size_t{2} << 20;
+using table_heap::kHugePage;
 std::atomic<uint64_t> mapped_total{0};
 }  // namespace
 
 uint64_t SlotStorage::mapped_bytes() {
-  return mapped_total.load(std::memory_order_relaxed);
+  return mapped_total.load(std::memory_order_relaxed) + table_heap::stats().resident;
 }
 
 std::unique_ptr<uint32_t[], SlotStorage> CounterTable::allocate(size_t words) {
@@ -119,35 +121,40 @@ std::unique_ptr<uint32_t[], SlotStorage> CounterTable::allocate(size_t words) {
   // prefetch waited on a page walk more often (docs/benchmarks.md, "ten buckets at the engine's
   // speed").
   if (bytes >= kHugePage) {
-    // Anonymous pages arrive zeroed. Mapped one huge page longer, so the table can start on a
-    // huge-page boundary; the unused head and tail are unmapped at once.
-    const size_t span = bytes + kHugePage;
-    void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    const auto base = reinterpret_cast<uintptr_t>(p);
-    const uintptr_t start = (base + kHugePage - 1) & ~(kHugePage - 1);
+    // Anonymous pages arrive zeroed.
     const size_t len = (bytes + 4095) & ~size_t{4095};
-    if (start > base) munmap(p, start - base);
-    if (base + span > start + len)
-      munmap(reinterpret_cast<void*>(start + len), base + span - start - len);
-    madvise(reinterpret_cast<void*>(start), len, MADV_HUGEPAGE);  // advice: failure is harmless
+    void* p = table_heap::map_huge(len);
+    if (p == nullptr) throw std::bad_alloc();
     mapped_total.fetch_add(len, std::memory_order_relaxed);
-    return {reinterpret_cast<uint32_t*>(start), SlotStorage{len, true}};
+    return {static_cast<uint32_t*>(p), SlotStorage{len, SlotStorage::Kind::kMapped}};
+  }
+  // Below one huge page: packed with other tables into huge pages (table_heap.h), unless no
+  // region can be mapped.
+  if (bytes >= table_heap::kFrom) {
+    if (void* p = table_heap::allocate(bytes)) {
+      return {static_cast<uint32_t*>(p), SlotStorage{bytes, SlotStorage::Kind::kShared}};
+    }
   }
   const size_t rounded = (bytes + kLine - 1) & ~(kLine - 1);
   void* p = std::aligned_alloc(kLine, std::max(rounded, kLine));
   if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, rounded);
-  return {static_cast<uint32_t*>(p), SlotStorage{rounded, false}};
+  return {static_cast<uint32_t*>(p), SlotStorage{rounded, SlotStorage::Kind::kHeap}};
 }
 
 void SlotStorage::operator()(uint32_t* p) const {
   if (p == nullptr) return;
-  if (mapped) {
-    munmap(p, bytes);
-    mapped_total.fetch_sub(bytes, std::memory_order_relaxed);
-  } else {
-    std::free(p);
+  switch (kind) {
+    case Kind::kMapped:
+      munmap(p, bytes);
+      mapped_total.fetch_sub(bytes, std::memory_order_relaxed);
+      break;
+    case Kind::kShared:
+      table_heap::release(p, bytes);
+      break;
+    case Kind::kHeap:
+      std::free(p);
+      break;
   }
 }
 

@@ -35,12 +35,14 @@ namespace sluice::engine {
 
 // Frees a table's slot storage (CounterTable::allocate).
 struct SlotStorage {
-  // Bytes of slot storage mapped outside the heap allocator (big tables), process-wide: what
-  // mallinfo does not see, for memory measurements (sluice-bench-engine).
+  // Bytes of slot storage mapped outside the C heap, process-wide (big tables' own mappings, and
+  // the huge pages of table_heap that hold a table): what mallinfo does not see, for memory
+  // measurements (sluice-bench-engine).
   static uint64_t mapped_bytes();
+  enum class Kind : uint8_t { kHeap, kMapped, kShared };  // C heap, own mapping, table_heap
   void operator()(uint32_t* p) const;
   size_t bytes = 0;
-  bool mapped = false;
+  Kind kind = Kind::kHeap;
 };
 
 class CounterTable {
@@ -190,7 +192,8 @@ class CounterTable {
   size_t cap_ = 0;
   size_t size_ = 0;
   // Slot storage: aligned to a cache line; zeroed (all slots empty). Big tables are mapped and
-  // advised to use transparent huge pages, so a random lookup rarely misses the TLB as well.
+  // advised to use transparent huge pages, and tables from 64 KiB up share such pages
+  // (table_heap.h), so a random lookup rarely misses the TLB as well.
   static std::unique_ptr<uint32_t[], SlotStorage> allocate(size_t words);
   std::unique_ptr<uint32_t[], SlotStorage> data_;
   std::vector<uint32_t> carry_;  // one slot image being moved during insert

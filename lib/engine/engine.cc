@@ -10,6 +10,7 @@
 #include "engine/counter_table.h"
 #include "engine/engine_impl.h"
 #include "engine/shard.h"
+#include "engine/table_heap.h"
 
 namespace sluice::engine {
 namespace {
@@ -213,6 +214,11 @@ class RecordReader {
 
 uint64_t mapped_table_bytes() {
   return SlotStorage::mapped_bytes();
+}
+
+SharedTablePages shared_table_pages() {
+  const table_heap::Stats s = table_heap::stats();
+  return {s.resident, s.allocated};
 }
 
 uint64_t Engine::Impl::new_uid() {

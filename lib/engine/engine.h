@@ -308,10 +308,20 @@ struct SliceReturn {
   uint32_t step_ms = 0;
 };
 
-// Bytes of counter tables mapped outside the heap allocator (tables of 4 MiB and more are mapped
-// on their own, with huge pages advised), in every engine of the process: what mallinfo() does not
-// count, for memory measurements.
+// Bytes of counter tables mapped outside the heap allocator, in every engine of the process: what
+// mallinfo() does not count, for memory measurements. Tables of 2 MiB and more are mapped on
+// their own, with huge pages advised; tables from 64 KiB up share such pages (the huge pages that
+// hold one count whole).
 uint64_t mapped_table_bytes();
+
+// The huge pages counter tables from 64 KiB to 2 MiB share, process-wide: what they hold
+// (`resident`, whole pages) and what of that is in tables (`in_use`); the rest is free space
+// beside live tables, reused as tables grow. Neither counts against memory_cap_bytes.
+struct SharedTablePages {
+  uint64_t resident = 0;
+  uint64_t in_use = 0;
+};
+SharedTablePages shared_table_pages();
 
 class Engine {
  public:

@@ -14,6 +14,7 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <chrono>
@@ -306,6 +307,12 @@ std::string render_metrics(AdminHttp::State& st) {
         es.allowlisted);
   m.one("sluice_live_counters", "gauge", "Counters held in memory.", es.live_counters);
   m.one("sluice_table_bytes", "gauge", "Capacity of all counter tables in bytes.", es.table_bytes);
+  const engine::SharedTablePages shared = engine::shared_table_pages();
+  m.one("sluice_table_shared_pages_bytes", "gauge",
+        "Huge pages that counter tables of 64 KiB to 2 MiB share, in bytes.", shared.resident);
+  m.one("sluice_table_shared_free_bytes", "gauge",
+        "Free space beside live tables in those pages, in bytes (reused as tables grow).",
+        shared.resident - std::min(shared.resident, shared.in_use));
   m.one("sluice_remote_state_bytes", "gauge",
         "What other nodes reported of this node's counters, in bytes (counts against the cap).",
         es.remote_bytes);
