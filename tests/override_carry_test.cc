@@ -438,28 +438,29 @@ TEST_CASE("a window on the new default bucket carries the counts of the older de
     e.set_policy(rules::Policy::compile(after, {}, kSeed, {}, nullptr, kT0 + 20 * kSec));
     CHECK(admitted(e, kT0 + 30 * kSec, 30) == 20);
   }
-  SUBCASE("through a store record, as a restart of an upgraded node restores it") {
+  // The store record of a node before the upgrade that admitted 80 at kT0 + 10 s.
+  auto old_record = [&] {
     Engine old_node(rules::Policy::compile(before, {}, kSeed));
     CHECK(admitted(old_node, kT0 + 10 * kSec, 80) == 80);
     testing::RecordCollector records;
     records.export_all(old_node);
     REQUIRE(records.puts.size() == 1);
+    return records.puts[0];
+  };
+  SUBCASE("through a store record, as a restart of an upgraded node restores it") {
+    const auto record = old_record();
     Engine upgraded(rules::Policy::compile(after, {}, kSeed, {}, nullptr, kT0 + 20 * kSec));
-    CHECK(upgraded.import_record(records.puts[0].first, records.puts[0].second, kT0 + 20 * kSec) ==
+    CHECK(upgraded.import_record(record.first, record.second, kT0 + 20 * kSec) ==
           engine::ImportResult::kImported);
     CHECK(admitted(upgraded, kT0 + 30 * kSec, 30) == 20);
   }
   SUBCASE("a record restored after the key's first checks is carried on the next one") {
     // A key checked before any counter of the older default is held skips the carry (there is no
     // table to look in) and stays unseeded, so what arrives later in the window still counts.
-    Engine old_node(rules::Policy::compile(before, {}, kSeed));
-    CHECK(admitted(old_node, kT0 + 10 * kSec, 80) == 80);
-    testing::RecordCollector records;
-    records.export_all(old_node);
-    REQUIRE(records.puts.size() == 1);
+    const auto record = old_record();
     Engine upgraded(rules::Policy::compile(after, {}, kSeed, {}, nullptr, kT0 + 20 * kSec));
     CHECK(admitted(upgraded, kT0 + 25 * kSec, 5) == 5);
-    CHECK(upgraded.import_record(records.puts[0].first, records.puts[0].second, kT0 + 26 * kSec) ==
+    CHECK(upgraded.import_record(record.first, record.second, kT0 + 26 * kSec) ==
           engine::ImportResult::kImported);
     CHECK(admitted(upgraded, kT0 + 30 * kSec, 30) == 15);
   }
