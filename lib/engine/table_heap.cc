@@ -51,7 +51,7 @@ bool is_used(const Region& r, size_t u) {
 // The first unit of the smallest run of at least `n` free units in `r` (the lowest of equals),
 // and that run's length; {kUnitsPerRegion, 0} when there is none. Best fit: tables grow by half
 // at a time, and the runs they free are reused by the next ones to grow before a larger run is
-// cut into (first fit left 15-25 % of the pages' units free at 1M keys).
+// cut into (at 1M keys and one bucket, first fit held 44.4 B per key and best fit 42.3).
 std::pair<size_t, size_t> best_run(const Region& r, size_t n) {
   std::pair<size_t, size_t> best{kUnitsPerRegion, 0};
   size_t run = 0;
