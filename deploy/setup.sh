@@ -15,6 +15,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # README.md ("Dependencies").
 packages=(
   build-essential cmake ninja-build pkg-config git
+  ccache                  # compiler cache (~/.cache/ccache): repeat builds and fresh clones are cheap
   libboost-dev            # Asio and Beast (header-only in 1.74)
   capnproto libcapnp-dev  # wire schemas and serialization
   librocksdb-dev          # counter snapshots, persisted overrides
