@@ -36,6 +36,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   python3-grpcio          # the Python RLS interop test (tests/interop/python), run by /usr/bin/python3
   python3-pytest          # runs that test
+  libnghttp2-dev          # HTTP/2 for the gRPC front (lib/rls) and the benchmark's gRPC generator
   nghttp2-client          # nghttp: raw HTTP/2 gRPC calls with a chosen grpc-timeout (interop tests)
   nodejs                  # the Node RLS interop test (tests/interop/node, node's own test runner)
   # The Debian package and its unit (deploy/package, deploy/systemd): cpack's DEB generator asks

@@ -111,7 +111,7 @@ struct Node::Impl : NodeState {
   std::thread admin_thread;
   std::optional<tcp::acceptor> acceptor;
   std::unique_ptr<AdminHttp> admin;
-  std::unique_ptr<rls::RlsServer> rls;  // the gRPC front; gRPC's threads
+  std::unique_ptr<rls::RlsServer> rls;  // the gRPC front; its own threads
   std::optional<asio::signal_set> signals;
   std::optional<asio::steady_timer> sweep_timer;
   std::optional<asio::steady_timer> rules_watch_timer;  // control thread
@@ -417,6 +417,8 @@ void Node::run(bool handle_signals) {
     ro.listen = n.opt.grpc_listen;
     ro.rate_limit_headers = n.opt.grpc_rate_limit_headers;
     ro.client_timeout_ms = n.opt.client_timeout_ms;
+    ro.threads = n.opt.threads;
+    ro.max_connections = n.opt.max_connections;
     rls::Backend backend;
     backend.check = [this](std::vector<uint8_t> request,
                            std::function<void(std::span<const uint8_t>)> done) {

@@ -1,13 +1,19 @@
 // The gRPC front: Envoy's rate limit service, `envoy.service.ratelimit.v3.RateLimitService/
-// ShouldRateLimit`, and the standard `grpc.health.v1.Health` service, on a listener of its own
+// ShouldRateLimit`, and the standard `grpc.health.v1.Health/Check`, on a listener of its own
 // (docs/envoy.md). Each descriptor of a request becomes one check of the node's check protocol,
 // decided the way a UDP check is (owner routing, gossip, overrides, plans, dry-run and shadow
 // apply); the answer becomes the RateLimitResponse.
 //
-// Threads: gRPC's own (callback API). A call never blocks one of them: a node on its own decides
-// it on the gRPC thread (Backend::check_here: a lookup in memory, no I/O); a cluster node hands
-// its checks to a worker (owner routing may forward them) and the call finishes from there. Nothing of gRPC or protobuf is
-// visible in this header, so lib/node links the front without its headers.
+// Transport: gRPC's HTTP/2 protocol served by the front itself (libnghttp2 on Asio, grpc_h2.h),
+// not by the gRPC C++ runtime: a connection belongs to one of the front's `threads`, which reads
+// every frame the socket holds, decides the finished calls inline and writes their answers in one
+// send.
+//
+// Threads: `threads` of its own. A call never blocks one of them: a node on its own decides it on
+// the front's thread (Backend::check_here: a lookup in memory, no I/O); a cluster node hands its
+// checks to a worker (owner routing may forward them) and the answer is posted back to the
+// connection's thread. Nothing of HTTP/2, Asio or protobuf is visible in this header, so lib/node
+// links the front without their headers.
 #pragma once
 
 #include <atomic>
@@ -34,6 +40,8 @@ struct RlsOptions {
   // A new connection that has not finished its HTTP/2 handshake (preface and settings) within
   // this is closed (a slow client), as the other listeners close unfinished requests.
   int64_t client_timeout_ms = 10'000;
+  unsigned threads = 2;           // the front's own threads
+  size_t max_connections = 1024;  // open at once; one more is closed at once (counted)
 };
 
 // What the front needs from the node.
@@ -58,6 +66,11 @@ struct RlsCounters {
   uint64_t resource_exhausted = 0;  // refused: request over max_request_bytes
   uint64_t unavailable = 0;         // the node was stopping
   uint64_t internal = 0;            // the node's answer could not be read (a bug: logged)
+  uint64_t connections = 0;                   // HTTP/2 connections accepted
+  uint64_t connections_open = 0;              // open now
+  uint64_t connections_refused = 0;           // closed at once: max_connections were open
+  uint64_t connections_closed_handshake = 0;  // no preface within client_timeout_ms
+  uint64_t protocol_errors = 0;               // closed on an HTTP/2 protocol error
 };
 
 class RlsServer {
@@ -73,8 +86,8 @@ class RlsServer {
   uint16_t port() const;
   // The health service's answer for "" and for envoy.service.ratelimit.v3.RateLimitService.
   void set_serving(bool serving);
-  // Stops accepting calls, lets calls in flight finish for up to `grace_ms`, then cancels the
-  // rest. Must not be called from a thread that answers checks (a node worker).
+  // Stops accepting calls (GOAWAY), lets calls in flight finish for up to `grace_ms`, then closes
+  // the rest. Must not be called from a thread that answers checks (a node worker).
   void shutdown(int64_t grace_ms);
   RlsCounters counters() const;
 

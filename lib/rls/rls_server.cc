@@ -1,16 +1,12 @@
-#include <absl/synchronization/mutex.h>
 #include <google/protobuf/stubs/logging.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 
-#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
+#include "rls/grpc_h2.h"
 #include "rls/rls.h"
 #include "rls/rls_translate.h"
 #include "rules/rules.h"
@@ -18,126 +14,188 @@
 namespace sluice::rls {
 namespace {
 
-constexpr const char* kServiceName = "envoy.service.ratelimit.v3.RateLimitService";
+constexpr std::string_view kServiceName = "envoy.service.ratelimit.v3.RateLimitService";
 
 struct Counters {
   std::atomic<uint64_t> requests{0}, ok{0}, over_limit{0}, descriptors{0}, invalid_argument{0},
       resource_exhausted{0}, unavailable{0}, internal{0};
 };
 
-// ShouldRateLimit as a raw method: the service sees the request's bytes, so a request over
-// max_request_bytes is refused unread and malformed protobuf is answered INVALID_ARGUMENT (and
-// both are counted) rather than by gRPC's generic deserialization error.
-using RawService =
-    envoy::service::ratelimit::v3::RateLimitService::WithRawCallbackMethod_ShouldRateLimit<
-        envoy::service::ratelimit::v3::RateLimitService::Service>;
+// grpc.health.v1.HealthCheckRequest{service: 1}: the service name, or false when the message is
+// not one.
+bool health_service(std::string_view in, std::string_view& service) {
+  service = {};
+  // Bounded by the input: each pass consumes at least one byte.
+  while (!in.empty()) {
+    const auto tag = static_cast<uint8_t>(in.front());
+    in.remove_prefix(1);
+    if (tag != 0x0a) return false;  // only field 1 (length-delimited) is expected
+    uint64_t len = 0;
+    for (int shift = 0;; shift += 7) {
+      if (in.empty() || shift > 28) return false;
+      const auto b = static_cast<uint8_t>(in.front());
+      in.remove_prefix(1);
+      len |= uint64_t{b & 0x7fu} << shift;
+      if ((b & 0x80) == 0) break;
+    }
+    if (len > in.size()) return false;
+    service = in.substr(0, len);
+    in.remove_prefix(len);
+  }
+  return true;
+}
 
-class Service final : public RawService {
+// The RLS and health methods over the HTTP/2 transport: decoding, planning, deciding through the
+// node (Backend) and encoding the answer. Runs on the transport's threads; each thread keeps its
+// own request, plan and buffers, so a call decided inline allocates nothing once they are warm.
+class Service final : public h2::CallHandler {
  public:
   Service(const RlsOptions& options, const Backend& backend, Counters& counters)
       : options_(options), backend_(backend), counters_(counters) {}
 
-  grpc::ServerUnaryReactor* ShouldRateLimit(grpc::CallbackServerContext* ctx,
-                                            const grpc::ByteBuffer* request,
-                                            grpc::ByteBuffer* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    counters_.requests.fetch_add(1, std::memory_order_relaxed);
-    const size_t size = request->Length();
-    if (size > options_.max_request_bytes) {
+  void set_serving(bool serving) { serving_.store(serving, std::memory_order_relaxed); }
+
+  bool on_call(h2::Method method, std::string_view message, h2::Reply& reply,
+               const h2::Later& later) override {
+    if (method == h2::Method::kHealthCheck) {
+      health(message, reply);
+      return true;
+    }
+    return should_rate_limit(message, reply, later);
+  }
+
+  void on_oversized(h2::Method method, size_t bytes, h2::Reply& reply) override {
+    if (method == h2::Method::kShouldRateLimit) {
+      counters_.requests.fetch_add(1, std::memory_order_relaxed);
       counters_.resource_exhausted.fetch_add(1, std::memory_order_relaxed);
-      reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                   "request of " + std::to_string(size) + " bytes, at most " +
-                                       std::to_string(options_.max_request_bytes)));
-      return reactor;
     }
-    // The call's state: the request (the plan's entries point into it) and its plan.
-    auto call = std::make_shared<Call>();
-    grpc::Slice flat;
-    if (!request->DumpToSingleSlice(&flat).ok() ||
-        !call->req.ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
-      counters_.invalid_argument.fetch_add(1, std::memory_order_relaxed);
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                   "malformed RateLimitRequest (not protobuf of "
-                                   "envoy.service.ratelimit.v3.RateLimitRequest)"));
-      return reactor;
-    }
-    const std::shared_ptr<const rules::Policy> policy = backend_.policy();
-    const PlanError err = plan_request(call->req, policy.get(), options_, call->plan);
-    if (err.refusal != Refusal::kNone) {
-      const bool big = err.refusal == Refusal::kResourceExhausted;
-      (big ? counters_.resource_exhausted : counters_.invalid_argument)
-          .fetch_add(1, std::memory_order_relaxed);
-      reactor->Finish(grpc::Status(
-          big ? grpc::StatusCode::RESOURCE_EXHAUSTED : grpc::StatusCode::INVALID_ARGUMENT,
-          err.message));
-      return reactor;
-    }
-    if (call->plan.checks.empty()) {
-      finish(reactor, *call, nullptr, response);
-      return reactor;
-    }
-    // Per gRPC thread, reused: the request as the check protocol has it, and an inline answer.
-    thread_local std::vector<uint8_t> bytes;
-    thread_local std::vector<uint8_t> answer;
-    wire::encode_request(next_id_.fetch_add(1, std::memory_order_relaxed), call->plan.checks, 0,
-                         bytes);
-    if (backend_.check_here && backend_.check_here(bytes, answer)) {
-      answered(reactor, *call, answer, response);
-      return reactor;
-    }
-    backend_.check(bytes, [this, reactor, call, response](std::span<const uint8_t> a) {
-      answered(reactor, *call, a, response);
-    });
-    return reactor;
+    refuse(reply, h2::Code::kResourceExhausted,
+           "request of " + std::to_string(bytes) + " bytes, at most " +
+               std::to_string(options_.max_request_bytes));
   }
 
  private:
+  // A call answered later: its request (the plan's entries point into it) and its plan.
   struct Call {
     RateLimitRequest req;
     Plan plan;
   };
+  // Per transport thread, reused.
+  struct Scratch {
+    RateLimitRequest req;
+    Plan plan;
+    RateLimitResponse resp;
+    std::vector<uint8_t> bytes, answer;
+  };
 
-  // The node's answer (empty: it is stopping) to the call's checks.
-  void answered(grpc::ServerUnaryReactor* reactor, const Call& call, std::span<const uint8_t> a,
-                grpc::ByteBuffer* response) {
-    if (a.empty()) {
-      counters_.unavailable.fetch_add(1, std::memory_order_relaxed);
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the node is stopping"));
+  static void refuse(h2::Reply& reply, h2::Code code, std::string message) {
+    reply.code = code;
+    reply.error = std::move(message);
+  }
+
+  void health(std::string_view message, h2::Reply& reply) {
+    std::string_view service;
+    if (!health_service(message, service)) {
+      refuse(reply, h2::Code::kInvalidArgument, "malformed HealthCheckRequest");
       return;
     }
-    wire::Answer answer;
+    if (!service.empty() && service != kServiceName) {
+      refuse(reply, h2::Code::kNotFound, "unknown service");
+      return;
+    }
+    // HealthCheckResponse{status: 1}: SERVING 1, NOT_SERVING 2.
+    reply.code = h2::Code::kOk;
+    reply.message.assign({'\x08', serving_.load(std::memory_order_relaxed) ? '\x01' : '\x02'});
+  }
+
+  // Validates and plans `message` into req/plan; false with `reply` set when it is refused.
+  bool plan(std::string_view message, RateLimitRequest& req, Plan& plan, h2::Reply& reply) {
+    if (!req.ParseFromArray(message.data(), static_cast<int>(message.size()))) {
+      counters_.invalid_argument.fetch_add(1, std::memory_order_relaxed);
+      refuse(reply, h2::Code::kInvalidArgument,
+             "malformed RateLimitRequest (not protobuf of "
+             "envoy.service.ratelimit.v3.RateLimitRequest)");
+      return false;
+    }
+    const std::shared_ptr<const rules::Policy> policy = backend_.policy();
+    const PlanError err = plan_request(req, policy.get(), options_, plan);
+    if (err.refusal != Refusal::kNone) {
+      const bool big = err.refusal == Refusal::kResourceExhausted;
+      (big ? counters_.resource_exhausted : counters_.invalid_argument)
+          .fetch_add(1, std::memory_order_relaxed);
+      refuse(reply, big ? h2::Code::kResourceExhausted : h2::Code::kInvalidArgument, err.message);
+      return false;
+    }
+    return true;
+  }
+
+  bool should_rate_limit(std::string_view message, h2::Reply& reply, const h2::Later& later) {
+    counters_.requests.fetch_add(1, std::memory_order_relaxed);
+    thread_local Scratch s;
+    if (!plan(message, s.req, s.plan, reply)) return true;
+    if (s.plan.checks.empty()) {
+      finish(s.plan, nullptr, s.resp, reply);
+      return true;
+    }
+    wire::encode_request(next_id_.fetch_add(1, std::memory_order_relaxed), s.plan.checks, 0,
+                         s.bytes);
+    if (backend_.check_here && backend_.check_here(s.bytes, s.answer)) {
+      answered(s.plan, s.answer, s.resp, reply);
+      return true;
+    }
+    // Decided on a worker (owner routing may forward it): the call keeps its own request and
+    // plan until the answer comes back. TODO(perf): planned twice on this path.
+    auto call = std::make_shared<Call>();
+    h2::Reply unused;
+    plan(message, call->req, call->plan, unused);
+    backend_.check(s.bytes, [this, call, later](std::span<const uint8_t> a) {
+      h2::Reply r;
+      RateLimitResponse resp;
+      answered(call->plan, a, resp, r);
+      later.finish(std::move(r));
+    });
+    return false;
+  }
+
+  // The node's answer (empty: it is stopping) to the plan's checks.
+  void answered(const Plan& plan, std::span<const uint8_t> a, RateLimitResponse& resp,
+                h2::Reply& reply) {
+    if (a.empty()) {
+      counters_.unavailable.fetch_add(1, std::memory_order_relaxed);
+      refuse(reply, h2::Code::kUnavailable, "the node is stopping");
+      return;
+    }
+    thread_local wire::Answer answer;
     if (wire::decode_answer(a, answer) != wire::Code::kOk) {
       counters_.internal.fetch_add(1, std::memory_order_relaxed);
       spdlog::error("rls: the node's answer could not be decoded");
-      reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "undecodable answer"));
+      refuse(reply, h2::Code::kInternal, "undecodable answer");
       return;
     }
-    finish(reactor, call, &answer, response);
+    finish(plan, &answer, resp, reply);
   }
 
-  void finish(grpc::ServerUnaryReactor* reactor, const Call& call, const wire::Answer* answer,
-              grpc::ByteBuffer* response) {
-    RateLimitResponse resp;
-    const std::string err = fill_response(call.plan, answer, options_.rate_limit_headers, resp);
+  void finish(const Plan& plan, const wire::Answer* answer, RateLimitResponse& resp,
+              h2::Reply& reply) {
+    resp.Clear();
+    const std::string err = fill_response(plan, answer, options_.rate_limit_headers, resp);
     if (!err.empty()) {
       counters_.internal.fetch_add(1, std::memory_order_relaxed);
       spdlog::error("rls: {}", err);
-      reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, err));
+      refuse(reply, h2::Code::kInternal, err);
       return;
     }
-    std::string out;
-    resp.SerializeToString(&out);
-    grpc::Slice slice(out);
-    *response = grpc::ByteBuffer(&slice, 1);
-    counters_.descriptors.fetch_add(call.plan.kind.size(), std::memory_order_relaxed);
+    reply.code = h2::Code::kOk;
+    resp.SerializeToString(&reply.message);
+    counters_.descriptors.fetch_add(plan.kind.size(), std::memory_order_relaxed);
     (resp.overall_code() == RateLimitResponse::OVER_LIMIT ? counters_.over_limit : counters_.ok)
         .fetch_add(1, std::memory_order_relaxed);
-    reactor->Finish(grpc::Status::OK);
   }
 
   const RlsOptions& options_;
   const Backend& backend_;
   Counters& counters_;
+  std::atomic<bool> serving_{false};
   std::atomic<uint64_t> next_id_{1};
 };
 
@@ -148,9 +206,7 @@ struct RlsServer::Impl {
   Backend backend;
   Counters counters;
   std::unique_ptr<Service> service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-  bool shut = false;
+  std::unique_ptr<h2::Server> server;
 };
 
 RlsServer::RlsServer(RlsOptions options, Backend backend) : impl_(std::make_unique<Impl>()) {
@@ -171,48 +227,30 @@ void RlsServer::start() {
       [](google::protobuf::LogLevel, const char* file, int line, const std::string& message) {
         spdlog::debug("protobuf {}:{}: {}", file, line, message);
       });
-  // Debian's Abseil is built without NDEBUG, so every absl::Mutex gRPC takes also runs the
-  // lock-order (deadlock) graph: ~6 % of sluiced's CPU under RLS load (perf, docs/benchmarks.md,
-  // "Envoy RLS over gRPC"). Only gRPC uses Abseil in sluiced; the detector is a debugging aid.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   m.service = std::make_unique<Service>(m.options, m.backend, m.counters);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder b;
-  b.AddListeningPort(m.options.listen, grpc::InsecureServerCredentials(), &m.port);
-  b.RegisterService(m.service.get());
-  // gRPC refuses anything past this before the service sees it; the service's own, smaller
-  // max_request_bytes answers (and counts) what lies between.
-  b.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-                       static_cast<int>(std::min<int64_t>(m.options.client_timeout_ms, INT32_MAX)));
-  b.SetMaxReceiveMessageSize(
-      static_cast<int>(std::max<size_t>(m.options.max_request_bytes, 4u << 20)));
-  m.server = b.BuildAndStart();
-  if (!m.server || m.port == 0) {
-    m.server.reset();
-    throw std::runtime_error("grpc " + m.options.listen + ": cannot listen there");
-  }
-  set_serving(false);
+  h2::ServerOptions so;
+  so.listen = m.options.listen;
+  so.threads = m.options.threads;
+  so.max_message_bytes = m.options.max_request_bytes;
+  so.handshake_timeout_ms = m.options.client_timeout_ms;
+  so.max_connections = m.options.max_connections;
+  m.server = std::make_unique<h2::Server>(so, *m.service);
+  m.server->start();
 }
 
 uint16_t RlsServer::port() const {
-  return static_cast<uint16_t>(impl_->port);
+  return impl_->server ? impl_->server->port() : 0;
 }
 
 void RlsServer::set_serving(bool serving) {
-  if (!impl_->server) return;
-  if (auto* h = impl_->server->GetHealthCheckService()) {
-    h->SetServingStatus("", serving);
-    h->SetServingStatus(kServiceName, serving);
-  }
+  if (impl_->service) impl_->service->set_serving(serving);
 }
 
 void RlsServer::shutdown(int64_t grace_ms) {
   Impl& m = *impl_;
-  if (!m.server || m.shut) return;
-  m.shut = true;
+  if (!m.server) return;
   set_serving(false);
-  m.server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
-  m.server->Wait();
+  m.server->shutdown(grace_ms);
 }
 
 RlsCounters RlsServer::counters() const {
@@ -226,6 +264,14 @@ RlsCounters RlsServer::counters() const {
   r.resource_exhausted = c.resource_exhausted.load(std::memory_order_relaxed);
   r.unavailable = c.unavailable.load(std::memory_order_relaxed);
   r.internal = c.internal.load(std::memory_order_relaxed);
+  if (impl_->server) {
+    const h2::ServerCounters& t = impl_->server->counters();
+    r.connections = t.connections.load(std::memory_order_relaxed);
+    r.connections_open = t.open.load(std::memory_order_relaxed);
+    r.connections_refused = t.refused_over_cap.load(std::memory_order_relaxed);
+    r.connections_closed_handshake = t.closed_handshake.load(std::memory_order_relaxed);
+    r.protocol_errors = t.protocol_errors.load(std::memory_order_relaxed);
+  }
   return r;
 }
 

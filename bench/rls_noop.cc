@@ -1,0 +1,83 @@
+// sluice-bench-rls-noop: the gRPC front of sluiced (lib/rls: the same HTTP/2 transport, protobuf
+// parsing, request planning and response building) with a backend that answers every check
+// "allowed" without deciding it: no engine, no counter, no rule. sluice-bench-rls measures it
+// beside sluiced with the same generator, so sluiced's gRPC figures read as a fraction of what the
+// front itself allows on the machine.
+//
+//   sluice-bench-rls-noop --grpc 127.0.0.1:PORT [--threads N]
+//
+// Runs until SIGTERM or SIGINT (or its parent dies: PR_SET_PDEATHSIG).
+#include <sys/prctl.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "rls/rls.h"
+#include "wire/protocol.h"
+
+namespace {
+
+volatile std::sig_atomic_t stop = 0;
+
+void on_signal(int) {
+  stop = 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string listen;
+  unsigned threads = 2;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--grpc") == 0) {
+      listen = argv[i + 1];
+    } else if (std::strcmp(argv[i], "--threads") == 0) {
+      threads = static_cast<unsigned>(std::strtoul(argv[i + 1], nullptr, 10));
+    }
+  }
+  if (listen.empty() || threads == 0 || threads > 64 || argc % 2 == 0) {
+    std::fprintf(stderr, "usage: sluice-bench-rls-noop --grpc HOST:PORT [--threads 1..64]\n");
+    return 2;
+  }
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+
+  // One allowed decision per check, no limit details: encoded once per request size seen.
+  sluice::rls::Backend backend;
+  backend.check_here = [](std::span<const uint8_t> request, std::vector<uint8_t>& out) {
+    thread_local sluice::wire::RequestDecoder decoder;
+    thread_local std::vector<sluice::wire::DecisionView> allowed;
+    const sluice::wire::Code code = decoder.decode(request);
+    allowed.assign(decoder.checks().size(), sluice::wire::DecisionView{});
+    for (auto& d : allowed)
+      d.allowed = true;
+    sluice::wire::encode_answer(decoder.id(), code, allowed, 0, out);
+    return true;
+  };
+  backend.check = [](std::vector<uint8_t>, std::function<void(std::span<const uint8_t>)> done) {
+    done({});  // never used: check_here answers everything
+  };
+  backend.policy = [] { return std::shared_ptr<const sluice::rules::Policy>(); };
+  sluice::rls::RlsOptions options;
+  options.listen = listen;
+  options.threads = threads;
+  sluice::rls::RlsServer server(options, backend);
+  try {
+    server.start();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sluice-bench-rls-noop: %s\n", e.what());
+    return 1;
+  }
+  server.set_serving(true);
+  std::fprintf(stderr, "sluice-bench-rls-noop: serving on port %u\n", server.port());
+  // Bounded by the signal: checked every 50 ms.
+  while (stop == 0)
+    ::usleep(50'000);
+  server.shutdown(0);
+  return 0;
+}
