@@ -57,6 +57,105 @@ void percent_encode(std::string_view in, std::string& out) {
   }
 }
 
+// nghttp2 allocates for every stream and header block it handles (a few blocks per call); malloc
+// and free showed up high under load. Blocks of up to 4 KiB come from size-class free lists of
+// the calling thread (a session is only used on its connection's thread; a block freed on another
+// thread simply joins that thread's lists), capped so an idle thread keeps at most a few MiB.
+class BlockPool {
+ public:
+  static void* alloc(size_t size) {
+    const unsigned c = class_of(size);
+    if (c == kLarge) return with_header(std::malloc(size + kHeader), kLarge, size);
+    auto& list = lists()[c];
+    if (!list.empty()) {
+      void* p = list.back();
+      list.pop_back();
+      return p;
+    }
+    const size_t capacity = size_t{kMin} << c;
+    return with_header(std::malloc(capacity + kHeader), c, capacity);
+  }
+  static void release(void* p) {
+    if (p == nullptr) return;
+    const auto c = static_cast<unsigned>(header(p).size_class);
+    if (c != kLarge) {
+      auto& list = lists()[c];
+      if (list.size() < kMaxFree) {
+        list.push_back(p);
+        return;
+      }
+    }
+    std::free(static_cast<char*>(p) - kHeader);
+  }
+  static void* zeroed(size_t n, size_t size) {
+    if (size != 0 && n > SIZE_MAX / size) return nullptr;
+    void* p = alloc(n * size);
+    if (p != nullptr) std::memset(p, 0, n * size);
+    return p;
+  }
+  static void* resize(void* p, size_t size) {
+    if (p == nullptr) return alloc(size);
+    const size_t capacity = header(p).capacity;
+    if (header(p).size_class != kLarge && size <= capacity) return p;
+    void* q = alloc(size);
+    if (q == nullptr) return nullptr;
+    std::memcpy(q, p, std::min(size, capacity));
+    release(p);
+    return q;
+  }
+
+ private:
+  struct Header {
+    uint64_t size_class;
+    uint64_t capacity;
+  };
+  static constexpr size_t kHeader = sizeof(Header);  // keeps the block 16-byte aligned
+  static constexpr unsigned kMin = 32;               // classes 32 B .. 4 KiB
+  static constexpr unsigned kClasses = 8;
+  static constexpr unsigned kLarge = 255;
+  static constexpr size_t kMaxFree = 1024;  // per class and thread
+
+  static unsigned class_of(size_t size) {
+    for (unsigned c = 0; c < kClasses; ++c) {
+      if (size <= (size_t{kMin} << c)) return c;
+    }
+    return kLarge;
+  }
+  static void* with_header(void* raw, unsigned c, size_t capacity) {
+    if (raw == nullptr) return nullptr;
+    *static_cast<Header*>(raw) = Header{c, capacity};
+    return static_cast<char*>(raw) + kHeader;
+  }
+  static const Header& header(void* p) {
+    return *reinterpret_cast<const Header*>(static_cast<char*>(p) - kHeader);
+  }
+  // The thread's free blocks, returned to malloc when the thread ends.
+  struct Lists : std::array<std::vector<void*>, kClasses> {
+    Lists() = default;
+    Lists(const Lists&) = delete;
+    Lists& operator=(const Lists&) = delete;
+    ~Lists() {
+      for (auto& list : *this) {
+        for (void* p : list)
+          std::free(static_cast<char*>(p) - kHeader);
+      }
+    }
+  };
+  static Lists& lists() {
+    thread_local Lists l;
+    return l;
+  }
+};
+
+nghttp2_mem pooled_mem() {
+  nghttp2_mem m{};
+  m.malloc = [](size_t size, void*) { return BlockPool::alloc(size); };
+  m.free = [](void* p, void*) { BlockPool::release(p); };
+  m.calloc = [](size_t n, size_t size, void*) { return BlockPool::zeroed(n, size); };
+  m.realloc = [](void* p, size_t size, void*) { return BlockPool::resize(p, size); };
+  return m;
+}
+
 tcp::endpoint resolve_listen(const std::string& listen) {
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon == 0) {
@@ -209,10 +308,21 @@ class Conn : public std::enable_shared_from_this<Conn> {
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, &Conn::on_data);
     nghttp2_session_callbacks_set_on_frame_recv_callback(cb, &Conn::on_frame);
     nghttp2_session_callbacks_set_on_stream_close_callback(cb, &Conn::on_stream_close);
-    const int rv = nghttp2_session_server_new(&session_, cb, this);
+    nghttp2_option* opt = nullptr;
+    if (nghttp2_option_new(&opt) != 0) {
+      nghttp2_session_callbacks_del(cb);
+      return false;
+    }
+    // No closed streams kept for the RFC 7540 priority tree, which gRPC clients do not use.
+    nghttp2_option_set_no_closed_streams(opt, 1);
+    static const nghttp2_mem mem = pooled_mem();
+    const int rv =
+        nghttp2_session_server_new3(&session_, cb, this, opt, const_cast<nghttp2_mem*>(&mem));
+    nghttp2_option_del(opt);
     nghttp2_session_callbacks_del(cb);
     if (rv != 0) return false;
     const nghttp2_settings_entry iv[] = {
+        {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
         {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, kMaxStreams},
         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1u << 20},
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, 16u * 1024},
@@ -220,19 +330,21 @@ class Conn : public std::enable_shared_from_this<Conn> {
     return nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, iv, std::size(iv)) == 0;
   }
 
+  // One read at a time. Asio tries the read at once and waits on epoll only when the socket is
+  // empty (async_wait would instead re-arm epoll with a system call every time).
   void read() {
     if (closed_ || reading_) return;
     reading_ = true;
-    socket_.async_read_some(
-        asio::buffer(rbuf_), [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-          self->reading_ = false;
-          self->on_read(ec, n);
-        });
+    socket_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](
+                                                     boost::system::error_code ec, size_t n) {
+      self->reading_ = false;
+      self->on_read(ec, n);
+    });
   }
 
   void on_read(boost::system::error_code ec, size_t n) {
     if (closed_) return;
-    if (ec) {
+    if (ec) {  // end of stream, a reset, or the socket closed
       close();
       return;
     }
