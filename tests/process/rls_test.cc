@@ -294,3 +294,25 @@ TEST_CASE("rls: the health service says NOT_SERVING once the node stops, then go
   }
   CHECK(last != 1);
 }
+
+TEST_CASE("rls: methods the front does not serve are UNIMPLEMENTED, and the node keeps serving") {
+  Node n;
+  RlsClient c(n.grpc);
+  // Another method of the service, the streaming health Watch, an unknown service.
+  grpc::Status s = c.raw("/envoy.service.ratelimit.v3.RateLimitService/Other", "");
+  CHECK(s.error_code() == grpc::StatusCode::UNIMPLEMENTED);
+  s = c.raw("/grpc.health.v1.Health/Watch", "");
+  CHECK(s.error_code() == grpc::StatusCode::UNIMPLEMENTED);
+  s = c.raw("/no.such.Service/Call", "abc");
+  CHECK(s.error_code() == grpc::StatusCode::UNIMPLEMENTED);
+  // Health: a service the node does not run is NOT_FOUND; a request that is not one, refused.
+  CHECK(c.health("no.such.Service") == -1);
+  s = c.raw("/grpc.health.v1.Health/Check", std::string("\x08\x01", 2));
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  // The same connection still answers checks, and none of the above was counted as one.
+  RateLimitResponse r;
+  REQUIRE(c.call(rls_request("api", {{{"user", "zed"}}}), r).ok());
+  CHECK(r.overall_code() == RateLimitResponse::OK);
+  CHECK(metric(n.admin, "sluice_rls_requests_total{result=\"ok\"}") == 1);
+  CHECK(metric(n.admin, "sluice_rls_requests_total{result=\"invalid_argument\"}") == 0);
+}

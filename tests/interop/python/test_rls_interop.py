@@ -249,19 +249,22 @@ def assert_per_user_limit(sluiced, status, has_hits=True):
         assert reset > 0, "duration_until_reset is above 0 once hits are counted"
 
 
-def raw_should_rate_limit(sluiced, request, grpc_timeout, tmp_path):
+def raw_should_rate_limit(sluiced, request, grpc_timeout, tmp_path, compressed=False):
     """Sends one gRPC request with nghttp (nghttp2-client), not grpcio, with the given grpc-timeout
     header, so the server, not this client, has to act on the deadline. Returns the grpc-status
-    the server sent and whether a response message came back."""
+    the server sent and whether a response message came back. `compressed`: the message is
+    flagged as gzip-compressed (its bytes are not), as a client that compresses would send it."""
     nghttp = shutil.which("nghttp")
     assert nghttp, "nghttp not found (Debian's nghttp2-client; deploy/setup.sh installs it)"
     body = request.SerializeToString()
     path = tmp_path / f"request-{grpc_timeout}.bin"
-    path.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)
+    flag = b"\x01" if compressed else b"\x00"
+    path.write_bytes(flag + len(body).to_bytes(4, "big") + body)
+    encoding = ["-H", "grpc-encoding: gzip"] if compressed else []
     out = subprocess.run(
         [nghttp, "-v", "-n", "-t", "5", "-d", str(path),
          "-H", "content-type: application/grpc", "-H", "te: trailers",
-         "-H", f"grpc-timeout: {grpc_timeout}",
+         "-H", f"grpc-timeout: {grpc_timeout}", *encoding,
          f"http://127.0.0.1:{sluiced.port}{RLS_PATH}"],
         capture_output=True, text=True, timeout=15)
     statuses = [line.split("grpc-status:", 1)[1].strip()
@@ -395,6 +398,15 @@ def test_unknown_domain_is_ok_with_no_current_limit(sluiced):
     assert len(r.statuses) == 1
     assert code_name(sluiced, r.statuses[0].code) == "OK"
     assert not r.statuses[0].HasField("current_limit")
+
+
+def test_compressed_message_is_unimplemented_and_not_counted(sluiced, tmp_path):
+    req = sluiced.Request(domain="interop")
+    req.descriptors.append(sluiced.descriptor("user", "gzip-user"))
+    status, got_message = raw_should_rate_limit(sluiced, req, "2S", tmp_path, compressed=True)
+    assert (status, got_message) == (12, False)  # UNIMPLEMENTED, no message
+    s = sluiced.check_user("gzip-user")
+    assert s.limit_remaining == LIMIT - 1, "the refused call was counted"
 
 
 def test_empty_domain_is_invalid_argument(sluiced):
