@@ -120,6 +120,7 @@ struct CheckHandler::Scratch {
   std::vector<uint32_t> rest_index;  // per engine request: its index in rest
   std::vector<engine::SliceReturn> returns;
   std::vector<wire::SliceGrant> grants;
+  std::vector<wire::Code> codes;  // per wire check: kOk, or why the engine must not see it
 };
 
 CheckHandler::CheckHandler(engine::Engine& engine)
@@ -135,6 +136,107 @@ bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_by
       handle_routed(request, max_answer_bytes, now_ms, out, nullptr, 0, unused) == Outcome::kAnswer;
   fallback_ = {};
   return answered;
+}
+
+std::span<const wire::DecisionView> CheckHandler::decide(std::span<const wire::Check> checks,
+                                                         int64_t now_ms) {
+  Scratch& s = *s_;
+  last_code_ = checks.size() > wire::kMaxChecks ? wire::Code::kTooManyChecks : wire::Code::kOk;
+  s.decisions.clear();
+  if (last_code_ != wire::Code::kOk) return {};
+  s.codes.clear();
+  for (const wire::Check& c : checks)
+    s.codes.push_back(wire::check_code(c));
+  to_requests(checks);
+  s.sliced.assign(s.requests.size(), UINT32_MAX);
+  s.num_sliced = 0;
+  decide_requests(checks.size(), now_ms);
+  return s.decisions;
+}
+
+void CheckHandler::to_requests(std::span<const wire::Check> checks) {
+  Scratch& s = *s_;
+  size_t total_entries = 0;
+  for (const auto& c : checks)
+    total_entries += c.entries.size();
+  s.requests.clear();
+  s.descriptors.clear();
+  s.engine_index.clear();
+  s.descriptors.reserve(total_entries);  // spans below point into it: no reallocation after
+  for (size_t i = 0; i < checks.size(); ++i) {
+    if (s.codes[i] != wire::Code::kOk) {
+      s.engine_index.push_back(UINT32_MAX);
+      continue;
+    }
+    const wire::Check& c = checks[i];
+    const size_t first = s.descriptors.size();
+    for (const auto& e : c.entries)
+      s.descriptors.push_back({e.key, e.value});
+    s.engine_index.push_back(static_cast<uint32_t>(s.requests.size()));
+    rules::CheckRequest& req = s.requests.emplace_back(rules::CheckRequest{
+        c.domain,
+        std::span<const rules::Descriptor>(s.descriptors.data() + first, c.entries.size()),
+        static_cast<uint64_t>(c.hits)});
+    req.has_limit_override = c.has_limit_override;
+    req.limit_override_requests = c.limit_override_requests;
+    req.limit_override_window_ms = c.limit_override_window_ms;
+    req.is_release = c.is_release;
+    req.release = c.release;
+  }
+}
+
+void CheckHandler::decide_requests(size_t num_checks, int64_t now_ms) {
+  Scratch& s = *s_;
+  // Requests decided from slices (split) are not decided again.
+  std::span<const rules::CheckRequest> batch = s.requests;
+  if (s.num_sliced != 0) {
+    s.rest.clear();
+    s.rest_index.assign(s.requests.size(), UINT32_MAX);
+    for (size_t j = 0; j < s.requests.size(); ++j) {
+      if (s.sliced[j] != UINT32_MAX) continue;
+      s.rest_index[j] = static_cast<uint32_t>(s.rest.size());
+      s.rest.push_back(s.requests[j]);
+    }
+    batch = s.rest;
+  }
+  engine_.check(batch, now_ms, s.result, fallback_);
+
+  s.limits.clear();
+  s.limits.reserve(s.result.limits.size() + s.slice_limits.size());
+  for (const auto& l : s.result.limits)
+    s.limits.push_back(to_view(l));
+  const size_t slice_limits_at = s.limits.size();
+  if (s.num_sliced != 0) {
+    for (const auto& l : s.slice_limits)
+      s.limits.push_back(to_view(l));
+  }
+  s.decisions.clear();
+  s.grants.clear();
+  for (size_t i = 0; i < num_checks; ++i) {
+    wire::DecisionView dv;
+    if (s.engine_index[i] == UINT32_MAX) {
+      dv.code = s.codes[i];
+    } else {
+      const uint32_t j = s.engine_index[i];
+      const bool sliced = s.sliced[j] != UINT32_MAX;
+      const engine::Decision& d = sliced              ? s.slice_decisions[s.sliced[j]]
+                                  : s.num_sliced != 0 ? s.result.decisions[s.rest_index[j]]
+                                                      : s.result.decisions[j];
+      const size_t limits_at = sliced ? slice_limits_at : 0;
+      if (d.slice_hits != 0) {
+        s.grants.push_back({static_cast<uint32_t>(i), d.slice_hits, d.slice_ttl_ms, d.slice_id});
+      }
+      dv.code = d.no_room ? wire::Code::kNoRoom : to_wire(d.error);
+      dv.allowed = d.allowed;
+      dv.would_deny = d.would_deny;
+      dv.shadow = d.shadow;
+      dv.allowlisted = d.allowlisted;
+      dv.lease = d.lease;
+      dv.limits = std::span<const wire::LimitView>(s.limits.data() + limits_at + d.first_limit,
+                                                   d.num_limits);
+    }
+    s.decisions.push_back(dv);
+  }
 }
 
 CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> request,
@@ -172,37 +274,19 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
   }
 
   const auto checks = s.decoder.checks();
-  size_t total_entries = 0;
-  for (const auto& c : checks)
-    total_entries += c.entries.size();
-  s.requests.clear();
-  s.descriptors.clear();
-  s.engine_index.clear();
-  s.descriptors.reserve(total_entries);  // spans below point into it: no reallocation after
-  for (size_t i = 0; i < checks.size(); ++i) {
-    if (s.decoder.check_code(i) != wire::Code::kOk) {
-      s.engine_index.push_back(UINT32_MAX);
-      continue;
-    }
-    const wire::Check& c = checks[i];
-    const size_t first = s.descriptors.size();
-    for (const auto& e : c.entries)
-      s.descriptors.push_back({e.key, e.value});
-    s.engine_index.push_back(static_cast<uint32_t>(s.requests.size()));
-    rules::CheckRequest& req = s.requests.emplace_back(rules::CheckRequest{
-        c.domain,
-        std::span<const rules::Descriptor>(s.descriptors.data() + first, c.entries.size()),
-        static_cast<uint64_t>(c.hits)});
-    req.has_limit_override = c.has_limit_override;
-    req.limit_override_requests = c.limit_override_requests;
-    req.limit_override_window_ms = c.limit_override_window_ms;
-    req.is_release = c.is_release;
-    req.release = c.release;
-    // Leased quotas: another node asks for a slice of this check's lease limits (its tag vouches
-    // for the node id).
-    if (trusted && i < s.decoder.slice_wants().size()) {
-      req.slice_want = s.decoder.slice_wants()[i];
-      req.slice_for = s.decoder.slice_node();
+  s.codes.clear();
+  for (size_t i = 0; i < checks.size(); ++i)
+    s.codes.push_back(s.decoder.check_code(i));
+  to_requests(checks);
+  // Leased quotas: another node asks for slices of these checks' lease limits (its tag vouches
+  // for the node id).
+  if (trusted) {
+    for (size_t i = 0; i < checks.size(); ++i) {
+      const uint32_t j = s.engine_index[i];
+      if (j != UINT32_MAX && i < s.decoder.slice_wants().size()) {
+        s.requests[j].slice_want = s.decoder.slice_wants()[i];
+        s.requests[j].slice_for = s.decoder.slice_node();
+      }
     }
   }
   if (trusted && !s.decoder.slice_returns().empty()) {
@@ -223,56 +307,7 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
       split(router, now_ms, first_id, plan, trusted)) {
     return Outcome::kForward;
   }
-  // Requests decided from slices (split) are not decided again.
-  std::span<const rules::CheckRequest> batch = s.requests;
-  if (s.num_sliced != 0) {
-    s.rest.clear();
-    s.rest_index.assign(s.requests.size(), UINT32_MAX);
-    for (size_t j = 0; j < s.requests.size(); ++j) {
-      if (s.sliced[j] != UINT32_MAX) continue;
-      s.rest_index[j] = static_cast<uint32_t>(s.rest.size());
-      s.rest.push_back(s.requests[j]);
-    }
-    batch = s.rest;
-  }
-  engine_.check(batch, now_ms, s.result, fallback_);
-
-  s.limits.clear();
-  s.limits.reserve(s.result.limits.size() + s.slice_limits.size());
-  for (const auto& l : s.result.limits)
-    s.limits.push_back(to_view(l));
-  const size_t slice_limits_at = s.limits.size();
-  if (s.num_sliced != 0) {
-    for (const auto& l : s.slice_limits)
-      s.limits.push_back(to_view(l));
-  }
-  s.decisions.clear();
-  s.grants.clear();
-  for (size_t i = 0; i < checks.size(); ++i) {
-    wire::DecisionView dv;
-    if (s.engine_index[i] == UINT32_MAX) {
-      dv.code = s.decoder.check_code(i);
-    } else {
-      const uint32_t j = s.engine_index[i];
-      const bool sliced = s.sliced[j] != UINT32_MAX;
-      const engine::Decision& d = sliced              ? s.slice_decisions[s.sliced[j]]
-                                  : s.num_sliced != 0 ? s.result.decisions[s.rest_index[j]]
-                                                      : s.result.decisions[j];
-      const size_t limits_at = sliced ? slice_limits_at : 0;
-      if (d.slice_hits != 0) {
-        s.grants.push_back({static_cast<uint32_t>(i), d.slice_hits, d.slice_ttl_ms, d.slice_id});
-      }
-      dv.code = d.no_room ? wire::Code::kNoRoom : to_wire(d.error);
-      dv.allowed = d.allowed;
-      dv.would_deny = d.would_deny;
-      dv.shadow = d.shadow;
-      dv.allowlisted = d.allowlisted;
-      dv.lease = d.lease;
-      dv.limits = std::span<const wire::LimitView>(s.limits.data() + limits_at + d.first_limit,
-                                                   d.num_limits);
-    }
-    s.decisions.push_back(dv);
-  }
+  decide_requests(checks.size(), now_ms);
   return answered(wire::encode_answer(s.decoder.id(), wire::Code::kOk, s.decisions,
                                       max_answer_bytes, out, s.grants));
 }

@@ -427,6 +427,10 @@ void Node::run(bool handle_signals) {
     backend.check_here = [this](std::span<const uint8_t> request, std::vector<uint8_t>& out) {
       return check_here(request, out);
     };
+    backend.decide_here = [this](std::span<const wire::Check> checks,
+                                 std::span<const wire::DecisionView>& decisions) {
+      return decide_here(checks, decisions);
+    };
     backend.policy = [&n] { return n.engine->policy(); };
     n.rls = std::make_unique<rls::RlsServer>(std::move(ro), std::move(backend));
     n.rls->start();
@@ -579,19 +583,39 @@ std::vector<std::pair<uint16_t, std::string>> Node::owners_of(uint64_t counter) 
   return out;
 }
 
-bool Node::check_here(std::span<const uint8_t> request, std::vector<uint8_t>& out) {
-  Impl& n = *impl_;
-  if (n.opt.cluster.enabled || n.stopped.load()) return false;
+namespace {
+
+// The calling thread's CheckHandler for check_here and decide_here: made anew when the thread
+// first serves another node.
+CheckHandler& local_handler(uint64_t instance, engine::Engine& engine) {
   struct Local {
     uint64_t node = 0;
     std::unique_ptr<CheckHandler> handler;
   };
   thread_local Local local;
-  if (local.node != n.instance) {
-    local.handler = std::make_unique<CheckHandler>(*n.engine);
-    local.node = n.instance;
+  if (local.node != instance) {
+    local.handler = std::make_unique<CheckHandler>(engine);
+    local.node = instance;
   }
-  return local.handler->handle(request, wire::kMaxFrameBytes, n.opt.clock(), out);
+  return *local.handler;
+}
+
+}  // namespace
+
+bool Node::check_here(std::span<const uint8_t> request, std::vector<uint8_t>& out) {
+  Impl& n = *impl_;
+  if (n.opt.cluster.enabled || n.stopped.load()) return false;
+  return local_handler(n.instance, *n.engine)
+      .handle(request, wire::kMaxFrameBytes, n.opt.clock(), out);
+}
+
+bool Node::decide_here(std::span<const wire::Check> checks,
+                       std::span<const wire::DecisionView>& decisions) {
+  Impl& n = *impl_;
+  if (n.opt.cluster.enabled || n.stopped.load()) return false;
+  CheckHandler& h = local_handler(n.instance, *n.engine);
+  decisions = h.decide(checks, n.opt.clock());
+  return h.last_code() == wire::Code::kOk;
 }
 
 void Node::check_async(std::vector<uint8_t> request,

@@ -247,6 +247,11 @@ class CheckHandler {
   // `fallback`: decided in place of an owner that cannot be asked (engine::Engine::check).
   bool handle(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
               std::vector<uint8_t>& out, engine::Fallback fallback = {});
+  // Decides checks a front built itself (no encoding either way), as handle() does with no
+  // router: each check first passes wire::check_code (a refused one gets its code). Empty with
+  // last_code() kTooManyChecks past wire::kMaxChecks. The views stay valid until the next call
+  // on this handler.
+  std::span<const wire::DecisionView> decide(std::span<const wire::Check> checks, int64_t now_ms);
   wire::Code last_code() const { return last_code_; }
   // `part` (a signed part of a plan, as sent) was redirected to `node`, which answered `answer`:
   // what it admitted is credited to it in this node's counters (engine::Engine::credit).
@@ -280,6 +285,10 @@ class CheckHandler {
 
  private:
   struct Scratch;
+  // The engine requests of `checks` (those whose Scratch::codes is kOk), into the scratch.
+  void to_requests(std::span<const wire::Check> checks);
+  // Decides the scratch's requests (less those decided from slices) into Scratch::decisions.
+  void decide_requests(size_t num_checks, int64_t now_ms);
   bool split(CheckRouter* router, int64_t now_ms, uint64_t first_id, ForwardPlan& plan,
              bool forwarded);
   // Leased quotas: decides engine request `j` (check `i`) from the slices `owner` granted, when
@@ -336,6 +345,10 @@ class Node {
   // nothing, for a cluster node or one that is stopping: use check_async. Any thread; each thread
   // keeps its own scratch, so a front's threads decide without handing work to a worker.
   bool check_here(std::span<const uint8_t> request, std::vector<uint8_t>& out);
+  // check_here for checks a front holds as structs: no encoding either way. The decisions (one
+  // per check) stay valid until this thread's next decide_here.
+  bool decide_here(std::span<const wire::Check> checks,
+                   std::span<const wire::DecisionView>& decisions);
 
   // Runtime overrides (DESIGN.md, Rules). set and delete write to the data directory first (WAL
   // synced), then apply without a restart; the node's rules must have the override's domain and

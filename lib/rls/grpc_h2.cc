@@ -211,6 +211,8 @@ struct Server::Impl {
 
   Impl(ServerOptions o, CallHandler& h) : opt(std::move(o)), handler(h) {}
   void accept();
+  // On l's thread: closes its oldest connection with no call in flight; false when there is none.
+  bool shed_oldest_idle(Loop& l);
 };
 
 // ---- one connection -----------------------------------------------------------------------------
@@ -271,6 +273,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
                           nullptr, 0);
     pump();
   }
+
+  // No call in flight (none begun, or all answered): it may be closed to make room.
+  bool idle() const { return pool_.size() == free_.size(); }
 
   // A Later's answer, on this thread.
   void finish_later(int32_t id, uint32_t generation, Reply&& reply) {
@@ -639,20 +644,34 @@ void Server::Impl::accept() {
       return;
     }
     counters.connections.fetch_add(1, std::memory_order_relaxed);
-    if (counters.open.load(std::memory_order_relaxed) >= opt.max_connections) {
-      counters.refused_over_cap.fetch_add(1, std::memory_order_relaxed);
-      boost::system::error_code ignored;
-      socket.close(ignored);
-    } else {
-      counters.open.fetch_add(1, std::memory_order_relaxed);
-      auto conn = std::make_shared<Conn>(*this, loop, std::move(socket));
-      asio::post(loop->io, [conn, l = loop.get()] {
-        l->conns.push_back(conn);
-        conn->start();
-      });
-    }
+    counters.open.fetch_add(1, std::memory_order_relaxed);
+    auto conn = std::make_shared<Conn>(*this, loop, std::move(socket));
+    asio::post(loop->io, [this, conn, l = loop.get()] {
+      // Each thread holds its share of max_connections: one more closes the thread's oldest idle
+      // connection (no call in flight: a slow or silent client) to make room, else the new one.
+      const size_t share = std::max<size_t>(1, opt.max_connections / loops.size());
+      if (l->conns.size() >= share && !shed_oldest_idle(*l)) {
+        counters.refused_over_cap.fetch_add(1, std::memory_order_relaxed);
+        conn->close();
+        return;
+      }
+      l->conns.push_back(conn);
+      conn->start();
+    });
     accept();
   });
+}
+
+bool Server::Impl::shed_oldest_idle(Loop& l) {
+  for (const auto& c : l.conns) {  // oldest first
+    if (c->idle()) {
+      counters.shed.fetch_add(1, std::memory_order_relaxed);
+      auto keep = c;  // close() drops the list's reference
+      keep->close();
+      return true;
+    }
+  }
+  return false;
 }
 
 Server::Server(ServerOptions options, CallHandler& handler)

@@ -18,8 +18,9 @@
 // handler's on_oversized answers it; the bytes that follow are discarded as they arrive); at most
 // kMaxStreams calls in flight per connection (SETTINGS_MAX_CONCURRENT_STREAMS, enforced by
 // nghttp2); a connection that has not sent its preface and SETTINGS within handshake_timeout_ms is
-// closed; past max_connections, a new connection is closed at once (counted); a connection whose
-// answers are not read stops being read past kMaxPendingOutput bytes.
+// closed; past max_connections (each thread its share), a new connection closes the oldest one
+// with no call in flight, or is closed itself when every one has calls (both counted); a
+// connection whose answers are not read stops being read past kMaxPendingOutput bytes.
 //
 // Threads: `threads` threads of its own, each running one io_context; the acceptor hands new
 // connections to them round-robin, and a connection (its nghttp2 session, its streams) is only
@@ -102,7 +103,8 @@ inline constexpr size_t kMaxPendingOutput = 1u << 20;
 struct ServerCounters {
   std::atomic<uint64_t> connections{0};       // accepted
   std::atomic<uint64_t> open{0};              // open now
-  std::atomic<uint64_t> refused_over_cap{0};  // closed at once: max_connections open
+  std::atomic<uint64_t> shed{0};              // idle, closed to make room over max_connections
+  std::atomic<uint64_t> refused_over_cap{0};  // closed at once: over the cap, none idle
   std::atomic<uint64_t> closed_handshake{0};  // no preface and SETTINGS within the timeout
   std::atomic<uint64_t> protocol_errors{0};   // closed on an HTTP/2 error (nghttp2's verdict)
 };

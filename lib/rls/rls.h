@@ -27,6 +27,10 @@
 namespace sluice::rules {
 class Policy;
 }
+namespace sluice::wire {
+struct Check;
+struct DecisionView;
+}  // namespace sluice::wire
 
 namespace sluice::rls {
 
@@ -41,7 +45,9 @@ struct RlsOptions {
   // this is closed (a slow client), as the other listeners close unfinished requests.
   int64_t client_timeout_ms = 10'000;
   unsigned threads = 2;           // the front's own threads
-  size_t max_connections = 1024;  // open at once; one more is closed at once (counted)
+  // Open at once (each front thread its share); one more closes the oldest with no call in
+  // flight, or itself when every one has calls (both counted).
+  size_t max_connections = 1024;
 };
 
 // What the front needs from the node.
@@ -52,6 +58,10 @@ struct Backend {
   // Optional: decides on the calling gRPC thread when the node needs no worker for it (a node on
   // its own), writing the answer; false: use `check`. Saves two thread hand-offs per call.
   std::function<bool(std::span<const uint8_t>, std::vector<uint8_t>&)> check_here;
+  // Optional, tried first: check_here for the checks as structs, with no encoding either way;
+  // the decisions (one per check) stay valid until the thread's next call. False: use the others.
+  std::function<bool(std::span<const wire::Check>, std::span<const wire::DecisionView>&)>
+      decide_here;
   // The rules in force (entry bounds, envoy domains' `replaces` and `quota_mode`).
   std::function<std::shared_ptr<const rules::Policy>()> policy;
 };
@@ -68,7 +78,8 @@ struct RlsCounters {
   uint64_t internal = 0;            // the node's answer could not be read (a bug: logged)
   uint64_t connections = 0;                   // HTTP/2 connections accepted
   uint64_t connections_open = 0;              // open now
-  uint64_t connections_refused = 0;           // closed at once: max_connections were open
+  uint64_t connections_shed = 0;              // idle, closed to make room over max_connections
+  uint64_t connections_refused = 0;           // closed at once: over the cap, none idle
   uint64_t connections_closed_handshake = 0;  // no preface within client_timeout_ms
   uint64_t protocol_errors = 0;               // closed on an HTTP/2 protocol error
 };

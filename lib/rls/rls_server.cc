@@ -137,6 +137,11 @@ class Service final : public h2::CallHandler {
       finish(s.plan, nullptr, s.resp, reply);
       return true;
     }
+    std::span<const wire::DecisionView> decided;
+    if (backend_.decide_here && backend_.decide_here(s.plan.checks, decided)) {
+      decided_here(s.plan, decided, s.resp, reply);
+      return true;
+    }
     wire::encode_request(next_id_.fetch_add(1, std::memory_order_relaxed), s.plan.checks, 0,
                          s.bytes);
     if (backend_.check_here && backend_.check_here(s.bytes, s.answer)) {
@@ -175,10 +180,19 @@ class Service final : public h2::CallHandler {
     finish(plan, &answer, resp, reply);
   }
 
+  void decided_here(const Plan& plan, std::span<const wire::DecisionView> decided,
+                    RateLimitResponse& resp, h2::Reply& reply) {
+    respond(plan, fill_response(plan, decided, options_.rate_limit_headers, resp), resp, reply);
+  }
+
   void finish(const Plan& plan, const wire::Answer* answer, RateLimitResponse& resp,
               h2::Reply& reply) {
-    resp.Clear();
-    const std::string err = fill_response(plan, answer, options_.rate_limit_headers, resp);
+    respond(plan, fill_response(plan, answer, options_.rate_limit_headers, resp), resp, reply);
+  }
+
+  // The filled response (or why it could not be filled) as the call's reply.
+  void respond(const Plan& plan, const std::string& err, RateLimitResponse& resp,
+               h2::Reply& reply) {
     if (!err.empty()) {
       counters_.internal.fetch_add(1, std::memory_order_relaxed);
       spdlog::error("rls: {}", err);
@@ -268,6 +282,7 @@ RlsCounters RlsServer::counters() const {
     const h2::ServerCounters& t = impl_->server->counters();
     r.connections = t.connections.load(std::memory_order_relaxed);
     r.connections_open = t.open.load(std::memory_order_relaxed);
+    r.connections_shed = t.shed.load(std::memory_order_relaxed);
     r.connections_refused = t.refused_over_cap.load(std::memory_order_relaxed);
     r.connections_closed_handshake = t.closed_handshake.load(std::memory_order_relaxed);
     r.protocol_errors = t.protocol_errors.load(std::memory_order_relaxed);

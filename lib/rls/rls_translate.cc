@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 #include "rules/rules.h"
 #include "wire/ratelimit_headers.h"
@@ -41,12 +44,16 @@ PlanError refuse(Refusal r, std::string message) {
 
 // The limit a descriptor's status shows: the one that denied it (the longest wait), else the one
 // with the fewest remaining (ties: the later reset). Null when none applied.
-const wire::LimitStatus* binding_limit(const wire::Decision& d) {
-  const wire::LimitStatus* best = nullptr;
-  for (const wire::LimitStatus& l : d.limits) {
+// D is wire::Decision (an answer read from the check protocol) or wire::DecisionView (decided in
+// this process); L its limit type.
+template <typename D,
+          typename L = std::remove_cvref_t<decltype(*std::declval<const D&>().limits.begin())>>
+const L* binding_limit(const D& d) {
+  const L* best = nullptr;
+  for (const L& l : d.limits) {
     if (!d.allowed) {
       if (!l.exceeded || l.mode == wire::Mode::kDryRun) continue;
-      const auto wait = [](const wire::LimitStatus& x) {
+      const auto wait = [](const L& x) {
         return x.retry_after_ms < 0 ? std::numeric_limits<int64_t>::max() : x.retry_after_ms;
       };
       if (best == nullptr || wait(l) > wait(*best)) best = &l;
@@ -208,17 +215,25 @@ PlanError plan_request(const RateLimitRequest& req, const rules::Policy* policy,
   return {};
 }
 
-std::string fill_response(const Plan& plan, const wire::Answer* answer, bool rate_limit_headers,
-                          RateLimitResponse& resp) {
+namespace {
+
+wire::LimitStatus owned(const wire::LimitStatus& l) {
+  return l;
+}
+
+wire::LimitStatus owned(const wire::LimitView& l) {
+  return {std::string(l.name), l.limit, l.window_ms, l.remaining, l.reset_ms, l.retry_after_ms,
+          l.mode, l.exceeded};
+}
+
+// fill_response over the decisions of plan.checks (null: no check was sent).
+template <typename D>
+std::string fill(const Plan& plan, std::span<const D>* decisions, bool rate_limit_headers,
+                 RateLimitResponse& resp) {
   resp.Clear();
-  if (answer != nullptr) {
-    if (answer->code != wire::Code::kOk) {
-      return "the node answered " + std::string(wire::to_string(answer->code));
-    }
-    if (answer->decisions.size() != plan.checks.size()) {
-      return "the node answered " + std::to_string(answer->decisions.size()) + " of " +
-             std::to_string(plan.checks.size()) + " checks";
-    }
+  if (decisions != nullptr && decisions->size() != plan.checks.size()) {
+    return "the node answered " + std::to_string(decisions->size()) + " of " +
+           std::to_string(plan.checks.size()) + " checks";
   }
   bool over = false;
   size_t quota_total = 0;
@@ -232,8 +247,8 @@ std::string fill_response(const Plan& plan, const wire::Answer* answer, bool rat
       continue;
     }
     if (plan.kind[i] == Plan::Kind::kReplaced) continue;
-    if (answer == nullptr) return "no answer for descriptor " + std::to_string(i);
-    const wire::Decision& d = answer->decisions[plan.check[i]];
+    if (decisions == nullptr) return "no answer for descriptor " + std::to_string(i);
+    const D& d = (*decisions)[plan.check[i]];
     switch (d.code) {
       case wire::Code::kOk: break;
       // envoyproxy/ratelimit answers an unknown domain with no limit; no room: allowed, uncounted.
@@ -246,7 +261,7 @@ std::string fill_response(const Plan& plan, const wire::Answer* answer, bool rat
       s->set_limit_remaining(kMaxU32);
       continue;
     }
-    const wire::LimitStatus* l = binding_limit(d);
+    const auto* l = binding_limit(d);
     if (l == nullptr) continue;  // no rule applies: OK, no current limit
     const bool denied = !d.allowed;
     if (plan.quota_mode[i]) {
@@ -257,7 +272,7 @@ std::string fill_response(const Plan& plan, const wire::Answer* answer, bool rat
     }
     s->set_code(denied ? RateLimitResponse::OVER_LIMIT : RateLimitResponse::OK);
     auto* cl = s->mutable_current_limit();
-    cl->set_name(l->name);
+    cl->set_name(l->name.data(), l->name.size());
     cl->set_requests_per_unit(clamp_u32(l->limit));
     cl->set_unit(unit_of(l->window_ms));
     s->set_limit_remaining(denied ? 0 : clamp_u32(l->remaining));
@@ -265,7 +280,10 @@ std::string fill_response(const Plan& plan, const wire::Answer* answer, bool rat
     // as hits leave it; no fixed reset). Else until the window holds none of the counted hits.
     const bool wait = denied && l->retry_after_ms >= 0;
     set_duration(wait ? l->retry_after_ms : l->reset_ms, s->mutable_duration_until_reset());
-    if (rate_limit_headers) all_limits.insert(all_limits.end(), d.limits.begin(), d.limits.end());
+    if (rate_limit_headers) {
+      for (const auto& limit : d.limits)
+        all_limits.push_back(owned(limit));
+    }
   }
   // As upstream: OVER_LIMIT when a descriptor is over, or when every quota-mode one is.
   if (quota_total > 0 && quota_over == quota_total) over = true;
@@ -278,6 +296,24 @@ std::string fill_response(const Plan& plan, const wire::Answer* answer, bool rat
     }
   }
   return "";
+}
+
+}  // namespace
+
+std::string fill_response(const Plan& plan, const wire::Answer* answer, bool rate_limit_headers,
+                          RateLimitResponse& resp) {
+  if (answer != nullptr && answer->code != wire::Code::kOk) {
+    resp.Clear();
+    return "the node answered " + std::string(wire::to_string(answer->code));
+  }
+  std::span<const wire::Decision> decisions;
+  if (answer != nullptr) decisions = answer->decisions;
+  return fill(plan, answer != nullptr ? &decisions : nullptr, rate_limit_headers, resp);
+}
+
+std::string fill_response(const Plan& plan, std::span<const wire::DecisionView> decisions,
+                          bool rate_limit_headers, RateLimitResponse& resp) {
+  return fill(plan, &decisions, rate_limit_headers, resp);
 }
 
 }  // namespace sluice::rls

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,9 @@ PlanError plan_request(const RateLimitRequest& req, const rules::Policy* policy,
 // why the answer cannot be used (a request-level error code, a count that does not match).
 std::string fill_response(const Plan& plan, const wire::Answer* answer, bool rate_limit_headers,
                           RateLimitResponse& resp);
+// The same from decisions made in this process (Backend::decide_here), one per plan.checks.
+std::string fill_response(const Plan& plan, std::span<const wire::DecisionView> decisions,
+                          bool rate_limit_headers, RateLimitResponse& resp);
 
 // The RLS unit of a window: SECOND, MINUTE, HOUR, DAY, WEEK (7 d), MONTH (30 d), YEAR (365 d);
 // UNKNOWN for any other window (a Sluice rule's 10 s or 90 s).

@@ -508,6 +508,18 @@ struct RequestDecoder::Buffers {
   std::vector<uint32_t> use_counts;  // the same for the slice returns' uses
 };
 
+Code check_code(const Check& check) {
+  if (check.entries.size() > kMaxEntries) return Code::kTooManyEntries;
+  if (check.hits < 0) return Code::kNegativeHits;
+  if (check.has_limit_override) {
+    const bool unit = std::find(std::begin(kLimitOverrideWindowsMs),
+                                std::end(kLimitOverrideWindowsMs),
+                                check.limit_override_window_ms) != std::end(kLimitOverrideWindowsMs);
+    if (!unit || check.limit_override_requests > kMaxLimitOverride) return Code::kMalformed;
+  }
+  return Code::kOk;
+}
+
 RequestDecoder::RequestDecoder() : buf_(std::make_unique<Buffers>()) {}
 RequestDecoder::~RequestDecoder() = default;
 
@@ -586,28 +598,23 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
               code = Code::kTooManyEntries;  // not read: the engine never sees them
               continue;
             }
-            if (check.hits < 0) code = Code::kNegativeHits;  // entries still shown, for logs
             if (c.hasRelease()) {
               check.is_release = true;
               check.release = c.getRelease().getLease();
             }
             if (c.hasLimitOverride()) {
               const auto lo = c.getLimitOverride();
-              const int64_t w = lo.getWindowMs();
               check.has_limit_override = true;
-              check.limit_override_window_ms = w;
+              check.limit_override_window_ms = lo.getWindowMs();
               check.limit_override_requests = lo.getRequests();
-              const bool unit =
-                  std::find(std::begin(kLimitOverrideWindowsMs), std::end(kLimitOverrideWindowsMs),
-                            w) != std::end(kLimitOverrideWindowsMs);
-              if (code == Code::kOk &&
-                  (!unit || check.limit_override_requests > kMaxLimitOverride)) {
-                code = Code::kMalformed;
-              }
             }
             for (auto e : entries)
               entries_.push_back({view(e.getKey()), view(e.getValue())});
             n_entries = entries.size();
+            // A negative cost keeps its entries (shown in logs); the entries' span is set below.
+            check.entries = std::span<const Entry>(entries_.data() + entries_.size() - n_entries,
+                                                   n_entries);
+            code = wire::check_code(check);
           }
         }
       }

@@ -111,6 +111,11 @@ void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
                     std::vector<uint8_t>& out, bool forwarded = false, bool redirected = false,
                     const SliceAsk* slices = nullptr);
 
+// Whether one check may go to the engine: kOk, or kTooManyEntries (over kMaxEntries), kNegativeHits,
+// kMalformed (a limit override of another unit or over kMaxLimitOverride). The decoder applies it
+// to every check it reads; a front that builds checks itself applies it before deciding them.
+Code check_code(const Check& check);
+
 // Decodes requests with no allocation once warm. Views returned by checks() point into the
 // decoder's own buffer and stay valid until the next decode().
 class RequestDecoder {
