@@ -1,6 +1,6 @@
 // sluice-bench-rls-noop: the gRPC front of sluiced (lib/rls: the same HTTP/2 transport, protobuf
 // parsing, request planning and response building) with a backend that answers every check
-// "allowed" without deciding it: no engine, no counter, no rule. sluice-bench-rls measures it
+// "allowed" without deciding it: no engine, no counter, no rule, no limit in the answer. sluice-bench-rls measures it
 // beside sluiced with the same generator, so sluiced's gRPC figures read as a fraction of what the
 // front itself allows on the machine.
 //
@@ -47,16 +47,16 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
 
-  // One allowed decision per check, no limit details: encoded once per request size seen.
+  // One allowed decision per check, no limit details, handed over as sluiced's node hands its
+  // decisions (Backend::decide_here): the front's whole path but the engine.
   sluice::rls::Backend backend;
-  backend.check_here = [](std::span<const uint8_t> request, std::vector<uint8_t>& out) {
-    thread_local sluice::wire::RequestDecoder decoder;
+  backend.decide_here = [](std::span<const sluice::wire::Check> checks,
+                           std::span<const sluice::wire::DecisionView>& decisions) {
     thread_local std::vector<sluice::wire::DecisionView> allowed;
-    const sluice::wire::Code code = decoder.decode(request);
-    allowed.assign(decoder.checks().size(), sluice::wire::DecisionView{});
+    allowed.assign(checks.size(), sluice::wire::DecisionView{});
     for (auto& d : allowed)
       d.allowed = true;
-    sluice::wire::encode_answer(decoder.id(), code, allowed, 0, out);
+    decisions = allowed;
     return true;
   };
   backend.check = [](std::vector<uint8_t>, std::function<void(std::span<const uint8_t>)> done) {
