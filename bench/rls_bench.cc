@@ -336,6 +336,19 @@ std::map<std::string, double> rls_server_counters(uint16_t admin_port) {
 
 // ---- rows -------------------------------------------------------------------------------------
 
+// One generator thread over `conns` connections, --keys uniform, latency from the schedule.
+bench::DriveOptions drive_options(const Options& o, unsigned conns, double rate) {
+  bench::DriveOptions d;
+  d.threads = 1;
+  d.conns = conns;
+  d.rate = rate;
+  d.warmup_s = o.warmup;
+  d.seconds = o.seconds;
+  d.keys = o.keys;
+  d.latency_from_schedule = true;
+  return d;
+}
+
 Row run_rls(const Options& o, Server& s, const bench::Keyspace& names, double rate) {
   Row r;
   r.target = s.admin_port == 0 ? "rls-noop" : "rls";
@@ -347,14 +360,7 @@ Row run_rls(const Options& o, Server& s, const bench::Keyspace& names, double ra
   go.window = o.inflight;
   go.keys = &names;
   go.entry_key = kEntryKey;
-  bench::DriveOptions d;
-  d.threads = 1;
-  d.conns = o.channels;
-  d.rate = rate;
-  d.warmup_s = o.warmup;
-  d.seconds = o.seconds;
-  d.keys = o.keys;
-  d.latency_from_schedule = true;
+  const bench::DriveOptions d = drive_options(o, o.channels, rate);
   const auto c0 = rls_server_counters(s.admin_port);
   measure_cpu(r, s.sluiced.pid(), [&] {
     r.stats = bench::drive(
@@ -385,14 +391,7 @@ Row run_udp(const Options& o, Server& s, const bench::Keyspace& names, double ra
   so.udp_room_per_check = o.udp_room;
   so.keys = &names;
   so.entry_key = kEntryKey;
-  bench::DriveOptions d;
-  d.threads = 1;
-  d.conns = o.udp_sockets;
-  d.rate = rate;
-  d.warmup_s = o.warmup;
-  d.seconds = o.seconds;
-  d.keys = o.keys;
-  d.latency_from_schedule = true;
+  const bench::DriveOptions d = drive_options(o, o.udp_sockets, rate);
   r.inflight = std::to_string(d.conns) + " sock x " + std::to_string(so.window) + " dgram";
   measure_cpu(r, s.sluiced.pid(), [&] {
     r.stats = bench::drive(
