@@ -33,7 +33,6 @@
 // Generator: load/driver.h (epoll, a window of requests in flight per connection, closed loop or
 // fixed offered rate). Protocol clients: load/targets.h (the check protocol of lib/wire, RESP and
 // memcached text, written here over plain sockets). Run with --help for the options.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,6 +59,7 @@
 #include "load/driver.h"
 #include "load/echo_server.h"
 #include "load/http_target.h"
+#include "load/proc_cpu.h"
 #include "load/process.h"
 #include "load/targets.h"
 
@@ -435,45 +435,6 @@ Counters udp_snmp() {
   return c;
 }
 
-// CPU seconds (user + system) used so far by a child (all its threads), or by this process.
-double child_cpu_s(pid_t pid) {
-  if (pid <= 0) return 0;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = stat.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return 0;
-  std::istringstream f(stat.substr(close + 2));
-  std::string field;
-  double utime = 0, stime = 0;
-  // Fields after the name start at 3 (state); utime is 14, stime 15.
-  for (int i = 3; i <= 15 && f >> field; ++i) {
-    if (i == 14) utime = std::strtod(field.c_str(), nullptr);
-    if (i == 15) stime = std::strtod(field.c_str(), nullptr);
-  }
-  return (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-// CPU seconds every CPU of the machine spent busy so far (/proc/stat: all but idle and iowait).
-double machine_busy_s() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  in >> cpu;
-  double v[10] = {};
-  for (double& x : v)
-    in >> x;
-  const double total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
-  return (total - v[3] - v[4]) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-double self_cpu_s() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  auto s = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-  };
-  return s(u.ru_utime) + s(u.ru_stime);
-}
-
 double delta(const Counters& before, const Counters& after, const std::string& k) {
   const auto a = after.find(k);
   const auto b = before.find(k);
@@ -646,13 +607,15 @@ RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::
                            : def.server == Server::kNginx     ? s.nginx.pid()
                                                               : s.memcached.pid();
   const Counters k0 = udp_snmp();
-  const double g0 = self_cpu_s(), c0 = child_cpu_s(server_pid), m0b = machine_busy_s();
+  const double g0 = bench::self_cpu_seconds(), c0 = bench::process_cpu_seconds(server_pid),
+               m0b = bench::machine_busy_seconds();
   const int64_t w0 = bench::now_ns();
   r.stats = bench::drive(d, factory);
   const double wall = static_cast<double>(bench::now_ns() - w0) * 1e-9;
-  r.gen_cores = (self_cpu_s() - g0) / wall;
-  r.server_cores = (child_cpu_s(server_pid) - c0) / wall;
-  r.other_cores = std::max(0.0, (machine_busy_s() - m0b) / wall - r.gen_cores - r.server_cores);
+  r.gen_cores = (bench::self_cpu_seconds() - g0) / wall;
+  r.server_cores = (bench::process_cpu_seconds(server_pid) - c0) / wall;
+  r.other_cores =
+      std::max(0.0, (bench::machine_busy_seconds() - m0b) / wall - r.gen_cores - r.server_cores);
   const Counters k1 = udp_snmp();
   const Counters m1 = sluiced ? sluiced_metrics(s.admin_port) : Counters{};
 
