@@ -47,6 +47,8 @@ def read_rows(path):
 
 
 def fmt_us(v):
+    if v >= 1e6:
+        return f"{v / 1e6:g} s"
     if v >= 1000:
         return f"{v / 1000:g} ms"
     return f"{v:g} µs"
