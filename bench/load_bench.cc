@@ -33,7 +33,6 @@
 // Generator: load/driver.h (epoll, a window of requests in flight per connection, closed loop or
 // fixed offered rate). Protocol clients: load/targets.h (the check protocol of lib/wire, RESP and
 // memcached text, written here over plain sockets). Run with --help for the options.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,9 +58,14 @@
 #include "load/args.h"
 #include "load/driver.h"
 #include "load/echo_server.h"
+#if SLUICE_BENCH_GRPC_DOOR
+#include "load/grpc_target.h"
+#endif
 #include "load/http_target.h"
+#include "load/proc_cpu.h"
 #include "load/process.h"
 #include "load/targets.h"
+#include "load_curve.h"
 
 namespace {
 
@@ -97,6 +101,11 @@ struct Options {
   uint32_t server_threads = 1;
   uint32_t busy_poll_us = 0;  // sluiced's udp_busy_poll_us (docs/operations.md)
   std::string sluiced;
+  // --curve: every door's latency curve (load_curve.h); the rows run too only with --only.
+  bool curve = false;
+  bench::CurveOptions curve_opt;
+  uint32_t grpc_connections = 4;
+  uint32_t grpc_window = 32;
 };
 
 enum class Server { kSluiced, kRedis, kMemcached, kEchoUdp, kEchoTcp, kNginx };
@@ -187,6 +196,23 @@ constexpr const char* kHelp = R"(usage: sluice-bench-load [options]
   --server-threads N   sluiced --threads (1: the generator has the other core of a 2-core box)
   --busy-poll-us US    sluiced's udp_busy_poll_us: spin reading UDP this long after answering (0)
   --sluiced PATH       sluiced binary (default: <build>/daemon/sluiced beside this program)
+Latency curves (load_curve.h):
+  --curve              for each door: its max (closed loop), then open loop at 10, 25, 50 and
+                       75 % of it, timed from the schedule; once pinned (sluiced on one CPU, the
+                       generator on another) and once unpinned. Instead of the rows, unless
+                       --only names rows too. JSON rows: {"row":"curve-<door>-<pinned|unpinned>-
+                       <max|pct>","target":"<door>","phase":"max"|"curve","load_pct":100|10|..,
+                       "pinned":..,"checks_per_sec":..,"offered_per_sec":..,"p50_us":..,
+                       "p99_us":..,"p999_us":..,"server_cpu_us_per_check":..,"errors":..,
+                       "lost":..,"unsent":..}. Each point takes --warmup + --seconds.
+  --doors D[,D]        doors of the curve: udp, tcp, http, grpc (redis: not yet in sluiced)
+                       (udp,tcp,http,grpc)
+  --curve-loads P[,P]  open-loop points, percent of the door's max (10,25,50,75)
+  --pinning both|pinned|unpinned   which sets of points (both)
+  --server-cpu N       pinned: the CPU of every sluiced thread (0)
+  --generator-cpu N    pinned: the CPU of the generator's threads (1)
+  --grpc-connections C gRPC door: HTTP/2 connections (4)
+  --grpc-window W      gRPC door: calls in flight per connection (32)
 )";
 
 [[noreturn]] void usage(const std::string& why) {
@@ -247,6 +273,41 @@ Options parse(int argc, char** argv) {
       o.busy_poll_us = args.u32(0, 10'000);
     } else if (a == "--sluiced") {
       o.sluiced = args.value();
+    } else if (a == "--curve") {
+      o.curve = true;
+    } else if (a == "--doors") {
+      o.curve_opt.doors.clear();
+      std::stringstream ss(args.value());
+      for (std::string n; std::getline(ss, n, ',');) {
+        const std::optional<bench::Door> d = bench::door_from_name(n);
+        if (!d) usage("--doors: no door '" + n + "' (udp, tcp, http, grpc, redis)");
+        o.curve_opt.doors.push_back(*d);
+      }
+    } else if (a == "--curve-loads") {
+      o.curve_opt.load_pct.clear();
+      std::stringstream ss(args.value());
+      for (std::string n; std::getline(ss, n, ',');) {
+        const int pct = std::atoi(n.c_str());
+        if (pct < 1 || pct > 99) usage("--curve-loads: percents from 1 to 99");
+        o.curve_opt.load_pct.push_back(pct);
+      }
+    } else if (a == "--pinning") {
+      const std::string p = args.value();
+      if (p == "both") {
+        o.curve_opt.pinnings = {true, false};
+      } else if (p == "pinned" || p == "unpinned") {
+        o.curve_opt.pinnings = {p == "pinned"};
+      } else {
+        usage("--pinning is both, pinned or unpinned");
+      }
+    } else if (a == "--server-cpu") {
+      o.curve_opt.server_cpu = static_cast<int>(args.u32(0, CPU_SETSIZE - 1));
+    } else if (a == "--generator-cpu") {
+      o.curve_opt.generator_cpu = static_cast<int>(args.u32(0, CPU_SETSIZE - 1));
+    } else if (a == "--grpc-connections") {
+      o.grpc_connections = args.u32(1, 1024);
+    } else if (a == "--grpc-window") {
+      o.grpc_window = args.u32(1, 4096);
     } else if (a == "--help" || a == "-h") {
       std::fputs(kHelp, stdout);
       std::exit(0);
@@ -254,7 +315,36 @@ Options parse(int argc, char** argv) {
       usage("unknown option " + a);
     }
   }
+  if (o.curve_opt.doors.empty()) {
+    o.curve_opt.doors = {bench::Door::kUdp, bench::Door::kTcp, bench::Door::kHttp,
+                         bench::Door::kGrpc};
+  }
+  for (bench::Door d : o.curve_opt.doors) {
+    std::string why;
+    if (o.curve && !bench::door_available(d, why)) usage("--doors: " + why);
+  }
+  // The curve drives each door as the rows of the same transport do.
+  bench::CurveOptions& c = o.curve_opt;
+  c.seconds = o.seconds;
+  c.warmup = o.warmup;
+  c.keys = o.keys;
+  c.zipf = o.zipf;
+  c.gen_threads = o.gen_threads;
+  c.udp_sockets = o.udp_sockets;
+  c.udp_window = o.udp_window;
+  c.udp_room = o.udp_room;
+  c.tcp_connections = o.connections;
+  c.tcp_window = o.depth;
+  c.http_connections = o.connections;
+  c.http_window = o.http_window;
+  c.grpc_connections = o.grpc_connections;
+  c.grpc_window = o.grpc_window;
   return o;
+}
+
+bool curve_has(const Options& o, bench::Door d) {
+  return o.curve && std::find(o.curve_opt.doors.begin(), o.curve_opt.doors.end(), d) !=
+                        o.curve_opt.doors.end();
 }
 
 // ---- servers ----------------------------------------------------------------------------------
@@ -264,6 +354,7 @@ struct Servers {
   bench::ChildProcess sluiced, redis, memcached, echo_udp, echo_tcp, nginx;
   uint16_t sluice_port = 0, admin_port = 0, redis_port = 0, memcached_port = 0;
   uint16_t echo_udp_port = 0, echo_tcp_port = 0, nginx_port = 0;
+  uint16_t grpc_port = 0;  // 0: sluiced's gRPC door is closed (only the curve opens it)
   std::string lua_sha;
   std::string redis_version, memcached_version;
 };
@@ -317,6 +408,8 @@ void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool ne
                          << kLimit << "/1m]\n";
     s.sluice_port = bench::free_loopback_port();
     s.admin_port = bench::free_loopback_port();
+    if (curve_has(o, bench::Door::kGrpc)) s.grpc_port = bench::free_loopback_port();
+    const std::string grpc = s.grpc_port == 0 ? "" : "127.0.0.1:" + std::to_string(s.grpc_port);
     const std::string udp = "127.0.0.1:" + std::to_string(s.sluice_port);
     const std::string config = s.dir.path() + "/sluiced.yaml";
     std::ofstream(config) << "# written by sluice-bench-load\ninit_data: true\nudp_busy_poll_us: "
@@ -324,7 +417,7 @@ void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool ne
                           << "\n";
     const std::string err = s.sluiced.start(
         {exe, "--config", config, "--udp", udp, "--tcp", udp, "--admin",
-         "127.0.0.1:" + std::to_string(s.admin_port), "--grpc", "", "--rules", rules, "--threads",
+         "127.0.0.1:" + std::to_string(s.admin_port), "--grpc", grpc, "--rules", rules, "--threads",
          std::to_string(o.server_threads), "--log-level", "warn", "--data-dir",
          s.dir.path() + "/sluiced-data"},
         s.dir.path() + "/sluiced.log");
@@ -351,6 +444,12 @@ void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool ne
   if (need_sluiced) {
     wait_ready(
         s.sluiced, [&] { return bench::sluice_probe(s.sluice_port, 500); }, kReadyMs);
+#if SLUICE_BENCH_GRPC_DOOR
+    if (s.grpc_port != 0) {
+      wait_ready(
+          s.sluiced, [&] { return bench::grpc_probe(s.grpc_port, 500); }, kReadyMs);
+    }
+#endif
   }
   if (need_redis) {
     wait_ready(
@@ -433,45 +532,6 @@ Counters udp_snmp() {
   while (n >> key && v >> val)
     c[key] = std::strtod(val.c_str(), nullptr);
   return c;
-}
-
-// CPU seconds (user + system) used so far by a child (all its threads), or by this process.
-double child_cpu_s(pid_t pid) {
-  if (pid <= 0) return 0;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = stat.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return 0;
-  std::istringstream f(stat.substr(close + 2));
-  std::string field;
-  double utime = 0, stime = 0;
-  // Fields after the name start at 3 (state); utime is 14, stime 15.
-  for (int i = 3; i <= 15 && f >> field; ++i) {
-    if (i == 14) utime = std::strtod(field.c_str(), nullptr);
-    if (i == 15) stime = std::strtod(field.c_str(), nullptr);
-  }
-  return (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-// CPU seconds every CPU of the machine spent busy so far (/proc/stat: all but idle and iowait).
-double machine_busy_s() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  in >> cpu;
-  double v[10] = {};
-  for (double& x : v)
-    in >> x;
-  const double total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
-  return (total - v[3] - v[4]) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-double self_cpu_s() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  auto s = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-  };
-  return s(u.ru_utime) + s(u.ru_stime);
 }
 
 double delta(const Counters& before, const Counters& after, const std::string& k) {
@@ -646,13 +706,15 @@ RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::
                            : def.server == Server::kNginx     ? s.nginx.pid()
                                                               : s.memcached.pid();
   const Counters k0 = udp_snmp();
-  const double g0 = self_cpu_s(), c0 = child_cpu_s(server_pid), m0b = machine_busy_s();
+  const double g0 = bench::self_cpu_seconds(), c0 = bench::process_cpu_seconds(server_pid),
+               m0b = bench::machine_busy_seconds();
   const int64_t w0 = bench::now_ns();
   r.stats = bench::drive(d, factory);
   const double wall = static_cast<double>(bench::now_ns() - w0) * 1e-9;
-  r.gen_cores = (self_cpu_s() - g0) / wall;
-  r.server_cores = (child_cpu_s(server_pid) - c0) / wall;
-  r.other_cores = std::max(0.0, (machine_busy_s() - m0b) / wall - r.gen_cores - r.server_cores);
+  r.gen_cores = (bench::self_cpu_seconds() - g0) / wall;
+  r.server_cores = (bench::process_cpu_seconds(server_pid) - c0) / wall;
+  r.other_cores =
+      std::max(0.0, (bench::machine_busy_seconds() - m0b) / wall - r.gen_cores - r.server_cores);
   const Counters k1 = udp_snmp();
   const Counters m1 = sluiced ? sluiced_metrics(s.admin_port) : Counters{};
 
@@ -716,154 +778,11 @@ const RowResult* find_row(const std::vector<RowResult>& rows, const std::string&
   return nullptr;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // The echo servers are this program run again (see start_echo).
-  if (argc == 5 && std::string_view(argv[1]) == "--echo-server") {
-    const unsigned long port = std::strtoul(argv[3], nullptr, 10);
-    const unsigned long threads = std::strtoul(argv[4], nullptr, 10);
-    if (port == 0 || port > 65535 || threads == 0 || threads > 64) {
-      std::fprintf(stderr, "usage: sluice-bench-load --echo-server udp|tcp PORT THREADS\n");
-      return 2;
-    }
-    return bench::run_echo_server(argv[2], static_cast<uint16_t>(port),
-                                  static_cast<unsigned>(threads));
-  }
-  const Options o = parse(argc, argv);
-  bench::install_stop_signals();
-  std::vector<RowDef> rows;
-  for (const RowDef& r : all_rows(o)) {
-    if (selected(o, r.name)) rows.push_back(r);
-  }
-  if (o.list) {
-    for (const RowDef& r : all_rows(o))
-      std::printf("%s\n", r.name.c_str());
-    return 0;
-  }
+// The rows' table, Sluice against its baselines, and the issue's targets judged on this run.
+void print_rows_report(const Options& o, const std::vector<RowResult>& results,
+                       const std::vector<const RowResult*>& table,
+                       const std::optional<RowResult>& half) {
   const std::string udp_single = "sluiced-udp-single";
-  if (rows.empty() && !o.half_rate) usage("--only selects no row (see --list)");
-
-  bool need_sluiced = o.half_rate, need_redis = false, need_memcached = false;
-  bool need_echo_udp = false, need_echo_tcp = false, need_nginx = false;
-  for (const RowDef& r : rows) {
-    need_sluiced |= r.server == Server::kSluiced;
-    need_redis |= r.server == Server::kRedis;
-    need_memcached |= r.server == Server::kMemcached;
-    need_echo_udp |= r.server == Server::kEchoUdp;
-    need_echo_tcp |= r.server == Server::kEchoTcp;
-    need_nginx |= r.server == Server::kNginx;
-  }
-
-  std::vector<RowResult> results;
-  std::optional<RowResult> half;
-  std::string sluiced_report;
-  bool interrupted = false;
-  try {
-    Servers s;
-    start_servers(o, need_sluiced, need_redis, need_memcached, need_echo_udp, need_echo_tcp,
-                  need_nginx, s);
-    const bench::Keyspace keys(o.keys);
-
-    std::fprintf(stderr, "sluice-bench-load: servers up (%s%s%s), %zu row(s) of %.1f s\n",
-                 need_sluiced ? "sluiced " : "", need_redis ? "redis " : "",
-                 need_memcached ? "memcached" : "", rows.size() + (o.half_rate ? 1 : 0),
-                 o.seconds + o.warmup);
-    for (const RowDef& def : rows) {
-      if (bench::stop_requested()) break;
-      std::fprintf(stderr, "  %-22s ...", def.name.c_str());
-      std::fflush(stderr);
-      RowResult r;
-      try {
-        r = run_row(o, def, s, keys, o.rate);
-      } catch (const std::exception& e) {
-        r.def = def;
-        r.error = e.what();
-      }
-      if (bench::stop_requested()) {
-        std::fprintf(stderr, " interrupted\n");
-      } else if (r.error.empty()) {
-        std::fprintf(stderr, " %.0f checks/s, p99 %.0f us\n", r.checks_per_sec(), r.us(0.99));
-      } else {
-        std::fprintf(stderr, " failed: %s\n", r.error.c_str());
-      }
-      results.push_back(std::move(r));
-    }
-    if (o.half_rate && !bench::stop_requested()) {
-      const RowResult* max = find_row(results, udp_single);
-      RowResult measured;
-      if (max == nullptr) {
-        std::fprintf(stderr, "  %-22s ...", "sluiced-udp-single (max)");
-        measured = run_row(o, all_rows(o)[0], s, keys, 0);
-        std::fprintf(stderr, " %.0f checks/s\n", measured.checks_per_sec());
-        results.push_back(measured);
-        max = &results.back();
-      }
-      const double rate = max->checks_per_sec() / 2;
-      std::fprintf(stderr, "  %-22s ... at %.0f checks/s", "sluiced-udp-single@half", rate);
-      RowDef def = all_rows(o)[0];
-      def.name = "sluiced-udp-single@half";
-      // Open loop, each check timed from when it was due to leave: a check held back by a full
-      // window is charged the wait (no coordinated omission).
-      half = run_row(o, def, s, keys, rate, /*from_schedule=*/true);
-      half->load = "half";
-      std::fprintf(stderr, " p99 %.0f us\n", half->us(0.99));
-    }
-    interrupted = bench::stop_requested();
-    if (s.sluiced.pid() > 0 && !s.sluiced.running()) {
-      sluiced_report = "sluiced exited during the run (" + s.sluiced.exit_status() + "); log:\n" +
-                       bench::file_tail(s.sluiced.log_path());
-    }
-    // Servers stop here (destructors), before printing.
-    std::string log = s.sluiced.pid() > 0 ? s.sluiced.log_path() : "";
-    s.sluiced.stop();
-    if (!log.empty()) {
-      const std::string tail = bench::file_tail(log, 1500);
-      if (!tail.empty()) sluiced_report += "sluiced log (warn and above):\n" + tail;
-    }
-    s.redis.stop();
-    s.memcached.stop();
-    s.echo_udp.stop();
-    s.echo_tcp.stop();
-    s.nginx.stop();
-    std::fprintf(stderr, "sluice-bench-load: servers stopped (redis %s, memcached %s)\n",
-                 s.redis_version.empty() ? "-" : s.redis_version.c_str(),
-                 s.memcached_version.empty() ? "-" : s.memcached_version.c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sluice-bench-load: %s\n", e.what());
-    return 1;
-  }
-  if (interrupted) {
-    std::fprintf(stderr, "sluice-bench-load: interrupted; servers stopped\n");
-    return 130;
-  }
-
-  // ---- the report ----
-  char date[32];
-  const std::time_t t = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M", std::localtime(&t));
-  const unsigned cpus = std::thread::hardware_concurrency();
-  std::printf("# sluice-bench-load, %s\n\n", date);
-  std::printf(
-      "machine: %u CPUs (%s). Generator (%u thread%s) and the server under test share them:\n"
-      "every figure includes the generator's own CPU use. One target at a time.\n",
-      cpus, cpu_model().c_str(), o.gen_threads, o.gen_threads == 1 ? "" : "s");
-  std::printf(
-      "servers: sluiced --threads %u, udp_busy_poll_us %u; redis-server (single-threaded); "
-      "memcached -t 2.\n"
-      "load: %u keys %s, %s, %.1f s per row after %.1f s warm-up; every check allowed "
-      "(limit %" PRIu64
-      "/min).\n"
-      "sluiced UDP requests padded as libsluice does (64 + %u bytes per check).\n\n",
-      o.server_threads, o.busy_poll_us, o.keys, o.zipf ? "zipf(0.99)" : "uniform",
-      o.rate > 0 ? ("open loop at " + fmt_num(o.rate, 0) + " checks/s").c_str()
-                 : "closed loop (as fast as answers come back)",
-      o.seconds, o.warmup, kLimit, o.udp_room);
-
-  std::vector<const RowResult*> table;
-  for (const RowResult& r : results)
-    table.push_back(&r);
-  if (half) table.push_back(&*half);
   std::printf(
       "| row | target | transport | batch | in flight | checks/s | requests/s | MB/s | "
       "B/check | srv us/check | p50 us | p99 us | p99.9 us | cpu gen/srv/other | notes |\n"
@@ -878,14 +797,14 @@ int main(int argc, char** argv) {
     if (r->offered_rate > 0) inflight += ", offered " + fmt_num(r->offered_rate, 0) + "/s";
     const std::string cpu = fmt_num(r->gen_cores, 2) + "/" + fmt_num(r->server_cores, 2) + "/" +
                             fmt_num(r->other_cores, 2);
-    std::printf("| %s | %s | %s | %u | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-                r->def.name.c_str(), r->def.target.c_str(), r->def.transport.c_str(),
-                r->def.batch, inflight.c_str(), fmt_num(r->checks_per_sec(), 0).c_str(),
-                fmt_num(r->units_per_sec(), 0).c_str(), fmt_num(r->bytes_per_sec() / 1e6, 1).c_str(),
-                fmt_num(r->bytes_per_check(), 0).c_str(),
-                fmt_num(r->server_cpu_us_per_check(), 2).c_str(), fmt_num(r->us(0.5), 1).c_str(),
-                fmt_num(r->us(0.99), 1).c_str(), fmt_num(r->us(0.999), 1).c_str(), cpu.c_str(),
-                r->notes.empty() ? "" : r->notes.c_str());
+    std::printf(
+        "| %s | %s | %s | %u | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        r->def.name.c_str(), r->def.target.c_str(), r->def.transport.c_str(), r->def.batch,
+        inflight.c_str(), fmt_num(r->checks_per_sec(), 0).c_str(),
+        fmt_num(r->units_per_sec(), 0).c_str(), fmt_num(r->bytes_per_sec() / 1e6, 1).c_str(),
+        fmt_num(r->bytes_per_check(), 0).c_str(), fmt_num(r->server_cpu_us_per_check(), 2).c_str(),
+        fmt_num(r->us(0.5), 1).c_str(), fmt_num(r->us(0.99), 1).c_str(),
+        fmt_num(r->us(0.999), 1).c_str(), cpu.c_str(), r->notes.empty() ? "" : r->notes.c_str());
   }
 
   // Ratios: each Sluice row against the baselines of the same shape.
@@ -943,8 +862,8 @@ int main(int argc, char** argv) {
     const double mv = by_bytes ? a->bytes_per_sec() : a->units_per_sec();
     const double ev = by_bytes ? c->bytes_per_sec() : c->units_per_sec();
     const double ratio = ev > 0 ? mv / ev : 0;
-    std::printf("- %s >= 0.8x %s's %s: %.0f / %.0f = %.2fx, %s\n", mine.c_str(), echo.c_str(),
-                what, mv, ev, ratio, ratio >= 0.8 ? "MET" : "NOT MET");
+    std::printf("- %s >= 0.8x %s's %s: %.0f / %.0f = %.2fx, %s\n", mine.c_str(), echo.c_str(), what,
+                mv, ev, ratio, ratio >= 0.8 ? "MET" : "NOT MET");
   };
   judge_ceiling(udp_single, "udp-echo-single", false);
   judge_ceiling("sluiced-udp-batch" + b, "udp-echo-batch" + b, true);
@@ -970,6 +889,182 @@ int main(int argc, char** argv) {
       std::printf("- %s >= 1M checks/s: %.0f, %s\n", row.c_str(), a->checks_per_sec(),
                   a->checks_per_sec() >= 1e6 ? "MET" : "NOT MET");
     }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The echo servers are this program run again (see start_echo).
+  if (argc == 5 && std::string_view(argv[1]) == "--echo-server") {
+    const unsigned long port = std::strtoul(argv[3], nullptr, 10);
+    const unsigned long threads = std::strtoul(argv[4], nullptr, 10);
+    if (port == 0 || port > 65535 || threads == 0 || threads > 64) {
+      std::fprintf(stderr, "usage: sluice-bench-load --echo-server udp|tcp PORT THREADS\n");
+      return 2;
+    }
+    return bench::run_echo_server(argv[2], static_cast<uint16_t>(port),
+                                  static_cast<unsigned>(threads));
+  }
+  const Options o = parse(argc, argv);
+  bench::install_stop_signals();
+  std::vector<RowDef> rows;
+  for (const RowDef& r : all_rows(o)) {
+    // --curve alone runs the curves only; rows named with --only run beside them.
+    if (selected(o, r.name) && !(o.curve && o.only.empty())) rows.push_back(r);
+  }
+  if (o.list) {
+    for (const RowDef& r : all_rows(o))
+      std::printf("%s\n", r.name.c_str());
+    return 0;
+  }
+  const std::string udp_single = "sluiced-udp-single";
+  if (rows.empty() && !o.half_rate && !o.curve) usage("--only selects no row (see --list)");
+
+  bool need_sluiced = o.half_rate || o.curve, need_redis = false, need_memcached = false;
+  bool need_echo_udp = false, need_echo_tcp = false, need_nginx = false;
+  for (const RowDef& r : rows) {
+    need_sluiced |= r.server == Server::kSluiced;
+    need_redis |= r.server == Server::kRedis;
+    need_memcached |= r.server == Server::kMemcached;
+    need_echo_udp |= r.server == Server::kEchoUdp;
+    need_echo_tcp |= r.server == Server::kEchoTcp;
+    need_nginx |= r.server == Server::kNginx;
+  }
+
+  std::vector<RowResult> results;
+  std::optional<RowResult> half;
+  std::vector<bench::CurvePoint> curve;
+  std::string sluiced_report;
+  bool interrupted = false;
+  try {
+    Servers s;
+    start_servers(o, need_sluiced, need_redis, need_memcached, need_echo_udp, need_echo_tcp,
+                  need_nginx, s);
+    const bench::Keyspace keys(o.keys);
+
+    std::fprintf(stderr, "sluice-bench-load: servers up (%s%s%s), %zu row(s) of %.1f s\n",
+                 need_sluiced ? "sluiced " : "", need_redis ? "redis " : "",
+                 need_memcached ? "memcached" : "", rows.size() + (o.half_rate ? 1 : 0),
+                 o.seconds + o.warmup);
+    for (const RowDef& def : rows) {
+      if (bench::stop_requested()) break;
+      std::fprintf(stderr, "  %-22s ...", def.name.c_str());
+      std::fflush(stderr);
+      RowResult r;
+      try {
+        r = run_row(o, def, s, keys, o.rate);
+      } catch (const std::exception& e) {
+        r.def = def;
+        r.error = e.what();
+      }
+      if (bench::stop_requested()) {
+        std::fprintf(stderr, " interrupted\n");
+      } else if (r.error.empty()) {
+        std::fprintf(stderr, " %.0f checks/s, p99 %.0f us\n", r.checks_per_sec(), r.us(0.99));
+      } else {
+        std::fprintf(stderr, " failed: %s\n", r.error.c_str());
+      }
+      results.push_back(std::move(r));
+    }
+    if (o.half_rate && !bench::stop_requested()) {
+      const RowResult* max = find_row(results, udp_single);
+      RowResult measured;
+      if (max == nullptr) {
+        std::fprintf(stderr, "  %-22s ...", "sluiced-udp-single (max)");
+        measured = run_row(o, all_rows(o)[0], s, keys, 0);
+        std::fprintf(stderr, " %.0f checks/s\n", measured.checks_per_sec());
+        results.push_back(measured);
+        max = &results.back();
+      }
+      const double rate = max->checks_per_sec() / 2;
+      std::fprintf(stderr, "  %-22s ... at %.0f checks/s", "sluiced-udp-single@half", rate);
+      RowDef def = all_rows(o)[0];
+      def.name = "sluiced-udp-single@half";
+      // Open loop, each check timed from when it was due to leave: a check held back by a full
+      // window is charged the wait (no coordinated omission).
+      half = run_row(o, def, s, keys, rate, /*from_schedule=*/true);
+      half->load = "half";
+      std::fprintf(stderr, " p99 %.0f us\n", half->us(0.99));
+    }
+    if (o.curve && !bench::stop_requested()) {
+      bench::DoorEndpoints at;
+      at.sluiced = s.sluiced.pid();
+      at.check_port = s.sluice_port;
+      at.admin_port = s.admin_port;
+      at.grpc_port = s.grpc_port;
+      std::fprintf(stderr, "  curves: %zu door(s) x %zu pinning(s) x %zu points of %.1f s\n",
+                   o.curve_opt.doors.size(), o.curve_opt.pinnings.size(),
+                   o.curve_opt.load_pct.size() + 1, o.seconds + o.warmup);
+      curve = bench::run_curves(o.curve_opt, at, keys, [](const bench::CurvePoint& p) {
+        std::fprintf(stderr, "  %s\n", bench::describe_point(p).c_str());
+      });
+    }
+    interrupted = bench::stop_requested();
+    if (s.sluiced.pid() > 0 && !s.sluiced.running()) {
+      sluiced_report = "sluiced exited during the run (" + s.sluiced.exit_status() + "); log:\n" +
+                       bench::file_tail(s.sluiced.log_path());
+    }
+    // Servers stop here (destructors), before printing.
+    std::string log = s.sluiced.pid() > 0 ? s.sluiced.log_path() : "";
+    s.sluiced.stop();
+    if (!log.empty()) {
+      const std::string tail = bench::file_tail(log, 1500);
+      if (!tail.empty()) sluiced_report += "sluiced log (warn and above):\n" + tail;
+    }
+    s.redis.stop();
+    s.memcached.stop();
+    s.echo_udp.stop();
+    s.echo_tcp.stop();
+    s.nginx.stop();
+    std::fprintf(stderr, "sluice-bench-load: servers stopped (redis %s, memcached %s)\n",
+                 s.redis_version.empty() ? "-" : s.redis_version.c_str(),
+                 s.memcached_version.empty() ? "-" : s.memcached_version.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sluice-bench-load: %s\n", e.what());
+    return 1;
+  }
+  if (interrupted) {
+    std::fprintf(stderr, "sluice-bench-load: interrupted; servers stopped\n");
+    return 130;
+  }
+
+  // ---- the report ----
+  char date[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M", std::localtime(&t));
+  const unsigned cpus = std::thread::hardware_concurrency();
+  std::printf("# sluice-bench-load, %s\n\n", date);
+  std::printf(
+      "machine: %u CPUs (%s). Generator (%u thread%s) and the server under test share them:\n"
+      "every figure includes the generator's own CPU use. One target at a time.\n",
+      cpus, cpu_model().c_str(), o.gen_threads, o.gen_threads == 1 ? "" : "s");
+  std::printf(
+      "servers: sluiced --threads %u, udp_busy_poll_us %u; redis-server (single-threaded); "
+      "memcached -t 2.\n"
+      "load: %u keys %s, %s, %.1f s per row after %.1f s warm-up; every check allowed "
+      "(limit %" PRIu64
+      "/min).\n"
+      "sluiced UDP requests padded as libsluice does (64 + %u bytes per check).\n\n",
+      o.server_threads, o.busy_poll_us, o.keys, o.zipf ? "zipf(0.99)" : "uniform",
+      o.rate > 0 ? ("open loop at " + fmt_num(o.rate, 0) + " checks/s").c_str()
+                 : "closed loop (as fast as answers come back)",
+      o.seconds, o.warmup, kLimit, o.udp_room);
+
+  std::vector<const RowResult*> table;
+  for (const RowResult& r : results)
+    table.push_back(&r);
+  if (half) table.push_back(&*half);
+  if (!table.empty()) print_rows_report(o, results, table, half);
+  if (!curve.empty()) {
+    std::printf(
+        "\n## Latency curves\n\n"
+        "Each door of the one sluiced: its max (closed loop), then open loop at a share of that\n"
+        "max, latency from each check's scheduled send time. Pinned: sluiced on CPU %d, the\n"
+        "generator on CPU %d; unpinned: both anywhere. errors counts error answers and failed\n"
+        "connections, lost unanswered UDP checks, unsent checks due but never sent.\n\n",
+        o.curve_opt.server_cpu, o.curve_opt.generator_cpu);
+    bench::print_curve_table(curve, stdout);
   }
   if (!sluiced_report.empty())
     std::printf("\n## sluiced\n\n```\n%s\n```\n", sluiced_report.c_str());
@@ -1008,6 +1103,7 @@ int main(int argc, char** argv) {
       }
       json_rows.push_back(std::move(row));
     }
+    bench::append_curve_json(curve, json_rows);
     bench::print_json_rows(json_rows);
   }
   return 0;
