@@ -58,9 +58,7 @@
 #include "load/args.h"
 #include "load/driver.h"
 #include "load/echo_server.h"
-#if SLUICE_BENCH_GRPC_DOOR
 #include "load/grpc_target.h"
-#endif
 #include "load/http_target.h"
 #include "load/proc_cpu.h"
 #include "load/process.h"
@@ -444,12 +442,10 @@ void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool ne
   if (need_sluiced) {
     wait_ready(
         s.sluiced, [&] { return bench::sluice_probe(s.sluice_port, 500); }, kReadyMs);
-#if SLUICE_BENCH_GRPC_DOOR
     if (s.grpc_port != 0) {
       wait_ready(
           s.sluiced, [&] { return bench::grpc_probe(s.grpc_port, 500); }, kReadyMs);
     }
-#endif
   }
   if (need_redis) {
     wait_ready(

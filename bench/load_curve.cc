@@ -6,9 +6,7 @@
 #include "load/http_target.h"
 #include "load/proc_cpu.h"
 #include "load/process.h"
-#if SLUICE_BENCH_GRPC_DOOR
 #include "load/grpc_target.h"
-#endif
 
 namespace sluice::bench {
 
@@ -67,7 +65,6 @@ DoorLoad door_load(const CurveOptions& o, const DoorEndpoints& at, const Keyspac
       break;
     }
     case Door::kGrpc: {
-#if SLUICE_BENCH_GRPC_DOOR
       if (at.grpc_port == 0) {
         l.error = "sluiced was started without its gRPC door";
         break;
@@ -79,9 +76,6 @@ DoorLoad door_load(const CurveOptions& o, const DoorEndpoints& at, const Keyspac
       l.conns = o.grpc_connections;
       l.in_flight = std::to_string(l.conns) + " h2 conn x " + std::to_string(go.window) + " call";
       l.factory = [go](ThreadContext& ctx) { return make_grpc(go, ctx); };
-#else
-      door_available(d, l.error);
-#endif
       break;
     }
     case Door::kRedis:
@@ -178,13 +172,7 @@ bool door_available(Door d, std::string& why) {
     case Door::kHttp:
       return true;
     case Door::kGrpc:
-#if SLUICE_BENCH_GRPC_DOOR
       return true;
-#else
-      why =
-          "the gRPC door needs the gRPC load target (bench/load/grpc_target.cc), not in this tree";
-      return false;
-#endif
     case Door::kRedis:
       why = "sluiced has no Redis-protocol door yet";
       return false;
