@@ -30,6 +30,9 @@
 // holds every request of the last minute per key: too much to write), so its sorted sets stay
 // small during a row, which flatters that baseline.
 //
+// --curve: each door of the one sluiced (UDP, TCP, HTTP, gRPC) at its max and at 10-75 % of it,
+// open loop, pinned and unpinned (load_curve.h); instead of the rows unless --only names some.
+//
 // Generator: load/driver.h (epoll, a window of requests in flight per connection, closed loop or
 // fixed offered rate). Protocol clients: load/targets.h (the check protocol of lib/wire, RESP and
 // memcached text, written here over plain sockets). Run with --help for the options.
