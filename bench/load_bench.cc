@@ -30,6 +30,9 @@
 // holds every request of the last minute per key: too much to write), so its sorted sets stay
 // small during a row, which flatters that baseline.
 //
+// --curve: each door of the one sluiced (UDP, TCP, HTTP, gRPC) at its max and at 10-75 % of it,
+// open loop, pinned and unpinned (load_curve.h); instead of the rows unless --only names some.
+//
 // Generator: load/driver.h (epoll, a window of requests in flight per connection, closed loop or
 // fixed offered rate). Protocol clients: load/targets.h (the check protocol of lib/wire, RESP and
 // memcached text, written here over plain sockets). Run with --help for the options.
@@ -204,7 +207,7 @@ Latency curves (load_curve.h):
                        "p99_us":..,"p999_us":..,"server_cpu_us_per_check":..,"errors":..,
                        "lost":..,"unsent":..}. Each point takes --warmup + --seconds.
   --doors D[,D]        doors of the curve: udp, tcp, http, grpc (redis: not yet in sluiced)
-                       (udp,tcp,http,grpc)
+                       (every door this build can drive)
   --curve-loads P[,P]  open-loop points, percent of the door's max (10,25,50,75)
   --pinning both|pinned|unpinned   which sets of points (both)
   --server-cpu N       pinned: the CPU of every sluiced thread (0)
@@ -314,8 +317,12 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.curve_opt.doors.empty()) {
-    o.curve_opt.doors = {bench::Door::kUdp, bench::Door::kTcp, bench::Door::kHttp,
-                         bench::Door::kGrpc};
+    // Every door this build can drive (the Redis door joins once sluiced has it).
+    for (bench::Door d : {bench::Door::kUdp, bench::Door::kTcp, bench::Door::kHttp,
+                          bench::Door::kGrpc, bench::Door::kRedis}) {
+      std::string why;
+      if (bench::door_available(d, why)) o.curve_opt.doors.push_back(d);
+    }
   }
   for (bench::Door d : o.curve_opt.doors) {
     std::string why;

@@ -89,26 +89,38 @@ DoorLoad door_load(const CurveOptions& o, const DoorEndpoints& at, const Keyspac
   return l;
 }
 
-// Every thread of sluiced on server_cpu and this thread (so the generator's threads, which it
-// starts) on generator_cpu; or both anywhere.
-std::string pin(const CurveOptions& o, const DoorEndpoints& at, bool pinned) {
-  if (pinned && online_cpus().size() < 2) return "pinning needs 2 CPUs";
-  const std::vector<int> server = pinned ? std::vector<int>{o.server_cpu} : std::vector<int>{};
-  const std::vector<int> generator =
-      pinned ? std::vector<int>{o.generator_cpu} : std::vector<int>{};
-  if (std::string e = pin_process(at.sluiced, server); !e.empty()) return "sluiced: " + e;
-  if (std::string e = pin_this_thread(generator); !e.empty()) return "generator: " + e;
+// Where sluiced's threads and the generator's may run: the CPUs each had when the curves
+// started (unpinned; every CPU unless the benchmark itself was started under taskset), or one
+// CPU each (pinned).
+struct Placement {
+  std::vector<int> server;
+  std::vector<int> generator;
+};
+
+Placement placement(const CurveOptions& o, const Placement& unpinned, bool pinned) {
+  if (!pinned) return unpinned;
+  return {{o.server_cpu}, {o.generator_cpu}};
+}
+
+// Every thread of sluiced, and this thread (so the generator's threads, which it starts).
+std::string pin(const DoorEndpoints& at, const Placement& where) {
+  if (std::string e = pin_process(at.sluiced, where.server); !e.empty()) return "sluiced: " + e;
+  if (std::string e = pin_this_thread(where.generator); !e.empty()) return "generator: " + e;
   return "";
 }
 
 CurvePoint measure(const CurveOptions& o, const DoorEndpoints& at, const DoorLoad& load,
-                   CurvePoint p) {
+                   const Placement& where, CurvePoint p) {
   p.in_flight = load.in_flight;
   if (!load.error.empty()) {
     p.error = load.error;
     return p;
   }
-  if (std::string e = pin(o, at, p.pinned); !e.empty()) {
+  if (p.pinned && o.server_cpu == o.generator_cpu) {
+    p.error = "pinned: --server-cpu and --generator-cpu are the same CPU";
+    return p;
+  }
+  if (std::string e = pin(at, where); !e.empty()) {
     p.error = e;
     return p;
   }
@@ -197,6 +209,7 @@ std::vector<CurvePoint> run_curves(const CurveOptions& o, const DoorEndpoints& a
                                    const Keyspace& keys,
                                    const std::function<void(const CurvePoint&)>& on_point) {
   std::vector<CurvePoint> points;
+  const Placement unpinned{cpus_allowed(at.sluiced), cpus_allowed(0)};
   auto done = [&](CurvePoint p) {
     on_point(p);
     points.push_back(std::move(p));
@@ -209,7 +222,8 @@ std::vector<CurvePoint> run_curves(const CurveOptions& o, const DoorEndpoints& a
       CurvePoint max_point;
       max_point.door = door;
       max_point.pinned = pinned;
-      const CurvePoint* max = done(measure(o, at, load, max_point));
+      const Placement where = placement(o, unpinned, pinned);
+      const CurvePoint* max = done(measure(o, at, load, where, max_point));
       const double max_cps = max->error.empty() ? max->checks_per_sec() : 0;
       for (int pct : o.load_pct) {
         if (stop_requested()) break;
@@ -224,11 +238,11 @@ std::vector<CurvePoint> run_curves(const CurveOptions& o, const DoorEndpoints& a
           done(std::move(p));
           continue;
         }
-        done(measure(o, at, load, std::move(p)));
+        done(measure(o, at, load, where, std::move(p)));
       }
     }
   }
-  pin(o, at, false);  // best effort: sluiced may be gone
+  pin(at, unpinned);  // best effort: sluiced may be gone
   return points;
 }
 

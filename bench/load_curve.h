@@ -9,9 +9,10 @@
 //            a check held back by a full window is charged the wait, no coordinated omission)
 // Pinned: every thread of sluiced may run only on server_cpu and the generator's threads only on
 // generator_cpu (sched_setaffinity, as `taskset`), so neither preempts the other. Unpinned: both
-// may run anywhere; the difference between the two sets of points is the machine's own jitter
-// (the scheduler moving and stacking threads). Other work on the machine is not held off either
-// way: the CPU columns say what each side used.
+// may run wherever they could when run_curves() was called (every CPU, unless the benchmark was
+// started under taskset), so the scheduler places them; the two sets of points side by side show
+// the machine's own jitter. Other work on the machine is not held off either way: the CPU columns
+// say what each side used.
 //
 // The max of each pinning is measured in that pinning, right before its open-loop points, so a
 // curve is always relative to the max the same conditions reach. Each point runs warmup + seconds;
@@ -19,7 +20,8 @@
 // run goes on with the next.
 //
 // Thread safety: run_curves() is called from the main thread (it pins the calling thread, which
-// the generator's threads inherit) and leaves that thread and sluiced unpinned when it returns.
+// the generator's threads inherit) and gives that thread and sluiced back the CPUs they had when
+// it returns.
 #pragma once
 
 #include <sys/types.h>

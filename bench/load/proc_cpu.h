@@ -75,6 +75,18 @@ inline std::vector<int> online_cpus() {
   return cpus;
 }
 
+// The CPUs thread (or process) `tid` may run on; 0: the calling thread. Empty when unknown.
+inline std::vector<int> cpus_allowed(pid_t tid) {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(tid, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(static_cast<size_t>(c), &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
 // A CPU set of `cpus`; empty means every online CPU.
 inline cpu_set_t cpu_set_of(const std::vector<int>& cpus) {
   cpu_set_t set;
