@@ -56,6 +56,7 @@
 #include "load/args.h"
 #include "load/driver.h"
 #include "load/grpc_target.h"
+#include "load/proc_cpu.h"
 #include "load/process.h"
 #include "load/targets.h"
 
@@ -165,32 +166,6 @@ std::string fmt(double v, int decimals) {
 
 // ---- CPU and load accounting ------------------------------------------------------------------
 
-// CPU seconds (user + system) used so far by process `pid`, all threads.
-double process_cpu_s(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = stat.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return 0;
-  std::istringstream f(stat.substr(close + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && f >> field; ++i) {  // utime is field 14, stime 15
-    if (i == 14 || i == 15) ticks += std::strtod(field.c_str(), nullptr);
-  }
-  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-// CPU seconds all CPUs spent busy so far (/proc/stat: all but idle and iowait).
-double machine_busy_s() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  in >> cpu;
-  double v[8] = {};
-  for (double& x : v)
-    in >> x;
-  return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
 std::string load_average() {
   double l[3] = {};
   if (::getloadavg(l, 3) != 3) return "?";
@@ -235,13 +210,15 @@ struct Row {
 template <typename F>
 void measure_cpu(Row& r, pid_t server, F&& run) {
   r.load_avg = load_average();
-  const double g0 = process_cpu_s(::getpid()), s0 = process_cpu_s(server), m0 = machine_busy_s();
+  const double g0 = bench::self_cpu_seconds(), s0 = bench::process_cpu_seconds(server),
+               m0 = bench::machine_busy_seconds();
   const int64_t w0 = bench::now_ns();
   run();
   const double wall = static_cast<double>(bench::now_ns() - w0) * 1e-9;
-  r.gen_cores = (process_cpu_s(::getpid()) - g0) / wall;
-  r.server_cores = (process_cpu_s(server) - s0) / wall;
-  r.other_cores = std::max(0.0, (machine_busy_s() - m0) / wall - r.gen_cores - r.server_cores);
+  r.gen_cores = (bench::self_cpu_seconds() - g0) / wall;
+  r.server_cores = (bench::process_cpu_seconds(server) - s0) / wall;
+  r.other_cores =
+      std::max(0.0, (bench::machine_busy_seconds() - m0) / wall - r.gen_cores - r.server_cores);
 }
 
 // ---- sluiced ----------------------------------------------------------------------------------
