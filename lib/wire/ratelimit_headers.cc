@@ -1,5 +1,6 @@
 #include "wire/ratelimit_headers.h"
 
+#include <algorithm>
 #include <charconv>
 
 namespace sluice::wire {
@@ -10,6 +11,15 @@ int64_t ceil_seconds(int64_t ms) {
 
 void append_sf_string(std::string& out, std::string_view s) {
   out.push_back('"');
+  // The usual name needs nothing escaped: one append.
+  if (std::all_of(s.begin(), s.end(), [](char c) {
+        const auto u = static_cast<unsigned char>(c);
+        return u >= 0x20 && u <= 0x7e && c != '"' && c != '\\';
+      })) {
+    out.append(s);
+    out.push_back('"');
+    return;
+  }
   for (const char c : s) {
     const auto u = static_cast<unsigned char>(c);
     if (c == '"' || c == '\\') {

@@ -4,6 +4,7 @@
 #include "front/admin/request_parser.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 
 namespace sluice::front::admin {
@@ -11,16 +12,20 @@ namespace {
 
 constexpr size_t kMaxChunkLine = 4096;  // a chunk-size line or a trailer line
 
+// RFC 9110 tchar: the characters of a method and a field name.
+constexpr std::array<bool, 256> kTchar = [] {
+  std::array<bool, 256> t{};
+  for (int c = '0'; c <= '9'; ++c)
+    t[static_cast<size_t>(c)] = true;
+  for (int c = 'a'; c <= 'z'; ++c)
+    t[static_cast<size_t>(c)] = t[static_cast<size_t>(c - 'a' + 'A')] = true;
+  for (const char c : std::string_view("!#$%&'*+-.^_`|~"))
+    t[static_cast<unsigned char>(c)] = true;
+  return t;
+}();
+
 bool is_tchar(unsigned char c) {
-  if (c >= '0' && c <= '9') return true;
-  if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return true;
-  switch (c) {
-    case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+': case '-':
-    case '.': case '^': case '_': case '`': case '|': case '~':
-      return true;
-    default:
-      return false;
-  }
+  return kTchar[c];
 }
 
 char lower(char c) {
@@ -131,6 +136,8 @@ ParseStatus parse_head(std::string_view data, Head& out, std::string_view& error
     }
     const Header h{line.substr(0, i), value};
     out.headers.push_back(h);
+    const size_t len = h.name.size();
+    if (len != 14 && len != 17 && len != 10 && len != 6) continue;  // none of the four below
     if (iequals(h.name, "content-length")) {
       uint64_t n = 0;
       const auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), n);

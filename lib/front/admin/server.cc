@@ -23,6 +23,8 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include <time.h>
+
 #include "front/admin/metrics_text.h"
 #include "front/admin/request_parser.h"
 
@@ -121,10 +123,13 @@ void append_answer(std::string& out, const Reply& r, bool close) {
   out += r.body;
 }
 
+// The deadlines' clock: CLOCK_MONOTONIC_COARSE (a tick of a few ms, read without a timer
+// instruction), far finer than any client_timeout_ms. Connections that began to wait in the same
+// tick are told apart by their connection order (shed_oldest_idle).
 int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
 class Connection;
@@ -194,6 +199,7 @@ struct AdminFront::State : std::enable_shared_from_this<AdminFront::State> {
   asio::steady_timer retry;  // backs off after an accept error (e.g. out of descriptors)
   asio::steady_timer sweep;  // closes connections past their deadlines
   size_t next_io = 0;
+  uint64_t next_seq = 0;  // Connection::seq
   bool accepting = false;  // an async_accept is pending
   uint16_t port = 0;
   bool loopback = false;
@@ -273,7 +279,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   enum Phase : uint8_t { kWaitHead, kWaitBody, kBusy, kWriting, kClosed };
 
   Connection(std::shared_ptr<AdminFront::State> st, tcp::socket socket, asio::io_context& io)
-      : st_(std::move(st)), io_(io), socket_(std::move(socket)) {}
+      : st_(std::move(st)), io_(io), socket_(std::move(socket)), seq_(st_->next_seq++) {}
   ~Connection() {
     bool resume = false;
     {
@@ -285,6 +291,8 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   }
 
   void start() {
+    boost::system::error_code ec;
+    socket_.non_blocking(true, ec);  // write() tries a plain send first
     in_.resize(kReadChunk);
     begin_waiting();
     process();
@@ -295,6 +303,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   // Admin thread, under the state's mutex.
   Phase phase() const { return phase_.load(std::memory_order_relaxed); }
   int64_t since_ns() const { return since_ns_.load(std::memory_order_relaxed); }
+  uint64_t seq() const { return seq_; }
   bool waiting() const { return phase() == kWaitHead || phase() == kWaitBody; }
 
   // On this connection's thread.
@@ -342,18 +351,28 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
     pending_work_.emplace(io_.get_executor());
   }
 
+  // A phase with a deadline starts its clock; kBusy has none.
   void set_phase(Phase p) {
+    if (p != kBusy) since_ns_.store(steady_ns(), std::memory_order_relaxed);
     phase_.store(p, std::memory_order_relaxed);
-    since_ns_.store(steady_ns(), std::memory_order_relaxed);
   }
+  // The next request's head is awaited; its clock starts when the connection waits for it
+  // (read()), not while answers are written or pipelined requests are served from the buffer.
   void begin_waiting() {
     in_head_ = true;
     in_body_ = false;
     continue_sent_ = false;
-    set_phase(kWaitHead);
+    stamp_wait_ = true;
   }
 
   void read() {
+    // Waiting for (the rest of) a head or a body: since the wait began, not since this read.
+    if (stamp_wait_) {
+      stamp_wait_ = false;
+      set_phase(in_body_ ? kWaitBody : kWaitHead);
+    } else {
+      phase_.store(in_body_ ? kWaitBody : kWaitHead, std::memory_order_relaxed);
+    }
     if (begin_ == end_) {
       begin_ = end_ = 0;
     } else if (in_.size() - end_ < kReadChunk && begin_ > 0) {
@@ -390,7 +409,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
         body_.clear();
         chunked_.reset();
         chunk_pos_ = head_.bytes;
-        set_phase(kWaitBody);
+        stamp_wait_ = true;  // the body's own deadline
       }
       if (in_body_ && !body_complete(data)) {
         if (refused_) return;
@@ -398,6 +417,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
         if (head_.expect_continue && !continue_sent_) {
           continue_sent_ = true;
           out_ += "HTTP/1.1 100 Continue\r\n\r\n";
+          stamp_wait_ = true;  // the body's deadline starts once the client is told to send it
         }
         break;
       }
@@ -612,21 +632,35 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
     write();
   }
 
+  // Sends what is in out_: at once when the socket takes it all (the usual case: an answer is
+  // small), else the rest asynchronously.
   void write() {
     if (writing_) return;
+    sending_.swap(out_);
+    boost::system::error_code ec;
+    const size_t n = socket_.write_some(asio::buffer(sending_), ec);
+    if (!ec && n == sending_.size()) {
+      sending_.clear();
+      return on_written();
+    }
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+      sending_.clear();
+      return close();
+    }
+    sending_.erase(0, ec ? 0 : n);
     writing_ = true;
     set_phase(kWriting);
-    sending_.swap(out_);
     asio::async_write(socket_, asio::buffer(sending_),
-                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                        self->on_write(ec);
+                      [self = shared_from_this()](boost::system::error_code wec, size_t) {
+                        self->writing_ = false;
+                        self->sending_.clear();
+                        if (wec || self->phase_.load() == kClosed) return self->close();
+                        self->on_written();
                       });
   }
 
-  void on_write(boost::system::error_code ec) {
-    writing_ = false;
-    sending_.clear();
-    if (ec || phase_.load() == kClosed) return close();
+  void on_written() {
+    if (phase_.load() == kClosed) return;
     if (!out_.empty()) return write();  // answered meanwhile (a deferred answer)
     if (close_after_) {
       boost::system::error_code ignored;
@@ -634,7 +668,6 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
       return close();
     }
     if (taken_) return set_phase(kBusy);  // a deferred answer is still to come
-    set_phase(in_body_ ? kWaitBody : kWaitHead);
     if (st_->stopped.load() && !in_body_ && begin_ == end_) return close();
     process();
   }
@@ -644,6 +677,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   tcp::socket socket_;
   std::atomic<Phase> phase_{kWaitHead};
   std::atomic<int64_t> since_ns_{0};
+  const uint64_t seq_;  // order of acceptance
 
   std::vector<char> in_;  // [begin_, end_) unread
   size_t begin_ = 0, end_ = 0;
@@ -651,6 +685,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   bool in_head_ = true;   // waiting for (the rest of) a request's head
   bool in_body_ = false;  // the head is in; waiting for the body
   bool continue_sent_ = false;
+  bool stamp_wait_ = true;   // a wait begins: read() starts its clock
   bool head_stale_ = false;  // the buffer moved under head_'s views
   bool refused_ = false;     // a malformed request was answered: the connection closes
   std::string body_;  // a chunked request's body, decoded
@@ -727,7 +762,11 @@ bool AdminFront::State::any_waiting() const {
 bool AdminFront::State::shed_oldest_idle() {
   Connection* oldest = nullptr;
   for (Connection* c : connections) {
-    if (c->waiting() && (oldest == nullptr || c->since_ns() < oldest->since_ns())) oldest = c;
+    if (!c->waiting()) continue;
+    if (oldest == nullptr || c->since_ns() < oldest->since_ns() ||
+        (c->since_ns() == oldest->since_ns() && c->seq() < oldest->seq())) {
+      oldest = c;
+    }
   }
   if (oldest == nullptr) return false;
   ++closed_shed;
