@@ -366,6 +366,9 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   }
 
   void read() {
+    // A stopping front closes a connection once it waits for a new request (stop() closed those
+    // that waited then).
+    if (st_->stopped.load() && in_head_ && begin_ == end_) return close();
     // Waiting for (the rest of) a head or a body: since the wait began, not since this read.
     if (stamp_wait_) {
       stamp_wait_ = false;
@@ -668,8 +671,13 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
       return close();
     }
     if (taken_) return set_phase(kBusy);  // a deferred answer is still to come
-    if (st_->stopped.load() && !in_body_ && begin_ == end_) return close();
-    process();
+    if (begin_ < end_) return process();   // pipelined requests wait in the buffer
+    // Nothing buffered: the next read goes after the handlers already due on this thread (the
+    // other connections' answers), so it finds the client's next request more often than not,
+    // where a read now would find nothing and cost a system call for it.
+    asio::post(io_, [self = shared_from_this()] {
+      if (self->phase_.load() != kClosed) self->process();
+    });
   }
 
   std::shared_ptr<AdminFront::State> st_;
