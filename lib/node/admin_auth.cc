@@ -102,12 +102,21 @@ bool AdminAuth::is_write(std::string_view method, std::string_view path) {
            path == "/v1/inspect" || path == "/v1/ring");
 }
 
-bool AdminAuth::needs_token(std::string_view method, std::string_view path) const {
-  if (is_write(method, path)) return true;
-  if (!lock_reads_) return false;
+AdminAuth::Access AdminAuth::access_of(std::string_view method, std::string_view path) {
+  if (is_write(method, path)) return Access::kWrite;
   // The checks, /v1/release with them (see is_write), stay open: a service needs no token.
-  return !(path == "/healthz" || path == "/v1/check" || path == "/v1/auth" ||
-           path == "/v1/release");
+  if (path == "/healthz" || path == "/v1/check" || path == "/v1/auth" || path == "/v1/release") {
+    return Access::kOpen;
+  }
+  return Access::kRead;
+}
+
+bool AdminAuth::needs_token(Access access) const {
+  return access == Access::kWrite || (access == Access::kRead && lock_reads_);
+}
+
+bool AdminAuth::needs_token(std::string_view method, std::string_view path) const {
+  return needs_token(access_of(method, path));
 }
 
 AdminAuth::Verdict AdminAuth::refuse(Failure f, unsigned status, std::string message) {
@@ -123,7 +132,12 @@ AdminAuth::Verdict AdminAuth::refuse(Failure f, unsigned status, std::string mes
 AdminAuth::Verdict AdminAuth::check(std::string_view method, std::string_view path,
                                     std::optional<std::string_view> authorization,
                                     size_t header_count) {
-  if (!needs_token(method, path)) return {};
+  return check(access_of(method, path), authorization, header_count);
+}
+
+AdminAuth::Verdict AdminAuth::check(Access access, std::optional<std::string_view> authorization,
+                                    size_t header_count) {
+  if (!needs_token(access)) return {};
   std::optional<Digest> want;
   bool configured = false;
   {

@@ -29,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "front/admin/admin_front.h"
+
 namespace sluice::node {
 
 // True when a and b are equal. Constant time in their content and lengths (SHA-256 of each, then
@@ -60,14 +62,13 @@ class AdminAuth {
   void set_loopback_listener(bool loopback) { loopback_.store(loopback); }
   bool loopback_listener() const { return loopback_.load(); }
 
-  struct Verdict {
-    bool allowed = true;
-    unsigned status = 200;   // 401 or 403 when refused
-    bool challenge = false;  // 401: send `WWW-Authenticate: Bearer`
-    std::string message;     // the JSON error's text
-  };
+  using Verdict = front::admin::AuthVerdict;
+  using Access = front::admin::Access;
   // `authorization`: the header's value, nullopt when absent; `header_count`: how many
   // Authorization headers the request had (more than one is malformed). Counts refusals.
+  Verdict check(Access access, std::optional<std::string_view> authorization,
+                size_t header_count = 1);
+  // check(access_of(method, path), ...).
   Verdict check(std::string_view method, std::string_view path,
                 std::optional<std::string_view> authorization, size_t header_count = 1);
 
@@ -77,6 +78,11 @@ class AdminAuth {
   // Whether a request needs the token (or, without one, a loopback listener): see the top.
   static bool is_write(std::string_view method, std::string_view path);
   bool needs_token(std::string_view method, std::string_view path) const;
+  bool needs_token(Access access) const;
+  // The rules above as a level: kWrite for a write, kOpen for /healthz read and the checks, kRead
+  // otherwise. The admin port's route table names each row's level (the same); this one is for
+  // requests no row takes (404, 405).
+  static Access access_of(std::string_view method, std::string_view path);
 
  private:
   Verdict refuse(Failure f, unsigned status, std::string message);

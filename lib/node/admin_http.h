@@ -1,25 +1,30 @@
-// The admin HTTP port of a node (private to lib/node; docs/http.md is the user's reference).
+// Private to lib/node: the node's admin HTTP port, wired from the admin front
+// (front/admin/admin_front.h: the server and the route table) and the node's handlers.
+// docs/http.md is the users' reference; this is the table it serves:
 //
-// Endpoints: GET /healthz, GET /metrics (Prometheus text 0.0.4), POST /v1/check (JSON), GET
-// /v1/auth (nginx auth_request: 204 allowed, 403 denied) and GET /v1/status (JSON for
-// `sluicectl status`). HTTP/1.1 with keep-alive. Hostile input is bounded where it is read:
-// request header <= 8 KiB (431), body <= 64 KiB (413), at most 256 connections (further ones wait
-// in the listen backlog until one closes), 30 s to receive a request or send an answer.
+//   GET  /healthz[?ready]     liveness; readiness (joined, not stopping)     open
+//   GET  /metrics             Prometheus text 0.0.4                          read
+//   GET  /v1/status           JSON for `sluicectl status`                    read
+//   POST /v1/check            a check (JSON)                                 open
+//   GET  /v1/auth             nginx auth_request: 204 allowed, 403 denied    open
+//   POST /v1/release          a concurrency lease given back                 open
+//   the operator endpoints (admin_ops.h) and the dashboard (dashboard.h)
 //
-// Threads: everything runs on the io_context given to the constructor, which must be run by one
-// thread (the node's control thread). Checks go the way the check ports' do (Node::check_async:
-// decided on a worker, forwarded to the keys' owners in owner mode), and their answers come back
-// to that thread to be written.
+// "open" rows need no token; "read" rows need it with admin_token_reads; writes always
+// (admin_auth.h). Limits (NodeOptions): max_connections (default 1024; one more closes the
+// connection that has waited longest for a request), client_timeout_ms (default 10 s) for a
+// request's header and again for its body, 8 KiB of header (431) and 64 KiB of body (413).
 //
-// Lifetime: construct, stop() and destroy on the io_context's thread (or while it is not running).
-// Connections keep their state alive by themselves; after the AdminHttp is destroyed, handlers
-// still queued in the io_context only release memory. The Node must outlive the io_context's
-// last run.
+// Threads: connections are served on the workers' io_contexts. The checks are decided there
+// (admin_checks.h); every other row runs on the admin io_context's thread, which may block on the
+// disk. Lifetime: construct, stop() and destroy on the admin thread (or while it is not running),
+// while the workers' io_contexts exist; the Node outlives it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace boost::asio {
 class io_context;
@@ -32,25 +37,22 @@ class AdminAuth;
 
 class AdminHttp {
  public:
-  // Binds `listen` ("127.0.0.1:7351", "[::1]:0"; port 0 = any free port) and starts accepting.
-  // Throws std::runtime_error naming the address when it cannot be parsed or bound. Every request
-  // passes `auth` first (admin_auth.h), which learns whether the listener is on loopback; it must
-  // outlive the AdminHttp and its connections (the Node owns both).
-  AdminHttp(boost::asio::io_context& io, const std::string& listen, Node& node, AdminAuth& auth);
-  ~AdminHttp();  // stop(), then closes every connection, in-flight or not
+  // Binds `listen` ("127.0.0.1:7351", "[::1]:0") and starts accepting; throws std::runtime_error
+  // naming the address when it cannot. Tells `auth` whether the listener is on loopback.
+  AdminHttp(boost::asio::io_context& admin, std::vector<boost::asio::io_context*> workers,
+            const std::string& listen, Node& node, AdminAuth& auth);
+  ~AdminHttp();
   AdminHttp(const AdminHttp&) = delete;
   AdminHttp& operator=(const AdminHttp&) = delete;
 
   uint16_t port() const;
-  // Stops accepting and closes idle connections; a response being written completes, and its
-  // connection is closed after it. Idempotent.
+  // Stops accepting and the dashboard's timer, closes idle connections. Idempotent.
   void stop();
 
-  struct State;  // shared with the connections
+  struct Parts;
 
  private:
-  std::shared_ptr<State> state_;
-  uint16_t port_ = 0;
+  std::unique_ptr<Parts> parts_;
 };
 
 }  // namespace sluice::node

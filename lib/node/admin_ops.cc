@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
 
 #include "engine/engine.h"
 #include "node/node.h"
@@ -21,15 +22,10 @@ constexpr size_t kDefaultTop = 20;
 constexpr size_t kMaxTop = 512;
 
 OpsReply reply(unsigned status, Json body) {
-  return OpsReply{status, std::move(body), {}};
+  return OpsReply{status, std::move(body)};
 }
 OpsReply error(unsigned status, const std::string& message) {
   return reply(status, Json{{"error", message}});
-}
-OpsReply method_not_allowed(const char* allow) {
-  OpsReply r = error(405, "method not allowed");
-  r.allow = allow;
-  return r;
 }
 
 std::optional<std::string> query_value(std::string_view query, std::string_view name) {
@@ -458,86 +454,104 @@ Json cluster_json(const ClusterStatus& c) {
                 {"identity_conflicts", ms.ignored_of(cluster::IgnoredReason::kIdentityConflict)}}}};
 }
 
-std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::string_view path,
-                                   std::string_view query, std::string_view body) {
-  const bool get = method == "GET";
-  const bool post = method == "POST";
-  const auto with_body = [&](auto&& fn) -> OpsReply {
-    Json j;
-    if (std::string err = parse_json_object(body, j); !err.empty()) return error(400, err);
-    return fn(j);
+OpsReply list_overrides(Node& node, std::string_view query) {
+  const auto domain = query_value(query, "domain");
+  const int64_t now = node.now_ms();
+  Json list = Json::array();
+  for (const rules::Override& o : node.list_overrides()) {
+    if (!domain || o.domain == *domain) list.push_back(versioned_override_json(node, o, now));
+  }
+  return reply(200, Json{{"overrides", std::move(list)}});
+}
+
+OpsReply top_keys(Node& node, std::string_view query) {
+  return top(node, query);
+}
+
+OpsReply cluster_members(Node& node) {
+  return reply(200, cluster_json(node.cluster_status()));
+}
+
+void to_reply(const OpsReply& o, front::admin::Reply& r) {
+  r.status = o.status;
+  r.content_type = "application/json";
+  r.body = o.body.dump();
+  r.body += '\n';
+}
+
+namespace {
+
+// An operator endpoint's body: a JSON object, else a 400.
+OpsReply with_body(std::string_view body, const std::function<OpsReply(const Json&)>& fn) {
+  Json j;
+  if (std::string err = parse_json_object(body, j); !err.empty()) return error(400, err);
+  return fn(j);
+}
+
+OpsReply get_or_delete(Node& node, const Json& j, bool get) {
+  if (std::string err = check_fields(j, {"domain", "descriptors"}); !err.empty()) {
+    return error(400, err);
+  }
+  std::string domain;
+  Entries entries;
+  if (std::string err = parse_target(j, domain, entries); !err.empty()) return error(400, err);
+  if (get) {
+    const auto o = node.get_override(domain, entries);
+    if (!o) return error(404, "no override for these descriptors");
+    return reply(200, Json{{"override", versioned_override_json(node, *o, node.now_ms())}});
+  }
+  return from_result(node.delete_override(domain, entries), Json{{"deleted", true}});
+}
+
+OpsReply ring_shares(Node& node) {
+  const ClusterStatus c = node.cluster_status();
+  Json shares = Json::array();
+  for (const MemberStatus& m : c.members) {
+    if (m.share > 0)
+      shares.push_back(Json{{"id", m.member.id}, {"name", m.member.name}, {"share", m.share}});
+  }
+  return reply(200,
+               Json{{"enabled", c.enabled}, {"replicas", c.replicas}, {"shares", std::move(shares)}});
+}
+
+}  // namespace
+
+void add_ops_routes(std::vector<front::admin::Route>& routes, Node& node) {
+  using front::admin::Access;
+  using Op = std::function<OpsReply(const front::admin::Request&)>;
+  const auto row = [&](std::string_view method, std::string_view path, Access access, Op op) {
+    routes.push_back(front::admin::Route{
+        method, path, access, front::admin::Runs::kAdminThread,
+        [op = std::move(op)](const front::admin::Request& req, front::admin::Reply& r,
+                             front::admin::Later&) { to_reply(op(req), r); }});
   };
-  if (path == "/v1/overrides") {
-    if (get) {
-      const auto domain = query_value(query, "domain");
-      const int64_t now = node.now_ms();
-      Json list = Json::array();
-      for (const rules::Override& o : node.list_overrides()) {
-        if (!domain || o.domain == *domain) list.push_back(versioned_override_json(node, o, now));
-      }
-      return reply(200, Json{{"overrides", std::move(list)}});
-    }
-    if (post) return with_body([&](const Json& j) { return set_override(node, j, false); });
-    return method_not_allowed("GET, POST");
-  }
-  if (path == "/v1/overrides/get" || path == "/v1/overrides/delete") {
-    if (!post) return method_not_allowed("POST");
-    return with_body([&](const Json& j) {
-      if (std::string err = check_fields(j, {"domain", "descriptors"}); !err.empty()) {
-        return error(400, err);
-      }
-      std::string domain;
-      Entries entries;
-      if (std::string err = parse_target(j, domain, entries); !err.empty()) return error(400, err);
-      if (path == "/v1/overrides/get") {
-        const auto o = node.get_override(domain, entries);
-        if (!o) return error(404, "no override for these descriptors");
-        return reply(200, Json{{"override", versioned_override_json(node, *o, node.now_ms())}});
-      }
-      return from_result(node.delete_override(domain, entries), Json{{"deleted", true}});
-    });
-  }
-  if (path == "/v1/plans") {
-    if (!post) return method_not_allowed("POST");
-    return with_body([&](const Json& j) { return set_override(node, j, true); });
-  }
-  if (path == "/v1/inspect") {
-    if (!post) return method_not_allowed("POST");
-    return with_body([&](const Json& j) { return inspect(node, j); });
-  }
-  if (path == "/v1/top") {
-    if (!get) return method_not_allowed("GET");
-    return top(node, query);
-  }
-  if (path == "/v1/cluster") {
-    if (!get) return method_not_allowed("GET");
-    return reply(200, cluster_json(node.cluster_status()));
-  }
-  if (path == "/v1/ring") {
-    if (get) {
-      const ClusterStatus c = node.cluster_status();
-      Json shares = Json::array();
-      for (const MemberStatus& m : c.members) {
-        if (m.share > 0)
-          shares.push_back(Json{{"id", m.member.id}, {"name", m.member.name}, {"share", m.share}});
-      }
-      return reply(
-          200,
-          Json{{"enabled", c.enabled}, {"replicas", c.replicas}, {"shares", std::move(shares)}});
-    }
-    if (post) return with_body([&](const Json& j) { return ring_for(node, j); });
-    return method_not_allowed("GET, POST");
-  }
-  if (path == "/v1/drain") {
-    if (!post) return method_not_allowed("POST");
+  const auto body_op = [&node](std::function<OpsReply(Node&, const Json&)> fn) -> Op {
+    return [&node, fn = std::move(fn)](const front::admin::Request& req) {
+      return with_body(req.body, [&](const Json& j) { return fn(node, j); });
+    };
+  };
+  row("GET", "/v1/overrides", Access::kRead,
+      [&node](const auto& req) { return list_overrides(node, req.query); });
+  row("POST", "/v1/overrides", Access::kWrite,
+      body_op([](Node& n, const Json& j) { return set_override(n, j, false); }));
+  row("POST", "/v1/overrides/get", Access::kWrite,
+      body_op([](Node& n, const Json& j) { return get_or_delete(n, j, true); }));
+  row("POST", "/v1/overrides/delete", Access::kWrite,
+      body_op([](Node& n, const Json& j) { return get_or_delete(n, j, false); }));
+  row("POST", "/v1/plans", Access::kWrite,
+      body_op([](Node& n, const Json& j) { return set_override(n, j, true); }));
+  // Reads that take a body to name a key.
+  row("POST", "/v1/inspect", Access::kRead, body_op(inspect));
+  row("GET", "/v1/top", Access::kRead, [&node](const auto& req) { return top(node, req.query); });
+  row("GET", "/v1/cluster", Access::kRead, [&node](const auto&) { return cluster_members(node); });
+  row("GET", "/v1/ring", Access::kRead, [&node](const auto&) { return ring_shares(node); });
+  row("POST", "/v1/ring", Access::kRead, body_op(ring_for));
+  row("POST", "/v1/drain", Access::kWrite, [&node](const auto&) {
     if (!node.drain()) return error(409, "this node is not in a cluster");
     return reply(200, Json{{"draining", true}});
-  }
-  if (path == "/v1/snapshot") {
-    if (!post) return method_not_allowed("POST");
-    return snapshot(node, query);
-  }
-  return std::nullopt;
+  });
+  row("POST", "/v1/snapshot", Access::kWrite,
+      [&node](const auto& req) { return snapshot(node, req.query); });
 }
 
 }  // namespace sluice::node

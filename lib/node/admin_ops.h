@@ -1,5 +1,6 @@
-// Private to lib/node: the operator endpoints of the admin port, as plain functions from a
-// request to a JSON answer (admin_http.cc does the HTTP). docs/http.md lists them.
+// Private to lib/node: the operator endpoints of the admin port, as rows of the admin front's route
+// table (front/admin/admin_front.h), each a function from a request to a JSON answer. docs/http.md
+// lists them.
 //
 //   GET  /v1/overrides[?domain=D]   every override in force
 //   POST /v1/overrides              set one: {"domain","descriptors":{..},"limits":["500/1m"],
@@ -15,11 +16,14 @@
 //   POST /v1/ring                   {"domain","descriptors"}: the owners of each limit's counter
 //   POST /v1/drain                  leave the cluster (handing counters over), then stop
 //
-// They run on the admin thread and may block on the disk (an override is synced before 200).
+// They run on the admin thread (Runs::kAdminThread) and may block on the disk (an override is
+// synced before 200). GET rows, /v1/inspect and POST /v1/ring are reads (Access::kRead); the
+// other POSTs are operator writes (Access::kWrite).
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include "front/admin/admin_front.h"
 #include "node/admin_input.h"
 
 #include <optional>
@@ -36,12 +40,17 @@ struct ClusterStatus;
 struct OpsReply {
   unsigned status = 200;
   nlohmann::json body;
-  std::string allow;  // for 405: the methods the path takes
 };
 
-// nullopt when `path` is not an operator endpoint.
-std::optional<OpsReply> handle_ops(Node& node, std::string_view method, std::string_view path,
-                                   std::string_view query, std::string_view body);
+// Appends the rows above. `node` outlives the routes.
+void add_ops_routes(std::vector<front::admin::Route>& routes, Node& node);
+
+// The bodies of GET /v1/overrides, /v1/top and /v1/cluster (the dashboard shows them too).
+OpsReply list_overrides(Node& node, std::string_view query);
+OpsReply top_keys(Node& node, std::string_view query);
+OpsReply cluster_members(Node& node);
+// `o` as the front's answer: its status and JSON body.
+void to_reply(const OpsReply& o, front::admin::Reply& r);
 
 // The cluster section of /v1/status and /v1/cluster.
 nlohmann::json cluster_json(const ClusterStatus& status);

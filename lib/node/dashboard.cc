@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <iterator>
 
 #include "engine/engine.h"
@@ -60,11 +61,6 @@ constexpr Asset kAssets[] = {
     {"/ui/dashboard.js", "text/javascript; charset=utf-8", ui_assets::kDashboardJs},
     {"/ui/dashboard.css", "text/css; charset=utf-8", ui_assets::kDashboardCss},
 };
-
-DashboardReply json_reply(unsigned status, const Json& j) {
-  return DashboardReply{
-      status, "application/json", j.dump() + "\n", {{"Cache-Control", "no-store"}}};
-}
 
 }  // namespace
 
@@ -189,38 +185,61 @@ void Dashboard::stop() {
   impl_->timer.cancel();
 }
 
-std::optional<DashboardReply> Dashboard::handle(std::string_view method, std::string_view path,
-                                                std::string_view query) {
-  const bool ui = path == "/ui" || path.starts_with("/ui/");
-  if (!ui && !path.starts_with("/v1/ui/")) return std::nullopt;
-  if (method != "GET") {
-    DashboardReply r = json_reply(405, Json{{"error", "method not allowed"}});
-    r.headers.emplace_back("Allow", "GET");
-    return r;
-  }
-  if (ui) {
+namespace {
+
+void no_store_json(front::admin::Reply& r, unsigned status, const Json& j) {
+  r.status = status;
+  r.content_type = "application/json";
+  r.body = j.dump();
+  r.body += '\n';
+  r.add_header("Cache-Control", "no-store");
+}
+
+}  // namespace
+
+void Dashboard::add_routes(std::vector<front::admin::Route>& routes) {
+  using front::admin::Later;
+  using front::admin::Reply;
+  using front::admin::Request;
+  using Fn = std::function<void(const Request&, Reply&)>;
+  const auto row = [&](std::string_view path, Fn fn) {
+    routes.push_back(front::admin::Route{
+        "GET", path, front::admin::Access::kRead, front::admin::Runs::kAdminThread,
+        [fn = std::move(fn)](const Request& req, Reply& r, Later&) { fn(req, r); }});
+  };
+  const auto asset = [](const Request& req, Reply& r) {
     for (const Asset& a : kAssets) {
-      if (a.path != path) continue;
+      if (a.path != req.path) continue;
+      r.text(200, a.content_type, a.body);
+      r.add_header("Cache-Control", "no-cache");
       // Everything the page loads comes from this port; nothing inline runs.
-      return DashboardReply{200,
-                            std::string(a.content_type),
-                            std::string(a.body),
-                            {{"Cache-Control", "no-cache"},
-                             {"Content-Security-Policy",
-                              "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"},
-                             {"X-Content-Type-Options", "nosniff"}}};
+      r.add_header("Content-Security-Policy",
+                   "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
+      r.add_header("X-Content-Type-Options", "nosniff");
+      return;
     }
-    return json_reply(404, Json{{"error", "not found"}});
-  }
-  if (path == "/v1/ui/rates") return json_reply(200, impl_->rates());
+    no_store_json(r, 404, Json{{"error", "not found"}});
+  };
+  row("/ui", asset);
+  row("/ui/*", asset);
+  row("/v1/ui/rates",
+      [impl = impl_](const Request&, Reply& r) { no_store_json(r, 200, impl->rates()); });
   // The other views are the operator endpoints' answers, under the dashboard's read-only paths.
-  std::string_view ops_path;
-  if (path == "/v1/ui/top") ops_path = "/v1/top";
-  if (path == "/v1/ui/overrides") ops_path = "/v1/overrides";
-  if (path == "/v1/ui/cluster") ops_path = "/v1/cluster";
-  if (ops_path.empty()) return json_reply(404, Json{{"error", "not found"}});
-  const std::optional<OpsReply> r = handle_ops(impl_->node, "GET", ops_path, query, "");
-  return json_reply(r->status, r->body);
+  Node& node = impl_->node;
+  row("/v1/ui/top", [&node](const Request& req, Reply& r) {
+    const OpsReply o = top_keys(node, req.query);
+    no_store_json(r, o.status, o.body);
+  });
+  row("/v1/ui/overrides", [&node](const Request& req, Reply& r) {
+    const OpsReply o = list_overrides(node, req.query);
+    no_store_json(r, o.status, o.body);
+  });
+  row("/v1/ui/cluster", [&node](const Request&, Reply& r) {
+    const OpsReply o = cluster_members(node);
+    no_store_json(r, o.status, o.body);
+  });
+  row("/v1/ui/*",
+      [](const Request&, Reply& r) { no_store_json(r, 404, Json{{"error", "not found"}}); });
 }
 
 }  // namespace sluice::node

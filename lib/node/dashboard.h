@@ -14,7 +14,8 @@
 // sample when the node's clock has entered a 5 s slot with none yet, so a test that moves the
 // node's clock (NodeOptions::clock) sees samples without waiting.
 //
-// Threads: everything, the timer included, runs on the admin io_context's one thread.
+// Threads: everything, the timer included, runs on the admin io_context's one thread (its rows run
+// there: Runs::kAdminThread).
 // Lifetime: construct and destroy on that thread (or while it is not running); stop() before the
 // io_context is left to run out (a pending timer keeps it running). The Node outlives it.
 #pragma once
@@ -27,6 +28,8 @@
 #include <utility>
 #include <vector>
 
+#include "front/admin/admin_front.h"
+
 namespace boost::asio {
 class io_context;
 }
@@ -34,13 +37,6 @@ class io_context;
 namespace sluice::node {
 
 class Node;
-
-struct DashboardReply {
-  unsigned status = 200;
-  std::string content_type;
-  std::string body;
-  std::vector<std::pair<std::string, std::string>> headers;  // Allow, Cache-Control, CSP
-};
 
 class Dashboard {
  public:
@@ -56,9 +52,8 @@ class Dashboard {
   void start();
   void stop();
 
-  // The answer to a request for `path` ("/ui", "/ui/...", "/v1/ui/..."); nullopt for any other.
-  std::optional<DashboardReply> handle(std::string_view method, std::string_view path,
-                                       std::string_view query);
+  // Appends its rows (GET only): /ui, /ui/* and /v1/ui/*. The Dashboard outlives the routes.
+  void add_routes(std::vector<front::admin::Route>& routes);
 
   struct Impl;
 

@@ -110,12 +110,13 @@ struct Node::Impl : NodeState {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> admin_work;
   std::thread admin_thread;
   std::optional<tcp::acceptor> acceptor;
-  std::unique_ptr<AdminHttp> admin;
   std::unique_ptr<rls::RlsServer> rls;  // the gRPC front; its own threads
   std::optional<asio::signal_set> signals;
   std::optional<asio::steady_timer> sweep_timer;
   std::optional<asio::steady_timer> rules_watch_timer;  // control thread
   std::vector<std::unique_ptr<Worker>> workers;
+  // Its connections live on the workers' io_contexts: declared after them, destroyed before.
+  std::unique_ptr<AdminHttp> admin;
   size_t next_worker = 0;
   std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0}, grpc_port{0};
   std::atomic<bool> stopped{false};
@@ -403,7 +404,12 @@ void Node::run(bool handle_signals) {
     n.tcp_port = n.acceptor->local_endpoint().port();
   }
   if (!n.opt.admin_listen.empty()) {
-    n.admin = std::make_unique<AdminHttp>(n.admin_io, n.opt.admin_listen, *this, *n.admin_auth);
+    // The admin port's connections are served on the workers (its checks decided there).
+    std::vector<asio::io_context*> ios;
+    for (auto& w : n.workers)
+      ios.push_back(&w->io);
+    n.admin = std::make_unique<AdminHttp>(n.admin_io, std::move(ios), n.opt.admin_listen, *this,
+                                          *n.admin_auth);
     n.admin_port = n.admin->port();
     if (!n.admin_auth->has_token() && !n.admin_auth->loopback_listener()) {
       spdlog::warn(

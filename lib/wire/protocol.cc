@@ -333,6 +333,17 @@ kj::ArrayPtr<capnp::word> answer_scratch() {
   return scratch;
 }
 
+// The same for requests that fit in it (most: a few checks), so encoding one allocates nothing.
+constexpr size_t kRequestScratchWords = 512;
+kj::ArrayPtr<capnp::word> request_scratch() {
+  thread_local kj::Array<capnp::word> scratch = [] {
+    auto words = kj::heapArray<capnp::word>(kRequestScratchWords);
+    std::memset(words.begin(), 0, words.size() * kWordBytes);
+    return words;
+  }();
+  return scratch;
+}
+
 Code read_answer(kj::ArrayPtr<const capnp::word> words, Answer& out) {
   capnp::FlatArrayMessageReader reader(words, reader_options(words.size()));
   if (reader.getEnd() != words.end()) return Code::kMalformed;  // trailing bytes
@@ -441,7 +452,14 @@ void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
   // Data grows the message by its size rounded up to words, so this padding makes the message
   // the smallest multiple of 8 that is >= pad_to.
   const size_t padding = pad_to > bytes ? pad_to - bytes : 0;
-  capnp::MallocMessageBuilder builder(count(words + (padding + kWordBytes - 1) / kWordBytes));
+  const size_t total = words + (padding + kWordBytes - 1) / kWordBytes;
+  std::optional<capnp::MallocMessageBuilder> scratch_builder;
+  if (total <= kRequestScratchWords) {
+    scratch_builder.emplace(request_scratch().slice(0, total));
+  } else {
+    scratch_builder.emplace(count(total));
+  }
+  capnp::MallocMessageBuilder& builder = *scratch_builder;
   auto request = builder.initRoot<schema::CheckRequest>();
   request.setVersion(kVersion);
   request.setId(id);

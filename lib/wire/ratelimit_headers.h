@@ -37,4 +37,8 @@ struct RateLimitHeaders {
 // RateLimit-Reset), so a client never reads two different waits.
 RateLimitHeaders ratelimit_headers(std::span<const LimitStatus> limits, bool denied);
 
+// The same headers as HTTP/1.1 header lines ("Name: value\r\n" each) appended to `out`, without
+// allocating beyond `out` (the admin port's check answers).
+void append_ratelimit_headers(std::span<const LimitStatus> limits, bool denied, std::string& out);
+
 }  // namespace sluice::wire
