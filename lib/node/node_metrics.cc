@@ -148,6 +148,20 @@ void append_rls_metrics(MetricsText& m, const rls::RlsCounters& r) {
   m.sample("sluice_rls_requests_total", {"result", "internal"}, r.internal);
   m.one("sluice_rls_descriptors_total", "counter",
         "Descriptors in answered gRPC ShouldRateLimit calls.", r.descriptors);
+  m.one("sluice_rls_connections_total", "counter", "gRPC (HTTP/2) connections accepted.",
+        r.connections);
+  m.one("sluice_rls_connections_open", "gauge", "gRPC connections open now.",
+        r.connections_open);
+  m.family("sluice_rls_connections_closed_total", "counter",
+           "gRPC connections the node closed before the client did: shed (no call in flight, for "
+           "a new connection over max_connections), over_cap (a new connection over "
+           "max_connections when every open one had calls in flight), handshake (no HTTP/2 "
+           "preface and SETTINGS within client_timeout_ms), protocol (an HTTP/2 protocol error).");
+  m.sample("sluice_rls_connections_closed_total", {"reason", "shed"}, r.connections_shed);
+  m.sample("sluice_rls_connections_closed_total", {"reason", "over_cap"}, r.connections_refused);
+  m.sample("sluice_rls_connections_closed_total", {"reason", "handshake"},
+           r.connections_closed_handshake);
+  m.sample("sluice_rls_connections_closed_total", {"reason", "protocol"}, r.protocol_errors);
 }
 
 void append_tcp_metrics(MetricsText& m, const NodeCounters& nc) {

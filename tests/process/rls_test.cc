@@ -316,3 +316,28 @@ TEST_CASE("rls: methods the front does not serve are UNIMPLEMENTED, and the node
   CHECK(metric(n.admin, "sluice_rls_requests_total{result=\"ok\"}") == 1);
   CHECK(metric(n.admin, "sluice_rls_requests_total{result=\"invalid_argument\"}") == 0);
 }
+
+TEST_CASE("rls: connections that never finish the HTTP/2 preface are closed and counted") {
+  Node n;
+  RlsClient c(n.grpc);
+  RateLimitResponse r;
+  REQUIRE(c.call(rls_request("api", {{{"user", "ann"}}}), r).ok());
+  CHECK(metric(n.admin, "sluice_rls_connections_open") >= 1);
+  // Not HTTP/2 at all: nghttp2 refuses the preface and the front closes the connection.
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  const sockaddr_in a = loopback(n.grpc);
+  REQUIRE(::connect(s, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
+  const std::string junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  REQUIRE(::send(s, junk.data(), junk.size(), 0) > 0);
+  char buf[256];
+  ssize_t got = 1;
+  // Bounded: the front closes within a second; recv returns 0 (or an error) then.
+  timeval tv{2, 0};
+  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  for (int i = 0; i < 16 && got > 0; ++i)
+    got = ::recv(s, buf, sizeof buf, 0);
+  CHECK(got <= 0);
+  ::close(s);
+  CHECK(metric(n.admin, "sluice_rls_connections_closed_total{reason=\"protocol\"}") == 1);
+  CHECK(metric(n.admin, "sluice_rls_connections_total") >= 2);
+}
