@@ -267,7 +267,9 @@ void answer_release(const wire::Decision& d, Reply& r) {
   r.body += ",\"released\":false}\n";
 }
 
-// The HTTP answer to a decided check (the check protocol's answer, `bytes`): docs/http.md.
+void answer_decision(Kind kind, HttpCheckCounters& counters, const wire::Decision& d, Reply& r);
+
+// The HTTP answer to a check decided on the routed path (the check protocol's answer, `bytes`).
 void answer(Kind kind, HttpCheckCounters& counters, std::span<const uint8_t> bytes, Reply& r) {
   wire::Answer& a = scratch().decoded;
   if (bytes.empty() || wire::decode_answer(bytes, a) != wire::Code::kOk ||
@@ -275,8 +277,40 @@ void answer(Kind kind, HttpCheckCounters& counters, std::span<const uint8_t> byt
     r.json_error(503, "no decision: the node is stopping");
     return;
   }
+  answer_decision(kind, counters, a.decisions[0], r);
+}
+
+// A decision made on this thread (Node::decide_here) in the shape of the check protocol's answer,
+// into the scratch's decision (its vectors and strings reused).
+const wire::Decision& owned(const wire::DecisionView& v) {
+  wire::Answer& a = scratch().decoded;
+  a.decisions.resize(1);
+  wire::Decision& d = a.decisions[0];
+  d.code = v.code;
+  d.allowed = v.allowed;
+  d.would_deny = v.would_deny;
+  d.shadow = v.shadow;
+  d.allowlisted = v.allowlisted;
+  d.lease = v.lease;
+  d.limits.resize(v.limits.size());
+  for (size_t i = 0; i < v.limits.size(); ++i) {
+    const wire::LimitView& from = v.limits[i];
+    wire::LimitStatus& to = d.limits[i];
+    to.name.assign(from.name);
+    to.limit = from.limit;
+    to.window_ms = from.window_ms;
+    to.remaining = from.remaining;
+    to.reset_ms = from.reset_ms;
+    to.retry_after_ms = from.retry_after_ms;
+    to.mode = from.mode;
+    to.exceeded = from.exceeded;
+  }
+  return d;
+}
+
+// The HTTP answer to a decided check: docs/http.md.
+void answer_decision(Kind kind, HttpCheckCounters& counters, const wire::Decision& d, Reply& r) {
   counters.decided.fetch_add(1, std::memory_order_relaxed);
-  const wire::Decision& d = a.decisions[0];
   if (kind == Kind::kRelease) return answer_release(d, r);
   if (d.code != wire::Code::kOk && d.code != wire::Code::kNoRoom) {  // nothing was counted
     json(r, 400);
@@ -348,6 +382,10 @@ void serve(Kind kind, Node& node, HttpCheckCounters& counters, const Request& re
     return r.json_error(400, err);
   }
   check.entries = s.entries;
+  std::span<const wire::DecisionView> decided;
+  if (node.decide_here(std::span<const wire::Check>(&check, 1), decided) && decided.size() == 1) {
+    return answer_decision(kind, counters, owned(decided[0]), r);
+  }
   wire::encode_request(counters.next_id.fetch_add(1, std::memory_order_relaxed) + 1,
                        std::span<const wire::Check>(&check, 1), 0, s.request);
   if (node.check_here(s.request, s.answer)) return answer(kind, counters, s.answer, r);
