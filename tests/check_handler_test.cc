@@ -3,7 +3,7 @@
 // and the answer's fields, malformed input, the no-amplification cap, and cluster owner mode:
 // splitting a request by owner (a fake CheckRouter), a client's untrusted claim to be forwarded,
 // and a tagged part from another node that is decided here and never split again.
-#include "node/node.h"
+#include "node/check_handler.h"
 
 #include <doctest/doctest.h>
 

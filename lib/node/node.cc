@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 
 #include "node/admin_auth.h"
+#include "node/check_handler.h"
 #include "node/admin_http.h"
 #include "node/forwarder.h"
 #include "node/node_cluster.h"

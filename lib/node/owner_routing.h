@@ -19,7 +19,7 @@
 #include <functional>
 #include <unordered_map>
 
-#include "node/node.h"
+#include "node/check_handler.h"
 #include "node/node_cluster.h"
 
 namespace sluice::node {

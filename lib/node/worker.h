@@ -19,6 +19,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "node/check_handler.h"
 #include "node/node.h"
 #include "wire/protocol.h"
 
