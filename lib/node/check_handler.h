@@ -2,7 +2,8 @@
 // a request of the check protocol (lib/wire), decides it with the engine and encodes the answer;
 // in cluster owner mode it splits a request by owner (a CheckRouter says who decides each check)
 // into a ForwardPlan that the worker's forwarder (forwarder.h) sends and merges. No Asio here.
-// Used by the workers (worker.h), node.cc (Node::check_here) and tests/check_handler_test.cc.
+// Used by routed_check.cc (a check-front worker's check path), node.cc (Node::check_here) and
+// tests/check_handler_test.cc.
 #pragma once
 
 #include <atomic>

@@ -1,12 +1,13 @@
-// A Sluice node: the engine behind UDP and TCP listeners (the check protocol of lib/wire), an
-// admin HTTP port, rules reloads and a background sweeper. `sluiced` is a thin main around it.
+// A Sluice node: the engine behind its fronts (the check protocol over UDP and TCP in
+// lib/front/check, the admin HTTP port, Envoy's gRPC service in lib/rls), the cluster runtime,
+// rules reloads, a background sweeper and snapshots. `sluiced` is a thin main around it. Every
+// front decides through the node's one routed check path (owner routing and forwarding in a
+// cluster, lib/node/routed_check.h).
 //
-// Threads: `threads` workers, each running its own io_context. Every worker owns one UDP socket
-// bound to the shared port with SO_REUSEPORT (the kernel spreads datagrams over them) and the TCP
-// connections handed to it round-robin by the acceptor; a connection is served only by its
-// worker, so per-connection state needs no lock. One control io_context (the caller's thread,
-// inside run()) owns the acceptor, the admin port, timers and signals. The engine is shared by
-// all workers (it shards internally).
+// Threads: `threads` check-front workers, each running its own io_context (front/check/
+// check_front.h says which sockets each owns). One control io_context (the caller's thread,
+// inside run()) owns the TCP acceptor, the cluster runtime, timers and signals; the admin port
+// has a thread of its own. The engine is shared by all threads (it shards internally).
 //
 // Clock: the node reads time only through NodeOptions::clock, so tests can drive it.
 #pragma once
