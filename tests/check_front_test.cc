@@ -174,7 +174,8 @@ struct TcpClient {
   sluice::wire::FrameReader frames;
 };
 
-TEST_CASE("check front: a datagram is answered by the worker's path, and a dropped one is counted") {
+TEST_CASE(
+    "check front: a datagram is answered by the worker's path, and a dropped one is counted") {
   Harness h;
   UdpClient c(h.front->udp_port());
   c.send("hello");

@@ -135,7 +135,7 @@ struct Forwarder final : CheckRouter {
       release(slot);
       if (o == CheckHandler::Outcome::kForward) {  // more owners than ids: decide it all here
         return handler.handle(request, max_answer, now, reply) ? CheckHandler::Outcome::kAnswer
-                                                                 : CheckHandler::Outcome::kDrop;
+                                                               : CheckHandler::Outcome::kDrop;
       }
       return o;
     }
@@ -240,7 +240,7 @@ struct Forwarder final : CheckRouter {
           std::stable_partition(returns.begin(), returns.end(),
                                 [owner](const engine::SliceReturn& r) { return r.owner == owner; });
       handler.encode_returns({returns.data(), static_cast<size_t>(split - returns.begin())},
-                               scratch_returns);
+                             scratch_returns);
       returns.erase(returns.begin(), split);
       auth->sign(scratch_returns);
       if (const auto ep = endpoint_of(owner)) {
@@ -383,7 +383,7 @@ struct Forwarder final : CheckRouter {
     }
     if (p.parts[part].asks_slices) {
       handler.settle_slices(p.parts[part].request, answer, p.parts[part].owner,
-                              p.parts[part].sent_ms, clock(), returns);
+                            p.parts[part].sent_ms, clock(), returns);
       send_returns();
     }
     fill(slot, part);

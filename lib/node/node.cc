@@ -95,8 +95,8 @@ struct Node::Impl : NodeState {
   std::optional<asio::signal_set> signals;
   std::optional<asio::steady_timer> sweep_timer;
   std::optional<asio::steady_timer> rules_watch_timer;  // control thread
-  std::unique_ptr<front::check::CheckFront> checks;  // UDP and TCP; its workers' threads
-  std::vector<RoutedCheck*> paths;  // the check front's workers' paths (it owns them)
+  std::unique_ptr<front::check::CheckFront> checks;     // UDP and TCP; its workers' threads
+  std::vector<RoutedCheck*> paths;       // the check front's workers' paths (it owns them)
   std::atomic<bool> paths_built{false};  // paths may be read (Node::counters)
   // SIGHUP reloads, SIGTERM and SIGINT stop; control thread.
   std::function<void(boost::system::error_code, int)> on_signal;

@@ -73,8 +73,8 @@ class Connection;  // a TCP connection of a worker (private to the front)
 // copy and hands it to WorkerLoop::answer on the same worker's thread.
 struct Reply {
   std::function<void(std::span<const uint8_t>)> callback;  // CheckFront::check_async's caller
-  std::weak_ptr<Connection> connection;                     // else TCP: the connection, if open
-  sockaddr_storage udp_peer{};                              // else UDP: the client's address
+  std::weak_ptr<Connection> connection;                    // else TCP: the connection, if open
+  sockaddr_storage udp_peer{};                             // else UDP: the client's address
   socklen_t udp_peer_len = 0;
   std::chrono::steady_clock::time_point t0;  // when the request came in (latency)
 };
@@ -106,8 +106,8 @@ class CheckPath {
   };
   // Decides one encoded request. max_answer_bytes caps the answer (UDP: the request's size, so a
   // datagram is never amplified; TCP: the frame limit). `reply` is read only for kLater.
-  virtual Outcome decide(std::span<const uint8_t> request, size_t max_answer_bytes,
-                         int64_t now_ms, std::vector<uint8_t>& out, const Reply& reply) = 0;
+  virtual Outcome decide(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
+                         std::vector<uint8_t>& out, const Reply& reply) = 0;
   // The worker stops: whatever waits on other nodes is answered now, and the path's sockets and
   // timers close. On the worker's thread, before it stops reading.
   virtual void stop() = 0;

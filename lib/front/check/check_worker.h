@@ -55,9 +55,9 @@ struct alignas(64) WorkerCounters {
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
 
   void record_latency(std::chrono::steady_clock::time_point t0) {
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     latency[latency_bucket(us)].fetch_add(1, std::memory_order_relaxed);
   }
 };
