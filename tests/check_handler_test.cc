@@ -3,7 +3,7 @@
 // and the answer's fields, malformed input, the no-amplification cap, and cluster owner mode:
 // splitting a request by owner (a fake CheckRouter), a client's untrusted claim to be forwarded,
 // and a tagged part from another node that is decided here and never split again.
-#include "node/node.h"
+#include "node/check_handler.h"
 
 #include <doctest/doctest.h>
 
@@ -143,7 +143,7 @@ class FakeRouter final : public CheckRouter {
   std::vector<uint64_t> asked;
 };
 
-// The cluster's tag as node.cc appends it: 32 bytes after a single-segment message.
+// The cluster's tag as the forwarder appends it: 32 bytes after a single-segment message.
 std::vector<uint8_t> tagged(std::vector<uint8_t> message) {
   for (uint8_t i = 0; i < 32; ++i)
     message.push_back(static_cast<uint8_t>(0xa0 + i));
@@ -436,7 +436,7 @@ TEST_CASE("handle_routed splits owner-mode checks by owner into forwarded parts"
   CHECK(plan.parts[1].checks == std::vector<uint32_t>{1, 3, 5});
   CHECK(plan.parts[2].owner == 3);
   CHECK(plan.parts[2].checks == std::vector<uint32_t>{2});
-  // The decoder's refusal is answered with its code by the caller (Worker::Forwarder).
+  // The decoder's refusal is answered with its code by the caller (the Forwarder).
   CHECK(plan.refused ==
         std::vector<std::pair<uint32_t, wire::Code>>{{6, wire::Code::kNegativeHits}});
 

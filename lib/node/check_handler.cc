@@ -1,9 +1,9 @@
 // CheckHandler: decode a request, decide with the engine, encode the answer. No Asio here.
+#include "node/check_handler.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-
-#include "node/node.h"
 
 namespace sluice::node {
 namespace {

@@ -1,16 +1,31 @@
-// Private to lib/node: cluster owner mode on a worker, forwarding checks to the owner of their
-// key. Part of the check path's Asio translation unit: included by node.cc only.
+// Private to lib/node: cluster owner mode on a check-front worker, forwarding checks to the owner
+// of their key. The routed check path's Asio part: included by routed_check.cc only.
 #pragma once
 
-#include <deque>
+#include <utility>  // before Asio: Boost 1.74 with g++ 12 needs std::exchange declared
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <memory>
+#include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "cluster/peer_codec.h"
+#include "front/check/check_front.h"
+#include "node/check_handler.h"
 #include "node/node_cluster.h"
 #include "node/owner_routing.h"
-#include "node/worker.h"
+#include "node/routed_check.h"
 
 namespace sluice::node {
+
+namespace asio = boost::asio;
+using asio::ip::udp;
 
 // ---- cluster owner mode: forwarding checks to the owner of their key ---------------------------
 //
@@ -25,17 +40,10 @@ namespace sluice::node {
 // owner, in reach, does not answer within forward_timeout_ms is denied here (counted the same
 // way): the owner may have admitted it, and admitting it here too could count it twice; an owner
 // that lets OwnerRouting::kSilentAfter parts in a row time out is not waited for (its parts are
-// denied at once) for a while, or until it answers again. Everything runs on the worker's thread.
-struct Worker::Forwarder : CheckRouter {
-  // Where the client waits for its answer.
-  struct Client {
-    bool tcp = false;
-    sockaddr_storage addr{};
-    socklen_t addr_len = 0;
-    std::weak_ptr<TcpSession> session;
-    // Another front (HTTP): called on this worker's thread with the answer.
-    std::function<void(std::span<const uint8_t>)> callback;
-  };
+// denied at once) for a while, or until it answers again. Everything runs on the worker's thread;
+// the answer goes back to the client through the front (WorkerLoop::answer).
+struct Forwarder final : CheckRouter {
+  using Client = front::check::Reply;  // where the client waits for its answer
   struct Pending {
     bool busy = false;
     uint32_t generation = 0;
@@ -43,7 +51,6 @@ struct Worker::Forwarder : CheckRouter {
     uint64_t client_id = 0;
     size_t max_answer = 0;
     int64_t deadline_ms = 0;
-    std::chrono::steady_clock::time_point t0;
     size_t outstanding = 0;
     std::vector<wire::Decision> decisions;  // per client check
     std::vector<ForwardPlan::Part> parts;
@@ -52,14 +59,18 @@ struct Worker::Forwarder : CheckRouter {
   };
   static constexpr size_t kMaxParts = 256;  // part index in the low 8 bits of a forwarded id
 
-  Forwarder(Worker& w_, ClusterNode& c, const std::string& secret)
-      : w(w_),
+  Forwarder(front::check::WorkerLoop& l, CheckHandler& h, ForwardCounters& k,
+            const std::function<int64_t()>& clock_, ClusterNode& c, const std::string& secret)
+      : loop(l),
+        handler(h),
+        counters(k),
+        clock(clock_),
         cluster(c),
-        socket(w_.io),
-        timer(w_.io),
+        socket(l.io()),
+        timer(l.io()),
         auth(std::make_unique<cluster::PeerCodec>(secret, c.self(), 0)),
         routing(c.self(), [this](uint16_t id) { return endpoints.count(id) != 0; }) {
-    w.handler.set_forward_auth([this](std::span<const uint8_t> d) { return auth->verify(d); });
+    handler.set_forward_auth([this](std::span<const uint8_t> d) { return auth->verify(d); });
     socket.open(udp::v4());
     socket.bind(udp::endpoint(asio::ip::address_v4::any(), 0));
     socket.non_blocking(true);
@@ -70,15 +81,15 @@ struct Worker::Forwarder : CheckRouter {
   Route route(uint64_t routing_key, bool forwarded) override {
     refresh();
     const uint64_t failovers = routing.failovers();
-    const Route r = routing.route(view, routing_key, forwarded, w.opt.clock());
+    const Route r = routing.route(view, routing_key, forwarded, clock());
     if (routing.failovers() != failovers) {
-      w.counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
+      counters.forward_failovers.fetch_add(1, std::memory_order_relaxed);
     }
     return r;
   }
   bool routes_forwarded() override {
     refresh();
-    return OwnerRouting::routes_forwarded(view, w.opt.clock());
+    return OwnerRouting::routes_forwarded(view, clock());
   }
 
   std::optional<udp::endpoint> endpoint_of(uint16_t id) const {
@@ -105,13 +116,12 @@ struct Worker::Forwarder : CheckRouter {
 
   // Handles one client request; kForward when its answer will come later.
   CheckHandler::Outcome handle(std::span<const uint8_t> request, size_t max_answer, int64_t now,
-                               std::vector<uint8_t>& reply, const Client& client,
-                               std::chrono::steady_clock::time_point t0) {
+                               std::vector<uint8_t>& reply, const Client& client) {
     const size_t slot = take_slot();
     Pending& p = pending[slot];
     const uint64_t base = (static_cast<uint64_t>(p.generation) << 32) | (slot << 8);
     const CheckHandler::Outcome o =
-        w.handler.handle_routed(request, max_answer, now, reply, this, base, plan);
+        handler.handle_routed(request, max_answer, now, reply, this, base, plan);
     // Slices asked for and given back go out after the client's answer, not before it (the
     // prefetches are encoded now, while the request they come from is at hand).
     for (const ForwardPlan::Prefetch& pf : plan.prefetch)
@@ -119,24 +129,23 @@ struct Worker::Forwarder : CheckRouter {
     CheckHandler::take_slice_returns(returns);
     if ((!prefetches.empty() || !returns.empty()) && !slice_flush_posted) {
       slice_flush_posted = true;
-      asio::post(w.io, [this] { flush_slices(); });
+      asio::post(loop.io(), [this] { flush_slices(); });
     }
     if (o != CheckHandler::Outcome::kForward || plan.used > kMaxParts) {
       release(slot);
       if (o == CheckHandler::Outcome::kForward) {  // more owners than ids: decide it all here
-        return w.handler.handle(request, max_answer, now, reply) ? CheckHandler::Outcome::kAnswer
-                                                                 : CheckHandler::Outcome::kDrop;
+        return handler.handle(request, max_answer, now, reply) ? CheckHandler::Outcome::kAnswer
+                                                               : CheckHandler::Outcome::kDrop;
       }
       return o;
     }
-    w.counters.forwarded_requests.fetch_add(1, std::memory_order_relaxed);
+    counters.forwarded_requests.fetch_add(1, std::memory_order_relaxed);
     p.busy = true;
     p.internal = false;
     p.client = client;
     p.client_id = plan.client_id;
     p.max_answer = max_answer;
     p.deadline_ms = now + cluster.forward_timeout_ms();
-    p.t0 = t0;
     p.decisions.assign(plan.num_checks, wire::Decision{});
     for (const auto& [i, code] : plan.refused)
       p.decisions[i].code = code;
@@ -160,16 +169,16 @@ struct Worker::Forwarder : CheckRouter {
     for (size_t i = 0; i < plan.used && p.busy; ++i) {
       ForwardPlan::Part& part = p.parts[i];
       if (part.owner == 0) {
-        if (part.fallback) w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+        if (part.fallback) counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
         decide_here(slot, i, now, planned(part));
         continue;
       }
       if (send_part(part.owner, part)) {
-        w.counters.forwarded_parts.fetch_add(1, std::memory_order_relaxed);
+        counters.forwarded_parts.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
       // The owner cannot be sent to: denied here (see above).
-      w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
       decide_here(slot, i, now, denied_from(now));
     }
     if (pending[slot].busy) arm_timer();
@@ -179,7 +188,7 @@ struct Worker::Forwarder : CheckRouter {
   // Sends the prefetches and returns the requests handled since the last flush left.
   void flush_slices() {
     slice_flush_posted = false;
-    if (w.stopping) return;
+    if (loop.stopping()) return;
     for (const size_t slot : prefetches) {
       Pending& p = pending[slot];
       if (!p.busy || !p.internal) continue;  // timed out meanwhile
@@ -187,7 +196,7 @@ struct Worker::Forwarder : CheckRouter {
         release(slot);
         continue;
       }
-      w.counters.slice_prefetches.fetch_add(1, std::memory_order_relaxed);
+      counters.slice_prefetches.fetch_add(1, std::memory_order_relaxed);
       arm_timer();
     }
     prefetches.clear();
@@ -215,7 +224,7 @@ struct Worker::Forwarder : CheckRouter {
     part.redirected = part.fallback = part.takeover = false;
     part.asks_slices = true;
     part.sent_ms = now;
-    w.handler.encode_prefetch(pf, id, part.request);
+    handler.encode_prefetch(pf, id, part.request);
     auth->sign(part.request);
     p.part_done.assign(1, 0);
     p.outstanding = 1;
@@ -230,8 +239,8 @@ struct Worker::Forwarder : CheckRouter {
       const auto split =
           std::stable_partition(returns.begin(), returns.end(),
                                 [owner](const engine::SliceReturn& r) { return r.owner == owner; });
-      w.handler.encode_returns({returns.data(), static_cast<size_t>(split - returns.begin())},
-                               scratch_returns);
+      handler.encode_returns({returns.data(), static_cast<size_t>(split - returns.begin())},
+                             scratch_returns);
       returns.erase(returns.begin(), split);
       auth->sign(scratch_returns);
       if (const auto ep = endpoint_of(owner)) {
@@ -284,7 +293,7 @@ struct Worker::Forwarder : CheckRouter {
   // with `f` (engine::Fallback).
   void decide_here(size_t slot, size_t i, int64_t now, engine::Fallback f) {
     Pending& p = pending[slot];
-    if (!w.handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch, f) ||
+    if (!handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch, f) ||
         wire::decode_answer(scratch, answer) != wire::Code::kOk) {
       answer.decisions.clear();  // leaves those checks as malformed below
     }
@@ -338,34 +347,15 @@ struct Worker::Forwarder : CheckRouter {
     }
     const size_t n =
         wire::encode_answer(p.client_id, wire::Code::kOk, views, p.max_answer, scratch);
-    if (p.client.callback) {
-      const auto done = std::move(p.client.callback);
-      p.client.callback = nullptr;
-      done(n <= p.max_answer || p.max_answer == 0 ? std::span<const uint8_t>(scratch)
-                                                  : std::span<const uint8_t>());
-    } else if (p.max_answer == 0 || n <= p.max_answer) {
-      if (p.client.tcp) {
-        if (auto s = p.client.session.lock()) {
-          s->deliver(scratch);
-          s->record_latency(p.t0);
-        }
-      } else if (w.udp_socket) {
-        ::sendto(w.udp_socket->native_handle(), scratch.data(), scratch.size(), MSG_DONTWAIT,
-                 reinterpret_cast<const sockaddr*>(&p.client.addr), p.client.addr_len);
-        const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                            std::chrono::steady_clock::now() - p.t0)
-                            .count();
-        w.counters.latency[latency_bucket(us)].fetch_add(1, std::memory_order_relaxed);
-      }
-    } else {
-      w.counters.dropped_datagrams.fetch_add(1, std::memory_order_relaxed);
-    }
+    // An answer over the client's cap (a datagram is never amplified) goes as nothing: dropped.
+    const bool fits = p.max_answer == 0 || n <= p.max_answer;
+    loop.answer(p.client, fits ? std::span<const uint8_t>(scratch) : std::span<const uint8_t>());
     release(slot);
   }
 
   void receive() {
     socket.async_wait(udp::socket::wait_read, [this](boost::system::error_code ec) {
-      if (ec == asio::error::operation_aborted || w.stopping) return;
+      if (ec == asio::error::operation_aborted || loop.stopping()) return;
       for (int n = 0; n < 64; ++n) {
         boost::system::error_code rec;
         udp::endpoint from;
@@ -389,11 +379,11 @@ struct Worker::Forwarder : CheckRouter {
     }
     routing.note_answer(p.parts[part].owner);  // it answers again
     if (p.parts[part].redirected) {
-      w.handler.credit(p.parts[part].request, answer, p.parts[part].owner, w.opt.clock());
+      handler.credit(p.parts[part].request, answer, p.parts[part].owner, clock());
     }
     if (p.parts[part].asks_slices) {
-      w.handler.settle_slices(p.parts[part].request, answer, p.parts[part].owner,
-                              p.parts[part].sent_ms, w.opt.clock(), returns);
+      handler.settle_slices(p.parts[part].request, answer, p.parts[part].owner,
+                            p.parts[part].sent_ms, clock(), returns);
       send_returns();
     }
     fill(slot, part);
@@ -406,8 +396,8 @@ struct Worker::Forwarder : CheckRouter {
         std::chrono::milliseconds(std::max<int64_t>(1, cluster.forward_timeout_ms() / 4)));
     timer.async_wait([this](boost::system::error_code ec) {
       timer_armed = false;
-      if (ec || w.stopping) return;
-      const int64_t now = w.opt.clock();
+      if (ec || loop.stopping()) return;
+      const int64_t now = clock();
       bool any = false;
       for (size_t slot = 0; slot < pending.size(); ++slot) {
         if (!pending[slot].busy) continue;
@@ -424,7 +414,7 @@ struct Worker::Forwarder : CheckRouter {
           // The owner, in reach, did not answer: it may have admitted the part, so it is denied
           // here (a share from now is nothing), never admitted twice.
           routing.note_timeout(pending[slot].parts[i].owner, now);
-          w.counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
+          counters.forward_fallbacks.fetch_add(1, std::memory_order_relaxed);
           decide_here(slot, i, now, denied_from(now));
         }
       }
@@ -433,7 +423,7 @@ struct Worker::Forwarder : CheckRouter {
   }
 
   void stop() {
-    const int64_t now = w.opt.clock();
+    const int64_t now = clock();
     for (size_t slot = 0; slot < pending.size(); ++slot) {
       if (pending[slot].busy && pending[slot].internal) {
         release(slot);
@@ -451,7 +441,10 @@ struct Worker::Forwarder : CheckRouter {
     socket.close(ec);
   }
 
-  Worker& w;
+  front::check::WorkerLoop& loop;  // the worker this forwarder runs on
+  CheckHandler& handler;           // the worker's
+  ForwardCounters& counters;
+  const std::function<int64_t()>& clock;  // the node's
   ClusterNode& cluster;
   udp::socket socket;
   asio::steady_timer timer;
@@ -465,7 +458,7 @@ struct Worker::Forwarder : CheckRouter {
   std::vector<Pending> pending;
   std::vector<size_t> free_slots;
   uint32_t generation = 0;
-  std::array<uint8_t, kUdpSlot> in{};
+  std::array<uint8_t, 65'536> in{};  // an answer (any UDP payload fits)
   std::vector<uint8_t> scratch;
   wire::Answer answer;
   std::vector<wire::LimitView> limit_views;

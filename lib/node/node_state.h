@@ -1,4 +1,4 @@
-// Private to lib/node: the state a node's network front (node.cc, Asio) and its operator actions
+// Private to lib/node: the state a node's wiring (node.cc, Asio) and its operator actions
 // (node_ops.cc, no Asio) share. Node::Impl extends it with the sockets, threads and timers.
 #pragma once
 

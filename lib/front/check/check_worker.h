@@ -1,6 +1,6 @@
-// Private to lib/node: a worker of the check path (its thread, io_context, UDP socket and
-// counters) and a TCP session on it. Included by node.cc (the check path's Asio translation unit)
-// and forwarder.h; nothing else needs Asio's heavy headers through here.
+// Private to lib/front/check: a worker of the check front (its thread, io_context, UDP socket and
+// counters) and a TCP connection on it. Included by check_front.cc, the front's only translation
+// unit; nothing outside the front sees Asio through here.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74 with g++ 12 needs std::exchange declared
@@ -14,15 +14,16 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
-#include "node/node.h"
+#include "front/check/check_front.h"
 #include "wire/protocol.h"
 
-namespace sluice::node {
+namespace sluice::front::check {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
@@ -40,7 +41,7 @@ inline size_t latency_bucket(int64_t us) {
   return b;
 }
 
-// Counters one worker updates and the control thread reads (relaxed: they are statistics).
+// Counters one worker updates and any thread reads (relaxed: they are statistics).
 struct alignas(64) WorkerCounters {
   std::atomic<uint64_t> udp_requests{0};
   std::atomic<uint64_t> tcp_requests{0};
@@ -51,20 +52,29 @@ struct alignas(64) WorkerCounters {
   std::atomic<uint64_t> dropped_datagrams{0};
   std::atomic<uint64_t> bad_frames{0};
   std::atomic<uint64_t> rejected_requests{0};
-  std::atomic<uint64_t> forwarded_requests{0};  // client requests split to owners
-  std::atomic<uint64_t> forwarded_parts{0};     // parts sent to another node
-  std::atomic<uint64_t> forward_fallbacks{0};   // parts decided here: owner silent or unreachable
-  std::atomic<uint64_t> forward_failovers{0};   // checks a replica decided: owner out of reach
-  std::atomic<uint64_t> slice_prefetches{0};    // leased quotas: slices asked for on their own
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
+
+  void record_latency(std::chrono::steady_clock::time_point t0) {
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    latency[latency_bucket(us)].fetch_add(1, std::memory_order_relaxed);
+  }
 };
 
-// One worker thread: its io_context, its UDP socket, the TCP sessions handed to it.
-struct Worker {
-  Worker(Node::Impl& n, const NodeOptions& o, engine::Engine& e) : node(n), opt(o), handler(e) {}
-  Node::Impl& node;
-  const NodeOptions& opt;  // the node's
-  asio::io_context io{1};
+// One worker thread: its io_context, its UDP socket, the TCP connections handed to it, and the
+// CheckPath that decides their requests. Everything but `counters` belongs to its thread once
+// it runs.
+struct Worker final : WorkerLoop {
+  explicit Worker(const CheckFrontOptions& o) : opt(o) {}
+
+  // WorkerLoop (check_front.cc)
+  asio::io_context& io() override { return io_ctx; }
+  bool stopping() const override { return stopped; }
+  void answer(Reply& to, std::span<const uint8_t> answer) override;
+
+  const CheckFrontOptions& opt;  // the front's
+  asio::io_context io_ctx{1};
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::optional<udp::socket> udp_socket;
   // recvmmsg / sendmmsg state, reused for every burst.
@@ -75,30 +85,33 @@ struct Worker {
   std::array<iovec, kUdpBurst> iov_in{};
   std::array<iovec, kUdpBurst> iov_out{};
   std::array<sockaddr_storage, kUdpBurst> peers{};
-  std::vector<uint8_t> out;  // TCP answers
-  CheckHandler handler;
+  Reply udp_reply;               // where the datagram being decided is answered, if later
+  std::vector<uint8_t> tcp_out;  // the TCP answer being decided
   WorkerCounters counters;
-  struct Forwarder;  // cluster owner mode: null without a cluster (defined below)
-  std::unique_ptr<Forwarder> fwd;
+  std::list<std::weak_ptr<Connection>> connections;  // owned by this worker's thread
+  std::optional<asio::steady_timer> tcp_deadlines;   // closes connections past a frame's deadline
+  bool stopped = false;                              // this worker's thread only
+  // Declared after every Asio object it may use (io_ctx), so it is destroyed before them.
+  std::unique_ptr<CheckPath> path;
   std::thread thread;
-  std::list<std::weak_ptr<class TcpSession>> sessions;  // owned by this worker's thread
-  std::optional<asio::steady_timer> tcp_deadlines;      // closes sessions past a frame's deadline
-  bool stopping = false;                                // this worker's thread only
 };
 
-class TcpSession : public std::enable_shared_from_this<TcpSession> {
+class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  TcpSession(Worker& w, tcp::socket socket, size_t max_pending)
+  Connection(Worker& w, tcp::socket socket, size_t max_pending)
       : w_(w), socket_(std::move(socket)), max_pending_(max_pending) {
     w_.counters.tcp_open.fetch_add(1, std::memory_order_relaxed);
   }
-  ~TcpSession() { w_.counters.tcp_open.fetch_sub(1, std::memory_order_relaxed); }
+  ~Connection() { w_.counters.tcp_open.fetch_sub(1, std::memory_order_relaxed); }
 
-  void start() { read(); }
+  void start() {
+    reply_.connection = weak_from_this();
+    read();
+  }
 
-  // Slow and idle clients (NodeOptions::max_connections, client_timeout_ms). Waiting: nothing of
-  // this connection's is being decided or written, since waiting_since() (its last answer, or
-  // its start); a connection over the cap closes the longest-waiting one first.
+  // Slow and idle clients (CheckFrontOptions::max_connections, client_timeout_ms). Waiting:
+  // nothing of this connection's is being decided or written, since waiting_since() (its last
+  // answer, or its start); a connection over the cap closes the longest-waiting one first.
   using Clock = std::chrono::steady_clock;
   bool waiting() const { return reading_ && !writing_ && pending_.empty() && !draining_; }
   Clock::time_point waiting_since() const { return active_; }
@@ -175,11 +188,12 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   }
 
   void serve(std::span<const uint8_t> frame) {
-    const auto t0 = std::chrono::steady_clock::now();
+    reply_.t0 = Clock::now();
     w_.counters.tcp_requests.fetch_add(1, std::memory_order_relaxed);
-    const CheckHandler::Outcome o = serve_frame(frame, t0);
-    if (o == CheckHandler::Outcome::kForward) return;  // answered when the owners have
-    if (o == CheckHandler::Outcome::kDrop) {
+    const CheckPath::Outcome o =
+        w_.path->decide(frame, wire::kMaxFrameBytes, w_.opt.clock(), w_.tcp_out, reply_);
+    if (o == CheckPath::Outcome::kLater) return;  // answered when the owners have
+    if (o == CheckPath::Outcome::kDrop) {
       // No id to answer to: the client cannot learn this request failed except by a closed
       // connection, which fails its in-flight requests over at once instead of at its timeout.
       w_.counters.bad_frames.fetch_add(1, std::memory_order_relaxed);
@@ -187,11 +201,11 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       draining_ = true;
       return;
     }
-    if (w_.handler.last_code() != wire::Code::kOk) {
+    if (o == CheckPath::Outcome::kRejected) {
       w_.counters.rejected_requests.fetch_add(1, std::memory_order_relaxed);
     }
-    wire::append_frame(w_.out, pending_);
-    record_latency(t0);
+    wire::append_frame(w_.tcp_out, pending_);
+    w_.counters.record_latency(reply_.t0);
   }
 
   void flush() {
@@ -222,19 +236,6 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     socket_.close(ec);
   }
 
-  int64_t node_now() const;
-  CheckHandler::Outcome serve_frame(std::span<const uint8_t> frame,
-                                    std::chrono::steady_clock::time_point t0);
-
- public:
-  void record_latency(std::chrono::steady_clock::time_point t0) {
-    const auto us =
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-    w_.counters.latency[latency_bucket(us)].fetch_add(1, std::memory_order_relaxed);
-  }
-
- private:
   std::string peer() const {
     boost::system::error_code ec;
     const auto ep = socket_.remote_endpoint(ec);
@@ -246,6 +247,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   size_t max_pending_;
   std::array<uint8_t, 64 * 1024> in_{};
   wire::FrameReader frames_;
+  Reply reply_;                       // this connection, for answers decided later
   std::vector<uint8_t> pending_;      // answers not yet handed to the socket
   std::vector<uint8_t> writing_buf_;  // the answers being written
   bool reading_ = false;
@@ -256,4 +258,4 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   Clock::time_point frame_started_ = Clock::time_point::max();
 };
 
-}  // namespace sluice::node
+}  // namespace sluice::front::check
