@@ -80,6 +80,58 @@ size_t owner_index(const LocalCluster& c, const std::string& domain, const std::
   return static_cast<size_t>(o[0] - 1);
 }
 
+// One check of {r: v?, k: key} in `domain` through one of a cluster's doors, to node `node`: the
+// check protocol over UDP (libsluice), HTTP (/v1/check) or gRPC (Envoy's ShouldRateLimit). Every
+// door takes the node's one routed check path; the tests below prove it per consistency mode.
+enum class Door { kUdp, kHttp, kGrpc };
+const char* door_name(Door d) {
+  return d == Door::kUdp ? "UDP" : d == Door::kHttp ? "HTTP" : "gRPC";
+}
+struct Doors {
+  explicit Doors(const LocalCluster& cluster) : c(cluster) {
+    for (uint16_t port : c.check_ports()) {
+      sluice::ClientOptions co;
+      co.nodes = {"127.0.0.1:" + std::to_string(port)};
+      co.timeout = milliseconds(1000);
+      co.attempts = 1;
+      std::string err;
+      clients.push_back(sluice::Client::create(co, &err));
+      REQUIRE_MESSAGE(clients.back() != nullptr, err);
+    }
+    for (uint16_t port : c.grpc_ports())
+      rls.push_back(std::make_unique<RlsClient>(port));
+  }
+  // Whether the check was admitted; `failed` is incremented when it was not decided.
+  bool check(Door door, size_t node, const std::string& domain,
+             const std::vector<std::pair<std::string, std::string>>& entries, size_t& failed) {
+    if (door == Door::kHttp) {
+      Json descriptors = Json::object();
+      for (const auto& [k, v] : entries)
+        descriptors[k] = v;
+      const HttpReply r =
+          c.post(node, "/v1/check", Json{{"domain", domain}, {"descriptors", descriptors}});
+      const auto j = r.json();
+      if ((r.status != 200 && r.status != 429) || !j) ++failed;
+      return r.status == 200 && j && j->value("allowed", false);
+    }
+    if (door == Door::kGrpc) {
+      rlspb::RateLimitResponse resp;
+      const grpc::Status st = rls[node]->call(rls_request(domain, {entries}), resp, 1'000);
+      if (!st.ok() || resp.statuses_size() != 1 || !resp.statuses(0).has_current_limit()) ++failed;
+      return st.ok() && resp.overall_code() == rlspb::RateLimitResponse::OK;
+    }
+    std::vector<sluice::Entry> e;
+    for (const auto& [k, v] : entries)
+      e.push_back({k, v});
+    const sluice::Result r = clients[node]->check(domain, e);
+    if (!r.decided() || r.code != sluice::wire::Code::kOk) ++failed;
+    return r.allowed;
+  }
+  const LocalCluster& c;
+  std::vector<std::unique_ptr<sluice::Client>> clients;
+  std::vector<std::unique_ptr<RlsClient>> rls;
+};
+
 // Even traffic over every node on one key, then: the limit held within the gossip bound, no check
 // failed, and after the traffic every node knows the same count of admitted checks, the one the
 // clients saw.
@@ -503,60 +555,29 @@ TEST_CASE(
   LocalCluster c(spec);
   const std::string started = c.start();
   REQUIRE_MESSAGE(started.empty(), started);
-  std::vector<std::unique_ptr<sluice::Client>> clients;
-  for (uint16_t port : c.check_ports()) {
-    sluice::ClientOptions co;
-    co.nodes = {"127.0.0.1:" + std::to_string(port)};
-    co.timeout = milliseconds(1000);
-    co.attempts = 1;
-    std::string err;
-    clients.push_back(sluice::Client::create(co, &err));
-    REQUIRE_MESSAGE(clients.back() != nullptr, err);
-  }
-  std::vector<std::unique_ptr<RlsClient>> rls;
-  for (uint16_t port : c.grpc_ports()) rls.push_back(std::make_unique<RlsClient>(port));
+  Doors doors(c);
   // Over UDP round-robin, all to one node, over HTTP (/v1/check) round-robin and over gRPC
   // (Envoy's ShouldRateLimit) round-robin: every front takes the same routed path.
   for (int pass = 0; pass < 4; ++pass) {
     const bool one_node = pass == 1;
-    const bool http = pass == 2;
-    const bool grpc = pass == 3;
+    const Door door = pass == 2 ? Door::kHttp : pass == 3 ? Door::kGrpc : Door::kUdp;
     for (const std::string& v : variants) {
-      const std::string key =
-          std::string(one_node ? "one-" : http ? "http-" : grpc ? "grpc-" : "rr-") + v;
-      const sluice::Entry e[] = {{"r", v}, {"k", key}};
+      const std::string key = (one_node    ? "one-"
+                               : pass == 0 ? "rr-"
+                                           : door_name(door) + std::string("-")) +
+                              v;
       size_t admitted = 0, failed = 0;
       std::string admitted_at;
       for (int i = 0; i < 101; ++i) {
-        const size_t node = one_node ? 0 : static_cast<size_t>(i) % clients.size();
-        bool allowed = false;
-        if (http) {
-          const HttpReply r = c.post(
-              node, "/v1/check", Json{{"domain", "o"}, {"descriptors", {{"r", v}, {"k", key}}}});
-          const auto j = r.json();
-          if ((r.status != 200 && r.status != 429) || !j) ++failed;
-          allowed = r.status == 200 && j && j->value("allowed", false);
-        } else if (grpc) {
-          rlspb::RateLimitResponse resp;
-          const grpc::Status st =
-              rls[node]->call(rls_request("o", {{{"r", v}, {"k", key}}}), resp, 1'000);
-          if (!st.ok() || resp.statuses_size() != 1 || !resp.statuses(0).has_current_limit())
-            ++failed;
-          allowed = st.ok() && resp.overall_code() == rlspb::RateLimitResponse::OK;
-        } else {
-          const sluice::Result r = clients[node]->check("o", e);
-          if (!r.decided() || r.code != sluice::wire::Code::kOk) ++failed;
-          allowed = r.allowed;
-        }
+        const size_t node = one_node ? 0 : static_cast<size_t>(i) % doors.clients.size();
+        const bool allowed = doors.check(door, node, "o", {{"r", v}, {"k", key}}, failed);
         if (allowed) ++admitted;
         if (allowed && i >= 95) {
           admitted_at += " #" + std::to_string(i) + " at node " + std::to_string(node + 1);
         }
       }
-      MESSAGE(v << std::string(one_node ? ", all to node 1"
-                               : http   ? ", HTTP round-robin"
-                               : grpc   ? ", gRPC round-robin"
-                                        : ", round-robin")
+      MESSAGE(v << (one_node ? std::string(", all to node 1")
+                             : ", " + std::string(door_name(door)) + " round-robin")
                 << ": admitted " << admitted << " of 101, failed " << failed
                 << "; the last admitted:" << admitted_at);
       CHECK(failed == 0);
@@ -617,7 +638,8 @@ TEST_CASE(
       CHECK(again.code == sluice::wire::Code::kLeaseReleased);
     }
     // A forged id, and the entries of another key: lease_unknown, nothing freed.
-    CHECK(clients[0]->release("c", e, leases[0] ^ 0x5a5a).code == sluice::wire::Code::kLeaseUnknown);
+    CHECK(clients[0]->release("c", e, leases[0] ^ 0x5a5a).code ==
+          sluice::wire::Code::kLeaseUnknown);
     const sluice::Entry other[] = {{"k", key + "-other"}};
     CHECK(clients[1]->release("c", other, leases[1]).code == sluice::wire::Code::kLeaseUnknown);
     // The five slots are free again: five more leases, then a denial.
@@ -625,8 +647,69 @@ TEST_CASE(
     for (int i = 0; i < 6; ++i) {
       if (clients[static_cast<size_t>(i) % 3]->check("c", e).allowed) ++admitted;
     }
-    MESSAGE("key " << key << ": 5 of 10 granted, 5 released through other nodes, then "
-                   << admitted << " of 6 granted");
+    MESSAGE("key " << key << ": 5 of 10 granted, 5 released through other nodes, then " << admitted
+                   << " of 6 granted");
     CHECK(admitted == 5);
+  }
+}
+
+TEST_CASE(
+    "gossip and lease rules over 3 nodes: checks through every door (UDP, HTTP, gRPC) are "
+    "counted once cluster-wide, and lease mode never admits more than the limit") {
+  ClusterSpec spec = spec_for(3, 100);
+  spec.rules_yaml =
+      "domains:\n"
+      "  - name: gd\n    rules:\n      - name: per-key\n        key: [k]\n"
+      "        consistency: gossip\n        limits:\n          - {limit: 100, window: 10m}\n"
+      "          - {limit: 1000000000000, window: 1h, granularity: 1m, name: total}\n"
+      "  - name: ld\n    rules:\n      - name: per-key\n        key: [k]\n"
+      "        consistency: lease\n        limits: [{limit: 100, window: 1h}]\n";
+  LocalCluster c(spec);
+  const std::string started = c.start();
+  REQUIRE_MESSAGE(started.empty(), started);
+  Doors doors(c);
+  const size_t nodes = doors.clients.size();
+  for (const Door door : {Door::kUdp, Door::kHttp, Door::kGrpc}) {
+    // Gossip: 60 checks round-robin, within every node's part of the limit of 100. Once synced,
+    // every node knows each admitted check exactly once, whichever door it came through.
+    const std::string gkey = std::string(door_name(door)) + "-gossip";
+    size_t admitted = 0, failed = 0;
+    for (size_t i = 0; i < 60; ++i) {
+      if (doors.check(door, i % nodes, "gd", {{"k", gkey}}, failed)) ++admitted;
+    }
+    std::vector<uint64_t> known(nodes, 0);
+    const bool converged = wait_until(
+        [&] {
+          for (size_t i = 0; i < nodes; ++i) {
+            const auto k = c.known_admitted(i, "gd", gkey);
+            if (!k) return false;
+            known[i] = *k;
+          }
+          return std::all_of(known.begin(), known.end(), [&](uint64_t k) { return k == admitted; });
+        },
+        milliseconds(30 * spec.sync_interval_ms), milliseconds(spec.sync_interval_ms));
+    std::string views;
+    for (uint64_t k : known)
+      views += std::to_string(k) + " ";
+    MESSAGE(std::string(door_name(door))
+            << ", gossip: admitted " << admitted << " of 60, failed " << failed
+            << "; admitted checks each node knows of: " << views);
+    CHECK(failed == 0);
+    CHECK(admitted == 60);
+    CHECK(converged);
+
+    // Lease: 101 checks round-robin against a limit of 100. The owner decides or grants slices of
+    // its budget to the other nodes: whichever door, never more than the limit.
+    const std::string lkey = std::string(door_name(door)) + "-lease";
+    admitted = 0;
+    failed = 0;
+    for (size_t i = 0; i < 101; ++i) {
+      if (doors.check(door, i % nodes, "ld", {{"k", lkey}}, failed)) ++admitted;
+    }
+    MESSAGE(std::string(door_name(door))
+            << ", lease: admitted " << admitted << " of 101, failed " << failed);
+    CHECK(failed == 0);
+    CHECK(admitted <= 100);
+    CHECK(admitted >= 90);
   }
 }
