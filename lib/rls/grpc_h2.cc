@@ -4,9 +4,11 @@
 
 #include <nghttp2/nghttp2.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <boost/asio.hpp>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -25,7 +27,8 @@ using asio::ip::tcp;
 namespace {
 
 constexpr size_t kReadBytes = 64 * 1024;
-constexpr std::string_view kRlsPath = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+constexpr std::string_view kRlsPath =
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 constexpr std::string_view kHealthPath = "/grpc.health.v1.Health/Check";
 
 Method method_of(std::string_view path) {
@@ -340,11 +343,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void read() {
     if (closed_ || reading_) return;
     reading_ = true;
-    socket_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](
-                                                     boost::system::error_code ec, size_t n) {
-      self->reading_ = false;
-      self->on_read(ec, n);
-    });
+    socket_.async_read_some(asio::buffer(rbuf_),
+                            [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+                              self->reading_ = false;
+                              self->on_read(ec, n);
+                            });
   }
 
   void on_read(boost::system::error_code ec, size_t n) {
@@ -381,14 +384,27 @@ class Conn : public std::enable_shared_from_this<Conn> {
       pending_.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
     }
     if (!writing_ && !pending_.empty()) {
-      writing_ = true;
-      writing_buf_.swap(pending_);
+      // Most output fits the socket's send buffer: sent here, at once. An asynchronous write
+      // would post its completion, and the thread would poll epoll once more to run it. What
+      // does not fit is written asynchronously.
+      const ssize_t sent = ::send(socket_.native_handle(), pending_.data(), pending_.size(),
+                                  MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        close();  // a reset or a broken pipe: the peer is gone
+        return;
+      }
+      const size_t done = sent > 0 ? static_cast<size_t>(sent) : 0;
+      if (done < pending_.size()) {
+        writing_ = true;
+        writing_buf_.assign(pending_, done);
+        pending_.clear();
+        asio::async_write(socket_, asio::buffer(writing_buf_),
+                          [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                            self->on_written(ec);
+                          });
+        return;
+      }
       pending_.clear();
-      asio::async_write(socket_, asio::buffer(writing_buf_),
-                        [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                          self->on_written(ec);
-                        });
-      return;
     }
     if (!writing_ && nghttp2_session_want_read(session_) == 0 &&
         nghttp2_session_want_write(session_) == 0) {
@@ -451,7 +467,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
     const size_t room = bound - std::min(bound, st->body.size());
     st->body.append(reinterpret_cast<const char*>(data), std::min(len, room));
     // The prefix says how long the message is: past the bound it is refused unread.
-    if (st->body.size() >= 5 && declared_length(st->body) > self(user).server_.opt.max_message_bytes) {
+    if (st->body.size() >= 5 &&
+        declared_length(st->body) > self(user).server_.opt.max_message_bytes) {
       st->oversized = true;
     }
     return 0;
@@ -500,7 +517,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
            (size_t{static_cast<uint8_t>(body[3])} << 8) | size_t{static_cast<uint8_t>(body[4])};
   }
 
-  // ---- calls --------------------------------------------------------------------------------------
+  // ---- calls
+  // --------------------------------------------------------------------------------------
 
   Stream* take_stream() {
     Stream* st = nullptr;
@@ -613,16 +631,15 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::vector<std::unique_ptr<Stream>> pool_;
   std::vector<Stream*> free_;
   uint32_t generation_ = 0;
-  bool reading_ = false, writing_ = false, closed_ = false, greeted_ = false,
-       going_away_ = false;
+  bool reading_ = false, writing_ = false, closed_ = false, greeted_ = false, going_away_ = false;
 };
 
 void Later::finish(Reply reply) const {
   if (!ref_) return;
-  asio::post(ref_->loop->io, [ref = ref_, id = stream_, gen = generation_,
-                              r = std::move(reply)]() mutable {
-    if (auto c = ref->conn.lock()) c->finish_later(id, gen, std::move(r));
-  });
+  asio::post(ref_->loop->io,
+             [ref = ref_, id = stream_, gen = generation_, r = std::move(reply)]() mutable {
+               if (auto c = ref->conn.lock()) c->finish_later(id, gen, std::move(r));
+             });
 }
 
 // ---- the server ---------------------------------------------------------------------------------
@@ -630,8 +647,7 @@ void Later::finish(Reply reply) const {
 void Server::Impl::accept() {
   std::shared_ptr<Loop> loop = loops[next_loop];
   next_loop = (next_loop + 1) % loops.size();
-  acceptor->async_accept(loop->io, [this, loop](boost::system::error_code ec,
-                                                tcp::socket socket) {
+  acceptor->async_accept(loop->io, [this, loop](boost::system::error_code ec, tcp::socket socket) {
     if (!acceptor || !acceptor->is_open() || stopping.load()) return;
     if (ec) {
       if (ec == asio::error::operation_aborted) return;
