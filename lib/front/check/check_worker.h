@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <cerrno>
 #include <chrono>
 #include <list>
 #include <memory>
@@ -140,7 +141,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   void read() {
-    if (draining_ || paused_) return;
+    if (draining_ || paused_ || reading_) return;  // one read at a time
     reading_ = true;
     auto self = shared_from_this();
     socket_.async_read_some(asio::buffer(in_), [this, self](boost::system::error_code ec,
@@ -210,8 +211,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void flush() {
     if (writing_ || pending_.empty()) return;
+    // Most answers fit the socket's send buffer: sent here, at once. An asynchronous write would
+    // post its completion, and the worker would poll epoll once more to run it. What does not fit
+    // is written asynchronously.
+    const ssize_t sent = ::send(socket_.native_handle(), pending_.data(), pending_.size(),
+                                MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      draining_ = true;  // a reset or a broken pipe: the client is gone
+      pending_.clear();
+      if (!reading_) close();
+      return;
+    }
+    const size_t done = sent > 0 ? static_cast<size_t>(sent) : 0;
+    if (done == pending_.size()) {
+      pending_.clear();
+      after_written();
+      return;
+    }
     writing_ = true;
-    std::swap(writing_buf_, pending_);
+    writing_buf_.assign(pending_.begin() + static_cast<std::ptrdiff_t>(done), pending_.end());
     pending_.clear();
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(writing_buf_),
@@ -223,12 +241,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
                           return;
                         }
                         flush();
-                        if (paused_ && pending_.size() <= max_pending_) {
-                          paused_ = false;
-                          read();
-                        }
-                        if (draining_ && !writing_ && !reading_) close();
+                        if (!writing_) after_written();
                       });
+  }
+
+  // Everything written: a connection paused for its output reads again; a draining one closes.
+  void after_written() {
+    if (paused_ && pending_.size() <= max_pending_) {
+      paused_ = false;
+      read();
+    }
+    if (draining_ && !writing_ && !reading_) close();
   }
 
   void close() {
