@@ -89,6 +89,7 @@ CellOutcome cell_decide(int64_t tat_ns, const CellParams& p, int64_t now_ns, int
   if (now_ns < allow_at) {
     o.limited = true;
     o.ttl_ns = base - now_ns;  // base >= now: no overflow past int64 (both are)
+    if (inc <= p.tolerance_ns) o.retry_after_ns = static_cast<int64_t>(allow_at - now_ns);
     return o;
   }
   const i128 ttl = new_tat - now_ns;

@@ -85,6 +85,8 @@ struct CellOutcome {
   bool write = false;   // store new_tat (an allowed call that changes the TAT)
   int64_t new_tat = 0;  // when write; 0 when the refund reached 0
   int64_t ttl_ns = 0;   // the TAT - now after the call (reset_after)
+  // Until the quantity would be admitted (limited, inc <= tau), else -10^9 (redis-cell's -1 s).
+  int64_t retry_after_ns = -1'000'000'000;
 };
 
 // Decides a call at `now_ns` for a key whose TAT is `tat_ns` (0: no state).
