@@ -133,8 +133,8 @@ struct LimitStatus {
   retryAfterMs @5 :Int64;  # 0 unless exceeded; -1 = never (cost above the limit)
   mode @6 :Mode;
   exceeded @7 :Bool;
-  resetNs @8 :Int64;       # cell limits: the exact reset (the key's arrival time - now) in ns;
-                           # 0 for other limits
+  resetNsShort @8 :Int32;  # cell limits: how far short of resetMs x 10^6 the exact reset (the
+                           # key's arrival time - now) is, in ns, 0..999999; 0 for other limits
 }
 
 struct Decision {

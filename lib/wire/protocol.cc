@@ -319,7 +319,7 @@ void fill_answer(schema::CheckAnswer::Builder answer, uint64_t id, Code code,
       ls.setRetryAfterMs(l.retry_after_ms);
       ls.setMode(to_schema(l.mode));
       ls.setExceeded(l.exceeded);
-      if (l.reset_ns != 0) ls.setResetNs(l.reset_ns);
+      if (l.reset_ns_short != 0) ls.setResetNsShort(l.reset_ns_short);
     }
   }
 }
@@ -385,7 +385,7 @@ Code read_answer(kj::ArrayPtr<const capnp::word> words, Answer& out) {
       s.retry_after_ms = l.getRetryAfterMs();
       s.mode = from_schema(l.getMode());
       s.exceeded = l.getExceeded();
-      s.reset_ns = l.getResetNs();
+      s.reset_ns_short = l.getResetNsShort();
     }
   }
   return Code::kOk;

@@ -180,7 +180,9 @@ struct LimitView {
   int64_t retry_after_ms = 0;  // -1 = never
   Mode mode = Mode::kEnforce;
   bool exceeded = false;
-  int64_t reset_ns = 0;  // cell limits: the key's arrival time - now, exact; else 0
+  // Cell limits: how far short of reset_ms x 10^6 the exact reset (the key's arrival time - now)
+  // is, in ns, 0..999,999; 0 for other limits.
+  int32_t reset_ns_short = 0;
 };
 
 struct DecisionView {
@@ -212,7 +214,9 @@ struct LimitStatus {
   int64_t retry_after_ms = 0;  // -1 = never
   Mode mode = Mode::kEnforce;
   bool exceeded = false;
-  int64_t reset_ns = 0;  // cell limits: the key's arrival time - now, exact; else 0
+  // Cell limits: how far short of reset_ms x 10^6 the exact reset (the key's arrival time - now)
+  // is, in ns, 0..999,999; 0 for other limits.
+  int32_t reset_ns_short = 0;
 };
 
 struct Decision {
