@@ -75,7 +75,7 @@ void Engine::Impl::decide_cell(const State& st, const rules::CheckRequest& req,
   const window::CellOutcome o = window::cell_decide(tat, p, now_ns, cell.quantity);
   if (o.error != window::CellError::kNone) {
     d.error = check_error(o.error);
-    rejected[static_cast<size_t>(d.error)].fetch_add(1, std::memory_order_relaxed);
+    if (report) rejected[static_cast<size_t>(d.error)].fetch_add(1, std::memory_order_relaxed);
     return;
   }
   if (o.write) {
@@ -103,7 +103,8 @@ void Engine::Impl::decide_cell(const State& st, const rules::CheckRequest& req,
   lr.exceeded = o.limited;
   lr.remaining = reply.remaining > 0 ? static_cast<uint64_t>(reply.remaining) : 0;
   lr.reset_ms = ceil_ms(o.ttl_ns);
-  lr.reset_ns_short = static_cast<int32_t>(lr.reset_ms * kNsPerMs - o.ttl_ns);
+  const int64_t part = o.ttl_ns % kNsPerMs;  // of ttl's sign; ttl > -1 ms (cell.h)
+  lr.reset_ns_short = static_cast<int32_t>(part > 0 ? kNsPerMs - part : -part);
   if (o.limited) {
     // Until the quantity fits (ttl + inc - tau, window/cell.h), or never.
     const i128 inc = static_cast<i128>(p.interval_ns) * cell.quantity;
