@@ -574,6 +574,14 @@ TEST_CASE("a cell check and a limit's exact reset cross the check protocol") {
   check.cell_limit = 1;
   check.cell_quantity = 3;
   CHECK(wire::check_code(check) == wire::Code::kMalformed);
+  // A cell limit costs a check 32 bytes (docs/protocol.md, "Sizing the padding").
+  check.cell_interval_ns = kNsPerS;
+  check.cell_limit = 1;
+  wire::encode_request(9, {&check, 1}, 0, bytes);
+  const size_t with_cell = bytes.size();
+  check.has_cell_limit = false;
+  wire::encode_request(9, {&check, 1}, 0, bytes);
+  CHECK(with_cell == bytes.size() + 32);
   // A check without one reads as none.
   wire::Check plain;
   plain.domain = "redis";
@@ -585,12 +593,16 @@ TEST_CASE("a cell check and a limit's exact reset cross the check protocol") {
   lv.name = "cell";
   lv.limit = 16;
   lv.reset_ms = 2'000;
-  lv.reset_ns = 1'999'999'999;
+  lv.reset_ns_short = 1;  // 1.999999999 s
   const wire::DecisionView dv{wire::Code::kOk, true, false, false, false, {&lv, 1}, 0};
   wire::encode_answer(9, wire::Code::kOk, {&dv, 1}, 0, bytes);
   wire::Answer ans;
   REQUIRE(wire::decode_answer(bytes, ans) == wire::Code::kOk);
   REQUIRE(ans.decisions.size() == 1);
   REQUIRE(ans.decisions[0].limits.size() == 1);
-  CHECK(ans.decisions[0].limits[0].reset_ns == 1'999'999'999);
+  CHECK(ans.decisions[0].limits[0].reset_ns_short == 1);
+  // The exact reset costs an answer nothing: it sits in a limit's spare bits.
+  std::vector<uint8_t> plain_answer;
+  lv.reset_ns_short = 0;
+  CHECK(wire::encode_answer(9, wire::Code::kOk, {&dv, 1}, 0, plain_answer) == bytes.size());
 }
