@@ -20,6 +20,18 @@ struct Check {
   hits @2 :Int64 = 1;   # signed so that a negative cost is seen and refused, not wrapped
   limitOverride @3 :LimitOverride;  # absent: the rules decide
   release @4 :Release;              # present: not a check but the release of a lease
+  cellLimit @5 :CellLimit;          # present: redis-cell's CL.THROTTLE instead of any rule
+}
+
+# A check's own redis-cell limit (docs/protocol.md, "Cell limits"): a GCRA of interval T and
+# limit L (max_burst + 1) instead of any rule, counted under the domain and all the check's
+# entries whatever T and L are. `hits` is ignored. T >= 1, L >= 1, T x L and T x quantity within
+# Int64, else the check is answered `malformed`.
+struct CellLimit {
+  intervalNs @0 :Int64;    # T
+  limit @1 :Int64;         # L
+  quantity @2 :Int64 = 1;  # 0 peeks, below 0 refunds
+  reset @3 :Bool;          # not a check: drop the key's state; `allowed` answers whether it held any
 }
 
 # Gives back a lease a concurrency limit granted (docs/protocol.md, "Leases"). It travels as a
@@ -121,6 +133,8 @@ struct LimitStatus {
   retryAfterMs @5 :Int64;  # 0 unless exceeded; -1 = never (cost above the limit)
   mode @6 :Mode;
   exceeded @7 :Bool;
+  resetNsShort @8 :Int32;  # cell limits: how far short of resetMs x 10^6 the exact reset (the
+                           # key's arrival time - now) is, in ns, 0..999999; 0 for other limits
 }
 
 struct Decision {

@@ -840,15 +840,18 @@ TEST_CASE("resolve appends to the caller's Resolution and indexes into it") {
 
 TEST_CASE("stats slots cover every rule of every domain in declaration order") {
   auto p = compile_text(seeds_text());
-  // 7 rules, then one slot per domain for checks with their own limit (limit overrides).
-  REQUIRE(p->num_stats_slots() == 10);
+  // 7 rules, then one slot per domain for checks with their own limit (limit overrides), then
+  // one per domain for checks with a redis-cell limit.
+  REQUIRE(p->num_stats_slots() == 13);
   CHECK(p->stats_name(0) == "oauth/token-per-client");
   CHECK(p->stats_name(2) == "oauth/refresh-per-user");
   CHECK(p->stats_name(3) == "api/per-key");
   CHECK(p->stats_name(6) == "dns/per-user");
   CHECK(p->stats_name(7) == "oauth/limit-override");
   CHECK(p->stats_name(9) == "dns/limit-override");
-  CHECK(p->stats_name(10).empty());
+  CHECK(p->stats_name(10) == "oauth/cell");
+  CHECK(p->stats_name(12) == "dns/cell");
+  CHECK(p->stats_name(13).empty());
   Resolved r = resolve(*p, "dns", {{"ip", "1.2.3.4"}, {"user", "9"}});
   REQUIRE(r.rules.size() == 2);
   CHECK(r.rules[0].stats_index == 5);
@@ -866,8 +869,10 @@ TEST_CASE("window_specs lists every distinct spec once, including plans and over
   // override, then the limit override units not already there: 1d, 7d, 30d, 365d. And the older
   // default specs of the 1m and 1s limits written without a granularity (1m and 1s in one
   // bucket each), whose counters those limits carry counts from for one window after compile
-  // (Limit::default_bucket): 12. 1h, 10m and 15m have the same default bucket as before.
-  CHECK(specs.size() == 12);
+  // (Limit::default_bucket). 1h, 10m and 15m have the same default bucket as before. And the
+  // one spec of every cell limit (cell_window_spec): 13.
+  CHECK(specs.size() == 13);
+  CHECK(std::find(specs.begin(), specs.end(), cell_window_spec()) != specs.end());
   for (size_t i = 0; i < specs.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
       CHECK_FALSE(specs[i] == specs[j]);

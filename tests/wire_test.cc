@@ -126,16 +126,17 @@ TEST_CASE(
     s.point_struct(root, req, 3, 3);
     s.w[req + 1] = 31;      // id
     s.w[req + 2] = 0xffff;  // an unknown field
-    const size_t tag = s.alloc(1 + 7);
-    s.point_list(req + 3, tag, kInlineComposite, 7);
-    s.w[tag] = struct_ptr(1, 2, 5);
+    const size_t tag = s.alloc(1 + 8);
+    s.point_list(req + 3, tag, kInlineComposite, 8);
+    s.w[tag] = struct_ptr(1, 2, 6);
     s.w[tag + 1] = 2 ^ 1;   // hits 2
     s.w[tag + 2] = 0x1234;  // unknown
     const size_t dom = s.text("login");
     s.point_text(tag + 3, dom, 5);
-    // Pointers 2 (limitOverride) and 3 (release) left null; pointer 4 is beyond this schema.
+    // Pointers 2 (limitOverride), 3 (release) and 4 (cellLimit) left null; pointer 5 is beyond
+    // this schema.
     const size_t extra = s.text("unknown pointer field");
-    s.point_text(tag + 7, extra, 21);
+    s.point_text(tag + 8, extra, 21);
     RequestDecoder d;
     REQUIRE(d.decode(raw_message({s})) == Code::kOk);
     CHECK(d.id() == 31);
@@ -195,8 +196,8 @@ TEST_CASE("message sizes are those docs/protocol.md gives for sizing the padding
                      limit_view("per-ip", 3000, 0, Mode::kEnforce, false)};
   CHECK(encode_answer(1, Code::kOk, views(owned), 0, out) == 224);
   CHECK(encode(1, {}).size() == 56);
-  CHECK(encode(1, {{"", {}, 1}}).size() == 56 + 8 + 40);
-  CHECK(encode(1, {{"api", {{"", ""}}, 1}}).size() == 56 + 8 + 40 + 8 + 8 + 16);
+  CHECK(encode(1, {{"", {}, 1}}).size() == 56 + 8 + 48);
+  CHECK(encode(1, {{"api", {{"", ""}}, 1}}).size() == 56 + 8 + 48 + 8 + 8 + 16);
 }
 
 // ==== answers ====================================================================================

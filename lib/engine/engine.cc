@@ -727,6 +727,10 @@ void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, B
       ++rejected[static_cast<size_t>(rr.error)];
       continue;
     }
+    if (batch[n].cell != nullptr) [[unlikely]] {
+      im.decide_cell(st, batch[n], sc.res, rr, now_ms, out, d);
+      continue;
+    }
     if (rr.allowlisted || rr.num_rules == 0) {
       if (batch[n].is_release) [[unlikely]] {  // no concurrency limit applies: nothing granted
         im.release(st, batch[n], sc.res, rr, now_ms, out, d);

@@ -27,6 +27,18 @@
 // are part of `others` but never synced; every node seeds from what it holds itself, so nothing
 // counts twice. Keys without such sources pay one comparison per check.
 //
+// Cell limits (rules::CellCheck, window/cell.h: redis-cell's CL.THROTTLE): a check that carries
+// one is decided by it alone, in engine_cell.cc. The key's state is the arrival time of a GCRA
+// counter (window spec rules::cell_window_spec(), whatever the check's T and L), persisted in
+// records like any counter and, like a GCRA limit's, never synced (its owner decides it; a joining
+// owner is credited what the old one admitted). The answer: `error` kBadLimitOverride (invalid
+// values, or a time past int64 ns) or kHitsTooLarge (an over-refund), nothing written; else one
+// LimitResult (requests = L, exceeded when limited, remaining clamped at 0, retry_after_ms and
+// reset_ms rounded up, cell_ttl_ns exact) and `allowed` unless limited; a limited call writes
+// nothing. A reset (CellCheck::reset) answers no limits, and `allowed` when it dropped state.
+// Decided on this node's state in every cluster mode: a node deciding for an owner out of reach
+// has none of the owner's state, so each side of a cut may admit up to a burst of its own.
+//
 // Memory: the tables of all shards together, with what other nodes reported of their counters (a
 // cluster's remote state, often more than the table itself), stay under `memory_cap_bytes`: a
 // table grows only while both fit. A table that is full
@@ -70,11 +82,21 @@ struct LimitResult {
   const rules::Limit* limit = nullptr;  // owned by BatchResult::policy
   uint64_t requests = 0;                // the limit in force (rules::AppliedLimit::requests)
   rules::Mode mode = rules::Mode::kEnforce;
-  bool exceeded = false;       // this limit alone would deny the request
+  bool exceeded = false;  // this limit alone would deny the request
+  // Cell limits (rules::CellCheck): how far short of reset_ms x 10^6 the exact reset is, in ns
+  // (0..999,999), so that cell_ttl_ns() gives the key's arrival time - now after the call, which
+  // redis-cell's reply is made from (window::cell_reply). 0 for other limits. In the padding:
+  // the struct keeps its size.
+  int32_t reset_ns_short = 0;
   uint64_t remaining = 0;      // after this request was counted
   int64_t reset_ms = 0;        // until the window holds none of the hits counted so far
   int64_t retry_after_ms = 0;  // 0 unless exceeded; window::kNever when hits > limit
 };
+
+// A cell limit's arrival time - now after the call, in ns (window::CellOutcome::ttl_ns).
+inline int64_t cell_ttl_ns(const LimitResult& l) {
+  return l.reset_ms * 1'000'000 - l.reset_ns_short;
+}
 
 struct Decision {
   rules::CheckError error = rules::CheckError::kNone;  // when set, nothing was counted

@@ -244,6 +244,10 @@ void Engine::set_capacity(uint32_t reachable, uint32_t expected) {
 
 void Engine::credit(const rules::CheckRequest& req, uint16_t node, int64_t now_ms) {
   Impl& im = *impl_;
+  if (req.cell != nullptr) {
+    if (node != im.opt.node_id && !im.opt.single_node) im.credit_cell(req, now_ms);
+    return;
+  }
   // A release counts in its twin at the node that held the lease, whose report brings it here.
   if (req.hits == 0 || node == im.opt.node_id || req.is_release || im.opt.single_node) return;
   thread_local rules::Resolution res;  // not tls_scratch: check() may be mid-batch on this thread

@@ -341,6 +341,17 @@ struct Engine::Impl {
       slot->counter = counter;
       slot->first_ms = now_ms;
       size_t len = 0;
+      // A check's own limit (a limit override, a cell check) is keyed by all its entries.
+      if (ar.rule->key.empty()) {
+        for (const rules::Descriptor& d : req.descriptors) {
+          for (std::string_view part :
+               {std::string_view(len ? "," : ""), d.key, std::string_view("="), d.value}) {
+            const size_t n = std::min(part.size(), slot->key.size() - len);
+            std::copy_n(part.data(), n, slot->key.data() + len);
+            len += n;
+          }
+        }
+      }
       for (const std::string& name : ar.rule->key) {
         for (const rules::Descriptor& d : req.descriptors) {
           if (d.key != name) continue;
@@ -488,6 +499,16 @@ struct Engine::Impl {
   // Counts the slices granted that expired unreturned, and drops slices held that are over and
   // unused for a window. Shard lock held.
   void sweep_slices(Shard& sh, int64_t now_ms);
+  // A cell check (rules::CheckRequest::cell; engine_cell.cc), decided in place of decide(): its
+  // own GCRA against the key's arrival time, or a reset. `report`: the answer goes into `out`
+  // and the rule's statistics (not when crediting another node's decision).
+  [[gnu::noinline]] void decide_cell(const State& st, const rules::CheckRequest& req,
+                                     const rules::Resolution& res, const rules::ResolvedRequest& rr,
+                                     int64_t now_ms, BatchResult& out, Decision& d,
+                                     bool report = true);
+  // credit() for a cell check that `req`'s former owner admitted: its arrival time moves on as it
+  // did there (a reset drops it).
+  void credit_cell(const rules::CheckRequest& req, int64_t now_ms);
   // A release (rules::CheckRequest::is_release), decided in place of a check.
   [[gnu::noinline]] void release(const State& st, const rules::CheckRequest& req,
                                  const rules::Resolution& res, const rules::ResolvedRequest& rr,

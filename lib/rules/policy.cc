@@ -11,6 +11,7 @@
 
 #include "rules/policy_impl.h"
 #include "rules/rules.h"
+#include "window/cell.h"
 
 namespace sluice::rules {
 namespace {
@@ -131,8 +132,20 @@ inline uint64_t mix_counter(uint64_t key_hash, const window::WindowSpec& spec) {
 // changed rate starts a new arrival time rather than reading the old one at the wrong scale).
 // A concurrency limit's mixes its lease time and buckets (not max_in_flight: a changed maximum
 // keeps the leases held), and never shares a counter with a window limit either.
+// A cell limit's mixes only its spec and a tag of its own (its T and L come with each check and
+// may change: the arrival time carries over).
 inline uint64_t limit_counter(uint64_t key_hash, const Limit& l) {
   if (l.algorithm == Algorithm::kWindow) return mix_counter(key_hash, l.spec);
+  if (l.algorithm == Algorithm::kCell) {
+    unsigned char buf[32];
+    put_u64_le(buf, key_hash);
+    put_u64_le(buf + 8, static_cast<uint64_t>(l.spec.window_ms));
+    put_u64_le(buf + 16, static_cast<uint64_t>(l.spec.bucket_ms));
+    put_u64_le(buf + 24, 0x63656c6cull);  // "cell"
+    const uint64_t h = XXH3_64bits(buf, sizeof(buf));
+    const uint64_t c = (key_hash & 0xFFFF'FFFF'0000'0000ull) | (h & 0xFFFF'FFFFull);
+    return c == 0 ? 1 : c;
+  }
   const bool gcra = l.algorithm == Algorithm::kGcra;
   unsigned char buf[40];
   put_u64_le(buf, key_hash);
@@ -324,6 +337,35 @@ void apply_rule(const Policy::Impl& p, const CompiledDomain& cd, const CompiledR
     h.add(d.value);
   }
   return h.digest();
+}
+
+// A cell check (CheckRequest::cell): its own limit replaces every rule of the domain, counted
+// under the domain and all its entries, keys and values, in one counter whatever T and L are.
+[[gnu::noinline]] void resolve_cell(const Policy::Impl& p, const CompiledDomain& cd,
+                                    const CheckRequest& req, Resolution& out,
+                                    ResolvedRequest& res) {
+  window::CellParams params;
+  if (window::cell_params(req.cell->interval_ns, req.cell->limit, params) !=
+      window::CellError::kNone) {
+    res.error = CheckError::kBadLimitOverride;
+    return;
+  }
+  int64_t inc = 0;
+  if (__builtin_mul_overflow(params.interval_ns, req.cell->quantity, &inc)) {
+    res.error = CheckError::kBadLimitOverride;
+    return;
+  }
+  const CompiledRule& cr = cd.cell;
+  KeyBuffer key;
+  bool fits = true;
+  for (const Descriptor& d : req.descriptors)
+    fits = fits && key.add(d.key) && key.add(d.value);
+  const uint64_t kh = fits ? key.digest(cr.seed) : hash_entries(cr.seed, req.descriptors, true);
+  out.rules.push_back(AppliedRule{cr.rule, cr.stats_index, Mode::kEnforce, false,
+                                  static_cast<uint32_t>(out.limits.size()), 1});
+  out.limits.push_back(AppliedLimit{p.cell_limit.limit, limit_counter(kh, *p.cell_limit.limit),
+                                    p.cell_limit.spec_index, static_cast<uint64_t>(params.limit)});
+  res.num_rules = 1;
 }
 
 // Policy::compile with a previous policy: what each key whose limits change was under before.
@@ -586,12 +628,26 @@ std::shared_ptr<const Policy> Policy::compile(RuleSet rules, const Overrides& ov
     cd.limit_override.stats_index = stats_index++;
     p.stats_names.push_back(cd.domain->name + "/" + r.name);
   }
+  // Cell checks: the same again, after them (their counters' seed differs from the override's).
+  for (CompiledDomain& cd : p.domains) {
+    Rule& r = p.override_rules.emplace_back();
+    r.name = "cell";
+    cd.cell.rule = &r;
+    cd.cell.seed = rule_seed(hash_seed, cd.domain->name, r);
+    cd.cell.stats_index = stats_index++;
+    p.stats_names.push_back(cd.domain->name + "/" + r.name);
+  }
   if (!p.domains.empty()) {
     for (const EnvoyUnit& u : kEnvoyUnits) {
       Limit& l = p.override_limits.emplace_back();
       l.spec = window::make_spec(u.ms);
       p.unit_limits.push_back({&l, spec_index(l.spec)});
     }
+    Limit& cell = p.override_limits.emplace_back();
+    cell.name = "cell";
+    cell.algorithm = Algorithm::kCell;
+    cell.spec = cell_window_spec();
+    p.cell_limit = {&cell, spec_index(cell.spec)};
   }
 
   std::vector<std::string_view> values;
@@ -706,6 +762,10 @@ void Policy::resolve(const CheckRequest& req, int64_t now_ms, Resolution& out,
     return;
   }
   const CompiledDomain& cd = p.domains[dit->second];
+  if (req.cell != nullptr) [[unlikely]] {
+    resolve_cell(p, cd, req, out, res);
+    return;
+  }
   if (allowlisted(cd, desc)) {
     res.allowlisted = true;
     return;

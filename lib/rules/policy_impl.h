@@ -100,6 +100,7 @@ struct CompiledDomain {
   std::vector<std::pair<uint64_t, uint32_t>> allow_index;
   CompiledEnvoyTree envoy;      // Domain::envoy only
   CompiledRule limit_override;  // a request's own limit (CheckRequest::has_limit_override)
+  CompiledRule cell;            // a request's redis-cell limit (CheckRequest::cell)
 };
 
 // A limit set a key was under before its current one, kept while its counters can hold hits
@@ -147,6 +148,9 @@ struct Policy::Impl {
   // (AppliedLimit::requests carries the request's).
   std::deque<Rule> override_rules;
   std::vector<LimitRef> unit_limits;
+  // What cell checks count under: the domains' `cell` rules (in override_rules) and one limit
+  // (algorithm kCell, spec cell_window_spec()) whose values come with each check.
+  LimitRef cell_limit;
 };
 
 }  // namespace sluice::rules

@@ -71,6 +71,9 @@ enum class Algorithm : uint8_t {
   // until released or until its time to live (spec.window_ms, lease_ttl) is over
   // (window/concurrency.h).
   kConcurrency,
+  // redis-cell's CL.THROTTLE (window/cell.h): not in rules files; a check carries it
+  // (CheckRequest::cell) and it replaces every rule of the domain.
+  kCell,
 };
 std::string_view to_string(Algorithm a);
 
@@ -258,6 +261,28 @@ struct Descriptor {
   std::string_view value;
 };
 
+// A check's own redis-cell limit (window/cell.h: CL.THROTTLE) in place of any rule of its domain.
+// The key's state is one arrival time, counted under the domain and all the check's entries (keys
+// and values, in order) whatever T and L are, so they may change on every call and the state
+// carries over, as in redis-cell. Invalid values (T < 1, L < 1, T x L or T x quantity past int64)
+// are refused as kBadLimitOverride. A cell check is not subject to the domain's allowlist.
+struct CellCheck {
+  int64_t interval_ns = 0;  // T (window::CellParams)
+  int64_t limit = 0;        // L = max_burst + 1
+  int64_t quantity = 1;     // 0 peeks, below 0 refunds
+  // Not a check but a reset (redis `DEL key`): drops the key's state. Decision::allowed says
+  // whether there was any (an arrival time not before now: the key existed in redis-cell's terms).
+  bool reset = false;
+  // The call's time in ns, used when it lies within the batch's millisecond (Engine::check's
+  // now_ms); 0 or any other value: now_ms x 10^6.
+  int64_t now_ns = 0;
+};
+
+// The window spec cell limits' counters live under (one for all, whatever their T and L): a GCRA
+// spec of one second, so a key's counter expires (and is swept) one to two seconds after its
+// arrival time has passed, when it decides like no state at all.
+window::WindowSpec cell_window_spec();
+
 struct CheckRequest {
   std::string_view domain;
   std::span<const Descriptor> descriptors;
@@ -276,6 +301,9 @@ struct CheckRequest {
   // asks for a slice of `slice_want` hits of the request's lease limits (engine.h, Decision).
   uint32_t slice_want = 0;
   uint16_t slice_for = 0;
+  // A redis-cell limit instead of any rule (CellCheck); owned by the caller, like descriptors.
+  // `hits` is ignored (the quantity is CellCheck's).
+  const CellCheck* cell = nullptr;
 };
 
 // Bounds on hostile or mistaken input, enforced by resolve().
@@ -293,8 +321,11 @@ enum class CheckError : uint8_t {
   kEntryTooLong,
   kEmptyDescriptorKey,
   kDuplicateDescriptor,
+  // For a cell check (CheckRequest::cell), decided by the engine: a refund a millisecond or more
+  // past what the key had in use (window::CellError::kOverRefund), with nothing written.
   kHitsTooLarge,
-  kBadLimitOverride,  // a limit override whose window is not one of the units
+  // A limit override whose window is not one of the units, or an invalid cell limit.
+  kBadLimitOverride,
   // Answers to a release (CheckRequest::is_release), decided by the engine: nothing changed.
   kLeaseUnknown,   // no lease of that id was granted for these entries (or none applies)
   kLeaseExpired,   // the lease's time to live is over
@@ -396,7 +427,8 @@ class Policy {
   uint64_t hash_seed() const;
   // Per-rule stats slots: one per rule of every domain, in declaration order; names are
   // "<domain>/<rule>"; then one per domain for requests with a limit override,
-  // "<domain>/limit-override". Stable for the life of the Policy.
+  // "<domain>/limit-override"; then one per domain for cell checks, "<domain>/cell". Stable for
+  // the life of the Policy.
   size_t num_stats_slots() const;
   std::string_view stats_name(uint32_t index) const;
   // Every distinct window spec any limit (rules, plans, overrides) uses, and the specs of the

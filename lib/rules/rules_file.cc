@@ -937,12 +937,20 @@ int64_t reported_window_ms(const Limit& l) {
   return static_cast<int64_t>((ns + 999'999) / 1'000'000);  // under 2^31 ms (make_gcra)
 }
 
+window::WindowSpec cell_window_spec() {
+  window::WindowSpec s{window::kMinWindowMs, window::kMinWindowMs};
+  s.gcra = true;
+  return s;
+}
+
 std::string_view to_string(Algorithm a) {
   switch (a) {
     case Algorithm::kGcra:
       return "gcra";
     case Algorithm::kConcurrency:
       return "concurrency";
+    case Algorithm::kCell:
+      return "cell";
     case Algorithm::kWindow:
       break;
   }

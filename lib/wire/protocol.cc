@@ -86,6 +86,7 @@ size_t request_words(std::span<const Check> checks, const SliceAsk* slices) {
   for (const Check& c : checks) {
     words += text_words(c.domain) + struct_list_words<schema::Entry>(c.entries.size());
     if (c.is_release) words += struct_words<schema::Release>();
+    if (c.has_cell_limit) words += struct_words<schema::CellLimit>();
     for (const Entry& e : c.entries)
       words += text_words(e.key) + text_words(e.value);
   }
@@ -318,6 +319,7 @@ void fill_answer(schema::CheckAnswer::Builder answer, uint64_t id, Code code,
       ls.setRetryAfterMs(l.retry_after_ms);
       ls.setMode(to_schema(l.mode));
       ls.setExceeded(l.exceeded);
+      if (l.reset_ns_short != 0) ls.setResetNsShort(l.reset_ns_short);
     }
   }
 }
@@ -383,6 +385,7 @@ Code read_answer(kj::ArrayPtr<const capnp::word> words, Answer& out) {
       s.retry_after_ms = l.getRetryAfterMs();
       s.mode = from_schema(l.getMode());
       s.exceeded = l.getExceeded();
+      s.reset_ns_short = l.getResetNsShort();
     }
   }
   return Code::kOk;
@@ -507,6 +510,13 @@ void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
       lo.setRequests(c.limit_override_requests);
       lo.setWindowMs(c.limit_override_window_ms);
     }
+    if (c.has_cell_limit) {
+      auto cl = out_check.initCellLimit();
+      cl.setIntervalNs(c.cell_interval_ns);
+      cl.setLimit(c.cell_limit);
+      cl.setQuantity(c.cell_quantity);
+      if (c.cell_reset) cl.setReset(true);
+    }
     if (c.entries.empty()) continue;
     auto entries = out_check.initEntries(count(c.entries.size()));
     for (size_t j = 0; j < c.entries.size(); ++j) {
@@ -534,6 +544,14 @@ Code check_code(const Check& check) {
                                 std::end(kLimitOverrideWindowsMs),
                                 check.limit_override_window_ms) != std::end(kLimitOverrideWindowsMs);
     if (!unit || check.limit_override_requests > kMaxLimitOverride) return Code::kMalformed;
+  }
+  if (check.has_cell_limit) {
+    int64_t product = 0;
+    if (check.cell_interval_ns < 1 || check.cell_limit < 1 ||
+        __builtin_mul_overflow(check.cell_interval_ns, check.cell_limit, &product) ||
+        __builtin_mul_overflow(check.cell_interval_ns, check.cell_quantity, &product)) {
+      return Code::kMalformed;
+    }
   }
   return Code::kOk;
 }
@@ -625,6 +643,14 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
               check.has_limit_override = true;
               check.limit_override_window_ms = lo.getWindowMs();
               check.limit_override_requests = lo.getRequests();
+            }
+            if (c.hasCellLimit()) {
+              const auto cl = c.getCellLimit();
+              check.has_cell_limit = true;
+              check.cell_interval_ns = cl.getIntervalNs();
+              check.cell_limit = cl.getLimit();
+              check.cell_quantity = cl.getQuantity();
+              check.cell_reset = cl.getReset();
             }
             for (auto e : entries)
               entries_.push_back({view(e.getKey()), view(e.getValue())});

@@ -77,6 +77,14 @@ struct Check {
   // with the domain and entries of the check that acquired it.
   bool is_release = false;
   uint64_t release = 0;
+  // A redis-cell limit instead of any rule (schema CellLimit; docs/protocol.md): T, L, the
+  // quantity (signed; `hits` is ignored) and whether it is a reset. check_code answers kMalformed
+  // unless T >= 1, L >= 1 and T x L and T x quantity fit in int64.
+  bool has_cell_limit = false;
+  bool cell_reset = false;
+  int64_t cell_interval_ns = 0;
+  int64_t cell_limit = 0;
+  int64_t cell_quantity = 1;
 };
 
 // Leased quotas between nodes (schema SliceAsk, SliceReturn, SliceGrant).
@@ -111,9 +119,10 @@ void encode_request(uint64_t id, std::span<const Check> checks, size_t pad_to,
                     std::vector<uint8_t>& out, bool forwarded = false, bool redirected = false,
                     const SliceAsk* slices = nullptr);
 
-// Whether one check may go to the engine: kOk, or kTooManyEntries (over kMaxEntries), kNegativeHits,
-// kMalformed (a limit override of another unit or over kMaxLimitOverride). The decoder applies it
-// to every check it reads; a front that builds checks itself applies it before deciding them.
+// Whether one check may go to the engine: kOk, or kTooManyEntries (over kMaxEntries),
+// kNegativeHits, kMalformed (a limit override of another unit or over kMaxLimitOverride, an invalid
+// cell limit). The decoder applies it to every check it reads; a front that builds checks itself
+// applies it before deciding them.
 Code check_code(const Check& check);
 
 // Decodes requests with no allocation once warm. Views returned by checks() point into the
@@ -171,6 +180,9 @@ struct LimitView {
   int64_t retry_after_ms = 0;  // -1 = never
   Mode mode = Mode::kEnforce;
   bool exceeded = false;
+  // Cell limits: how far short of reset_ms x 10^6 the exact reset (the key's arrival time - now)
+  // is, in ns, 0..999,999; 0 for other limits.
+  int32_t reset_ns_short = 0;
 };
 
 struct DecisionView {
@@ -202,6 +214,9 @@ struct LimitStatus {
   int64_t retry_after_ms = 0;  // -1 = never
   Mode mode = Mode::kEnforce;
   bool exceeded = false;
+  // Cell limits: how far short of reset_ms x 10^6 the exact reset (the key's arrival time - now)
+  // is, in ns, 0..999,999; 0 for other limits.
+  int32_t reset_ns_short = 0;
 };
 
 struct Decision {
