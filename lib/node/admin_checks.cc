@@ -144,13 +144,27 @@ void append_json_string(std::string& out, std::string_view s) {
   for (const char ch : s) {
     const auto u = static_cast<unsigned char>(ch);
     switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (u < 0x20) {
           out += "\\u00";
@@ -286,25 +300,7 @@ const wire::Decision& owned(const wire::DecisionView& v) {
   wire::Answer& a = scratch().decoded;
   a.decisions.resize(1);
   wire::Decision& d = a.decisions[0];
-  d.code = v.code;
-  d.allowed = v.allowed;
-  d.would_deny = v.would_deny;
-  d.shadow = v.shadow;
-  d.allowlisted = v.allowlisted;
-  d.lease = v.lease;
-  d.limits.resize(v.limits.size());
-  for (size_t i = 0; i < v.limits.size(); ++i) {
-    const wire::LimitView& from = v.limits[i];
-    wire::LimitStatus& to = d.limits[i];
-    to.name.assign(from.name);
-    to.limit = from.limit;
-    to.window_ms = from.window_ms;
-    to.remaining = from.remaining;
-    to.reset_ms = from.reset_ms;
-    to.retry_after_ms = from.retry_after_ms;
-    to.mode = from.mode;
-    to.exceeded = from.exceeded;
-  }
+  wire::assign(d, v);
   return d;
 }
 
@@ -389,12 +385,12 @@ void serve(Kind kind, Node& node, HttpCheckCounters& counters, const Request& re
   wire::encode_request(counters.next_id.fetch_add(1, std::memory_order_relaxed) + 1,
                        std::span<const wire::Check>(&check, 1), 0, s.request);
   if (node.check_here(s.request, s.answer)) return answer(kind, counters, s.answer, r);
-  node.check_async(s.request, [done = later.take(), kind,
-                               &counters](std::span<const uint8_t> bytes) {
-    Reply reply;
-    answer(kind, counters, bytes, reply);
-    done(std::move(reply));
-  });
+  node.check_async(s.request,
+                   [done = later.take(), kind, &counters](std::span<const uint8_t> bytes) {
+                     Reply reply;
+                     answer(kind, counters, bytes, reply);
+                     done(std::move(reply));
+                   });
 }
 
 }  // namespace

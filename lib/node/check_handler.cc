@@ -55,22 +55,33 @@ wire::Mode to_wire(rules::Mode m) {
 wire::LimitView to_view(const engine::LimitResult& l) {
   return {l.limit->name,   l.requests, rules::reported_window_ms(*l.limit),
           l.remaining,     l.reset_ms, l.retry_after_ms == window::kNever ? -1 : l.retry_after_ms,
-          to_wire(l.mode), l.exceeded};
+          to_wire(l.mode), l.exceeded, l.reset_ns_short};
 }
 
-// A decoded check (of a part sent to another node) as the engine's request; its descriptors go
-// in `descs`, which must outlive it.
-rules::CheckRequest to_request(const wire::Check& c, std::vector<rules::Descriptor>& descs) {
-  descs.clear();
-  for (const auto& e : c.entries)
-    descs.push_back({e.key, e.value});
+// A decoded check as the engine's request over `descs` (its entries, which must outlive it). A
+// check with a cell limit gets it in `cell`, which must outlive the request too.
+rules::CheckRequest request_of(const wire::Check& c, std::span<const rules::Descriptor> descs,
+                               rules::CellCheck& cell) {
   rules::CheckRequest req{c.domain, descs, static_cast<uint64_t>(c.hits)};
   req.has_limit_override = c.has_limit_override;
   req.limit_override_requests = c.limit_override_requests;
   req.limit_override_window_ms = c.limit_override_window_ms;
   req.is_release = c.is_release;
   req.release = c.release;
+  if (c.has_cell_limit) {
+    cell = {c.cell_interval_ns, c.cell_limit, c.cell_quantity, c.cell_reset, 0};
+    req.cell = &cell;
+  }
   return req;
+}
+
+// The same into `descs` (cleared first).
+rules::CheckRequest to_request(const wire::Check& c, std::vector<rules::Descriptor>& descs,
+                               rules::CellCheck& cell) {
+  descs.clear();
+  for (const auto& e : c.entries)
+    descs.push_back({e.key, e.value});
+  return request_of(c, descs, cell);
 }
 
 // An engine decision as an answer's decision (owning its strings).
@@ -82,11 +93,9 @@ wire::Decision to_answer(const engine::Decision& d, std::span<const engine::Limi
   w.shadow = d.shadow;
   w.allowlisted = d.allowlisted;
   w.lease = d.lease;
-  for (const engine::LimitResult& l : limits) {
-    const wire::LimitView v = to_view(l);
-    w.limits.push_back({std::string(v.name), v.limit, v.window_ms, v.remaining, v.reset_ms,
-                        v.retry_after_ms, v.mode, v.exceeded});
-  }
+  w.limits.resize(limits.size());
+  for (size_t i = 0; i < limits.size(); ++i)
+    wire::assign(w.limits[i], to_view(limits[i]));
   return w;
 }
 
@@ -104,6 +113,8 @@ struct CheckHandler::Scratch {
   std::vector<CheckRouter::Route> routes;  // per wire check: where it is decided
   wire::RequestDecoder credit_decoder;     // a part, when its answer comes (credit, settle_slices)
   std::vector<rules::Descriptor> credit_descriptors;
+  std::vector<rules::CellCheck> cells;  // per wire check: its cell limit, if any
+  rules::CellCheck credit_cell;
   std::vector<wire::Check> part_checks;  // one part of a split request
   // Leased quotas: per engine request, decided from slices (index into slice_decisions, or
   // UINT32_MAX); those decisions and their limits (owned by slice_policy); per wire check, the
@@ -163,6 +174,7 @@ void CheckHandler::to_requests(std::span<const wire::Check> checks) {
   s.descriptors.clear();
   s.engine_index.clear();
   s.descriptors.reserve(total_entries);  // spans below point into it: no reallocation after
+  s.cells.resize(checks.size());         // requests point into it too
   for (size_t i = 0; i < checks.size(); ++i) {
     if (s.codes[i] != wire::Code::kOk) {
       s.engine_index.push_back(UINT32_MAX);
@@ -173,15 +185,9 @@ void CheckHandler::to_requests(std::span<const wire::Check> checks) {
     for (const auto& e : c.entries)
       s.descriptors.push_back({e.key, e.value});
     s.engine_index.push_back(static_cast<uint32_t>(s.requests.size()));
-    rules::CheckRequest& req = s.requests.emplace_back(rules::CheckRequest{
-        c.domain,
-        std::span<const rules::Descriptor>(s.descriptors.data() + first, c.entries.size()),
-        static_cast<uint64_t>(c.hits)});
-    req.has_limit_override = c.has_limit_override;
-    req.limit_override_requests = c.limit_override_requests;
-    req.limit_override_window_ms = c.limit_override_window_ms;
-    req.is_release = c.is_release;
-    req.release = c.release;
+    s.requests.push_back(request_of(
+        c, std::span<const rules::Descriptor>(s.descriptors.data() + first, c.entries.size()),
+        s.cells[i]));
   }
 }
 
@@ -431,7 +437,7 @@ void CheckHandler::credit(std::span<const uint8_t> part, const wire::Answer& ans
         s.credit_decoder.check_code(i) != wire::Code::kOk) {
       continue;
     }
-    engine_.credit(to_request(checks[i], s.credit_descriptors), node, now_ms);
+    engine_.credit(to_request(checks[i], s.credit_descriptors, s.credit_cell), node, now_ms);
   }
 }
 
@@ -468,7 +474,7 @@ void CheckHandler::settle_slices(std::span<const uint8_t> part, const wire::Answ
       if (wait == 0) continue;
       denied_until = sent_ms + wait;
     }
-    const rules::CheckRequest req = to_request(checks[i], s.credit_descriptors);
+    const rules::CheckRequest req = to_request(checks[i], s.credit_descriptors, s.credit_cell);
     if (grant != nullptr) {
       engine_.install_slice(req, owner, grant->id, grant->hits, sent_ms, grant->ttl_ms, 0, now_ms,
                             returns);

@@ -27,14 +27,22 @@ uint32_t clamp_u32(uint64_t v) {
 // build does not know. The same windows as wire::kLimitOverrideWindowsMs.
 int64_t window_of(int unit) {
   switch (unit) {
-    case envoy::type::v3::SECOND: return kSecond;
-    case envoy::type::v3::MINUTE: return 60 * kSecond;
-    case envoy::type::v3::HOUR: return 3'600 * kSecond;
-    case envoy::type::v3::DAY: return kDay;
-    case envoy::type::v3::WEEK: return 7 * kDay;
-    case envoy::type::v3::MONTH: return 30 * kDay;
-    case envoy::type::v3::YEAR: return 365 * kDay;
-    default: return 0;
+    case envoy::type::v3::SECOND:
+      return kSecond;
+    case envoy::type::v3::MINUTE:
+      return 60 * kSecond;
+    case envoy::type::v3::HOUR:
+      return 3'600 * kSecond;
+    case envoy::type::v3::DAY:
+      return kDay;
+    case envoy::type::v3::WEEK:
+      return 7 * kDay;
+    case envoy::type::v3::MONTH:
+      return 30 * kDay;
+    case envoy::type::v3::YEAR:
+      return 365 * kDay;
+    default:
+      return 0;
   }
 }
 
@@ -83,13 +91,15 @@ void mark_replaced(const RateLimitRequest& req, const rules::Policy& policy, Pla
     const auto& d = req.descriptors(i);
     if (d.has_limit()) continue;
     out.walk.clear();
-    for (const auto& en : d.entries()) out.walk.push_back(rules::Descriptor{en.key(), en.value()});
+    for (const auto& en : d.entries())
+      out.walk.push_back(rules::Descriptor{en.key(), en.value()});
     bool unlimited = false;
     const rules::Rule* r = policy.envoy_rule(req.domain(), out.walk, unlimited);
     if (r == nullptr) continue;
     out.reached[static_cast<size_t>(i)] = r;
     out.quota_mode[static_cast<size_t>(i)] = r->quota_mode;
-    for (const std::string& name : r->replaces) out.replacing.push_back(name);
+    for (const std::string& name : r->replaces)
+      out.replacing.push_back(name);
   }
   for (int i = 0; i < n; ++i) {
     const rules::Rule* r = out.reached[static_cast<size_t>(i)];
@@ -116,14 +126,22 @@ void Plan::clear() {
 
 Unit unit_of(int64_t window_ms) {
   switch (window_ms) {
-    case kSecond: return RateLimitResponse::RateLimit::SECOND;
-    case 60 * kSecond: return RateLimitResponse::RateLimit::MINUTE;
-    case 3'600 * kSecond: return RateLimitResponse::RateLimit::HOUR;
-    case kDay: return RateLimitResponse::RateLimit::DAY;
-    case 7 * kDay: return RateLimitResponse::RateLimit::WEEK;
-    case 30 * kDay: return RateLimitResponse::RateLimit::MONTH;
-    case 365 * kDay: return RateLimitResponse::RateLimit::YEAR;
-    default: return RateLimitResponse::RateLimit::UNKNOWN;
+    case kSecond:
+      return RateLimitResponse::RateLimit::SECOND;
+    case 60 * kSecond:
+      return RateLimitResponse::RateLimit::MINUTE;
+    case 3'600 * kSecond:
+      return RateLimitResponse::RateLimit::HOUR;
+    case kDay:
+      return RateLimitResponse::RateLimit::DAY;
+    case 7 * kDay:
+      return RateLimitResponse::RateLimit::WEEK;
+    case 30 * kDay:
+      return RateLimitResponse::RateLimit::MONTH;
+    case 365 * kDay:
+      return RateLimitResponse::RateLimit::YEAR;
+    default:
+      return RateLimitResponse::RateLimit::UNKNOWN;
   }
 }
 
@@ -139,15 +157,16 @@ PlanError plan_request(const RateLimitRequest& req, const rules::Policy* policy,
     return refuse(Refusal::kInvalidArgument, "rate limit descriptor list must not be empty");
   }
   if (static_cast<size_t>(n) > options.max_descriptors) {
-    return refuse(Refusal::kInvalidArgument,
-                  std::to_string(n) + " descriptors in one request, at most " +
-                      std::to_string(options.max_descriptors));
+    return refuse(Refusal::kInvalidArgument, std::to_string(n) +
+                                                 " descriptors in one request, at most " +
+                                                 std::to_string(options.max_descriptors));
   }
-  const rules::InputLimits bounds = policy != nullptr ? policy->input_limits() : rules::InputLimits{};
+  const rules::InputLimits bounds =
+      policy != nullptr ? policy->input_limits() : rules::InputLimits{};
   if (req.domain().size() > bounds.max_entry_bytes) {
-    return refuse(Refusal::kInvalidArgument,
-                  "domain of " + std::to_string(req.domain().size()) + " bytes, at most " +
-                      std::to_string(bounds.max_entry_bytes));
+    return refuse(Refusal::kInvalidArgument, "domain of " + std::to_string(req.domain().size()) +
+                                                 " bytes, at most " +
+                                                 std::to_string(bounds.max_entry_bytes));
   }
   const uint64_t request_hits = req.hits_addend() == 0 ? 1 : req.hits_addend();
 
@@ -157,14 +176,15 @@ PlanError plan_request(const RateLimitRequest& req, const rules::Policy* policy,
     const std::string at = "descriptor " + std::to_string(i) + ": ";
     if (d.entries_size() == 0) return refuse(Refusal::kInvalidArgument, at + "no entries");
     if (static_cast<size_t>(d.entries_size()) > bounds.max_descriptors) {
-      return refuse(Refusal::kInvalidArgument,
-                    at + std::to_string(d.entries_size()) + " entries, at most " +
-                        std::to_string(bounds.max_descriptors));
+      return refuse(Refusal::kInvalidArgument, at + std::to_string(d.entries_size()) +
+                                                   " entries, at most " +
+                                                   std::to_string(bounds.max_descriptors));
     }
     for (int e = 0; e < d.entries_size(); ++e) {
       const auto& en = d.entries(e);
       if (en.key().empty()) {
-        return refuse(Refusal::kInvalidArgument, at + "entry " + std::to_string(e) + " has an empty key");
+        return refuse(Refusal::kInvalidArgument,
+                      at + "entry " + std::to_string(e) + " has an empty key");
       }
       if (en.key().size() > bounds.max_entry_bytes || en.value().size() > bounds.max_entry_bytes) {
         return refuse(Refusal::kInvalidArgument,
@@ -178,9 +198,9 @@ PlanError plan_request(const RateLimitRequest& req, const rules::Policy* policy,
                                                    " is over " + std::to_string(bounds.max_hits));
     }
     if (d.has_limit() && window_of(d.limit().unit()) == 0) {
-      return refuse(Refusal::kInvalidArgument,
-                    at + "limit override with unit " + std::to_string(d.limit().unit()) +
-                        ", not one of SECOND..WEEK");
+      return refuse(Refusal::kInvalidArgument, at + "limit override with unit " +
+                                                   std::to_string(d.limit().unit()) +
+                                                   ", not one of SECOND..WEEK");
     }
     total_entries += static_cast<size_t>(d.entries_size());
   }
@@ -198,7 +218,8 @@ PlanError plan_request(const RateLimitRequest& req, const rules::Policy* policy,
     if (out.kind[static_cast<size_t>(i)] != Plan::Kind::kCheck) continue;
     const auto& d = req.descriptors(i);
     const size_t first = out.entries.size();
-    for (const auto& en : d.entries()) out.entries.push_back(wire::Entry{en.key(), en.value()});
+    for (const auto& en : d.entries())
+      out.entries.push_back(wire::Entry{en.key(), en.value()});
     wire::Check c;
     c.domain = req.domain();
     c.entries = std::span<const wire::Entry>(out.entries.data() + first,
@@ -222,8 +243,9 @@ wire::LimitStatus owned(const wire::LimitStatus& l) {
 }
 
 wire::LimitStatus owned(const wire::LimitView& l) {
-  return {std::string(l.name), l.limit, l.window_ms, l.remaining, l.reset_ms, l.retry_after_ms,
-          l.mode, l.exceeded};
+  wire::LimitStatus s;
+  wire::assign(s, l);
+  return s;
 }
 
 // fill_response over the decisions of plan.checks (null: no check was sent).
@@ -250,10 +272,12 @@ std::string fill(const Plan& plan, std::span<const D>* decisions, bool rate_limi
     if (decisions == nullptr) return "no answer for descriptor " + std::to_string(i);
     const D& d = (*decisions)[plan.check[i]];
     switch (d.code) {
-      case wire::Code::kOk: break;
+      case wire::Code::kOk:
+        break;
       // envoyproxy/ratelimit answers an unknown domain with no limit; no room: allowed, uncounted.
       case wire::Code::kUnknownDomain:
-      case wire::Code::kNoRoom: continue;
+      case wire::Code::kNoRoom:
+        continue;
       default:
         return "descriptor " + std::to_string(i) + ": " + std::string(wire::to_string(d.code));
     }

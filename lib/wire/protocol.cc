@@ -540,9 +540,9 @@ Code check_code(const Check& check) {
   if (check.entries.size() > kMaxEntries) return Code::kTooManyEntries;
   if (check.hits < 0) return Code::kNegativeHits;
   if (check.has_limit_override) {
-    const bool unit = std::find(std::begin(kLimitOverrideWindowsMs),
-                                std::end(kLimitOverrideWindowsMs),
-                                check.limit_override_window_ms) != std::end(kLimitOverrideWindowsMs);
+    const bool unit =
+        std::find(std::begin(kLimitOverrideWindowsMs), std::end(kLimitOverrideWindowsMs),
+                  check.limit_override_window_ms) != std::end(kLimitOverrideWindowsMs);
     if (!unit || check.limit_override_requests > kMaxLimitOverride) return Code::kMalformed;
   }
   if (check.has_cell_limit) {
@@ -656,8 +656,8 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
               entries_.push_back({view(e.getKey()), view(e.getValue())});
             n_entries = entries.size();
             // A negative cost keeps its entries (shown in logs); the entries' span is set below.
-            check.entries = std::span<const Entry>(entries_.data() + entries_.size() - n_entries,
-                                                   n_entries);
+            check.entries =
+                std::span<const Entry>(entries_.data() + entries_.size() - n_entries, n_entries);
             code = wire::check_code(check);
           }
         }
@@ -780,6 +780,30 @@ std::optional<std::span<const uint8_t>> FrameReader::next() {
   std::span<const uint8_t> message(h + kFrameHeaderBytes, n);
   pos_ += kFrameHeaderBytes + n;
   return message;
+}
+
+void assign(LimitStatus& to, const LimitView& from) {
+  to.name.assign(from.name);
+  to.limit = from.limit;
+  to.window_ms = from.window_ms;
+  to.remaining = from.remaining;
+  to.reset_ms = from.reset_ms;
+  to.retry_after_ms = from.retry_after_ms;
+  to.mode = from.mode;
+  to.exceeded = from.exceeded;
+  to.reset_ns_short = from.reset_ns_short;
+}
+
+void assign(Decision& to, const DecisionView& from) {
+  to.code = from.code;
+  to.allowed = from.allowed;
+  to.would_deny = from.would_deny;
+  to.shadow = from.shadow;
+  to.allowlisted = from.allowlisted;
+  to.lease = from.lease;
+  to.limits.resize(from.limits.size());
+  for (size_t i = 0; i < from.limits.size(); ++i)
+    assign(to.limits[i], from.limits[i]);
 }
 
 }  // namespace sluice::wire

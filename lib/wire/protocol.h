@@ -229,6 +229,11 @@ struct Decision {
   uint64_t lease = 0;  // granted by the check's concurrency limits; 0 = none
 };
 
+// An owning copy of a decision (or a limit) a front holds as views, into `to`: its strings and
+// vectors are reused, so a copy made again and again allocates nothing once they are large enough.
+void assign(LimitStatus& to, const LimitView& from);
+void assign(Decision& to, const DecisionView& from);
+
 struct Answer {
   uint64_t id = 0;
   Code code = Code::kOk;
