@@ -166,7 +166,7 @@ class Backend {
   virtual void release(const ReleaseRequest& req, Answer<bool> answer) = 0;
 
  protected:
-  ~Backend() = default;
+  virtual ~Backend() = default;
 };
 
 // Counted by every session of a front; relaxed atomics (one set per worker thread avoids
