@@ -225,7 +225,8 @@ void cmd_client_id(SessionCore& s, Args) {
   s.writer().integer(static_cast<int64_t>(s.client_id));
 }
 
-void cmd_client(SessionCore&, Args) {}  // argc 1 is refused by CLIENT's arity first
+// CLIENT and CONFIG without a subcommand: never run, their arity (-2) refuses them first.
+void cmd_container(SessionCore&, Args) {}
 
 void cmd_info(SessionCore& s, Args args) {
   constexpr std::array<std::string_view, 3> kNames = {"server", "persistence", "replication"};
@@ -415,9 +416,9 @@ const CommandSpec kConfigSubcommands[] = {
 const CommandSpec kCommands[] = {
     {"auth", -2, kConn | kFast | kNoAuth, 0, 0, 0, cmd_auth, {}, nullptr},
     {"cl.throttle", -5, kWrite | kDenyOom | kFast, 1, 1, 1, cmd_throttle, {}, throttle_arity},
-    {"client", -2, 0, 0, 0, 0, cmd_client, kClientSubcommands, nullptr},
+    {"client", -2, 0, 0, 0, 0, cmd_container, kClientSubcommands, nullptr},
     {"command", -1, kLoading | kStale, 0, 0, 0, cmd_command, kCommandSubcommands, nullptr},
-    {"config", -2, 0, 0, 0, 0, cmd_client, kConfigSubcommands, nullptr},
+    {"config", -2, 0, 0, 0, 0, cmd_container, kConfigSubcommands, nullptr},
     {"del", -2, kWrite, 1, -1, 1, cmd_del, {}, nullptr},
     {"discard", 1, kConn | kFast, 0, 0, 0, cmd_discard, {}, nullptr},
     {"echo", 2, kFast, 0, 0, 0, cmd_echo, {}, nullptr},
