@@ -497,6 +497,9 @@ TEST_CASE(
   CHECK(h.run(cmd({"MULTI"}) + cmd({"NOPE"}) + cmd({"EXEC"})) ==
         "+OK\r\n-ERR unknown command 'NOPE', with args beginning with: \r\n"
         "-EXECABORT Transaction discarded because of previous errors.\r\n");
+  CHECK(h.run(cmd({"MULTI"}) + cmd({"EXEC", "x"})) ==
+        "+OK\r\n-EXECABORT Transaction discarded because of: wrong number of arguments for "
+        "'exec' command\r\n");
   CHECK(h.run(cmd({"MULTI"}) + cmd({"PING"}) + cmd({"DISCARD"}) + cmd({"EXEC"})) ==
         "+OK\r\n+QUEUED\r\n+OK\r\n-ERR EXEC without MULTI\r\n");
   // A value that does not parse is the command's own error, inside the array.
@@ -513,6 +516,9 @@ TEST_CASE("resp session: with a password only HELLO AUTH, AUTH and QUIT pass bef
         "-NOAUTH HELLO must be called with the client already authenticated, otherwise the "
         "HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and "
         "select the RESP protocol version at the same time\r\n");
+  CHECK(h.run(cmd({"MULTI"}) + cmd({"EXEC"})) ==
+        "-NOAUTH Authentication required.\r\n"
+        "-EXECABORT Transaction discarded because of: NOAUTH Authentication required.\r\n");
   CHECK(h.run(cmd({"AUTH", "wrong"})) ==
         "-WRONGPASS invalid username-password pair or user is disabled.\r\n");
   CHECK(h.run(cmd({"AUTH", "a", "b", "c"})) == "-ERR syntax error\r\n");

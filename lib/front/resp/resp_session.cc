@@ -223,9 +223,10 @@ void SessionCore::dispatch(std::span<const std::string_view> args) {
     arity_error = "NOAUTH Authentication required.";
   const bool is_exec = spec->name == "exec";
   if (!arity_error.empty()) {
-    if (is_exec && in_multi) {  // redis's execCommandAbort
+    if (is_exec) {  // redis's execCommandAbort: any refused EXEC, in MULTI or not
       std::string text = "EXECABORT Transaction discarded because of: ";
-      text.append(arity_error);
+      // Redis's arity text has no code of its own (it gets ERR when sent alone).
+      text.append(arity_error.substr(arity_error.rfind("ERR ", 0) == 0 ? 4 : 0));
       discard_multi();
       return writer().error(text);
     }
