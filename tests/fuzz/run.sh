@@ -9,7 +9,8 @@
 # envoyproxy/ratelimit's config), config_fuzz (the daemon's config file), rls_fuzz (Envoy's
 # RateLimitRequest through the gRPC front's planning), http_fuzz (the admin port: raw requests,
 # the token check, /v1/check and /v1/auth input, override bodies, query strings), ctl_fuzz
-# (sluicectl's command line).
+# (sluicectl's command line), resp_fuzz (the Redis door: RESP requests through the parser and a
+# session, answered now or later).
 #
 # Inputs, in order: the inputs that once broke a property (tests/fuzz/regressions/TARGET/, which
 # must pass first), the committed corpus (tests/fuzz/corpus/TARGET/, read only), the seeds the
@@ -31,7 +32,7 @@ seconds="${1:-30}"
 shift || true
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  targets=(request_fuzz peer_fuzz rules_fuzz config_fuzz rls_fuzz http_fuzz ctl_fuzz)
+  targets=(request_fuzz peer_fuzz rules_fuzz config_fuzz rls_fuzz http_fuzz ctl_fuzz resp_fuzz)
 fi
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${BUILD_DIR:-${root}/build-fuzz}"
