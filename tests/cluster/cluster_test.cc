@@ -599,16 +599,8 @@ TEST_CASE(
   LocalCluster c(spec);
   const std::string started = c.start();
   REQUIRE_MESSAGE(started.empty(), started);
-  std::vector<std::unique_ptr<sluice::Client>> clients;
-  for (uint16_t port : c.check_ports()) {
-    sluice::ClientOptions co;
-    co.nodes = {"127.0.0.1:" + std::to_string(port)};
-    co.timeout = milliseconds(1000);
-    co.attempts = 1;
-    std::string err;
-    clients.push_back(sluice::Client::create(co, &err));
-    REQUIRE_MESSAGE(clients.back() != nullptr, err);
-  }
+  Doors doors(c);
+  const auto& clients = doors.clients;
   for (const std::string key : {"a", "b", "c"}) {
     CAPTURE(key);
     const sluice::Entry e[] = {{"k", key}};

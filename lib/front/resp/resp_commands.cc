@@ -21,25 +21,6 @@ bool iequals(std::string_view a, std::string_view b) {
                     [](char x, char y) { return lower(x) == lower(y); });
 }
 
-// redis's string2ll, as getLongLongFromObject reads integers.
-bool parse_ll(std::string_view s, int64_t& out) {
-  if (s.empty() || s.size() > 20) return false;
-  const bool negative = s[0] == '-';
-  if (negative) s.remove_prefix(1);
-  if (s.empty() || (s[0] == '0' && s.size() > 1)) return false;
-  uint64_t v = 0;
-  for (const char c : s) {
-    if (c < '0' || c > '9') return false;
-    const auto d = static_cast<uint64_t>(c - '0');
-    if (v > (UINT64_MAX - d) / 10) return false;
-    v = v * 10 + d;
-  }
-  if (negative ? v > static_cast<uint64_t>(INT64_MAX) + 1 : v > static_cast<uint64_t>(INT64_MAX))
-    return false;
-  out = negative ? static_cast<int64_t>(0 - v) : static_cast<int64_t>(v);
-  return true;
-}
-
 // Rust's i64::from_str, as redis-cell's parse_i64: an optional sign, then one or more digits
 // (leading zeros allowed).
 bool parse_cell_i64(std::string_view s, int64_t& out) {
@@ -48,18 +29,7 @@ bool parse_cell_i64(std::string_view s, int64_t& out) {
     negative = s[0] == '-';
     s.remove_prefix(1);
   }
-  if (s.empty()) return false;
-  uint64_t v = 0;
-  for (const char c : s) {
-    if (c < '0' || c > '9') return false;
-    const auto d = static_cast<uint64_t>(c - '0');
-    if (v > (UINT64_MAX - d) / 10) return false;
-    v = v * 10 + d;
-  }
-  if (negative ? v > static_cast<uint64_t>(INT64_MAX) + 1 : v > static_cast<uint64_t>(INT64_MAX))
-    return false;
-  out = negative ? static_cast<int64_t>(0 - v) : static_cast<int64_t>(v);
-  return true;
+  return digits_to_int64(s, negative, out);
 }
 
 // Equal, in a time that depends on the lengths only.
@@ -120,7 +90,7 @@ void cmd_hello(SessionCore& s, Args args) {
   int64_t version = 0;
   size_t i = 1;
   if (args.size() >= 2) {
-    if (!parse_ll(args[1], version))
+    if (!parse_redis_int(args[1], version))
       return s.writer().error("ERR Protocol version is not an integer or out of range");
     if (version < 2 || version > 3) return s.writer().error("NOPROTO unsupported protocol version");
     i = 2;
@@ -187,7 +157,7 @@ void cmd_quit(SessionCore& s, Args) {
 
 void cmd_select(SessionCore& s, Args args) {
   int64_t db = 0;
-  if (!parse_ll(args[1], db) || db < INT32_MIN || db > INT32_MAX)
+  if (!parse_redis_int(args[1], db) || db < INT32_MIN || db > INT32_MAX)
     return s.writer().error("ERR value is not an integer or out of range");
   if (db < 0 || db >= kDatabases) return s.writer().error("ERR DB index is out of range");
   s.db = static_cast<int>(db);
@@ -353,7 +323,7 @@ bool parse_check(SessionCore& s, Args args, CheckRequest& req) {
   Args entries = args.subspan(2);
   if (entries.size() >= 4 && iequals(entries[entries.size() - 2], "HITS")) {
     int64_t hits = 0;
-    if (!parse_ll(entries.back(), hits) || hits < 0) {
+    if (!parse_redis_int(entries.back(), hits) || hits < 0) {
       s.writer().error("ERR value is not an integer or out of range");
       return false;
     }

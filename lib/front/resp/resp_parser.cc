@@ -34,24 +34,6 @@ constexpr std::array<ErrorInfo, kProtocolErrorKinds> kErrors = {{
 }};
 static_assert(kMaxCommandBytes == 65536, "kErrors names kMaxCommandBytes");
 
-// redis's string2ll: an optional '-', then digits without a leading zero (but "0"), no spaces.
-bool parse_length(std::string_view s, int64_t& out) {
-  if (s.empty() || s.size() > 20) return false;
-  const bool negative = s[0] == '-';
-  if (negative) s.remove_prefix(1);
-  if (s.empty() || (s[0] == '0' && s.size() > 1)) return false;
-  uint64_t v = 0;
-  for (const char c : s) {
-    if (c < '0' || c > '9') return false;
-    const auto d = static_cast<uint64_t>(c - '0');
-    if (v > (UINT64_MAX - d) / 10) return false;
-    v = v * 10 + d;
-  }
-  if (v > static_cast<uint64_t>(INT64_MAX)) return false;
-  out = negative ? -static_cast<int64_t>(v) : static_cast<int64_t>(v);
-  return true;
-}
-
 enum class Line { kFound, kMore, kTooBig, kBadEnd };
 
 // The `*`/`$` line starting at `from`: its "\r" at `cr`, found within kMaxLengthLineBytes.
@@ -197,7 +179,7 @@ RespParser::Status RespParser::parse_array(std::string_view data, bool authentic
         break;
     }
     int64_t n = 0;
-    if (!parse_length(data.substr(1, cr - 1), n) || n < -1 || n > static_cast<int64_t>(kMaxArgs))
+    if (!parse_redis_int(data.substr(1, cr - 1), n) || n < -1 || n > static_cast<int64_t>(kMaxArgs))
       return fail(ProtocolError::kMultibulkLength);
     if (!authenticated && n > static_cast<int64_t>(kMaxUnauthenticatedArgs))
       return fail(ProtocolError::kUnauthMultibulk);
@@ -223,7 +205,7 @@ RespParser::Status RespParser::parse_array(std::string_view data, bool authentic
           break;
       }
       int64_t len = 0;
-      if (!parse_length(data.substr(pos_ + 1, cr - pos_ - 1), len) || len < 0 ||
+      if (!parse_redis_int(data.substr(pos_ + 1, cr - pos_ - 1), len) || len < 0 ||
           len > static_cast<int64_t>(kMaxArgBytes))
         return fail(ProtocolError::kBulkLength);
       if (cr + 2 + static_cast<size_t>(len) + 2 > kMaxCommandBytes)
@@ -279,6 +261,29 @@ RespParser::Status RespParser::parse_inline(std::string_view data) {
   for (const Span& s : spans_)
     views_.emplace_back(unescaped_.data() + s.offset, s.size);
   return Status::kCommand;
+}
+
+bool digits_to_int64(std::string_view digits, bool negative, int64_t& out) {
+  if (digits.empty()) return false;
+  uint64_t v = 0;
+  for (const char c : digits) {
+    if (c < '0' || c > '9') return false;
+    const auto d = static_cast<uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  const uint64_t max = static_cast<uint64_t>(INT64_MAX) + (negative ? 1 : 0);
+  if (v > max) return false;
+  out = negative ? static_cast<int64_t>(0 - v) : static_cast<int64_t>(v);
+  return true;
+}
+
+bool parse_redis_int(std::string_view s, int64_t& out) {
+  if (s.empty() || s.size() > 20) return false;
+  const bool negative = s[0] == '-';
+  if (negative) s.remove_prefix(1);
+  if (s.size() > 1 && s[0] == '0') return false;
+  return digits_to_int64(s, negative, out);
 }
 
 }  // namespace sluice::front::resp

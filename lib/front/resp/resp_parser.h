@@ -120,4 +120,12 @@ class RespParser {
   std::string unescaped_;  // inline arguments, unquoted
 };
 
+// Integers as Redis reads them (string2ll): an optional '-', then digits with no leading zero
+// (but "0"), no spaces, within int64. Lengths, SELECT's db, HELLO's version, HITS.
+bool parse_redis_int(std::string_view s, int64_t& out);
+
+// `digits` (one or more '0'-'9', the sign already taken off), negated when `negative`; false when
+// it is not all digits or does not fit int64.
+bool digits_to_int64(std::string_view digits, bool negative, int64_t& out);
+
 }  // namespace sluice::front::resp
