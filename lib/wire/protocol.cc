@@ -559,10 +559,68 @@ Code check_code(const Check& check) {
 RequestDecoder::RequestDecoder() : buf_(std::make_unique<Buffers>()) {}
 RequestDecoder::~RequestDecoder() = default;
 
-Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
-  id_ = 0;
-  forwarded_ = false;
-  redirected_ = false;
+namespace {
+
+// One check of a request into `check`, its entries appended to `entries` (`n_entries` of them);
+// its code: kTooManyEntries (entries not read: the engine never sees them), else check_code's.
+template <typename CheckReader>
+Code read_check(const CheckReader& c, Check& check, std::vector<Entry>& entries,
+                uint32_t& n_entries) {
+  check.domain = view(c.getDomain());
+  check.hits = c.getHits();
+  auto list = c.getEntries();
+  if (list.size() > kMaxEntries) return Code::kTooManyEntries;
+  if (c.hasRelease()) {
+    check.is_release = true;
+    check.release = c.getRelease().getLease();
+  }
+  if (c.hasLimitOverride()) {
+    const auto lo = c.getLimitOverride();
+    check.has_limit_override = true;
+    check.limit_override_window_ms = lo.getWindowMs();
+    check.limit_override_requests = lo.getRequests();
+  }
+  if (c.hasCellLimit()) {
+    const auto cl = c.getCellLimit();
+    check.has_cell_limit = true;
+    check.cell_interval_ns = cl.getIntervalNs();
+    check.cell_limit = cl.getLimit();
+    check.cell_quantity = cl.getQuantity();
+    check.cell_reset = cl.getReset();
+  }
+  for (auto e : list)
+    entries.push_back({view(e.getKey()), view(e.getValue())});
+  n_entries = list.size();
+  // A negative cost keeps its entries (shown in logs); the entries' span is set later (set_spans).
+  check.entries = std::span<const Entry>(entries.data() + entries.size() - n_entries, n_entries);
+  return wire::check_code(check);
+}
+
+// A forwarded request's slice ask: the wants (one per check, or none) and the returns, whose uses
+// are appended to `uses` (`use_counts` per return; their spans are set later).
+template <typename AskReader>
+Code read_slice_ask(const AskReader& ask, std::vector<uint32_t>& wants,
+                    std::vector<SliceReturn>& returns, std::vector<uint32_t>& uses,
+                    std::vector<uint32_t>& use_counts) {
+  auto want_list = ask.getWants();
+  auto return_list = ask.getReturns();
+  if (want_list.size() > kMaxChecks || return_list.size() > kMaxChecks) return Code::kMalformed;
+  for (uint32_t w : want_list)
+    wants.push_back(w);
+  for (auto r : return_list) {
+    auto u = r.getUses();
+    if (u.size() > kMaxSliceUses) return Code::kMalformed;
+    for (uint32_t x : u)
+      uses.push_back(x);
+    returns.push_back({r.getCounter(), r.getId(), r.getUsed(), {}, r.getStepMs()});
+    use_counts.push_back(u.size());
+  }
+  return Code::kOk;
+}
+
+}  // namespace
+
+void RequestDecoder::clear() {
   checks_.clear();
   entries_.clear();
   codes_.clear();
@@ -570,6 +628,44 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
   slice_wants_.clear();
   slice_returns_.clear();
   slice_uses_.clear();
+}
+
+template <typename Reader>
+Code RequestDecoder::read_checks(const Reader& request, size_t request_bytes) {
+  auto checks = request.getChecks();
+  if (checks.size() > kMaxChecks) return Code::kTooManyChecks;
+  // A request must pay for its answer. Checks packed tighter than their decisions (Cap'n Proto
+  // allows zero-sized structs in a list and charges them only to the traversal limit) would turn
+  // a node into a UDP reflection amplifier. Every honest encoding, canonical ones included,
+  // spends more than the 24 bytes of a decision per check.
+  if (bare_answer_bytes(checks.size()) > request_bytes) return Code::kMalformed;
+  for (auto c : checks) {
+    codes_.push_back(
+        read_check(c, checks_.emplace_back(), entries_, buf_->entry_counts.emplace_back(0)));
+  }
+  return Code::kOk;
+}
+
+void RequestDecoder::set_spans() {
+  size_t at = 0;
+  for (size_t i = 0; i < slice_returns_.size(); ++i) {
+    slice_returns_[i].uses =
+        std::span<const uint32_t>(slice_uses_).subspan(at, buf_->use_counts[i]);
+    at += buf_->use_counts[i];
+  }
+  size_t first = 0;
+  for (size_t i = 0; i < checks_.size(); ++i) {
+    const uint32_t n = buf_->entry_counts[i];
+    checks_[i].entries = std::span<const Entry>(entries_).subspan(first, n);
+    first += n;
+  }
+}
+
+Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
+  id_ = 0;
+  forwarded_ = false;
+  redirected_ = false;
+  clear();
   buf_->entry_counts.clear();
   buf_->use_counts.clear();
   if (auto bad = check_size(bytes)) return *bad;
@@ -577,7 +673,7 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
 
   Code result = Code::kOk;
   try {
-    // The reader lives only here: the views below point into buf_->words, not into it.
+    // The reader lives only here: the views point into buf_->words, not into it.
     capnp::FlatArrayMessageReader reader(words, reader_options(words.size()));
     if (reader.getEnd() != words.end()) {
       result = Code::kMalformed;  // bytes after the message: not one message
@@ -587,110 +683,25 @@ Code RequestDecoder::decode(std::span<const uint8_t> bytes) {
       forwarded_ = request.getForwarded();
       redirected_ = forwarded_ && request.getRedirected();
       if (forwarded_ && request.hasSlices()) {
-        auto ask = request.getSlices();
-        slice_node_ = ask.getNode();
-        auto wants = ask.getWants();
-        auto returns = ask.getReturns();
-        if (wants.size() <= kMaxChecks && returns.size() <= kMaxChecks) {
-          for (uint32_t w : wants)
-            slice_wants_.push_back(w);
-          for (auto r : returns) {
-            auto uses = r.getUses();
-            if (uses.size() > kMaxSliceUses) {
-              result = Code::kMalformed;
-              break;
-            }
-            for (uint32_t u : uses)
-              slice_uses_.push_back(u);
-            // The uses' span is set below, once slice_uses_ stops growing.
-            slice_returns_.push_back({r.getCounter(), r.getId(), r.getUsed(), {}, r.getStepMs()});
-            buf_->use_counts.push_back(uses.size());
-          }
-        } else {
-          result = Code::kMalformed;
-        }
+        slice_node_ = request.getSlices().getNode();
+        result = read_slice_ask(request.getSlices(), slice_wants_, slice_returns_, slice_uses_,
+                                buf_->use_counts);
       }
-      if (result == Code::kOk && request.getVersion() != kVersion) {
-        result = Code::kUnsupportedVersion;
-      } else if (result == Code::kOk) {
-        auto checks = request.getChecks();
-        if (checks.size() > kMaxChecks) {
-          result = Code::kTooManyChecks;
-        } else if (bare_answer_bytes(checks.size()) > bytes.size()) {
-          // A request must pay for its answer. Checks packed tighter than their decisions (Cap'n
-          // Proto allows zero-sized structs in a list and charges them only to the traversal
-          // limit) would turn a node into a UDP reflection amplifier. Every honest encoding,
-          // canonical ones included, spends more than the 24 bytes of a decision per check.
-          result = Code::kMalformed;
-        } else {
-          for (auto c : checks) {
-            Check& check = checks_.emplace_back();
-            Code& code = codes_.emplace_back(Code::kOk);
-            uint32_t& n_entries = buf_->entry_counts.emplace_back(0);
-            check.domain = view(c.getDomain());
-            check.hits = c.getHits();
-            auto entries = c.getEntries();
-            if (entries.size() > kMaxEntries) {
-              code = Code::kTooManyEntries;  // not read: the engine never sees them
-              continue;
-            }
-            if (c.hasRelease()) {
-              check.is_release = true;
-              check.release = c.getRelease().getLease();
-            }
-            if (c.hasLimitOverride()) {
-              const auto lo = c.getLimitOverride();
-              check.has_limit_override = true;
-              check.limit_override_window_ms = lo.getWindowMs();
-              check.limit_override_requests = lo.getRequests();
-            }
-            if (c.hasCellLimit()) {
-              const auto cl = c.getCellLimit();
-              check.has_cell_limit = true;
-              check.cell_interval_ns = cl.getIntervalNs();
-              check.cell_limit = cl.getLimit();
-              check.cell_quantity = cl.getQuantity();
-              check.cell_reset = cl.getReset();
-            }
-            for (auto e : entries)
-              entries_.push_back({view(e.getKey()), view(e.getValue())});
-            n_entries = entries.size();
-            // A negative cost keeps its entries (shown in logs); the entries' span is set below.
-            check.entries =
-                std::span<const Entry>(entries_.data() + entries_.size() - n_entries, n_entries);
-            code = wire::check_code(check);
-          }
-        }
+      if (result == Code::kOk) {
+        result = request.getVersion() != kVersion ? Code::kUnsupportedVersion
+                                                  : read_checks(request, bytes.size());
       }
     }
   } catch (const kj::Exception&) {
     result = Code::kMalformed;
   }
   if (result != Code::kOk) {
-    checks_.clear();
-    entries_.clear();
-    codes_.clear();
-    slice_node_ = 0;
-    slice_wants_.clear();
-    slice_returns_.clear();
-    slice_uses_.clear();
+    clear();
     return result;
   }
   // A want per check, or none at all.
   if (!slice_wants_.empty() && slice_wants_.size() != checks_.size()) slice_wants_.clear();
-  size_t at = 0;
-  for (size_t i = 0; i < slice_returns_.size(); ++i) {
-    slice_returns_[i].uses =
-        std::span<const uint32_t>(slice_uses_).subspan(at, buf_->use_counts[i]);
-    at += buf_->use_counts[i];
-  }
-  // entries_ is final: now the spans can point into it.
-  size_t first = 0;
-  for (size_t i = 0; i < checks_.size(); ++i) {
-    const uint32_t n = buf_->entry_counts[i];
-    checks_[i].entries = std::span<const Entry>(entries_).subspan(first, n);
-    first += n;
-  }
+  set_spans();  // entries_ and slice_uses_ are final: the spans can point into them now
   return Code::kOk;
 }
 

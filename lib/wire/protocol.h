@@ -156,6 +156,13 @@ class RequestDecoder {
 
  private:
   struct Buffers;
+  // Forgets the last request's views (what a failed decode leaves too).
+  void clear();
+  // The request's checks, after its header was read (decode); `request_bytes` is its size.
+  template <typename Reader>
+  Code read_checks(const Reader& request, size_t request_bytes);
+  // Points the checks' entries and the slice returns' uses into their final vectors.
+  void set_spans();
   std::unique_ptr<Buffers> buf_;
   uint64_t id_ = 0;
   bool forwarded_ = false;
