@@ -9,8 +9,8 @@
 //
 // Seeds: with SLUICE_FUZZ_WRITE_SEEDS=DIR set, the binary writes valid encodings into DIR and
 // exits (tests/fuzz/run.sh does this before fuzzing).
-#include "wire/protocol.h"
 #include "fuzz_util.h"
+#include "wire/protocol.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -25,7 +25,6 @@ namespace {
 
 using namespace sluice::wire;
 using Bytes = std::vector<uint8_t>;
-
 
 bool is_request_code(Code c) {
   return c == Code::kOk || c == Code::kMalformed || c == Code::kTooManyChecks ||
@@ -87,16 +86,23 @@ void fuzz_request(std::span<const uint8_t> bytes) {
     if (cc == Code::kTooManyEntries) FUZZ_REQUIRE(checks[i].entries.empty());
     FUZZ_REQUIRE((cc == Code::kNegativeHits) ==
                  (checks[i].hits < 0 && cc != Code::kTooManyEntries));
-    // A limit override the engine may see names one of the units and a bounded count; any other
-    // is the check's kMalformed (when nothing above already refused it).
+    // A limit override the engine may see names one of the units and a bounded count; any other,
+    // like an invalid cell limit, is the check's kMalformed (when nothing above refused it).
     const Check& k = checks[i];
-    const bool unit = std::find(std::begin(kLimitOverrideWindowsMs),
-                                std::end(kLimitOverrideWindowsMs),
-                                k.limit_override_window_ms) != std::end(kLimitOverrideWindowsMs);
+    const bool unit =
+        std::find(std::begin(kLimitOverrideWindowsMs), std::end(kLimitOverrideWindowsMs),
+                  k.limit_override_window_ms) != std::end(kLimitOverrideWindowsMs);
     const bool bad_override =
         k.has_limit_override && (!unit || k.limit_override_requests > kMaxLimitOverride);
-    FUZZ_REQUIRE((cc == Code::kMalformed) == (bad_override && cc != Code::kTooManyEntries &&
-                                              cc != Code::kNegativeHits));
+    // A cell limit the engine may see has T >= 1, L >= 1, and T x L and T x quantity in int64.
+    int64_t product = 0;
+    const bool bad_cell =
+        k.has_cell_limit && (k.cell_interval_ns < 1 || k.cell_limit < 1 ||
+                             __builtin_mul_overflow(k.cell_interval_ns, k.cell_limit, &product) ||
+                             __builtin_mul_overflow(k.cell_interval_ns, k.cell_quantity, &product));
+    FUZZ_REQUIRE(
+        (cc == Code::kMalformed) ==
+        ((bad_override || bad_cell) && cc != Code::kTooManyEntries && cc != Code::kNegativeHits));
     sum += touch(checks[i].domain);
     for (const Entry& e : checks[i].entries)
       sum += touch(e.key) + touch(e.value);
