@@ -402,8 +402,9 @@ class LocalCluster {
     std::ofstream cfg(n.config, std::ios::trunc);
     cfg << "udp: " << n.host << ":" << n.check_port << "\ntcp: " << n.host << ":" << n.check_port
         << "\nadmin: " << n.host << ":" << n.admin_port << "\ngrpc: " << n.host << ":"
-        << n.grpc_port << "\nresp: " << n.host << ":" << n.resp_port << "\nthreads: " << spec_.threads
-        << "\nrules: " << (dir_ / "rules.yaml").string() << "\ndata_dir: " << n.data_dir.string()
+        << n.grpc_port << "\nresp: " << n.host << ":" << n.resp_port
+        << "\nthreads: " << spec_.threads << "\nrules: " << (dir_ / "rules.yaml").string()
+        << "\ndata_dir: " << n.data_dir.string()
         << "\ninit_data: true\nlog_level: " << spec_.log_level << "\n";
     for (const std::string& line : spec_.extra_config)
       cfg << line << "\n";

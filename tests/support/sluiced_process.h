@@ -333,8 +333,9 @@ class Daemon {
   void write_config() const {
     std::ofstream f(config_file());
     f << "udp: 127.0.0.1:" << port << "\ntcp: 127.0.0.1:" << port << "\nadmin: 127.0.0.1:" << admin
-      << "\ngrpc: 127.0.0.1:" << grpc << "\nresp: 127.0.0.1:" << resp << "\nrules: " << rules_file().string()
-      << "\nthreads: " << config_.threads << "\nlog_level: " << config_.log_level << "\ndata_dir: " << data_dir.string()
+      << "\ngrpc: 127.0.0.1:" << grpc << "\nresp: 127.0.0.1:" << resp
+      << "\nrules: " << rules_file().string() << "\nthreads: " << config_.threads
+      << "\nlog_level: " << config_.log_level << "\ndata_dir: " << data_dir.string()
       << "\ninit_data: " << (config_.init_data ? "true" : "false") << "\n";
     if (config_.snapshot_interval_ms) {
       f << "snapshot_interval_ms: " << *config_.snapshot_interval_ms << "\n";
