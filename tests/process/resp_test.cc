@@ -201,3 +201,18 @@ TEST_CASE("a RESP door off loopback without a password is refused at start, sayi
   CHECK(r.exit_code() != 0);
   CHECK(r.err.find("not loopback and no resp_password_file") != std::string::npos);
 }
+
+TEST_CASE("a command not finished within client_timeout_ms closes its connection, counted") {
+  Daemon d(config(), /*start_now=*/false);
+  d.config().extra_config.push_back("client_timeout_ms: 300");
+  d.start();
+  const auto t0 = std::chrono::steady_clock::now();
+  // Half a PING: the door waits for the rest, then gives up on it.
+  const std::string got =
+      exchange(d.resp, "*1\r\n$4\r\nPI", [](const std::string&) { return false; });
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(got.empty());
+  CHECK(waited < std::chrono::seconds(4));  // closed by the door, not by the 5 s give-up
+  CHECK(metrics(d).find("sluice_resp_connections_closed_total{reason=\"frame\"} 1") !=
+        std::string::npos);
+}

@@ -156,7 +156,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   int64_t frame_since() const { return frame_since_.load(std::memory_order_relaxed); }
   int64_t write_since() const { return write_since_.load(std::memory_order_relaxed); }
 
+  ~Connection() {
+    std::lock_guard g(st_->mu);
+    st_->connections.erase(this);  // closed before, in every path but an io_context torn down
+  }
+
   void start() {
+    self_ = shared_from_this();
     socket_.non_blocking(true);
     in_.resize(kReadChunk * 2);
     mark_idle();
@@ -166,6 +172,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void close(CloseReason why) {
     if (closed_) return;
     closed_ = true;
+    const std::shared_ptr<Connection> keep = std::move(self_);  // alive to the end of this call
     boost::system::error_code ignored;
     socket_.close(ignored);
     bool counted = false;
@@ -294,6 +301,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   std::shared_ptr<RespFront::State> st_;
+  // The connection holds itself from start() to close(): while it awaits answers it has no
+  // operation of its own pending, and the front's set holds plain pointers.
+  std::shared_ptr<Connection> self_;
   asio::io_context& io_;
   tcp::socket socket_;
   const uint64_t seq_;  // the client id, and the order of acceptance
