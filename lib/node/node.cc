@@ -136,8 +136,9 @@ void schedule_sweep(Node::Impl& n) {
 // "serving: udp 7350 tcp 7350 ...": the log line at start and the service manager's status.
 std::string serving_status(const Node::Impl& n) {
   return fmt::format(
-      "serving: udp {} tcp {} admin {} grpc {}, {} threads, rules {}{}{}", n.udp_port.load(),
-      n.tcp_port.load(), n.admin_port.load(), n.grpc_port.load(), n.opt.threads,
+      "serving: udp {} tcp {} admin {} grpc {} resp {}, {} threads, rules {}{}{}",
+      n.udp_port.load(), n.tcp_port.load(), n.admin_port.load(), n.grpc_port.load(),
+      n.resp_port.load(), n.opt.threads,
       n.opt.rules_file.empty() ? (n.opt.envoy_rules.empty() ? "<embedded>" : "<none>")
                                : n.opt.rules_file,
       n.opt.envoy_rules.empty() ? "" : ", envoy rules ", n.opt.envoy_rules);

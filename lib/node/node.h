@@ -1,15 +1,15 @@
 // A Sluice node: the engine behind its fronts (the check protocol over UDP and TCP in
-// lib/front/check, the admin HTTP port, Envoy's gRPC service in lib/rls), the cluster runtime,
-// rules reloads, a background sweeper and snapshots. `sluiced` is a thin main around it. Every
-// front decides through the node's one routed check path (owner routing and forwarding in a
-// cluster, lib/node/routed_check.h).
+// lib/front/check, the admin HTTP port, Envoy's gRPC service in lib/rls, the Redis protocol door
+// in lib/front/resp), the cluster runtime, rules reloads, a background sweeper and snapshots.
+// `sluiced` is a thin main around it. Every front decides through the node's one routed check
+// path (owner routing and forwarding in a cluster, lib/node/routed_check.h).
 //
 // Threads: `threads` check-front workers, each running its own io_context (front/check/
 // check_front.h says which sockets each owns). One control io_context (the caller's thread,
 // inside run()) owns the TCP acceptor, the cluster runtime, timers and signals. The admin port's
 // connections are served on the check front's workers, its operator rows on a thread of its own;
-// the gRPC front has threads of its own. The engine is shared by all threads (it shards
-// internally).
+// so are the RESP door's (its acceptor on the admin thread); the gRPC front has threads of its
+// own. The engine is shared by all threads (it shards internally).
 //
 // Clock: the node reads time only through NodeOptions::clock, so tests can drive it.
 #pragma once
