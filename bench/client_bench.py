@@ -80,7 +80,7 @@ def main():
         addr = f"127.0.0.1:{free_port()}"
         log = open(os.path.join(tmp, "sluiced.log"), "w")
         node = subprocess.Popen(
-            [sluiced, "--udp", addr, "--tcp", addr, "--admin", "", "--grpc", "", "--data-dir", "",
+            [sluiced, "--udp", addr, "--tcp", addr, "--admin", "", "--grpc", "", "--resp", "", "--data-dir", "",
              "--rules", rules, "--threads", str(a.threads), "--log-level", "warn"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         try:

@@ -680,7 +680,8 @@ int run(const Options& o) {
   const std::string config = dir.path() + "/sluiced.yaml";
   std::ofstream(config) << "# written by sluice-bench-keyspray\n"
                         << "udp: " << addr << "\ntcp: " << addr << "\nadmin: 127.0.0.1:" << admin
-                        << "\ngrpc: \"\"\nthreads: " << o.server_threads << "\nrules: " << rules
+                        << "\ngrpc: \"\"\nresp: \"\"\nthreads: " << o.server_threads
+                        << "\nrules: " << rules
                         << (o.memory_only
                                 ? "\ndata_dir: \"\"\n"
                                 : "\ndata_dir: " + dir.path() + "/sluiced-data\ninit_data: true")

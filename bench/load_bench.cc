@@ -422,8 +422,8 @@ void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool ne
                           << "\n";
     const std::string err = s.sluiced.start(
         {exe, "--config", config, "--udp", udp, "--tcp", udp, "--admin",
-         "127.0.0.1:" + std::to_string(s.admin_port), "--grpc", grpc, "--rules", rules, "--threads",
-         std::to_string(o.server_threads), "--log-level", "warn", "--data-dir",
+         "127.0.0.1:" + std::to_string(s.admin_port), "--grpc", grpc, "--resp", "", "--rules",
+         rules, "--threads", std::to_string(o.server_threads), "--log-level", "warn", "--data-dir",
          s.dir.path() + "/sluiced-data"},
         s.dir.path() + "/sluiced.log");
     if (!err.empty()) throw std::runtime_error("sluiced: " + err);

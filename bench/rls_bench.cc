@@ -270,8 +270,8 @@ void start_server(const Options& o, const std::string& exe, Server& s) {
   const std::string grpc_addr = "127.0.0.1:" + std::to_string(s.grpc_port);
   const std::string err = s.sluiced.start(
       {exe, "--udp", udp, "--tcp", udp, "--admin", "127.0.0.1:" + std::to_string(s.admin_port),
-       "--grpc", grpc_addr, "--rules", rules, "--threads", std::to_string(o.server_threads),
-       "--log-level", "warn", "--data-dir", ""},
+       "--grpc", grpc_addr, "--resp", "", "--rules", rules, "--threads",
+       std::to_string(o.server_threads), "--log-level", "warn", "--data-dir", ""},
       s.dir.path() + "/sluiced.log");
   if (!err.empty()) throw std::runtime_error("sluiced: " + err);
 

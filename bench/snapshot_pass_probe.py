@@ -20,6 +20,7 @@ open(d + "/c.yaml", "w").write(f"""udp: 127.0.0.1:17650
 tcp: 127.0.0.1:17650
 admin: 127.0.0.1:17651
 grpc: ""
+resp: ""
 threads: 1
 rules: {d}/rules.yaml
 data_dir: {d}/data

@@ -318,9 +318,9 @@ int run(const Options& o) {
   const std::string addr = "127.0.0.1:" + std::to_string(port);
   if (std::string e = sluiced.start(
           {exe, "--udp", addr, "--tcp", addr, "--admin", "127.0.0.1:" + std::to_string(admin),
-           "--grpc", "", "--rules", rules, "--threads", std::to_string(o.server_threads),
-           "--log-level", "warn", "--data-dir", o.memory_only ? "" : dir.path() + "/sluiced-data",
-           "--init-data"},
+           "--grpc", "", "--resp", "", "--rules", rules, "--threads",
+           std::to_string(o.server_threads), "--log-level", "warn", "--data-dir",
+           o.memory_only ? "" : dir.path() + "/sluiced-data", "--init-data"},
           dir.path() + "/sluiced.log");
       !e.empty()) {
     throw std::runtime_error("sluiced: " + e);

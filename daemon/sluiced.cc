@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   CLI::App app{"sluiced: a Sluice rate-limit node", "sluiced"};
   std::string config_file;
   sluice::node::NodeOptions opt;
-  std::string udp, tcp, admin, grpc, rules, data_dir, log_level;
+  std::string udp, tcp, admin, grpc, resp, rules, data_dir, log_level;
   unsigned threads = 0;
   bool check_only = false;
   bool init_data = false;
@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
   app.add_option("--admin", admin, "admin HTTP listener, e.g. 127.0.0.1:7351 ('' disables)");
   app.add_option("--grpc", grpc,
                  "gRPC listener for Envoy's rate limit service, e.g. 127.0.0.1:8081 ('' disables)");
+  app.add_option("--resp", resp,
+                 "Redis protocol (RESP) listener for CL.THROTTLE and SLUICE.CHECK, e.g. "
+                 "127.0.0.1:7352 ('' disables)");
   app.add_option("--rules", rules, "rules file (YAML, docs/rules.md)");
   std::string envoy_rules;
   app.add_option("--envoy-rules", envoy_rules,
@@ -55,6 +58,7 @@ int main(int argc, char** argv) {
   if (app.count("--tcp")) opt.tcp_listen = tcp;
   if (app.count("--admin")) opt.admin_listen = admin;
   if (app.count("--grpc")) opt.grpc_listen = grpc;
+  if (app.count("--resp")) opt.resp_listen = resp;
   if (app.count("--rules")) opt.rules_file = rules;
   if (app.count("--envoy-rules")) opt.envoy_rules = envoy_rules;
   if (app.count("--threads")) opt.threads = threads;

@@ -6,9 +6,9 @@
 #   deploy/local-cluster.sh stop          SIGTERM to every node (each leaves and hands off)
 #
 # Node i (1-based) listens on 127.0.0.1: checks (UDP and TCP) 7350+10*(i-1), admin 7351+10*(i-1),
-# peers 7352+10*(i-1); node 1 is every other node's seed. Configs, data directories and logs go
-# under $SLUICE_CLUSTER_DIR (default ./local-cluster). Rules: $SLUICE_RULES (default: the
-# embedded example rules). Set SLUICE_BASE_PORT to move every port.
+# peers 7352+10*(i-1), gRPC 7353+10*(i-1), RESP (Redis protocol) 7354+10*(i-1); node 1 is every
+# other node's seed. Configs, data directories and logs go under $SLUICE_CLUSTER_DIR (default
+# ./local-cluster). Rules: $SLUICE_RULES (default: the embedded example rules). Set SLUICE_BASE_PORT to move every port.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin="${SLUICE_BIN_DIR:-$here/build/daemon}"
@@ -39,6 +39,7 @@ start() {
       echo "tcp: 127.0.0.1:$(port_of "$i" 0)"
       echo "admin: 127.0.0.1:$(port_of "$i" 1)"
       echo "grpc: 127.0.0.1:$(port_of "$i" 3)"
+      echo "resp: 127.0.0.1:$(port_of "$i" 4)"
       echo "threads: 1"
       echo "data_dir: $dir/data-$i"
       echo "init_data: true"

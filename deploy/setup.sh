@@ -28,6 +28,7 @@ packages=(
   libssl-dev              # HMAC for peer messages
   clang libclang-rt-14-dev  # libFuzzer targets
   redis-server memcached nginx  # baselines for bench/ and the nginx auth_request test
+  redis-tools             # redis-cli: the RESP door's process test (tests/process/resp_test.cc)
   procps iproute2 curl python3
   nftables                # partition faults in tests/cluster/partition_test.cc and the bench
   dnsmasq-base            # a real DNS server for the DNS seed tests (the binary only, no service)

@@ -55,6 +55,8 @@ tcp: "[::1]:9351"
 admin: 0.0.0.0:9352
 grpc: 0.0.0.0:9353
 grpc_rate_limit_headers: true
+resp: 0.0.0.0:9354
+resp_domain: cells
 threads: 12
 rules: /etc/sluice/rules.yaml
 data_dir: /var/lib/sluice
@@ -75,6 +77,8 @@ log_level: debug
   CHECK(out.admin_listen == "0.0.0.0:9352");
   CHECK(out.grpc_listen == "0.0.0.0:9353");
   CHECK(out.grpc_rate_limit_headers);
+  CHECK(out.resp_listen == "0.0.0.0:9354");
+  CHECK(out.resp_domain == "cells");
   CHECK(out.threads == 12);
   CHECK(out.rules_file == "/etc/sluice/rules.yaml");
   CHECK(out.data_dir == "/var/lib/sluice");
@@ -105,7 +109,8 @@ TEST_CASE("init_data false and an empty data_dir are read as given") {
 TEST_CASE("a listener given as null or as an empty string is disabled") {
   Loader l;
   NodeOptions out;
-  CHECK(l.load("udp:\ntcp: ~\nadmin: null\ngrpc:\n", out) == "");
+  CHECK(l.load("udp:\ntcp: ~\nadmin: null\ngrpc:\nresp:\n", out) == "");
+  CHECK(out.resp_listen == "");
   CHECK(out.udp_listen == "");
   CHECK(out.tcp_listen == "");
   CHECK(out.admin_listen == "");

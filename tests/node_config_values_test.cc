@@ -264,7 +264,7 @@ TEST_CASE(
          "requests_per_unit: 5}\n";
   NodeOptions o;
   o.data_dir.clear();
-  o.udp_listen = o.tcp_listen = o.admin_listen = "";
+  o.udp_listen = o.tcp_listen = o.admin_listen = o.resp_listen = "";
   o.rules_file = dir.write("rules.yaml",
                            "domains:\n  - name: api\n    rules:\n      - {name: r, key: [k], "
                            "limits: [1/1s]}\n");

@@ -37,6 +37,7 @@ void run_and_destroy(bool with_rules_file, int64_t rules_watch_interval_ms) {
   opt.tcp_listen = "";
   opt.admin_listen = "";
   opt.grpc_listen = "";
+  opt.resp_listen = "";
   opt.threads = 1;
   opt.data_dir = "";
   if (with_rules_file) opt.rules_file = (dir / "rules.yaml").string();

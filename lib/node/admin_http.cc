@@ -173,6 +173,7 @@ struct AdminHttp::Parts {
     append_engine_metrics(m, es, nc.slice_prefetches);
     append_check_metrics(m, nc, checks.decided.load());
     append_rls_metrics(m, nc.rls);
+    append_resp_metrics(m, nc.resp);
     append_tcp_metrics(m, nc);
     front->append_metrics(m);
     append_auth_metrics(m, auth);

@@ -119,6 +119,9 @@ constexpr std::string_view kTopLevelSettings[] = {"udp",
                                                   "admin",
                                                   "grpc",
                                                   "grpc_rate_limit_headers",
+                                                  "resp",
+                                                  "resp_password_file",
+                                                  "resp_domain",
                                                   "threads",
                                                   "rules",
                                                   "envoy_rules",
@@ -178,6 +181,7 @@ std::string empty_hint(const std::string& field) {
   if (field == "cluster") return " (leave cluster out for a node on its own)";
   if (field == "cluster.seeds") return " (write [] for no seeds)";
   if (field == "admin_token_file") return " (leave admin_token_file out for no token)";
+  if (field == "resp_password_file") return " (leave resp_password_file out for no password)";
   return "";
 }
 
@@ -346,7 +350,8 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
       continue;
     }
     // A listener left empty is off, as documented; every other setting needs a value.
-    const bool listener = key == "udp" || key == "tcp" || key == "admin" || key == "grpc";
+    const bool listener =
+        key == "udp" || key == "tcp" || key == "admin" || key == "grpc" || key == "resp";
     if (v.IsNull() && !listener) {
       bad(kEmpty + empty_hint(key));
       continue;
@@ -360,6 +365,23 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
         out.admin_listen = v.IsNull() ? "" : v.as<std::string>();
       } else if (key == "grpc") {
         out.grpc_listen = v.IsNull() ? "" : v.as<std::string>();
+      } else if (key == "resp") {
+        out.resp_listen = v.IsNull() ? "" : v.as<std::string>();
+      } else if (key == "resp_password_file") {
+        if (const std::optional<std::string> file = non_empty_text(v); !file) {
+          bad(kEmpty + empty_hint(key));
+        } else if (std::string err = read_admin_token_file(*file, out.resp_password);
+                   !err.empty()) {
+          bad(err);
+        } else {
+          out.resp_password_file = *file;
+        }
+      } else if (key == "resp_domain") {
+        if (const std::optional<std::string> d = non_empty_text(v); !d) {
+          bad(kEmpty + empty_hint(key));
+        } else {
+          out.resp_domain = *d;
+        }
       } else if (key == "grpc_rate_limit_headers") {
         out.grpc_rate_limit_headers = v.as<bool>();
       } else if (key == "threads") {

@@ -17,11 +17,13 @@
 #include <thread>
 
 #include "front/check/check_front.h"
+#include "front/resp/resp_front.h"
 #include "node/admin_auth.h"
 #include "node/admin_http.h"
 #include "node/check_handler.h"
 #include "node/node_cluster.h"
 #include "node/node_state.h"
+#include "node/resp_backend.h"
 #include "node/routed_check.h"
 #include "node/rules_watch.h"
 
@@ -63,6 +65,12 @@ struct Node::Impl : NodeState {
       throw std::runtime_error("admin_token_reads needs admin_token_file (the token to ask for)");
     }
     admin_auth = std::make_unique<AdminAuth>(opt.admin_token, opt.admin_token_reads);
+    if (!opt.resp_password_file.empty() && opt.resp_password.empty()) {
+      if (std::string err = read_admin_token_file(opt.resp_password_file, opt.resp_password);
+          !err.empty()) {
+        throw std::runtime_error("resp_password_file: " + err);
+      }
+    }
   }
 
   // SIGHUP: the admin token file is read again; a file that became unreadable or empty keeps the
@@ -100,9 +108,10 @@ struct Node::Impl : NodeState {
   // Its connections live on the check front's workers' io_contexts: declared after it, so
   // destroyed before it.
   std::unique_ptr<AdminHttp> admin;
+  std::unique_ptr<front::resp::RespFront> resp;  // the same; its acceptor on admin_io
   // SIGHUP reloads, SIGTERM and SIGINT stop; control thread.
   std::function<void(boost::system::error_code, int)> on_signal;
-  std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0}, grpc_port{0};
+  std::atomic<uint16_t> udp_port{0}, tcp_port{0}, admin_port{0}, grpc_port{0}, resp_port{0};
   std::atomic<bool> stopped{false};
   // Tells check_here's per-thread handlers of this node from those of a node that is gone.
   const uint64_t instance = next_instance.fetch_add(1) + 1;
@@ -127,8 +136,9 @@ void schedule_sweep(Node::Impl& n) {
 // "serving: udp 7350 tcp 7350 ...": the log line at start and the service manager's status.
 std::string serving_status(const Node::Impl& n) {
   return fmt::format(
-      "serving: udp {} tcp {} admin {} grpc {}, {} threads, rules {}{}{}", n.udp_port.load(),
-      n.tcp_port.load(), n.admin_port.load(), n.grpc_port.load(), n.opt.threads,
+      "serving: udp {} tcp {} admin {} grpc {} resp {}, {} threads, rules {}{}{}",
+      n.udp_port.load(), n.tcp_port.load(), n.admin_port.load(), n.grpc_port.load(),
+      n.resp_port.load(), n.opt.threads,
       n.opt.rules_file.empty() ? (n.opt.envoy_rules.empty() ? "<embedded>" : "<none>")
                                : n.opt.rules_file,
       n.opt.envoy_rules.empty() ? "" : ", envoy rules ", n.opt.envoy_rules);
@@ -175,6 +185,33 @@ void open_admin_port(Node& node, Node::Impl& n) {
         "(overrides, plans, drain, snapshot) are refused; reads stay open",
         n.opt.admin_listen);
   }
+}
+
+// The Redis protocol door: connections on the check front's workers (a backend each), the
+// acceptor on the admin thread. Refused off loopback without a password: CL.THROTTLE's DEL resets
+// any key, and nothing else stands between the network and it.
+void open_resp_front(Node& node, Node::Impl& n) {
+  if (n.opt.resp_listen.empty()) return;
+  std::vector<asio::io_context*> ios = n.checks->worker_contexts();
+  std::vector<std::shared_ptr<front::resp::Backend>> backends;
+  for (asio::io_context* io : ios)
+    backends.push_back(make_resp_backend(node, *io, n.opt.resp_domain));
+  front::resp::FrontOptions fo;
+  fo.listen = n.opt.resp_listen;
+  fo.max_connections = n.opt.max_connections;
+  fo.client_timeout_ms = n.opt.client_timeout_ms;
+  fo.session.password = n.opt.resp_password;
+  auto front = std::make_unique<front::resp::RespFront>(n.admin_io, std::move(ios),
+                                                        std::move(backends), std::move(fo));
+  if (!front->loopback() && n.opt.resp_password.empty()) {
+    throw std::runtime_error(
+        "RESP address \"" + n.opt.resp_listen +
+        "\" is not loopback and no resp_password_file is set: any client that reaches it could "
+        "throttle and reset every CL.THROTTLE key; set resp_password_file, or listen on "
+        "127.0.0.1");
+  }
+  n.resp = std::move(front);
+  n.resp_port = n.resp->port();
 }
 
 void open_grpc_front(Node& node, Node::Impl& n) {
@@ -289,6 +326,7 @@ void Node::run(bool handle_signals) {
   open_check_front(n);
   open_admin_port(*this, n);
   open_grpc_front(*this, n);
+  open_resp_front(*this, n);
   join_cluster(n);
   if (handle_signals) watch_signals(*this, n);
   start_timers(*this, n);
@@ -321,6 +359,7 @@ void Node::stop() {
     }
     asio::post(n.admin_io, [&n] {
       if (n.admin) n.admin->stop();
+      if (n.resp) n.resp->stop();
       n.admin_work.reset();  // the admin thread ends once open answers are written
     });
     if (n.signals) n.signals->cancel(ec);
@@ -437,6 +476,9 @@ uint16_t Node::tcp_port() const {
 uint16_t Node::grpc_port() const {
   return impl_->grpc_port.load();
 }
+uint16_t Node::resp_port() const {
+  return impl_->resp_port.load();
+}
 uint16_t Node::admin_port() const {
   return impl_->admin_port.load();
 }
@@ -474,6 +516,25 @@ NodeCounters Node::counters() const {
   c.reloads = impl_->reloads.load();
   c.reload_failures = impl_->reload_failures.load();
   if (impl_->rls) c.rls = impl_->rls->counters();
+  if (impl_->resp) {
+    const front::resp::FrontStats s = impl_->resp->stats();
+    const front::resp::RespCounters& rc = impl_->resp->counters();
+    c.resp.enabled = true;
+    c.resp.accepted = s.accepted;
+    c.resp.open = s.open;
+    for (size_t i = 0; i < front::resp::kCloseReasons; ++i) {
+      c.resp.closed.emplace_back(
+          front::resp::close_reason_name(static_cast<front::resp::CloseReason>(i)), s.closed[i]);
+    }
+    for (size_t i = 1; i < front::resp::kProtocolErrorKinds; ++i) {  // 0: none
+      c.resp.protocol_errors.emplace_back(
+          front::resp::reason_name(static_cast<front::resp::ProtocolError>(i)),
+          rc.protocol_errors[i].load(std::memory_order_relaxed));
+    }
+    c.resp.commands = rc.commands.load(std::memory_order_relaxed);
+    c.resp.unknown_commands = rc.unknown_commands.load(std::memory_order_relaxed);
+    c.resp.auth_failures = rc.auth_failures.load(std::memory_order_relaxed);
+  }
   return c;
 }
 

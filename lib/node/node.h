@@ -1,15 +1,15 @@
 // A Sluice node: the engine behind its fronts (the check protocol over UDP and TCP in
-// lib/front/check, the admin HTTP port, Envoy's gRPC service in lib/rls), the cluster runtime,
-// rules reloads, a background sweeper and snapshots. `sluiced` is a thin main around it. Every
-// front decides through the node's one routed check path (owner routing and forwarding in a
-// cluster, lib/node/routed_check.h).
+// lib/front/check, the admin HTTP port, Envoy's gRPC service in lib/rls, the Redis protocol door
+// in lib/front/resp), the cluster runtime, rules reloads, a background sweeper and snapshots.
+// `sluiced` is a thin main around it. Every front decides through the node's one routed check
+// path (owner routing and forwarding in a cluster, lib/node/routed_check.h).
 //
 // Threads: `threads` check-front workers, each running its own io_context (front/check/
 // check_front.h says which sockets each owns). One control io_context (the caller's thread,
 // inside run()) owns the TCP acceptor, the cluster runtime, timers and signals. The admin port's
 // connections are served on the check front's workers, its operator rows on a thread of its own;
-// the gRPC front has threads of its own. The engine is shared by all threads (it shards
-// internally).
+// so are the RESP door's (its acceptor on the admin thread); the gRPC front has threads of its
+// own. The engine is shared by all threads (it shards internally).
 //
 // Clock: the node reads time only through NodeOptions::clock, so tests can drive it.
 #pragma once
@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -74,6 +75,15 @@ struct NodeOptions {
   // envoyproxy/ratelimit's, so Envoy's cluster only changes its address.
   std::string grpc_listen = "127.0.0.1:8081";
   bool grpc_rate_limit_headers = false;  // RateLimit headers in response_headers_to_add
+  // The Redis protocol door (lib/front/resp, docs/configuration.md); "" disables it. A door on
+  // an address that is not loopback needs a password: the node refuses to start without one.
+  std::string resp_listen = "127.0.0.1:7352";
+  // Clients AUTH with the file's content (load_node_config reads it, as the admin token's).
+  std::string resp_password_file;
+  std::string resp_password;
+  // The domain of CL.THROTTLE's keys (lib/node/resp_backend.h); added, without rules, when the
+  // rules file does not name it.
+  std::string resp_domain = "redis";
   unsigned threads = 2;
   std::string rules_file;  // "" = the embedded example rules (deploy/rules.example.yaml)
   // envoyproxy/ratelimit config: a file or a directory of them (docs/envoy-config.md); "" none.
@@ -125,6 +135,18 @@ std::string load_node_config(const std::string& path, NodeOptions& out);
 // The embedded default rules text (deploy/rules.example.yaml at build time).
 std::string_view embedded_rules();
 
+// The RESP door's counters (front/resp/resp_front.h), copied for /metrics.
+struct RespStats {
+  bool enabled = false;
+  uint64_t accepted = 0;
+  uint64_t open = 0;
+  std::vector<std::pair<std::string_view, uint64_t>> closed;           // by reason
+  std::vector<std::pair<std::string_view, uint64_t>> protocol_errors;  // by reason
+  uint64_t commands = 0;
+  uint64_t unknown_commands = 0;
+  uint64_t auth_failures = 0;
+};
+
 // Counters the node keeps besides the engine's, for /metrics and `sluicectl status`.
 struct NodeCounters {
   uint64_t udp_requests = 0;
@@ -145,6 +167,7 @@ struct NodeCounters {
   uint64_t reloads = 0;
   uint64_t reload_failures = 0;
   rls::RlsCounters rls;  // the gRPC front (all 0 when it is disabled)
+  RespStats resp;        // the RESP door (all 0 when it is disabled)
   // check latency (decode + decide + encode, per request) histogram: bucket i counts requests
   // that took < 2^i microseconds (the last bucket: everything slower).
   std::vector<uint64_t> latency_us_buckets;
@@ -197,6 +220,7 @@ class Node {
   uint16_t tcp_port() const;
   uint16_t admin_port() const;
   uint16_t grpc_port() const;  // 0 when the gRPC front is disabled
+  uint16_t resp_port() const;  // 0 when the RESP door is disabled
 
   engine::Engine& engine();
   NodeCounters counters() const;

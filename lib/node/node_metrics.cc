@@ -164,6 +164,31 @@ void append_rls_metrics(MetricsText& m, const rls::RlsCounters& r) {
   m.sample("sluice_rls_connections_closed_total", {"reason", "protocol"}, r.protocol_errors);
 }
 
+void append_resp_metrics(MetricsText& m, const RespStats& r) {
+  if (!r.enabled) return;
+  m.one("sluice_resp_connections_total", "counter", "RESP (Redis protocol) connections accepted.",
+        r.accepted);
+  m.one("sluice_resp_connections_open", "gauge", "RESP connections open now.", r.open);
+  m.family("sluice_resp_connections_closed_total", "counter",
+           "RESP connections closed, by reason: client (the client closed it, or the socket "
+           "failed), finished (QUIT, or a protocol error answered first), shed (the one idle "
+           "longest, for a new connection over max_connections), frame (a command not finished "
+           "within client_timeout_ms), write (replies not taken), stop (the node stopped).");
+  for (const auto& [reason, n] : r.closed)
+    m.sample("sluice_resp_connections_closed_total", {"reason", reason}, n);
+  m.one("sluice_resp_commands_total", "counter", "RESP commands run (MULTI's queued ones once).",
+        r.commands);
+  m.one("sluice_resp_unknown_commands_total", "counter",
+        "RESP commands answered Redis's unknown command error.", r.unknown_commands);
+  m.family("sluice_resp_protocol_errors_total", "counter",
+           "RESP requests refused as malformed or over a limit, by reason; the connection is "
+           "closed after the error reply, no counter touched.");
+  for (const auto& [reason, n] : r.protocol_errors)
+    m.sample("sluice_resp_protocol_errors_total", {"reason", reason}, n);
+  m.one("sluice_resp_auth_failures_total", "counter",
+        "RESP AUTH (and HELLO AUTH) attempts with a wrong password.", r.auth_failures);
+}
+
 void append_tcp_metrics(MetricsText& m, const NodeCounters& nc) {
   m.one("sluice_tcp_connections_total", "counter", "TCP connections accepted.", nc.tcp_connections);
   m.one("sluice_tcp_connections_open", "gauge", "TCP check connections open now.", nc.tcp_open);

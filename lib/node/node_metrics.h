@@ -19,6 +19,7 @@ struct RlsCounters;
 namespace sluice::node {
 
 struct NodeCounters;
+struct RespStats;
 struct PersistenceStatus;
 struct ClusterStatus;
 class AdminAuth;
@@ -34,6 +35,8 @@ void append_engine_metrics(MetricsText& m, const engine::EngineStats& es,
 void append_check_metrics(MetricsText& m, const NodeCounters& nc, uint64_t http_checks);
 // The gRPC front.
 void append_rls_metrics(MetricsText& m, const rls::RlsCounters& r);
+// The RESP door (nothing when it is disabled).
+void append_resp_metrics(MetricsText& m, const RespStats& r);
 // The TCP check front's connections.
 void append_tcp_metrics(MetricsText& m, const NodeCounters& nc);
 // The admin token's refusals.

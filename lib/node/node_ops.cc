@@ -20,7 +20,7 @@ int64_t system_now_ms() {
 
 // The rules file (or the embedded example rules when neither file is set) and the envoy rules,
 // merged; a domain declared in both is an error naming both files.
-rules::ParseResult parse_configured_rules(const NodeOptions& opt) {
+rules::ParseResult parse_rules_files(const NodeOptions& opt) {
   if (opt.envoy_rules.empty()) {
     return opt.rules_file.empty() ? rules::parse_rules(embedded_rules(), "<embedded rules>")
                                   : rules::load_rules_file(opt.rules_file);
@@ -34,6 +34,19 @@ rules::ParseResult parse_configured_rules(const NodeOptions& opt) {
                                          opt.envoy_rules);
   if (!native.errors.empty()) native.rules.reset();
   return native;
+}
+
+rules::ParseResult parse_configured_rules(const NodeOptions& opt) {
+  rules::ParseResult r = parse_rules_files(opt);
+  // The RESP door's cell checks need their domain; one the rules do not name is added without
+  // rules (a cell check decides by its own limit).
+  if (r.rules && !opt.resp_listen.empty() && !opt.resp_domain.empty()) {
+    bool named = false;
+    for (const rules::Domain& d : r.rules->domains)
+      named = named || d.name == opt.resp_domain;
+    if (!named) r.rules->domains.emplace_back().name = opt.resp_domain;
+  }
+  return r;
 }
 
 std::string rules_source(const NodeOptions& opt) {

@@ -190,7 +190,7 @@ static void start_node(node* n) {
   if (n->pid == 0) {
     FILE* out = freopen(log, "w", stdout);
     if (out == NULL || dup2(fileno(stdout), 2) < 0) _exit(126);
-    execl(SLUICED_BIN, SLUICED_BIN, "--udp", udp, "--tcp", udp, "--admin", "", "--grpc", "",
+    execl(SLUICED_BIN, SLUICED_BIN, "--udp", udp, "--tcp", udp, "--admin", "", "--grpc", "", "--resp", "",
           "--data-dir", "", "--rules", rules, "--threads", "1", "--log-level", "warn", (char*)NULL);
     _exit(127);
   }

@@ -95,7 +95,7 @@ ok "sluiced --check --config /etc/sluice/sluiced.yaml: $(tail -n 1 <<<"$out")"
 # /var/lib/sluice and stop cleanly on SIGTERM.
 # setpriv execs sluiced itself (runuser would stay in between and take the SIGTERM).
 setpriv --reuid=sluice --regid=sluice --clear-groups /usr/bin/sluiced --config /etc/sluice/sluiced.yaml \
-  --udp 127.0.0.1:0 --tcp "" --admin "" --grpc "" >"$work/sluiced.log" 2>&1 &
+  --udp 127.0.0.1:0 --tcp "" --admin "" --grpc "" --resp "" >"$work/sluiced.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 100); do
   grep -q "sluiced serving" "$work/sluiced.log" && break

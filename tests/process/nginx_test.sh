@@ -95,6 +95,7 @@ udp: null
 tcp: null
 admin: 127.0.0.1:$admin_port
 grpc: null
+resp: null
 rules: $dir/rules.yaml
 threads: 1
 data_dir: $dir/data

@@ -105,7 +105,7 @@ void spawn_with_notify(Daemon& d, const std::string& notify_socket) {
   const auto config = d.dir / "notify.yaml";
   std::ofstream(config) << "udp: 127.0.0.1:" << d.port << "\ntcp: 127.0.0.1:" << d.port
                         << "\nadmin: 127.0.0.1:" << d.admin << "\ngrpc: 127.0.0.1:" << d.grpc
-                        << "\nrules: " << d.rules_file().string()
+                        << "\nresp: 127.0.0.1:" << d.resp << "\nrules: " << d.rules_file().string()
                         << "\ndata_dir: " << d.data_dir.string()
                         << "\ninit_data: true\nlog_level: info\n";
   // The child inherits the environment at fork; the test's own stays as it was.

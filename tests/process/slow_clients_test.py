@@ -82,7 +82,7 @@ def main():
         with open(cfg, "w") as f:
             f.write(
                 f"udp: 127.0.0.1:{port}\ntcp: 127.0.0.1:{port}\nadmin: 127.0.0.1:{admin}\n"
-                f"grpc: '{'127.0.0.1:' + str(grpc_port) if grpc else ''}'\n"
+                f"grpc: '{'127.0.0.1:' + str(grpc_port) if grpc else ''}'\nresp: ''\n"
                 f"data_dir: {tmp}/data\ninit_data: true\n"
                 "client_timeout_ms: 3000\nmax_connections: 256\n")
         proc = subprocess.Popen([sluiced, "--config", cfg], stdout=log, stderr=subprocess.STDOUT)

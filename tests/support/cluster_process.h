@@ -290,7 +290,7 @@ struct NodeProcess {
   uint16_t id = 0;
   std::string name;
   std::string host = "127.0.0.1";  // the address every port of this node binds to
-  uint16_t check_port = 0, admin_port = 0, peer_port = 0, grpc_port = 0;
+  uint16_t check_port = 0, admin_port = 0, peer_port = 0, grpc_port = 0, resp_port = 0;
   std::vector<std::string> launch_prefix;  // NodePlacement::launch_prefix
   std::filesystem::path config, data_dir, log;
   std::string secret;
@@ -376,7 +376,9 @@ class LocalCluster {
     n.admin_port = p.admin_port != 0 ? p.admin_port : free_loopback_port();
     n.peer_port = p.peer_port != 0 ? p.peer_port : free_loopback_port();
     n.grpc_port = free_loopback_port();  // the gRPC front (Envoy's rate limit service)
-    if (n.check_port == 0 || n.admin_port == 0 || n.peer_port == 0 || n.grpc_port == 0)
+    n.resp_port = free_loopback_port();  // the RESP door
+    if (n.check_port == 0 || n.admin_port == 0 || n.peer_port == 0 || n.grpc_port == 0 ||
+        n.resp_port == 0)
       return SIZE_MAX;
     n.secret = secret.value_or(spec_.secret);
     n.config = dir_ / (n.name + ".yaml");
@@ -400,8 +402,9 @@ class LocalCluster {
     std::ofstream cfg(n.config, std::ios::trunc);
     cfg << "udp: " << n.host << ":" << n.check_port << "\ntcp: " << n.host << ":" << n.check_port
         << "\nadmin: " << n.host << ":" << n.admin_port << "\ngrpc: " << n.host << ":"
-        << n.grpc_port << "\nthreads: " << spec_.threads
-        << "\nrules: " << (dir_ / "rules.yaml").string() << "\ndata_dir: " << n.data_dir.string()
+        << n.grpc_port << "\nresp: " << n.host << ":" << n.resp_port
+        << "\nthreads: " << spec_.threads << "\nrules: " << (dir_ / "rules.yaml").string()
+        << "\ndata_dir: " << n.data_dir.string()
         << "\ninit_data: true\nlog_level: " << spec_.log_level << "\n";
     for (const std::string& line : spec_.extra_config)
       cfg << line << "\n";

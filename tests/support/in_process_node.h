@@ -43,6 +43,7 @@ struct InProcessNode {
     opt.tcp_listen = "127.0.0.1:0";
     opt.admin_listen = "127.0.0.1:0";
     opt.grpc_listen = "127.0.0.1:0";
+    opt.resp_listen = "127.0.0.1:0";
     opt.threads = 1;
     opt.rules_file = (dir / "rules.yaml").string();
     opt.data_dir = (dir / "data").string();

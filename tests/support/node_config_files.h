@@ -77,7 +77,8 @@ inline bool contains(const std::string& haystack, const std::string& needle) {
 }
 
 inline const std::string kTopLevelFields =
-    "unknown setting (expected one of: udp, tcp, admin, grpc, grpc_rate_limit_headers, threads, "
+    "unknown setting (expected one of: udp, tcp, admin, grpc, grpc_rate_limit_headers, resp, "
+    "resp_password_file, resp_domain, threads, "
     "rules, envoy_rules, envoy_count_denied, rules_watch_interval_ms, admin_token_file, "
     "admin_token_reads, data_dir, init_data, "
     "snapshot_interval_ms, memory_cap_mb, hash_seed, sweep_interval_ms, max_connections, "
@@ -100,6 +101,10 @@ inline NodeOptions non_default_options() {
   o.admin_listen = "10.9.9.9:3";
   o.grpc_listen = "10.9.9.9:6";
   o.grpc_rate_limit_headers = true;
+  o.resp_listen = "10.9.9.9:7";
+  o.resp_password_file = "/preset/resp-password";
+  o.resp_password = "preset-password";
+  o.resp_domain = "preset-cells";
   o.threads = 7;
   o.rules_file = "/preset/rules.yaml";
   o.envoy_rules = "/preset/envoy";
@@ -139,6 +144,10 @@ inline void check_same(const NodeOptions& a, const NodeOptions& b) {
   CHECK(a.admin_listen == b.admin_listen);
   CHECK(a.grpc_listen == b.grpc_listen);
   CHECK(a.grpc_rate_limit_headers == b.grpc_rate_limit_headers);
+  CHECK(a.resp_listen == b.resp_listen);
+  CHECK(a.resp_password_file == b.resp_password_file);
+  CHECK(a.resp_password == b.resp_password);
+  CHECK(a.resp_domain == b.resp_domain);
   CHECK(a.threads == b.threads);
   CHECK(a.rules_file == b.rules_file);
   CHECK(a.envoy_rules == b.envoy_rules);

@@ -167,6 +167,7 @@ class Daemon {
     port = free_port();
     admin = free_port();
     grpc = free_port();
+    resp = free_port();
     if (start_now) start();
   }
 
@@ -325,14 +326,16 @@ class Daemon {
   uint16_t port = 0;               // UDP and TCP checks
   uint16_t admin = 0;              // admin HTTP
   uint16_t grpc = 0;               // the gRPC front (Envoy's rate limit service)
+  uint16_t resp = 0;               // the RESP (Redis protocol) door
   pid_t pid = -1;                  // the running sluiced, -1 when none
 
  private:
   void write_config() const {
     std::ofstream f(config_file());
     f << "udp: 127.0.0.1:" << port << "\ntcp: 127.0.0.1:" << port << "\nadmin: 127.0.0.1:" << admin
-      << "\ngrpc: 127.0.0.1:" << grpc << "\nrules: " << rules_file().string()
-      << "\nthreads: " << config_.threads << "\nlog_level: " << config_.log_level << "\ndata_dir: " << data_dir.string()
+      << "\ngrpc: 127.0.0.1:" << grpc << "\nresp: 127.0.0.1:" << resp
+      << "\nrules: " << rules_file().string() << "\nthreads: " << config_.threads
+      << "\nlog_level: " << config_.log_level << "\ndata_dir: " << data_dir.string()
       << "\ninit_data: " << (config_.init_data ? "true" : "false") << "\n";
     if (config_.snapshot_interval_ms) {
       f << "snapshot_interval_ms: " << *config_.snapshot_interval_ms << "\n";

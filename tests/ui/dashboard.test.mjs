@@ -88,7 +88,7 @@ before(async () => {
   state.admin = await freePort();
   const log = fs.openSync(path.join(state.dir, 'sluiced.log'), 'w');
   state.child = spawn(sluicedBin, [
-    '--udp', '', '--tcp', '', '--grpc', '', '--data-dir', '',
+    '--udp', '', '--tcp', '', '--grpc', '', '--resp', '', '--data-dir', '',
     '--admin', `127.0.0.1:${state.admin}`,
     '--rules', path.join(state.dir, 'rules.yaml'),
     '--threads', '1', '--log-level', 'warn',

@@ -149,7 +149,7 @@ before(async () => {
 
   const log = fs.openSync(path.join(state.dir, 'sluiced.log'), 'w');
   const args = [
-    '--udp', '', '--tcp', '', '--admin', '',
+    '--udp', '', '--tcp', '', '--admin', '', '--resp', '',
     '--grpc', `127.0.0.1:${state.grpcPort}`,
     '--data-dir', '',
     '--rules', path.join(state.dir, 'rules.yaml'),

@@ -114,7 +114,7 @@ class Sluiced:
         (self.port,) = free_ports(1)
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sluiced_bin, "--udp", "", "--tcp", "", "--admin", "",
+                [sluiced_bin, "--udp", "", "--tcp", "", "--admin", "", "--resp", "",
                  "--grpc", f"127.0.0.1:{self.port}", "--data-dir", "", "--rules", rules,
                  "--threads", "1", "--log-level", "warn"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)

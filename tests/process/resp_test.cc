@@ -1,0 +1,218 @@
+// The RESP door on a real sluiced, talked to by Debian's redis-cli (redis-tools) and by a raw
+// socket: redis-cell's README example, a pipelined burst answered in order, DEL, redis-cell's
+// error texts, AUTH with a password file, HELLO 3, and the door's /metrics.
+#include <arpa/inet.h>
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "sluiced_process.h"
+
+namespace {
+
+using sluice::testing::Daemon;
+using sluice::testing::DaemonConfig;
+using sluice::testing::ProcessResult;
+using sluice::testing::run_process;
+
+constexpr const char* kRedisCli = "/usr/bin/redis-cli";
+
+constexpr const char* kRules = R"(domains:
+  - name: api
+    rules:
+      - name: per-user
+        key: [user]
+        limits: [{limit: 3, window: 1m, name: per-user}]
+)";
+
+bool have_redis_cli() {
+  return ::access(kRedisCli, X_OK) == 0;
+}
+
+// redis-cli against the door, its arguments after the port; stdout.
+std::string cli(const Daemon& d, std::vector<std::string> args) {
+  args.insert(args.begin(), {kRedisCli, "-p", std::to_string(d.resp)});
+  const ProcessResult r = run_process(args, d.dir);
+  INFO("redis-cli stderr: " << r.err);
+  CHECK(r.exit_code() == 0);
+  return r.out;
+}
+
+// Sends `bytes` on a new connection to 127.0.0.1:`port` and reads until `done(read)` holds, the
+// peer closes, or 5 s pass.
+template <class Done>
+std::string exchange(uint16_t port, const std::string& bytes, Done done) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    REQUIRE(n > 0);
+    sent += static_cast<size_t>(n);
+  }
+  std::string got;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!done(got) && std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    char buf[65536];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return got;
+}
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + what.size()))
+    ++n;
+  return n;
+}
+
+std::string metrics(const Daemon& d) {
+  return exchange(d.admin, "GET /metrics HTTP/1.0\r\n\r\n", [](const std::string&) {
+    return false;  // until the server closes
+  });
+}
+
+std::string throttle_frame(const std::string& key, const std::string& burst,
+                           const std::string& count, const std::string& period) {
+  std::string f = "*5\r\n$11\r\nCL.THROTTLE\r\n";
+  for (const std::string* a : {&key, &burst, &count, &period})
+    f += "$" + std::to_string(a->size()) + "\r\n" + *a + "\r\n";
+  return f;
+}
+
+DaemonConfig config() {
+  DaemonConfig c;
+  c.rules = kRules;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("redis-cli: CL.THROTTLE answers redis-cell's README example, DEL resets the key") {
+  if (!have_redis_cli()) {
+    MESSAGE("SKIPPED: no /usr/bin/redis-cli (deploy/setup.sh installs redis-tools)");
+    return;
+  }
+  Daemon d(config());
+  CHECK(cli(d, {"CL.THROTTLE", "user123", "15", "30", "60"}) == "0\n16\n15\n-1\n2\n");
+  CHECK(cli(d, {"CL.THROTTLE", "user123", "15", "30", "60"}) == "0\n16\n14\n-1\n4\n");
+  CHECK(cli(d, {"DEL", "user123", "never-seen"}) == "1\n");
+  CHECK(cli(d, {"CL.THROTTLE", "user123", "15", "30", "60"}) == "0\n16\n15\n-1\n2\n");
+  // SELECT's database is part of the key: db 1's user123 is new.
+  CHECK(cli(d, {"-n", "1", "CL.THROTTLE", "user123", "15", "30", "60"}) == "0\n16\n15\n-1\n2\n");
+  // redis-cell's own texts, without ERR.
+  CHECK(cli(d, {"CL.THROTTLE", "user123", "15", "0", "60"}) ==
+        "Cell error: Store error: Zero rates are not supported\n\n");
+  CHECK(cli(d, {"PING"}) == "PONG\n");
+  // The rules' checks over RESP: 3 a minute per user.
+  CHECK(cli(d, {"SLUICE.CHECK", "api", "user", "ann"}).starts_with("1\n3\n2\n"));
+  CHECK(cli(d, {"SLUICE.CHECK", "api", "user", "ann", "HITS", "2"}).starts_with("1\n3\n0\n"));
+  CHECK(cli(d, {"SLUICE.CHECK", "api", "user", "ann"}).starts_with("0\n3\n0\n"));
+
+  const std::string m = metrics(d);
+  CHECK(m.find("sluice_resp_connections_total ") != std::string::npos);
+  CHECK(m.find(
+            "sluice_rule_decisions_total{domain=\"redis\",rule=\"cell\",decision=\"allowed\"} 4") !=
+        std::string::npos);
+}
+
+TEST_CASE("redis-cli -3: HELLO 3 answers Redis's map with proto 3") {
+  if (!have_redis_cli()) {
+    MESSAGE("SKIPPED: no /usr/bin/redis-cli");
+    return;
+  }
+  Daemon d(config());
+  const std::string hello = cli(d, {"-3", "HELLO", "3"});
+  CHECK(hello.find("proto") != std::string::npos);
+  CHECK(hello.find("3") != std::string::npos);
+  CHECK(hello.find("server") != std::string::npos);
+  // SLUICE.CHECK is a map after HELLO 3.
+  const std::string check = cli(d, {"-3", "SLUICE.CHECK", "api", "user", "bo"});
+  CHECK(check.find("allowed") != std::string::npos);
+  CHECK(check.find("remaining") != std::string::npos);
+}
+
+TEST_CASE(
+    "a pipelined burst of 200 commands is answered in order, and a bad frame closes only its "
+    "connection") {
+  Daemon d(config());
+  // Burst 4 (limit 5) at 1 per minute: five allowed, the rest limited, in order.
+  std::string burst;
+  for (int i = 0; i < 200; ++i)
+    burst += throttle_frame("burst", "4", "1", "60");
+  burst += "PING\r\n";
+  const std::string got =
+      exchange(d.resp, burst, [](const std::string& s) { return s.ends_with("+PONG\r\n"); });
+  REQUIRE(got.ends_with("+PONG\r\n"));
+  CHECK(count(got, "*5\r\n") == 200);
+  CHECK(got.starts_with("*5\r\n:0\r\n:5\r\n:4\r\n:-1\r\n:60\r\n*5\r\n:0\r\n:5\r\n:3\r\n"));
+  CHECK(count(got, "*5\r\n:0\r\n") == 5);
+  CHECK(count(got, "*5\r\n:1\r\n") == 195);
+  // Refused frames close the connection after their error; the door stays up for others.
+  const std::string bad = exchange(d.resp, "*1\r\n$99999999\r\n", [](const std::string& s) {
+    return s.find("\r\n") != std::string::npos;
+  });
+  CHECK(bad.starts_with("-ERR Protocol error"));
+  CHECK(exchange(d.resp, "PING\r\n", [](const std::string& s) { return s.size() >= 7; }) ==
+        "+PONG\r\n");
+  const std::string m = metrics(d);
+  CHECK(m.find("sluice_resp_protocol_errors_total{reason=\"invalid_bulk_length\"} 1") !=
+        std::string::npos);
+}
+
+TEST_CASE(
+    "with resp_password_file, commands get NOAUTH until AUTH succeeds, and failures are counted") {
+  if (!have_redis_cli()) {
+    MESSAGE("SKIPPED: no /usr/bin/redis-cli");
+    return;
+  }
+  Daemon d(config(), /*start_now=*/false);
+  std::ofstream(d.dir / "resp-password") << "s3cret-door\n";
+  d.config().extra_config.push_back("resp_password_file: " + (d.dir / "resp-password").string());
+  d.start();
+  CHECK(cli(d, {"CL.THROTTLE", "k", "1", "1", "1"}).starts_with("NOAUTH Authentication required."));
+  CHECK(cli(d, {"-a", "wrong", "--no-auth-warning", "PING"}).find("NOAUTH") != std::string::npos);
+  CHECK(cli(d, {"-a", "s3cret-door", "--no-auth-warning", "CL.THROTTLE", "k", "1", "1", "1"}) ==
+        "0\n2\n1\n-1\n1\n");
+  CHECK(metrics(d).find("sluice_resp_auth_failures_total 1") != std::string::npos);
+}
+
+TEST_CASE("a RESP door off loopback without a password is refused at start, saying why") {
+  Daemon d(config(), /*start_now=*/false);
+  const ProcessResult r = d.run_to_exit({"--resp", "0.0.0.0:" + std::to_string(d.resp)});
+  CHECK(r.exit_code() != 0);
+  CHECK(r.err.find("not loopback and no resp_password_file") != std::string::npos);
+}
+
+TEST_CASE("a command not finished within client_timeout_ms closes its connection, counted") {
+  Daemon d(config(), /*start_now=*/false);
+  d.config().extra_config.push_back("client_timeout_ms: 300");
+  d.start();
+  const auto t0 = std::chrono::steady_clock::now();
+  // Half a PING: the door waits for the rest, then gives up on it.
+  const std::string got =
+      exchange(d.resp, "*1\r\n$4\r\nPI", [](const std::string&) { return false; });
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(got.empty());
+  CHECK(waited < std::chrono::seconds(4));  // closed by the door, not by the 5 s give-up
+  CHECK(metrics(d).find("sluice_resp_connections_closed_total{reason=\"frame\"} 1") !=
+        std::string::npos);
+}
