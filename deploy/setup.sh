@@ -28,7 +28,10 @@ packages=(
   libssl-dev              # HMAC for peer messages
   clang libclang-rt-14-dev  # libFuzzer targets
   redis-server memcached nginx  # baselines for bench/ and the nginx auth_request test
-  redis-tools             # redis-cli: the RESP door's process test (tests/process/resp_test.cc)
+  redis-tools             # redis-cli, redis-benchmark: the RESP door's tests and bench rows
+  # Redis clients no one here wrote, each against the RESP door (tests/interop/resp): redis-py
+  # (run by /usr/bin/python3), hiredis (a C test), redis-rb. The Node ones come from npm.
+  python3-redis libhiredis-dev ruby-redis
   procps iproute2 curl python3
   nftables                # partition faults in tests/cluster/partition_test.cc and the bench
   dnsmasq-base            # a real DNS server for the DNS seed tests (the binary only, no service)
