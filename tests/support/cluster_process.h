@@ -269,6 +269,9 @@ struct ClusterSpec {
   int64_t forward_timeout_ms = 8;  // the node default
   size_t replicas = 2;
   std::string secret = "sluice-cluster-test-secret-0123456789abcdef";
+  // The RESP door's password, given to nodes placed off loopback (sluiced refuses a RESP door
+  // there without one); loopback nodes run their door open, as a default node does.
+  std::string resp_password = "sluice-cluster-test-resp-password";
   unsigned threads = 1;  // per node: a 2-core machine runs up to 11 nodes plus the load
   std::string log_level = "info";
   milliseconds start_timeout{10000};  // per node: until its admin port answers
@@ -307,6 +310,7 @@ class LocalCluster {
                                                   "-" + std::to_string(std::random_device{}()));
     std::filesystem::create_directories(dir_);
     std::ofstream(dir_ / "rules.yaml") << spec_.rules_yaml;
+    std::ofstream(dir_ / "resp-password") << spec_.resp_password << "\n";
   }
 
   ~LocalCluster() {
@@ -406,6 +410,8 @@ class LocalCluster {
         << "\nthreads: " << spec_.threads << "\nrules: " << (dir_ / "rules.yaml").string()
         << "\ndata_dir: " << n.data_dir.string()
         << "\ninit_data: true\nlog_level: " << spec_.log_level << "\n";
+    if (n.host.rfind("127.", 0) != 0)
+      cfg << "resp_password_file: " << (dir_ / "resp-password").string() << "\n";
     for (const std::string& line : spec_.extra_config)
       cfg << line << "\n";
     if (spec_.standalone) return;
