@@ -1,6 +1,7 @@
 // The RESP door on a real sluiced, talked to by Debian's redis-cli (redis-tools) and by a raw
 // socket: redis-cell's README example, a pipelined burst answered in order, DEL, redis-cell's
-// error texts, AUTH with a password file, HELLO 3, and the door's /metrics.
+// error texts, AUTH with a password file, HELLO 3, deadlines, shedding over max_connections, and
+// the door's /metrics.
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <netinet/in.h>
@@ -8,10 +9,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sluiced_process.h"
@@ -214,5 +218,86 @@ TEST_CASE("a command not finished within client_timeout_ms closes its connection
   CHECK(got.empty());
   CHECK(waited < std::chrono::seconds(4));  // closed by the door, not by the 5 s give-up
   CHECK(metrics(d).find("sluice_resp_connections_closed_total{reason=\"frame\"} 1") !=
+        std::string::npos);
+}
+
+namespace {
+
+// A connection kept open across exchanges (exchange() above opens one per call).
+class Conn {
+ public:
+  explicit Conn(uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    REQUIRE(fd_ >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
+  }
+  ~Conn() { ::close(fd_); }
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+
+  // Sends `bytes` and reads `want` bytes; what it read (less when the peer closed or 5 s passed).
+  std::string ask(const std::string& bytes, size_t want) {
+    if (::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size()))
+      return {};
+    return read(want, std::chrono::seconds(5));
+  }
+  // True once the peer has closed (within `within`).
+  bool closed_by_peer(std::chrono::milliseconds within) {
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (std::chrono::steady_clock::now() < until) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      char c;
+      const ssize_t n = ::recv(fd_, &c, 1, 0);
+      if (n <= 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::string read(size_t want, std::chrono::seconds within) {
+    std::string got;
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (got.size() < want && std::chrono::steady_clock::now() < until) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::recv(fd_, buf, std::min(sizeof buf, want - got.size()), 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  }
+
+  int fd_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "over max_connections the door closes the connection idle longest, counted as shed, and "
+    "serves the new one") {
+  Daemon d(config(), /*start_now=*/false);
+  d.config().extra_config.push_back("max_connections: 3");
+  d.start();
+  std::vector<std::unique_ptr<Conn>> conns;
+  for (int i = 0; i < 3; ++i) {
+    conns.push_back(std::make_unique<Conn>(d.resp));
+    REQUIRE(conns.back()->ask("PING\r\n", 7) == "+PONG\r\n");
+    // Idle since distinct instants: the first is the one idle longest.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // The two most recent take one more command each, so the first stays the one idle longest.
+  REQUIRE(conns[2]->ask("PING\r\n", 7) == "+PONG\r\n");
+  REQUIRE(conns[1]->ask("PING\r\n", 7) == "+PONG\r\n");
+  Conn fourth(d.resp);
+  CHECK(fourth.ask("PING\r\n", 7) == "+PONG\r\n");
+  CHECK(conns[0]->closed_by_peer(std::chrono::milliseconds(2000)));
+  CHECK(conns[1]->ask("PING\r\n", 7) == "+PONG\r\n");
+  CHECK(conns[2]->ask("PING\r\n", 7) == "+PONG\r\n");
+  CHECK(metrics(d).find("sluice_resp_connections_closed_total{reason=\"shed\"} 1") !=
         std::string::npos);
 }
