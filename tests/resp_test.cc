@@ -508,9 +508,10 @@ TEST_CASE(
   CHECK(h.backend.calls.empty());
 }
 
-TEST_CASE("resp session: with a password only HELLO AUTH, AUTH and QUIT pass before AUTH") {
+TEST_CASE("resp session: with a password only HELLO AUTH, AUTH, PING and QUIT pass before AUTH") {
   Harness h("s3cret");
-  CHECK(h.run(cmd({"PING"})) == "-NOAUTH Authentication required.\r\n");
+  CHECK(h.run(cmd({"PING"})) == "+PONG\r\n");  // health probes need no password
+  CHECK(h.run(cmd({"ECHO", "x"})) == "-NOAUTH Authentication required.\r\n");
   CHECK(h.run(cmd({"CL.THROTTLE", "a", "1", "1", "1"})) == "-NOAUTH Authentication required.\r\n");
   CHECK(h.run(cmd({"HELLO", "3"})) ==
         "-NOAUTH HELLO must be called with the client already authenticated, otherwise the "

@@ -86,6 +86,19 @@ struct Node::Impl : NodeState {
     spdlog::info("admin token reloaded from {}", opt.admin_token_file);
   }
 
+  // SIGHUP: the RESP password file is read again, for connections opened from then on; a file
+  // that became unreadable or empty keeps the password in force (and says so).
+  void reload_resp_password() {
+    if (opt.resp_password_file.empty() || !resp) return;
+    std::string password;
+    if (std::string err = read_admin_token_file(opt.resp_password_file, password); !err.empty()) {
+      spdlog::error("SIGHUP: RESP password not reloaded, the old password stays: {}", err);
+      return;
+    }
+    resp->set_password(std::move(password));
+    spdlog::info("RESP password reloaded from {}", opt.resp_password_file);
+  }
+
   std::unique_ptr<AdminAuth> admin_auth;    // used by the admin thread; set_token from control
   std::unique_ptr<RulesWatch> rules_watch;  // control thread
 
@@ -256,6 +269,7 @@ void watch_signals(Node& node, Node::Impl& n) {
       const std::string err = node.reload();
       if (!err.empty()) spdlog::error("SIGHUP: rules not reloaded, the old rules stay:\n{}", err);
       n.reload_admin_token();
+      n.reload_resp_password();
       if (n.opt.on_event) {
         if (err.empty()) {
           n.opt.on_event(NodeEvent::kReloaded, serving_status(n));

@@ -193,7 +193,9 @@ TEST_CASE(
   d.config().extra_config.push_back("resp_password_file: " + (d.dir / "resp-password").string());
   d.start();
   CHECK(cli(d, {"CL.THROTTLE", "k", "1", "1", "1"}).starts_with("NOAUTH Authentication required."));
-  CHECK(cli(d, {"-a", "wrong", "--no-auth-warning", "PING"}).find("NOAUTH") != std::string::npos);
+  CHECK(cli(d, {"-a", "wrong", "--no-auth-warning", "CL.THROTTLE", "k", "1", "1", "1"})
+            .find("NOAUTH") != std::string::npos);
+  CHECK(cli(d, {"PING"}) == "PONG\n");  // a health probe needs no password
   CHECK(cli(d, {"-a", "s3cret-door", "--no-auth-warning", "CL.THROTTLE", "k", "1", "1", "1"}) ==
         "0\n2\n1\n-1\n1\n");
   CHECK(metrics(d).find("sluice_resp_auth_failures_total 1") != std::string::npos);
@@ -300,4 +302,42 @@ TEST_CASE(
   CHECK(conns[2]->ask("PING\r\n", 7) == "+PONG\r\n");
   CHECK(metrics(d).find("sluice_resp_connections_closed_total{reason=\"shed\"} 1") !=
         std::string::npos);
+}
+
+TEST_CASE(
+    "SIGHUP reads resp_password_file again: new connections ask for the new password, an "
+    "authenticated one stays") {
+  Daemon d(config(), /*start_now=*/false);
+  const std::filesystem::path file = d.dir / "resp-password";
+  std::ofstream(file) << "first-password\n";
+  d.config().extra_config.push_back("resp_password_file: " + file.string());
+  d.start();
+  Conn before(d.resp);
+  REQUIRE(before.ask("AUTH first-password\r\n", 5) == "+OK\r\n");
+
+  {
+    std::ofstream(file, std::ios::trunc) << "second-password\n";
+  }
+  d.signal(SIGHUP);
+  // The reload is done once a new connection refuses the old password (bounded wait).
+  bool rotated = false;
+  for (int i = 0; i < 100 && !rotated; ++i) {
+    Conn probe(d.resp);
+    rotated = probe.ask("AUTH first-password\r\n", 10).starts_with("-WRONGPASS");
+    if (!rotated) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(rotated);
+  Conn after(d.resp);
+  CHECK(after.ask("AUTH second-password\r\n", 5) == "+OK\r\n");
+  CHECK(before.ask("PING\r\n", 7) == "+PONG\r\n");
+  CHECK(before.ask(throttle_frame("rotated", "1", "1", "60"), 4) == "*5\r\n");
+
+  // An emptied file keeps the password in force.
+  {
+    std::ofstream(file, std::ios::trunc);
+  }
+  d.signal(SIGHUP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Conn last(d.resp);
+  CHECK(last.ask("AUTH second-password\r\n", 5) == "+OK\r\n");
 }

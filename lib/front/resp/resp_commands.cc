@@ -396,7 +396,7 @@ const CommandSpec kCommands[] = {
     {"hello", -1, kConn | kFast | kNoAuth, 0, 0, 0, cmd_hello, {}, nullptr},
     {"info", -1, kLoading | kStale, 0, 0, 0, cmd_info, {}, nullptr},
     {"multi", 1, kConn | kFast, 0, 0, 0, cmd_multi, {}, nullptr},
-    {"ping", -1, kFast, 0, 0, 0, cmd_ping, {}, nullptr},
+    {"ping", -1, kFast | kNoAuth, 0, 0, 0, cmd_ping, {}, nullptr},
     {"quit", -1, kConn | kFast | kNoAuth, 0, 0, 0, cmd_quit, {}, nullptr},
     {"select", 2, kLoading | kStale | kFast, 0, 0, 0, cmd_select, {}, nullptr},
     {"sluice.acquire", -4, kWrite | kFast, 0, 0, 0, cmd_acquire, {}, check_arity},

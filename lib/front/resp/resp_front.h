@@ -84,7 +84,10 @@ class RespFront {
   bool loopback() const;  // bound to a loopback address
   void stop();            // idempotent
 
-  // Any thread.
+  // Any thread. The password connections opened from now on ask for (a rotation: SIGHUP
+  // reads resp_password_file again). Open connections keep the one they were opened with, and
+  // one that has authenticated stays so, as Redis's clients do when requirepass changes.
+  void set_password(std::string password);
   FrontStats stats() const;
   const RespCounters& counters() const;
 

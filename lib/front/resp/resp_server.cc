@@ -104,7 +104,8 @@ struct RespFront::State : std::enable_shared_from_this<RespFront::State> {
         opt(std::move(opt_)),
         acceptor(io),
         retry(io),
-        sweep(io) {}
+        sweep(io),
+        session_config(std::make_shared<const Config>(opt.session)) {}
 
   asio::io_context& acceptor_io;
   const std::vector<asio::io_context*> ios;
@@ -125,7 +126,10 @@ struct RespFront::State : std::enable_shared_from_this<RespFront::State> {
   std::atomic<uint64_t> next_client_id{0};
   std::atomic<uint64_t> accepted{0}, accept_errors{0};
   std::array<std::atomic<uint64_t>, kCloseReasons> closed{};
-  mutable std::mutex mu;  // guards connections
+  mutable std::mutex mu;  // guards connections and session_config
+  // What a new connection's session is given (opt.session until set_password replaces it); a
+  // connection keeps the one it was opened with.
+  std::shared_ptr<const Config> session_config;
   std::unordered_set<Connection*> connections;
 
   void accept();
@@ -139,13 +143,14 @@ namespace {
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(std::shared_ptr<RespFront::State> st, tcp::socket socket, asio::io_context& io,
-             Backend& backend)
+  Connection(std::shared_ptr<RespFront::State> st, std::shared_ptr<const Config> config,
+             tcp::socket socket, asio::io_context& io, Backend& backend)
       : st_(std::move(st)),
+        config_(std::move(config)),
         io_(io),
         socket_(std::move(socket)),
         seq_(st_->next_client_id.fetch_add(1) + 1),
-        session_(st_->opt.session, backend, st_->counters, seq_, [this] { on_wake(); }) {}
+        session_(*config_, backend, st_->counters, seq_, [this] { on_wake(); }) {}
 
   asio::io_context& io() { return io_; }
   uint64_t seq() const { return seq_; }
@@ -301,6 +306,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   std::shared_ptr<RespFront::State> st_;
+  std::shared_ptr<const Config> config_;  // the session's; outlives it
   // The connection holds itself from start() to close(): while it awaits answers it has no
   // operation of its own pending, and the front's set holds plain pointers.
   std::shared_ptr<Connection> self_;
@@ -344,7 +350,13 @@ void RespFront::State::accept() {
         }
         boost::system::error_code ignored;
         socket.set_option(tcp::no_delay(true), ignored);
-        auto c = std::make_shared<Connection>(st, std::move(socket), io, *st->backends[i]);
+        std::shared_ptr<const Config> config;
+        {
+          std::lock_guard g(st->mu);
+          config = st->session_config;
+        }
+        auto c = std::make_shared<Connection>(st, std::move(config), std::move(socket), io,
+                                              *st->backends[i]);
         ++st->accepted;
         {
           std::lock_guard g(st->mu);
@@ -478,6 +490,14 @@ FrontStats RespFront::stats() const {
   std::lock_guard g(st.mu);
   s.open = st.connections.size();
   return s;
+}
+
+void RespFront::set_password(std::string password) {
+  State& st = *state_;
+  auto config = std::make_shared<Config>(st.opt.session);
+  config->password = std::move(password);
+  std::lock_guard g(st.mu);
+  st.session_config = std::move(config);
 }
 
 const RespCounters& RespFront::counters() const {

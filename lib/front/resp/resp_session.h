@@ -38,8 +38,10 @@
 // output() holds the filled prefix. EXEC writes its array header, then runs the queued commands:
 // their slots follow it, so the array is whole and in order even when the answers come late.
 //
-// Authentication: with Config::password set, only HELLO (with AUTH), AUTH and QUIT are served
-// until AUTH succeeds; the rest get `NOAUTH Authentication required.`, as Redis (PING too).
+// Authentication: with Config::password set, only HELLO (with AUTH), AUTH, PING and QUIT are
+// served until AUTH succeeds; the rest get `NOAUTH Authentication required.`, as Redis does,
+// except PING: Redis answers it NOAUTH too, here it answers PONG so that a health probe
+// (`PING` from nc, a load balancer, a kubelet) needs no password. PING reads no counter.
 // The password is compared in constant time; failures are counted.
 //
 // Errors that end a connection (a ProtocolError, QUIT, an HTTP request): the session answers
