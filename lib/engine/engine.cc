@@ -407,13 +407,32 @@ void Engine::Impl::answer_no_room(Decision& d) {
   no_room.fetch_add(1, std::memory_order_relaxed);
 }
 
+// A request of several counters (several limits, or a limit with a twin: a gossip rule's demand,
+// a concurrency limit's releases), as decide() takes it through its phases. `lims` are the
+// request's limits in rule order; the Scratch vectors hold its counters (the limits', then the
+// twins').
+struct Engine::Impl::ManyCounters {
+  const State& st;
+  const rules::CheckRequest& req;
+  const rules::AppliedRule* rules;
+  uint32_t num_rules;
+  const rules::AppliedLimit* lims;
+  uint32_t num_limits;
+  int64_t now_ms;
+  const Fallback& fallback;
+  uint64_t shard_set = 0;   // the shards of every counter: locked together
+  bool leases = false;      // a concurrency limit among them
+  bool lease_mode = false;  // a lease rule among them, at its owner
+  uint64_t lease = 0;       // the lease this check is granted, should its limits admit it
+  uint64_t cap = 0;         // capacity (set_capacity), read once
+};
+
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
                           const rules::ResolvedRequest& rr, int64_t now_ms,
                           const Fallback& fallback, BatchResult& out, Decision& d) {
-  const uint64_t hits = req.hits;
   Scratch& sc = tls_scratch;
   const rules::Resolution& res = sc.res;
-  const auto* rules_begin = res.rules.data() + rr.first_rule;
+  const rules::AppliedRule* rules_begin = res.rules.data() + rr.first_rule;
   // The common request, one rule with one window limit that this node decides on its own, takes
   // a path without the per-request bookkeeping of several counters (scratch vectors, twins,
   // leases): the same decision, counted and reported by the same helpers.
@@ -423,61 +442,82 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
                out, d);
     return;
   }
-  const uint32_t first_limit = rules_begin[0].first_limit;
   uint32_t num_limits = 0;
   for (uint32_t r = 0; r < rr.num_rules; ++r)
     num_limits += rules_begin[r].num_limits;
-  const rules::AppliedLimit* lims = res.limits.data() + first_limit;
+  const rules::AppliedLimit* lims = res.limits.data() + rules_begin[0].first_limit;
+  ManyCounters mc{st, req, rules_begin, rr.num_rules, lims, num_limits, now_ms, fallback};
+  pin_counters(mc);
+  // Lock every shard the request touches; its counters are decided and counted atomically.
+  lock_shards(mc.shard_set);
+  if (!find_counters(mc)) {
+    // The memory cap leaves no room even after evicting: answer without counting (fail open),
+    // visibly. Only a cap far below one table per shard gets here.
+    unlock_shards(mc.shard_set);
+    answer_no_room(d);
+    return;
+  }
+  mc.cap = capacity.load(std::memory_order_relaxed);
+  bring_counters_to_now(mc);
+  evaluate_limits(mc, d);
+  count_and_report(mc, out, d);
+  if (mc.lease_mode && req.slice_want > 0 && req.slice_for != 0 && req.slice_for != opt.node_id &&
+      fallback.members == 0 && !fallback.takeover) [[unlikely]] {
+    grant_slice(req, {mc.lims, num_limits}, {sc.spec_of.data(), num_limits}, now_ms, out, d);
+  }
+  unlock_shards(mc.shard_set);
+}
 
-  // Every counter the request touches: its limits' counters, then, for gossip rules in a
-  // cluster, their demand twins (same shard: the twin keeps the low bits).
-  uint64_t shard_set = 0;
+// Every counter the request touches: its limits' counters, then their twins (same shard: a twin
+// keeps the low bits) — a concurrency limit's releases, and, for gossip rules in a cluster, a
+// window limit's demand.
+void Engine::Impl::pin_counters(ManyCounters& mc) {
+  Scratch& sc = tls_scratch;
   sc.pinned.clear();
   sc.spec_of.clear();
-  sc.twin.assign(num_limits, 0);
-  for (uint32_t k = 0; k < num_limits; ++k) {
-    shard_set |= 1ull << (lims[k].counter & shard_mask);
-    sc.pinned.push_back(lims[k].counter);
-    sc.spec_of.push_back(st.spec_ids[lims[k].spec_index]);
+  sc.twin.assign(mc.num_limits, 0);
+  for (uint32_t k = 0; k < mc.num_limits; ++k) {
+    mc.shard_set |= 1ull << (mc.lims[k].counter & shard_mask);
+    sc.pinned.push_back(mc.lims[k].counter);
+    sc.spec_of.push_back(mc.st.spec_ids[mc.lims[k].spec_index]);
   }
-  // Concurrency limits: their release twins (the `twin` of a concurrency limit), and a lease id.
-  bool leases = false;
-  for (uint32_t k = 0; k < num_limits; ++k) {
-    if (lims[k].limit->algorithm != rules::Algorithm::kConcurrency) [[likely]]
-      continue;
-    leases = true;
+  const auto add_twin = [&sc](uint32_t k, uint64_t counter) {
     sc.twin[k] = static_cast<uint32_t>(sc.pinned.size());
-    sc.pinned.push_back(lims[k].counter ^ kReleaseBit);
+    sc.pinned.push_back(counter);
     sc.spec_of.push_back(sc.spec_of[k]);
+  };
+  for (uint32_t k = 0; k < mc.num_limits; ++k) {
+    if (mc.lims[k].limit->algorithm != rules::Algorithm::kConcurrency) [[likely]]
+      continue;
+    mc.leases = true;
+    add_twin(k, mc.lims[k].counter ^ kReleaseBit);
   }
-  // Leased quotas, at the owner: slices granted count against a lease rule's window limits.
-  bool lease_mode = false;
-  if (opt.node_id != 0) {
-    uint32_t k = 0;
-    for (uint32_t r = 0; r < rr.num_rules; ++r) {
-      const rules::AppliedRule& ar = rules_begin[r];
-      for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
-        if (ar.rule->consistency == rules::Consistency::kLease) [[unlikely]] {
-          lease_mode = true;
-          continue;
-        }
-        if (ar.rule->consistency != rules::Consistency::kGossip) continue;
-        // No demand quota for a GCRA limit (a split rate instead) nor a concurrency limit.
-        if (lims[k].limit->algorithm != rules::Algorithm::kWindow) continue;
-        sc.twin[k] = static_cast<uint32_t>(sc.pinned.size());
-        sc.pinned.push_back(lims[k].counter ^ kDemandBit);
-        sc.spec_of.push_back(sc.spec_of[k]);
+  if (opt.node_id == 0) return;  // no cluster: no demand twins, no slices
+  uint32_t k = 0;
+  for (uint32_t r = 0; r < mc.num_rules; ++r) {
+    const rules::AppliedRule& ar = mc.rules[r];
+    for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
+      // Leased quotas, at the owner: slices granted count against a lease rule's window limits.
+      if (ar.rule->consistency == rules::Consistency::kLease) [[unlikely]] {
+        mc.lease_mode = true;
+        continue;
       }
+      if (ar.rule->consistency != rules::Consistency::kGossip) continue;
+      // No demand quota for a GCRA limit (a split rate instead) nor a concurrency limit.
+      if (mc.lims[k].limit->algorithm != rules::Algorithm::kWindow) continue;
+      add_twin(k, mc.lims[k].counter ^ kDemandBit);
     }
   }
-  const size_t num_counters = sc.pinned.size();
-  // Lock every shard the request touches; its counters are decided and counted atomically.
-  lock_shards(shard_set);
+}
 
-  // Find or create every counter. An insert may move other slots of its table (Robin Hood), so
-  // when anything was inserted the slots are looked up again before use. A sibling's insert can
-  // only remove an expired counter of this request (live ones are pinned), which held nothing:
-  // the next attempt recreates it.
+// Finds or creates every counter (shards locked), and the lease should the check need one; false
+// when the memory cap leaves no room. An insert may move other slots of its table (Robin Hood),
+// so when anything was inserted the slots are looked up again before use. A sibling's insert can
+// only remove an expired counter of this request (live ones are pinned), which held nothing: the
+// next attempt recreates it.
+bool Engine::Impl::find_counters(ManyCounters& mc) {
+  Scratch& sc = tls_scratch;
+  const size_t num_counters = sc.pinned.size();
   sc.slots.resize(num_counters);
   sc.tables.resize(num_counters);
   bool missing = true;
@@ -489,7 +529,7 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
       CounterTable& t = table(sh, sc.spec_of[k]);
       sc.tables[k] = &t;
       const int64_t i =
-          find_or_insert(sh, t, sc.spec_of[k], sc.pinned[k], now_ms, sc.pinned, inserted);
+          find_or_insert(sh, t, sc.spec_of[k], sc.pinned[k], mc.now_ms, sc.pinned, inserted);
       if (i < 0) missing = true;
       sc.slots[k] = static_cast<size_t>(i);
     }
@@ -502,101 +542,52 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     }
   }
   // A lease for this check, should its concurrency limits admit it: room for it, and its id.
-  uint64_t lease = 0;
-  if (leases && hits > 0 && !missing) [[unlikely]] {
-    lease = prepare_lease({lims, num_limits}, now_ms);
-    if (lease == 0) missing = true;
+  if (mc.leases && mc.req.hits > 0 && !missing) [[unlikely]] {
+    mc.lease = prepare_lease({mc.lims, mc.num_limits}, mc.now_ms);
+    if (mc.lease == 0) missing = true;
   }
-  if (missing) {
-    // The memory cap leaves no room even after evicting: answer without counting (fail open),
-    // visibly. Only a cap far below one table per shard gets here.
-    unlock_shards(shard_set);
-    answer_no_room(d);
-    return;
-  }
+  return !missing;
+}
 
-  // Bring each counter to now and evaluate its limit (this side's share of it while members of
-  // the cluster are out of reach: set_capacity).
-  const uint64_t cap = capacity.load(std::memory_order_relaxed);
+// Brings each counter to now: sc.at holds the moment each is evaluated at.
+void Engine::Impl::bring_counters_to_now(const ManyCounters& mc) {
+  Scratch& sc = tls_scratch;
+  const size_t num_counters = sc.pinned.size();
   sc.at.resize(num_counters);
   for (size_t k = 0; k < num_counters; ++k) {
     CounterTable& t = *sc.tables[k];
     if (t.spec().gcra) [[unlikely]] {  // an arrival time, not a ring: nothing to move
-      sc.at[k] = sc.moment_now(t.spec(), now_ms);
+      sc.at[k] = sc.moment_now(t.spec(), mc.now_ms);
       continue;
     }
-    bring_to_now(t, sc.slots[k], sc.moment_now(t.spec(), now_ms), sc.at[k]);
+    bring_to_now(t, sc.slots[k], sc.moment_now(t.spec(), mc.now_ms), sc.at[k]);
   }
+}
+
+// Evaluates every limit (this side's share of it while members of the cluster are out of reach:
+// set_capacity) into sc.limit_ok, sc.rule_ok, sc.limit_in_force and sc.usage, and sets d's
+// outcome from the rules' modes.
+void Engine::Impl::evaluate_limits(const ManyCounters& mc, Decision& d) {
+  Scratch& sc = tls_scratch;
   // Only the first num_rules / num_limits entries are this request's. The vectors only grow, so
   // a warm check fills them in place (vector::assign is not always inlined, and then costs more
   // than the fill).
-  if (sc.rule_ok.size() < rr.num_rules) sc.rule_ok.resize(rr.num_rules);
-  if (sc.limit_ok.size() < num_limits) {
-    sc.limit_ok.resize(num_limits);
-    sc.limit_in_force.resize(num_limits);
-    sc.usage.resize(num_limits);
+  if (sc.rule_ok.size() < mc.num_rules) sc.rule_ok.resize(mc.num_rules);
+  if (sc.limit_ok.size() < mc.num_limits) {
+    sc.limit_ok.resize(mc.num_limits);
+    sc.limit_in_force.resize(mc.num_limits);
+    sc.usage.resize(mc.num_limits);
   }
-  std::fill_n(sc.rule_ok.begin(), rr.num_rules, uint8_t{1});
-  std::fill_n(sc.limit_ok.begin(), num_limits, uint8_t{1});
+  std::fill_n(sc.rule_ok.begin(), mc.num_rules, uint8_t{1});
+  std::fill_n(sc.limit_ok.begin(), mc.num_limits, uint8_t{1});
   bool enforce_denied = false;
   bool shadow_denied = false;
   bool dry_denied = false;
   uint32_t k = 0;
-  for (uint32_t r = 0; r < rr.num_rules; ++r) {
-    const rules::AppliedRule& ar = rules_begin[r];
+  for (uint32_t r = 0; r < mc.num_rules; ++r) {
+    const rules::AppliedRule& ar = mc.rules[r];
     for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
-      CounterTable& t = *sc.tables[k];
-      const size_t i = sc.slots[k];
-      const window::Moment& m = sc.at[k];
-      uint64_t limit = limit_here(cap, lims[k], *ar.rule, fallback, now_ms);
-      if (lease_mode && ar.rule->consistency == rules::Consistency::kLease && !t.spec().gcra)
-          [[unlikely]] {
-        // What the slices still out may yet admit is not this node's to admit.
-        limit -= std::min(limit, slices_out(shards[lims[k].counter & shard_mask], t, i,
-                                            lims[k].counter, sc.spec_of[k], now_ms));
-      }
-      if (leases && lims[k].limit->algorithm == rules::Algorithm::kConcurrency) [[unlikely]] {
-        sc.limit_in_force[k] = limit;
-        const size_t tw = sc.twin[k];
-        if (!decide_leases(t, i, *sc.tables[tw], sc.slots[tw], m, lims[k], *ar.rule, fallback,
-                           limit, now_ms, hits)) {
-          sc.limit_ok[k] = 0;
-          sc.rule_ok[r] = 0;
-        }
-        continue;
-      }
-      if (t.spec().gcra) [[unlikely]] {
-        const bool ok = decide_gcra(t, i, lims[k], *ar.rule, fallback, limit, cap, now_ms, hits,
-                                    sc.limit_in_force[k]);
-        if (!ok) {
-          sc.limit_ok[k] = 0;
-          sc.rule_ok[r] = 0;
-        }
-        continue;
-      }
-      sc.limit_in_force[k] = limit;
-      sc.usage[k] = window::usage(t.counted_view(i), t.spec(), m);
-      bool ok = window::admits(sc.usage[k], t.spec(), ar.rule->estimator, m, hits, limit);
-      if (ok && sc.twin[k] != 0 && hits > 0) {
-        // Gossip mode: within the limit as far as this node knows; of its own hits in the
-        // window it may hold only its quota (gossip_quota), so the nodes' admissions add up to
-        // the limit even though none has seen the others' latest.
-        const size_t tw = sc.twin[k];
-        const uint64_t quota = gossip_quota(shards[lims[k].counter & shard_mask], *sc.tables[tw],
-                                            sc.slots[tw], sc.spec_of[tw], limit, cap, hits);
-        ok = window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
-                            ar.rule->estimator, m, hits, quota);
-      }
-      if (ok && fallback.members > 0 && rules::owner_decides(ar.rule->consistency)) {
-        // Deciding for an owner that cannot be asked (see check()): denied, or within this
-        // node's share of the limit, counting only its own hits (what the others admit is
-        // theirs), the share growing over one window from when the owner was lost.
-        ok = ar.rule->fallback == rules::Fallback::kShare &&
-             window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(),
-                            ar.rule->estimator, m, hits,
-                            fallback_share(lims[k].requests, fallback, now_ms, t.spec().window_ms));
-      }
-      if (!ok) {
+      if (!evaluate_limit(mc, ar, k)) {
         sc.limit_ok[k] = 0;
         sc.rule_ok[r] = 0;
       }
@@ -616,39 +607,96 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
     }
   }
   set_outcome(d, enforce_denied, shadow_denied, dry_denied);
+}
 
-  // Count, then report each limit as it stands after this request.
+// Whether limit k (of rule `ar`) admits the check's hits; sets sc.limit_in_force[k] and, for a
+// window limit, sc.usage[k].
+bool Engine::Impl::evaluate_limit(const ManyCounters& mc, const rules::AppliedRule& ar,
+                                  uint32_t k) {
+  Scratch& sc = tls_scratch;
+  const rules::AppliedLimit& al = mc.lims[k];
+  CounterTable& t = *sc.tables[k];
+  const size_t i = sc.slots[k];
+  const window::Moment& m = sc.at[k];
+  const uint64_t hits = mc.req.hits;
+  uint64_t limit = limit_here(mc.cap, al, *ar.rule, mc.fallback, mc.now_ms);
+  if (mc.lease_mode && ar.rule->consistency == rules::Consistency::kLease && !t.spec().gcra)
+      [[unlikely]] {
+    // What the slices still out may yet admit is not this node's to admit.
+    limit -= std::min(limit, slices_out(shards[al.counter & shard_mask], t, i, al.counter,
+                                        sc.spec_of[k], mc.now_ms));
+  }
+  if (mc.leases && al.limit->algorithm == rules::Algorithm::kConcurrency) [[unlikely]] {
+    sc.limit_in_force[k] = limit;
+    const size_t tw = sc.twin[k];
+    return decide_leases(t, i, *sc.tables[tw], sc.slots[tw], m, al, *ar.rule, mc.fallback, limit,
+                         mc.now_ms, hits);
+  }
+  if (t.spec().gcra) [[unlikely]] {
+    return decide_gcra(t, i, al, *ar.rule, mc.fallback, limit, mc.cap, mc.now_ms, hits,
+                       sc.limit_in_force[k]);
+  }
+  sc.limit_in_force[k] = limit;
+  sc.usage[k] = window::usage(t.counted_view(i), t.spec(), m);
+  bool ok = window::admits(sc.usage[k], t.spec(), ar.rule->estimator, m, hits, limit);
+  if (ok && sc.twin[k] != 0 && hits > 0) {
+    // Gossip mode: within the limit as far as this node knows; of its own hits in the window it
+    // may hold only its quota (gossip_quota), so the nodes' admissions add up to the limit even
+    // though none has seen the others' latest.
+    const size_t tw = sc.twin[k];
+    const uint64_t quota = gossip_quota(shards[al.counter & shard_mask], *sc.tables[tw],
+                                        sc.slots[tw], sc.spec_of[tw], limit, mc.cap, hits);
+    ok = window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(), ar.rule->estimator,
+                        m, hits, quota);
+  }
+  if (ok && mc.fallback.members > 0 && rules::owner_decides(ar.rule->consistency)) {
+    // Deciding for an owner that cannot be asked (see check()): denied, or within this node's
+    // share of the limit, counting only its own hits (what the others admit is theirs), the
+    // share growing over one window from when the owner was lost.
+    ok = ar.rule->fallback == rules::Fallback::kShare &&
+         window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(), ar.rule->estimator,
+                        m, hits,
+                        fallback_share(al.requests, mc.fallback, mc.now_ms, t.spec().window_ms));
+  }
+  return ok;
+}
+
+// Counts the check where its rules say (a rule counts what was admitted if it would itself have
+// admitted it, so a dry-run rule tracks what enforcing would have let through, and everything if
+// it counts denials), then reports each limit as it stands after it.
+void Engine::Impl::count_and_report(const ManyCounters& mc, BatchResult& out, Decision& d) {
+  Scratch& sc = tls_scratch;
+  const uint64_t hits = mc.req.hits;
   d.first_limit = static_cast<uint32_t>(out.limits.size());
-  d.num_limits = num_limits;
-  k = 0;
-  for (uint32_t r = 0; r < rr.num_rules; ++r) {
-    const rules::AppliedRule& ar = rules_begin[r];
-    // A rule counts what was admitted if it would itself have admitted it (a dry-run rule thus
-    // tracks what enforcing would have let through), and everything if it counts denials.
+  d.num_limits = mc.num_limits;
+  uint32_t k = 0;
+  for (uint32_t r = 0; r < mc.num_rules; ++r) {
+    const rules::AppliedRule& ar = mc.rules[r];
     const bool counted = (d.allowed && sc.rule_ok[r]) || ar.rule->count_denied;
-    tally(
-        rule_counters(sc, shards[(ar.num_limits ? lims[k].counter : lims[0].counter) & shard_mask],
-                      st.stats_ids[ar.stats_index]),
-        sc.rule_ok[r] != 0, ar.mode);
+    tally(rule_counters(
+              sc, shards[(ar.num_limits ? mc.lims[k].counter : mc.lims[0].counter) & shard_mask],
+              mc.st.stats_ids[ar.stats_index]),
+          sc.rule_ok[r] != 0, ar.mode);
     for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
+      const rules::AppliedLimit& al = mc.lims[k];
       CounterTable& t = *sc.tables[k];
       const size_t i = sc.slots[k];
       const window::Moment& m = sc.at[k];
-      if (leases && lims[k].limit->algorithm == rules::Algorithm::kConcurrency) [[unlikely]] {
+      if (mc.leases && al.limit->algorithm == rules::Algorithm::kConcurrency) [[unlikely]] {
         // Only what was admitted holds a lease, whatever count_denied says.
         const size_t tw = sc.twin[k];
         const bool granted = d.allowed && sc.rule_ok[r] && hits > 0;
-        answer_leases(st, req, ar, lims[k], t, i, *sc.tables[tw], sc.slots[tw], m,
-                      sc.limit_in_force[k], sc.limit_ok[k] != 0, granted, lease, now_ms, out);
-        if (granted) d.lease = lease;
+        answer_leases(mc.st, mc.req, ar, al, t, i, *sc.tables[tw], sc.slots[tw], m,
+                      sc.limit_in_force[k], sc.limit_ok[k] != 0, granted, mc.lease, mc.now_ms, out);
+        if (granted) d.lease = mc.lease;
         continue;
       }
       if (t.spec().gcra) [[unlikely]] {
-        answer_gcra(st, req, ar, lims[k], t, i, sc.limit_in_force[k], sc.limit_ok[k] != 0, counted,
-                    cap, now_ms, out);
+        answer_gcra(mc.st, mc.req, ar, al, t, i, sc.limit_in_force[k], sc.limit_ok[k] != 0, counted,
+                    mc.cap, mc.now_ms, out);
         continue;
       }
-      Shard& sh = shards[lims[k].counter & shard_mask];
+      Shard& sh = shards[al.counter & shard_mask];
       uint64_t added = 0;
       if (counted && hits > 0) added = count_window(sh, t, i, sc.spec_of[k], m, hits);
       if (sc.twin[k] != 0 && hits > 0) {  // demand: every check, admitted or not
@@ -656,15 +704,10 @@ void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
         count_window(shards[sc.pinned[tw] & shard_mask], *sc.tables[tw], sc.slots[tw],
                      sc.spec_of[tw], sc.at[tw], hits);
       }
-      report_window(st, req, ar, lims[k], sh, t, i, m, sc.usage[k], added, sc.limit_in_force[k],
-                    sc.limit_ok[k] != 0, now_ms, out);
+      report_window(mc.st, mc.req, ar, al, sh, t, i, m, sc.usage[k], added, sc.limit_in_force[k],
+                    sc.limit_ok[k] != 0, mc.now_ms, out);
     }
   }
-  if (lease_mode && req.slice_want > 0 && req.slice_for != 0 && req.slice_for != opt.node_id &&
-      fallback.members == 0 && !fallback.takeover) [[unlikely]] {
-    grant_slice(req, {lims, num_limits}, {sc.spec_of.data(), num_limits}, now_ms, out, d);
-  }
-  unlock_shards(shard_set);
 }
 
 Engine::Engine(std::shared_ptr<const rules::Policy> policy, EngineOptions options)

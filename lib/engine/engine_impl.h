@@ -393,8 +393,20 @@ struct Engine::Impl {
   // from on a later check. Seeding joins, so that is never counted twice.
   bool may_hold_carry(const State& st, const rules::Resolution& res,
                       const rules::ResolvedRequest& rr) const;
+  // Decides one resolved request (shards unlocked): decide_one for the common request of one
+  // counter, else the phases below, on a ManyCounters (engine.cc) and the thread's scratch:
+  // pin_counters (the limits' counters and their twins), find_counters (under the shards' locks;
+  // false: no room), bring_counters_to_now, evaluate_limits (evaluate_limit per limit: window,
+  // GCRA, concurrency, gossip quota, fallback share), count_and_report, then a slice to grant.
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
               int64_t now_ms, const Fallback& fallback, BatchResult& out, Decision& d);
+  struct ManyCounters;
+  void pin_counters(ManyCounters& mc);
+  bool find_counters(ManyCounters& mc);
+  void bring_counters_to_now(const ManyCounters& mc);
+  void evaluate_limits(const ManyCounters& mc, Decision& d);
+  bool evaluate_limit(const ManyCounters& mc, const rules::AppliedRule& ar, uint32_t k);
+  void count_and_report(const ManyCounters& mc, BatchResult& out, Decision& d);
   // True when a request of one rule `ar` with one limit `al` touches no counter but its own:
   // a window limit (not GCRA, not concurrency), no demand twin or slices (a cluster's gossip and
   // lease rules), and not decided for an out-of-reach owner. decide_one then decides it.
