@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
+#include "engine/remote_total.h"
 
 namespace sluice::cluster {
 

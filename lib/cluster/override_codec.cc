@@ -3,6 +3,7 @@
 
 #include <capnp/message.h>
 
+#include <algorithm>
 #include <string_view>
 
 namespace sluice::cluster::detail {

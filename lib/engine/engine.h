@@ -59,6 +59,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/remote_total.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
 
@@ -176,15 +177,6 @@ struct EngineStats {
   uint64_t slice_bytes = 0;  // the slice tables' memory, counted against the cap
   std::vector<std::pair<std::string, uint64_t>> rejected;  // by CheckError name
   std::vector<RuleStats> rules;                            // every rule ever seen, by name
-};
-
-// A total another node reported for one bucket of one counter.
-struct RemoteTotal {
-  uint64_t counter = 0;
-  window::WindowSpec spec;
-  uint16_t node = 0;
-  int64_t bucket = 0;  // bucket number (time / bucket_ms)
-  uint32_t total = 0;  // that node's own total in the bucket
 };
 
 // A key near or over one of its limits, as `sluicectl top` shows it (seed 000's two charts: the
