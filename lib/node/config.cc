@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <system_error>
@@ -114,65 +115,6 @@ std::optional<std::string> non_empty_text(const YAML::Node& v) {
   return s;
 }
 
-constexpr std::string_view kTopLevelSettings[] = {"udp",
-                                                  "tcp",
-                                                  "admin",
-                                                  "grpc",
-                                                  "grpc_rate_limit_headers",
-                                                  "resp",
-                                                  "resp_password_file",
-                                                  "resp_domain",
-                                                  "threads",
-                                                  "rules",
-                                                  "envoy_rules",
-                                                  "envoy_count_denied",
-                                                  "rules_watch_interval_ms",
-                                                  "admin_token_file",
-                                                  "admin_token_reads",
-                                                  "data_dir",
-                                                  "init_data",
-                                                  "snapshot_interval_ms",
-                                                  "memory_cap_mb",
-                                                  "hash_seed",
-                                                  "sweep_interval_ms",
-                                                  "max_connections",
-                                                  "client_timeout_ms",
-                                                  "udp_busy_poll_us",
-                                                  "log_level",
-                                                  "cluster"};
-constexpr std::string_view kClusterSettings[] = {"node_id",
-                                                 "name",
-                                                 "listen",
-                                                 "advertise",
-                                                 "seeds",
-                                                 "seed_refresh_ms",
-                                                 "dns_server",
-                                                 "secret",
-                                                 "secret_file",
-                                                 "replicas",
-                                                 "sync_interval_ms",
-                                                 "anti_entropy_interval_ms",
-                                                 "probe_interval_ms",
-                                                 "forward_timeout_ms",
-                                                 "forget_dead_after_ms"};
-
-template <size_t N>
-bool one_of(const std::string& key, const std::string_view (&names)[N]) {
-  for (std::string_view n : names)
-    if (key == n) return true;
-  return false;
-}
-
-template <size_t N>
-std::string unknown_setting(const std::string_view (&names)[N]) {
-  std::string why = "unknown setting (expected one of: ";
-  for (size_t i = 0; i < N; ++i) {
-    if (i) why += ", ";
-    why += names[i];
-  }
-  return why + ")";
-}
-
 // What an empty value should have been written as, when there is another way to say it.
 std::string empty_hint(const std::string& field) {
   if (field == "rules") return " (leave rules out for the embedded example rules)";
@@ -185,121 +127,283 @@ std::string empty_hint(const std::string& field) {
   return "";
 }
 
-// The `cluster:` map; `section` is its key, the line that section-level errors name. Errors are
-// appended through `fail`.
-template <class Fail>
-void load_cluster(const YAML::Node& section, const YAML::Node& c, ClusterOptions& out,
-                  Fail&& fail) {
-  if (!c.IsMap()) {
-    fail(section, "cluster", "must be a map of settings");
-    return;
+// Reports a setting's problem (the caller knows the key and its line).
+using Bad = std::function<void(const std::string&)>;
+
+// One setting of a map of settings: how its value is read into the options. A table of them is
+// the map's reference: its names, in order, are what an unknown key is told to choose from.
+template <class Options>
+struct Setting {
+  std::string_view name;
+  void (*load)(const YAML::Node& v, Options& out, const Bad& bad);
+  bool may_be_null = false;  // a listener left empty is off, as documented
+};
+
+// An integer setting within [lo, hi], or `why`.
+template <class T, class Out>
+void in_range(const YAML::Node& v, T lo, T hi, Out& out, const Bad& bad, const char* why) {
+  const T n = v.as<T>();
+  if (n < lo || n > hi) {
+    bad(why);
+  } else {
+    out = static_cast<Out>(n);
   }
-  out.enabled = true;
-  for (const auto& kv : c) {
+}
+
+// A string setting that must not be "" (`hint`: what to write instead).
+void text(const YAML::Node& v, std::string& out, const Bad& bad, std::string_view hint = "") {
+  if (const std::optional<std::string> s = non_empty_text(v); !s) {
+    bad(kEmpty + std::string(hint));
+  } else {
+    out = *s;
+  }
+}
+
+// A file holding a secret: its path into `file` and its text into `secret`, read now so that a
+// missing or empty file is a config error naming it.
+void secret_file(const YAML::Node& v, std::string& file, std::string& secret, const Bad& bad,
+                 std::string_view field) {
+  if (const std::optional<std::string> f = non_empty_text(v); !f) {
+    bad(kEmpty + empty_hint(std::string(field)));
+  } else if (std::string err = read_admin_token_file(*f, secret); !err.empty()) {
+    bad(err);
+  } else {
+    file = *f;
+  }
+}
+
+std::string listen_text(const YAML::Node& v) {
+  return v.IsNull() ? "" : v.as<std::string>();
+}
+
+using Top = Setting<NodeOptions>;
+const Top kTopLevelSettings[] = {
+    {"udp", [](const auto& v, auto& o, const Bad&) { o.udp_listen = listen_text(v); }, true},
+    {"tcp", [](const auto& v, auto& o, const Bad&) { o.tcp_listen = listen_text(v); }, true},
+    {"admin", [](const auto& v, auto& o, const Bad&) { o.admin_listen = listen_text(v); }, true},
+    {"grpc", [](const auto& v, auto& o, const Bad&) { o.grpc_listen = listen_text(v); }, true},
+    {"grpc_rate_limit_headers",
+     [](const auto& v, auto& o, const Bad&) { o.grpc_rate_limit_headers = v.template as<bool>(); }},
+    {"resp", [](const auto& v, auto& o, const Bad&) { o.resp_listen = listen_text(v); }, true},
+    {"resp_password_file",
+     [](const auto& v, auto& o, const Bad& bad) {
+       secret_file(v, o.resp_password_file, o.resp_password, bad, "resp_password_file");
+     }},
+    {"resp_domain", [](const auto& v, auto& o, const Bad& bad) { text(v, o.resp_domain, bad); }},
+    {"threads",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range(v, 1, 256, o.threads, bad, "must be between 1 and 256");
+     }},
+    // "" would silently serve the embedded example rules in production.
+    {"rules", [](const auto& v, auto& o,
+                 const Bad& bad) { text(v, o.rules_file, bad, empty_hint("rules")); }},
+    {"envoy_rules", [](const auto& v, auto& o,
+                       const Bad& bad) { text(v, o.envoy_rules, bad, empty_hint("envoy_rules")); }},
+    {"envoy_count_denied",
+     [](const auto& v, auto& o, const Bad&) { o.envoy_count_denied = v.template as<bool>(); }},
+    {"rules_watch_interval_ms",
+     [](const auto& v, auto& o, const Bad& bad) {
+       const auto ms = v.template as<int64_t>();
+       if (ms != 0 && (ms < 100 || ms > 3'600'000)) {
+         bad("must be 0 (off) or between 100 and 3600000");
+       } else {
+         o.rules_watch_interval_ms = ms;
+       }
+     }},
+    {"admin_token_file",
+     [](const auto& v, auto& o, const Bad& bad) {
+       secret_file(v, o.admin_token_file, o.admin_token, bad, "admin_token_file");
+     }},
+    {"admin_token_reads",
+     [](const auto& v, auto& o, const Bad&) { o.admin_token_reads = v.template as<bool>(); }},
+    // "" = memory only, documented.
+    {"data_dir",
+     [](const auto& v, auto& o, const Bad&) { o.data_dir = v.template as<std::string>(); }},
+    {"init_data", [](const auto& v, auto& o, const Bad&) { o.init_data = v.template as<bool>(); }},
+    {"snapshot_interval_ms",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 10, 3'600'000, o.snapshot_interval_ms, bad,
+                         "must be between 10 and 3600000");
+     }},
+    {"memory_cap_mb",
+     [](const auto& v, auto& o, const Bad& bad) {
+       uint64_t mb = 0;
+       in_range<uint64_t>(v, 1, uint64_t{1} << 24, mb, bad, "must be between 1 and 16777216 (MiB)");
+       if (mb != 0) o.memory_cap_bytes = mb << 20;
+     }},
+    {"hash_seed",
+     [](const auto& v, auto& o, const Bad&) { o.hash_seed = v.template as<uint64_t>(); }},
+    {"sweep_interval_ms",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 10, INT64_MAX, o.sweep_interval_ms, bad, "must be at least 10");
+     }},
+    {"max_connections",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 1, 1'000'000, o.max_connections, bad, "must be between 1 and 1000000");
+     }},
+    {"client_timeout_ms",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 100, 3'600'000, o.client_timeout_ms, bad,
+                         "must be between 100 and 3600000");
+     }},
+    {"udp_busy_poll_us",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 0, 10'000, o.udp_busy_poll_us, bad, "must be between 0 and 10000");
+     }},
+    {"log_level",
+     [](const auto& v, auto& o, const Bad& bad) {
+       const auto lvl = v.template as<std::string>();
+       if (lvl != "trace" && lvl != "debug" && lvl != "info" && lvl != "warn" && lvl != "error" &&
+           lvl != "off") {
+         bad("must be one of trace, debug, info, warn, error, off");
+       } else {
+         o.log_level = lvl;
+       }
+     }},
+    // Read by load_cluster (its errors name its own keys); here for the list of names.
+    {"cluster", nullptr},
+};
+
+using Peer = Setting<ClusterOptions>;
+const Peer kClusterSettings[] = {
+    {"node_id",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 1, 65535, o.node_id, bad, "must be between 1 and 65535");
+     }},
+    {"name", [](const auto& v, auto& o, const Bad& bad) { text(v, o.name, bad); }},
+    {"listen", [](const auto& v, auto& o, const Bad& bad) { text(v, o.listen, bad); }},
+    {"advertise", [](const auto& v, auto& o, const Bad& bad) { text(v, o.advertise, bad); }},
+    {"seeds",
+     [](const auto& v, auto& o, const Bad& bad) {
+       auto seeds = v.template as<std::vector<std::string>>();
+       bool empty_seed = false;
+       std::string bad_seed;
+       for (const auto& seed : v)
+         if (seed.IsNull() || seed.template as<std::string>().empty()) empty_seed = true;
+       for (const std::string& seed : seeds) {
+         if (std::string why = check_seed(seed); !why.empty() && bad_seed.empty()) bad_seed = why;
+       }
+       if (empty_seed) {
+         bad("must not contain an empty address");
+       } else if (!bad_seed.empty()) {
+         bad(bad_seed);
+       } else {
+         o.seeds = std::move(seeds);
+       }
+     }},
+    {"seed_refresh_ms",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 100, 3'600'000, o.seed_refresh_ms, bad,
+                         "must be between 100 and 3600000");
+     }},
+    {"dns_server",
+     [](const auto& v, auto& o, const Bad& bad) {
+       std::string s;
+       text(v, s, bad, " (leave dns_server out for the system's resolver)");
+       if (s.empty()) return;
+       if (std::string why = parse_dns_server(s).error; !why.empty()) {
+         bad(why);
+       } else {
+         o.dns_server = s;
+       }
+     }},
+    {"secret", [](const auto& v, auto& o, const Bad& bad) { text(v, o.secret, bad); }},
+    {"secret_file",
+     [](const auto& v, auto& o, const Bad& bad) {
+       std::string file;
+       text(v, file, bad);
+       if (file.empty()) return;
+       if (std::string err = read_secret_file(file, o.secret); !err.empty()) bad(err);
+     }},
+    {"replicas",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 1, 8, o.replicas, bad, "must be between 1 and 8");
+     }},
+    {"sync_interval_ms",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 1, 600'000, o.sync_interval_ms, bad, "must be between 1 and 600000");
+     }},
+    {"anti_entropy_interval_ms",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 1, 600'000, o.anti_entropy_interval_ms, bad,
+                         "must be between 1 and 600000");
+     }},
+    {"probe_interval_ms",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 1, 600'000, o.probe_interval_ms, bad, "must be between 1 and 600000");
+     }},
+    {"forward_timeout_ms",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 1, 600'000, o.forward_timeout_ms, bad, "must be between 1 and 600000");
+     }},
+    {"forget_dead_after_ms",
+     [](const auto& v, auto& o, const Bad& bad) {
+       in_range<int64_t>(v, 0, 86'400'000, o.forget_dead_after_ms, bad,
+                         "must be between 0 and 86400000 (a day)");
+     }},
+};
+
+template <class Options, size_t N>
+const Setting<Options>* find_setting(const std::string& key, const Setting<Options> (&table)[N]) {
+  for (const Setting<Options>& s : table)
+    if (key == s.name) return &s;
+  return nullptr;
+}
+
+template <class Options, size_t N>
+std::string unknown_setting(const Setting<Options> (&table)[N]) {
+  std::string why = "unknown setting (expected one of: ";
+  for (size_t i = 0; i < N; ++i) {
+    if (i) why += ", ";
+    why += table[i].name;
+  }
+  return why + ")";
+}
+
+// Reads the settings of the map `m` by `table`; `prefix` names the map in errors ("" or
+// "cluster."). `special(key node, key, value)` reads a setting whose table entry has no load
+// (returns whether it did). Errors are appended through `fail`.
+template <class Options, size_t N, class Fail, class Special>
+void load_settings(const YAML::Node& m, const Setting<Options> (&table)[N], Options& out,
+                   const std::string& prefix, Fail& fail, Special&& special) {
+  for (const auto& kv : m) {
     const YAML::Node& k = kv.first;
     const std::string key = k.Scalar();
     const YAML::Node& v = kv.second;
-    const std::string field = "cluster." + key;
-    auto bad = [&](const std::string& why) { fail(k, field, why); };
-    if (!one_of(key, kClusterSettings)) {
-      bad(unknown_setting(kClusterSettings));
+    const std::string field = prefix + key;
+    const Bad bad = [&](const std::string& why) { fail(k, field, why); };
+    const Setting<Options>* s = find_setting(key, table);
+    if (s == nullptr) {
+      bad(unknown_setting(table));
       continue;
     }
-    if (v.IsNull()) {
+    if (v.IsNull() && !s->may_be_null) {
       bad(kEmpty + empty_hint(field));
       continue;
     }
     try {
-      if (key == "node_id") {
-        const auto id = v.as<int64_t>();
-        if (id < 1 || id > 65535) {
-          bad("must be between 1 and 65535");
-        } else {
-          out.node_id = static_cast<uint16_t>(id);
-        }
-      } else if (key == "dns_server") {
-        const std::optional<std::string> s = non_empty_text(v);
-        if (!s) {
-          bad(kEmpty + std::string(" (leave dns_server out for the system's resolver)"));
-        } else if (std::string why = parse_dns_server(*s).error; !why.empty()) {
-          bad(why);
-        } else {
-          out.dns_server = *s;
-        }
-      } else if (key == "seed_refresh_ms") {
-        const auto ms = v.as<int64_t>();
-        if (ms < 100 || ms > 3'600'000) {
-          bad("must be between 100 and 3600000");
-        } else {
-          out.seed_refresh_ms = ms;
-        }
-      } else if (key == "name" || key == "listen" || key == "advertise" || key == "secret") {
-        const std::optional<std::string> s = non_empty_text(v);
-        if (!s) {
-          bad(kEmpty);
-        } else if (key == "name") {
-          out.name = *s;
-        } else if (key == "listen") {
-          out.listen = *s;
-        } else if (key == "advertise") {
-          out.advertise = *s;
-        } else {
-          out.secret = *s;
-        }
-      } else if (key == "seeds") {
-        auto seeds = v.as<std::vector<std::string>>();
-        bool empty_seed = false;
-        std::string bad_seed;
-        for (const auto& seed : v)
-          if (seed.IsNull() || seed.as<std::string>().empty()) empty_seed = true;
-        for (const std::string& seed : seeds) {
-          if (std::string why = check_seed(seed); !why.empty() && bad_seed.empty()) bad_seed = why;
-        }
-        if (empty_seed) {
-          bad("must not contain an empty address");
-        } else if (!bad_seed.empty()) {
-          bad(bad_seed);
-        } else {
-          out.seeds = std::move(seeds);
-        }
-      } else if (key == "secret_file") {
-        if (const std::optional<std::string> file = non_empty_text(v); !file) {
-          bad(kEmpty);
-        } else if (std::string err = read_secret_file(*file, out.secret); !err.empty()) {
-          bad(err);
-        }
-      } else if (key == "replicas") {
-        const auto r = v.as<int64_t>();
-        if (r < 1 || r > 8) {
-          bad("must be between 1 and 8");
-        } else {
-          out.replicas = static_cast<size_t>(r);
-        }
-      } else if (key == "forget_dead_after_ms") {
-        const auto ms = v.as<int64_t>();
-        if (ms < 0 || ms > 86'400'000) {
-          bad("must be between 0 and 86400000 (a day)");
-        } else {
-          out.forget_dead_after_ms = ms;
-        }
-      } else {  // the intervals
-        const auto ms = v.as<int64_t>();
-        if (ms < 1 || ms > 600'000) {
-          bad("must be between 1 and 600000");
-        } else if (key == "sync_interval_ms") {
-          out.sync_interval_ms = ms;
-        } else if (key == "anti_entropy_interval_ms") {
-          out.anti_entropy_interval_ms = ms;
-        } else if (key == "probe_interval_ms") {
-          out.probe_interval_ms = ms;
-        } else {
-          out.forward_timeout_ms = ms;
-        }
+      if (s->load != nullptr) {
+        s->load(v, out, bad);
+      } else {
+        special(k, key, v);
       }
     } catch (const YAML::Exception&) {
       bad("has the wrong type");
     }
   }
+}
+
+// The `cluster:` map; `section` is its key, the line that section-level errors name. Errors are
+// appended through `fail`.
+template <class Fail>
+void load_cluster(const YAML::Node& section, const YAML::Node& c, ClusterOptions& out, Fail& fail) {
+  if (!c.IsMap()) {
+    fail(section, "cluster", "must be a map of settings");
+    return;
+  }
+  out.enabled = true;
+  load_settings(c, kClusterSettings, out, "cluster.", fail,
+                [](const YAML::Node&, const std::string&, const YAML::Node&) {});
   if (out.node_id == 0) fail(section, "cluster.node_id", "is required (1..65535, unique per node)");
   if (out.listen.empty()) fail(section, "cluster.listen", "is required (the peer UDP address)");
   if (out.secret.size() < 16) {
@@ -308,13 +412,8 @@ void load_cluster(const YAML::Node& section, const YAML::Node& c, ClusterOptions
   }
 }
 
-}  // namespace
-
-std::string_view embedded_rules() {
-  return kEmbeddedRules;
-}
-
-std::string load_node_config(const std::string& path, NodeOptions& out) {
+// The file's settings as one YAML map, or why not ("" and a null `root`: an empty file).
+std::string parse_config(const std::string& path, YAML::Node& root) {
   std::string text;
   if (std::string why = read_file(path, text); !why.empty()) {
     return path + ": cannot read the config file: " + why;
@@ -322,7 +421,6 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
   if (const int nul = rules::yaml_nul_line(text); nul != 0) {
     return path + ":" + std::to_string(nul) + ": " + std::string(rules::kYamlNul);
   }
-  YAML::Node root;
   try {
     if (const rules::YamlDocuments d = rules::count_yaml_documents(text); d.count > 1) {
       return path + ":" + std::to_string(d.second_line) +
@@ -332,163 +430,34 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
   } catch (const YAML::ParserException& e) {
     return path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg;
   }
+  if (!root.IsNull() && !root.IsMap()) return path + ": the config must be a map of settings";
+  return "";
+}
+
+}  // namespace
+
+std::string_view embedded_rules() {
+  return kEmbeddedRules;
+}
+
+std::string load_node_config(const std::string& path, NodeOptions& out) {
+  YAML::Node root;
+  if (std::string err = parse_config(path, root); !err.empty()) return err;
   if (root.IsNull()) return {};  // an empty file keeps every default
-  if (!root.IsMap()) return path + ": the config must be a map of settings";
   std::string errors;
   auto fail = [&](const YAML::Node& key, const std::string& field, const std::string& why) {
     // `why` may quote a value from the file (a path that cannot be read): printable too.
     errors += where(path, key, field) + printable(why) + "\n";
   };
-  std::optional<YAML::Node> token_reads_key;  // admin_token_reads: true needs a token file
-  for (const auto& kv : root) {
-    const YAML::Node& k = kv.first;
-    const std::string key = k.Scalar();
-    const YAML::Node& v = kv.second;
-    auto bad = [&](const std::string& why) { fail(k, key, why); };
-    if (!one_of(key, kTopLevelSettings)) {
-      bad(unknown_setting(kTopLevelSettings));
-      continue;
+  load_settings(root, kTopLevelSettings, out, "", fail,
+                [&](const YAML::Node& k, const std::string&, const YAML::Node& v) {
+                  load_cluster(k, v, out.cluster, fail);  // the one entry without a load
+                });
+  if (out.admin_token_reads && out.admin_token_file.empty() && errors.empty()) {
+    for (const auto& kv : root) {
+      if (kv.first.Scalar() == "admin_token_reads")
+        fail(kv.first, "admin_token_reads", "needs admin_token_file (the token to ask for)");
     }
-    // A listener left empty is off, as documented; every other setting needs a value.
-    const bool listener =
-        key == "udp" || key == "tcp" || key == "admin" || key == "grpc" || key == "resp";
-    if (v.IsNull() && !listener) {
-      bad(kEmpty + empty_hint(key));
-      continue;
-    }
-    try {
-      if (key == "udp") {
-        out.udp_listen = v.IsNull() ? "" : v.as<std::string>();
-      } else if (key == "tcp") {
-        out.tcp_listen = v.IsNull() ? "" : v.as<std::string>();
-      } else if (key == "admin") {
-        out.admin_listen = v.IsNull() ? "" : v.as<std::string>();
-      } else if (key == "grpc") {
-        out.grpc_listen = v.IsNull() ? "" : v.as<std::string>();
-      } else if (key == "resp") {
-        out.resp_listen = v.IsNull() ? "" : v.as<std::string>();
-      } else if (key == "resp_password_file") {
-        if (const std::optional<std::string> file = non_empty_text(v); !file) {
-          bad(kEmpty + empty_hint(key));
-        } else if (std::string err = read_admin_token_file(*file, out.resp_password);
-                   !err.empty()) {
-          bad(err);
-        } else {
-          out.resp_password_file = *file;
-        }
-      } else if (key == "resp_domain") {
-        if (const std::optional<std::string> d = non_empty_text(v); !d) {
-          bad(kEmpty + empty_hint(key));
-        } else {
-          out.resp_domain = *d;
-        }
-      } else if (key == "grpc_rate_limit_headers") {
-        out.grpc_rate_limit_headers = v.as<bool>();
-      } else if (key == "threads") {
-        const int t = v.as<int>();
-        if (t < 1 || t > 256) {
-          bad("must be between 1 and 256");
-        } else {
-          out.threads = static_cast<unsigned>(t);
-        }
-      } else if (key == "rules") {
-        // "" would silently serve the embedded example rules in production.
-        if (const std::optional<std::string> file = non_empty_text(v); !file) {
-          bad(kEmpty + empty_hint(key));
-        } else {
-          out.rules_file = *file;
-        }
-      } else if (key == "envoy_rules") {
-        if (const std::optional<std::string> envoy = non_empty_text(v); !envoy) {
-          bad(kEmpty + empty_hint(key));
-        } else {
-          out.envoy_rules = *envoy;
-        }
-      } else if (key == "envoy_count_denied") {
-        out.envoy_count_denied = v.as<bool>();
-      } else if (key == "rules_watch_interval_ms") {
-        const auto ms = v.as<int64_t>();
-        if (ms != 0 && (ms < 100 || ms > 3'600'000)) {
-          bad("must be 0 (off) or between 100 and 3600000");
-        } else {
-          out.rules_watch_interval_ms = ms;
-        }
-      } else if (key == "admin_token_file") {
-        if (const std::optional<std::string> file = non_empty_text(v); !file) {
-          bad(kEmpty + empty_hint(key));
-        } else if (std::string err = read_admin_token_file(*file, out.admin_token); !err.empty()) {
-          bad(err);
-        } else {
-          out.admin_token_file = *file;
-        }
-      } else if (key == "admin_token_reads") {
-        out.admin_token_reads = v.as<bool>();
-        if (out.admin_token_reads) token_reads_key = k;
-      } else if (key == "data_dir") {
-        out.data_dir = v.as<std::string>();  // "" = memory only, documented
-      } else if (key == "cluster") {
-        load_cluster(k, v, out.cluster, fail);
-      } else if (key == "init_data") {
-        out.init_data = v.as<bool>();
-      } else if (key == "max_connections") {
-        const auto n = v.as<int64_t>();
-        if (n < 1 || n > 1'000'000) {
-          bad("must be between 1 and 1000000");
-        } else {
-          out.max_connections = static_cast<size_t>(n);
-        }
-      } else if (key == "udp_busy_poll_us") {
-        const auto us = v.as<int64_t>();
-        if (us < 0 || us > 10'000) {
-          bad("must be between 0 and 10000");
-        } else {
-          out.udp_busy_poll_us = us;
-        }
-      } else if (key == "client_timeout_ms") {
-        const auto ms = v.as<int64_t>();
-        if (ms < 100 || ms > 3'600'000) {
-          bad("must be between 100 and 3600000");
-        } else {
-          out.client_timeout_ms = ms;
-        }
-      } else if (key == "snapshot_interval_ms") {
-        const auto ms = v.as<int64_t>();
-        if (ms < 10 || ms > 3'600'000) {
-          bad("must be between 10 and 3600000");
-        } else {
-          out.snapshot_interval_ms = ms;
-        }
-      } else if (key == "memory_cap_mb") {
-        const auto mb = v.as<uint64_t>();
-        if (mb < 1 || mb > (uint64_t{1} << 24)) {
-          bad("must be between 1 and 16777216 (MiB)");
-        } else {
-          out.memory_cap_bytes = mb << 20;
-        }
-      } else if (key == "hash_seed") {
-        out.hash_seed = v.as<uint64_t>();
-      } else if (key == "sweep_interval_ms") {
-        const auto ms = v.as<int64_t>();
-        if (ms < 10) {
-          bad("must be at least 10");
-        } else {
-          out.sweep_interval_ms = ms;
-        }
-      } else if (key == "log_level") {
-        const auto lvl = v.as<std::string>();
-        if (lvl != "trace" && lvl != "debug" && lvl != "info" && lvl != "warn" && lvl != "error" &&
-            lvl != "off") {
-          bad("must be one of trace, debug, info, warn, error, off");
-        } else {
-          out.log_level = lvl;
-        }
-      }
-    } catch (const YAML::Exception&) {
-      bad("has the wrong type");
-    }
-  }
-  if (token_reads_key && out.admin_token_file.empty() && errors.empty()) {
-    fail(*token_reads_key, "admin_token_reads", "needs admin_token_file (the token to ask for)");
   }
   if (!errors.empty()) errors.pop_back();
   return errors;
