@@ -490,6 +490,193 @@ class CarryHistory {
   std::vector<PastLimits> past_;
 };
 
+// Policy::compile's steps, on the policy being built: its domains' rules and plans, the rules of
+// limit overrides and cell checks, then the overrides in force.
+class PolicyBuilder {
+ public:
+  PolicyBuilder(Policy::Impl& p, int64_t now_ms) : p_(p), now_(now_ms) {}
+
+  // A spec's index in the policy, registered on first use.
+  uint32_t spec_index(const window::WindowSpec& spec) {
+    auto it = std::find(p_.specs.begin(), p_.specs.end(), spec);
+    if (it == p_.specs.end()) it = p_.specs.insert(it, spec);
+    return static_cast<uint32_t>(it - p_.specs.begin());
+  }
+
+  // Every declared domain: its plans, its rules (a stats slot each, in order), its allowlist
+  // index and Envoy tree.
+  void domains(uint64_t hash_seed) {
+    p_.domains.reserve(p_.rules.domains.size());
+    for (const Domain& d : p_.rules.domains) {
+      CompiledDomain cd;
+      cd.domain = &d;
+      for (const Plan& plan : d.plans)
+        cd.plans.push_back({plan.name, add_limits(plan.limits)});
+      for (const Rule& r : d.rules) {
+        cd.rules.push_back(rule(cd, r, rule_seed(hash_seed, d.name, r)));
+        p_.stats_names.push_back(d.name + "/" + r.name);
+      }
+      if (d.allowlist.size() > kScannedAllowlist) {
+        for (size_t i = 0; i < d.allowlist.size(); ++i) {
+          cd.allow_index.emplace_back(allow_hash(d.allowlist[i].key, d.allowlist[i].value),
+                                      static_cast<uint32_t>(i));
+        }
+        std::sort(cd.allow_index.begin(), cd.allow_index.end());
+      }
+      if (d.envoy) compile_envoy_tree(d, cd.envoy);
+      // A RuleSet from parse_rules has unique domain names; otherwise the first one wins.
+      p_.domain_index.emplace(d.name, static_cast<uint32_t>(p_.domains.size()));
+      p_.domains.push_back(std::move(cd));
+    }
+  }
+
+  // Limit overrides: a rule per domain, after every declared rule's stats slot, and one limit per
+  // unit (their specs registered last, so the declared limits keep their spec indexes). Cell
+  // checks: the same again, after them (their counters' seed differs from the override's).
+  void synthetic_rules(uint64_t hash_seed) {
+    // An override counts as the domain's rules do (Envoy's upstream counts every hit).
+    for (CompiledDomain& cd : p_.domains)
+      synthetic_rule(cd, cd.limit_override, "limit-override", cd.domain->envoy, hash_seed);
+    for (CompiledDomain& cd : p_.domains)
+      synthetic_rule(cd, cd.cell, "cell", false, hash_seed);
+    if (p_.domains.empty()) return;
+    for (const EnvoyUnit& u : kEnvoyUnits) {
+      Limit& l = p_.override_limits.emplace_back();
+      l.spec = window::make_spec(u.ms);
+      p_.unit_limits.push_back({&l, spec_index(l.spec)});
+    }
+    Limit& cell = p_.override_limits.emplace_back();
+    cell.name = "cell";
+    cell.algorithm = Algorithm::kCell;
+    cell.spec = cell_window_spec();
+    p_.cell_limit = {&cell, spec_index(cell.spec)};
+  }
+
+  // Each override in force, on every rule of its domain keyed by exactly its entries (in any
+  // order).
+  void overrides(const Overrides& overrides) {
+    std::vector<std::string_view> values;
+    for (const Override& o : overrides.list()) {
+      auto dit = p_.domain_index.find(o.domain);
+      if (dit == p_.domain_index.end()) continue;
+      CompiledDomain& cd = p_.domains[dit->second];
+      for (CompiledRule& cr : cd.rules) {
+        const Rule& r = *cr.rule;
+        if (r.key.size() != o.entries.size()) continue;
+        values.clear();
+        for (const std::string& k : r.key) {
+          auto e = std::find_if(o.entries.begin(), o.entries.end(),
+                                [&](const auto& kv) { return kv.first == k; });
+          if (e == o.entries.end()) break;
+          values.push_back(e->second);
+        }
+        if (values.size() != r.key.size()) continue;
+        if (p_.overrides.emplace(hash_values(cr.seed, values), compiled(o, cd, cr)).second)
+          cr.has_overrides = true;
+      }
+    }
+  }
+
+ private:
+  void synthetic_rule(const CompiledDomain& cd, CompiledRule& cr, const char* name,
+                      bool count_denied, uint64_t hash_seed) {
+    Rule& r = p_.override_rules.emplace_back();
+    r.name = name;
+    r.count_denied = count_denied;
+    cr.rule = &r;
+    cr.seed = rule_seed(hash_seed, cd.domain->name, r);
+    cr.stats_index = next_stats_++;
+    p_.stats_names.push_back(cd.domain->name + "/" + r.name);
+  }
+
+  CompiledRule rule(const CompiledDomain& cd, const Rule& r, uint64_t seed) {
+    CompiledRule cr;
+    cr.rule = &r;
+    cr.seed = seed;
+    cr.stats_index = next_stats_++;
+    cr.uses_plans = !r.plan_from.empty();
+    if (cr.uses_plans) {
+      for (const CompiledPlan& cp : cd.plans) {
+        if (cp.name == r.default_plan) cr.limits = cp.limits;
+        cr.legacy = cr.legacy || has_legacy(cp.limits);
+      }
+    } else {
+      cr.limits = add_limits(r.limits);
+      cr.legacy = has_legacy(cr.limits);
+    }
+    return cr;
+  }
+
+  // Override `o` on rule `cr`: its mode, and its own limits or its plan's.
+  CompiledOverride compiled(const Override& o, const CompiledDomain& cd, const CompiledRule& cr) {
+    CompiledOverride co;
+    co.stats_index = cr.stats_index;
+    co.expires_at_ms = o.expires_at_ms;
+    if (o.mode) {
+      co.has_mode = true;
+      co.mode = *o.mode;
+    }
+    if (!o.limits.empty()) {
+      co.has_limits = true;
+      co.limits = {static_cast<uint32_t>(p_.limit_refs.size()),
+                   static_cast<uint32_t>(o.limits.size())};
+      const std::span<const LimitRef> rule_limits(p_.limit_refs.data() + cr.limits.first,
+                                                  cr.limits.count);
+      std::vector<window::WindowSpec> specs;  // limit_refs grows below: resolve them first
+      for (const Limit& l : o.limits) {
+        specs.push_back(l.spec.bucket_ms == 0 ? inherited_spec(l.spec.window_ms, rule_limits)
+                                              : l.spec);
+      }
+      for (size_t i = 0; i < o.limits.size(); ++i) {
+        Limit& stored = p_.override_limits.emplace_back(o.limits[i]);
+        stored.spec = specs[i];
+        if (stored.name.empty()) stored.name = default_limit_name(cr.rule->name, stored);
+        p_.limit_refs.push_back({&stored, spec_index(stored.spec)});
+      }
+    } else if (!o.plan.empty()) {
+      for (const CompiledPlan& cp : cd.plans) {
+        if (cp.name == o.plan) {
+          co.has_limits = true;
+          co.limits = cp.limits;
+        }
+      }
+    }
+    return co;
+  }
+
+  LimitSpan add_limits(const std::vector<Limit>& limits) {
+    LimitSpan span{static_cast<uint32_t>(p_.limit_refs.size()),
+                   static_cast<uint32_t>(limits.size())};
+    for (const Limit& l : limits) {
+      LimitRef ref{&l, spec_index(l.spec)};
+      // A default bucket that is not the older default: the older default's counter (written
+      // by an older version before a restart, or by older members) seeds this one.
+      const window::WindowSpec legacy =
+          window::make_spec(l.spec.window_ms, window::legacy_default_bucket_ms(l.spec.window_ms));
+      if (l.algorithm == Algorithm::kWindow && l.default_bucket && legacy != l.spec) {
+        ref.legacy = static_cast<int32_t>(spec_index(legacy));
+        // Hits counted before `now` leave every true window by now + window; a bucket more
+        // covers where the seed places them (at most the target's newest bucket).
+        p_.legacy_until_ms =
+            std::max(p_.legacy_until_ms, now_ + l.spec.window_ms + l.spec.bucket_ms);
+      }
+      p_.limit_refs.push_back(ref);
+    }
+    return span;
+  }
+
+  bool has_legacy(LimitSpan span) const {
+    for (uint32_t i = 0; i < span.count; ++i) {
+      if (p_.limit_refs[span.first + i].legacy >= 0) return true;
+    }
+    return false;
+  }
+
+  Policy::Impl& p_;
+  const int64_t now_;
+  uint32_t next_stats_ = 0;
+};
+
 }  // namespace
 
 std::string_view to_string(CheckError e) {
@@ -547,163 +734,15 @@ std::shared_ptr<const Policy> Policy::compile(RuleSet rules, const Overrides& ov
   p.input = input;
   p.hash_seed = hash_seed;
   p.compiled_at_ms = now_ms;
-
-  auto spec_index = [&p](const window::WindowSpec& spec) {
-    auto it = std::find(p.specs.begin(), p.specs.end(), spec);
-    if (it == p.specs.end()) it = p.specs.insert(it, spec);
-    return static_cast<uint32_t>(it - p.specs.begin());
-  };
-  auto add_limits = [&](const std::vector<Limit>& limits) {
-    LimitSpan span{static_cast<uint32_t>(p.limit_refs.size()),
-                   static_cast<uint32_t>(limits.size())};
-    for (const Limit& l : limits) {
-      LimitRef ref{&l, spec_index(l.spec)};
-      // A default bucket that is not the older default: the older default's counter (written
-      // by an older version before a restart, or by older members) seeds this one.
-      const window::WindowSpec legacy =
-          window::make_spec(l.spec.window_ms, window::legacy_default_bucket_ms(l.spec.window_ms));
-      if (l.algorithm == Algorithm::kWindow && l.default_bucket && legacy != l.spec) {
-        ref.legacy = static_cast<int32_t>(spec_index(legacy));
-        // Hits counted before `now_ms` leave every true window by now + window; a bucket more
-        // covers where the seed places them (at most the target's newest bucket).
-        p.legacy_until_ms =
-            std::max(p.legacy_until_ms, now_ms + l.spec.window_ms + l.spec.bucket_ms);
-      }
-      p.limit_refs.push_back(ref);
-    }
-    return span;
-  };
-  auto has_legacy = [&p](LimitSpan span) {
-    for (uint32_t i = 0; i < span.count; ++i) {
-      if (p.limit_refs[span.first + i].legacy >= 0) return true;
-    }
-    return false;
-  };
-
-  uint32_t stats_index = 0;
-  p.domains.reserve(p.rules.domains.size());
-  for (const Domain& d : p.rules.domains) {
-    CompiledDomain cd;
-    cd.domain = &d;
-    for (const Plan& plan : d.plans)
-      cd.plans.push_back({plan.name, add_limits(plan.limits)});
-    for (const Rule& r : d.rules) {
-      CompiledRule cr;
-      cr.rule = &r;
-      cr.seed = rule_seed(hash_seed, d.name, r);
-      cr.stats_index = stats_index++;
-      cr.uses_plans = !r.plan_from.empty();
-      if (cr.uses_plans) {
-        for (const CompiledPlan& cp : cd.plans) {
-          if (cp.name == r.default_plan) cr.limits = cp.limits;
-          cr.legacy = cr.legacy || has_legacy(cp.limits);
-        }
-      } else {
-        cr.limits = add_limits(r.limits);
-        cr.legacy = has_legacy(cr.limits);
-      }
-      cd.rules.push_back(cr);
-      p.stats_names.push_back(d.name + "/" + r.name);
-    }
-    if (d.allowlist.size() > kScannedAllowlist) {
-      for (size_t i = 0; i < d.allowlist.size(); ++i) {
-        cd.allow_index.emplace_back(allow_hash(d.allowlist[i].key, d.allowlist[i].value),
-                                    static_cast<uint32_t>(i));
-      }
-      std::sort(cd.allow_index.begin(), cd.allow_index.end());
-    }
-    if (d.envoy) compile_envoy_tree(d, cd.envoy);
-    // A RuleSet from parse_rules has unique domain names; otherwise the first one wins.
-    p.domain_index.emplace(d.name, static_cast<uint32_t>(p.domains.size()));
-    p.domains.push_back(std::move(cd));
+  PolicyBuilder b(p, now_ms);
+  b.domains(hash_seed);
+  b.synthetic_rules(hash_seed);
+  b.overrides(overrides);
+  if (previous != nullptr) {
+    CarryHistory(p, *previous->impl_, now_ms).build([&b](const window::WindowSpec& spec) {
+      return b.spec_index(spec);
+    });
   }
-  // Limit overrides: a rule per domain, after every declared rule's stats slot, and one limit per
-  // unit (their specs registered last, so the declared limits keep their spec indexes).
-  for (CompiledDomain& cd : p.domains) {
-    Rule& r = p.override_rules.emplace_back();
-    r.name = "limit-override";
-    r.count_denied = cd.domain->envoy;  // as the domain's rules: upstream counts every hit
-    cd.limit_override.rule = &r;
-    cd.limit_override.seed = rule_seed(hash_seed, cd.domain->name, r);
-    cd.limit_override.stats_index = stats_index++;
-    p.stats_names.push_back(cd.domain->name + "/" + r.name);
-  }
-  // Cell checks: the same again, after them (their counters' seed differs from the override's).
-  for (CompiledDomain& cd : p.domains) {
-    Rule& r = p.override_rules.emplace_back();
-    r.name = "cell";
-    cd.cell.rule = &r;
-    cd.cell.seed = rule_seed(hash_seed, cd.domain->name, r);
-    cd.cell.stats_index = stats_index++;
-    p.stats_names.push_back(cd.domain->name + "/" + r.name);
-  }
-  if (!p.domains.empty()) {
-    for (const EnvoyUnit& u : kEnvoyUnits) {
-      Limit& l = p.override_limits.emplace_back();
-      l.spec = window::make_spec(u.ms);
-      p.unit_limits.push_back({&l, spec_index(l.spec)});
-    }
-    Limit& cell = p.override_limits.emplace_back();
-    cell.name = "cell";
-    cell.algorithm = Algorithm::kCell;
-    cell.spec = cell_window_spec();
-    p.cell_limit = {&cell, spec_index(cell.spec)};
-  }
-
-  std::vector<std::string_view> values;
-  for (const Override& o : overrides.list()) {
-    auto dit = p.domain_index.find(o.domain);
-    if (dit == p.domain_index.end()) continue;
-    CompiledDomain& cd = p.domains[dit->second];
-    for (CompiledRule& cr : cd.rules) {
-      const Rule& r = *cr.rule;
-      // The override applies to rules keyed by exactly its entries, in any order.
-      if (r.key.size() != o.entries.size()) continue;
-      values.clear();
-      for (const std::string& k : r.key) {
-        auto e = std::find_if(o.entries.begin(), o.entries.end(),
-                              [&](const auto& kv) { return kv.first == k; });
-        if (e == o.entries.end()) break;
-        values.push_back(e->second);
-      }
-      if (values.size() != r.key.size()) continue;
-
-      CompiledOverride co;
-      co.stats_index = cr.stats_index;
-      co.expires_at_ms = o.expires_at_ms;
-      if (o.mode) {
-        co.has_mode = true;
-        co.mode = *o.mode;
-      }
-      if (!o.limits.empty()) {
-        co.has_limits = true;
-        co.limits = {static_cast<uint32_t>(p.limit_refs.size()),
-                     static_cast<uint32_t>(o.limits.size())};
-        const std::span<const LimitRef> rule_limits(p.limit_refs.data() + cr.limits.first,
-                                                    cr.limits.count);
-        std::vector<window::WindowSpec> specs;  // limit_refs grows below: resolve them first
-        for (const Limit& l : o.limits) {
-          specs.push_back(l.spec.bucket_ms == 0 ? inherited_spec(l.spec.window_ms, rule_limits)
-                                                : l.spec);
-        }
-        for (size_t i = 0; i < o.limits.size(); ++i) {
-          Limit& stored = p.override_limits.emplace_back(o.limits[i]);
-          stored.spec = specs[i];
-          if (stored.name.empty()) stored.name = default_limit_name(r.name, stored);
-          p.limit_refs.push_back({&stored, spec_index(stored.spec)});
-        }
-      } else if (!o.plan.empty()) {
-        for (const CompiledPlan& cp : cd.plans) {
-          if (cp.name == o.plan) {
-            co.has_limits = true;
-            co.limits = cp.limits;
-          }
-        }
-      }
-      if (p.overrides.emplace(hash_values(cr.seed, values), co).second) cr.has_overrides = true;
-    }
-  }
-  if (previous != nullptr) CarryHistory(p, *previous->impl_, now_ms).build(spec_index);
   return std::shared_ptr<const Policy>(new Policy(std::move(impl)));
 }
 
