@@ -144,6 +144,10 @@ class RulesParser {
   void parse_domain(const YAML::Node& n, int line, const std::string& path, Domain& d);
   void parse_plans(const Field& f, Domain& d);
   void parse_rule(const YAML::Node& n, int line, const std::string& path, const Domain& d, Rule& r);
+  void parse_match(const Field& f, Rule& r);
+  void parse_key(const Field& f, Rule& r);
+  void parse_rule_plan(const Field& plan, const Domain& d, Rule& r);
+  void parse_rule_modes(const Fields& fields, Rule& r);
   // Reads a list of limits; `owner` names them by default ("<owner>:<N>/<window>").
   void parse_limits(const Field& f, std::string_view owner, int64_t bucket_ms,
                     std::vector<Limit>& out);
@@ -403,43 +407,9 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
   } else {
     error(line, path, "missing required field `name`");
   }
-
-  if (const Field* f = fields.find("match")) {
-    if (expect(f->value, YAML::NodeType::Map, f->line, f->path, "a map of entry: value")) {
-      for (auto it = f->value.begin(); it != f->value.end(); ++it) {
-        const int key_line = line_of(it->first, f->line);
-        const Field key_field{"", it->first, key_line, f->path};
-        auto key = read_string(key_field);
-        if (!key) continue;
-        const Field value_field{"", it->second, line_of(it->second, key_line),
-                                f->path + "." + *key};
-        auto value = read_string(value_field);
-        if (!value) continue;
-        if (std::any_of(r.match.begin(), r.match.end(),
-                        [&](const Condition& c) { return c.key == *key; })) {
-          error(key_line, value_field.path, "condition on " + ticked(*key) + " is repeated");
-          continue;
-        }
-        r.match.push_back({*key, *value});
-      }
-    }
-  }
-
+  if (const Field* f = fields.find("match")) parse_match(*f, r);
   if (const Field* f = fields.find("key")) {
-    if (expect(f->value, YAML::NodeType::Sequence, f->line, f->path, "a list of entry names")) {
-      if (f->value.size() == 0) error(f->line, f->path, "must name at least one entry");
-      size_t i = 0;
-      for (auto it = f->value.begin(); it != f->value.end(); ++it, ++i) {
-        const Field item{"", *it, line_of(*it, f->line), index_path(f->path, i)};
-        auto key = read_string(item);
-        if (!key) continue;
-        if (std::find(r.key.begin(), r.key.end(), *key) != r.key.end()) {
-          error(item.line, item.path, "entry " + ticked(*key) + " is repeated in the key");
-          continue;
-        }
-        r.key.push_back(*key);
-      }
-    }
+    parse_key(*f, r);
   } else {
     error(line, path, "missing required field `key` (the descriptor entries forming the counter)");
   }
@@ -449,7 +419,6 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
   if (granularity != nullptr) {
     if (auto ms = read_duration(*granularity)) bucket_ms = *ms;
   }
-
   const Field* limits = fields.find("limits");
   const Field* plan = fields.find("plan");
   if (limits != nullptr && plan != nullptr) {
@@ -464,37 +433,87 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
             "granularity applies to a rule's own limits; with `plan`, set it on the plan's "
             "limits");
     }
-    if (expect(plan->value, YAML::NodeType::Map, plan->line, plan->path,
-               "a map {from: <entry>, default: <plan>}")) {
-      const Fields pf = read_fields(plan->value, plan->path, {"from", "default"});
-      if (const Field* from = pf.find("from")) {
-        if (auto v = read_string(*from)) r.plan_from = *v;
-      } else {
-        error(plan->line, plan->path, "missing required field `from` (the entry naming the plan)");
+    parse_rule_plan(*plan, d, r);
+  }
+  parse_rule_modes(fields, r);
+  r.name = name;
+}
+
+// `match: {entry: value, ...}`: the conditions a request must meet for the rule to apply.
+void RulesParser::parse_match(const Field& f, Rule& r) {
+  if (expect(f.value, YAML::NodeType::Map, f.line, f.path, "a map of entry: value")) {
+    for (auto it = f.value.begin(); it != f.value.end(); ++it) {
+      const int key_line = line_of(it->first, f.line);
+      const Field key_field{"", it->first, key_line, f.path};
+      auto key = read_string(key_field);
+      if (!key) continue;
+      const Field value_field{"", it->second, line_of(it->second, key_line), f.path + "." + *key};
+      auto value = read_string(value_field);
+      if (!value) continue;
+      if (std::any_of(r.match.begin(), r.match.end(),
+                      [&](const Condition& c) { return c.key == *key; })) {
+        error(key_line, value_field.path, "condition on " + ticked(*key) + " is repeated");
+        continue;
       }
-      if (const Field* def = pf.find("default")) {
-        if (auto v = read_string(*def)) {
-          if (d.plans.empty()) {
-            error(def->line, def->path,
-                  "unknown plan " + ticked(*v) + ": the domain declares no `plans`");
-          } else if (std::none_of(d.plans.begin(), d.plans.end(),
-                                  [&](const Plan& p) { return p.name == *v; })) {
-            std::string names;
-            for (const Plan& p : d.plans)
-              names += (names.empty() ? "" : ", ") + p.name;
-            error(def->line, def->path,
-                  "unknown plan " + ticked(*v) + " (the domain declares: " + names + ")");
-          } else {
-            r.default_plan = *v;
-          }
-        }
-      } else {
-        error(plan->line, plan->path,
-              "missing required field `default` (the plan when the entry is absent or unknown)");
-      }
+      r.match.push_back({*key, *value});
     }
   }
+}
 
+// `key: [entry, ...]`: the entries whose values form the counter's key.
+void RulesParser::parse_key(const Field& f, Rule& r) {
+  if (expect(f.value, YAML::NodeType::Sequence, f.line, f.path, "a list of entry names")) {
+    if (f.value.size() == 0) error(f.line, f.path, "must name at least one entry");
+    size_t i = 0;
+    for (auto it = f.value.begin(); it != f.value.end(); ++it, ++i) {
+      const Field item{"", *it, line_of(*it, f.line), index_path(f.path, i)};
+      auto key = read_string(item);
+      if (!key) continue;
+      if (std::find(r.key.begin(), r.key.end(), *key) != r.key.end()) {
+        error(item.line, item.path, "entry " + ticked(*key) + " is repeated in the key");
+        continue;
+      }
+      r.key.push_back(*key);
+    }
+  }
+}
+
+// `plan: {from: <entry>, default: <plan>}`: the rule's limits are a plan's, named by an entry.
+void RulesParser::parse_rule_plan(const Field& plan, const Domain& d, Rule& r) {
+  if (expect(plan.value, YAML::NodeType::Map, plan.line, plan.path,
+             "a map {from: <entry>, default: <plan>}")) {
+    const Fields pf = read_fields(plan.value, plan.path, {"from", "default"});
+    if (const Field* from = pf.find("from")) {
+      if (auto v = read_string(*from)) r.plan_from = *v;
+    } else {
+      error(plan.line, plan.path, "missing required field `from` (the entry naming the plan)");
+    }
+    if (const Field* def = pf.find("default")) {
+      if (auto v = read_string(*def)) {
+        if (d.plans.empty()) {
+          error(def->line, def->path,
+                "unknown plan " + ticked(*v) + ": the domain declares no `plans`");
+        } else if (std::none_of(d.plans.begin(), d.plans.end(),
+                                [&](const Plan& p) { return p.name == *v; })) {
+          std::string names;
+          for (const Plan& p : d.plans)
+            names += (names.empty() ? "" : ", ") + p.name;
+          error(def->line, def->path,
+                "unknown plan " + ticked(*v) + " (the domain declares: " + names + ")");
+        } else {
+          r.default_plan = *v;
+        }
+      }
+    } else {
+      error(plan.line, plan.path,
+            "missing required field `default` (the plan when the entry is absent or unknown)");
+    }
+  }
+}
+
+// How the rule decides: mode, count_denied, estimator, consistency and fallback, checked against
+// the rule's limits (parsed before).
+void RulesParser::parse_rule_modes(const Fields& fields, Rule& r) {
   if (const Field* f = fields.find("mode")) {
     if (auto v = read_choice<Mode>(
             *f,
@@ -542,7 +561,6 @@ void RulesParser::parse_rule(const YAML::Node& n, int line, const std::string& p
       }
     }
   }
-  r.name = name;
 }
 
 void RulesParser::parse_limits(const Field& f, std::string_view owner, int64_t bucket_ms,
