@@ -4,16 +4,16 @@
 #include <rocksdb/memtablerep.h>
 #include <rocksdb/options.h>
 #include <rocksdb/utilities/options_util.h>
-#include <rocksdb/write_buffer_manager.h>
 #include <rocksdb/write_batch.h>
+#include <rocksdb/write_buffer_manager.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <thread>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 namespace sluice::store {
 namespace {
@@ -52,8 +52,9 @@ std::string open_error(const rocksdb::Status& s, const std::string& what,
                        const std::string& data_dir) {
   std::string why = "RocksDB cannot open " + what + ": " + s.ToString() + ". ";
   if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
-    why += "Another process (a second sluiced?) holds it: stop it, or give this node its own "
-           "data directory.";
+    why +=
+        "Another process (a second sluiced?) holds it: stop it, or give this node its own "
+        "data directory.";
   } else {
     why += recovery_hint(data_dir);
   }
@@ -309,10 +310,81 @@ uint64_t copy_format1_overrides(Instance& from, rocksdb::ColumnFamilyHandle* leg
   return copied;
 }
 
-StoreError override_error(const std::string& ovdir, const char* doing,
-                          const rocksdb::Status& s) {
+StoreError override_error(const std::string& ovdir, const char* doing, const rocksdb::Status& s) {
   return StoreError(std::string(doing) + " in the overrides database " + ovdir +
                     " failed: " + s.ToString());
+}
+
+// A data directory to open: it exists and holds a database, or (with `create`) is made, empty.
+// Returns whether it is new. Throws StoreError saying what is wrong and what to do.
+bool prepare_data_dir(const std::string& dir, bool create) {
+  std::error_code ec;
+  const bool exists = fs::exists(dir, ec);
+  if (ec) throw StoreError("data directory " + dir + ": " + ec.message());
+  bool fresh = false;
+  if (!exists || (fs::is_directory(dir, ec) && fs::is_empty(dir, ec))) {
+    if (!create) {
+      throw StoreError(
+          "data directory " + dir + (exists ? " is empty" : " does not exist") +
+          ". On a node's first start, create it with --init-data (or `init_data: true` in the "
+          "config). If this node ran before, its counters and overrides were there: check the "
+          "path and that its volume is mounted before creating a new one.");
+    }
+    fs::create_directories(dir, ec);
+    if (ec) throw StoreError("cannot create data directory " + dir + ": " + ec.message());
+    fresh = true;
+  } else if (!fs::is_directory(dir, ec)) {
+    throw StoreError("data directory " + dir + " is not a directory");
+  } else if (!has_database(dir)) {
+    throw StoreError("data directory " + dir +
+                     " is not empty but holds no RocksDB database (its CURRENT file is "
+                     "missing). If it is a Sluice data directory that lost files: " +
+                     recovery_hint(dir) + " Otherwise point data_dir at another directory.");
+  }
+  return fresh;
+}
+
+// The counters' database's format marker, into `format`: one this sluiced reads, or StoreError.
+void check_counters_format(Instance& main, const std::string& dir, std::string& format) {
+  const rocksdb::Status f = main.read_format(&format);
+  if (f.IsNotFound()) {
+    throw StoreError("data directory " + dir +
+                     " holds a RocksDB database that is not Sluice's (no sluice.format key). "
+                     "Point data_dir at the node's own directory. If it is the node's and only "
+                     "that key was lost: " +
+                     recovery_hint(dir));
+  }
+  if (!f.ok()) {
+    throw StoreError("data directory " + dir + ": reading sluice.format: " + f.ToString() + ". " +
+                     recovery_hint(dir));
+  }
+  if (format != kFormat && format != kFormatShared) {
+    throw StoreError("data directory " + dir + " has data format " + format +
+                     ", this sluiced reads formats " + kFormatShared + " and " + kFormat);
+  }
+}
+
+// The overrides' database's format marker: written when it was just created (`created`), else
+// one this sluiced reads, or StoreError.
+void check_overrides_format(Instance& ov, bool created, const std::string& ov_what,
+                            const std::string& dir) {
+  std::string ov_format;
+  rocksdb::Status f = ov.read_format(&ov_format);
+  if (f.IsNotFound() && created) {
+    f = ov.write_format(kOverridesFormat);
+    if (!f.ok()) throw StoreError("cannot initialize " + ov_what + ": " + f.ToString());
+  } else if (f.IsNotFound()) {
+    throw StoreError(ov_what +
+                     " is a RocksDB database that is not Sluice's (no sluice.format "
+                     "key). If only that key was lost: " +
+                     recovery_hint(dir));
+  } else if (!f.ok()) {
+    throw StoreError(ov_what + ": reading sluice.format: " + f.ToString() + ". " +
+                     recovery_hint(dir));
+  } else if (ov_format != kOverridesFormat) {
+    throw StoreError(ov_what + " has format " + ov_format + ", this sluiced reads format " +
+                     kOverridesFormat);
+  }
 }
 
 }  // namespace
@@ -346,29 +418,7 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
                                         const std::function<void(int)>* after_step) {
   if (dir.empty()) throw StoreError("no data directory given");
   write_buffer_bytes = std::max(write_buffer_bytes, kMinWriteBufferBytes);
-  std::error_code ec;
-  const bool exists = fs::exists(dir, ec);
-  if (ec) throw StoreError("data directory " + dir + ": " + ec.message());
-  bool fresh = false;
-  if (!exists || (fs::is_directory(dir, ec) && fs::is_empty(dir, ec))) {
-    if (!create) {
-      throw StoreError(
-          "data directory " + dir + (exists ? " is empty" : " does not exist") +
-          ". On a node's first start, create it with --init-data (or `init_data: true` in the "
-          "config). If this node ran before, its counters and overrides were there: check the "
-          "path and that its volume is mounted before creating a new one.");
-    }
-    fs::create_directories(dir, ec);
-    if (ec) throw StoreError("cannot create data directory " + dir + ": " + ec.message());
-    fresh = true;
-  } else if (!fs::is_directory(dir, ec)) {
-    throw StoreError("data directory " + dir + " is not a directory");
-  } else if (!has_database(dir)) {
-    throw StoreError("data directory " + dir +
-                     " is not empty but holds no RocksDB database (its CURRENT file is "
-                     "missing). If it is a Sluice data directory that lost files: " +
-                     recovery_hint(dir) + " Otherwise point data_dir at another directory.");
-  }
+  const bool fresh = prepare_data_dir(dir, create);
 
   // ---- the counters' database (the data directory itself)
   auto d = std::make_unique<Db>();
@@ -386,24 +436,7 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
   d->counters = main.family(kCountersCf);
   rocksdb::ColumnFamilyHandle* legacy = main.family(kOverridesCf);  // format 1's overrides
   std::string format = kFormat;
-  if (!fresh) {
-    const rocksdb::Status f = main.read_format(&format);
-    if (f.IsNotFound()) {
-      throw StoreError("data directory " + dir +
-                       " holds a RocksDB database that is not Sluice's (no sluice.format key). "
-                       "Point data_dir at the node's own directory. If it is the node's and only "
-                       "that key was lost: " +
-                       recovery_hint(dir));
-    }
-    if (!f.ok()) {
-      throw StoreError("data directory " + dir + ": reading sluice.format: " + f.ToString() +
-                       ". " + recovery_hint(dir));
-    }
-    if (format != kFormat && format != kFormatShared) {
-      throw StoreError("data directory " + dir + " has data format " + format +
-                       ", this sluiced reads formats " + kFormatShared + " and " + kFormat);
-    }
-  }
+  if (!fresh) check_counters_format(main, dir, format);
 
   // ---- the overrides' database: created with a new directory, or to move format 1's into. With
   // the marker at 2 it must exist, even while the old family is still there (a kill before the
@@ -413,8 +446,8 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
   const bool ov_create = fresh || format == kFormatShared;
   if (!ov_create && !has_database(ovdir)) {
     throw StoreError(
-        "data directory " + dir + " (data format " + kFormat + ") has no overrides database: " +
-        ovdir +
+        "data directory " + dir + " (data format " + kFormat +
+        ") has no overrides database: " + ovdir +
         " is missing or holds no RocksDB database (its CURRENT file is missing). If it is on "
         "another volume, mount it. If it was lost, `sluiced --repair-data --data-dir " +
         dir +
@@ -426,25 +459,7 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
   const std::string ov_what = "the overrides database " + ovdir + " of data directory " + dir;
   ov.open(overrides_db_options(ov_create), overrides_families(), ov_what, dir);
   d->overrides = ov.family(kOverridesCf);
-  {
-    std::string ov_format;
-    rocksdb::Status f = ov.read_format(&ov_format);
-    if (f.IsNotFound() && ov_create) {
-      f = ov.write_format(kOverridesFormat);
-      if (!f.ok()) throw StoreError("cannot initialize " + ov_what + ": " + f.ToString());
-    } else if (f.IsNotFound()) {
-      throw StoreError(ov_what + " is a RocksDB database that is not Sluice's (no sluice.format "
-                                 "key). If only that key was lost: " +
-                       recovery_hint(dir));
-    } else if (!f.ok()) {
-      throw StoreError(ov_what + ": reading sluice.format: " + f.ToString() + ". " +
-                       recovery_hint(dir));
-    } else if (ov_format != kOverridesFormat) {
-      throw StoreError(ov_what + " has format " + ov_format + ", this sluiced reads format " +
-                       kOverridesFormat);
-    }
-  }
-
+  check_overrides_format(ov, ov_create, ov_what, dir);
   // ---- format 1: move the overrides (store.h states the order and why it is crash-safe). Only
   // while the marker says 1: once it says 2 the copy is complete and may be older than the
   // overrides' database, so a family left by a failed drop is dropped, never copied again.
@@ -484,8 +499,8 @@ void Store::repair(const std::string& dir) {
     const rocksdb::Status o = rocksdb::RepairDB(
         ovdir, overrides_db_options(false), overrides_families(), rocksdb::ColumnFamilyOptions());
     if (!o.ok()) {
-      throw StoreError("RocksDB repair of the overrides database " + ovdir + " failed: " +
-                       o.ToString());
+      throw StoreError("RocksDB repair of the overrides database " + ovdir +
+                       " failed: " + o.ToString());
     }
   }
   // Repair may lose a format marker with the default column family's files: write it again.
@@ -504,9 +519,10 @@ void Store::repair(const std::string& dir) {
   }
   if (legacy && !ov_exists) format = kFormatShared;  // the next open moves them
   if (!legacy && !ov_exists) {
-    spdlog::warn("repair: {} has no overrides database (a directory of data format {} keeps its "
-                 "overrides there): created an empty one; re-apply the overrides from a backup",
-                 dir, kFormat);
+    spdlog::warn(
+        "repair: {} has no overrides database (a directory of data format {} keeps its "
+        "overrides there): created an empty one; re-apply the overrides from a backup",
+        dir, kFormat);
   }
   if (ov_exists || !legacy) {
     Instance ov;
@@ -560,9 +576,9 @@ RestoreResult Store::restore(engine::Engine& engine, int64_t now_ms) {
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       const rocksdb::Slice k = it->key();
       const rocksdb::Slice v = it->value();
-      const auto res = engine.import_record(
-          {reinterpret_cast<const uint8_t*>(k.data()), k.size()},
-          {reinterpret_cast<const uint8_t*>(v.data()), v.size()}, now_ms);
+      const auto res =
+          engine.import_record({reinterpret_cast<const uint8_t*>(k.data()), k.size()},
+                               {reinterpret_cast<const uint8_t*>(v.data()), v.size()}, now_ms);
       switch (res) {
         case engine::ImportResult::kImported:
           ++r.restored;
@@ -772,12 +788,16 @@ uint64_t Store::memtable_bytes() const {
 
 Snapshotter::Snapshotter(Store& store, engine::Engine& engine, int64_t interval_ms,
                          std::function<int64_t()> clock)
-    : store_(store), engine_(engine), interval_ms_(std::max<int64_t>(interval_ms, 10)),
+    : store_(store),
+      engine_(engine),
+      interval_ms_(std::max<int64_t>(interval_ms, 10)),
       clock_(std::move(clock)) {
   thread_ = std::thread([this] { run(); });
 }
 
-Snapshotter::~Snapshotter() { stop(); }
+Snapshotter::~Snapshotter() {
+  stop();
+}
 
 SnapshotResult Snapshotter::pass(bool full) {
   SnapshotResult r = store_.snapshot(engine_, full);
