@@ -496,6 +496,9 @@ struct Engine::Impl {
                                             const rules::Resolution& res,
                                             const rules::ResolvedRequest& rr, int64_t now_ms,
                                             uint16_t owner, BatchResult& out, Decision& d);
+  void report_from_slices(const State& st, std::span<const rules::AppliedRule> rules,
+                          const rules::AppliedLimit* lims, std::span<HeldSlice* const> held,
+                          uint16_t owner, bool covered, int64_t now_ms, BatchResult& out);
   // At the owner, before a lease limit is decided: counts the slices of counter `c` (slot `i` of
   // `t`, brought to now) that expired unreturned, in the bucket of their expiry, and returns the
   // hits of the slices still out.

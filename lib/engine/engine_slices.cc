@@ -168,6 +168,36 @@ void Engine::Impl::grant_slice(const rules::CheckRequest& req,
   slice_hits_granted.fetch_add(hits, std::memory_order_relaxed);
 }
 
+// Reports a request decided from slices (shards locked): each limit as its slice leaves it, and
+// the rules' statistics.
+void Engine::Impl::report_from_slices(const State& st, std::span<const rules::AppliedRule> rules,
+                                      const rules::AppliedLimit* lims,
+                                      std::span<HeldSlice* const> held, uint16_t owner,
+                                      bool covered, int64_t now_ms, BatchResult& out) {
+  uint32_t k = 0;
+  for (const rules::AppliedRule& ar : rules) {
+    bool rule_ok = true;
+    for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
+      const HeldSlice& h = *held[k];
+      window::LimitState ls;
+      ls.reset_ms = lims[k].limit->spec.window_ms;  // at most: the slice tells no more
+      const bool live = h.id != 0 && h.owner == owner && now_ms < h.expires_ms;
+      ls.remaining = live ? h.hits - h.used : 0;
+      const bool ok = covered || h.denied_until_ms <= now_ms;
+      if (!ok) ls.retry_after_ms = h.denied_until_ms - now_ms;
+      rule_ok = rule_ok && ok;
+      fill_limit_result(out, ar, lims[k], ls, ok);
+    }
+    Shard& sh = shards[(ar.num_limits ? lims[k - 1].counter : lims[0].counter) & shard_mask];
+    RuleCounters& rs = sh.rule_stats[st.stats_ids[ar.stats_index]];
+    if (rule_ok) {
+      ++rs.allowed;
+    } else {
+      ++rs.denied;
+    }
+  }
+}
+
 void Engine::Impl::decide_from_slices(const State& st, const rules::CheckRequest& req,
                                       const rules::Resolution& res,
                                       const rules::ResolvedRequest& rr, int64_t now_ms,
@@ -269,29 +299,7 @@ void Engine::Impl::decide_from_slices(const State& st, const rules::CheckRequest
   }
   d.allowed = covered;
   d.num_limits = num_limits;
-  uint32_t k = 0;
-  for (uint32_t r = 0; r < rr.num_rules; ++r) {
-    const rules::AppliedRule& ar = rules_begin[r];
-    bool rule_ok = true;
-    for (uint32_t j = 0; j < ar.num_limits; ++j, ++k) {
-      const HeldSlice& h = *held[k];
-      window::LimitState ls;
-      ls.reset_ms = lims[k].limit->spec.window_ms;  // at most: the slice tells no more
-      const bool live = h.id != 0 && h.owner == owner && now_ms < h.expires_ms;
-      ls.remaining = live ? h.hits - h.used : 0;
-      const bool ok = covered || h.denied_until_ms <= now_ms;
-      if (!ok) ls.retry_after_ms = h.denied_until_ms - now_ms;
-      rule_ok = rule_ok && ok;
-      fill_limit_result(out, ar, lims[k], ls, ok);
-    }
-    Shard& sh = shards[(ar.num_limits ? lims[k - 1].counter : lims[0].counter) & shard_mask];
-    RuleCounters& rs = sh.rule_stats[st.stats_ids[ar.stats_index]];
-    if (rule_ok) {
-      ++rs.allowed;
-    } else {
-      ++rs.denied;
-    }
-  }
+  report_from_slices(st, {rules_begin, rr.num_rules}, lims, held, owner, covered, now_ms, out);
   unlock_shards(shard_set);
   slice_checks_local.fetch_add(1, std::memory_order_relaxed);
 }
