@@ -11,8 +11,7 @@
 // check fails; membership merges within 1 s of the heal; no node crashes; every node converges to
 // the same count of the gossip key; and random loss declares no member dead.
 //
-// Needs root, `ip` and `nft`: elsewhere each case prints "SKIPPED: why" and passes, and CTest
-// reports it skipped (SKIP_REGULAR_EXPRESSION in tests/CMakeLists.txt).
+// Needs root, `ip` and `nft`: elsewhere each case is reported skipped (tests/support/skip.h).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -24,6 +23,7 @@
 
 #include "client/client.h"
 #include "netns_cluster.h"
+#include "skip.h"
 
 namespace {
 
@@ -41,8 +41,7 @@ constexpr double kMergeSeconds = 1.0;     // membership merged after the heal
 bool skipped() {
   const std::string why = netns_unavailable();
   if (why.empty()) return false;
-  std::printf("SKIPPED: %s\n", why.c_str());
-  MESSAGE("skipped: " << why);
+  sluice::testing::skip_test(why);
   return true;
 }
 

@@ -111,10 +111,7 @@ DaemonConfig config() {
 }  // namespace
 
 TEST_CASE("redis-cli: CL.THROTTLE answers redis-cell's README example, DEL resets the key") {
-  if (!have_redis_cli()) {
-    MESSAGE("SKIPPED: no /usr/bin/redis-cli (deploy/setup.sh installs redis-tools)");
-    return;
-  }
+  REQUIRE_MESSAGE(have_redis_cli(), "no /usr/bin/redis-cli (deploy/setup.sh installs redis-tools)");
   Daemon d(config());
   CHECK(cli(d, {"CL.THROTTLE", "user123", "15", "30", "60"}) == "0\n16\n15\n-1\n2\n");
   CHECK(cli(d, {"CL.THROTTLE", "user123", "15", "30", "60"}) == "0\n16\n14\n-1\n4\n");
@@ -139,10 +136,7 @@ TEST_CASE("redis-cli: CL.THROTTLE answers redis-cell's README example, DEL reset
 }
 
 TEST_CASE("redis-cli -3: HELLO 3 answers Redis's map with proto 3") {
-  if (!have_redis_cli()) {
-    MESSAGE("SKIPPED: no /usr/bin/redis-cli");
-    return;
-  }
+  REQUIRE_MESSAGE(have_redis_cli(), "no /usr/bin/redis-cli (deploy/setup.sh installs redis-tools)");
   Daemon d(config());
   const std::string hello = cli(d, {"-3", "HELLO", "3"});
   CHECK(hello.find("proto") != std::string::npos);
@@ -184,10 +178,7 @@ TEST_CASE(
 
 TEST_CASE(
     "with resp_password_file, commands get NOAUTH until AUTH succeeds, and failures are counted") {
-  if (!have_redis_cli()) {
-    MESSAGE("SKIPPED: no /usr/bin/redis-cli");
-    return;
-  }
+  REQUIRE_MESSAGE(have_redis_cli(), "no /usr/bin/redis-cli (deploy/setup.sh installs redis-tools)");
   Daemon d(config(), /*start_now=*/false);
   std::ofstream(d.dir / "resp-password") << "s3cret-door\n";
   d.config().extra_config.push_back("resp_password_file: " + (d.dir / "resp-password").string());
@@ -315,9 +306,7 @@ TEST_CASE(
   Conn before(d.resp);
   REQUIRE(before.ask("AUTH first-password\r\n", 5) == "+OK\r\n");
 
-  {
-    std::ofstream(file, std::ios::trunc) << "second-password\n";
-  }
+  { std::ofstream(file, std::ios::trunc) << "second-password\n"; }
   d.signal(SIGHUP);
   // The reload is done once a new connection refuses the old password (bounded wait).
   bool rotated = false;
@@ -333,9 +322,7 @@ TEST_CASE(
   CHECK(before.ask(throttle_frame("rotated", "1", "1", "60"), 4) == "*5\r\n");
 
   // An emptied file keeps the password in force.
-  {
-    std::ofstream(file, std::ios::trunc);
-  }
+  { std::ofstream(file, std::ios::trunc); }
   d.signal(SIGHUP);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   Conn last(d.resp);
