@@ -825,16 +825,17 @@ TEST_CASE("a part forwarded to a replica whose owner is out of reach is decided 
   CHECK_FALSE(plan.parts[1].fallback);
 }
 
-TEST_CASE("a fallback decision in place of an owner lost just now admits nothing, a window on, a "
-          "share") {
+TEST_CASE(
+    "a fallback decision in place of an owner lost just now admits nothing, a window on, a "
+    "share") {
   // `api`: 3 per minute; one member: a share of 3, growing from the loss over one minute.
   Fixture f;
   const std::vector<uint8_t> request = encode(5, {user("a")});
-  CHECK(f.handler.handle(request, 0, kT0, f.out, engine::Fallback{1, kT0}));
+  CHECK(f.handler.handle(request, 0, kT0, f.out, engine::StandIn{1, kT0}));
   wire::Answer a;
   REQUIRE(wire::decode_answer(f.out, a) == wire::Code::kOk);
   CHECK_FALSE(a.decisions.at(0).allowed);
-  CHECK(f.handler.handle(request, 0, kT0 + 60'000, f.out, engine::Fallback{1, kT0}));
+  CHECK(f.handler.handle(request, 0, kT0 + 60'000, f.out, engine::StandIn{1, kT0}));
   REQUIRE(wire::decode_answer(f.out, a) == wire::Code::kOk);
   CHECK(a.decisions.at(0).allowed);
 }

@@ -735,7 +735,8 @@ TEST_CASE("under the memory cap, expired counters are evicted before any live on
   CHECK(after.table_bytes <= opt.memory_cap_bytes);
 }
 
-TEST_CASE("what other nodes report counts against the memory cap and is given back with its counter") {
+TEST_CASE(
+    "what other nodes report counts against the memory cap and is given back with its counter") {
   engine::EngineOptions opt;
   opt.shards = 1;
   opt.memory_cap_bytes = 256 * 1024;
@@ -1005,7 +1006,7 @@ TEST_CASE(
     int ok = 0;
     for (int i = 0; i < n; ++i) {
       CheckRequest req{"api", ds, 1};
-      e.check({&req, 1}, kT0, out, engine::Fallback{members});
+      e.check({&req, 1}, kT0, out, engine::StandIn{members});
       ok += out.decisions[0].allowed ? 1 : 0;
     }
     return ok;
@@ -1033,11 +1034,12 @@ TEST_CASE(
   CHECK(stats_of(stats, "api/denied").denied == 3);
 }
 
-TEST_CASE("a fallback's share grows from nothing when the owner was lost to whole one window later") {
+TEST_CASE(
+    "a fallback's share grows from nothing when the owner was lost to whole one window later") {
   Engine e(compile(one_domain({rule("shared", {"user"}, {limit("100/1m")})})));
   BatchResult out;
   // 4 members: the whole share is 25. Each user is a key of its own, with no hits before.
-  auto admitted = [&](const char* user, int64_t now, engine::Fallback f) {
+  auto admitted = [&](const char* user, int64_t now, engine::StandIn f) {
     std::vector<Descriptor> ds{{"user", user}};
     int ok = 0;
     for (int i = 0; i < 40; ++i) {
@@ -1048,13 +1050,13 @@ TEST_CASE("a fallback's share grows from nothing when the owner was lost to whol
     return ok;
   };
   const int64_t lost = kT0;
-  CHECK(admitted("a", lost, {4, lost}) == 0);              // nothing at the moment it was lost
-  CHECK(admitted("b", lost + 15'000, {4, lost}) == 6);     // a quarter of a window: 25 / 4
-  CHECK(admitted("c", lost + 30'000, {4, lost}) == 12);    // half: 25 / 2, rounded down
-  CHECK(admitted("d", lost + 60'000, {4, lost}) == 25);    // one window on: the whole share
+  CHECK(admitted("a", lost, {4, lost}) == 0);            // nothing at the moment it was lost
+  CHECK(admitted("b", lost + 15'000, {4, lost}) == 6);   // a quarter of a window: 25 / 4
+  CHECK(admitted("c", lost + 30'000, {4, lost}) == 12);  // half: 25 / 2, rounded down
+  CHECK(admitted("d", lost + 60'000, {4, lost}) == 25);  // one window on: the whole share
   CHECK(admitted("e", lost + 600'000, {4, lost}) == 25);
-  CHECK(admitted("f", lost - 1, {4, lost}) == 0);          // a clock behind: nothing yet
-  CHECK(admitted("g", lost, {4, INT64_MIN}) == 25);        // no time given: whole at once
+  CHECK(admitted("f", lost - 1, {4, lost}) == 0);    // a clock behind: nothing yet
+  CHECK(admitted("g", lost, {4, INT64_MIN}) == 25);  // no time given: whole at once
 }
 
 TEST_CASE(
@@ -1065,7 +1067,7 @@ TEST_CASE(
   Engine e(compile(one_domain({rule("shared", {"user"}, {limit("100/1m", 60'000)}), gossip})));
   e.set_capacity(3, 5);  // this side: 60 of 100
   BatchResult out;
-  auto admitted = [&](const char* entry, const char* value, int64_t now, engine::Fallback f,
+  auto admitted = [&](const char* entry, const char* value, int64_t now, engine::StandIn f,
                       int tries = 100) {
     std::vector<Descriptor> ds{{entry, value}};
     int ok = 0;
@@ -1077,8 +1079,8 @@ TEST_CASE(
     return ok;
   };
   const int64_t lost = kT0;
-  const engine::Fallback takeover{0, lost, true};
-  CHECK(admitted("user", "a", lost, takeover) == 0);           // nothing when the owner was lost
+  const engine::StandIn takeover{0, lost, true};
+  CHECK(admitted("user", "a", lost, takeover) == 0);            // nothing when the owner was lost
   CHECK(admitted("user", "b", lost + 59'999, takeover) == 0);   // nor within that window
   CHECK(out.limits_of(out.decisions[0])[0].remaining == 0);     // of what is allowed now
   CHECK(admitted("user", "c", lost + 60'000, takeover) == 60);  // one window on: this side's part
@@ -1088,8 +1090,8 @@ TEST_CASE(
   e.check({&probe, 1}, lost, out);
   const auto& l = out.limits_of(out.decisions[0])[0];
   const std::string_view values[] = {"d"};
-  const uint64_t counter = rules::counter_id(rules::key_hash(kSeed, "api", *l.rule, values),
-                                             l.limit->spec);
+  const uint64_t counter =
+      rules::counter_id(rules::key_hash(kSeed, "api", *l.rule, values), l.limit->spec);
   CHECK(e.merge(std::vector<engine::RemoteTotal>{{counter, l.limit->spec, 2,
                                                   window::bucket_of(lost, 60'000), 45}},
                 lost) == 1);

@@ -334,7 +334,7 @@ struct Checker {
   engine::BatchResult out;
   std::vector<rules::Descriptor> descs;
   const engine::Decision& check(const std::string& user, int64_t now, uint64_t hits = 1,
-                                engine::Fallback fallback = {}) {
+                                engine::StandIn fallback = {}) {
     user_ = user;
     descs = {{"user", user_}};
     const rules::CheckRequest req{"api", descs, hits};
@@ -449,7 +449,7 @@ TEST_CASE("deciding for an owner out of reach, a GCRA limit gets this node's sha
   rules::Limit lim = gcra_limit("10/1s", 4);
   engine::Engine share(policy_of({lim}));
   Checker c{share, {}, {}, {}};
-  const engine::Fallback half{2, INT64_MIN, false};  // one of two members, the whole share
+  const engine::StandIn half{2, INT64_MIN, false};  // one of two members, the whole share
   CHECK(c.check("1", kT0, 1, half).allowed);
   CHECK(c.check("1", kT0, 1, half).allowed);
   CHECK_FALSE(c.check("1", kT0, 1, half).allowed);  // burst 2 of 4

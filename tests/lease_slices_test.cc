@@ -1,4 +1,4 @@
-// Leased quotas (`consistency: lease`) in the engine, against their contract (engine.h: Fallback::
+// Leased quotas (`consistency: lease`) in the engine, against their contract (engine.h: StandIn::
 // slice_owner, Decision::slice_*, install_slice, return_slices; slice_table.h):
 // - the owner grants at most what the key has left, and counts a slice against the limit from
 //   its grant until it is given back (then what was used counts, in the bucket of the return) or
@@ -90,7 +90,7 @@ struct Node {
   engine::Decision sliced(const std::string& u, int64_t now, uint64_t hits = 1,
                           uint16_t owner = kOwner) {
     rules::CheckRequest req = request(u, hits);
-    engine::Fallback f;
+    engine::StandIn f;
     f.slice_owner = owner;
     engine.check({&req, 1}, now, out, f);
     REQUIRE(out.decisions.size() == 1);
@@ -334,7 +334,7 @@ TEST_CASE("a spray of new keys at a node that is not their owner stays within th
   o.memory_cap_bytes = 8 * 1024;
   engine::Engine e(lease_policy("100/1s", 10), o);
   engine::BatchResult out;
-  engine::Fallback f;
+  engine::StandIn f;
   f.slice_owner = kOwner;
   for (int i = 0; i < 10'000; ++i) {
     const std::string user = "spray-" + std::to_string(i);

@@ -294,7 +294,7 @@ window::GcraSpec Engine::Impl::gcra_in_force(const rules::AppliedLimit& al, cons
 }
 
 bool Engine::Impl::decide_gcra(const CounterTable& t, size_t i, const rules::AppliedLimit& al,
-                               const rules::Rule& rule, const Fallback& fallback, uint64_t limit,
+                               const rules::Rule& rule, const StandIn& fallback, uint64_t limit,
                                uint64_t cap, int64_t now_ms, uint64_t hits,
                                uint64_t& in_force) const {
   if (rule.consistency == rules::Consistency::kGossip && opt.node_id != 0) {
@@ -351,7 +351,7 @@ void Engine::Impl::report_window(const State& st, const rules::CheckRequest& req
 }
 
 bool Engine::Impl::decides_alone(const rules::AppliedRule& ar, const rules::AppliedLimit& al,
-                                 const Fallback& fallback) const {
+                                 const StandIn& fallback) const {
   const rules::Limit& l = *al.limit;
   if (l.algorithm != rules::Algorithm::kWindow || l.spec.gcra) return false;
   const rules::Consistency c = ar.rule->consistency;
@@ -364,7 +364,7 @@ bool Engine::Impl::decides_alone(const rules::AppliedRule& ar, const rules::Appl
 
 void Engine::Impl::decide_one(const State& st, const rules::CheckRequest& req,
                               const rules::AppliedRule& ar, const rules::AppliedLimit& al,
-                              int64_t now_ms, const Fallback& fallback, BatchResult& out,
+                              int64_t now_ms, const StandIn& fallback, BatchResult& out,
                               Decision& d) {
   Scratch& sc = tls_scratch;
   const uint64_t hits = req.hits;
@@ -419,7 +419,7 @@ struct Engine::Impl::ManyCounters {
   const rules::AppliedLimit* lims;
   uint32_t num_limits;
   int64_t now_ms;
-  const Fallback& fallback;
+  const StandIn& fallback;
   uint64_t shard_set = 0;   // the shards of every counter: locked together
   bool leases = false;      // a concurrency limit among them
   bool lease_mode = false;  // a lease rule among them, at its owner
@@ -428,8 +428,8 @@ struct Engine::Impl::ManyCounters {
 };
 
 void Engine::Impl::decide(const State& st, const rules::CheckRequest& req,
-                          const rules::ResolvedRequest& rr, int64_t now_ms,
-                          const Fallback& fallback, BatchResult& out, Decision& d) {
+                          const rules::ResolvedRequest& rr, int64_t now_ms, const StandIn& fallback,
+                          BatchResult& out, Decision& d) {
   Scratch& sc = tls_scratch;
   const rules::Resolution& res = sc.res;
   const rules::AppliedRule* rules_begin = res.rules.data() + rr.first_rule;
@@ -729,7 +729,7 @@ std::shared_ptr<const rules::Policy> Engine::policy() const {
 }
 
 void Engine::check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out,
-                   Fallback fallback) {
+                   StandIn fallback) {
   Impl& im = *impl_;
   const State& st = im.current_state();
   if (out.policy != st.policy) out.policy = st.policy;

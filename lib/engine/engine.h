@@ -110,7 +110,7 @@ struct Decision {
   // release (rules::CheckRequest::is_release) of it with the same entries frees their slots.
   uint64_t lease = 0;
   // Leased quotas (consistency: lease; docs/architecture.md, "Leased quotas").
-  // Decided from slices (Fallback::slice_owner): its lease limits' slices could not cover it,
+  // Decided from slices (StandIn::slice_owner): its lease limits' slices could not cover it,
   // nothing was counted, and its owner must decide it.
   bool needs_owner = false;
   // Decided from slices: hits to ask the owner for, with the check sent to it (needs_owner) or
@@ -287,6 +287,10 @@ struct CounterView {
   uint64_t tat_ns = 0;  // a GCRA counter's state, its arrival time (window/gcra.h); else 0
 };
 
+// How this node stands in for the keys' owner, if it does (the default: it does not). Not to be
+// confused with rules::Fallback, a rule's choice of what to do when its owner is out of reach
+// (share or deny), which a stand-in applies.
+//
 // Cluster owner mode: a batch decided in place of its keys' owner, which cannot be asked
 // (docs/architecture.md, "Members out of reach"). This node cannot tell how much of its share the
 // owner already gave its clients in the current window, so its share grows from nothing at
@@ -299,8 +303,8 @@ struct CounterView {
 // admitted after its last push is unknown here (up to the whole limit, given just before the
 // cut was seen), so every owner-mode limit allows nothing until one window after `since_ms`,
 // when all of that has left the window, and this side's part of the limit from then.
-struct Fallback {
-  uint32_t members = 0;          // 0: not a fallback; else this node's share is 1 / members
+struct StandIn {
+  uint32_t members = 0;          // 0: no share; else this node's share is 1 / members
   int64_t since_ms = INT64_MIN;  // INT64_MIN: the whole share at once
   bool takeover = false;         // members 0: a replica deciding for an owner out of reach
   // Leased quotas: the batch's keys are owned by node `slice_owner`, in reach, and this node
@@ -358,9 +362,9 @@ class Engine {
   // limit and within its share of the limit: limit / members x the part of a window gone since
   // `fallback.since_ms`, of this node's own hits in the window.
   // `fallback.takeover`: decided by a replica in place of an owner out of reach since
-  // `fallback.since_ms`; its owner-mode limits allow nothing for one window from then (Fallback).
+  // `fallback.since_ms`; its owner-mode limits allow nothing for one window from then (StandIn).
   void check(std::span<const rules::CheckRequest> batch, int64_t now_ms, BatchResult& out,
-             Fallback fallback = {});
+             StandIn fallback = {});
 
   // Applies remote totals (idempotent; see the file comment). Totals for buckets that have left
   // the counter's ring are ignored. Returns how many changed a count.
@@ -444,7 +448,7 @@ class Engine {
   void install_slice(const rules::CheckRequest& req, uint16_t owner, uint64_t id, uint32_t hits,
                      int64_t sent_ms, uint32_t ttl_ms, int64_t denied_until_ms, int64_t now_ms,
                      std::vector<SliceReturn>& returns);
-  // Slices this thread's checks (Fallback::slice_owner) finished with since the last call: used
+  // Slices this thread's checks (StandIn::slice_owner) finished with since the last call: used
   // up, or found expired. Appended to `returns`, to be given back to their owners at once (what
   // was used then counts from its last use, not from the slice's expiry).
   static void take_slice_returns(std::vector<SliceReturn>& returns);

@@ -399,7 +399,7 @@ struct Engine::Impl {
   // false: no room), bring_counters_to_now, evaluate_limits (evaluate_limit per limit: window,
   // GCRA, concurrency, gossip quota, fallback share), count_and_report, then a slice to grant.
   void decide(const State& st, const rules::CheckRequest& req, const rules::ResolvedRequest& rr,
-              int64_t now_ms, const Fallback& fallback, BatchResult& out, Decision& d);
+              int64_t now_ms, const StandIn& fallback, BatchResult& out, Decision& d);
   struct ManyCounters;
   void pin_counters(ManyCounters& mc);
   bool find_counters(ManyCounters& mc);
@@ -411,9 +411,9 @@ struct Engine::Impl {
   // a window limit (not GCRA, not concurrency), no demand twin or slices (a cluster's gossip and
   // lease rules), and not decided for an out-of-reach owner. decide_one then decides it.
   bool decides_alone(const rules::AppliedRule& ar, const rules::AppliedLimit& al,
-                     const Fallback& fallback) const;
+                     const StandIn& fallback) const;
   void decide_one(const State& st, const rules::CheckRequest& req, const rules::AppliedRule& ar,
-                  const rules::AppliedLimit& al, int64_t now_ms, const Fallback& fallback,
+                  const rules::AppliedLimit& al, int64_t now_ms, const StandIn& fallback,
                   BatchResult& out, Decision& d);
   // Reports a window limit after a check (`added` of its hits went into m's bucket, whose usage
   // before was `before`; `lim` in force; `ok`: it admitted them), and notes the key when hot.
@@ -458,7 +458,7 @@ struct Engine::Impl {
   // while members are out of reach; in gossip mode this member's part, by the `cap`'s expected
   // members); sets `in_force` to the burst it was decided at.
   [[gnu::noinline]] bool decide_gcra(const CounterTable& t, size_t i, const rules::AppliedLimit& al,
-                                     const rules::Rule& rule, const Fallback& fallback,
+                                     const rules::Rule& rule, const StandIn& fallback,
                                      uint64_t limit, uint64_t cap, int64_t now_ms, uint64_t hits,
                                      uint64_t& in_force) const;
   // Counts a GCRA limit's admitted (or counted) hits and reports it (decide's second half, out
@@ -478,7 +478,7 @@ struct Engine::Impl {
   [[gnu::noinline]] bool decide_leases(const CounterTable& t, size_t i, const CounterTable& rt,
                                        size_t ri, const window::Moment& m,
                                        const rules::AppliedLimit& al, const rules::Rule& rule,
-                                       const Fallback& fallback, uint64_t limit, int64_t now_ms,
+                                       const StandIn& fallback, uint64_t limit, int64_t now_ms,
                                        uint64_t hits) const;
   [[gnu::noinline]] void answer_leases(const State& st, const rules::CheckRequest& req,
                                        const rules::AppliedRule& ar, const rules::AppliedLimit& al,
@@ -489,7 +489,7 @@ struct Engine::Impl {
   // limit's shard (expired leases are dropped first), and a lease id that none of them holds.
   // Returns 0 when the memory budget leaves no room.
   uint64_t prepare_lease(std::span<const rules::AppliedLimit> lims, int64_t now_ms);
-  // Leased quotas (engine_slices.cc). A request decided from slices (Fallback::slice_owner), in
+  // Leased quotas (engine_slices.cc). A request decided from slices (StandIn::slice_owner), in
   // place of decide(): allowed when the slices of all its limits cover it, denied while its owner
   // said the key is spent, else needs_owner with nothing counted.
   [[gnu::noinline]] void decide_from_slices(const State& st, const rules::CheckRequest& req,
@@ -540,19 +540,19 @@ struct Engine::Impl {
 
   // What `l` allows in this decision (its value in force, AppliedLimit::requests): this side's
   // part of it (share_of), and, for a replica
-  // taking over an owner-mode key (Fallback::takeover), nothing until one window after the owner
+  // taking over an owner-mode key (StandIn::takeover), nothing until one window after the owner
   // went out of reach: the owner may have given its clients the whole limit just before, and
   // those admissions leave every window only one window on.
   static uint64_t limit_here(uint64_t cap, const rules::AppliedLimit& l, const rules::Rule& rule,
-                             const Fallback& f, int64_t now_ms) {
+                             const StandIn& f, int64_t now_ms) {
     const uint64_t side = share_of(cap, l.requests);
     if (!f.takeover || !rules::owner_decides(rule.consistency)) return side;
     return f.since_ms != INT64_MIN && now_ms < f.since_ms + l.limit->spec.window_ms ? 0 : side;
   }
 
-  // A fallback decision's share of `limit` (Fallback): limit / members, times the part of a
+  // A fallback decision's share of `limit` (StandIn): limit / members, times the part of a
   // window gone since the owner was lost (rounded down; nothing at that moment).
-  static uint64_t fallback_share(uint64_t limit, const Fallback& f, int64_t now_ms,
+  static uint64_t fallback_share(uint64_t limit, const StandIn& f, int64_t now_ms,
                                  int64_t window_ms) {
     const uint64_t whole = limit / f.members;
     if (f.since_ms == INT64_MIN || window_ms <= 0 || now_ms - f.since_ms >= window_ms) return whole;

@@ -42,7 +42,7 @@ constexpr uint64_t kCountedFlags =
 
 bool Engine::Impl::decide_leases(const CounterTable& t, size_t i, const CounterTable& rt, size_t ri,
                                  const window::Moment& m, const rules::AppliedLimit& al,
-                                 const rules::Rule& rule, const Fallback& fallback, uint64_t limit,
+                                 const rules::Rule& rule, const StandIn& fallback, uint64_t limit,
                                  int64_t now_ms, uint64_t hits) const {
   const window::WindowSpec& spec = t.spec();
   // A bucket's count is 32 bits: hits it could not hold are not granted (only keys with

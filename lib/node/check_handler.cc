@@ -140,7 +140,7 @@ CheckHandler::CheckHandler(engine::Engine& engine)
 CheckHandler::~CheckHandler() = default;
 
 bool CheckHandler::handle(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
-                          std::vector<uint8_t>& out, engine::Fallback fallback) {
+                          std::vector<uint8_t>& out, engine::StandIn fallback) {
   static thread_local ForwardPlan unused;
   fallback_ = fallback;
   const bool answered =
@@ -321,7 +321,7 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
 bool CheckHandler::decide_from_slices(size_t i, size_t j, uint16_t owner, int64_t now_ms,
                                       ForwardPlan& plan) {
   Scratch& s = *s_;
-  engine::Fallback f;
+  engine::StandIn f;
   f.slice_owner = owner;
   engine_.check(std::span<const rules::CheckRequest>(&s.requests[j], 1), now_ms, s.slice_result, f);
   const engine::Decision& d = s.slice_result.decisions[0];

@@ -27,12 +27,12 @@ class CheckRouter {
     uint16_t node = 0;      // 0: decided here, else the node that decides it
     bool redirect = false;  // sent on as redirected: that node decides it whatever its ring says
     // Decided here (node 0) in place of an owner that cannot be asked, by the rule's fallback,
-    // with the share that grows from `fallback_since_ms` (engine::Fallback).
+    // with the share that grows from `fallback_since_ms` (engine::StandIn).
     bool fallback = false;
     int64_t fallback_since_ms = 0;
     // Decided here (node 0) by this node as a replica of the key, in place of its owner, out of
     // reach since `fallback_since_ms`: with every count known here, after one window from then
-    // (engine::Fallback::takeover).
+    // (engine::StandIn::takeover).
     bool takeover = false;
   };
   // Where a check with this routing key is decided. `forwarded`: it came from another node,
@@ -99,7 +99,7 @@ class CheckHandler {
   // answer (UDP: the request's size; TCP: the frame limit).
   // `fallback`: decided in place of an owner that cannot be asked (engine::Engine::check).
   bool handle(std::span<const uint8_t> request, size_t max_answer_bytes, int64_t now_ms,
-              std::vector<uint8_t>& out, engine::Fallback fallback = {});
+              std::vector<uint8_t>& out, engine::StandIn fallback = {});
   // Decides checks a front built itself (no encoding either way), as handle() does with no
   // router: each check first passes wire::check_code (a refused one gets its code). Empty with
   // last_code() kTooManyChecks past wire::kMaxChecks. The views stay valid until the next call
@@ -150,7 +150,7 @@ class CheckHandler {
   engine::Engine& engine_;
   std::unique_ptr<Scratch> s_;
   wire::Code last_code_ = wire::Code::kOk;
-  engine::Fallback fallback_;  // of the handle() call under way
+  engine::StandIn fallback_;  // of the handle() call under way
   std::function<bool(std::span<const uint8_t>)> verify_forward_;
   std::atomic<uint64_t> untrusted_forwards_{0};  // written by the worker, read by /metrics
 };

@@ -277,21 +277,21 @@ struct Forwarder final : CheckRouter {
 
   // In place of an owner that cannot be asked since `since_ms`, by each rule's `fallback` (deny,
   // or this node's share of the limit, 1 / the members expected, growing over one window from
-  // then: engine::Fallback), never as if it were the owner; from now: nothing is admitted.
-  engine::Fallback denied_from(int64_t since_ms) const {
+  // then: engine::StandIn), never as if it were the owner; from now: nothing is admitted.
+  engine::StandIn denied_from(int64_t since_ms) const {
     return {std::max<uint32_t>(1, view.expected_members), since_ms};
   }
   // How a part planned to be decided here (owner 0) is decided: as the owner, as a fallback, or
   // as the replica taking over (CheckRouter::Route).
-  engine::Fallback planned(const ForwardPlan::Part& part) const {
+  engine::StandIn planned(const ForwardPlan::Part& part) const {
     if (part.fallback) return denied_from(part.fallback_since_ms);
     if (part.takeover) return {0, part.fallback_since_ms, true};
     return {};
   }
 
   // Decides part i of a pending request on this node (the part itself is marked forwarded),
-  // with `f` (engine::Fallback).
-  void decide_here(size_t slot, size_t i, int64_t now, engine::Fallback f) {
+  // with `f` (engine::StandIn).
+  void decide_here(size_t slot, size_t i, int64_t now, engine::StandIn f) {
     Pending& p = pending[slot];
     if (!handler.handle(p.parts[i].request, wire::kMaxDatagramBytes, now, scratch, f) ||
         wire::decode_answer(scratch, answer) != wire::Code::kOk) {

@@ -28,7 +28,7 @@ CheckRouter::Route OwnerRouting::route(const ClusterNode::View& view, uint64_t r
     }
     if (owners[i] == self_) {
       // A replica takes over: the owner, out of reach, may have admitted up to the limit just
-      // before, so nothing here for one window from then (engine::Fallback::takeover).
+      // before, so nothing here for one window from then (engine::StandIn::takeover).
       if (!forwarded) ++failovers_;
       return takeover_from(lost_ms);
     }

@@ -7,7 +7,7 @@
 //     previous owner for now (sent there, redirected);
 //   - else the first of the owner and replicas that is in reach decides: another node (forwarded
 //     there), or this node as a replica taking over an owner out of reach (a takeover, decided
-//     here: engine::Fallback::takeover), counted as a failover;
+//     here: engine::StandIn::takeover), counted as a failover;
 //   - none in reach: decided here by the rule's fallback, growing from when the last of them went
 //     out of reach; an owner in reach that is silent (kSilentAfter timeouts in a row, no answer
 //     since, for kSilentMs) or has no address: the fallback from now (denied);
