@@ -1,5 +1,5 @@
 // Which nodes own a key: consistent hashing of the engine's 64-bit counter ids over the live
-// members, the owner first, then R-1 replicas on other nodes (DESIGN.md "Cluster").
+// members, the owner first, then R-1 replicas on other nodes (docs/architecture.md, "The cluster").
 //
 // Rendezvous (highest-random-weight) hashing: every member gets a weight per key and the R
 // heaviest members own the key, heaviest first. weight = the top 48 bits of

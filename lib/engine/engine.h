@@ -5,7 +5,7 @@
 // request only if every enforcing rule allows it, and then counts the hits in the counters of the
 // rules that admitted it (or that count denied requests). Time is a parameter.
 //
-// Data model (cluster-ready, DESIGN.md "Cluster"): a counter is a ring of epoch-aligned buckets;
+// Data model (cluster-ready, docs/architecture.md, "Data model"): a counter is a ring of epoch-aligned buckets;
 // per bucket it holds this node's own total (`own`, grows only while the bucket lives) and the sum
 // of the totals other nodes reported (`others`). Remote totals arrive through `merge`, which keeps
 // the largest total seen per (counter, node, bucket) and adds only the difference to `others`:
@@ -179,7 +179,7 @@ struct EngineStats {
   std::vector<RuleStats> rules;                            // every rule ever seen, by name
 };
 
-// A key near or over one of its limits, as `sluicectl top` shows it (seed 000's two charts: the
+// A key near or over one of its limits, as `sluicectl top` shows it (the dashboard's two charts: the
 // keys nearest their limits, and the keys a dry-run rule would deny). Tracked when a check leaves
 // a key at 80 % or more of a limit, or exceeds it; a few per shard, the fullest kept.
 struct HotKey {
@@ -229,7 +229,7 @@ struct ExportCursor {
 
 enum class ImportResult : uint8_t { kImported, kExpired, kMalformed, kNoRoom };
 
-// ---- cluster sync: per-node bucket totals of changed counters (DESIGN.md, "Cluster") ---------
+// ---- cluster sync: per-node bucket totals of changed counters (docs/architecture.md) ---------
 // What one counter contributes to a sync pass: this node's own totals per bucket and, when this
 // node owns the counter, every other node's totals it knows (the owner pushes the merged state).
 struct SyncItem {

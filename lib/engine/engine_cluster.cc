@@ -1,4 +1,4 @@
-// The engine's cluster-facing parts (DESIGN.md, "Cluster"; docs/architecture.md, "The cluster"):
+// The engine's cluster-facing parts (docs/architecture.md, "The cluster"):
 // merges of other nodes' totals, credits while keys move, sync passes (engine_sync.cc walks the
 // shards), gossip quotas, and what a node in a partial cluster allows (set_capacity).
 #include <algorithm>

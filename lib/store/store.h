@@ -1,9 +1,9 @@
-// Persistence of a node in RocksDB: counter snapshots and runtime overrides (DESIGN.md,
-// "Persistence").
+// Persistence of a node in RocksDB: counter snapshots and runtime overrides
+// (docs/architecture.md, "Persistence").
 //
 // Layout of a data directory (data format 2): two RocksDB databases, so that a snapshot pass never
-// waits for an override's fsync, nor an override for a snapshot's write (issue 13: a pass joined
-// the synced write group of the overrides and a kill during that wait lost up to 270 ms of
+// waits for an override's fsync, nor an override for a snapshot's write (with one database, a pass
+// joined the synced write group of the overrides and a kill during that wait lost up to 270 ms of
 // counting at a 50 ms interval; docs/benchmarks.md, "Crash consistency of the store").
 //   <dir>           the counters' database:
 //     default       "sluice.format" -> "2" (written at creation; a database without it is not ours)

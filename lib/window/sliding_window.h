@@ -2,19 +2,19 @@
 // (milliseconds since the Unix epoch), nothing here reads a clock, allocates on the check path,
 // or takes a lock.
 //
-// Model (DESIGN.md, "Window"): time is cut into buckets of `bucket_ms`, aligned to the epoch, so
+// Model (docs/architecture.md, "Counting"): time is cut into buckets of `bucket_ms`, aligned to the epoch, so
 // bucket i covers [i*B, (i+1)*B). A limit over a window W = n*B keeps n+1 buckets: the n buckets
 // that end inside the window ending now, plus the oldest one, which straddles its start. For the
 // window (now-W, now], with now in bucket c that began `elapsed` ms ago:
 //
 //   weighted: sum(bucket c-n+1 .. c) + bucket(c-n) * (B - elapsed) / B
-//             (seeds 000 and 001 with n = 1; seed 002 with n = 60); deciding against a limit L,
+//             (Cloudflare's estimate with n = 1; n = 10 by default); deciding against a limit L,
 //             the straddler counts at least bucket(c-n) - L / n: the weighting takes its hits as
 //             spread evenly, and a client that put them at its very end would otherwise get up to
 //             2x L into one true window. With the floor no true window holds more than
 //             (1 + 1/n) x L (1.10x at the default ten buckets); estimate() (display) omits it.
 //   strict:   sum(bucket c-n .. c)
-//             (seed 002's "harsher" variant: the whole straddling bucket counts, so the estimate is
+//             (the "harsher" variant: the whole straddling bucket counts, so the estimate is
 //             never below the exact count and the limiter never admits more than the limit in any
 //             true window)
 //
