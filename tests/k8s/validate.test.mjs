@@ -129,6 +129,12 @@ test('the pod: ports, probes, drain, config, secret, rules and data are wired up
   const token = `${mounts.get('secret')}/admin-token`;
   assert.ok(template.includes(`admin_token_file: ${token}`), 'admin_token_file in the secret mount');
   assert.equal(preStop[preStop.indexOf('--token-file') + 1], token, 'the drain sends the admin token');
+  // The Redis door listens off loopback, so it has a password (sluiced refuses it without one),
+  // from the same Secret, and its port is the container's "redis" port.
+  assert.ok(template.includes(`resp_password_file: ${mounts.get('secret')}/resp-password`),
+            'resp_password_file in the secret mount');
+  assert.equal(Number(template.match(/^resp: 0\.0\.0\.0:(\d+)/m)?.[1]), ports.get('redis')?.containerPort,
+               'the RESP door listens on the container port "redis"');
   assert.ok(template.includes(`data_dir: ${mounts.get('data')}/`), 'data_dir on the volume claim');
   assert.ok(script.includes(mounts.get('run')), 'the generated config goes to the writable run volume');
 
