@@ -1,9 +1,10 @@
-// Accuracy of the sliding-window estimators against the exact sliding log (DESIGN.md, "Window"),
+// Accuracy of the sliding-window estimators against the exact sliding log (docs/architecture.md,
+// "Counting"),
 // through window::SlidingWindow directly and through engine::Engine, on the deterministic traces
 // of tests/support/traces.h with injected time. The figures the project reports come from
 // bench/accuracy_bench.cc; these tests protect the properties those figures rest on:
 //   - strict never admits more than the limit in any true window,
-//   - the weighted estimate is the seeds' formula (the worked examples of seeds 000 and 001),
+//   - the weighted estimate is the published formula (two public write-ups' worked examples),
 //   - weighted over-admission on steady traces stays within a measured bound,
 //   - the engine decides exactly as a SlidingWindow would on the same trace.
 #include "engine/engine.h"
@@ -265,9 +266,11 @@ TEST_CASE("strict admits at most the limit in every true window, any window size
   }
 }
 
-// ---- (b) the seeds' worked examples -------------------------------------------------------------
+// ---- (b) published worked examples ------------------------------------------------------------
 
-TEST_CASE("weighted estimate reproduces seed 001: 400 in bucket 22, 250 in 23, at 23:45 is 350") {
+TEST_CASE(
+    "weighted estimate reproduces the two-counter example: 400 in bucket 22, 250 in 23, at 23:45 "
+    "is 350") {
   // One-minute window, one bucket per window: bucket 22 is minute 22 of an hour.
   const WindowSpec spec{kMinute, kMinute};
   const int64_t hour = testing::kTraceStartMs;  // whole day, so whole hour
@@ -291,7 +294,7 @@ TEST_CASE("weighted estimate reproduces seed 001: 400 in bucket 22, 250 in 23, a
   // Strict counts bucket 22 whole.
   CHECK(window::estimate(ring, spec, Estimator::kStrict, at_23_45) == 650.0);
 
-  // The same through SlidingWindow, ending with seed 001's increment to 251.
+  // The same through SlidingWindow, ending with the example's increment to 251.
   window::SlidingWindow sw(spec, Estimator::kWeighted);
   sw.add(minute22 + 10 * kSecond, 400);
   sw.add(minute23 + 5 * kSecond, 250);
@@ -300,14 +303,15 @@ TEST_CASE("weighted estimate reproduces seed 001: 400 in bucket 22, 250 in 23, a
   CHECK(sw.estimate(at_23_45) == 351.0);
 }
 
-TEST_CASE("weighted estimate reproduces seed 000: 12 * 0.75 + 5 * 0.25 = 10.25") {
-  // Seed 000 weights BOTH frames by their share of the window: 25% into the current frame, the
-  // previous frame (12) counts 0.75 and the current frame's counter (5) counts 0.25, i.e. the
-  // current frame is read at the uniform rate the formula assumes: of a frame that will hold 5,
-  // a quarter has arrived. Our estimate (DESIGN.md: current buckets whole, the straddler weighted)
-  // takes the hits that actually arrived. Both agree when the current bucket holds what a uniform
-  // rate puts there; with whole hits that needs the counts scaled by 4: 48 in the previous frame,
-  // a frame on course for 20 holding 5 after its first quarter: 48 * 0.75 + 5 = 41 = 4 * 10.25.
+TEST_CASE("weighted estimate reproduces the two-frame example: 12 * 0.75 + 5 * 0.25 = 10.25") {
+  // Allegro's two-frame limiter weights BOTH frames by their share of the window: 25% into the
+  // current frame, the previous frame (12) counts 0.75 and the current frame's counter (5) counts
+  // 0.25, i.e. the current frame is read at the uniform rate the formula assumes: of a frame that
+  // will hold 5, a quarter has arrived. Our estimate (current buckets whole, the straddler
+  // weighted) takes the hits that actually arrived. Both agree when the current bucket holds what a
+  // uniform rate puts there; with whole hits that needs the counts scaled by 4: 48 in the previous
+  // frame, a frame on course for 20 holding 5 after its first quarter: 48 * 0.75 + 5 = 41 = 4
+  // * 10.25.
   const WindowSpec spec{kSecond, kSecond};
   const int64_t frame = testing::kTraceStartMs + 100 * kSecond;  // the current frame starts here
   const int64_t quarter_in = frame + kSecond / 4;
@@ -317,7 +321,7 @@ TEST_CASE("weighted estimate reproduces seed 000: 12 * 0.75 + 5 * 0.25 = 10.25")
   scaled.add(frame, 5);
   CHECK(scaled.estimate(quarter_in) == 4 * 10.25);
 
-  // window::estimate is linear in the counts, so seed 000's own numbers come out as the sum of
+  // window::estimate is linear in the counts, so the example's own numbers come out as the sum of
   // its two weighted frames: the previous frame straddling by 0.75 (12 -> 9) and a frame of 5
   // straddling by 0.25 (-> 1.25), each evaluated as the oldest bucket of a one-bucket window.
   std::vector<uint32_t> prev(spec.ring_size(), 0u);
@@ -325,12 +329,12 @@ TEST_CASE("weighted estimate reproduces seed 000: 12 * 0.75 + 5 * 0.25 = 10.25")
   const int64_t b = window::bucket_of(frame, spec.bucket_ms);
   window::add(prev, b - 1, 12);
   window::add(cur, b - 1, 5);
-  const double seed000 =
+  const double two_frame =
       window::estimate({prev, {}, b - 1}, spec, Estimator::kWeighted, quarter_in) +
       window::estimate({cur, {}, b - 1}, spec, Estimator::kWeighted, frame + 3 * kSecond / 4);
-  CHECK(seed000 == 10.25);
+  CHECK(two_frame == 10.25);
 
-  // And what this design says for seed 000's counters read literally (5 hits so far, counted
+  // And what this design says for the example's counters read literally (5 hits so far, counted
   // whole): 12 * 0.75 + 5 = 14.
   window::SlidingWindow literal(spec, Estimator::kWeighted);
   literal.add(frame - kSecond, 12);

@@ -226,7 +226,7 @@ TEST_CASE(
       10'000);
   REQUIRE(merged >= 0);
   INFO("healed after " << merged << " ms");
-  CHECK(merged <= 1'000);  // issue 10: membership merged within 1 s of the heal
+  CHECK(merged <= 1'000);  // membership merged within 1 s of the heal (docs/architecture.md)
   c.net.advance(500);      // the full sync passes to the members back in reach
   for (const auto& [key, n] : exact) {
     INFO(key);

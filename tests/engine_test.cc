@@ -133,7 +133,7 @@ TEST_CASE("hits above one are counted as that many requests, and zero hits only 
   CHECK(c.limits()[0].retry_after_ms == window::kNever);
 }
 
-TEST_CASE("two windows on one key: both must allow (seed 001: 10/s and 3000/10m)") {
+TEST_CASE("two windows on one key: both must allow (10/s and 3000/10m)") {
   Engine e(compile(one_domain({rule("api", {"client"}, {limit("10/1s"), limit("30/10m")})})));
   Checker c{e, {}, {}};
   int admitted = 0;
@@ -149,7 +149,7 @@ TEST_CASE("two windows on one key: both must allow (seed 001: 10/s and 3000/10m)
 }
 
 TEST_CASE("layered rules: a denial by one rule leaves the other rule's counter untouched") {
-  // seed 003: a per-IP cap over a per-user limit.
+  // A per-IP cap over a per-user limit.
   Engine e(compile(one_domain(
       {rule("per-ip", {"ip"}, {limit("100/1m")}), rule("per-user", {"user"}, {limit("3/1m")})})));
   Checker c{e, {}, {}};
@@ -440,7 +440,7 @@ TEST_CASE("a sync pass sends own totals of changed counters once, and the owner 
 }
 
 namespace {
-// Sync passes that cost what changed (issue 10 item 7): a shard lists the counters whose sync flags
+// Sync passes that cost what changed: a shard lists the counters whose sync flags
 // went from clear to set, and a pass looks those up instead of walking every slot.
 
 // The counter of rule `per-user` (the one limit of `c`'s last check) for user `u`.

@@ -4,7 +4,7 @@
 // io_context must be destroyed before it. The rules watch's timer was declared before the
 // control io_context, so it outlived it and its destructor read the freed timer service
 // (heap-use-after-free at every clean stop of a node with a rules file; found by chaos_test
-// against ASan sluiced, issue 13).
+// against ASan sluiced).
 #include "node/node.h"
 
 #include <doctest/doctest.h>

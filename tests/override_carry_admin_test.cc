@@ -1,4 +1,4 @@
-// Overrides keep the counts, as an operator meets them (issue 10 item 6): a real Node in this
+// Overrides keep the counts, as an operator meets them: a real Node in this
 // process (fake clock, ports chosen by the kernel), checks and overrides over its admin HTTP port
 // (POST /v1/check, /v1/overrides, /v1/overrides/delete: what `sluicectl override` calls).
 #include "node/node.h"

@@ -1,4 +1,4 @@
-// Overrides keep the counts (issue 10 item 6; docs/architecture.md, "Overrides keep the counts"):
+// Overrides keep the counts (docs/architecture.md, "Overrides keep the counts"):
 // an override, a plan assignment, a deletion or an expiry that moves a key to counters of other
 // windows or buckets carries the counts already in its window over, on one node and across nodes,
 // never fewer than were counted and never twice; and a randomized check of the bound that holds
@@ -399,7 +399,7 @@ TEST_CASE("randomized: after any override change, no true window admits more tha
   CHECK(total_admitted > 24 * 100);  // the limits let traffic through, not only deny it
 }
 
-// ---- the default bucket's upgrade (issue 15 item 4) -----------------------------------------
+// ---- the default bucket's upgrade -----------------------------------------
 
 TEST_CASE("a window on the new default bucket carries the counts of the older default's counter") {
   // Before: 100/1m counted in one 60 s bucket (the older default). After an upgrade (the same

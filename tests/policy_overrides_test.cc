@@ -16,7 +16,7 @@
 // ---- counter identity ----------------------------------------------------------------------
 
 TEST_CASE("a rule that survives a reload keeps its counters") {
-  auto first = compile_text(kSeed000);
+  auto first = compile_text(kOauthRules);
   // The same rule, now in another position among other rules and with another limit value.
   auto second = compile_text(R"(domains:
   - name: web
@@ -69,7 +69,7 @@ TEST_CASE("a changed window or granularity, or another hash seed, starts a new c
 }
 
 TEST_CASE("key_hash and counter_id give what resolve uses") {
-  auto p = compile_text(kSeed000);
+  auto p = compile_text(kOauthRules);
   Resolved r =
       resolve(*p, "oauth",
               {{"user", "42"}, {"grant_type", "authorization_code"}, {"client_id", "shop-17"}});
@@ -156,11 +156,11 @@ TEST_CASE("key_hash is XXH3 over length-prefixed values, whatever their length")
 TEST_CASE("an override replaces a key's limits and keeps its counter") {
   const std::vector<Descriptor> desc{{"grant_type", "client_credentials"},
                                      {"client_id", "shop-17"}};
-  auto plain = compile_text(kSeed000);
+  auto plain = compile_text(kOauthRules);
   Overrides ov;
   REQUIRE(ov.set(Override{
               "oauth", {{"client_id", "shop-17"}}, {limit_of(5000, kMin)}, "", {}, 0}) == "");
-  auto p = compile_text(kSeed000, ov);
+  auto p = compile_text(kOauthRules, ov);
 
   Resolved before = resolve(*plain, "oauth", desc);
   Resolved r = resolve(*p, "oauth", desc);
@@ -186,12 +186,12 @@ TEST_CASE("an override with limits of another window counts in that window's cou
                           "",
                           {},
                           0}) == "");
-  auto p = compile_text(kSeed001, ov);
+  auto p = compile_text(kApiRules, ov);
   Resolved r = resolve(*p, "api", {{"api_key", "k1"}});
   REQUIRE(r.limits.size() == 2);
   CHECK(r.limits[0].limit->name == "tight");
   CHECK(r.limits[1].limit->name == "per-key:100/10m");
-  auto plain = compile_text(kSeed001);
+  auto plain = compile_text(kApiRules);
   Resolved before = resolve(*plain, "api", {{"api_key", "k1"}});
   CHECK(r.limits[0].counter == before.limits[0].counter);  // 1s window in both
   CHECK(r.limits[1].counter == before.limits[1].counter);  // 10m window in both
@@ -200,7 +200,7 @@ TEST_CASE("an override with limits of another window counts in that window's cou
 TEST_CASE("an override can change only the mode") {
   Overrides ov;
   REQUIRE(ov.set(Override{"oauth", {{"client_id", "shop-17"}}, {}, "", Mode::kShadow, 0}) == "");
-  auto p = compile_text(kSeed000, ov);
+  auto p = compile_text(kOauthRules, ov);
   Resolved r =
       resolve(*p, "oauth", {{"grant_type", "client_credentials"}, {"client_id", "shop-17"}});
   REQUIRE(r.rules.size() == 1);
@@ -214,7 +214,7 @@ TEST_CASE("an override applies to every rule keyed by exactly its entries, in an
   REQUIRE(ov.set(Override{
               "oauth", {{"user", "42"}, {"client_id", "shop-17"}}, {}, "", Mode::kEnforce, 0}) ==
           "");
-  auto p = compile_text(kSeed000, ov);
+  auto p = compile_text(kOauthRules, ov);
   Resolved refresh = resolve(
       *p, "oauth", {{"grant_type", "refresh_token"}, {"client_id", "shop-17"}, {"user", "42"}});
   REQUIRE(refresh.rules.size() == 1);
@@ -241,7 +241,7 @@ TEST_CASE("an expired override is ignored") {
   REQUIRE(ov.set(Override{
               "oauth", {{"client_id", "shop-17"}}, {limit_of(5000, kMin)}, "", {}, kNow + 1}) ==
           "");
-  auto p = compile_text(kSeed000, ov);
+  auto p = compile_text(kOauthRules, ov);
   const std::vector<Descriptor> desc{{"grant_type", "client_credentials"},
                                      {"client_id", "shop-17"}};
   Resolved live = resolve(*p, "oauth", desc, kNow);
@@ -256,7 +256,7 @@ TEST_CASE("a plan assignment override wins over the descriptor's plan") {
   Overrides ov;
   REQUIRE(ov.set(Override{"dns", {{"user", "7"}}, {}, "pro", {}, 0}) == "");
   REQUIRE(ov.set(Override{"dns", {{"user", "8"}}, {}, "no-such-plan", {}, 0}) == "");
-  auto p = compile_text(kSeed003, ov);
+  auto p = compile_text(kDnsRules, ov);
   auto user_limit = [&](std::vector<Descriptor> desc) {
     Resolved r = resolve(*p, "dns", std::move(desc));
     REQUIRE(r.rules.size() == 1);
@@ -273,7 +273,7 @@ TEST_CASE("overrides for unknown domains or unmatched keys have no effect") {
   Overrides ov;
   REQUIRE(ov.set(Override{"nope", {{"client_id", "shop-17"}}, {}, "", Mode::kShadow, 0}) == "");
   REQUIRE(ov.set(Override{"oauth", {{"ip", "1.2.3.4"}}, {}, "", Mode::kShadow, 0}) == "");
-  auto p = compile_text(kSeed000, ov);
+  auto p = compile_text(kOauthRules, ov);
   Resolved r =
       resolve(*p, "oauth",
               {{"grant_type", "client_credentials"}, {"client_id", "shop-17"}, {"ip", "1.2.3.4"}});

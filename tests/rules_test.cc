@@ -1,4 +1,4 @@
-// Unit tests of lib/rules: the rules file (each seed's scenario, every kind of error with its line
+// Unit tests of lib/rules: the rules file (each example scenario, every kind of error with its line
 // and field path), resolve() (matching, allowlist, plans, input limits), and the shipped example
 // file. Counter identity and overrides: policy_overrides_test.cc.
 #include "rules/rules.h"
@@ -105,10 +105,10 @@ TEST_CASE("modes, consistency and check errors have stable names") {
   CHECK(to_string(CheckError::kDuplicateDescriptor) == "duplicate_entry");
 }
 
-// ---- the seeds' scenarios ---------------------------------------------------------------------
+// ---- the example scenarios (docs/rules.md, "Examples") ------------------------------------------
 
-TEST_CASE("seed 000: per-client and per-(client, user) limits by grant type, allowlist, dry-run") {
-  const RuleSet rs = must_parse(kSeed000);
+TEST_CASE("oauth: per-client and per-(client, user) limits by grant type, allowlist, dry-run") {
+  const RuleSet rs = must_parse(kOauthRules);
   REQUIRE(rs.domains.size() == 1);
   const Domain& d = rs.domains[0];
   CHECK(d.name == "oauth");
@@ -146,8 +146,8 @@ TEST_CASE("seed 000: per-client and per-(client, user) limits by grant type, all
   CHECK(refresh.limits[0].name == "refresh-per-user:100/1h");
 }
 
-TEST_CASE("seed 000: resolve picks the rule of the grant type, the trusted client is allowlisted") {
-  auto p = compile_text(kSeed000);
+TEST_CASE("oauth: resolve picks the rule of the grant type, the trusted client is allowlisted") {
+  auto p = compile_text(kOauthRules);
 
   Resolved cc =
       resolve(*p, "oauth", {{"grant_type", "client_credentials"}, {"client_id", "shop-17"}});
@@ -177,8 +177,8 @@ TEST_CASE("seed 000: resolve picks the rule of the grant type, the trusted clien
   CHECK(trusted.limits.empty());
 }
 
-TEST_CASE("seed 001: two windows on one key, and 10000 per 15 minutes") {
-  const RuleSet rs = must_parse(kSeed001);
+TEST_CASE("api: two windows on one key, and 10000 per 15 minutes") {
+  const RuleSet rs = must_parse(kApiRules);
   const Rule& per_key = rs.domains[0].rules[0];
   REQUIRE(per_key.limits.size() == 2);
   CHECK(per_key.limits[0].name == "per-key:10/1s");
@@ -202,8 +202,8 @@ TEST_CASE("seed 001: two windows on one key, and 10000 per 15 minutes") {
   }
 }
 
-TEST_CASE("seed 003: plans chosen by a descriptor under a per-IP cap") {
-  const RuleSet rs = must_parse(kSeed003);
+TEST_CASE("dns: plans chosen by a descriptor under a per-IP cap") {
+  const RuleSet rs = must_parse(kDnsRules);
   const Domain& d = rs.domains[0];
   REQUIRE(d.plans.size() == 3);
   CHECK(d.plans[0].name == "free");
@@ -764,7 +764,7 @@ TEST_CASE("an unreadable rules file is one error naming it") {
   CHECK(contains(dir.errors[0].message, "cannot read"));
 }
 
-TEST_CASE("the example rules file loads without errors and holds the seeds' scenarios") {
+TEST_CASE("the example rules file loads without errors and holds the example scenarios") {
   const std::string path = std::string(SLUICE_SOURCE_DIR) + "/deploy/rules.example.yaml";
   ParseResult r = load_rules_file(path);
   INFO(all_errors(r));
@@ -819,7 +819,7 @@ TEST_CASE("a rule applies only when its conditions hold and all its key entries 
 }
 
 TEST_CASE("resolve appends to the caller's Resolution and indexes into it") {
-  auto p = compile_text(kSeed001);
+  auto p = compile_text(kApiRules);
   Resolution out;
   const std::vector<Descriptor> a{{"api_key", "k1"}};
   const std::vector<Descriptor> b{{"user", "u1"}, {"api_key", "k2"}};
@@ -839,7 +839,7 @@ TEST_CASE("resolve appends to the caller's Resolution and indexes into it") {
 }
 
 TEST_CASE("stats slots cover every rule of every domain in declaration order") {
-  auto p = compile_text(seeds_text());
+  auto p = compile_text(example_rules_text());
   // 7 rules, then one slot per domain for checks with their own limit (limit overrides), then
   // one per domain for checks with a redis-cell limit.
   REQUIRE(p->num_stats_slots() == 13);
@@ -863,7 +863,7 @@ TEST_CASE("stats slots cover every rule of every domain in declaration order") {
 TEST_CASE("window_specs lists every distinct spec once, including plans and overrides") {
   Overrides ov;
   REQUIRE(ov.set(Override{"api", {{"api_key", "k1"}}, {limit_of(5, 2 * kMin)}, "", {}, 0}) == "");
-  auto p = compile_text(seeds_text(), ov);
+  auto p = compile_text(example_rules_text(), ov);
   const auto specs = p->window_specs();
   // 1m (6 s buckets), 1h, 1s (100 ms buckets), 10m, 15m from the rules and plans, 2m from the
   // override, then the limit override units not already there: 1d, 7d, 30d, 365d. And the older
@@ -913,7 +913,7 @@ TEST_CASE("every check error, with nothing appended") {
   lim.max_descriptors = 3;
   lim.max_entry_bytes = 8;
   lim.max_hits = 100;
-  auto p = compile_text(kSeed001, {}, kSeed, lim);
+  auto p = compile_text(kApiRules, {}, kSeed, lim);
   CHECK(p->input_limits().max_descriptors == 3);
 
   auto error_of = [&](std::string_view domain, std::vector<Descriptor> desc, uint64_t hits = 1) {
@@ -948,7 +948,7 @@ TEST_CASE("check errors come in a fixed order when a request has several faults"
   lim.max_descriptors = 2;
   lim.max_entry_bytes = 4;
   lim.max_hits = 10;
-  auto p = compile_text(kSeed001, {}, kSeed, lim);
+  auto p = compile_text(kApiRules, {}, kSeed, lim);
   auto error_of = [&](std::string_view domain, std::vector<Descriptor> desc, uint64_t hits) {
     Resolution out;
     return p->resolve(CheckRequest{domain, desc, hits}, kNow, out).error;
@@ -969,7 +969,7 @@ TEST_CASE("a warm resolve allocates nothing") {
   REQUIRE(ov.set(Override{
               "oauth", {{"client_id", "shop-17"}}, {limit_of(5000, kMin)}, "", {}, 0}) == "");
   const size_t before_compile = sluice::testing::allocations();
-  auto p = compile_text(seeds_text(), ov);
+  auto p = compile_text(example_rules_text(), ov);
   CHECK(sluice::testing::allocations() >
         before_compile);  // the counter does see the library's allocations
   const std::vector<Descriptor> oauth{{"grant_type", "client_credentials"},

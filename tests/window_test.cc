@@ -1,5 +1,5 @@
 // Unit tests of lib/window: spec validation, bucket arithmetic, the weighted and strict estimates
-// (with the seeds' worked examples), admission at the exact boundary, the limit state reported to
+// (with published worked examples), admission at the exact boundary, the limit state reported to
 // callers (remaining, reset, retry-after, the latter checked exhaustively against admits() over
 // random rings), ring maintenance, and the single-key SlidingWindow.
 //
@@ -65,10 +65,10 @@ uint64_t ref_count(const RingView& v, int64_t b) {
   return uint64_t{v.own[i]} + (v.others.empty() ? 0u : v.others[i]);
 }
 
-// The estimate at now scaled by bucket_ms (exact integer), straight from DESIGN.md's formula.
-// Random tests keep counts small enough for 64 bits.
-// The estimate scaled by B. Deciding against `limit`, the weighted estimate counts the straddler
-// at least as its hits less limit / n (scaled: straddle * B - floor(limit * B / n)), so that a true
+// The estimate at now scaled by bucket_ms (exact integer), straight from the formula
+// (docs/architecture.md, "Counting"). Random tests keep counts small enough for 64 bits. The
+// estimate scaled by B. Deciding against `limit`, the weighted estimate counts the straddler at
+// least as its hits less limit / n (scaled: straddle * B - floor(limit * B / n)), so that a true
 // window never holds more than (1 + 1/n) x the limit; without a limit (display) it does not.
 uint64_t ref_scaled(const RingView& v, const WindowSpec& spec, Estimator est, int64_t now,
                     uint64_t limit = UINT64_MAX) {
@@ -290,7 +290,9 @@ TEST_CASE("RingView::count sums own and others and holds exactly the ring_size n
 // Estimates
 // ------------------------------------------------------------------------------------------------
 
-TEST_CASE("weighted estimate: seed 001's 400 in minute 22 and 250 in minute 23 give 350 at 23:45") {
+TEST_CASE(
+    "weighted estimate: the two-counter example's 400 in minute 22 and 250 in minute 23 give 350 "
+    "at 23:45") {
   const WindowSpec spec = make_spec(1 * kMin, kMin);
   const int64_t m22 = bucket_of(kHourStart + 22 * kMin, kMin);
   TestRing ring(spec, m22);
@@ -303,12 +305,13 @@ TEST_CASE("weighted estimate: seed 001's 400 in minute 22 and 250 in minute 23 g
 
 TEST_CASE(
     "weighted estimate counts the current bucket fully (12 previous, 5 current, 25% in: 14)") {
-  // Seed 000 writes value = previous * partOfPreviousFrame + current * partOfCurrentFrame
-  // = 12 * 0.75 + 5 * 0.25 = 10.25, scaling the current frame by the share of it that has
-  // elapsed. Sluice follows seeds 001/002 and DESIGN.md instead: every hit of the current bucket
-  // happened within the last `elapsed` ms, so all of them are inside the window and count fully;
-  // only the oldest (straddling) bucket is weighted, by the share of it still inside the window.
-  // Seed 000's formula would let a burst at the start of a bucket pass nearly uncounted.
+  // Allegro's two-frame limiter writes value = previous * partOfPreviousFrame + current *
+  // partOfCurrentFrame = 12 * 0.75 + 5 * 0.25 = 10.25, scaling the current frame by the share of it
+  // that has elapsed. Sluice counts as the two-counter and Figma limiters do instead: every hit of
+  // the current bucket happened within the last `elapsed` ms, so all of them are inside the window
+  // and count fully; only the oldest (straddling) bucket is weighted, by the share of it still
+  // inside the window. The two-frame formula would let a burst at the start of a bucket pass nearly
+  // uncounted.
   const WindowSpec spec = make_spec(1 * kMin, kMin);
   const int64_t prev = bucket_of(kHourStart, kMin);
   TestRing ring(spec, prev);
@@ -320,7 +323,7 @@ TEST_CASE(
   CHECK_FALSE(admits(ring.view(), spec, Estimator::kWeighted, quarter_in, 2, 15));
 }
 
-TEST_CASE("1h window at 1min granularity: 60 full buckets plus the weighted straddler (seed 002)") {
+TEST_CASE("1h window at 1min granularity: 60 full buckets plus the weighted straddler") {
   const WindowSpec spec = make_spec(1 * kHour);
   REQUIRE(spec.buckets() == 60);
   // Minute c is 11:00; the straddler c-60 is 10:00, with 120 hits; minute c-k holds k+1 hits.
@@ -347,7 +350,7 @@ TEST_CASE("1h window at 1min granularity: 60 full buckets plus the weighted stra
   CHECK(admits(ring.view(), spec, Estimator::kWeighted, at_11_00_35, 0, full + 89));
   CHECK_FALSE(admits(ring.view(), spec, Estimator::kWeighted, at_11_00_35, 1, full + 89));
 
-  // Seed 002's example: 3 requests at 10:00:xx and a check at 11:00:35. A plain sum of 60 minute
+  // Figma's example: 3 requests at 10:00:xx and a check at 11:00:35. A plain sum of 60 minute
   // counters ignores them; weighted counts 3 * 25/60 of them, strict all 3 (the "harsher" sum).
   TestRing three(spec, c - 60);
   three.put(c - 60, 3).put(c, 0);

@@ -1,4 +1,4 @@
-// Crash consistency of the store, 50 iterations (issue 13 item 5): sluiced on one data directory,
+// Crash consistency of the store, 50 iterations: sluiced on one data directory,
 // under check load with snapshot passes every 50 ms and override writes through the admin API,
 // killed with SIGKILL at a random moment and restarted, again and again (tests/support/crash.h
 // states what each iteration checks and the exact counter rule).

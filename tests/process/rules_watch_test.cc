@@ -1,4 +1,4 @@
-// sluiced reloads its rules when the file's content changes, without a SIGHUP (issue 12 item 3):
+// sluiced reloads its rules when the file's content changes, without a SIGHUP:
 // the rules file laid out as a Kubernetes ConfigMap volume (dir/..<timestamp>/rules.yaml,
 // dir/..data -> ..<timestamp>, dir/rules.yaml -> ..data/rules.yaml) and updated the way the
 // kubelet does it, by swapping the ..data symlink atomically to a new timestamped directory.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Slow and idle clients must not starve the others (issue 13 item 6).
+"""Slow and idle clients must not starve the others.
 
 Starts sluiced (the binary given) on free loopback ports, then holds 300 connections open on the
 admin port that send a request header one byte at a time, 300 on the TCP check port that send a

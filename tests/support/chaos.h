@@ -1,4 +1,4 @@
-// Chaos under load (issue 13 item 4): a cluster of real sluiced processes on loopback
+// Chaos under load: a cluster of real sluiced processes on loopback
 // (cluster_process.h) under steady libsluice traffic, one node at a time killed with SIGKILL,
 // drained (POST /v1/drain) or stopped with SIGTERM, and restarted on its data directory, every
 // 5-10 s (random; the first three actions are one of each kind in a random order, then random by

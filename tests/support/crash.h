@@ -1,4 +1,4 @@
-// Crash consistency of the store (issue 13 item 5): one real sluiced (no cluster) on a data
+// Crash consistency of the store: one real sluiced (no cluster) on a data
 // directory, under check load with a short snapshot_interval_ms (so snapshot passes run all the
 // time) while a writer thread sets and deletes overrides through the admin API; killed with
 // SIGKILL at a random moment, restarted on the same directory, checked; again, `iterations` times.

@@ -1,9 +1,10 @@
-// The exact sliding-log reference that accuracy is measured against (DESIGN.md, "Window":
-// "Accuracy is measured against an exact sliding log on the same request trace").
+// The exact sliding-log reference that accuracy is measured against: every estimator's error is
+// measured against an exact sliding log on the same request trace (docs/architecture.md,
+// "Counting").
 //
 // `ExactSlidingLog` keeps, for ONE key, every counted request of the last window as a
 // (time, hits) entry plus their running sum, so `count(now)` is the true number of hits in the
-// window (now - W, now], the quantity the bucketed estimate approximates. It is what seed 002's
+// window (now - W, now], the quantity the bucketed estimate approximates. It is what a sliding log in a
 // Redis sorted set does, in memory. Callers feed it only the requests the limiter under test
 // admitted, so both see the same history ("shared history"): the log then says what an exact
 // limiter would have decided at every point of that history.

@@ -1,6 +1,6 @@
 // A LocalCluster (cluster_process.h) whose nodes each run in a network namespace of their own, so
 // that the network between them can be cut, made one-way or lossy while the load driver still
-// reaches every node: issue 10 item 5, for tests/cluster/partition_test.cc and the `partition`
+// reaches every node: for tests/cluster/partition_test.cc and the `partition`
 // scenario of sluice-bench-cluster. Header-only test support like cluster_process.h, whose
 // LocalCluster, LoadDriver and analysis it reuses (through ClusterSpec::placement).
 //

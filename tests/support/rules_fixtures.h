@@ -1,5 +1,5 @@
-// Shared by the lib/rules tests (rules_test.cc, policy_overrides_test.cc): the seeds' rules
-// files, parsing that must succeed or fail once, compiling, and resolving one request with its
+// Shared by the lib/rules tests (rules_test.cc, policy_overrides_test.cc): the example
+// scenarios' rules files, parsing that must succeed or fail once, compiling, and resolving one request with its
 // rules and limits copied out.
 #pragma once
 
@@ -45,9 +45,9 @@ inline ParseError only_error(std::string_view text) {
   return sluice::testing::require_one_error(parse(text));
 }
 
-// Seed 000 (Allegro OAuth): tokens limited per client for client credentials, per (client, user)
+// An OAuth service: tokens limited per client for client credentials, per (client, user)
 // for user grants, the company's own app never limited, and a new rule tried out in dry-run.
-constexpr std::string_view kSeed000 = R"(domains:
+constexpr std::string_view kOauthRules = R"(domains:
   - name: oauth
     allowlist:
       - {client_id: allegro-mobile}
@@ -68,8 +68,8 @@ constexpr std::string_view kSeed000 = R"(domains:
         mode: dry-run
 )";
 
-// Seed 001: 10/s and 3000/10min on one key; PerNMinute(10000, 15).
-constexpr std::string_view kSeed001 = R"(domains:
+// An API: 10/s and 3000/10min on one key; PerNMinute(10000, 15) per user.
+constexpr std::string_view kApiRules = R"(domains:
   - name: api
     rules:
       - name: per-key
@@ -81,8 +81,8 @@ constexpr std::string_view kSeed001 = R"(domains:
         estimator: strict
 )";
 
-// Seed 003: plans by subscription under an overarching per-IP cap.
-constexpr std::string_view kSeed003 = R"(domains:
+// A DNS-lookup API: plans by subscription under an overarching per-IP cap.
+constexpr std::string_view kDnsRules = R"(domains:
   - name: dns
     plans:
       free: [100/1m]
@@ -97,11 +97,11 @@ constexpr std::string_view kSeed003 = R"(domains:
         plan: {from: plan, default: free}
 )";
 
-inline std::string seeds_text() {
+inline std::string example_rules_text() {
   // Three single-domain documents joined into one domains list.
-  std::string s(kSeed000);
-  s += std::string(kSeed001).substr(std::string_view("domains:\n").size());
-  s += std::string(kSeed003).substr(std::string_view("domains:\n").size());
+  std::string s(kOauthRules);
+  s += std::string(kApiRules).substr(std::string_view("domains:\n").size());
+  s += std::string(kDnsRules).substr(std::string_view("domains:\n").size());
   return s;
 }
 

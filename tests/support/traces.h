@@ -1,5 +1,5 @@
-// Deterministic request traces for the accuracy test and benchmarks (DESIGN.md, "Numbers that
-// matter": "on steady, bursty and window-edge traces").
+// Deterministic request traces for the accuracy test and benchmarks: accuracy is measured on
+// steady, bursty and window-edge traces (docs/benchmarks.md).
 //
 // Every generator is a pure function of its TraceParams: a seeded std::mt19937_64 and no clock.
 // The random variates are computed here from the raw 64-bit engine output (not with
@@ -13,7 +13,7 @@
 //   on-off      one key: Poisson bursts at 3x the limit rate for a quarter window, then silence
 //               for three quarters, repeating every window (average 0.75x); the phase of the
 //               bursts against the epoch comes from the seed.
-//   edge-burst  seed 002's window-edge burst on one key: `limit` hits spread over the last 5% of
+//   edge-burst  the window-edge burst on one key: `limit` hits spread over the last 5% of
 //               a window before an epoch-aligned window (and so bucket) boundary and `limit` more
 //               over the first 5% after it, then silence; repeating every 2 windows. A fixed
 //               window admits both halves (2x the limit); an exact sliding window admits one.

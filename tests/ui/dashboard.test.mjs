@@ -19,7 +19,7 @@ const sluicedBin = process.env.SLUICED_BIN;
 const chromiumBin = process.env.SLUICE_CHROMIUM || '/usr/bin/chromium';
 const screenshot = process.env.SLUICE_UI_SCREENSHOT || '';
 
-// One domain, two rules: an enforcing limit per API key and a dry-run one per user (seed 000's
+// One domain, two rules: an enforcing limit per API key and a dry-run one per user (a dry-run
 // roll-out: measure who would be denied before enforcing).
 const RULES = `domains:
   - name: api
