@@ -1,17 +1,21 @@
-// The counter table and the decision engine.
+// The counter table and the decision engine. This header holds the checks (options, requests'
+// decisions, the Engine class); the types of its other concerns have headers of their own, which
+// it includes: stats.h (what it tells about itself), records.h (counters as records: persistence
+// and handoff), sync.h (the cluster's counter sync), stand_in.h (deciding in an owner's place).
 //
 // `Engine::check` takes a batch of requests and returns a decision per request. For every rule
 // that applies (lib/rules resolves them) it evaluates each limit's sliding window, allows the
 // request only if every enforcing rule allows it, and then counts the hits in the counters of the
 // rules that admitted it (or that count denied requests). Time is a parameter.
 //
-// Data model (cluster-ready, docs/architecture.md, "Data model"): a counter is a ring of epoch-aligned buckets;
-// per bucket it holds this node's own total (`own`, grows only while the bucket lives) and the sum
-// of the totals other nodes reported (`others`). Remote totals arrive through `merge`, which keeps
-// the largest total seen per (counter, node, bucket) and adds only the difference to `others`:
-// applying the same report twice, or an older one after a newer one, changes nothing. A report
-// under this node's own id (a peer telling a restarted node what it had counted before) raises
-// `own` to it, so a node that lost its last seconds of counting to kill -9 gets them back.
+// Data model (cluster-ready, docs/architecture.md, "Data model"): a counter is a ring of
+// epoch-aligned buckets; per bucket it holds this node's own total (`own`, grows only while the
+// bucket lives) and the sum of the totals other nodes reported (`others`). Remote totals arrive
+// through `merge`, which keeps the largest total seen per (counter, node, bucket) and adds only the
+// difference to `others`: applying the same report twice, or an older one after a newer one,
+// changes nothing. A report under this node's own id (a peer telling a restarted node what it had
+// counted before) raises `own` to it, so a node that lost its last seconds of counting to kill -9
+// gets them back.
 //
 // Concurrency: counters are split over `shards` by counter identity; each shard has its own lock
 // (a short spinlock) and its own tables, so there is no global lock. A request whose counters live
@@ -59,7 +63,11 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/records.h"
 #include "engine/remote_total.h"
+#include "engine/stand_in.h"
+#include "engine/stats.h"
+#include "engine/sync.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
 
@@ -134,196 +142,6 @@ struct BatchResult {
   std::span<const LimitResult> limits_of(const Decision& d) const {
     return {limits.data() + d.first_limit, d.num_limits};
   }
-};
-
-struct RuleStats {
-  std::string name;  // "<domain>/<rule>"
-  uint64_t allowed = 0;
-  uint64_t denied = 0;         // denied by this rule in enforce mode
-  uint64_t shadow_denied = 0;  // denied by this rule in shadow mode
-  uint64_t would_deny = 0;     // dry-run: would have denied
-};
-
-struct EngineStats {
-  uint64_t live_counters = 0;
-  uint64_t table_bytes = 0;  // capacity of every table, in bytes
-  // What other nodes reported, kept per counter (a cluster only); counts against the cap with
-  // table_bytes: tables grow only while both fit.
-  uint64_t remote_bytes = 0;
-  uint64_t memory_cap_bytes = 0;
-  uint64_t evicted_expired = 0;  // dropped with every bucket outside its window
-  uint64_t evicted_live = 0;     // dropped under the memory cap while still counting
-  uint64_t allowlisted = 0;
-  uint64_t no_room = 0;  // checks allowed uncounted: no room under the memory cap
-  uint64_t checks = 0;
-  // Concurrency limits: leases held now (granted, neither released nor expired, in the lease
-  // tables), granted and released since start, and releases refused, by reason.
-  uint64_t leases_held = 0;
-  uint64_t leases_granted = 0;
-  uint64_t leases_released = 0;
-  uint64_t lease_unknown = 0;
-  uint64_t lease_expired = 0;
-  uint64_t lease_released_before = 0;
-  uint64_t lease_bytes = 0;  // the lease tables' memory, counted against the cap
-  // Leased quotas: checks decided from a slice (no round trip: allowed from it, or denied while
-  // the owner said the key was spent), checks their slices could not cover (sent to the owner),
-  // slices granted (and their hits), given back, and expired unreturned, as owner.
-  uint64_t slice_checks_local = 0;
-  uint64_t slice_checks_to_owner = 0;
-  uint64_t slices_granted = 0;
-  uint64_t slice_hits_granted = 0;
-  uint64_t slices_returned = 0;
-  uint64_t slices_expired = 0;
-  uint64_t slice_bytes = 0;  // the slice tables' memory, counted against the cap
-  std::vector<std::pair<std::string, uint64_t>> rejected;  // by CheckError name
-  std::vector<RuleStats> rules;                            // every rule ever seen, by name
-};
-
-// A key near or over one of its limits, as `sluicectl top` shows it (the dashboard's two charts: the
-// keys nearest their limits, and the keys a dry-run rule would deny). Tracked when a check leaves
-// a key at 80 % or more of a limit, or exceeds it; a few per shard, the fullest kept.
-struct HotKey {
-  std::string rule;  // "<domain>/<rule>"
-  std::string key;   // the rule's key entries, "user=42,ip=203.0.113.9" (at most 120 bytes)
-  rules::Mode mode = rules::Mode::kEnforce;
-  uint64_t limit = 0;
-  int64_t window_ms = 0;
-  uint64_t used = 0;      // limit - remaining after the last check
-  uint64_t exceeded = 0;  // checks that exceeded this limit since the key entered the list
-  int64_t first_ms = 0;   // when it entered the list
-  int64_t last_ms = 0;    // the last check that found it at 80 % or more
-};
-
-// ---- persistence and handoff: counters as records ----------------------------------------------
-// A record is one counter's full state: key = 16 bytes (counter id little-endian, then window_ms
-// and bucket_ms as big-endian u32), value = versioned little-endian bytes (head bucket, own and
-// others per ring position, and what each other node reported). Importing a record is idempotent.
-inline constexpr size_t kRecordKeyBytes = 16;
-
-// A concurrency limit's counter counts the hits of the leases it granted, per bucket; its twin,
-// `counter ^ kLeaseReleaseBit` (same spec), the hits of those leases released since
-// (window/concurrency.h). For inspection: the engine keeps both.
-inline constexpr uint64_t kLeaseReleaseBit = 1ull << 30;
-
-class RecordSink {
- public:
-  virtual ~RecordSink() = default;
-  virtual void put(std::span<const uint8_t> key, std::span<const uint8_t> value) = 0;
-  virtual void erase(std::span<const uint8_t> key) = 0;  // the counter is gone (expired, evicted)
-};
-
-// Where an export pass stands; reuse one across calls (its buffers then stop allocating).
-struct ExportCursor {
-  bool all = false;  // export every counter, not only the changed ones (a full snapshot)
-  uint32_t shard = 0;
-  uint32_t table = 0;
-  size_t slot = 0;
-  std::vector<uint8_t> buf;  // encoded records of the current step
-  std::vector<uint32_t> ends;
-  std::vector<uint8_t> erased;  // keys of counters dropped since the last export
-  void restart(bool export_all) {
-    *this = ExportCursor{};
-    all = export_all;
-  }
-};
-
-enum class ImportResult : uint8_t { kImported, kExpired, kMalformed, kNoRoom };
-
-// ---- cluster sync: per-node bucket totals of changed counters (docs/architecture.md) ---------
-// What one counter contributes to a sync pass: this node's own totals per bucket and, when this
-// node owns the counter, every other node's totals it knows (the owner pushes the merged state).
-struct SyncItem {
-  uint64_t counter = 0;
-  window::WindowSpec spec;
-  bool with_others = false;             // the totals include other nodes' (owner push)
-  std::span<const RemoteTotal> totals;  // node = this node's id for its own
-  std::span<const uint16_t> reporters;  // nodes that reported totals for it (with_others only)
-};
-
-class SyncSink {
- public:
-  virtual ~SyncSink() = default;
-  virtual void item(const SyncItem& item) = 0;
-};
-
-// Where a sync pass stands; reuse one across passes (its buffers then stop allocating). At most one
-// changed pass (restart(false)) and one resend pass (restart(true)) at a time per engine; the two
-// may interleave (whichever reaches a counter first sends it and clears its flags), but two of
-// the same kind at once can leave counters to the next resend (they share the changed list).
-struct SyncCursor {
-  bool resend = false;  // anti-entropy: every counter changed since the last resend pass
-  uint32_t shard = 0;
-  // Within the shard (the engine's business): walking its slots at (table, slot), or going
-  // through the counters it listed as changed, positions [next, end).
-  uint8_t phase = 0;
-  uint32_t table = 0;
-  size_t slot = 0;
-  uint64_t next = 0, end = 0;
-  std::vector<RemoteTotal> totals;
-  std::vector<uint16_t> reporters;
-  struct Item {
-    uint64_t counter;
-    uint32_t spec_id;
-    bool with_others;
-    uint32_t totals_end, reporters_end;
-  };
-  std::vector<Item> items;
-  void restart(bool resend_recent) {
-    shard = table = 0;
-    phase = 0;
-    slot = 0;
-    next = end = 0;
-    resend = resend_recent;
-  }
-};
-
-// What a counter holds, for inspection and tests.
-struct CounterView {
-  int64_t head = 0;              // newest bucket number
-  std::vector<uint32_t> own;     // own[i] is bucket head - (ring_size - 1) + i
-  std::vector<uint32_t> others;  // other nodes' totals, and counts carried over (engine_carry.cc)
-  // What each other node reported, aligned like own (a bucket it reported nothing for: 0).
-  std::vector<std::pair<uint16_t, std::vector<uint32_t>>> nodes;
-  uint64_t tat_ns = 0;  // a GCRA counter's state, its arrival time (window/gcra.h); else 0
-};
-
-// How this node stands in for the keys' owner, if it does (the default: it does not). Not to be
-// confused with rules::Fallback, a rule's choice of what to do when its owner is out of reach
-// (share or deny), which a stand-in applies.
-//
-// Cluster owner mode: a batch decided in place of its keys' owner, which cannot be asked
-// (docs/architecture.md, "Members out of reach"). This node cannot tell how much of its share the
-// owner already gave its clients in the current window, so its share grows from nothing at
-// `since_ms` (when the owner was lost) to the whole of it one window later: the sides of a split
-// then never admit together more than the limit in any window.
-//
-// `takeover` (members 0): the batch is decided here by a replica of its keys, in place of their
-// owner, which went out of reach at `since_ms` but may still be deciding on the other side of a
-// cut. The replica counts everything it knows (the owner's pushes included), but what the owner
-// admitted after its last push is unknown here (up to the whole limit, given just before the
-// cut was seen), so every owner-mode limit allows nothing until one window after `since_ms`,
-// when all of that has left the window, and this side's part of the limit from then.
-struct StandIn {
-  uint32_t members = 0;          // 0: no share; else this node's share is 1 / members
-  int64_t since_ms = INT64_MIN;  // INT64_MIN: the whole share at once
-  bool takeover = false;         // members 0: a replica deciding for an owner out of reach
-  // Leased quotas: the batch's keys are owned by node `slice_owner`, in reach, and this node
-  // decides from the slices that node granted it (Decision::needs_owner when they cannot).
-  uint16_t slice_owner = 0;
-};
-
-// Leased quotas: a slice given back to the node that granted it, with what was used of it.
-struct SliceReturn {
-  uint64_t counter = 0;
-  uint64_t id = 0;
-  uint32_t used = 0;
-  uint16_t owner = 0;  // the node that granted it (install_slice): where it goes back
-  // What was used, per step after the request that got it was sent: uses[i] within
-  // [i, i + 1) x step_ms of it. The owner counts each at the end of that span after its grant (the
-  // request was sent before it was granted: never earlier than the use); without them, all of
-  // `used` at the return.
-  std::vector<uint32_t> uses;
-  uint32_t step_ms = 0;
 };
 
 // Bytes of counter tables mapped outside the heap allocator, in every engine of the process: what
