@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -354,52 +355,78 @@ TEST_CASE(
   auto conns = connect_settled(c);
 
   // On each node's door, one write: 12 CL.THROTTLE of fresh keys, each with a limit of its own
-  // (max_burst i + 1, so limit i + 2 and remaining i + 1) and an ECHO after each (answered by the
-  // session at once), then a MULTI/EXEC of two more keys. Some keys are forwarded to their owner,
-  // some decided here: the replies still follow the requests.
+  // (max_burst i + 1, so limit i + 2 and remaining i + 1), each followed by an ECHO (answered by
+  // the session at once), every third one by a SLUICE.CHECK of the owner-mode rule (limit 100)
+  // on the same key, and in the middle an unknown command and a zero rate (errors answered
+  // without the node); then a MULTI/EXEC of two more keys. Some keys are forwarded to their
+  // owner, some decided here: the replies still follow the requests.
   constexpr size_t kKeys = 12;
   for (size_t n = 0; n < conns.size(); ++n) {
     CAPTURE(n);
     const std::string prefix = "order-" + std::to_string(n) + "-";
     std::string pipeline;
+    std::vector<std::pair<std::string, std::function<bool(const Reply&)>>> expected;
+    const auto throttled = [](int64_t limit, int64_t remaining) {
+      return [limit, remaining](const Reply& r) {
+        const auto v = r.throttle();
+        return v && (*v)[0] == 0 && (*v)[1] == limit && (*v)[2] == remaining && (*v)[3] == -1;
+      };
+    };
+    size_t routed = 0;
     for (size_t i = 0; i < kKeys; ++i) {
-      pipeline +=
-          throttle_command(prefix + std::to_string(i), static_cast<int64_t>(i) + 1, 1, 3600);
-      pipeline += command({"ECHO", "e" + std::to_string(i)});
+      const std::string key = prefix + std::to_string(i);
+      const auto limit = static_cast<int64_t>(i) + 2;
+      pipeline += throttle_command(key, limit - 1, 1, 3600);
+      expected.emplace_back("CL.THROTTLE " + key, throttled(limit, limit - 1));
+      ++routed;
+      const std::string echo = "e" + std::to_string(i);
+      pipeline += command({"ECHO", echo});
+      expected.emplace_back("ECHO " + echo, [echo](const Reply& r) { return r.text == echo; });
+      if (i % 3 == 0) {
+        pipeline += command({"SLUICE.CHECK", "o", "k", key});
+        expected.emplace_back("SLUICE.CHECK " + key, [](const Reply& r) {
+          return r.type == '*' && r.elems.size() == 5 && r.elems[0].integer == 1 &&
+                 r.elems[1].integer == 100 && r.elems[2].integer == 99;
+        });
+        ++routed;
+      }
+      if (i == kKeys / 2) {
+        pipeline += command({"GET", key});
+        expected.emplace_back("GET", [](const Reply& r) {
+          return r.type == '-' && r.text.starts_with("ERR unknown command 'GET'");
+        });
+        pipeline += throttle_command(key, 1, 0, 1);
+        expected.emplace_back("CL.THROTTLE zero rate", [](const Reply& r) {
+          return r.show() == "-Cell error: Store error: Zero rates are not supported";
+        });
+      }
     }
     pipeline += command({"MULTI"}) + throttle_command(prefix + "m0", 20, 1, 3600, 2) +
                 throttle_command(prefix + "m1", 30, 1, 3600, 3) + command({"EXEC"});
+    routed += 2;
+    expected.emplace_back("MULTI", [](const Reply& r) { return r.show() == "+OK"; });
+    for (const char* m : {"m0", "m1"})
+      expected.emplace_back(m, [](const Reply& r) { return r.show() == "+QUEUED"; });
+    // quantity 2 of limit 21: remaining 19; quantity 3 of limit 31: remaining 28.
+    expected.emplace_back("EXEC", [throttled](const Reply& r) {
+      return r.type == '*' && r.elems.size() == 2 && throttled(21, 19)(r.elems[0]) &&
+             throttled(31, 28)(r.elems[1]);
+    });
+
     const uint64_t forwarded_before = forwarded_parts(c, n);
     conns[n]->send(pipeline);
-    const std::vector<Reply> replies = conns[n]->read(2 * kKeys + 4);
+    const std::vector<Reply> replies = conns[n]->read(expected.size());
     const uint64_t forwarded = forwarded_parts(c, n) - forwarded_before;
-    MESSAGE("node " << n + 1 << ": " << forwarded << " of " << kKeys + 2
-                    << " CL.THROTTLE forwarded to their owner");
-    // Both kinds in one pipeline (12 + 2 keys all owned by one node: (1/3)^13).
+    MESSAGE("node " << n + 1 << ": " << forwarded << " of " << routed
+                    << " CL.THROTTLE and SLUICE.CHECK forwarded to their owner");
+    // Both kinds in one pipeline (every key owned by one node: (1/3)^13).
     CHECK(forwarded > 0);
-    CHECK(forwarded < kKeys + 2);
-    REQUIRE(replies.size() == 2 * kKeys + 4);
-    for (size_t i = 0; i < kKeys; ++i) {
-      const int64_t limit = static_cast<int64_t>(i) + 2;
-      const std::vector<int64_t> expected = {0, limit, limit - 1, -1};
-      const auto v = replies[2 * i].throttle();
-      REQUIRE_MESSAGE(v.has_value(), "reply " << 2 * i << ": " << replies[2 * i].show());
-      CHECK_MESSAGE(std::vector<int64_t>(v->begin(), v->begin() + 4) == expected,
-                    "reply " << 2 * i << ": " << replies[2 * i].show());
-      CHECK_MESSAGE(replies[2 * i + 1].text == "e" + std::to_string(i),
-                    "reply " << 2 * i + 1 << ": " << replies[2 * i + 1].show());
+    CHECK(forwarded < routed);
+    REQUIRE(replies.size() == expected.size());
+    for (size_t i = 0; i < replies.size(); ++i) {
+      CHECK_MESSAGE(expected[i].second(replies[i]),
+                    "reply " << i << " (" << expected[i].first << "): " << replies[i].show());
     }
-    const Reply* tail = &replies[2 * kKeys];
-    CHECK(tail[0].show() == "+OK");
-    CHECK(tail[1].show() == "+QUEUED");
-    CHECK(tail[2].show() == "+QUEUED");
-    REQUIRE_MESSAGE(tail[3].elems.size() == 2, tail[3].show());
-    // quantity 2 of limit 21: remaining 19; quantity 3 of limit 31: remaining 28.
-    const auto m0 = tail[3].elems[0].throttle(), m1 = tail[3].elems[1].throttle();
-    REQUIRE(m0.has_value());
-    REQUIRE(m1.has_value());
-    CHECK(std::vector<int64_t>(m0->begin(), m0->begin() + 3) == std::vector<int64_t>{0, 21, 19});
-    CHECK(std::vector<int64_t>(m1->begin(), m1->begin() + 3) == std::vector<int64_t>{0, 31, 28});
   }
 
   // DEL through a non-owner: the owner's state is gone, whichever node asks next.
