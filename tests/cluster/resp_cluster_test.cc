@@ -2,7 +2,8 @@
 // through a blocking RESP2 client of its own: CL.THROTTLE keys are decided by their owner (cell
 // keys are never synced), so one key throttled through every node's door admits exactly what
 // redis-cell's GCRA allows on one Redis; a pipeline of keys owned by different nodes is answered
-// in request order; DEL through any node resets the owner's state.
+// in request order; DEL through any node resets the owner's state; a key throttled while the
+// nodes are still joining keeps its count once they route by the final ring.
 //
 // The allowance (lib/window/cell.h states the arithmetic). With emission interval
 // T = trunc(period x 10^9 / count) ns and limit L = max_burst + 1, a fresh key admits its first
@@ -223,14 +224,18 @@ size_t cell_owner(const LocalCluster& c, std::vector<std::unique_ptr<RespConn>>&
   return local == 1 ? owner : SIZE_MAX;
 }
 
-// Connections to every node's door, once the cluster routes by its final ring: right after they
-// meet, joining nodes send the keys they own on to their previous owner for a few sync intervals
-// (docs/architecture.md, "Joining"), so a key is forwarded by every node, its owner included,
-// until then. Bounded: 10 s.
-std::vector<std::unique_ptr<RespConn>> connect_settled(const LocalCluster& c) {
+// A connection to every node's door.
+std::vector<std::unique_ptr<RespConn>> connect_all(const LocalCluster& c) {
   std::vector<std::unique_ptr<RespConn>> conns;
   for (size_t i = 0; i < c.size(); ++i)
     conns.push_back(std::make_unique<RespConn>(c.node(i).resp_port));
+  return conns;
+}
+
+// Waits until the cluster routes by its final ring: right after they meet, joining nodes send the
+// keys they own on to their previous owner for a few sync intervals (docs/architecture.md,
+// "Joining"), so a key is forwarded by every node, its owner included, until then. Bounded: 10 s.
+void settle(const LocalCluster& c, std::vector<std::unique_ptr<RespConn>>& conns) {
   const bool settled = wait_until(
       [&] {
         for (const char* key : {"settle-a", "settle-b", "settle-c", "settle-d"}) {
@@ -240,6 +245,12 @@ std::vector<std::unique_ptr<RespConn>> connect_settled(const LocalCluster& c) {
       },
       milliseconds(10000), milliseconds(100));
   REQUIRE_MESSAGE(settled, "every node still forwards keys it owns");
+}
+
+// connect_all, then settle.
+std::vector<std::unique_ptr<RespConn>> connect_settled(const LocalCluster& c) {
+  auto conns = connect_all(c);
+  settle(c, conns);
   return conns;
 }
 
@@ -455,4 +466,35 @@ TEST_CASE(
   const std::vector<int64_t> fresh_head(fresh_values->begin(), fresh_values->begin() + 4);
   const std::vector<int64_t> full = {0, 3, 2, -1};
   CHECK_MESSAGE(fresh_head == full, fresh.show());
+}
+
+TEST_CASE(
+    "owner mode over RESP: a CL.THROTTLE key throttled while the nodes are still joining and "
+    "after admits exactly max_burst + 1 over a long period") {
+  LocalCluster c(resp_spec());
+  const std::string started = c.start();
+  REQUIRE_MESSAGE(started.empty(), started);
+  auto conns = connect_all(c);
+  const int64_t burst = 9, count = 1, period = 3600;
+  // Right away: each node may still send the keys it now owns to their previous owner (then
+  // every node forwards this key, its owner under the final ring included).
+  uint64_t forwarded_before = 0;
+  for (size_t i = 0; i < c.size(); ++i)
+    forwarded_before += forwarded_parts(c, i);
+  const Throttled joining =
+      throttle_through_all(conns, "joining", burst, count, period, 1, 2, milliseconds(0), 2);
+  uint64_t forwarded_joining = 0;
+  for (size_t i = 0; i < c.size(); ++i)
+    forwarded_joining += forwarded_parts(c, i);
+  forwarded_joining -= forwarded_before;
+  settle(c, conns);
+  const Throttled after =
+      throttle_through_all(conns, "joining", burst, count, period, 2, 6, milliseconds(0), 6);
+  MESSAGE("admitted " << joining.admitted << " of " << joining.sent << " while joining ("
+                      << forwarded_joining << " parts forwarded between nodes), then "
+                      << after.admitted << " of " << after.sent << " (GCRA allows exactly "
+                      << burst + 1 << " in all)");
+  CHECK(joining.bad == 0);
+  CHECK(after.bad == 0);
+  CHECK(joining.admitted + after.admitted == static_cast<size_t>(burst + 1));
 }
