@@ -230,12 +230,12 @@ struct FakeBackend : Backend {
       c += " " + std::string(e);
     calls.push_back(c + " hits" + std::to_string(r.hits));
     if (defer) return checks.push_back(std::move(a));
-    a.ok({false, 10, 0, 3, 7});
+    a.ok({false, 10, 0, 3, 7, /*shadow=*/true, /*would_deny=*/false});
   }
   void acquire(const CheckRequest& r, Answer<LeaseAnswer> a) override {
     calls.push_back("acquire " + std::string(r.domain));
     if (defer) return acquires.push_back(std::move(a));
-    a.ok({{true, 5, 4, 0, 0}, 0x00c0ffee12345678});
+    a.ok({{true, 5, 4, 0, 0, false, /*would_deny=*/true}, 0x00c0ffee12345678});
   }
   void release(const ReleaseRequest& r, Answer<bool> a) override {
     calls.push_back("release " + std::string(r.domain) + " " + std::to_string(r.lease));
@@ -421,9 +421,9 @@ TEST_CASE(
     "RESP3") {
   Harness h;
   CHECK(h.run(cmd({"SLUICE.CHECK", "api", "user", "42", "path", "/a", "HITS", "3"})) ==
-        "*5\r\n:0\r\n:10\r\n:0\r\n:3\r\n:7\r\n");
+        "*7\r\n:0\r\n:10\r\n:0\r\n:3\r\n:7\r\n:1\r\n:0\r\n");
   CHECK(h.run(cmd({"SLUICE.CHECK", "api", "hits", "2"})) ==
-        "*5\r\n:0\r\n:10\r\n:0\r\n:3\r\n:7\r\n");
+        "*7\r\n:0\r\n:10\r\n:0\r\n:3\r\n:7\r\n:1\r\n:0\r\n");
   CHECK(h.backend.calls ==
         std::vector<std::string>{"check api user 42 path /a hits3", "check api hits 2 hits1"});
   CHECK(h.run(cmd({"SLUICE.CHECK", "api", "user"})) ==
@@ -432,12 +432,13 @@ TEST_CASE(
         "-ERR value is not an integer or out of range\r\n");
   h.run(cmd({"HELLO", "3"}));
   CHECK(h.run(cmd({"SLUICE.CHECK", "api", "user", "42"})) ==
-        "%5\r\n$7\r\nallowed\r\n:0\r\n$5\r\nlimit\r\n:10\r\n$9\r\nremaining\r\n:0\r\n"
-        "$13\r\nretry_after_s\r\n:3\r\n$7\r\nreset_s\r\n:7\r\n");
+        "%7\r\n$7\r\nallowed\r\n:0\r\n$5\r\nlimit\r\n:10\r\n$9\r\nremaining\r\n:0\r\n"
+        "$13\r\nretry_after_s\r\n:3\r\n$7\r\nreset_s\r\n:7\r\n$6\r\nshadow\r\n:1\r\n"
+        "$10\r\nwould_deny\r\n:0\r\n");
   CHECK(h.run(cmd({"SLUICE.ACQUIRE", "jobs", "tenant", "t1"})) ==
-        "%6\r\n$7\r\nallowed\r\n:1\r\n$5\r\nlimit\r\n:5\r\n$9\r\nremaining\r\n:4\r\n"
-        "$13\r\nretry_after_s\r\n:0\r\n$7\r\nreset_s\r\n:0\r\n$5\r\nlease\r\n"
-        "$16\r\n00c0ffee12345678\r\n");
+        "%8\r\n$7\r\nallowed\r\n:1\r\n$5\r\nlimit\r\n:5\r\n$9\r\nremaining\r\n:4\r\n"
+        "$13\r\nretry_after_s\r\n:0\r\n$7\r\nreset_s\r\n:0\r\n$6\r\nshadow\r\n:0\r\n"
+        "$10\r\nwould_deny\r\n:1\r\n$5\r\nlease\r\n$16\r\n00c0ffee12345678\r\n");
   CHECK(h.run(cmd({"SLUICE.RELEASE", "jobs", "00c0ffee12345678", "tenant", "t1"})) == ":1\r\n");
   CHECK(h.backend.calls.back() == "release jobs " + std::to_string(0x00c0ffee12345678ull));
   CHECK(h.run(cmd({"SLUICE.RELEASE", "jobs", "00C0FFEE12345678", "tenant", "t1"})) ==

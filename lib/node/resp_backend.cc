@@ -95,6 +95,8 @@ Outcome<resp::LeaseAnswer> check_outcome(const wire::Decision& d) {
   o.ok = true;
   resp::CheckAnswer& a = o.value.check;
   a.allowed = d.allowed;
+  a.shadow = d.shadow;
+  a.would_deny = d.would_deny;
   if (h.headline != nullptr) {
     const wire::LimitStatus& l = *h.headline;
     a.limit = static_cast<int64_t>(l.limit);

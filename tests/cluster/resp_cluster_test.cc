@@ -396,7 +396,7 @@ TEST_CASE(
       if (i % 3 == 0) {
         pipeline += command({"SLUICE.CHECK", "o", "k", key});
         expected.emplace_back("SLUICE.CHECK " + key, [](const Reply& r) {
-          return r.type == '*' && r.elems.size() == 5 && r.elems[0].integer == 1 &&
+          return r.type == '*' && r.elems.size() == 7 && r.elems[0].integer == 1 &&
                  r.elems[1].integer == 100 && r.elems[2].integer == 99;
         });
         ++routed;

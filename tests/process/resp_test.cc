@@ -35,6 +35,16 @@ constexpr const char* kRules = R"(domains:
       - name: per-user
         key: [user]
         limits: [{limit: 3, window: 1m, name: per-user}]
+  - name: modes
+    rules:
+      - name: shadow-ban
+        key: [ip]
+        limits: [1/1m]
+        mode: shadow
+      - name: trial
+        key: [user]
+        limits: [1/1m]
+        mode: dry-run
 )";
 
 bool have_redis_cli() {
@@ -127,6 +137,15 @@ TEST_CASE("redis-cli: CL.THROTTLE answers redis-cell's README example, DEL reset
   CHECK(cli(d, {"SLUICE.CHECK", "api", "user", "ann"}).starts_with("1\n3\n2\n"));
   CHECK(cli(d, {"SLUICE.CHECK", "api", "user", "ann", "HITS", "2"}).starts_with("1\n3\n0\n"));
   CHECK(cli(d, {"SLUICE.CHECK", "api", "user", "ann"}).starts_with("0\n3\n0\n"));
+  // The modes reach the caller: a shadow denial (fail silently), a dry-run rule's would-deny.
+  CHECK(cli(d, {"SLUICE.CHECK", "modes", "ip", "10.0.0.1"}).ends_with("\n0\n0\n"));
+  const std::string shadow = cli(d, {"SLUICE.CHECK", "modes", "ip", "10.0.0.1"});
+  CHECK(shadow.starts_with("0\n"));
+  CHECK(shadow.ends_with("\n1\n0\n"));
+  CHECK(cli(d, {"SLUICE.CHECK", "modes", "user", "eve"}).ends_with("\n0\n0\n"));
+  const std::string trial = cli(d, {"SLUICE.CHECK", "modes", "user", "eve"});
+  CHECK(trial.starts_with("1\n"));
+  CHECK(trial.ends_with("\n0\n1\n"));
 
   const std::string m = metrics(d);
   CHECK(m.find("sluice_resp_connections_total ") != std::string::npos);

@@ -63,14 +63,16 @@ void encode_check(RespWriter& w, const CheckAnswer& a, size_t fields) {
   field("remaining", a.remaining);
   field("retry_after_s", a.retry_after_s);
   field("reset_s", a.reset_s);
+  field("shadow", a.shadow ? 1 : 0);
+  field("would_deny", a.would_deny ? 1 : 0);
 }
 
 void encode(RespWriter& w, const CheckAnswer& a) {
-  encode_check(w, a, 5);
+  encode_check(w, a, 7);
 }
 
 void encode(RespWriter& w, const LeaseAnswer& a) {
-  encode_check(w, a.check, 6);
+  encode_check(w, a.check, 8);
   if (w.protocol() == Protocol::kResp3) w.bulk("lease");
   if (a.lease == 0) return w.null();
   char hex[16];

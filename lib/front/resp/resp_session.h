@@ -22,12 +22,14 @@
 //       a check against the rules file: the descriptors of `domain`, `hits` (default 1, 0 peeks).
 //       A last pair whose key is HITS (any case), after at least one other pair, is the option,
 //       so a descriptor named "hits" goes anywhere but last. Answered, for the most restrictive
-//       limit:
-//         RESP3 (after HELLO 3): %5 allowed (1|0), limit, remaining, retry_after_s, reset_s
-//         RESP2: *5 [allowed, limit, remaining, retry_after_s, reset_s]
-//       all integers; limit and remaining are -1 when no limit applies.
+//       enforcing limit, and the decision's modes:
+//         RESP3 (after HELLO 3): %7 allowed (1|0), limit, remaining, retry_after_s, reset_s,
+//                                shadow (1|0), would_deny (1|0)
+//         RESP2: *7 [allowed, limit, remaining, retry_after_s, reset_s, shadow, would_deny]
+//       all integers; limit and remaining are -1 when no limit applies. shadow: denied by shadow
+//       rules only (the caller should fail silently); would_deny: a dry-run rule would deny.
 //   SLUICE.ACQUIRE domain key value [key value ...] [HITS n]
-//       a check that takes a concurrency lease: answered as SLUICE.CHECK with a sixth field
+//       a check that takes a concurrency lease: answered as SLUICE.CHECK with an eighth field
 //       `lease`, 16 lowercase hex digits (a bulk string), or null when refused.
 //   SLUICE.RELEASE domain lease key value [key value ...]
 //       gives the lease back (the same domain and descriptors as its acquire): `:1` released,
@@ -111,12 +113,15 @@ struct CheckRequest {
   uint64_t hits = 1;
 };
 
+// The headline limit is the most restrictive enforcing one (the RateLimit headers' limit).
 struct CheckAnswer {
   bool allowed = true;
   int64_t limit = -1;
   int64_t remaining = -1;
   int64_t retry_after_s = 0;
   int64_t reset_s = 0;
+  bool shadow = false;      // denied by shadow rules only: the caller should fail silently
+  bool would_deny = false;  // a dry-run rule would have denied it (it was allowed)
 };
 
 struct LeaseAnswer {
