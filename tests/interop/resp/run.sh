@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Runs one stock Redis client's test against real sluiced processes: sluiced's RESP door called by
+# redis-py (Debian's python3-redis), hiredis (a C program), redis-rb (ruby-redis), Node's ioredis 5
+# and 6 and node-redis 4 and 6 (npm), or redis-benchmark and redis-cli -3 (redis-tools).
+#
+#   tests/interop/resp/run.sh {python|hiredis|ruby|node|benchmark} [SLUICED_BINARY [SOURCE_DIR [HIREDIS_TEST]]]
+#
+# SLUICED_BINARY defaults to $SLUICED_BIN, else SOURCE_DIR/build/daemon/sluiced; SOURCE_DIR to this
+# checkout; HIREDIS_TEST (the built hiredis_test program) is needed by `hiredis` only.
+#
+# The script starts two sluiced, each with only a RESP door on a free loopback port (no UDP, TCP,
+# admin or gRPC listener, no data directory) and the rules below: one open, one with
+# resp_password_file. The client test reads SLUICE_RESP_PORT, SLUICE_RESP_AUTH_PORT and
+# SLUICE_RESP_PASSWORD. A missing tool is a failure with its reason (deploy/setup.sh installs them
+# all), never a skip.
+set -euo pipefail
+
+usage="usage: tests/interop/resp/run.sh {python|hiredis|ruby|node|benchmark} [SLUICED_BINARY [SOURCE_DIR [HIREDIS_TEST]]]"
+kind=${1:?$usage}
+src=${3:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)}
+sluiced=${2:-${SLUICED_BIN:-$src/build/daemon/sluiced}}
+hiredis_test=${4:-}
+[ -x "$sluiced" ] || { echo "FAIL: sluiced not found at $sluiced (build it first)"; exit 1; }
+sluiced=$(cd "$(dirname "$sluiced")" && pwd)/$(basename "$sluiced")
+here=$src/tests/interop/resp
+py=/usr/bin/python3  # Debian's: the one that sees python3-redis and python3-pytest
+[ -x "$py" ] || { echo "FAIL: $py not found (deploy/setup.sh installs python3)"; exit 1; }
+
+# Whatever ends this script stops both sluiced (their pids, one a line, in the pidfile).
+source "$src/tests/support/sluiced_guard.sh"
+guard_start resp SLUICE_INTEROP_PIDFILE
+dir=$TMPDIR
+
+# 3 checks a minute per user in domain `api`, with 1-second buckets so the minute is exact over a
+# test that lasts seconds (docs/rules.md, "Estimators").
+cat >"$dir/rules.yaml" <<'EOF'
+domains:
+  - name: api
+    rules:
+      - name: per-user
+        key: [user]
+        limits: [{limit: 3, window: 1m, name: per-user, granularity: 1s}]
+EOF
+password=interop-s3cret
+printf '%s\n' "$password" >"$dir/resp-password"
+printf 'resp_password_file: %s\n' "$dir/resp-password" >"$dir/auth.yaml"
+
+# Two free loopback TCP ports, different, held open together while chosen.
+read -r port auth_port < <("$py" -c '
+import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
+
+start_sluiced() {  # NAME PORT [--config FILE]: starts sluiced in the background, appends its pid
+  "$sluiced" "${@:3}" --udp '' --tcp '' --admin '' --grpc '' --resp "127.0.0.1:$2" \
+    --data-dir '' --rules "$dir/rules.yaml" --threads 1 --log-level warn \
+    >"$dir/$1.log" 2>&1 &
+  echo $! >>"$SLUICE_INTEROP_PIDFILE"
+}
+
+dump_logs() {
+  for name in open auth; do
+    echo "--- sluiced ($name) output"
+    cat "$dir/$name.log" 2>/dev/null || true
+  done
+}
+
+# Up to 100 tries, 100 ms apart: the port accepts a connection.
+wait_listening() {  # NAME PORT LINE (of its pid in the pidfile)
+  local pid
+  pid=$(sed -n "$3p" "$SLUICE_INTEROP_PIDFILE")
+  for _ in $(seq 100); do
+    kill -0 "$pid" 2>/dev/null || { echo "FAIL: sluiced ($1) exited before listening"; dump_logs; exit 1; }
+    if (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "FAIL: sluiced ($1) is not listening on 127.0.0.1:$2 after 10 s"
+  dump_logs
+  exit 1
+}
+
+start_sluiced open "$port"
+start_sluiced auth "$auth_port" --config "$dir/auth.yaml"
+wait_listening open "$port" 1
+wait_listening auth "$auth_port" 2
+export SLUICE_RESP_PORT=$port SLUICE_RESP_AUTH_PORT=$auth_port SLUICE_RESP_PASSWORD=$password
+
+run_client() {  # runs the client's test; on failure prints sluiced's output and fails
+  local status=0
+  guard_run "$@" || status=$?
+  if [ "$status" -ne 0 ]; then
+    dump_logs
+    exit "$status"
+  fi
+}
+
+case "$kind" in
+  python)
+    "$py" -c 'import redis' 2>/dev/null ||
+      { echo "FAIL: $py cannot import redis (deploy/setup.sh installs python3-redis)"; exit 1; }
+    "$py" -c 'import pytest' 2>/dev/null ||
+      { echo "FAIL: $py cannot import pytest (deploy/setup.sh installs python3-pytest)"; exit 1; }
+    cd "$here"
+    # No cache or bytecode written into the source tree.
+    run_client env PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest -v -p no:cacheprovider test_redis_py.py
+    ;;
+  hiredis)
+    [ -n "$hiredis_test" ] && [ -x "$hiredis_test" ] ||
+      { echo "FAIL: hiredis_test program not given or not built (needs libhiredis-dev; deploy/setup.sh installs it)"; exit 1; }
+    run_client "$hiredis_test"
+    ;;
+  ruby)
+    command -v ruby >/dev/null || { echo "FAIL: ruby not found (deploy/setup.sh installs ruby-redis)"; exit 1; }
+    ruby -e 'require "redis"' 2>/dev/null ||
+      { echo "FAIL: ruby cannot require redis (deploy/setup.sh installs ruby-redis)"; exit 1; }
+    run_client ruby "$here/redis_rb_test.rb"
+    ;;
+  node)
+    command -v node >/dev/null || { echo "FAIL: node not found (deploy/setup.sh installs nodejs)"; exit 1; }
+    command -v npm >/dev/null || { echo "FAIL: npm not found (deploy/setup.sh installs it)"; exit 1; }
+    "$src/deploy/npm-ci.sh" "$here/node"
+    cd "$here/node"
+    run_client node --test-reporter=spec resp_clients.test.mjs
+    ;;
+  benchmark)
+    run_client bash "$here/benchmark_test.sh"
+    ;;
+  *)
+    echo "$usage"
+    exit 2
+    ;;
+esac
