@@ -11,14 +11,14 @@
 
 static int failures = 0;
 
-#define CHECK(cond, ...)                                            \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      ++failures;                                                   \
+#define CHECK(cond, ...)                                              \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      ++failures;                                                     \
       fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                 \
-      fputc('\n', stderr);                                          \
-    }                                                               \
+      fprintf(stderr, __VA_ARGS__);                                   \
+      fputc('\n', stderr);                                            \
+    }                                                                 \
   } while (0)
 
 static int env_port(const char* name) {
@@ -34,7 +34,8 @@ static redisContext* connect_to(int port) {
   struct timeval timeout = {5, 0};
   redisContext* c = redisConnectWithTimeout("127.0.0.1", port, timeout);
   if (!c || c->err) {
-    fprintf(stderr, "FAIL: cannot connect to 127.0.0.1:%d: %s\n", port, c ? c->errstr : "no memory");
+    fprintf(stderr, "FAIL: cannot connect to 127.0.0.1:%d: %s\n", port,
+            c ? c->errstr : "no memory");
     exit(1);
   }
   redisSetTimeout(c, timeout);
@@ -100,7 +101,8 @@ static void test_single(void) {
 
 static void test_pipelined(void) {
   redisContext* c = connect_to(env_port("SLUICE_RESP_PORT"));
-  for (int i = 0; i < 5; ++i) redisAppendCommand(c, "CL.THROTTLE c-pipe 15 30 60");
+  for (int i = 0; i < 5; ++i)
+    redisAppendCommand(c, "CL.THROTTLE c-pipe 15 30 60");
   for (int i = 0; i < 5; ++i) {
     redisReply* r = NULL;
     CHECK(redisGetReply(c, (void**)&r) == REDIS_OK, "pipelined reply %d: %s", i, c->errstr);
