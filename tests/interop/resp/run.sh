@@ -8,10 +8,11 @@
 # SLUICED_BINARY defaults to $SLUICED_BIN, else SOURCE_DIR/build/daemon/sluiced; SOURCE_DIR to this
 # checkout; HIREDIS_TEST (the built hiredis_test program) is needed by `hiredis` only.
 #
-# The script starts two sluiced, each with only a RESP door on a free loopback port (no UDP, TCP,
-# admin or gRPC listener, no data directory) and the rules below: one open, one with
+# The script starts two sluiced, each with a RESP door and an admin port on free loopback ports (no
+# UDP, TCP or gRPC listener, no data directory) and the rules below: one open, one with
 # resp_password_file. The client test reads SLUICE_RESP_PORT, SLUICE_RESP_AUTH_PORT and
-# SLUICE_RESP_PASSWORD. A missing tool is a failure with its reason (deploy/setup.sh installs them
+# SLUICE_RESP_PASSWORD. After it passes, both doors' /metrics must show no unknown command: every
+# command a client sent, on connect too, was one the door speaks. A missing tool is a failure with its reason (deploy/setup.sh installs them
 # all), never a skip.
 set -euo pipefail
 
@@ -45,15 +46,15 @@ password=interop-s3cret
 printf '%s\n' "$password" >"$dir/resp-password"
 printf 'resp_password_file: %s\n' "$dir/resp-password" >"$dir/auth.yaml"
 
-# Two free loopback TCP ports, different, held open together while chosen.
-read -r port auth_port < <("$py" -c '
+# Four free loopback TCP ports, all different, held open together while chosen.
+read -r port auth_port admin_port auth_admin_port < <("$py" -c '
 import socket
-s = [socket.socket() for _ in range(2)]
+s = [socket.socket() for _ in range(4)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*[x.getsockname()[1] for x in s])')
 
-start_sluiced() {  # NAME PORT [--config FILE]: starts sluiced in the background, appends its pid
-  "$sluiced" "${@:3}" --udp '' --tcp '' --admin '' --grpc '' --resp "127.0.0.1:$2" \
+start_sluiced() {  # NAME PORT ADMIN_PORT [--config FILE]: starts sluiced in the background, appends its pid
+  "$sluiced" "${@:4}" --udp '' --tcp '' --admin "127.0.0.1:$3" --grpc '' --resp "127.0.0.1:$2" \
     --data-dir '' --rules "$dir/rules.yaml" --threads 1 --log-level warn \
     >"$dir/$1.log" 2>&1 &
   echo $! >>"$SLUICE_INTEROP_PIDFILE"
@@ -80,19 +81,37 @@ wait_listening() {  # NAME PORT LINE (of its pid in the pidfile)
   exit 1
 }
 
-start_sluiced open "$port"
-start_sluiced auth "$auth_port" --config "$dir/auth.yaml"
+start_sluiced open "$port" "$admin_port"
+start_sluiced auth "$auth_port" "$auth_admin_port" --config "$dir/auth.yaml"
 wait_listening open "$port" 1
 wait_listening auth "$auth_port" 2
 export SLUICE_RESP_PORT=$port SLUICE_RESP_AUTH_PORT=$auth_port SLUICE_RESP_PASSWORD=$password
 
-run_client() {  # runs the client's test; on failure prints sluiced's output and fails
-  local status=0
+# sluice_resp_unknown_commands_total from a node's /metrics (HTTP/1.0 over bash's /dev/tcp,
+# bounded by timeout).
+unknown_commands() {  # ADMIN_PORT
+  timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"; printf "GET /metrics HTTP/1.0\r\n\r\n" >&3; cat <&3' _ "$1" |
+    sed -n 's/^sluice_resp_unknown_commands_total \([0-9]*\).*/\1/p'
+}
+
+run_client() {  # runs the client's test, then checks the doors' metrics; on failure prints sluiced's output
+  local status=0 name admin n
   guard_run "$@" || status=$?
   if [ "$status" -ne 0 ]; then
     dump_logs
     exit "$status"
   fi
+  for name in open auth; do
+    admin=$admin_port
+    [ "$name" = auth ] && admin=$auth_admin_port
+    n=$(unknown_commands "$admin")
+    if [ "$n" != 0 ]; then
+      echo "FAIL: sluiced ($name) answered ${n:-(no metrics)} command(s) with unknown command"
+      dump_logs
+      exit 1
+    fi
+  done
+  echo "ok: no unknown command reached either door"
 }
 
 case "$kind" in
