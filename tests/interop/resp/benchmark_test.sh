@@ -68,7 +68,8 @@ expect "redis-cli -3 without AUTH: HELLO 3 gets NOAUTH" \
   "$(cli -3 -p "$auth_port" CL.THROTTLE cli3-auth 15 30 60 | head -n 1 | cut -d, -f1)"
 expect "redis-cli without AUTH: NOAUTH" "NOAUTH Authentication required." \
   "$(cli -p "$auth_port" CL.THROTTLE cli3-auth 15 30 60 | head -n 1)"
-expect "redis-cli -3 with a wrong password" "AUTH failed: WRONGPASS invalid username-password pair or user is disabled." \
+expect "redis-cli -3 with a wrong password" \
+  "AUTH failed: WRONGPASS invalid username-password pair or user is disabled." \
   "$(cli -3 -p "$auth_port" -a not-the-password --no-auth-warning PING | head -n 1)"
 expect "redis-cli -3 with the password" $'0\n16\n15\n-1\n2' \
   "$(cli -3 -p "$auth_port" -a "$password" --no-auth-warning CL.THROTTLE cli3-auth 15 30 60)"

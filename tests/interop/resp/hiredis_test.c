@@ -2,7 +2,7 @@
  * default settings: CL.THROTTLE single and pipelined (redisAppendCommand, then the replies in
  * order), MULTI/EXEC, DEL, AUTH, and SLUICE.CHECK against the rules. tests/interop/resp/run.sh
  * starts sluiced and sets SLUICE_RESP_PORT, SLUICE_RESP_AUTH_PORT and SLUICE_RESP_PASSWORD. Every
- * read has a 5 s timeout; the exit code is the number of failed checks (0: all passed). */
+ * read has a 5 s timeout; the exit code is 1 when any check failed, each named on stderr. */
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -12,8 +12,8 @@
 # UDP, TCP or gRPC listener, no data directory) and the rules below: one open, one with
 # resp_password_file. The client test reads SLUICE_RESP_PORT, SLUICE_RESP_AUTH_PORT and
 # SLUICE_RESP_PASSWORD. After it passes, both doors' /metrics must show no unknown command: every
-# command a client sent, on connect too, was one the door speaks. A missing tool is a failure with its reason (deploy/setup.sh installs them
-# all), never a skip.
+# command a client sent, on connect too, was one the door speaks. A missing tool is a failure with
+# its reason (deploy/setup.sh installs them all), never a skip.
 set -euo pipefail
 
 usage="usage: tests/interop/resp/run.sh {python|hiredis|ruby|node|benchmark} [SLUICED_BINARY [SOURCE_DIR [HIREDIS_TEST]]]"
@@ -53,7 +53,8 @@ s = [socket.socket() for _ in range(4)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*[x.getsockname()[1] for x in s])')
 
-start_sluiced() {  # NAME PORT ADMIN_PORT [--config FILE]: starts sluiced in the background, appends its pid
+# NAME PORT ADMIN_PORT [--config FILE]: starts sluiced in the background, appends its pid.
+start_sluiced() {
   "$sluiced" "${@:4}" --udp '' --tcp '' --admin "127.0.0.1:$3" --grpc '' --resp "127.0.0.1:$2" \
     --data-dir '' --rules "$dir/rules.yaml" --threads 1 --log-level warn \
     >"$dir/$1.log" 2>&1 &
@@ -72,7 +73,11 @@ wait_listening() {  # NAME PORT LINE (of its pid in the pidfile)
   local pid
   pid=$(sed -n "$3p" "$SLUICE_INTEROP_PIDFILE")
   for _ in $(seq 100); do
-    kill -0 "$pid" 2>/dev/null || { echo "FAIL: sluiced ($1) exited before listening"; dump_logs; exit 1; }
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "FAIL: sluiced ($1) exited before listening"
+      dump_logs
+      exit 1
+    fi
     if (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null; then return 0; fi
     sleep 0.1
   done
@@ -94,7 +99,8 @@ unknown_commands() {  # ADMIN_PORT
     sed -n 's/^sluice_resp_unknown_commands_total \([0-9]*\).*/\1/p'
 }
 
-run_client() {  # runs the client's test, then checks the doors' metrics; on failure prints sluiced's output
+# Runs the client's test, then checks both doors' metrics; on a failure prints sluiced's output.
+run_client() {
   local status=0 name admin n
   guard_run "$@" || status=$?
   if [ "$status" -ne 0 ]; then
@@ -125,8 +131,11 @@ case "$kind" in
     run_client env PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest -v -p no:cacheprovider test_redis_py.py
     ;;
   hiredis)
-    [ -n "$hiredis_test" ] && [ -x "$hiredis_test" ] ||
-      { echo "FAIL: hiredis_test program not given or not built (needs libhiredis-dev; deploy/setup.sh installs it)"; exit 1; }
+    if [ -z "$hiredis_test" ] || [ ! -x "$hiredis_test" ]; then
+      echo "FAIL: the hiredis_test program was not given or not built (CMake builds it when" \
+        "libhiredis-dev is installed; deploy/setup.sh installs it)"
+      exit 1
+    fi
     run_client "$hiredis_test"
     ;;
   ruby)

@@ -33,7 +33,8 @@ const throttleArgs = (key) => ['CL.THROTTLE', key, '15', '30', '60'];
 function ioredisAdapter(Redis) {
   return {
     async connect(p, options = {}) {
-      // Defaults, except: no reconnect loop and a bounded connect, so a failure ends the test.
+      // Defaults, except: no reconnects or retries and a bounded connect, so a failure ends the
+      // test.
       const c = new Redis({ host: '127.0.0.1', port: p, retryStrategy: () => null, connectTimeout: 5000,
         maxRetriesPerRequest: 0, ...options });
       // A connection error ends the connection (no retries): connect() rejects with it.
