@@ -2,8 +2,8 @@
 # Brings a fresh Debian 12 machine (root, nothing prepared) to a built Sluice tree in build/.
 # Idempotent: packages already installed (asked with dpkg -s) are not touched, and apt-get update
 # and install run only when something is missing. Non-interactive throughout. Then the npm packages
-# of the Node tests (tests/interop/node, tests/ui, tests/k8s), again only when missing or their
-# lockfile changed.
+# of the Node tests (tests/interop/node, tests/interop/resp/node, tests/ui, tests/k8s), again only
+# when missing or their lockfile changed.
 #
 #   deploy/setup.sh            install what is missing, then configure and build Release in build/
 #   SLUICE_SKIP_BUILD=1 ...    install only
@@ -83,7 +83,7 @@ fi
 # The Node tests' packages, exactly as their lockfiles pin them; only when node_modules is missing
 # or the lockfile changed since the last install (deploy/npm-ci.sh; the test scripts do the same
 # before they run). playwright-core (tests/ui) downloads no browser: it drives Debian's chromium.
-for node_dir in tests/interop/node tests/ui tests/k8s; do
+for node_dir in tests/interop/node tests/interop/resp/node tests/ui tests/k8s; do
   "$here/deploy/npm-ci.sh" "$here/$node_dir"
 done
 

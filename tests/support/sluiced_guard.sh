@@ -4,8 +4,8 @@
 #
 #   guard_start NAME PIDVAR   makes a temporary directory, exported as TMPDIR (the test's own files
 #                             go there too), and exports PIDVAR=<dir>/sluiced.pid: the test writes
-#                             sluiced's pid to it, and the exit trap stops that process (TERM, up
-#                             to 5 s, then KILL)
+#                             sluiced's pid to it (one per line when it starts several), and the
+#                             exit trap stops those processes (TERM, up to 5 s, then KILL)
 #   guard_run CMD [ARGS...]   runs CMD in the background and waits for it: bash runs traps only
 #                             between commands, so a signal to the script is handled at once, not
 #                             after a foreground test ends. CMD is exec'd: its pid is the test's.
@@ -17,12 +17,13 @@ guard_test_pid=""
 guard_cleanup() {
   local status=$? pid
   if [ -n "$guard_test_pid" ]; then kill -TERM "$guard_test_pid" 2>/dev/null || true; fi
-  pid=$(cat "$guard_pidfile" 2>/dev/null || true)
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
+  for pid in $(cat "$guard_pidfile" 2>/dev/null || true); do
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done
   if [ -n "$guard_tmp" ]; then rm -rf "$guard_tmp"; fi
   exit "$status"
 }
