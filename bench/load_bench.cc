@@ -20,6 +20,11 @@
 //   udp-echo-*, tcp-echo-*   the ceilings (load/echo_server.h): sluiced's own requests, the same
 //                        sockets, windows and thread count, answered by a bare echo
 //   sluiced-http-single  16 keep-alive connections x 1 POST /v1/check (--http-window pipelines)
+//   sluiced-resp-single  16 connections x 1 CL.THROTTLE to sluiced's Redis-protocol door
+//   sluiced-resp-pipe16  16 connections x 1 group of 16 CL.THROTTLE written at once (as
+//                        redis-benchmark -P 16)
+//   redis-lua-gcra-single  16 connections x 1 EVALSHA of the same GCRA in Lua (kGcraScript)
+//   redis-incr-pipe16    16 connections x 1 group of 16 INCR: Redis's own pipelined ceiling
 //   nginx-limitreq-single  the same against nginx's limit_req on the same keys (load/http_target.h)
 // UDP keeps fewer datagrams in flight than TCP keeps frames: each one is a separate buffer in the
 // server's socket (default receive buffer), and more only queue there (measured: 64 and 256 in
@@ -30,8 +35,8 @@
 // holds every request of the last minute per key: too much to write), so its sorted sets stay
 // small during a row, which flatters that baseline.
 //
-// --curve: each door of the one sluiced (UDP, TCP, HTTP, gRPC) at its max and at 10-75 % of it,
-// open loop, pinned and unpinned (load_curve.h); instead of the rows unless --only names some.
+// --curve: each door of the one sluiced (UDP, TCP, HTTP, gRPC, RESP) at its max and at 10-75 % of
+// it, open loop, pinned and unpinned (load_curve.h); instead of the rows unless --only names some.
 //
 // Generator: load/driver.h (epoll, a window of requests in flight per connection, closed loop or
 // fixed offered rate). Protocol clients: load/targets.h (the check protocol of lib/wire, RESP and
@@ -120,9 +125,18 @@ enum class Kind {
   kMemcached,
   kEchoUdp,  // the ceilings: load/echo_server.h, driven exactly like sluiced's rows
   kEchoTcp,
-  kSluiceHttp,      // POST /v1/check on the admin port (load/http_target.h)
-  kNginxLimitReq,   // nginx's limit_req, the HTTP anchor
+  kSluiceHttp,     // POST /v1/check on the admin port (load/http_target.h)
+  kNginxLimitReq,  // nginx's limit_req, the HTTP anchor
+  kSluiceResp,     // CL.THROTTLE to sluiced's Redis-protocol door
+  kRedisLuaGcra,   // the same GCRA as a Lua script on redis-server
 };
+
+// The Redis-protocol rows' pipeline: commands written at once per connection (redis-benchmark -P).
+constexpr uint32_t kRespPipeline = 16;
+// Their limiter (CL.THROTTLE's max_burst, count_per_period, period): every check allowed, as in
+// the other rows, with an emission interval of 60 us (redis-cell's remaining is computed in
+// whole microseconds).
+constexpr int64_t kGcraBurst = 1'000'000, kGcraCount = 1'000'000, kGcraPeriodS = 60;
 
 struct RowDef {
   std::string name;       // for --only
@@ -136,14 +150,15 @@ struct RowDef {
 std::vector<RowDef> all_rows(const Options& o) {
   const uint32_t b = o.batch;
   const std::string bs = std::to_string(b);
-  return {
+  const uint32_t p = kRespPipeline;
+  const std::string ps = std::to_string(p);
+  std::vector<RowDef> rows = {
       {"sluiced-udp-single", "sluiced", "udp", Kind::kSluiceUdp, 1, Server::kSluiced},
       {"sluiced-udp-batch" + bs, "sluiced", "udp", Kind::kSluiceUdp, b, Server::kSluiced},
       {"sluiced-tcp-single", "sluiced", "tcp", Kind::kSluiceTcp, 1, Server::kSluiced},
       {"sluiced-tcp-batch" + bs, "sluiced", "tcp", Kind::kSluiceTcp, b, Server::kSluiced},
       {"sluiced-http-single", "sluiced", "http", Kind::kSluiceHttp, 1, Server::kSluiced},
-      {"nginx-limitreq-single", "nginx-limit-req", "http", Kind::kNginxLimitReq, 1,
-       Server::kNginx},
+      {"nginx-limitreq-single", "nginx-limit-req", "http", Kind::kNginxLimitReq, 1, Server::kNginx},
       {"udp-echo-single", "udp-echo", "udp", Kind::kEchoUdp, 1, Server::kEchoUdp},
       {"udp-echo-batch" + bs, "udp-echo", "udp", Kind::kEchoUdp, b, Server::kEchoUdp},
       {"tcp-echo-single", "tcp-echo", "tcp", Kind::kEchoTcp, 1, Server::kEchoTcp},
@@ -155,7 +170,15 @@ std::vector<RowDef> all_rows(const Options& o) {
       {"memcached-single", "memcached", "tcp", Kind::kMemcached, 1, Server::kMemcached},
       {"redis-incr-single", "redis-incr", "tcp", Kind::kRedisIncr, 1, Server::kRedis},
       {"redis-incr-pipe" + bs, "redis-incr", "tcp", Kind::kRedisIncr, b, Server::kRedis},
+      {"sluiced-resp-single", "sluiced", "resp", Kind::kSluiceResp, 1, Server::kSluiced},
+      {"sluiced-resp-pipe" + ps, "sluiced", "resp", Kind::kSluiceResp, p, Server::kSluiced},
+      {"redis-lua-gcra-single", "redis-lua-gcra", "tcp", Kind::kRedisLuaGcra, 1, Server::kRedis},
   };
+  // With --batch 16 the batch rows already hold redis-incr-pipe16.
+  if (b != p)
+    rows.push_back(
+        {"redis-incr-pipe" + ps, "redis-incr", "tcp", Kind::kRedisIncr, p, Server::kRedis});
+  return rows;
 }
 
 bool selected(const Options& o, const std::string& name) {
@@ -206,7 +229,8 @@ Latency curves (load_curve.h):
                        "pinned":..,"checks_per_sec":..,"offered_per_sec":..,"p50_us":..,
                        "p99_us":..,"p999_us":..,"server_cpu_us_per_check":..,"errors":..,
                        "lost":..,"unsent":..}. Each point takes --warmup + --seconds.
-  --doors D[,D]        doors of the curve: udp, tcp, http, grpc (redis: not yet in sluiced)
+  --doors D[,D]        doors of the curve: udp, tcp, http, grpc, redis (CL.THROTTLE, one
+                       command in flight per connection, as sluiced-resp-single)
                        (every door this build can drive)
   --curve-loads P[,P]  open-loop points, percent of the door's max (10,25,50,75)
   --pinning both|pinned|unpinned   which sets of points (both)
@@ -317,7 +341,7 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.curve_opt.doors.empty()) {
-    // Every door this build can drive (the Redis door joins once sluiced has it).
+    // Every door this build can drive.
     for (bench::Door d : {bench::Door::kUdp, bench::Door::kTcp, bench::Door::kHttp,
                           bench::Door::kGrpc, bench::Door::kRedis}) {
       std::string why;
@@ -344,6 +368,10 @@ Options parse(int argc, char** argv) {
   c.http_window = o.http_window;
   c.grpc_connections = o.grpc_connections;
   c.grpc_window = o.grpc_window;
+  c.resp_connections = o.connections;
+  c.resp_burst = kGcraBurst;
+  c.resp_count = kGcraCount;
+  c.resp_period_s = kGcraPeriodS;
   return o;
 }
 
@@ -360,7 +388,9 @@ struct Servers {
   uint16_t sluice_port = 0, admin_port = 0, redis_port = 0, memcached_port = 0;
   uint16_t echo_udp_port = 0, echo_tcp_port = 0, nginx_port = 0;
   uint16_t grpc_port = 0;  // 0: sluiced's gRPC door is closed (only the curve opens it)
+  uint16_t resp_port = 0;  // 0: sluiced's Redis-protocol door is closed
   std::string lua_sha;
+  std::string gcra_sha;  // SCRIPT LOAD of kGcraScript
   std::string redis_version, memcached_version;
 };
 
@@ -380,8 +410,9 @@ void start_echo(const Options& o, const std::string& transport, bench::ChildProc
       child, [&] { return bench::echo_probe(transport, port, 500); }, 15'000);
 }
 
-void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool need_memcached,
-                   bool need_echo_udp, bool need_echo_tcp, bool need_nginx, Servers& s) {
+void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool need_redis,
+                   bool need_memcached, bool need_echo_udp, bool need_echo_tcp, bool need_nginx,
+                   Servers& s) {
   constexpr int kReadyMs = 15'000;
   if (need_nginx) {
     const std::string dir = s.dir.path() + "/nginx";
@@ -415,17 +446,35 @@ void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool ne
     s.admin_port = bench::free_loopback_port();
     if (curve_has(o, bench::Door::kGrpc)) s.grpc_port = bench::free_loopback_port();
     const std::string grpc = s.grpc_port == 0 ? "" : "127.0.0.1:" + std::to_string(s.grpc_port);
+    if (need_resp || curve_has(o, bench::Door::kRedis)) s.resp_port = bench::free_loopback_port();
+    const std::string resp = s.resp_port == 0 ? "" : "127.0.0.1:" + std::to_string(s.resp_port);
     const std::string udp = "127.0.0.1:" + std::to_string(s.sluice_port);
     const std::string config = s.dir.path() + "/sluiced.yaml";
     std::ofstream(config) << "# written by sluice-bench-load\ninit_data: true\nudp_busy_poll_us: "
                           << o.busy_poll_us
                           << "\n";
-    const std::string err = s.sluiced.start(
-        {exe, "--config", config, "--udp", udp, "--tcp", udp, "--admin",
-         "127.0.0.1:" + std::to_string(s.admin_port), "--grpc", grpc, "--resp", "", "--rules",
-         rules, "--threads", std::to_string(o.server_threads), "--log-level", "warn", "--data-dir",
-         s.dir.path() + "/sluiced-data"},
-        s.dir.path() + "/sluiced.log");
+    const std::string err = s.sluiced.start({exe,
+                                             "--config",
+                                             config,
+                                             "--udp",
+                                             udp,
+                                             "--tcp",
+                                             udp,
+                                             "--admin",
+                                             "127.0.0.1:" + std::to_string(s.admin_port),
+                                             "--grpc",
+                                             grpc,
+                                             "--resp",
+                                             resp,
+                                             "--rules",
+                                             rules,
+                                             "--threads",
+                                             std::to_string(o.server_threads),
+                                             "--log-level",
+                                             "warn",
+                                             "--data-dir",
+                                             s.dir.path() + "/sluiced-data"},
+                                            s.dir.path() + "/sluiced.log");
     if (!err.empty()) throw std::runtime_error("sluiced: " + err);
   }
   if (need_redis) {
@@ -453,6 +502,10 @@ void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool ne
       wait_ready(
           s.sluiced, [&] { return bench::grpc_probe(s.grpc_port, 500); }, kReadyMs);
     }
+    if (s.resp_port != 0) {
+      wait_ready(
+          s.sluiced, [&] { return bench::redis_probe(s.resp_port, 500); }, kReadyMs);
+    }
   }
   if (need_redis) {
     wait_ready(
@@ -464,6 +517,12 @@ void start_servers(const Options& o, bool need_sluiced, bool need_redis, bool ne
       throw std::runtime_error("redis SCRIPT LOAD: " + (e.empty() ? reply : e));
     }
     s.lua_sha = reply.substr(1);
+    if (std::string e =
+            bench::redis_command(s.redis_port, {"SCRIPT", "LOAD", bench::kGcraScript}, reply);
+        !e.empty() || reply.size() != 41) {
+      throw std::runtime_error("redis SCRIPT LOAD (GCRA): " + (e.empty() ? reply : e));
+    }
+    s.gcra_sha = reply.substr(1);
     if (bench::redis_command(s.redis_port, {"INFO", "server"}, reply).empty()) {
       const size_t p = reply.find("redis_version:");
       if (p != std::string::npos) {
@@ -636,11 +695,17 @@ RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::
       factory = [so](bench::ThreadContext& ctx) { return bench::make_sluice_tcp(so, ctx); };
       break;
     }
+    case Kind::kSluiceResp:
+    case Kind::kRedisLuaGcra:
     case Kind::kRedisLua:
     case Kind::kRedisHash:
     case Kind::kRedisIncr: {
+      const bool door = def.kind == Kind::kSluiceResp;
       std::string reply;
-      if (std::string e = bench::redis_command(s.redis_port, {"FLUSHALL"}, reply); !e.empty()) {
+      if (door) {
+        if (s.resp_port == 0) throw std::runtime_error("sluiced's Redis-protocol door is closed");
+      } else if (std::string e = bench::redis_command(s.redis_port, {"FLUSHALL"}, reply);
+                 !e.empty()) {
         throw std::runtime_error("redis FLUSHALL: " + e);
       }
       if (def.kind == Kind::kRedisHash) {
@@ -650,15 +715,20 @@ RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::
         }
       }
       bench::RedisConnOptions ro;
-      ro.port = s.redis_port;
+      ro.port = door ? s.resp_port : s.redis_port;
       ro.batch = def.batch;
       // Unpipelined: one command (group) at a time; pipelined: --batch-depth groups of `batch`.
       ro.window = def.batch == 1 ? 1 : o.batch_depth;
-      ro.scheme = def.kind == Kind::kRedisLua    ? bench::RedisScheme::kLuaLog
-                  : def.kind == Kind::kRedisHash ? bench::RedisScheme::kHashMinutes
-                                                 : bench::RedisScheme::kIncr;
-      ro.lua_sha = s.lua_sha;
+      ro.scheme = door                              ? bench::RedisScheme::kClThrottle
+                  : def.kind == Kind::kRedisLuaGcra ? bench::RedisScheme::kLuaGcra
+                  : def.kind == Kind::kRedisLua     ? bench::RedisScheme::kLuaLog
+                  : def.kind == Kind::kRedisHash    ? bench::RedisScheme::kHashMinutes
+                                                    : bench::RedisScheme::kIncr;
+      ro.lua_sha = def.kind == Kind::kRedisLuaGcra ? s.gcra_sha : s.lua_sha;
       ro.limit = kLimit;
+      ro.gcra_burst = kGcraBurst;
+      ro.gcra_count = kGcraCount;
+      ro.gcra_period_s = kGcraPeriodS;
       ro.keys = &keys;
       d.conns = o.connections;
       r.inflight = std::to_string(d.conns) + " conn x " + std::to_string(ro.window) + " group of " +
@@ -812,6 +882,7 @@ void print_rows_report(const Options& o, const std::vector<RowResult>& results,
 
   // Ratios: each Sluice row against the baselines of the same shape.
   const std::string b = std::to_string(o.batch);
+  const std::string p = std::to_string(kRespPipeline);
   const std::vector<std::pair<std::string, std::vector<std::string>>> pairs = {
       {"sluiced-udp-single",
        {"redis-lua-single", "redis-hash-single", "memcached-single", "redis-incr-single"}},
@@ -822,6 +893,8 @@ void print_rows_report(const Options& o, const std::vector<RowResult>& results,
       {"sluiced-tcp-batch" + b,
        {"redis-lua-pipe" + b, "redis-hash-pipe" + b, "redis-incr-pipe" + b}},
       {"sluiced-http-single", {"nginx-limitreq-single"}},
+      {"sluiced-resp-single", {"redis-lua-gcra-single", "redis-incr-single"}},
+      {"sluiced-resp-pipe" + p, {"redis-incr-pipe" + p}},
   };
   std::printf("\n## Sluice vs baselines (checks/s)\n\n");
   bool any = false;
@@ -873,6 +946,8 @@ void print_rows_report(const Options& o, const std::vector<RowResult>& results,
   judge_ceiling("sluiced-tcp-single", "tcp-echo-single", false);
   judge_ceiling("sluiced-tcp-batch" + b, "tcp-echo-batch" + b, true);
   judge_ratio("sluiced-tcp-batch" + b, "redis-incr-pipe" + b, 1.5);
+  judge_ratio("sluiced-resp-single", "redis-lua-gcra-single", 2.0);
+  judge_ratio("sluiced-resp-pipe" + p, "redis-incr-pipe" + p, 1.0);
   if (half) {
     const double p99 = half->us(0.99), p999 = half->us(0.999);
     std::printf(
@@ -925,9 +1000,10 @@ int main(int argc, char** argv) {
   if (rows.empty() && !o.half_rate && !o.curve) usage("--only selects no row (see --list)");
 
   bool need_sluiced = o.half_rate || o.curve, need_redis = false, need_memcached = false;
-  bool need_echo_udp = false, need_echo_tcp = false, need_nginx = false;
+  bool need_echo_udp = false, need_echo_tcp = false, need_nginx = false, need_resp = false;
   for (const RowDef& r : rows) {
     need_sluiced |= r.server == Server::kSluiced;
+    need_resp |= r.kind == Kind::kSluiceResp;
     need_redis |= r.server == Server::kRedis;
     need_memcached |= r.server == Server::kMemcached;
     need_echo_udp |= r.server == Server::kEchoUdp;
@@ -942,8 +1018,8 @@ int main(int argc, char** argv) {
   bool interrupted = false;
   try {
     Servers s;
-    start_servers(o, need_sluiced, need_redis, need_memcached, need_echo_udp, need_echo_tcp,
-                  need_nginx, s);
+    start_servers(o, need_sluiced, need_resp, need_redis, need_memcached, need_echo_udp,
+                  need_echo_tcp, need_nginx, s);
     const bench::Keyspace keys(o.keys);
 
     std::fprintf(stderr, "sluice-bench-load: servers up (%s%s%s), %zu row(s) of %.1f s\n",
@@ -996,6 +1072,7 @@ int main(int argc, char** argv) {
       at.check_port = s.sluice_port;
       at.admin_port = s.admin_port;
       at.grpc_port = s.grpc_port;
+      at.redis_port = s.resp_port;
       std::fprintf(stderr, "  curves: %zu door(s) x %zu pinning(s) x %zu points of %.1f s\n",
                    o.curve_opt.doors.size(), o.curve_opt.pinnings.size(),
                    o.curve_opt.load_pct.size() + 1, o.seconds + o.warmup);

@@ -78,13 +78,25 @@ DoorLoad door_load(const CurveOptions& o, const DoorEndpoints& at, const Keyspac
       l.factory = [go](ThreadContext& ctx) { return make_grpc(go, ctx); };
       break;
     }
-    case Door::kRedis:
-      // The Redis-protocol door. Once sluiced serves it: open it where sluice-bench-load starts
-      // sluiced (its port in DoorEndpoints::redis_port, a readiness probe beside the others),
-      // build its Conn here from a RESP client (load/targets.h's make_redis is the model) speaking
-      // the door's check command, and return true for it in door_available().
-      door_available(d, l.error);
+    case Door::kRedis: {
+      if (at.redis_port == 0) {
+        l.error = "sluiced was started without its Redis-protocol door";
+        break;
+      }
+      RedisConnOptions ro;
+      ro.port = at.redis_port;
+      ro.batch = 1;
+      ro.window = o.resp_window;
+      ro.scheme = RedisScheme::kClThrottle;
+      ro.gcra_burst = o.resp_burst;
+      ro.gcra_count = o.resp_count;
+      ro.gcra_period_s = o.resp_period_s;
+      ro.keys = &keys;
+      l.conns = o.resp_connections;
+      l.in_flight = std::to_string(l.conns) + " conn x " + std::to_string(ro.window) + " command";
+      l.factory = [ro](ThreadContext& ctx) { return make_redis(ro, ctx); };
       break;
+    }
   }
   return l;
 }
@@ -177,17 +189,15 @@ std::optional<Door> door_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-bool door_available(Door d, std::string& why) {
+bool door_available(Door d, [[maybe_unused]] std::string& why) {
   switch (d) {
     case Door::kUdp:
     case Door::kTcp:
     case Door::kHttp:
       return true;
     case Door::kGrpc:
-      return true;
     case Door::kRedis:
-      why = "sluiced has no Redis-protocol door yet";
-      return false;
+      return true;
   }
   return false;
 }

@@ -2,7 +2,7 @@
 // with load at every way a check can come in, on the same process, generator and machine.
 //
 // For each door (UDP single checks, TCP single checks, HTTP POST /v1/check, gRPC ShouldRateLimit,
-// and the Redis-protocol door once sluiced has one), and for each pinning:
+// CL.THROTTLE at the Redis-protocol door), and for each pinning:
 //   max      closed loop: the door's most checks/s with its requests in flight (CurveOptions)
 //   curve    open loop at each of CurveOptions::load_pct percent of that max (10, 25, 50, 75),
 //            every check timed from its scheduled send time (DriveOptions::latency_from_schedule:
@@ -54,7 +54,7 @@ struct DoorEndpoints {
   uint16_t check_port = 0;  // the check protocol, UDP and TCP on the same port
   uint16_t admin_port = 0;  // HTTP: POST /v1/check
   uint16_t grpc_port = 0;   // gRPC: 0 when sluiced was started without it
-  uint16_t redis_port = 0;  // the Redis-protocol door: 0 until sluiced has one
+  uint16_t redis_port = 0;  // the Redis-protocol door: 0 when sluiced was started without it
 };
 
 struct CurveOptions {
@@ -75,6 +75,9 @@ struct CurveOptions {
   uint32_t tcp_connections = 16, tcp_window = 32;   // frames of one check, pipelined
   uint32_t http_connections = 16, http_window = 1;  // keep-alive, pipelined when > 1
   uint32_t grpc_connections = 4, grpc_window = 32;  // HTTP/2 connections x calls in flight
+  uint32_t resp_connections = 16, resp_window = 1;  // CL.THROTTLE, pipelined when > 1
+  // CL.THROTTLE's limiter for every key: max_burst, count_per_period, period in seconds.
+  int64_t resp_burst = 1'000'000, resp_count = 1'000'000, resp_period_s = 60;
 };
 
 struct CurvePoint {

@@ -2,7 +2,9 @@
 // and the blocking helpers used around a row (readiness probes, script load, preloading).
 //
 //   sluiced UDP / TCP   the check protocol of lib/wire (one check domain "bench", entry k=<key>)
-//   Redis               seed 003's Lua sliding log, seed 002's hash of minute counters, plain INCR
+//   Redis               seed 003's Lua sliding log, seed 002's hash of minute counters, plain INCR,
+//                       GCRA as a Lua script (kGcraScript); the same RESP client drives sluiced's
+//                       Redis-protocol door with CL.THROTTLE
 //   memcached           seed 001's two counters (get of both buckets, then incr or add)
 //
 // sluiced's connections are in targets.cc, the RESP and memcached text clients (over plain
@@ -65,18 +67,27 @@ enum class RedisScheme {
   kIncr,         // INCR <key>
   kLuaLog,       // seed 003: EVALSHA of kSeed003Script
   kHashMinutes,  // seed 002: HINCRBY + EXPIRE + HGETALL, summed by the client
+  kLuaGcra,      // EVALSHA of kGcraScript: redis-cell's GCRA on redis-server, in Lua
+  kClThrottle,   // CL.THROTTLE, to sluiced's Redis-protocol door (or any redis-cell server)
 };
 
 // Seed 003's script, verbatim.
 extern const char* const kSeed003Script;
+
+// GCRA as a team on managed Redis writes it without the redis-cell module: CL.THROTTLE's
+// arithmetic and five-integer reply, in microseconds on Redis's clock (TIME), the TAT stored with
+// SET ... PX. KEYS[1] the limiter; ARGV max_burst, count_per_period, period (s), quantity.
+extern const char* const kGcraScript;
 
 struct RedisConnOptions {
   uint16_t port = 0;
   uint32_t batch = 1;   // checks whose commands are written together (pipelined by `batch`)
   uint32_t window = 1;  // such groups in flight per connection
   RedisScheme scheme = RedisScheme::kIncr;
-  std::string lua_sha;  // kLuaLog: SHA1 returned by SCRIPT LOAD
+  std::string lua_sha;  // kLuaLog, kLuaGcra: SHA1 returned by SCRIPT LOAD of the scheme's script
   uint64_t limit = 0;
+  // kLuaGcra, kClThrottle: the limiter of every key (max_burst, count_per_period, period in s).
+  int64_t gcra_burst = 0, gcra_count = 0, gcra_period_s = 0;
   const Keyspace* keys = nullptr;
 };
 std::unique_ptr<Conn> make_redis(const RedisConnOptions& o, ThreadContext& ctx);

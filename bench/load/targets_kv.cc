@@ -1,5 +1,6 @@
 // The targets sluiced is compared against, the seeds' designs: Redis (a RESP client, RedisConn
-// for INCR, seed 003's Lua sliding log and seed 002's hash of minute counters) and memcached
+// for INCR, seed 003's Lua sliding log, seed 002's hash of minute counters, GCRA in Lua, and
+// CL.THROTTLE, which also drives sluiced's Redis-protocol door) and memcached
 // (MemcachedConn, seed 001's two counters), with their factories, probes and preloads. sluiced's
 // own targets are in targets.cc; the shared StreamConn and SyncClient in stream_conn.h.
 #include "load/targets.h"
@@ -152,6 +153,42 @@ redis.call('PEXPIRE', key .. ':counter', windowSize)
 return currentCount+1
 )lua";
 
+// Times in microseconds (Lua numbers are doubles: exact to 2^53, past any epoch in us). The TAT
+// is written with %.0f because Lua's own number-to-string keeps 14 digits, which rounds an epoch
+// in microseconds to the nearest 100.
+const char* const kGcraScript = R"lua(local burst = tonumber(ARGV[1])
+local count = tonumber(ARGV[2])
+local period = tonumber(ARGV[3])
+local quantity = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = period * 1000000 / count
+local limit = burst + 1
+local tolerance = interval * limit
+local increment = interval * quantity
+local tat = tonumber(redis.call('GET', KEYS[1])) or now
+if tat < now then tat = now end
+local new_tat = tat + increment
+local allow_at = new_tat - tolerance
+local limited, retry_after, ttl = 0, -1, 0
+if now < allow_at then
+  limited = 1
+  if increment <= tolerance then retry_after = allow_at - now end
+  ttl = tat - now
+else
+  ttl = new_tat - now
+  redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.max(1, math.ceil(ttl / 1000)))
+end
+local remaining = 0
+local next = tolerance - ttl
+if next > -interval then remaining = math.floor(next / interval) end
+local function seconds(us)
+  if us < 0 then return -1 end
+  return math.ceil(math.floor(us / 1000) / 1000)
+end
+return {limited, limit, remaining, seconds(retry_after), seconds(ttl)}
+)lua";
+
 namespace {
 
 // Seed 002 (Figma), as written: an hourly limit counted in a hash of per-minute counters.
@@ -180,6 +217,9 @@ class RedisConn final : public StreamConn {
     for (Unit& u : units_)
       u.keys.resize(o.batch);
     limit_text_ = std::to_string(o.limit);
+    burst_text_ = std::to_string(o.gcra_burst);
+    count_text_ = std::to_string(o.gcra_count);
+    period_text_ = std::to_string(o.gcra_period_s);
     per_check_ = o.scheme == RedisScheme::kHashMinutes ? 3 : 1;
   }
   bool has_room() const override { return count_ < units_.size(); }
@@ -215,6 +255,13 @@ class RedisConn final : public StreamConn {
           append_command(out_, {"HGETALL", key_});
           break;
         }
+        case RedisScheme::kLuaGcra:
+          append_command(out_, {"EVALSHA", o_.lua_sha, "1", name, burst_text_, count_text_,
+                                period_text_, "1"});
+          break;
+        case RedisScheme::kClThrottle:
+          append_command(out_, {"CL.THROTTLE", name, burst_text_, count_text_, period_text_, "1"});
+          break;
       }
     }
     if (!cleanup_.empty()) {
@@ -290,6 +337,14 @@ class RedisConn final : public StreamConn {
         }
         judge_minutes(key);
         return;
+      case RedisScheme::kLuaGcra:
+      case RedisScheme::kClThrottle:
+        // [limited, limit, remaining, retry_after, reset_after]
+        if (reply_.type != '*' || reply_.elems.size() != 5) {
+          return stats_->note_error("GCRA: unexpected reply");
+        }
+        if (reply_.elems[0] != "0") ++stats_->denied;
+        return;
     }
   }
 
@@ -333,6 +388,7 @@ class RedisConn final : public StreamConn {
   size_t head_ = 0, count_ = 0;
   uint32_t per_check_ = 1;
   std::string limit_text_;
+  std::string burst_text_, count_text_, period_text_;
   std::string key_;
   RespReply reply_;
   std::string cleanup_;  // an HDEL to send with the next request

@@ -147,6 +147,9 @@ class NodeRespBackend final : public resp::Backend {
   NodeRespBackend(Node& node, asio::io_context& io, std::string domain)
       : node_(node), io_(io), domain_(std::move(domain)) {}
 
+  // Held until flush() (or the next other call, or kMaxHeld), then decided together: one pass of
+  // the check path for a client's pipeline. A refused one is answered at once (it changes
+  // nothing, so answering it before the held ones keeps every effect in request order).
   void throttle(const resp::ThrottleRequest& req,
                 resp::Answer<resp::ThrottleAnswer> answer) override {
     window::CellParams p;
@@ -155,22 +158,55 @@ class NodeRespBackend final : public resp::Backend {
         e != window::CellError::kNone) {
       return answer.fail(cell_error(e));
     }
-    checks_.clear();
-    add_cell_check(req.db, req.key, 0);
-    wire::Check& c = checks_.back();
-    c.cell_interval_ns = p.interval_ns;
-    c.cell_limit = p.limit;
-    c.cell_quantity = req.quantity;
+    wire::Check c;
+    set_cell(c, p, req.quantity);
     if (wire::check_code(c) != wire::Code::kOk) {
       return answer.fail(cell_error(window::CellError::kOverflow));
     }
-    const int64_t quantity = req.quantity;
-    decide([p, quantity](
-               std::span<const wire::Decision> ds) { return throttle_outcome(ds[0], p, quantity); },
-           std::move(answer));
+    held_.push_back(
+        Held{p, req.quantity, req.db, held_keys_.size(), req.key.size(), std::move(answer)});
+    held_keys_.append(req.key);
+    if (held_.size() >= kMaxHeld) flush();
+  }
+
+  void flush() override {
+    if (held_.empty()) return;
+    checks_.clear();
+    // Sized first: the checks' entries point into them.
+    if (entries_.size() < held_.size() * 2) entries_.resize(held_.size() * 2);
+    if (db_text_.size() < held_.size()) db_text_.resize(held_.size());
+    for (size_t i = 0; i < held_.size(); ++i) {
+      add_cell_check(held_[i].db, held_key(held_[i]), i);
+      set_cell(checks_.back(), held_[i].params, held_[i].quantity);
+    }
+    std::span<const wire::DecisionView> views;
+    if (node_.decide_here(checks_, views) && views.size() == checks_.size()) {
+      decided_.resize(views.size());
+      for (size_t i = 0; i < views.size(); ++i) {
+        wire::assign(decided_[i], views[i]);
+        throttle_outcome(decided_[i], held_[i].params, held_[i].quantity).fill(held_[i].answer);
+      }
+    } else {
+      // A cluster node: each takes the routed path on its own, in order.
+      for (Held& h : held_) {
+        checks_.clear();
+        add_cell_check(h.db, held_key(h), 0);
+        set_cell(checks_.back(), h.params, h.quantity);
+        const window::CellParams p = h.params;
+        const int64_t quantity = h.quantity;
+        decide(
+            [p, quantity](std::span<const wire::Decision> ds) {
+              return throttle_outcome(ds[0], p, quantity);
+            },
+            std::move(h.answer));
+      }
+    }
+    held_.clear();
+    held_keys_.clear();
   }
 
   void del(const resp::DelRequest& req, resp::Answer<int64_t> answer) override {
+    flush();
     checks_.clear();
     // Sized first: the checks' entries point into them.
     if (entries_.size() < req.keys.size() * 2) entries_.resize(req.keys.size() * 2);
@@ -186,6 +222,7 @@ class NodeRespBackend final : public resp::Backend {
   }
 
   void check(const resp::CheckRequest& req, resp::Answer<resp::CheckAnswer> answer) override {
+    flush();
     rules_check(req.domain, req.entries, req.hits);
     decide(
         [](std::span<const wire::Decision> ds) {
@@ -196,12 +233,14 @@ class NodeRespBackend final : public resp::Backend {
   }
 
   void acquire(const resp::CheckRequest& req, resp::Answer<resp::LeaseAnswer> answer) override {
+    flush();
     rules_check(req.domain, req.entries, req.hits);
     decide([](std::span<const wire::Decision> ds) { return check_outcome(ds[0]); },
            std::move(answer));
   }
 
   void release(const resp::ReleaseRequest& req, resp::Answer<bool> answer) override {
+    flush();
     rules_check(req.domain, req.entries, 0);
     checks_.back().is_release = true;
     checks_.back().release = req.lease;
@@ -210,6 +249,28 @@ class NodeRespBackend final : public resp::Backend {
   }
 
  private:
+  // A CL.THROTTLE waiting for flush(); its key is held_keys_[key_at, key_at + key_size).
+  struct Held {
+    window::CellParams params;
+    int64_t quantity = 0;
+    int db = 0;
+    size_t key_at = 0, key_size = 0;
+    resp::Answer<resp::ThrottleAnswer> answer;
+  };
+  // CL.THROTTLE commands decided together at most (far under wire::kMaxChecks).
+  static constexpr size_t kMaxHeld = 64;
+
+  std::string_view held_key(const Held& h) const {
+    return std::string_view(held_keys_).substr(h.key_at, h.key_size);
+  }
+
+  static void set_cell(wire::Check& c, const window::CellParams& p, int64_t quantity) {
+    c.has_cell_limit = true;
+    c.cell_interval_ns = p.interval_ns;
+    c.cell_limit = p.limit;
+    c.cell_quantity = quantity;
+  }
+
   // A cell check of `key` (in database `db`) into checks_, its entries in entries_ at `slot`.
   void add_cell_check(int db, std::string_view key, size_t slot) {
     if (entries_.size() < (slot + 1) * 2) entries_.resize((slot + 1) * 2);
@@ -282,6 +343,8 @@ class NodeRespBackend final : public resp::Backend {
   std::vector<std::string> db_text_;
   std::vector<wire::Decision> decided_;
   std::vector<uint8_t> request_;
+  std::vector<Held> held_;
+  std::string held_keys_;
 };
 
 }  // namespace

@@ -111,6 +111,7 @@ size_t SessionCore::feed(std::string_view input) {
     dispatch(parser_.args());
     input.remove_prefix(consumed);
   }
+  backend.flush();
   in_feed_ = false;
   return total;
 }

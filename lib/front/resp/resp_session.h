@@ -164,6 +164,11 @@ class Answer {
 
 // The rate-limit side, implemented by the node. The requests' views are valid during the call
 // only. Each call answers its Answer exactly once, now or later.
+//
+// A backend may hold CL.THROTTLE commands and decide them together (one pass of the node's check
+// path for a client's pipeline) as long as their effects keep request order: every other call,
+// and flush(), decides what it holds first. feed() calls flush() once it has run the whole
+// commands of its input, so held commands are answered before feed() returns.
 class Backend {
  public:
   virtual void throttle(const ThrottleRequest& req, Answer<ThrottleAnswer> answer) = 0;
@@ -171,6 +176,7 @@ class Backend {
   virtual void check(const CheckRequest& req, Answer<CheckAnswer> answer) = 0;
   virtual void acquire(const CheckRequest& req, Answer<LeaseAnswer> answer) = 0;
   virtual void release(const ReleaseRequest& req, Answer<bool> answer) = 0;
+  virtual void flush() {}
 
  protected:
   virtual ~Backend() = default;
