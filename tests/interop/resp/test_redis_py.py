@@ -64,8 +64,9 @@ def test_del_counts_the_keys_that_existed_and_the_key_starts_fresh():
 
 def test_auth_noauth_before_wrong_password_fails_right_one_works():
     r = client(AUTH_PORT)
+    assert r.ping() is True  # PING needs no password (health probes)
     with pytest.raises(redis.exceptions.AuthenticationError):
-        r.ping()  # NOAUTH Authentication required.
+        r.echo("x")  # NOAUTH Authentication required.
     assert r.execute_command("AUTH", PASSWORD) is True
     assert r.ping() is True
     # Redis's own text; redis-py 4.3 maps only NOAUTH to AuthenticationError, as against Redis 7.
