@@ -62,7 +62,7 @@ class DeltaSync {
   //     would stop) nor floods a peer with a million totals at once (its socket buffer overflows
   //     and its own heartbeats stop while it merges), both of which made members drop out of
   //     each other's reach, and every member back in reach gets a bulk pass: a loop, every
-  //     anti-entropy interval (docs/benchmarks.md, "sync cost on a running node").
+  //     anti-entropy interval (docs/bench-log/2026-11-25-sync-pass.md).
   // The two may visit the same counter: whichever does first sends it and clears its flags.
   // begin() starts a pass of `mode`'s kind (the rings are copied); resume() runs that kind's pass
   // until done or until `budget_ns` of steady time has gone, and returns whether it is done.

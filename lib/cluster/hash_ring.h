@@ -9,23 +9,20 @@
 //
 // Why not virtual nodes: rendezvous meets each requirement by construction instead of
 // statistically, and at Sluice's cluster sizes its O(N) lookup is as fast as a ring's binary
-// search. Measured with sluice-bench-ring (1M random keys, R = 2; --vnodes 100,1000 adds a
-// virtual-node ring for comparison), on a shared 2-core AMD EPYC VM:
-//   - balance: max/mean primary load 1.0015 at 5 nodes, 1.0033 at 10, 1.012 at 50, the spread
-//     of an ideal random assignment. A virtual-node ring measured 1.16 (5 nodes) and 1.30 (10)
-//     with 100 vnodes per member and still 1.04 / 1.06 / 1.07 (5 / 10 / 50) with 1000;
-//   - movement: a join moves exactly the keys the newcomer wins (0.1669 of keys for 5 -> 6,
-//     ideal 0.1667), a departure exactly the keys the leaver held (0.1999 for 5 -> 4, ideal
-//     0.2); no other key changes owner (0 "stray" keys at every size), and an owner list changes
+// search. Measured with sluice-bench-ring (--vnodes adds a virtual-node ring for comparison;
+// today's figures in docs/benchmarks.md, the first run in docs/bench-log/2026-11-22-cluster.md):
+//   - balance: the max/mean primary load is the spread of an ideal random assignment, where a
+//     virtual-node ring with 100 or even 1000 vnodes per member is several times more uneven;
+//   - movement: a join moves exactly the keys the newcomer wins, a departure exactly the keys
+//     the leaver held; no other key changes owner ("stray" keys: 0), and an owner list changes
 //     only where the joining or leaving node enters or leaves it, so when an owner leaves, its
 //     first replica (which already holds the key) takes over;
 //   - placement depends only on the member set (members are kept sorted by id, ties by id), so
 //     every node computes the same owners whatever order it learnt members in;
-//   - a lookup scans 10 bytes per member and allocates nothing: owners() with R = 2 takes 14 ns
-//     at 5 nodes, 24 ns at 10, 107 ns at 50; owner() 8.5 / 14 / 63 ns; the 1000-vnode ring took
-//     68 / 76 / 99 ns for owners() in the same run. The top-R selection is branch-free: with
-//     branches it was twice as slow, the predictor losing the coin toss of whether each member
-//     enters the top R.
+//   - a lookup scans 10 bytes per member and allocates nothing, and up to 50 members is faster
+//     than a 1000-vnode ring's binary search. The top-R selection is branch-free: with branches
+//     it was twice as slow, the predictor losing the coin toss of whether each member enters
+//     the top R.
 // Past a few hundred members the linear scan would call for a ring (or hierarchical rendezvous).
 //
 // Thread safety: a HashRing is a value. Mutators (add, remove, clear) need exclusive access; the

@@ -38,7 +38,7 @@
 //    the refutation itself instead of waiting for gossip (or for a probe of ours, which local
 //    health may have slowed to several seconds). Without these pings, 15 s of 30 % loss both
 //    ways among 5 nodes declared a live member dead in 281 of 10,000 simulated runs; with them
-//    in none, and none at 50 % either (docs/benchmarks.md, 2026-11-25). They are lean so that a
+//    in none, and none at 50 % either (docs/bench-log/2026-11-25-membership-loss-and-scale.md). They are lean so that a
 //    dead suspect costs no gossip transmissions, and with more than 8 members suspected at once
 //    (a partition, a failed rack) each is pinged proportionally less often: a node sends at
 //    most about 64 of them per shortest timeout.
@@ -81,7 +81,8 @@
 //    incarnation, state)), and the answer carries only the members of the buckets whose digests
 //    differ; when none does, one kJoinReply without members. In a quiet cluster views agree,
 //    so a pull costs two short datagrams where it used to cost the whole list (N entries, 16
-//    datagrams at 1000 members: 57 % of the membership bytes there, docs/benchmarks.md). A view
+//    datagrams at 1000 members: 57 % of the membership bytes there,
+//    docs/bench-log/2026-11-25-membership-loss-and-scale.md). A view
 //    that differs in one member gets about 16 entries back (its bucket). A kJoin without a
 //    digest (a join, or a node that predates digests) is answered with every member, and a node
 //    that predates digests ignores the digest and answers with every member, so mixed versions

@@ -14,8 +14,8 @@
 // head word). One slot of a one-minute limit with one-minute buckets (R = 2) is 32 bytes in a
 // cluster and 24 on its own; with the default six-second buckets (R = 11) 104, or 60 on its own.
 // Slots were once padded to 32 or 64 bytes so that none straddled two cache lines; since a check
-// prefetches the slots past its home, the unpadded slots measured as fast, and take a quarter
-// (one bucket) or 6 % (ten) less memory (docs/benchmarks.md, "One rule, one limit").
+// prefetches the slots past its home, the unpadded slots measured as fast and take less memory
+// (docs/bench-log/2026-11-28-one-limit-path.md).
 //
 // Not thread-safe: the owning shard's lock guards every call except prefetch(), which may race
 // with a rehash by design (a prefetch of a stale address is harmless and never faults).
@@ -95,10 +95,8 @@ class CounterTable {
   void rehash(size_t new_capacity);
 
   // Starts the counter's likely slots on their way into the cache: kPrefetchSlots slots from its
-  // home, at most kPrefetchBytes (and at least the home slot). 256 bytes measured best of 192, 256
-  // and 320 on 64-byte slots, 6-13 % faster than the home slot alone at 1M uniform keys; on
-  // 24-byte slots four slots (96 bytes) ran faster than 256 bytes (docs/benchmarks.md,
-  // "Prefetching past the home slot", "One rule, one limit: a path of its own").
+  // home, at most kPrefetchBytes (and at least the home slot): the bounds that measured fastest
+  // (docs/bench-log/2026-11-28-prefetch.md, docs/bench-log/2026-11-28-one-limit-path.md).
   void prefetch(uint64_t counter) const;
   static constexpr size_t kPrefetchSlots = 4;
   static constexpr size_t kPrefetchBytes = 256;
@@ -134,8 +132,8 @@ class CounterTable {
   // Others' counts are non-zero only in a slot flagged remote or carried (both flags stay once
   // set; Engine::import_record flags a record's others remote). The check path reads and moves
   // them only there, so a counter no other node reports on touches its head and own counts
-  // alone: for a ten-bucket ring the first 60 bytes of its 104 (docs/benchmarks.md, "ten
-  // buckets at the engine's speed").
+  // alone: for a ten-bucket ring the first 60 bytes of its 104 
+  // (docs/bench-log/2026-11-27-ten-buckets-engine-speed.md).
   static constexpr uint64_t kOthersFlags = kRemoteFlag | kCarriedFlag;
   std::span<uint32_t> counted_others(size_t i) {
     return (raw_head(i) & kOthersFlags) != 0 ? others(i) : std::span<uint32_t>{};

@@ -126,7 +126,7 @@ void Engine::Impl::grant_slice(const rules::CheckRequest& req,
   // left); else no slice, and the asker's checks come here one by one, as in owner mode, until
   // the key has room again. A slice of what a scarce key had left went to the first node to
   // ask, which spent it at its own rate while the others waited: under overload each window's
-  // admissions spread out and a true window held less (docs/benchmarks.md, "Slices shared").
+  // admissions spread out and a true window held less (docs/bench-log/2026-11-28-shared-slices.md).
   uint64_t left = UINT64_MAX;
   uint64_t others = 0;
   int64_t ttl = INT64_MAX;

@@ -5,7 +5,7 @@
 // is one cache miss where std::unordered_map took three (bucket array, the node before, the node),
 // and prefetch() lets a sync pass or a merge start the misses of a whole step at once. A sync pass
 // and a merge look up every counter they touch here, so this is most of their cost on a node with
-// a large table (docs/benchmarks.md, "sync cost on a running node").
+// a large table (docs/bench-log/2026-11-25-forwarding-cost.md).
 //
 // Not thread-safe: the owning shard's lock guards every call except prefetch(), which may race
 // with a rehash (a prefetch of a stale address is harmless).

@@ -4,7 +4,7 @@
 // Layout of a data directory (data format 2): two RocksDB databases, so that a snapshot pass never
 // waits for an override's fsync, nor an override for a snapshot's write (with one database, a pass
 // joined the synced write group of the overrides and a kill during that wait lost up to 270 ms of
-// counting at a 50 ms interval; docs/benchmarks.md, "Crash consistency of the store").
+// counting at a 50 ms interval; docs/bench-log/2026-11-25-override-store.md).
 //   <dir>           the counters' database:
 //     default       "sluice.format" -> "2" (written at creation; a database without it is not ours)
 //     counters      engine records (engine.h, "counters as records"): key 16 bytes, the state
@@ -87,7 +87,7 @@ struct RestoreResult {
 // a check thread, so the wait costs no check. The counters' column family flushes at half of it,
 // so one memtable fills while the other is written out. Without a bound, the counters' 64 MiB
 // write buffers (two of them) came on top of memory_cap_mb: a key spray under a 32 MiB cap ran
-// sluiced at 132 MiB RSS, 75 MiB of it memtables (docs/benchmarks.md, "Soak and key spray").
+// sluiced at 132 MiB RSS, 75 MiB of it memtables (docs/bench-log/2026-11-24-soak-and-key-spray.md).
 inline constexpr uint64_t kDefaultWriteBufferBytes = 64ull << 20;
 inline constexpr uint64_t kMinWriteBufferBytes = 256ull << 10;
 

@@ -74,8 +74,8 @@ inline constexpr int64_t kDefaultBucketMs = 60'000;
 // 10 s -> 1 s, 1 min -> 6 s, 5 min -> 30 s, 601 s -> 60.1 s; whole minutes from 10 min to a day
 // keep one minute, and past a day 1 h, 6 h or 1 d where those divide the window. With ten buckets or more the
 // weighted estimate stays within 1 % of the exact count on steady traffic and a burst timed
-// against bucket edges gets at most 1.04x the limit into a true window (docs/benchmarks.md,
-// "Sub-minute accuracy by default").
+// against bucket edges gets at most 1.04x the limit into a true window 
+// (docs/bench-log/2026-11-27-sub-minute-accuracy.md; today's figures: docs/benchmarks.md).
 inline constexpr int64_t kDefaultBuckets = 10;
 int64_t default_bucket_ms(int64_t window_ms);
 // The default before ten buckets (until 2026-11-27), which counters written by older versions
