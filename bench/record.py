@@ -6,7 +6,7 @@
     bench/record.py --all                # every run (about 15 minutes on a 2-core machine)
 
 Each run's command is run from the top of the tree against a Release build in build/ (deploy/
-setup.sh makes it). The last line of its stdout must be the program's --json object
+setup.sh makes it), which must be up to date with the tree (ninja has nothing to do). The last line of its stdout must be the program's --json object
 {"rows": [...]}; it is stored with the command, the commit (with "-dirty" when the tree has
 changes), the UTC date and the machine (CPU model, cores, memory, kernel), so every figure in
 docs/benchmarks.md says where it came from. Then run bench/report.py to render the page.
@@ -54,9 +54,18 @@ def machine() -> str:
 def commit() -> str:
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+    # Changes to the docs (and to the data this writes) do not change what is measured.
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no",
+                            "--", ".", ":!docs", ":!*.md"],
                            capture_output=True, text=True).stdout.strip()
     return head + ("-dirty" if dirty else "")
+
+
+def build_is_current() -> bool:
+    """True when build/ has nothing left to build, so the programs measured are the tree's."""
+    proc = subprocess.run(["ninja", "-C", str(ROOT / "build"), "-n"], capture_output=True,
+                          text=True)
+    return proc.returncode == 0 and "no work to do" in proc.stdout
 
 
 def record(run_id: str, command: str, timeout_s: int) -> None:
@@ -107,6 +116,9 @@ def main() -> None:
     for name in names:
         if name not in runs:
             sys.exit(f"no run {name!r} in bench/goals.toml (--list shows them)")
+    if not build_is_current():
+        sys.exit("build/ is not up to date with the tree, so the figures would not be the commit's: "
+                 "run cmake --build build first")
     for name in names:
         record(name, runs[name]["command"], int(runs[name].get("timeout_s", 1800)))
 
