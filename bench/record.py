@@ -68,7 +68,7 @@ def build_is_current() -> bool:
     return proc.returncode == 0 and "no work to do" in proc.stdout
 
 
-def record(run_id: str, command: str, timeout_s: int) -> None:
+def record(run_id: str, command: str, timeout_s: int, note: str) -> None:
     print(f"== {run_id}: {command}", file=sys.stderr, flush=True)
     started = datetime.datetime.now(datetime.timezone.utc)
     with open(LOCK, "w") as lock:
@@ -91,6 +91,7 @@ def record(run_id: str, command: str, timeout_s: int) -> None:
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()),
         "machine": machine(),
+        "note": note,
         "rows": rows,
     }
     DATA.mkdir(parents=True, exist_ok=True)
@@ -104,6 +105,8 @@ def main() -> None:
     ap.add_argument("runs", nargs="*", help="run names (bench/goals.toml [runs.NAME])")
     ap.add_argument("--all", action="store_true", help="every run")
     ap.add_argument("--list", action="store_true", help="print the runs and their commands")
+    ap.add_argument("--note", default="",
+                    help="what else was true of the machine during the runs (shown on the page)")
     args = ap.parse_args()
     runs = tomllib.loads(GOALS.read_text())["runs"]
     if args.list:
@@ -120,7 +123,7 @@ def main() -> None:
         sys.exit("build/ is not up to date with the tree, so the figures would not be the commit's: "
                  "run cmake --build build first")
     for name in names:
-        record(name, runs[name]["command"], int(runs[name].get("timeout_s", 1800)))
+        record(name, runs[name]["command"], int(runs[name].get("timeout_s", 1800)), args.note)
 
 
 if __name__ == "__main__":

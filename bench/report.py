@@ -49,10 +49,15 @@ def matches(row: dict, match: dict) -> bool:
 
 def value_of(row: dict, goal: dict):
     """The goal's figure in one row: `field`, or the sum of `fields`; None when absent."""
-    names = goal.get("fields", [goal.get("field")])
-    if any(name not in row or row[name] is None for name in names):
+    def get(name):  # "a.b" reads row["a"]["b"]; a boolean is 1 or 0
+        value = row
+        for part in name.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return int(value) if isinstance(value, bool) else value
+    values = [get(name) for name in goal.get("fields", [goal.get("field")])]
+    if any(v is None or not isinstance(v, (int, float)) for v in values):
         return None
-    value = sum(row[name] for name in names)
+    value = sum(values)
     if goal.get("per"):  # a figure per unit of another field (bytes per key)
         value = value / row[goal["per"]] if row.get(goal["per"]) else None
     return value
@@ -147,8 +152,9 @@ def render() -> str:
                        f"`{run['command']}`: record again) | `{data['commit']}` | {data['date']} | "
                        f"{data['machine']} | {data['seconds']} |")
             continue
+        note = f" ({data['note']})" if data.get("note") else ""
         out.append(f"| `{rid}` | {run['what']} | `{run['command']}` | `{data['commit']}` | "
-                   f"{data['date']} | {data['machine']} | {data['seconds']} |")
+                   f"{data['date']}{note} | {data['machine']} | {data['seconds']} |")
     out.append("")
     return "\n".join(out)
 

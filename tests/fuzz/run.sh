@@ -23,7 +23,7 @@
 # Environment: BUILD_DIR (default build-fuzz), JOBS (default 2), TIMEOUT (seconds one input may
 # take before libFuzzer calls it a hang, default 10; raise it when the fuzzer shares the machine
 # at a low priority, or a starved process reports a false hang); RUNS=N runs N executions per
-# target instead of SECONDS (a campaign: docs/benchmarks.md, "Fuzzing"); MERGE=1 folds what the
+# target instead of SECONDS (a campaign: docs/bench-log/2026-11-27-fuzzing.md); MERGE=1 folds what the
 # run found into tests/fuzz/corpus/TARGET (libFuzzer's -merge keeps only inputs with new
 # coverage) for committing.
 set -euo pipefail
