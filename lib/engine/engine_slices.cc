@@ -51,7 +51,7 @@ uint64_t other_holders(const GrantedSlices& g, uint16_t asker, int64_t now_ms) {
   return n;
 }
 
-constexpr int64_t kMaxUses = 256;  // wire::kMaxSliceUses (the engine does not use lib/wire)
+constexpr int64_t kMaxUses = kMaxSliceUses;
 
 // Slices finished with by this thread's checks (take_slice_returns).
 thread_local std::vector<SliceReturn> tls_finished;

@@ -44,8 +44,12 @@ struct SliceReturn {
   // [i, i + 1) x step_ms of it. The owner counts each at the end of that span after its grant (the
   // request was sent before it was granted: never earlier than the use); without them, all of
   // `used` at the return.
-  std::vector<uint32_t> uses;
+  std::vector<uint32_t> uses;  // at most kMaxSliceUses entries
   uint32_t step_ms = 0;
 };
+
+// Entries of SliceReturn::uses: a slice's ttl is told in this many steps. The wire carries the
+// same bound (wire::kMaxSliceUses); lib/node, which sees both, asserts they agree.
+inline constexpr int64_t kMaxSliceUses = 256;
 
 }  // namespace sluice::engine

@@ -6,6 +6,10 @@
 #include <cstring>
 
 namespace sluice::node {
+
+// A slice's uses cross the wire as they are kept (engine::SliceReturn::uses).
+static_assert(engine::kMaxSliceUses == wire::kMaxSliceUses);
+
 namespace {
 
 constexpr size_t kForwardTagBytes = 32;  // HMAC-SHA256 (cluster/peer_codec.h)
