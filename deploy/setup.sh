@@ -49,6 +49,7 @@ packages=(
   dpkg-dev file adduser systemd
   chromium                # the dashboard's browser test (tests/ui): playwright-core drives it
   golang-go               # the Go client (clients/go): cgo over libsluice.so, `go test -race` in CI
+  prometheus              # promtool: the alert and recording rules' unit tests (deploy/prometheus)
 )
 
 missing=()
