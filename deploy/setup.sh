@@ -50,6 +50,7 @@ packages=(
   chromium                # the dashboard's browser test (tests/ui): playwright-core drives it
   golang-go               # the Go client (clients/go): cgo over libsluice.so, `go test -race` in CI
   prometheus              # promtool: the alert and recording rules' unit tests (deploy/prometheus)
+  debootstrap systemd-container  # the package under a real systemd (tests/systemd): a Debian 12 root booted by nspawn
 )
 
 missing=()
