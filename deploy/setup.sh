@@ -51,6 +51,7 @@ packages=(
   golang-go               # the Go client (clients/go): cgo over libsluice.so, `go test -race` in CI
   prometheus              # promtool: the alert and recording rules' unit tests (deploy/prometheus)
   debootstrap systemd-container  # the package under a real systemd (tests/systemd): a Debian 12 root booted by nspawn
+  podman buildah runc busybox-static  # the container image (deploy/container) and its 3-node test
 )
 
 missing=()
