@@ -255,6 +255,9 @@ TEST_CASE("healthz answers ok, keeps the connection alive, and unknown paths are
   CHECK(r.body == "ready\n");
   r = c.request("GET", "/healthz?ready&bad=%g");
   CHECK(r.status == 400);
+  r = c.request("GET", "/readyz");  // the readiness probe's own path
+  CHECK(r.status == 200);
+  CHECK(r.body == "ready\n");
   r = c.request("GET", "/nope");
   CHECK(r.status == 404);
   CHECK(r.json()["error"] == "not found");

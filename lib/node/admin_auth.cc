@@ -105,7 +105,8 @@ bool AdminAuth::is_write(std::string_view method, std::string_view path) {
 AdminAuth::Access AdminAuth::access_of(std::string_view method, std::string_view path) {
   if (is_write(method, path)) return Access::kWrite;
   // The checks, /v1/release with them (see is_write), stay open: a service needs no token.
-  if (path == "/healthz" || path == "/v1/check" || path == "/v1/auth" || path == "/v1/release") {
+  if (path == "/healthz" || path == "/readyz" || path == "/v1/check" || path == "/v1/auth" ||
+      path == "/v1/release") {
     return Access::kOpen;
   }
   return Access::kRead;

@@ -136,16 +136,16 @@ std::string render_status(Node& node, uint64_t http_checks) {
   return j.dump() + "\n";
 }
 
-// Liveness: the admin port answers once the data directory is restored. Readiness (?ready): also
-// joined to the cluster, and not stopping.
-void healthz(Node& node, const Request& req, Reply& r) {
+// Liveness (/healthz): the admin port answers once the data directory is restored. Readiness
+// (/readyz, or /healthz?ready as before): also joined to the cluster, and not stopping.
+void healthz(Node& node, const Request& req, Reply& r, bool readiness) {
   constexpr std::string_view kText = "text/plain; charset=utf-8";
   Entries params;
   if (!parse_query(req.query, params)) {
     return r.text(400, kText, "malformed percent-escape in the query string\n");
   }
-  const bool readiness =
-      std::any_of(params.begin(), params.end(), [](const auto& kv) { return kv.first == "ready"; });
+  readiness = readiness || std::any_of(params.begin(), params.end(),
+                                       [](const auto& kv) { return kv.first == "ready"; });
   if (!readiness) return r.text(200, kText, "ok\n");
   if (std::string why = node.not_ready(); !why.empty()) {
     return r.text(503, kText, "not ready: " + why + "\n");
@@ -195,7 +195,9 @@ struct AdminHttp::Parts {
                            }});
     };
     admin_row("/healthz", Access::kOpen,
-              [this](const Request& req, Reply& r) { healthz(node, req, r); });
+              [this](const Request& req, Reply& r) { healthz(node, req, r, false); });
+    admin_row("/readyz", Access::kOpen,
+              [this](const Request& req, Reply& r) { healthz(node, req, r, true); });
     admin_row("/metrics", Access::kRead, [this](const Request&, Reply& r) {
       r.status = 200;
       r.content_type = "text/plain; version=0.0.4; charset=utf-8";

@@ -2,7 +2,9 @@
 // (front/admin/admin_front.h: the server and the route table) and the node's handlers.
 // docs/http.md is the users' reference; this is the table it serves:
 //
-//   GET  /healthz[?ready]     liveness; readiness (joined, not stopping)     open
+//   GET  /healthz             liveness (restored, serving)                   open
+//   GET  /readyz              readiness: also joined, not stopping (503 why) open
+//                             (/healthz?ready is the same, kept for old probes)
 //   GET  /metrics             Prometheus text 0.0.4                          read
 //   GET  /v1/status           JSON for `sluicectl status`                    read
 //   POST /v1/check            a check (JSON)                                 open

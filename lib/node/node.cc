@@ -115,6 +115,7 @@ struct Node::Impl : NodeState {
   std::optional<asio::signal_set> signals;
   std::optional<asio::steady_timer> sweep_timer;
   std::optional<asio::steady_timer> rules_watch_timer;  // control thread
+  std::optional<asio::steady_timer> ready_timer;       // control thread: waits for the join
   std::unique_ptr<front::check::CheckFront> checks;     // UDP and TCP; its workers' threads
   std::vector<RoutedCheck*> paths;       // the check front's workers' paths (it owns them)
   std::atomic<bool> paths_built{false};  // paths may be read (Node::counters)
@@ -155,6 +156,23 @@ std::string serving_status(const Node::Impl& n) {
       n.opt.rules_file.empty() ? (n.opt.envoy_rules.empty() ? "<embedded>" : "<none>")
                                : n.opt.rules_file,
       n.opt.envoy_rules.empty() ? "" : ", envoy rules ", n.opt.envoy_rules);
+}
+
+// The service manager's READY (NodeEvent::kReady) says what /readyz says: a node on its own is
+// ready once it serves; a cluster member once its first join has an outcome (joined, or no seed
+// answered within the join rounds: logged by the cluster either way), so a rolling restart
+// under systemd waits for each node to be back in its cluster. Polled on the control thread.
+void announce_ready(Node::Impl& n) {
+  if (!n.opt.on_event) return;
+  if (!n.cluster) return n.opt.on_event(NodeEvent::kReady, serving_status(n));
+  if (n.stopped.load()) return;
+  if (n.cluster->status().not_ready.empty()) {
+    return n.opt.on_event(NodeEvent::kReady, serving_status(n) + ", in its cluster");
+  }
+  n.ready_timer->expires_after(std::chrono::milliseconds(50));
+  n.ready_timer->async_wait([&n](boost::system::error_code ec) {
+    if (!ec) announce_ready(n);
+  });
 }
 
 // Reloads the rules when their files' content changes (rules_watch.h), as SIGHUP does; a failed
@@ -350,7 +368,8 @@ void Node::run(bool handle_signals) {
   spdlog::info("sluiced {}", serving_status(n));
   ready_ = true;
   if (n.rls) n.rls->set_serving(true);
-  if (n.opt.on_event) n.opt.on_event(NodeEvent::kReady, serving_status(n));
+  n.ready_timer.emplace(n.control);
+  asio::post(n.control, [&n] { announce_ready(n); });
   n.control.run();  // until stop()
   join_threads(n);
   n.stop_snapshots();  // every check has been answered: this pass holds them all
@@ -379,6 +398,7 @@ void Node::stop() {
     if (n.signals) n.signals->cancel(ec);
     if (n.sweep_timer) n.sweep_timer->cancel();
     if (n.rules_watch_timer) n.rules_watch_timer->cancel();
+    if (n.ready_timer) n.ready_timer->cancel();
     // Each worker decides here what the owners have not answered yet, then ends once its
     // last answers are written.
     n.checks->stop();

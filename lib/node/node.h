@@ -63,7 +63,8 @@ struct ClusterOptions {
 
 // What a service manager is told about a running node (sluiced: systemd's READY=1, RELOADING=1,
 // STOPPING=1). kReady: every listener is open and the data directory restored, so checks are
-// answered from now on. kReloading, then kReloaded or kReloadFailed: a SIGHUP reload. kStopping:
+// answered from now on, and in a cluster the first join has had an outcome (what /readyz waits
+// for). kReloading, then kReloaded or kReloadFailed: a SIGHUP reload. kStopping:
 // stop() has begun (SIGTERM, SIGINT, drain); the node leaves and finishes what is in flight.
 enum class NodeEvent { kReady, kReloading, kReloaded, kReloadFailed, kStopping };
 

@@ -66,7 +66,7 @@ TEST_CASE("nodes whose only seed is a DNS SRV name form a cluster, and find a no
                 "the node added to DNS was not found within 20 s: " << c.describe());
 }
 
-// Readiness (/healthz?ready, the Kubernetes readiness probe): a node is live as soon as its admin
+// Readiness (/readyz, the Kubernetes readiness probe; /healthz?ready is the same): a node is live as soon as its admin
 // port answers, but ready only once its first join has an outcome. While its DNS seed has no
 // records it says so; once the records name a peer that does not answer it is joining; when every
 // join round went unanswered it is ready alone (a first pod); a node that joins a live member is
@@ -86,7 +86,7 @@ TEST_CASE("readiness waits for the DNS seed to resolve and the first join to end
   REQUIRE(c.start_node(0) == "");
 
   CHECK(c.get(0, "/healthz").status == 200);  // live
-  HttpReply r = c.get(0, "/healthz?ready");
+  HttpReply r = c.get(0, "/readyz");
   CHECK(r.status == 503);
   CHECK_MESSAGE(r.body.find("no DNS seed has resolved yet") != std::string::npos, r.body);
   auto status = c.cluster_json(0);
@@ -98,20 +98,21 @@ TEST_CASE("readiness waits for the DNS seed to resolve and the first join to end
   dns.restart(records_of(c, 2));
   CHECK(wait_until(
       [&] {
-        return c.get(0, "/healthz?ready").body.find("joining") != std::string::npos;
+        return c.get(0, "/readyz").body.find("joining") != std::string::npos;
       },
       milliseconds(5000), milliseconds(20)));
   // Every round unanswered (5 rounds, 1 s apart): ready alone.
   const auto t0 = SteadyClock::now();
-  CHECK(wait_until([&] { return c.get(0, "/healthz?ready").status == 200; }, milliseconds(15000),
+  CHECK(wait_until([&] { return c.get(0, "/readyz").status == 200; }, milliseconds(15000),
                    milliseconds(50)));
   CHECK(SteadyClock::now() - t0 >= milliseconds(2000));
-  CHECK(c.get(0, "/healthz?ready").body == "ready\n");
+  CHECK(c.get(0, "/readyz").body == "ready\n");
+  CHECK(c.get(0, "/healthz?ready").body == "ready\n");  // the older form of the probe
   CHECK(c.get(0, "/metrics").body.find("sluice_cluster_ready 1") != std::string::npos);
 
   // Node 1 resolves the same records, and node 0 answers its join: ready within a few rounds.
   REQUIRE(c.start_node(1) == "");
-  CHECK(wait_until([&] { return c.get(1, "/healthz?ready").status == 200; }, milliseconds(5000),
+  CHECK(wait_until([&] { return c.get(1, "/readyz").status == 200; }, milliseconds(5000),
                    milliseconds(20)));
   status = c.cluster_json(1);
   REQUIRE(status);
@@ -119,6 +120,6 @@ TEST_CASE("readiness waits for the DNS seed to resolve and the first join to end
   CHECK((*status)["ready"] == true);
   // Node 0 found node 1 (its own new join round) and stayed ready throughout.
   CHECK(c.wait_all_alive(milliseconds(20000)));
-  CHECK(c.get(0, "/healthz?ready").status == 200);
+  CHECK(c.get(0, "/readyz").status == 200);
   CHECK(c.get(0, "/healthz?ready=1&x=%zz").status == 400);
 }

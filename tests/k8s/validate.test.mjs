@@ -94,7 +94,7 @@ test('the pod: ports, probes, drain, config, secret, rules and data are wired up
     }
   }
   // Liveness and startup: the admin port answers (restored); readiness: joined as well.
-  for (const [probe, path] of [['startupProbe', '/healthz'], ['readinessProbe', '/healthz?ready'],
+  for (const [probe, path] of [['startupProbe', '/healthz'], ['readinessProbe', '/readyz'],
                                ['livenessProbe', '/healthz']]) {
     assert.equal(c[probe]?.httpGet?.path, path, probe);
     assert.ok(ports.has(c[probe].httpGet.port), `${probe} port`);

@@ -101,13 +101,15 @@ class NotifySocket {
 // Starts sluiced on `d`'s ports, rules and data directory (log level info) with NOTIFY_SOCKET set
 // to `notify_socket`, without waiting for it: the test decides what "ready" means. `d` owns the
 // process from here on (killed at its destruction).
-void spawn_with_notify(Daemon& d, const std::string& notify_socket) {
+// `extra`: more lines of config (a cluster section).
+void spawn_with_notify(Daemon& d, const std::string& notify_socket, const std::string& extra = "") {
   const auto config = d.dir / "notify.yaml";
   std::ofstream(config) << "udp: 127.0.0.1:" << d.port << "\ntcp: 127.0.0.1:" << d.port
                         << "\nadmin: 127.0.0.1:" << d.admin << "\ngrpc: 127.0.0.1:" << d.grpc
                         << "\nresp: 127.0.0.1:" << d.resp << "\nrules: " << d.rules_file().string()
                         << "\ndata_dir: " << d.data_dir.string()
-                        << "\ninit_data: true\nlog_level: info\n";
+                        << "\ninit_data: true\nlog_level: info\n"
+                        << extra;
   // The child inherits the environment at fork; the test's own stays as it was.
   REQUIRE(::setenv("NOTIFY_SOCKET", notify_socket.c_str(), 1) == 0);
   d.pid = sluice::testing::spawn({SLUICED_BIN, "--config", config.string()}, d.dir / "notify.log",
@@ -204,4 +206,30 @@ TEST_CASE("an unusable NOTIFY_SOCKET is logged and the node serves all the same"
   }
   CHECK_MESSAGE(warned, "no warning about NOTIFY_SOCKET; log:\n" << node_log(d));
   CHECK(d.stop() != -1);
+}
+
+// In a cluster READY=1 waits for what /readyz waits for: the first join's outcome. Its only seed
+// never answers, so the node is ready alone once every join round went unanswered (5 rounds, 1 s
+// apart), not when its ports open; then checks are answered.
+TEST_CASE("sluiced in a cluster sends READY=1 only once its first join has an outcome") {
+  Daemon d(notify_config(), false);
+  NotifySocket sock((d.dir / "notify.sock").string());
+  const uint16_t peer = sluice::testing::free_loopback_port();
+  const uint16_t silent_seed = sluice::testing::free_loopback_port();
+  const auto started = Clock::now();
+  spawn_with_notify(d, sock.name(),
+                    "cluster:\n  node_id: 1\n  listen: 127.0.0.1:" + std::to_string(peer) +
+                        "\n  seeds: [127.0.0.1:" + std::to_string(silent_seed) +
+                        "]\n  secret: \"" + std::string(64, 'a') + "\"\n");
+  const auto ready = sock.wait_for("READY=1", 20'000);
+  REQUIRE_MESSAGE(ready.has_value(), "no READY=1 within 20 s; log:\n" << node_log(d));
+  const auto waited = Clock::now() - started;
+  CHECK_MESSAGE(waited >= std::chrono::milliseconds(2'000),
+                "READY=1 came before the join rounds ended; log:\n"
+                    << node_log(d));
+  CHECK(ready->find("in its cluster") != std::string::npos);
+  CHECK(node_log(d).find("cluster: ready alone") != std::string::npos);
+  const auto answer = d.check("t", {{"user", "u1"}}, 1);
+  REQUIRE(answer.has_value());
+  CHECK(answer->decisions[0].allowed);
 }
