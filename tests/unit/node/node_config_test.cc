@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "node/node.h"
-#include "support/node_config_files.h"
+#include "node_config_files.h"
 
 using namespace sluice::testing::node_config;
 using sluice::node::load_node_config;
