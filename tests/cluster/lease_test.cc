@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cluster_process.h"
+#include "metrics_text.h"
 
 namespace {
 
@@ -35,9 +36,9 @@ double metric_sum(LocalCluster& c, const std::string& name) {
   double sum = 0;
   for (size_t i = 0; i < c.size(); ++i) {
     const HttpReply m = c.get(i, "/metrics");
-    const size_t at = m.body.find("\n" + name + " ");
-    if (m.status != 200 || at == std::string::npos) return -1;
-    sum += std::strtod(m.body.c_str() + at + name.size() + 2, nullptr);
+    const std::optional<double> v = metric_value(m.body, name);
+    if (m.status != 200 || !v) return -1;
+    sum += *v;
   }
   return sum;
 }
