@@ -1,4 +1,4 @@
-// Leased quotas (`consistency: lease`, issue 15 item 3) on real sluiced processes on loopback
+// Leased quotas (`consistency: lease`) on real sluiced processes on loopback
 // (tests/support/cluster_process.h): the key's owner grants the other nodes slices of its budget,
 // they answer from them without a round trip, and the cluster never admits more than the limit
 // in any true window (docs/architecture.md, "Leased quotas").

@@ -27,9 +27,9 @@
 namespace {
 
 using nlohmann::json;
+using sluice::testing::contains;
 using sluice::testing::Daemon;
 using sluice::testing::DaemonConfig;
-using sluice::testing::contains;
 using sluice::testing::HttpReply;
 using sluice::testing::ProcessResult;
 using Clock = std::chrono::steady_clock;

@@ -24,9 +24,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using sluice::testing::contains;
 using sluice::testing::Daemon;
 using sluice::testing::DaemonConfig;
-using sluice::testing::contains;
 using sluice::testing::ProcessResult;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;

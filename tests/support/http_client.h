@@ -25,7 +25,7 @@
 namespace sluice::testing {
 
 struct HttpReply {
-  unsigned status = 0;  // 0: no answer (connect failed, timeout, unparsable)
+  unsigned status = 0;                         // 0: no answer (connect failed, timeout, unparsable)
   std::map<std::string, std::string> headers;  // names in lower case, values trimmed
   std::string body;
   // A header's value, "" when absent (`name` in lower case).
@@ -45,10 +45,11 @@ struct HttpReply {
 // whole exchange within `timeout`. `extra_headers` is written as is after the request's own
 // headers, each line ending in "\r\n" (e.g. "Authorization: Bearer x\r\n"). A body, or any POST,
 // goes as application/json.
-inline HttpReply http_request_at(const std::string& host, uint16_t port, const std::string& method,
-                                 const std::string& path, const std::string& body = "",
-                                 std::chrono::milliseconds timeout = std::chrono::milliseconds(2000),
-                                 const std::string& extra_headers = "") {
+inline HttpReply http_request_at(
+    const std::string& host, uint16_t port, const std::string& method, const std::string& path,
+    const std::string& body = "",
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(2000),
+    const std::string& extra_headers = "") {
   using std::chrono::milliseconds;
   HttpReply reply;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -76,9 +77,8 @@ inline HttpReply http_request_at(const std::string& host, uint16_t port, const s
     socklen_t len = sizeof err;
     if (::getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) return reply;
   }
-  std::string req =
-      method + " " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n" +
-      extra_headers;
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: " + host +
+                    "\r\nConnection: close\r\n" + extra_headers;
   if (!body.empty() || method == "POST") {
     req +=
         "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
