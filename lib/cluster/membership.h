@@ -157,8 +157,8 @@ class MembershipTransport {
 // Defaults: memberlist's LAN profile (probe 1 s / 500 ms, 3 indirect probes, retransmit x4,
 // 8x awareness), with the suspicion floor lowered to 1 x log10(N+1) probe intervals so that a
 // dead member of a 5-node cluster is declared Dead everywhere within 5 s of its death (see
-// tests/membership_cluster_test.cc for the measured figures); the long ceiling (6 x min) and the
-// confirmation probes keep a slow or lossy member alive.
+// tests/unit/cluster/membership_cluster_test.cc for the measured figures); the long ceiling (6 x
+// min) and the confirmation probes keep a slow or lossy member alive.
 struct MembershipOptions {
   int64_t probe_interval_ms = 1'000;      // one probe per interval (times the local health)
   int64_t probe_timeout_ms = 500;         // direct ack expected within (times the local health)

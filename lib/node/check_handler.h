@@ -3,7 +3,7 @@
 // in cluster owner mode it splits a request by owner (a CheckRouter says who decides each check)
 // into a ForwardPlan that the worker's forwarder (forwarder.h) sends and merges. No Asio here.
 // Used by routed_check.cc (a check-front worker's check path), node.cc (Node::check_here) and
-// tests/check_handler_test.cc.
+// tests/unit/node/check_handler_test.cc.
 #pragma once
 
 #include <atomic>

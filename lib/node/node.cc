@@ -104,7 +104,7 @@ struct Node::Impl : NodeState {
 
   // Every I/O object on `control` or `admin_io` is declared below them, so it is destroyed
   // before them: an object that outlives its io_context reads the freed service in its destructor
-  // (the rules watch's timer once did, at every clean stop: tests/node_lifetime_test.cc).
+  // (the rules watch's timer once did, at every clean stop: tests/unit/node/node_lifetime_test.cc).
   asio::io_context control{1};
   // The admin port has its own thread: operator actions may wait on the disk (overrides are
   // synced, `snapshot` waits for a pass) without holding up accepts, timers or signals.

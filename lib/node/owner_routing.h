@@ -1,7 +1,7 @@
 // Private to lib/node: who decides an owner-mode check in a cluster (docs/architecture.md, "Owner
 // mode" and "Members out of reach"), as a pure function of the cluster's view, the clock and what
 // the forwarder has seen of each owner's answers. Forwarder (forwarder.h) asks it for every
-// owner-mode check; tests/owner_routing_test.cc drives it with views it builds.
+// owner-mode check; tests/unit/node/owner_routing_test.cc drives it with views it builds.
 //
 //   - this node owns the key: decided here, unless it is joining and the key stays with its
 //     previous owner for now (sent there, redirected);

@@ -1,6 +1,6 @@
 // Private to lib/rls: a RateLimitRequest into the node's checks, and the node's answer into the
 // RateLimitResponse (docs/envoy.md, "Semantics"). Pure functions, no gRPC: unit-tested on their
-// own (tests/rls_translate_test.cc).
+// own (tests/unit/rls/rls_translate_test.cc).
 #pragma once
 
 #include <cstdint>

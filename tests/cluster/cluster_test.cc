@@ -1,11 +1,12 @@
 // Cluster tests: real sluiced processes on loopback (tests/support/cluster_process.h), traffic
 // spread over the nodes through libsluice, membership changed under that traffic (kill -9 and
-// restart, join, drain), and a node with the wrong secret. Each case asserts what the design
-// promises (DESIGN.md, "Cluster" and "Faults"; issue 5) and prints what it measured.
+// restart, join, drain), and a node with the wrong secret. Each case asserts what the cluster
+// promises (docs/architecture.md, "The cluster": the gossip bound, owner mode, what a node that
+// dies may lose) and prints what it measured.
 //
-// The bound used throughout. DESIGN.md: "Over-admission in gossip mode is bounded by rate x sync
-// interval": while a node has not yet heard of the others' latest hits it admits at most the
-// traffic that reaches the cluster in that time. Here, over any true 1 s window:
+// The bound used throughout: over-admission in gossip mode is bounded by rate x sync interval.
+// While a node has not yet heard of the others' latest hits it admits at most the traffic that
+// reaches the cluster in that time. Here, over any true 1 s window:
 //     admitted <= limit + offered rate x sync interval + margin
 // The rules use the strict estimator (tests/support/cluster_process.h, two_mode_rules), so a
 // single node never admits more than the limit in any true window: everything beyond it is the
@@ -17,8 +18,8 @@
 //     load driver, allow 20 ms of such delay at the offered rate, plus 2 checks.
 // A hit reaches a non-owner in two hops (its node's next pass to the owner, the owner's next push),
 // so a hit can stay unseen for up to two intervals; on average it is one, and the measured
-// over-admission on stable membership is about rate x sync (seed 000: 51-53 checks over 50 at
-// 500/s and 100 ms), inside the margin.
+// over-admission on stable membership is about rate x sync (the 10-node gossip case below: 51-53
+// checks over 50 at 500/s and 100 ms), inside the margin.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -210,8 +211,8 @@ TEST_CASE(
 TEST_CASE(
     "owner rule on 3 nodes never admits more than the limit in any true window while membership is "
     "stable") {
-  // DESIGN.md: with `owner`, a non-owner forwards the check and the owner decides, "so the
-  // cluster never admits more than the limit while membership is stable". With the strict
+  // With `owner`, a non-owner forwards the check and the owner decides, so the cluster never
+  // admits more than the limit while membership is stable. With the strict
   // estimator a single decider never exceeds the limit in a true window; one check of slack for
   // the send-time measurement.
   const uint64_t limit = 100;
@@ -239,10 +240,11 @@ TEST_CASE(
 TEST_CASE(
     "seed 000 scenario with 10 nodes at 50 per second and 500 per second offered stays within the "
     "gossip bound") {
-  // Seed 000: a limit of 50 per second, 10 instances, 500 per second spread evenly. Issue 5's
-  // target is 1.05 x the limit at 100 ms sync; what the design guarantees (and this asserts) is
-  // limit + rate x sync = 50 + 500 x 0.1. The measured ratio is printed; the benchmark
-  // (sluice-bench-cluster) records it against the target.
+  // The reference gossip scenario (the test's name keeps its historical label): a limit of 50 per
+  // second, 10 instances, 500 per second spread evenly. The goal is 1.05 x the limit at 100 ms
+  // sync; what gossip mode guarantees (and this asserts) is limit + rate x sync = 50 + 500 x 0.1.
+  // The measured ratio is printed; the benchmark (sluice-bench-cluster) records it against the
+  // goal.
   const uint64_t limit = 50;
   const double rate = 500;
   LocalCluster c(spec_for(10, limit));
@@ -250,7 +252,7 @@ TEST_CASE(
   REQUIRE_MESSAGE(started.empty(), started);
   LoadOptions lo;
   lo.domain = "g";
-  lo.keys = {"seed000"};
+  lo.keys = {"gossip-10-nodes"};
   lo.rate_per_s = rate;
   lo.duration = milliseconds(5000);
   lo.failover = false;
@@ -262,11 +264,11 @@ TEST_CASE(
   const WindowMax wm = sliding_window_max(admit_times(records, 0), kWindowUs);
   const size_t max = wm.count;
   const double bound = gossip_bound(limit, rate, c.spec().sync_interval_ms);
-  MESSAGE("seed 000: allowed " << s.allowed << " of " << s.sent << ", failed " << s.failed
-                               << ", max admitted in a true 1 s window " << max
-                               << " (from t = " << secs(wm.start_us) << " s)"
-                               << ", admitted/limit " << static_cast<double>(max) / 50.0
-                               << " (issue target 1.05, design bound " << bound / 50.0 << ")");
+  MESSAGE("10-node gossip: allowed " << s.allowed << " of " << s.sent << ", failed " << s.failed
+                                     << ", max admitted in a true 1 s window " << max
+                                     << " (from t = " << secs(wm.start_us) << " s)"
+                                     << ", admitted/limit " << static_cast<double>(max) / 50.0
+                                     << " (goal 1.05, gossip bound " << bound / 50.0 << ")");
   CHECK(s.failed == 0);
   CHECK(static_cast<double>(max) <= bound);
 }
@@ -325,7 +327,7 @@ TEST_CASE(
   const auto records = load.records();
   const LoadSummary s = summarize(records);
   const size_t max = max_admitted(records, 0);
-  // Faults (DESIGN.md): a node that dies loses no more than its unsent deltas, at most its share
+  // A node that dies loses no more than its unsent deltas, at most its share
   // of the traffic over one sync interval, on top of the gossip bound.
   const double lost =
       rate / static_cast<double>(n) * static_cast<double>(c.spec().sync_interval_ms) / 1000.0;
@@ -533,7 +535,7 @@ TEST_CASE(
 TEST_CASE(
     "owner rule: 101 checks one after another round-robin over 3 nodes admit exactly the limit "
     "for every window and estimator") {
-  // Issue 10, item 3: a limit of 100 (per 10 s, 1 min or 1 h, strict or weighted), 101 single
+  // A limit of 100 (per 10 s, 1 min or 1 h, strict or weighted), 101 single
   // checks sent one after another, each to the next node's check port: the 101st is denied.
   // Right after the cluster forms, so the checks meet nodes that are still joining: the cause of
   // the 101 was each node keeping its own idea of which owner to route to while joining (two
@@ -589,7 +591,7 @@ TEST_CASE(
 TEST_CASE(
     "concurrency limit over 3 nodes: the owner grants at most max_in_flight leases, and a release "
     "through any node frees one, once") {
-  // Issue 15, item 2: the key's owner holds the leases; checks and releases sent to any node are
+  // The key's owner holds the leases; checks and releases sent to any node are
   // forwarded to it (a release carries the check's entries, so it routes the same way).
   ClusterSpec spec = spec_for(3, 5);
   spec.rules_yaml =

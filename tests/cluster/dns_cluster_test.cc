@@ -1,4 +1,4 @@
-// A cluster that finds itself through DNS (issue 12 item 3): three sluiced processes whose only
+// A cluster that finds itself through DNS: three sluiced processes whose only
 // seed is `dns+srv:_sluice._udp.sluice.test`, answered by a real DNS server (dnsmasq on a free
 // loopback port, tests/support/dns_server.h) as a Kubernetes headless service would: one SRV
 // record per pod. All nodes run on 127.0.0.1, so the records tell them apart by port. A fourth

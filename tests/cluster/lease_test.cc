@@ -1,4 +1,4 @@
-// Leased quotas (`consistency: lease`, issue 15 item 3) on real sluiced processes on loopback
+// Leased quotas (`consistency: lease`) on real sluiced processes on loopback
 // (tests/support/cluster_process.h): the key's owner grants the other nodes slices of its budget,
 // they answer from them without a round trip, and the cluster never admits more than the limit
 // in any true window (docs/architecture.md, "Leased quotas").
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cluster_process.h"
+#include "metrics_text.h"
 
 namespace {
 
@@ -35,9 +36,9 @@ double metric_sum(LocalCluster& c, const std::string& name) {
   double sum = 0;
   for (size_t i = 0; i < c.size(); ++i) {
     const HttpReply m = c.get(i, "/metrics");
-    const size_t at = m.body.find("\n" + name + " ");
-    if (m.status != 200 || at == std::string::npos) return -1;
-    sum += std::strtod(m.body.c_str() + at + name.size() + 2, nullptr);
+    const std::optional<double> v = metric_value(m.body, name);
+    if (m.status != 200 || !v) return -1;
+    sum += *v;
   }
   return sum;
 }

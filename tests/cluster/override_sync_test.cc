@@ -1,4 +1,4 @@
-// Cluster-wide overrides and plan assignments (issue 10 item 6; docs/architecture.md, "Overrides
+// Cluster-wide overrides and plan assignments (docs/architecture.md, "Overrides
 // across the cluster") with real sluiced processes on loopback (tests/support/cluster_process.h):
 // an override or plan assignment set, or deleted, on any node is in force on every node; a node
 // restarted after changes made while it was down gets them; a node that joins later gets every

@@ -1,4 +1,4 @@
-// Partition tests (issue 10 item 5): 5 real sluiced processes, each in a network namespace of its
+// Partition tests: 5 real sluiced processes, each in a network namespace of its
 // own (tests/support/netns_cluster.h), traffic from the root namespace through libsluice with its
 // default 20 ms timeout, and the network between the nodes cut (nodes 1,2 | 3,4,5), made deaf one
 // way (the owner key's owner receives nothing from the others), or made lossy (30 % of the
@@ -49,8 +49,8 @@ ClusterSpec spec() {
   ClusterSpec s;
   s.sluiced_bin = SLUICED_BIN;
   s.nodes = kNodes;
-  // As the benchmark's seed000: weighted estimator in 10 ms buckets, so what exceeds the limit
-  // is the cluster's doing, not the estimator's burst error.
+  // As the cluster benchmark's reference gossip scenario: weighted estimator in 10 ms buckets, so
+  // what exceeds the limit is the cluster's doing, not the estimator's burst error.
   s.rules_yaml = two_mode_rules(kLimit, "weighted", "10ms");
   s.log_level = "warn";
   return s;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cluster_process.h"
+#include "metrics_text.h"
 
 namespace {
 
@@ -195,10 +196,9 @@ ClusterSpec resp_spec() {
 // A counter of node i's /metrics (the unlabelled sample); nullopt when absent.
 std::optional<uint64_t> metric(const LocalCluster& c, size_t i, const std::string& name) {
   const HttpReply r = c.get(i, "/metrics");
-  const std::string needle = "\n" + name + " ";
-  const size_t at = r.body.find(needle);
-  if (r.status != 200 || at == std::string::npos) return std::nullopt;
-  return std::strtoull(r.body.c_str() + at + needle.size(), nullptr, 10);
+  const std::optional<double> v = metric_value(r.body, name);
+  if (r.status != 200 || !v) return std::nullopt;
+  return static_cast<uint64_t>(*v);
 }
 
 uint64_t forwarded_parts(const LocalCluster& c, size_t i) {

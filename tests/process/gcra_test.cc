@@ -20,12 +20,14 @@
 #include <thread>
 #include <vector>
 
-#include "cluster_process.h"  // http_request
+#include "http_client.h"
 #include "sluiced_process.h"
+#include "text.h"
 
 namespace {
 
 using nlohmann::json;
+using sluice::testing::contains;
 using sluice::testing::Daemon;
 using sluice::testing::DaemonConfig;
 using sluice::testing::HttpReply;
@@ -64,10 +66,6 @@ DaemonConfig config() {
 // of checks "at once" (under the 100 ms a request of 10/1s takes to refill, with margin).
 constexpr auto kAtOnce = milliseconds(80);
 constexpr int kAttempts = 3;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 bool exited_with(int status, int code) {
   return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == code;

@@ -18,11 +18,13 @@
 #include <vector>
 
 #include "sluiced_process.h"
+#include "text.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using sluice::testing::contains;
 using sluice::testing::Daemon;
 using sluice::testing::DaemonConfig;
 using sluice::testing::ProcessResult;
@@ -137,10 +139,6 @@ json status(const Daemon& d) {
 
 bool exited_with(int status, int code) {
   return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == code;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 }  // namespace

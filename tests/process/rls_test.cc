@@ -10,11 +10,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "client/client.h"
+#include "http_client.h"
+#include "metrics_text.h"
 #include "rls_client.h"
 #include "sluiced_process.h"
 
@@ -54,34 +57,13 @@ struct Node : sluice::testing::Daemon {
   }
 };
 
-// GET over plain HTTP/1.0 on the admin port; the body.
-std::string http_get(uint16_t port, const std::string& path) {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  const sockaddr_in a = loopback(port);
-  REQUIRE(::connect(s, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: x\r\n\r\n";
-  REQUIRE(::send(s, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
-  std::string out;
-  char buf[8192];
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (std::chrono::steady_clock::now() < until) {
-    pollfd p{s, POLLIN, 0};
-    if (::poll(&p, 1, 100) != 1) continue;
-    const ssize_t n = ::recv(s, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(s);
-  const size_t body = out.find("\r\n\r\n");
-  return body == std::string::npos ? out : out.substr(body + 4);
-}
-
 // The value of one /metrics sample, e.g. `sluice_rls_requests_total{result="ok"}`.
 double metric(uint16_t admin, const std::string& sample) {
-  const std::string m = http_get(admin, "/metrics");
-  const size_t at = m.find("\n" + sample + " ");
-  REQUIRE_MESSAGE(at != std::string::npos, sample);
-  return std::stod(m.substr(at + sample.size() + 2));
+  const sluice::testing::HttpReply m = sluice::testing::http_request(admin, "GET", "/metrics");
+  REQUIRE(m.status == 200);
+  const std::optional<double> v = sluice::testing::metric_value(m.body, sample);
+  REQUIRE_MESSAGE(v.has_value(), sample);
+  return *v;
 }
 
 const RateLimitResponse::DescriptorStatus& only(const RateLimitResponse& r) {

@@ -9,7 +9,9 @@
 #include <fstream>
 #include <string>
 
-#include "cluster_process.h"  // http_request, wait_until
+#include "cluster_process.h"  // wait_until
+#include "http_client.h"
+#include "metrics_text.h"
 #include "sluiced_process.h"
 
 namespace {
@@ -37,9 +39,7 @@ void configmap_publish(const fs::path& dir, const std::string& stamp, const std:
 int64_t metric(const Daemon& d, const std::string& sample) {
   const HttpReply r = http_request(d.admin, "GET", "/metrics");
   if (r.status != 200) return -1;
-  const size_t at = r.body.find(sample + " ");
-  if (at == std::string::npos) return -1;
-  return std::stoll(r.body.substr(at + sample.size() + 1));
+  return static_cast<int64_t>(metric_value(r.body, sample).value_or(-1));
 }
 
 }  // namespace

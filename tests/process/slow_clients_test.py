@@ -11,7 +11,8 @@ at a time, each reopened as soon as sluiced closes it, and asserts meanwhile tha
   - the slow connections are closed by their deadlines or shed for the new ones, and /metrics
     counts them (sluice_http_connections_closed_total, sluice_tcp_connections_closed_total).
 Bounded: every connection, loop and subprocess has a timeout; the whole test takes ~20 s.
-The gRPC part needs the grpc module (Debian's python3-grpcio: run with /usr/bin/python3).
+The gRPC part needs the grpc module (Debian's python3-grpcio, which deploy/setup.sh installs: run
+with /usr/bin/python3); without it the test fails, saying so, rather than pass with a part unrun.
 
   slow_clients_test.py SLUICED SLUICECTL
 """
@@ -30,8 +31,9 @@ BYTE_EVERY_S = 0.5
 
 try:
     import grpc
-except ImportError:  # run by an interpreter without Debian's packages: no gRPC part
-    grpc = None
+except ImportError as e:
+    sys.exit(f"FAIL: no grpc module in {sys.executable} ({e}): deploy/setup.sh installs "
+             "python3-grpcio for /usr/bin/python3")
 
 
 def grpc_health(port, timeout=2.0):
@@ -74,7 +76,7 @@ def metric(text, name, labels=""):
 def main():
     sluiced, sluicectl = sys.argv[1], sys.argv[2]
     admin, port = free_port(), free_port()
-    grpc_port = free_port() if grpc else None
+    grpc_port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         log = open(os.path.join(tmp, "sluiced.log"), "w")
         # Short deadlines, so that the test sees them act within its time.
@@ -82,7 +84,7 @@ def main():
         with open(cfg, "w") as f:
             f.write(
                 f"udp: 127.0.0.1:{port}\ntcp: 127.0.0.1:{port}\nadmin: 127.0.0.1:{admin}\n"
-                f"grpc: '{'127.0.0.1:' + str(grpc_port) if grpc else ''}'\nresp: ''\n"
+                f"grpc: '127.0.0.1:{grpc_port}'\nresp: ''\n"
                 f"data_dir: {tmp}/data\ninit_data: true\n"
                 "client_timeout_ms: 3000\nmax_connections: 256\n")
         proc = subprocess.Popen([sluiced, "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
@@ -102,9 +104,7 @@ def main():
             header = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 64
             frame = b"\x00\x00\x01\x00" + b"\x00" * 255  # a 256-byte frame, sent a byte at a time
             preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00" * 64
-            slow = {admin: header, port: frame}
-            if grpc:
-                slow[grpc_port] = preface
+            slow = {admin: header, port: frame, grpc_port: preface}
             for i in range(SLOW):
                 for dest, data in slow.items():
                     c = socket.create_connection(("127.0.0.1", dest), timeout=2)
@@ -139,10 +139,9 @@ def main():
                     status, _, took = get(base + "/healthz", timeout=1.0)
                     assert status == 200, status
                     worst = max(worst, took)
-                    if grpc:
-                        answer, took = grpc_health(grpc_port)
-                        assert answer == b"\x08\x01", answer  # SERVING
-                        worst_grpc = max(worst_grpc, took)
+                    answer, took = grpc_health(grpc_port)
+                    assert answer == b"\x08\x01", answer  # SERVING
+                    worst_grpc = max(worst_grpc, took)
                     tries += 1
                     next_probe = time.monotonic() + 0.3
                 if not checked and tries >= 10:
@@ -155,10 +154,7 @@ def main():
                 time.sleep(BYTE_EVERY_S)
             print(f"/healthz: {tries} answers under {SLOW} slow connections on each of "
                   f"{len(slow)} listeners, slowest {worst * 1000:.1f} ms")
-            if grpc:
-                print(f"gRPC health: {tries} answers, slowest {worst_grpc * 1000:.1f} ms")
-            else:
-                print("gRPC part skipped: no grpc module in this interpreter")
+            print(f"gRPC health: {tries} answers, slowest {worst_grpc * 1000:.1f} ms")
             assert tries >= 20, tries
             assert checked
             assert worst < 0.100, f"/healthz took {worst * 1000:.1f} ms"

@@ -62,6 +62,7 @@
 
 #include "client/client.h"
 #include "free_port.h"
+#include "http_client.h"
 
 namespace sluice::testing {
 
@@ -104,121 +105,6 @@ inline std::string file_tail(const std::filesystem::path& path, size_t max_bytes
   s << in.rdbuf();
   std::string text = s.str();
   return text.size() > max_bytes ? text.substr(text.size() - max_bytes) : text;
-}
-
-// ---- a tiny blocking HTTP/1.1 client for the admin port ----------------------------------------
-
-struct HttpReply {
-  unsigned status = 0;  // 0: no answer (connect failed, timeout, unparsable)
-  std::string body;
-  std::optional<Json> json() const {
-    Json j = Json::parse(body, nullptr, false);
-    if (j.is_discarded()) return std::nullopt;
-    return j;
-  }
-};
-
-// One request to host:port (an IPv4 literal) on a fresh connection ("Connection: close"), the
-// whole exchange within `timeout`.
-inline HttpReply http_request_at(const std::string& host, uint16_t port, const std::string& method,
-                                 const std::string& path, const std::string& body = "",
-                                 milliseconds timeout = milliseconds(2000)) {
-  HttpReply reply;
-  const auto deadline = SteadyClock::now() + timeout;
-  auto left_ms = [&]() {
-    const auto ms = std::chrono::duration_cast<milliseconds>(deadline - SteadyClock::now()).count();
-    return static_cast<int>(std::max<int64_t>(0, ms));
-  };
-  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-  if (s < 0) return reply;
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{s};
-  const sockaddr_in a = ipv4_addr(host, port);
-  if (::connect(s, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-    if (errno != EINPROGRESS) return reply;
-    pollfd p{s, POLLOUT, 0};
-    if (::poll(&p, 1, left_ms()) != 1) return reply;
-    int err = 0;
-    socklen_t len = sizeof err;
-    if (::getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) return reply;
-  }
-  std::string req =
-      method + " " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n";
-  if (!body.empty() || method == "POST") {
-    req +=
-        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
-  }
-  req += "\r\n" + body;
-  size_t sent = 0;
-  while (sent < req.size()) {
-    pollfd p{s, POLLOUT, 0};
-    if (::poll(&p, 1, left_ms()) != 1) return reply;
-    const ssize_t n = ::send(s, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno != EAGAIN && errno != EINTR) return reply;
-    if (n > 0) sent += static_cast<size_t>(n);
-  }
-  std::string in;
-  char buf[16384];
-  size_t header_end = std::string::npos;
-  size_t content_length = std::string::npos;
-  bool chunked = false;
-  for (;;) {
-    if (header_end != std::string::npos && content_length != std::string::npos &&
-        in.size() >= header_end + content_length) {
-      break;
-    }
-    pollfd p{s, POLLIN, 0};
-    if (::poll(&p, 1, left_ms()) != 1) return reply;
-    const ssize_t n = ::recv(s, buf, sizeof buf, 0);
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return reply;
-    }
-    in.append(buf, static_cast<size_t>(n));
-    if (header_end == std::string::npos) {
-      const size_t e = in.find("\r\n\r\n");
-      if (e == std::string::npos) continue;
-      header_end = e + 4;
-      std::string head = in.substr(0, e);
-      std::transform(head.begin(), head.end(), head.begin(),
-                     [](char c) { return static_cast<char>(std::tolower(c)); });
-      if (const size_t cl = head.find("\r\ncontent-length:"); cl != std::string::npos) {
-        content_length = std::strtoull(head.c_str() + cl + 17, nullptr, 10);
-      }
-      chunked = head.find("transfer-encoding: chunked") != std::string::npos;
-    }
-  }
-  if (header_end == std::string::npos || in.compare(0, 9, "HTTP/1.1 ") != 0) return reply;
-  std::string payload = in.substr(header_end);
-  if (content_length != std::string::npos && payload.size() > content_length) {
-    payload.resize(content_length);
-  }
-  if (chunked) {
-    std::string plain;
-    size_t pos = 0;
-    while (pos < payload.size()) {
-      const size_t eol = payload.find("\r\n", pos);
-      if (eol == std::string::npos) break;
-      const size_t n = std::strtoull(payload.c_str() + pos, nullptr, 16);
-      if (n == 0) break;
-      plain += payload.substr(eol + 2, n);
-      pos = eol + 2 + n + 2;
-    }
-    payload = std::move(plain);
-  }
-  reply.status = static_cast<unsigned>(std::strtoul(in.c_str() + 9, nullptr, 10));
-  reply.body = std::move(payload);
-  return reply;
-}
-
-// The same on loopback.
-inline HttpReply http_request(uint16_t port, const std::string& method, const std::string& path,
-                              const std::string& body = "",
-                              milliseconds timeout = milliseconds(2000)) {
-  return http_request_at("127.0.0.1", port, method, path, body, timeout);
 }
 
 // ---- the cluster -------------------------------------------------------------------------------

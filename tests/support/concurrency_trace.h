@@ -1,6 +1,6 @@
 // Randomized lease traces for concurrency limits, replayed through Engine::check and judged
-// against the exact reference (concurrency_reference.h). Shared by tests/concurrency_test.cc and
-// `sluice-bench-accuracy --mode concurrency`.
+// against the exact reference (concurrency_reference.h). Shared by
+// tests/unit/engine/concurrency_test.cc and `sluice-bench-accuracy --mode concurrency`.
 //
 // A trace is generated up front from its LeaseTraceParams (a seeded std::mt19937_64, variates as
 // in traces.h, no clock), so a seed names the same trace everywhere. Clients on `keys` keys of

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "node/node.h"
+#include "text.h"
 
 namespace sluice::testing::node_config {
 
@@ -72,9 +73,7 @@ inline std::vector<std::string> lines_of(const std::string& s) {
   return out;
 }
 
-inline bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using sluice::testing::contains;
 
 inline const std::string kTopLevelFields =
     "unknown setting (expected one of: udp, tcp, admin, grpc, grpc_rate_limit_headers, resp, "

@@ -11,6 +11,7 @@
 
 #include "parse_results.h"
 #include "rules/rules.h"
+#include "text.h"
 #include "window/sliding_window.h"
 
 using namespace sluice::rules;
@@ -30,10 +31,7 @@ inline ParseResult parse(std::string_view text) {
 }
 
 using sluice::testing::all_errors;
-
-inline bool contains(const std::string& haystack, std::string_view needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using sluice::testing::contains;
 
 // Parses text that must be valid.
 inline RuleSet must_parse(std::string_view text) {

@@ -20,6 +20,7 @@
 #include "engine/engine.h"
 #include "exact_log.h"
 #include "parse_results.h"
+#include "text.h"
 #include "wire/protocol.h"
 
 using namespace sluice::rules;
@@ -38,10 +39,7 @@ constexpr uint64_t kSeed = 0x5eed;
 const std::string kData = std::string(SLUICE_SOURCE_DIR) + "/tests/data/envoy/";
 
 using sluice::testing::all_errors;
-
-bool contains(const std::string& haystack, std::string_view needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using sluice::testing::contains;
 
 ParseResult parse(std::string_view text, EnvoyImportOptions o = {}) {
   return parse_envoy_rules(text, "rl.yaml", o);

@@ -18,7 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "text.h"
+
 using namespace sluice::window;
+using sluice::testing::contains;
 
 namespace {
 
@@ -33,10 +36,6 @@ static_assert(kHourStart % kHour == 0);
 
 constexpr uint32_t kU32Max = std::numeric_limits<uint32_t>::max();
 constexpr uint64_t kU64Max = std::numeric_limits<uint64_t>::max();
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
 
 // A ring built bucket by bucket through the public advance()/add(), in increasing bucket order.
 struct TestRing {

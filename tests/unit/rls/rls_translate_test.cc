@@ -1,12 +1,12 @@
 // lib/rls's translation on its own: a RateLimitRequest into checks, and an answer of the check
 // protocol into a RateLimitResponse (docs/envoy.md, "Semantics").
+#include "rls/rls_translate.h"
+
 #include <doctest/doctest.h>
 
 #include <limits>
 #include <string>
 #include <vector>
-
-#include "rls/rls_translate.h"
 
 namespace {
 

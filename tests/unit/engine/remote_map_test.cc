@@ -1,14 +1,14 @@
 // FlatKeyMap (lib/engine/remote_map.h), the shard's map of what other nodes reported per counter:
 // every operation against std::unordered_map on random traces, with erases that shift runs across
 // the end of the slot array.
+#include "engine/remote_map.h"
+
 #include <doctest/doctest.h>
 
 #include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include "engine/remote_map.h"
 
 using sluice::engine::FlatKeyMap;
 

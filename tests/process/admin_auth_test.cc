@@ -5,22 +5,18 @@
 #include "node/node.h"
 
 #include <doctest/doctest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
-#include <cctype>
-#include <cstdlib>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "http_client.h"
 #include "in_process_node.h"
+#include "metrics_text.h"
 #include "sluiced_process.h"  // run_process, for sluicectl
 
 namespace {
@@ -38,63 +34,13 @@ constexpr const char* kRules = R"(domains:
 )";
 constexpr const char* kToken = "op-token-0123456789";
 
-struct Reply {
-  int status = 0;
-  std::map<std::string, std::string> headers;  // lower-case names
-  std::string body;
-};
+using Reply = sluice::testing::HttpReply;
 
-// One request on a fresh connection ("Connection: close"), `extra` written as is after the
-// request line's headers (e.g. "Authorization: Bearer x\r\n"). Reads until the node closes; every
-// socket wait is bounded by 3 s. status 0: no answer.
+// One request on a fresh connection, `extra` written as is after the request's headers (e.g.
+// "Authorization: Bearer x\r\n"); every socket wait bounded by 3 s. status 0: no answer.
 Reply request(uint16_t port, const std::string& method, const std::string& target,
               const std::string& extra, const std::string& body = "") {
-  Reply r;
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(s >= 0);
-  timeval tv{3, 0};
-  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  const sockaddr_in a = sluice::testing::loopback(port);
-  if (::connect(s, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-    ::close(s);
-    return r;
-  }
-  std::string req =
-      method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + extra;
-  if (method != "GET") {
-    req +=
-        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
-  }
-  req += "\r\n" + body;
-  ::send(s, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string in;
-  char buf[8192];
-  for (;;) {
-    const ssize_t n = ::recv(s, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    in.append(buf, static_cast<size_t>(n));
-  }
-  ::close(s);
-  const size_t head_end = in.find("\r\n\r\n");
-  if (in.rfind("HTTP/1.1 ", 0) != 0 || head_end == std::string::npos) return r;
-  r.status = std::stoi(in.substr(9, 3));
-  size_t line = in.find("\r\n") + 2;
-  while (line < head_end) {
-    const size_t end = in.find("\r\n", line);
-    const std::string h = in.substr(line, end - line);
-    const size_t colon = h.find(':');
-    if (colon != std::string::npos) {
-      std::string name = h.substr(0, colon);
-      for (char& c : name)
-        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      const size_t value = h.find_first_not_of(' ', colon + 1);
-      r.headers[name] = value == std::string::npos ? std::string() : h.substr(value);
-    }
-    line = end + 2;
-  }
-  r.body = in.substr(head_end + 4);
-  return r;
+  return sluice::testing::http_request(port, method, target, body, std::chrono::seconds(3), extra);
 }
 
 std::string bearer(const std::string& token) {
@@ -105,10 +51,8 @@ std::string bearer(const std::string& token) {
 int64_t auth_failures(uint16_t port, const std::string& reason, const std::string& extra = "") {
   const Reply m = request(port, "GET", "/metrics", extra);
   REQUIRE(m.status == 200);
-  const std::string key = "sluice_admin_auth_failures_total{reason=\"" + reason + "\"} ";
-  const size_t at = m.body.find(key);
-  if (at == std::string::npos) return -1;
-  return std::stoll(m.body.substr(at + key.size()));
+  const std::string sample = "sluice_admin_auth_failures_total{reason=\"" + reason + "\"}";
+  return static_cast<int64_t>(sluice::testing::metric_value(m.body, sample).value_or(-1));
 }
 
 std::filesystem::path write_token_file(const InProcessNode& n, const std::string& text) {

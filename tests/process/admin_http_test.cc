@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "in_process_node.h"
+#include "metrics_text.h"
 
 #include <atomic>
 #include <cctype>
@@ -229,14 +230,7 @@ std::string lease_of(const Response& r) {
 
 // The value of one sample in Prometheus text, or -1 when absent.
 double metric(const std::string& text, const std::string& series) {
-  size_t pos = 0;
-  while ((pos = text.find(series + " ", pos)) != std::string::npos) {
-    if (pos == 0 || text[pos - 1] == '\n') {
-      return std::stod(text.substr(pos + series.size() + 1));
-    }
-    pos += series.size();
-  }
-  return -1;
+  return sluice::testing::metric_value(text, series).value_or(-1);
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 //   sliding count over every admission), against the owner deciding alone.
 //
 // Deterministic: times are literals, randomness comes from seeded std::mt19937_64.
+#include "engine/engine.h"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -24,7 +26,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
 #include "rules/rules.h"
 
 namespace {

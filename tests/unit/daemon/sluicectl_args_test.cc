@@ -1,11 +1,11 @@
 // sluicectl's command line (daemon/sluicectl_args.h): what each command becomes, and how a bad
 // command line is refused (exit 2, a message, nothing run).
+#include "sluicectl_args.h"
+
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
-
-#include "sluicectl_args.h"
 
 using namespace sluice::ctl;
 

@@ -2,13 +2,14 @@
 // every field it accepts, top level and `cluster:`, lands in NodeOptions; every error it can
 // produce names the file, the line and the field with the loader's exact wording; fields not given
 // keep the value the caller had in `out`.
+#include "node/node.h"
+
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
-#include "node/node.h"
-#include "support/node_config_files.h"
+#include "node_config_files.h"
 
 using namespace sluice::testing::node_config;
 using sluice::node::load_node_config;

@@ -1,6 +1,8 @@
 // Unit tests of lib/rules over time: counter identity across compiles (a reloaded rule keeps its
 // counters, a changed one starts new ones), overrides in the compiled policy, and the overrides
 // table.
+#include "rules/rules.h"
+
 #include <doctest/doctest.h>
 
 #include <cstdint>

@@ -1,16 +1,9 @@
 // The admin port's dashboard (lib/node/dashboard.h): a real Node in this process with a clock the
-// test moves, spoken to over loopback with Beast (every request bounded by a deadline). The rates
-// are worked out from the checks sent and the clock's steps between the 5 s samples.
+// test moves, spoken to over loopback with http_client.h (every request bounded by a deadline).
+// The rates are worked out from the checks sent and the clock's steps between the 5 s samples.
 #include "node/dashboard.h"
 
-#include <utility>  // before Asio: Boost 1.74 with g++ 12 in C++20 needs std::exchange declared
-
 #include <doctest/doctest.h>
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -18,13 +11,11 @@
 #include <regex>
 #include <string>
 
+#include "http_client.h"
 #include "in_process_node.h"
 
 namespace {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = boost::beast::http;
 using Json = nlohmann::json;
 using sluice::node::Dashboard;
 
@@ -40,55 +31,18 @@ constexpr const char* kRules = R"(domains:
       - {name: per-user, key: [user], limits: [1/1m], mode: dry-run}
 )";
 
-struct Reply {
-  unsigned status = 0;
-  std::string content_type, cache_control, csp, allow;
-  std::string body;
-  Json json() const { return Json::parse(body); }
-};
+using Reply = sluice::testing::HttpReply;
 
-std::string str(beast::string_view v) {
-  return std::string(v.data(), v.size());
-}
-
-// One request on a fresh connection; everything within 5 s (asynchronous, so the deadline holds).
-Reply request(uint16_t port, http::verb method, const std::string& target,
+// One request on a fresh connection; everything within 5 s.
+Reply request(uint16_t port, const std::string& method, const std::string& target,
               const std::string& body = "") {
-  asio::io_context io;
-  beast::tcp_stream stream(io);
-  http::request<http::string_body> req(method, target, 11);
-  req.set(http::field::host, "localhost");
-  if (!body.empty()) req.set(http::field::content_type, "application/json");
-  req.body() = body;
-  req.prepare_payload();
-  beast::flat_buffer buf;
-  http::response<http::string_body> res;
-  beast::error_code ec;
-  stream.expires_after(std::chrono::seconds(5));
-  stream.async_connect(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), port),
-                       [&](beast::error_code connect_ec) {
-                         if ((ec = connect_ec)) return;
-                         http::async_write(stream, req, [&](beast::error_code write_ec, size_t) {
-                           if ((ec = write_ec)) return;
-                           http::async_read(
-                               stream, buf, res,
-                               [&](beast::error_code read_ec, size_t) { ec = read_ec; });
-                         });
-                       });
-  io.run();
-  REQUIRE_MESSAGE(!ec, target << ": " << ec.message());
-  Reply r;
-  r.status = res.result_int();
-  r.content_type = str(res[http::field::content_type]);
-  r.cache_control = str(res[http::field::cache_control]);
-  r.csp = str(res["Content-Security-Policy"]);
-  r.allow = str(res[http::field::allow]);
-  r.body = res.body();
+  Reply r = sluice::testing::http_request(port, method, target, body, std::chrono::seconds(5));
+  REQUIRE_MESSAGE(r.status != 0, target << ": no answer");
   return r;
 }
 
 Reply get(uint16_t port, const std::string& target) {
-  return request(port, http::verb::get, target);
+  return request(port, "GET", target);
 }
 
 struct TestNode : sluice::testing::InProcessNode {
@@ -98,10 +52,10 @@ struct TestNode : sluice::testing::InProcessNode {
   int checks(const std::string& domain, const std::string& entry, const std::string& value, int n) {
     int allowed = 0;
     for (int i = 0; i < n; ++i) {
-      const Reply r = request(port(), http::verb::post, "/v1/check",
+      const Reply r = request(port(), "POST", "/v1/check",
                               Json{{"domain", domain}, {"descriptors", {{entry, value}}}}.dump());
       REQUIRE((r.status == 200 || r.status == 429));
-      if (r.json()["allowed"] == true) ++allowed;
+      if (r.json().value()["allowed"] == true) ++allowed;
     }
     return allowed;
   }
@@ -123,7 +77,7 @@ TEST_CASE("rates: per-rule decisions per second between 5 s samples, and totals 
 
   // Before the next 5 s slot: no second sample, so no rate point yet, but the totals count.
   n.advance(3'000);
-  Json j = get(n.port(), "/v1/ui/rates").json();
+  Json j = get(n.port(), "/v1/ui/rates").json().value();
   CHECK(j["interval_ms"] == Dashboard::kSampleIntervalMs);
   CHECK(j["span_ms"] == 900'000);
   CHECK(j["t"].empty());
@@ -135,7 +89,7 @@ TEST_CASE("rates: per-rule decisions per second between 5 s samples, and totals 
 
   // Into the next slot: the sample 5 s after the first gives one point per series.
   n.advance(2'000);
-  j = get(n.port(), "/v1/ui/rates").json();
+  j = get(n.port(), "/v1/ui/rates").json().value();
   REQUIRE(j["t"].size() == 1);
   CHECK(j["t"][0] == kT0 + 5'000);
   api = rule_of(j, "api/per-key");
@@ -153,7 +107,7 @@ TEST_CASE("rates: per-rule decisions per second between 5 s samples, and totals 
   // Ten seconds with two more denials: the next point spreads them over the time between samples.
   n.advance(10'000);
   CHECK(n.checks("api", "api_key", "k1", 2) == 0);
-  j = get(n.port(), "/v1/ui/rates").json();
+  j = get(n.port(), "/v1/ui/rates").json().value();
   REQUIRE(j["t"].size() == 2);
   CHECK(j["t"][1] == kT0 + 15'000);
   api = rule_of(j, "api/per-key");
@@ -169,7 +123,7 @@ TEST_CASE("rates: the history holds 15 minutes, older samples and their counts l
   Json j;
   for (int i = 0; i < 200; ++i) {
     n.advance(Dashboard::kSampleIntervalMs);
-    j = get(n.port(), "/v1/ui/rates").json();
+    j = get(n.port(), "/v1/ui/rates").json().value();
   }
   CHECK(j["t"].size() == Dashboard::kSamples - 1);
   const int64_t now = j["now_ms"].get<int64_t>();
@@ -189,8 +143,8 @@ TEST_CASE("the page, its script and style are served from the binary, and only G
   TestNode n;
   Reply r = get(n.port(), "/ui");
   CHECK(r.status == 200);
-  CHECK(r.content_type == "text/html; charset=utf-8");
-  CHECK(r.csp.find("default-src 'self'") != std::string::npos);
+  CHECK(r.header("content-type") == "text/html; charset=utf-8");
+  CHECK(r.header("content-security-policy").find("default-src 'self'") != std::string::npos);
   CHECK(r.body.find("<script src=\"/ui/dashboard.js\"") != std::string::npos);
   // Everything the page loads comes from this port: every src and href is a /ui/ path (or the
   // empty data: icon that keeps browsers from asking for /favicon.ico).
@@ -205,22 +159,22 @@ TEST_CASE("the page, its script and style are served from the binary, and only G
 
   r = get(n.port(), "/ui/dashboard.js");
   CHECK(r.status == 200);
-  CHECK(r.content_type == "text/javascript; charset=utf-8");
+  CHECK(r.header("content-type") == "text/javascript; charset=utf-8");
   CHECK(r.body.find("/v1/ui/rates") != std::string::npos);
   CHECK(r.body.find("innerHTML") == std::string::npos);  // node strings go in as text only
   r = get(n.port(), "/ui/dashboard.css");
   CHECK(r.status == 200);
-  CHECK(r.content_type == "text/css; charset=utf-8");
+  CHECK(r.header("content-type") == "text/css; charset=utf-8");
 
   CHECK(get(n.port(), "/ui/").status == 200);
   CHECK(get(n.port(), "/ui/missing.js").status == 404);
   CHECK(get(n.port(), "/v1/ui/nothing").status == 404);
-  r = request(n.port(), http::verb::post, "/ui", "{}");
+  r = request(n.port(), "POST", "/ui", "{}");
   CHECK(r.status == 405);
-  CHECK(r.allow == "GET");
-  r = request(n.port(), http::verb::post, "/v1/ui/rates", "{}");
+  CHECK(r.header("allow") == "GET");
+  r = request(n.port(), "POST", "/v1/ui/rates", "{}");
   CHECK(r.status == 405);
-  CHECK(r.allow == "GET");
+  CHECK(r.header("allow") == "GET");
 }
 
 TEST_CASE("top, overrides and cluster views answer what the operator endpoints do") {
@@ -228,19 +182,19 @@ TEST_CASE("top, overrides and cluster views answer what the operator endpoints d
   CHECK(n.checks("api", "api_key", "hot", 4) == 3);
   Reply r = get(n.port(), "/v1/ui/top");
   CHECK(r.status == 200);
-  CHECK(r.cache_control == "no-store");
-  Json keys = r.json()["keys"];
+  CHECK(r.header("cache-control") == "no-store");
+  Json keys = r.json().value()["keys"];
   REQUIRE(keys.size() == 1);
   CHECK(keys[0]["rule"] == "api/per-key");
   CHECK(keys[0]["key"] == "api_key=hot");
   CHECK(keys[0]["state"] == "over");
   CHECK(get(n.port(), "/v1/ui/top?n=0").status == 400);
 
-  CHECK(get(n.port(), "/v1/ui/overrides").json()["overrides"].empty());
-  r = request(n.port(), http::verb::post, "/v1/overrides",
+  CHECK(get(n.port(), "/v1/ui/overrides").json().value()["overrides"].empty());
+  r = request(n.port(), "POST", "/v1/overrides",
               R"({"domain":"api","descriptors":{"api_key":"vip"},"limits":["100/1m"]})");
   REQUIRE(r.status == 200);
-  Json ov = get(n.port(), "/v1/ui/overrides").json()["overrides"];
+  Json ov = get(n.port(), "/v1/ui/overrides").json().value()["overrides"];
   REQUIRE(ov.size() == 1);
   CHECK(ov[0]["descriptors"]["api_key"] == "vip");
   CHECK(ov[0]["limits"][0]["limit"] == 100);
@@ -248,5 +202,5 @@ TEST_CASE("top, overrides and cluster views answer what the operator endpoints d
   // A node on its own: the view says so (a cluster's members are covered by docs/http.md's
   // /v1/cluster, the same body).
   const Json single = {{"enabled", false}};
-  CHECK(get(n.port(), "/v1/ui/cluster").json() == single);
+  CHECK(get(n.port(), "/v1/ui/cluster").json().value() == single);
 }

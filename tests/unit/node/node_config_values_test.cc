@@ -1,13 +1,14 @@
 // Unit tests of the node config loader (lib/node/config.cc), continued from node_config_test.cc:
 // settings given with no value, null spellings, empty strings and lists, directories where files
 // are expected, and the settings added since (token files, rules watch, DNS seeds).
+#include "node/node.h"
+
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
-#include "node/node.h"
-#include "support/node_config_files.h"
+#include "node_config_files.h"
 
 using namespace sluice::testing::node_config;
 using sluice::node::load_node_config;

@@ -2,6 +2,8 @@
 // that makes YAML::LoadAll loop is counted as two documents at once (never loaded all), and both
 // rules parsers and the node config refuse it with a line instead of hanging; a NUL byte is
 // refused with its line.
+#include "rules/yaml_guard.h"
+
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -11,7 +13,6 @@
 
 #include "node/node.h"
 #include "rules/rules.h"
-#include "rules/yaml_guard.h"
 
 using sluice::rules::count_yaml_documents;
 using sluice::rules::EnvoyImportOptions;

@@ -2,6 +2,8 @@
 // others' counts decide exactly as a cluster member's, take 64 bytes where a cluster member's take
 // 104 (a 1-minute limit on its default six-second buckets), refuse other nodes' counts, and read
 // and write the same store records.
+#include "engine/engine.h"
+
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -10,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "engine/engine.h"
 #include "one_rule_policy.h"
 #include "record_collector.h"
 

@@ -3,24 +3,19 @@
 // (POST /v1/check, /v1/overrides, /v1/overrides/delete: what `sluicectl override` calls).
 #include "node/node.h"
 
-#include <arpa/inet.h>
 #include <doctest/doctest.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <nlohmann/json.hpp>
-
-#include "in_process_node.h"
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
+
+#include "http_client.h"
+#include "in_process_node.h"
 
 namespace {
 
@@ -39,34 +34,13 @@ constexpr const char* kRules = R"(domains:
         limits: [20/10s]
 )";
 
-// One request per connection (Connection: close), every wait bounded.
+// POST `body` (http_client.h: one request per connection, every wait bounded); the answer's JSON.
 Json post(uint16_t port, const std::string& target, const Json& body, int* status = nullptr) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
-  const std::string b = body.dump();
-  const std::string req = "POST " + target +
-                          " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: " +
-                          std::to_string(b.size()) + "\r\n\r\n" + b;
-  REQUIRE(::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
-  std::string in;
-  for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 5'000) != 1) break;
-    char buf[8192];
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    in.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  const size_t head_end = in.find("\r\n\r\n");
-  REQUIRE(head_end != std::string::npos);
-  if (status != nullptr) *status = std::stoi(in.substr(9, 3));
-  return Json::parse(in.substr(head_end + 4));
+  const sluice::testing::HttpReply r =
+      sluice::testing::http_request(port, "POST", target, body.dump(), std::chrono::seconds(5));
+  REQUIRE(r.status != 0);
+  if (status != nullptr) *status = static_cast<int>(r.status);
+  return Json::parse(r.body);
 }
 
 struct TestNode : sluice::testing::InProcessNode {
