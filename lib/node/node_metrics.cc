@@ -2,6 +2,7 @@
 #include "node/node_metrics.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "engine/engine.h"
@@ -281,7 +282,11 @@ void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
   m.family(
       "sluice_peer_dropped_total", "counter",
       "Peer datagrams dropped, by reason (bad_tag: wrong secret or tampered; replayed; ...).");
-  for (const auto& [reason, n] : c.dropped)
+  // The reasons an authentication alert watches are there from the start, at 0, so that a rate
+  // over them is defined before the first drop (deploy/prometheus/sluice-rules.yml).
+  std::map<std::string, uint64_t> dropped = {{"bad_tag", 0}, {"replayed", 0}, {"stale_boot", 0}};
+  for (const auto& [reason, n] : c.dropped) dropped[reason] += n;
+  for (const auto& [reason, n] : dropped)
     m.sample("sluice_peer_dropped_total", {"reason", reason}, n);
   m.family("sluice_peer_datagrams_total", "counter", "Peer datagrams, by direction.");
   m.sample("sluice_peer_datagrams_total", {"direction", "in"}, c.datagrams_in);

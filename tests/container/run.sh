@@ -122,3 +122,14 @@ print(next(l["remaining"] for l in answer["limits"] if l["name"] == "per-10-minu
   want=$((want - 1))
 done
 ok "checks of one key through each node were counted once, in one count (2999, 2998, 2997)"
+
+# A container told to join a cluster without its secret refuses to start, and says why.
+sed '/secret_file/d' "$work/node-1.yaml" >"$work/no-secret.yaml"
+chmod 0644 "$work/no-secret.yaml"
+names+=("sluice-test-$id-nosecret")
+podman run --runtime runc --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 --name "sluice-test-$id-nosecret" \
+  --network "$net" -v "$work/no-secret.yaml:/etc/sluice/sluiced.yaml:ro" "$tag" >"$work/nosecret.log" 2>&1 &&
+  fail "a container with a cluster and no secret started"
+grep -q "cluster.secret: is required" "$work/nosecret.log" ||
+  fail "the container without a secret did not say why: $(tail -n 3 "$work/nosecret.log")"
+ok "a container with a cluster and no secret refuses to start: $(grep -o 'cluster.secret: is required[^(]*' "$work/nosecret.log" | head -1)"

@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -222,6 +223,16 @@ def check_rules(prom, sent):
     memory = one(prom, "sluice:memory_cap:ratio", ["instance"])
     if any(not 0 < float(s["value"][1]) < 0.5 for s in memory):
         fail(f"counter memory over its cap not within (0, 0.5): {memory}")
+    # Every metric the rules read is one sluiced exports (a misspelt name would make an alert
+    # that can never fire, and promtool's unit tests, fed by hand, would not notice).
+    rules = open(os.path.join(SRC, "deploy", "prometheus", "sluice-rules.yml")).read()
+    wanted = set(re.findall(r"\b(sluice_[a-z_]+)", rules))
+    url = f"http://{prom}/api/v1/label/__name__/values"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        exported = set(json.load(r)["data"])
+    missing = sorted(wanted - exported)
+    if missing:
+        fail(f"the rules read metrics no node exports: {missing}")
     firing = query(prom, 'ALERTS{alertstate="firing"}')
     if firing:
         fail(f"alerts firing on a healthy cluster: {[a['metric'] for a in firing]}")

@@ -207,4 +207,18 @@ for line in "sluiced " "rules reloaded from /etc/sluice/rules.yaml" "stopping; a
   grep -qF "$line" <<<"$journal" || fail "the journal of sluiced has no line with '$line'"
 done
 ok "systemctl stop drained and ended in success; the journal holds the start, reload and stop lines"
+
+# ---- a config it refuses: the start fails, systemd says so, the journal says why ----------------
+ct sh -c 'echo "bogus_setting: 1" >>/etc/sluice/sluiced.yaml'
+! ct systemctl start sluiced 2>/dev/null || fail "systemctl start succeeded with a config sluiced refuses"
+restarts=$(ct systemctl show -p NRestarts --value sluiced)
+sleep 5  # two RestartSec= periods: a config error must not be retried
+[ "$(ct systemctl show -p NRestarts --value sluiced)" = "$restarts" ] ||
+  fail "systemd restarts sluiced after a config error (RestartPreventExitStatus=2 must apply)"
+[ "$(ct systemctl is-failed sluiced || true)" = failed ] || fail "the unit is not failed after a refused config"
+[ "$(ct systemctl show -p ExecMainStatus --value sluiced)" = 2 ] ||
+  fail "exit status $(ct systemctl show -p ExecMainStatus --value sluiced), want 2 (a config error)"
+ct journalctl -u sluiced --no-pager -o cat | grep -qF "bogus_setting: unknown setting" ||
+  fail "the journal does not say why the config was refused"
+ok "a refused config fails the start with exit status 2, is not retried, and the journal says why"
 echo "systemd: $checks checks passed"
