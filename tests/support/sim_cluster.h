@@ -1,5 +1,5 @@
 // A cluster of real ClusterNodes, each with a NodeState and an engine of its own, in one thread
-// on a simulated network with a clock the caller steps (sim_peer_net.h, through
+// on a simulated network with a clock the caller steps (bench/sim/peer_net.h, through
 // lib/node/peer_io.h). Node i listens on 10.0.0.i:7946 and node 1 is everyone's seed; one gossip
 // rule (domain d, key k, 1e6 per minute) so that checks are counted and synced. Used by
 // tests/cluster_node_test.cc and bench/detect_bench.cc.
@@ -26,7 +26,7 @@
 #include "node/node_cluster.h"
 #include "node/node_state.h"
 #include "rules/rules.h"
-#include "sim_peer_net.h"
+#include "sim/peer_net.h"
 #include "temp_dir.h"
 
 namespace sluice::testing {
@@ -56,7 +56,7 @@ inline std::string addr_of(NodeId id) {
 }
 
 struct SimNode {
-  SimNode(SimPeerNet& net, boost::asio::io_context& io, const std::string& rules_file, NodeId id,
+  SimNode(sim::PeerNet& net, boost::asio::io_context& io, const std::string& rules_file, NodeId id,
           std::vector<std::string> seeds, const std::string& secret = kSecret) {
     node::NodeOptions o;
     o.rules_file = rules_file;
@@ -141,7 +141,7 @@ struct SimNode {
   engine::BatchResult out;
 };
 
-// A cluster of ClusterNodes on one SimPeerNet; node 1 is everyone's seed.
+// A cluster of ClusterNodes on one sim::PeerNet; node 1 is everyone's seed.
 struct SimCluster {
   explicit SimCluster(size_t n, uint64_t seed = 1) : net(kT0, seed) {
     std::ofstream(dir.sub("rules.yaml")) << kRules;
@@ -196,7 +196,7 @@ struct SimCluster {
 
   testing::TempDir dir{"cluster-node-test"};
   boost::asio::io_context io;
-  SimPeerNet net;
+  sim::PeerNet net;
   std::map<NodeId, std::unique_ptr<SimNode>> nodes;
 };
 
