@@ -45,16 +45,16 @@ Member member_of(size_t index) {
 
 Simulation::Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every,
                        uint64_t max_events)
-    : n_(n),
-      net_(seed, kStartUs, net),
-      members_(net_, n, member_of),
+    : Network(seed, kStartUs, net),
+      n_(n),
+      members_(*this, n, member_of),
       encode_every_(encode_every),
       codec_("sluice-bench-cluster-sim-secret", 0, 1),
       nodes_(n),
       view_(n * n, kUnknown),
       load_start_us_(kStartUs),
       override_load_start_us_(kStartUs) {
-  net_.set_max_events(max_events);
+  set_max_events(max_events);
   members_.on_send = [this](size_t from, const Endpoint&, const MembershipMessage& m) {
     count(from, m);
   };
@@ -237,7 +237,7 @@ void Simulation::start_overrides() {
     node.spread->start(now);
     const auto phase =
         static_cast<int64_t>(rng()() % static_cast<uint64_t>(kOverrideTickMs * kUsPerMs));
-    net_.after(phase, [this, i] { tick_overrides(i); });
+    after(phase, [this, i] { tick_overrides(i); });
   }
 }
 
@@ -260,7 +260,7 @@ void Simulation::tick_overrides(size_t i) {
   const std::vector<NodeId> live = live_of(i);
   for (const NodeId to : node.spread->digest_targets(now, live))
     node.spread->send(digest_message(to, node.table.digest(now)), now);
-  net_.after(kOverrideTickMs * kUsPerMs, [this, i] { tick_overrides(i); });
+  after(kOverrideTickMs * kUsPerMs, [this, i] { tick_overrides(i); });
 }
 
 size_t Simulation::write_override(size_t i, const std::string& user) {
@@ -300,12 +300,12 @@ void Simulation::send_override(size_t from, NodeId to, const OverrideSyncMessage
   }
   const size_t dest = static_cast<size_t>(to) - 1;
   if (to == 0 || dest >= n_) return;
-  const int64_t at = net_.route(from, dest);
-  if (at < 0) return;
+  const int64_t arrives = route(from, dest);
+  if (arrives < 0) return;
   OverrideSyncMessage sent = m;
   sent.from = member_of_id(from);  // the receiver takes the sender from the envelope
-  net_.at(at, [this, from, dest, sent] {
-    if (net_.delivers(from, dest)) receive_override(dest, sent);
+  at(arrives, [this, from, dest, sent] {
+    if (delivers(from, dest)) receive_override(dest, sent);
   });
 }
 

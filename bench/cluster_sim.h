@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -81,7 +80,8 @@ struct OverrideLoad {
   std::array<uint64_t, kOverrideKinds> bytes{};
 };
 
-class Simulation {
+// The network (sim::Network: the clock, the generator, loss, up(), run_until()) and its nodes.
+class Simulation : public ::sluice::sim::Network {
  public:
   Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every, uint64_t max_events);
   ~Simulation();
@@ -89,16 +89,7 @@ class Simulation {
   Simulation& operator=(const Simulation&) = delete;
 
   size_t size() const { return n_; }
-  int64_t now_us() const { return net_.now_us(); }
-  bool up(size_t i) const { return net_.up(i); }
-  uint64_t events() const { return net_.events(); }
-  bool out_of_events() const { return net_.out_of_events(); }
   uint64_t encode_errors() const { return encode_errors_; }
-  std::mt19937_64& rng() { return net_.rng(); }
-  void set_loss(double p) { net_.set_loss(p); }
-  // Messages to node i are lost with probability p besides the loss of every message (the two
-  // drawn as one: kept with probability (1 - loss) * (1 - p)); one-way loss into one node.
-  void set_loss_into(size_t i, double p) { net_.set_loss_into(i, p); }
 
   // Every live node lists every live node Alive.
   bool converged() const { return alive_pairs_ == up_count_ * up_count_; }
@@ -114,13 +105,6 @@ class Simulation {
   void join_preseeded(size_t i, size_t seed);
   // The node stops: no more ticks, and what reaches it is dropped.
   void kill(size_t v);
-
-  // Runs events until `until_us`, or until stop() holds after an event (then returns true).
-  template <class Stop>
-  bool run_until(int64_t until_us, Stop&& stop) {
-    return net_.run_until(until_us, stop);
-  }
-  void run_for(int64_t us) { net_.run_for(us); }
 
   // ---- what the observers saw ----
 
@@ -193,7 +177,6 @@ class Simulation {
 
   static constexpr size_t kNoVictim = std::numeric_limits<size_t>::max();
 
-  int64_t now_ms() const { return net_.now_ms(); }
   void observe(size_t observer, const Member& m);
   void count(size_t from, const MembershipMessage& m);
   uint64_t summed(uint64_t cluster::MembershipStats::*stat) const;
@@ -205,7 +188,6 @@ class Simulation {
   void merge_override(size_t i, const cluster::OverrideRecord& r, int64_t now);
 
   size_t n_;
-  ::sluice::sim::Network net_;
   ::sluice::sim::MembershipNodes members_;
   uint64_t encode_every_;
   cluster::PeerCodec codec_;

@@ -63,7 +63,8 @@ struct NetworkOptions {
   double loss = 0.0;  // every message, independently
 };
 
-class SimNetwork {
+// The network (sim::Network: partition(), heal(), up()) and its Membership nodes, in ms.
+class SimNetwork : public sim::Network {
  public:
   struct Change {
     int64_t at = 0;
@@ -72,10 +73,10 @@ class SimNetwork {
   };
 
   SimNetwork(uint64_t seed, size_t n, MembershipOptions options = {}, NetworkOptions net = {})
-      : net_(seed, 1'000'000 * 1'000,
-             {net.min_latency_ms * 1'000, net.max_latency_ms * 1'000, 1'000}),
-        nodes_(net_, n, member_of, options) {
-    net_.set_loss(net.loss);
+      : Network(seed, 1'000'000 * 1'000,
+                {net.min_latency_ms * 1'000, net.max_latency_ms * 1'000, 1'000}),
+        nodes_(*this, n, member_of, options) {
+    Network::set_loss(net.loss);
     nodes_.on_change = [this](size_t i, const Member& m) { changes_.push_back({now(), i, m}); };
     nodes_.on_send = [this](size_t from, const Endpoint& to, const MembershipMessage& m) {
       if (on_send) on_send(from, to, m);
@@ -84,7 +85,7 @@ class SimNetwork {
 
   Membership& node(size_t i) { return nodes_.node(i); }
   size_t size() const { return nodes_.size(); }
-  int64_t now() const { return net_.now_ms(); }
+  int64_t now() const { return now_ms(); }
 
   // Every node joins through node `seed`, a few milliseconds apart.
   void join_all(size_t seed) {
@@ -100,15 +101,13 @@ class SimNetwork {
   void restart(size_t i, size_t seed) { nodes_.restart(i, seed); }
 
   // Messages from node i leave this much later (a slow node answers late).
-  void set_delay(size_t i, int64_t ms) { net_.set_extra_delay(i, ms * 1'000); }
+  void set_delay(size_t i, int64_t ms) { set_extra_delay(i, ms * 1'000); }
   // Messages to and from node i are lost with this probability.
   void set_loss(size_t i, double p) {
-    net_.set_loss_into(i, p);
-    net_.set_loss_from(i, p);
+    set_loss_into(i, p);
+    set_loss_from(i, p);
   }
-  void set_global_loss(double p) { net_.set_loss(p); }
-  void partition(const std::vector<size_t>& side) { net_.partition(side); }
-  void heal() { net_.heal(); }
+  void set_global_loss(double p) { Network::set_loss(p); }
 
   // Called for every message a node sends (before loss), for counting.
   std::function<void(size_t from, const Endpoint& to, const MembershipMessage&)> on_send;
@@ -117,7 +116,7 @@ class SimNetwork {
 
   void run_until(int64_t until) {
     nodes_.rearm_all();  // the test may have called into a node (leave, on_message)
-    net_.run_until(until * 1'000, [] { return false; });
+    Network::run_until(until * 1'000, [] { return false; });
     REQUIRE(nodes_.ticks_left_due() == 0);  // each tick did everything that was due
   }
 
@@ -177,7 +176,6 @@ class SimNetwork {
   }
 
  private:
-  sim::Network net_;
   sim::MembershipNodes nodes_;
   std::vector<Change> changes_;
 };

@@ -87,11 +87,13 @@ struct SimNode {
     state->engine->check({&req, 1}, now, out);
     return out.decisions.at(0);
   }
+  auto inspect(const std::string& key) const {
+    const auto policy = state->engine->policy();
+    return state->engine->inspect(counter(key), policy->rules().domains[0].rules[0].limits[0].spec);
+  }
   // What this node knows of the key's count in its window: its own hits and the others'.
   uint64_t known(const std::string& key) const {
-    const auto policy = state->engine->policy();
-    const auto v =
-        state->engine->inspect(counter(key), policy->rules().domains[0].rules[0].limits[0].spec);
+    const auto v = inspect(key);
     if (!v) return 0;
     uint64_t sum = 0;
     for (size_t i = 0; i < v->own.size(); ++i)
@@ -99,9 +101,7 @@ struct SimNode {
     return sum;
   }
   std::string dump(const std::string& key) const {
-    const auto policy = state->engine->policy();
-    const auto v =
-        state->engine->inspect(counter(key), policy->rules().domains[0].rules[0].limits[0].spec);
+    const auto v = inspect(key);
     if (!v) return "none";
     std::string s = "head " + std::to_string(v->head) + " own";
     for (auto x : v->own)
