@@ -1,9 +1,9 @@
 // sim::Network, the one simulated network of the tests and the benches: a clock in simulated µs,
 // one queue of events, one seeded generator, and the faults between numbered nodes (delay, loss,
 // partitions, killed nodes). What runs on it are layers: membership_nodes.h (Membership nodes,
-// under tests/support/membership_sim.h and bench/cluster_sim.h) and peer_net.h (the sockets and
-// timers of real ClusterNodes, under tests/support/sim_cluster.h). A run is a function of the
-// seed: no wall clock, no threads, no other randomness.
+// under tests/support/membership_sim.h and bench/cluster_sim.h) and tests/support/sim_cluster.h
+// (the sockets and timers of real ClusterNodes). A run is a function of the seed: no wall clock,
+// no threads, no other randomness.
 //
 // Why a library under bench/: the benches' figures and the tests' assertions rest on this one
 // model, so it lives beside the load generator and is built whenever the tests or the benches are
