@@ -24,19 +24,15 @@ size_t kind_index(OverrideSyncKind k) {
 
 }  // namespace
 
-std::string host_of(size_t index) {
-  const size_t n = index + 1;
-  return "10." + std::to_string(n >> 16) + "." + std::to_string((n >> 8) & 0xff) + "." +
-         std::to_string(n & 0xff);
-}
-
 Member member_of(size_t index) {
+  const size_t n = index + 1;
   Member m;
-  m.id = static_cast<NodeId>(index + 1);
+  m.id = static_cast<NodeId>(n);
+  m.host = "10." + std::to_string(n >> 16) + "." + std::to_string((n >> 8) & 0xff) + "." +
+           std::to_string(n & 0xff);
   char name[32];
   std::snprintf(name, sizeof name, "node-%04zu", index);
   m.name = name;
-  m.host = host_of(index);
   m.peer_port = kPeerPort;
   m.check_port = 7947;
   m.admin_port = 7948;
@@ -66,8 +62,6 @@ Simulation::Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_
   reset_false_deaths();
   watch_victim(kNoVictim);
 }
-
-Simulation::~Simulation() = default;
 
 void Simulation::join_preseeded(size_t i, size_t seed) {
   join(i, seed);

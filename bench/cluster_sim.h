@@ -50,7 +50,6 @@ inline constexpr size_t kOverrideKinds = 3;  // OverrideSyncKind values
 inline constexpr const char* kOverrideKindNames[kOverrideKinds] = {"push", "digest", "full"};
 inline constexpr int64_t kOverrideTickMs = 100;  // OverrideSync::kTickMs
 
-std::string host_of(size_t index);
 Member member_of(size_t index);  // id index + 1, name node-0000, host 10.a.b.c
 
 using NetOptions = ::sluice::sim::Delays;
@@ -84,9 +83,6 @@ struct OverrideLoad {
 class Simulation : public ::sluice::sim::Network {
  public:
   Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every, uint64_t max_events);
-  ~Simulation();
-  Simulation(const Simulation&) = delete;
-  Simulation& operator=(const Simulation&) = delete;
 
   size_t size() const { return n_; }
   uint64_t encode_errors() const { return encode_errors_; }

@@ -9,9 +9,7 @@ namespace sluice::sim {
 
 using namespace sluice::cluster;
 
-namespace {
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // no tick armed
-}
 
 MembershipNodes::MembershipNodes(Network& net, size_t n,
                                  const std::function<Member(size_t)>& member_of,

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <algorithm>
+#include <compare>
 #include <cstdint>
 #include <functional>
 #include <queue>
@@ -113,15 +114,11 @@ class Network {
     double loss_from = 0;
     int64_t extra_delay_us = 0;
   };
-  struct Due {
+  struct Due {  // ordered by time, then by when it was scheduled (first in, first out)
     int64_t at_us = 0;
-    uint64_t order = 0;  // when it was scheduled: events at one time run first in, first out
-    uint32_t slot = 0;   // its function in fns_
-  };
-  struct Later {
-    bool operator()(const Due& a, const Due& b) const {
-      return a.at_us != b.at_us ? a.at_us > b.at_us : a.order > b.order;
-    }
+    uint64_t order = 0;
+    uint32_t slot = 0;  // its function in fns_
+    auto operator<=>(const Due&) const = default;
   };
 
   void step();
@@ -132,7 +129,7 @@ class Network {
   double loss_ = 0;
   uint32_t groups_ = 1;
   std::vector<Node> nodes_;
-  std::priority_queue<Due, std::vector<Due>, Later> queue_;
+  std::priority_queue<Due, std::vector<Due>, std::greater<>> queue_;  // the earliest on top
   std::vector<std::function<void()>> fns_;  // the events' functions, by slot
   std::vector<uint32_t> free_;              // slots of fns_ to reuse
   uint64_t order_ = 0;

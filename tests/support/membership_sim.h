@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -144,13 +145,10 @@ class SimNetwork : public sim::Network {
         if (state_seen(o, s) != MemberState::kAlive) return false;
     return true;
   }
-  bool converged() { return converged(all()); }
-
-  std::vector<size_t> all() const {
-    std::vector<size_t> v(nodes_.size());
-    for (size_t i = 0; i < v.size(); ++i)
-      v[i] = i;
-    return v;
+  bool converged() {
+    std::vector<size_t> all(size());
+    std::iota(all.begin(), all.end(), size_t{0});
+    return converged(all);
   }
 
   bool all_see(const std::vector<size_t>& observers, size_t subject, MemberState state) {
