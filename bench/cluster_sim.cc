@@ -231,7 +231,7 @@ void Simulation::start_overrides() {
     node.spread->start(now);
     const auto phase =
         static_cast<int64_t>(rng()() % static_cast<uint64_t>(kOverrideTickMs * kUsPerMs));
-    after(phase, [this, i] { tick_overrides(i); });
+    after(phase, [this, index = static_cast<uint32_t>(i)] { tick_overrides(index); });
   }
 }
 
@@ -254,7 +254,8 @@ void Simulation::tick_overrides(size_t i) {
   const std::vector<NodeId> live = live_of(i);
   for (const NodeId to : node.spread->digest_targets(now, live))
     node.spread->send(digest_message(to, node.table.digest(now)), now);
-  after(kOverrideTickMs * kUsPerMs, [this, i] { tick_overrides(i); });
+  after(kOverrideTickMs * kUsPerMs,
+        [this, index = static_cast<uint32_t>(i)] { tick_overrides(index); });
 }
 
 size_t Simulation::write_override(size_t i, const std::string& user) {
@@ -296,10 +297,22 @@ void Simulation::send_override(size_t from, NodeId to, const OverrideSyncMessage
   if (to == 0 || dest >= n_) return;
   const int64_t arrives = route(from, dest);
   if (arrives < 0) return;
-  OverrideSyncMessage sent = m;
-  sent.from = member_of_id(from);  // the receiver takes the sender from the envelope
-  at(arrives, [this, from, dest, sent] {
-    if (delivers(from, dest)) receive_override(dest, sent);
+  uint32_t slot = 0;
+  if (override_free_.empty()) {
+    slot = static_cast<uint32_t>(override_slab_.size());
+    override_slab_.push_back(m);
+  } else {
+    slot = override_free_.back();
+    override_free_.pop_back();
+    override_slab_[slot] = m;
+  }
+  // The receiver takes the sender from the envelope (PeerCodec::open).
+  override_slab_[slot].from = member_of_id(from);
+  const auto to_node = static_cast<uint32_t>(dest);
+  at(arrives, [this, to_node, slot] {  // small enough for std::function to hold without allocating
+    const OverrideSyncMessage& got = override_slab_[slot];
+    if (delivers(static_cast<size_t>(got.from) - 1, to_node)) receive_override(to_node, got);
+    override_free_.push_back(slot);
   });
 }
 

@@ -58,10 +58,11 @@ void MembershipNodes::arm(size_t i, int64_t deadline) {
   if (at == node.armed_us) return;
   node.armed_us = at;
   ++node.tick_gen;
-  if (at != kNever) net_.at(at, [this, i, gen = node.tick_gen] { tick(i, gen); });
+  const auto index = static_cast<uint32_t>(i);
+  if (at != kNever) net_.at(at, [this, index, gen = node.tick_gen] { tick(index, gen); });
 }
 
-void MembershipNodes::tick(size_t i, uint32_t gen) {
+void MembershipNodes::tick(uint32_t i, uint32_t gen) {
   Node& node = nodes_[i];
   if (gen != node.tick_gen || !net_.up(i)) return;
   node.armed_us = kNever;
@@ -71,10 +72,13 @@ void MembershipNodes::tick(size_t i, uint32_t gen) {
   arm(i, deadline);
 }
 
-void MembershipNodes::deliver(size_t from, size_t to, const MembershipMessage& m) {
-  if (!net_.delivers(from, to)) return;
-  node(to).on_message(endpoint(from), m, net_.now_ms());
-  rearm(to);
+void MembershipNodes::deliver(uint32_t to, uint32_t slot) {
+  const InFlight& f = slab_[slot];
+  if (net_.delivers(f.from, to)) {
+    node(to).on_message(endpoint(f.from), f.message, net_.now_ms());
+    rearm(to);
+  }
+  free_.push_back(slot);  // only now: on_message may send, and so take a slot
 }
 
 void MembershipNodes::send(size_t from, const Endpoint& to, const MembershipMessage& m) {
@@ -82,7 +86,18 @@ void MembershipNodes::send(size_t from, const Endpoint& to, const MembershipMess
   const auto it = by_host_.find(to.host);
   if (it == by_host_.end() || to.port != nodes_[it->second].member.peer_port) return;
   const int64_t at = net_.route(from, it->second);
-  if (at >= 0) net_.at(at, [this, from, to = it->second, m] { deliver(from, to, m); });
+  if (at < 0) return;
+  uint32_t slot = 0;
+  if (free_.empty()) {
+    slot = static_cast<uint32_t>(slab_.size());
+    slab_.push_back({from, m});
+  } else {
+    slot = free_.back();
+    free_.pop_back();
+    slab_[slot].from = from;
+    slab_[slot].message = m;  // reuses the slot's buffers
+  }
+  net_.at(at, [this, to = static_cast<uint32_t>(it->second), slot] { deliver(to, slot); });
 }
 
 }  // namespace sluice::sim

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -81,13 +82,21 @@ class MembershipNodes {
   void build(size_t i);
   void arm(size_t i, int64_t deadline_ms);  // the tick event at max(deadline, now)
   void send(size_t from, const cluster::Endpoint& to, const cluster::MembershipMessage& m);
-  void tick(size_t i, uint32_t gen);
-  void deliver(size_t from, size_t to, const cluster::MembershipMessage& m);
+  void tick(uint32_t i, uint32_t gen);
+  void deliver(uint32_t to, uint32_t slot);
 
   Network& net_;
   cluster::MembershipOptions options_;
   std::vector<Node> nodes_;
   std::unordered_map<std::string, size_t> by_host_;
+  // Messages in flight, reused: an event's function holds only its slot, which keeps it small
+  // enough for std::function to store without allocating. A deque: references stay valid.
+  struct InFlight {
+    size_t from = 0;
+    cluster::MembershipMessage message;
+  };
+  std::deque<InFlight> slab_;
+  std::vector<uint32_t> free_;
   uint64_t ticks_left_due_ = 0;
 };
 
