@@ -297,22 +297,15 @@ void Simulation::send_override(size_t from, NodeId to, const OverrideSyncMessage
   if (to == 0 || dest >= n_) return;
   const int64_t arrives = route(from, dest);
   if (arrives < 0) return;
-  uint32_t slot = 0;
-  if (override_free_.empty()) {
-    slot = static_cast<uint32_t>(override_slab_.size());
-    override_slab_.push_back(m);
-  } else {
-    slot = override_free_.back();
-    override_free_.pop_back();
-    override_slab_[slot] = m;
-  }
+  const uint32_t slot = overrides_in_flight_.take();
+  overrides_in_flight_[slot] = m;
   // The receiver takes the sender from the envelope (PeerCodec::open).
-  override_slab_[slot].from = member_of_id(from);
+  overrides_in_flight_[slot].from = member_of_id(from);
   const auto to_node = static_cast<uint32_t>(dest);
-  at(arrives, [this, to_node, slot] {  // small enough for std::function to hold without allocating
-    const OverrideSyncMessage& got = override_slab_[slot];
+  at(arrives, [this, to_node, slot] {
+    const OverrideSyncMessage& got = overrides_in_flight_[slot];
     if (delivers(static_cast<size_t>(got.from) - 1, to_node)) receive_override(to_node, got);
-    override_free_.push_back(slot);
+    overrides_in_flight_.give_back(slot);
   });
 }
 

@@ -19,7 +19,6 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <limits>
 #include <memory>
 #include <string>
@@ -210,9 +209,8 @@ class Simulation : public ::sluice::sim::Network {
   uint64_t overrides_refused_ = 0;
   uint64_t overrides_unfit_ = 0;
   int64_t override_load_start_us_ = 0;
-  OverrideLoad override_counts_;                   // msgs, bytes, datagrams by kind since the reset
-  std::deque<OverrideSyncMessage> override_slab_;  // in flight, reused (sim/membership_nodes.h)
-  std::vector<uint32_t> override_free_;
+  OverrideLoad override_counts_;  // msgs, bytes, datagrams by kind since the reset
+  ::sluice::sim::Slots<OverrideSyncMessage> overrides_in_flight_;
 };
 
 }  // namespace sluice::bench::sim

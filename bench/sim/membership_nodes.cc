@@ -73,12 +73,12 @@ void MembershipNodes::tick(uint32_t i, uint32_t gen) {
 }
 
 void MembershipNodes::deliver(uint32_t to, uint32_t slot) {
-  const InFlight& f = slab_[slot];
+  const InFlight& f = in_flight_[slot];
   if (net_.delivers(f.from, to)) {
     node(to).on_message(endpoint(f.from), f.message, net_.now_ms());
     rearm(to);
   }
-  free_.push_back(slot);  // only now: on_message may send, and so take a slot
+  in_flight_.give_back(slot);  // only now: on_message may send, and so take a slot
 }
 
 void MembershipNodes::send(size_t from, const Endpoint& to, const MembershipMessage& m) {
@@ -87,16 +87,9 @@ void MembershipNodes::send(size_t from, const Endpoint& to, const MembershipMess
   if (it == by_host_.end() || to.port != nodes_[it->second].member.peer_port) return;
   const int64_t at = net_.route(from, it->second);
   if (at < 0) return;
-  uint32_t slot = 0;
-  if (free_.empty()) {
-    slot = static_cast<uint32_t>(slab_.size());
-    slab_.push_back({from, m});
-  } else {
-    slot = free_.back();
-    free_.pop_back();
-    slab_[slot].from = from;
-    slab_[slot].message = m;  // reuses the slot's buffers
-  }
+  const uint32_t slot = in_flight_.take();
+  in_flight_[slot].from = from;
+  in_flight_[slot].message = m;
   net_.at(at, [this, to = static_cast<uint32_t>(it->second), slot] { deliver(to, slot); });
 }
 

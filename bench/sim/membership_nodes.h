@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -89,14 +88,11 @@ class MembershipNodes {
   cluster::MembershipOptions options_;
   std::vector<Node> nodes_;
   std::unordered_map<std::string, size_t> by_host_;
-  // Messages in flight, reused: an event's function holds only its slot, which keeps it small
-  // enough for std::function to store without allocating. A deque: references stay valid.
   struct InFlight {
     size_t from = 0;
     cluster::MembershipMessage message;
   };
-  std::deque<InFlight> slab_;
-  std::vector<uint32_t> free_;
+  Slots<InFlight> in_flight_;
   uint64_t ticks_left_due_ = 0;
 };
 

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <compare>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <queue>
 #include <random>
@@ -39,6 +40,29 @@ struct Delays {  // a message's one-way delay: uniform over {min_us, min_us + st
   int64_t min_us = 200;
   int64_t max_us = 2'000;
   int64_t step_us = 1;
+};
+
+// Values in flight (messages), each in a slot reused once given back: an event's function then
+// holds only a slot number, small enough for std::function to store without allocating, and a
+// slot's buffers are reused by the next value assigned to it. References stay valid (a deque).
+template <class T>
+class Slots {
+ public:
+  uint32_t take() {
+    if (free_.empty()) {
+      slots_.emplace_back();
+      return static_cast<uint32_t>(slots_.size() - 1);
+    }
+    const uint32_t slot = free_.back();
+    free_.pop_back();
+    return slot;
+  }
+  T& operator[](uint32_t slot) { return slots_[slot]; }
+  void give_back(uint32_t slot) { free_.push_back(slot); }
+
+ private:
+  std::deque<T> slots_;
+  std::vector<uint32_t> free_;
 };
 
 class Network {
