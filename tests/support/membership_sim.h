@@ -64,8 +64,9 @@ struct NetworkOptions {
   double loss = 0.0;  // every message, independently
 };
 
-// The network (sim::Network: partition(), heal(), up()) and its Membership nodes, in ms.
-class SimNetwork : public sim::Network {
+// The network (sim::Network: partition(), heal(), up()) and its Membership nodes
+// (sim::MembershipNodes: node(), join(), kill(), restart(), on_send), in ms.
+class SimNetwork : public sim::Network, public sim::MembershipNodes {
  public:
   struct Change {
     int64_t at = 0;
@@ -76,16 +77,11 @@ class SimNetwork : public sim::Network {
   SimNetwork(uint64_t seed, size_t n, MembershipOptions options = {}, NetworkOptions net = {})
       : Network(seed, 1'000'000 * 1'000,
                 {net.min_latency_ms * 1'000, net.max_latency_ms * 1'000, 1'000}),
-        nodes_(*this, n, member_of, options) {
+        MembershipNodes(*this, n, member_of, options) {
     Network::set_loss(net.loss);
-    nodes_.on_change = [this](size_t i, const Member& m) { changes_.push_back({now(), i, m}); };
-    nodes_.on_send = [this](size_t from, const Endpoint& to, const MembershipMessage& m) {
-      if (on_send) on_send(from, to, m);
-    };
+    on_change = [this](size_t i, const Member& m) { changes_.push_back({now(), i, m}); };
   }
 
-  Membership& node(size_t i) { return nodes_.node(i); }
-  size_t size() const { return nodes_.size(); }
   int64_t now() const { return now_ms(); }
 
   // Every node joins through node `seed`, a few milliseconds apart.
@@ -95,11 +91,6 @@ class SimNetwork : public sim::Network {
       join(i, seed);
     }
   }
-  void join(size_t i, size_t seed) { nodes_.join(i, seed); }
-
-  void kill(size_t i) { nodes_.kill(i); }
-  // A fresh process with the same identity and no memory (incarnation 0), joining via `seed`.
-  void restart(size_t i, size_t seed) { nodes_.restart(i, seed); }
 
   // Messages from node i leave this much later (a slow node answers late).
   void set_delay(size_t i, int64_t ms) { set_extra_delay(i, ms * 1'000); }
@@ -110,15 +101,12 @@ class SimNetwork : public sim::Network {
   }
   void set_global_loss(double p) { Network::set_loss(p); }
 
-  // Called for every message a node sends (before loss), for counting.
-  std::function<void(size_t from, const Endpoint& to, const MembershipMessage&)> on_send;
-
   void run_for(int64_t ms) { run_until(now() + ms); }
 
   void run_until(int64_t until) {
-    nodes_.rearm_all();  // the test may have called into a node (leave, on_message)
+    rearm_all();  // the test may have called into a node (leave, on_message)
     Network::run_until(until * 1'000, [] { return false; });
-    REQUIRE(nodes_.ticks_left_due() == 0);  // each tick did everything that was due
+    REQUIRE(ticks_left_due() == 0);  // each tick did everything that was due
   }
 
   // Runs until `done()` holds (checked every 10 ms) or `limit_ms` passed; the time it took, or
@@ -174,7 +162,6 @@ class SimNetwork : public sim::Network {
   }
 
  private:
-  sim::MembershipNodes nodes_;
   std::vector<Change> changes_;
 };
 
