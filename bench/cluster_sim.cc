@@ -24,19 +24,15 @@ size_t kind_index(OverrideSyncKind k) {
 
 }  // namespace
 
-std::string host_of(size_t index) {
-  const size_t n = index + 1;
-  return "10." + std::to_string(n >> 16) + "." + std::to_string((n >> 8) & 0xff) + "." +
-         std::to_string(n & 0xff);
-}
-
 Member member_of(size_t index) {
+  const size_t n = index + 1;
   Member m;
-  m.id = static_cast<NodeId>(index + 1);
+  m.id = static_cast<NodeId>(n);
+  m.host = "10." + std::to_string(n >> 16) + "." + std::to_string((n >> 8) & 0xff) + "." +
+           std::to_string(n & 0xff);
   char name[32];
   std::snprintf(name, sizeof name, "node-%04zu", index);
   m.name = name;
-  m.host = host_of(index);
   m.peer_port = kPeerPort;
   m.check_port = 7947;
   m.admin_port = 7948;
@@ -45,36 +41,26 @@ Member member_of(size_t index) {
 
 Simulation::Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every,
                        uint64_t max_events)
-    : n_(n),
-      rng_(seed),
-      net_(net),
-      loss_into_(n, 0.0),
+    : Network(seed, kStartUs, net),
+      n_(n),
+      members_(*this, n, member_of),
       encode_every_(encode_every),
-      max_events_(max_events),
       codec_("sluice-bench-cluster-sim-secret", 0, 1),
       nodes_(n),
-      view_(n * n, kUnknown) {
-  for (size_t i = 0; i < n; ++i) {
-    by_host_.emplace(host_of(i), i);
-    Node& node = nodes_[i];
-    node.transport = std::make_unique<Transport>(this, i);
-    node.membership =
-        std::make_unique<Membership>(member_of(i), MembershipOptions{}, *node.transport, rng_());
-    node.membership->on_change([this, i](const Member& m) { observe(i, m); });
+      view_(n * n, kUnknown),
+      load_start_us_(kStartUs),
+      override_load_start_us_(kStartUs) {
+  set_max_events(max_events);
+  members_.on_send = [this](size_t from, const Endpoint&, const MembershipMessage& m) {
+    count(from, m);
+  };
+  members_.on_change = [this](size_t i, const Member& m) { observe(i, m); };
+  for (size_t i = 0; i < n; ++i)
     view_[i * n + i] = static_cast<uint8_t>(MemberState::kAlive);  // itself, from the start
-  }
   up_count_ = n;
   alive_pairs_ = n;
   reset_false_deaths();
   watch_victim(kNoVictim);
-}
-
-Simulation::~Simulation() = default;
-
-void Simulation::join(size_t i, size_t seed) {
-  const Endpoint e{host_of(seed), kPeerPort};
-  nodes_[i].membership->join(std::span<const Endpoint>(&e, 1), now_ms());
-  rearm(i);
 }
 
 void Simulation::join_preseeded(size_t i, size_t seed) {
@@ -88,9 +74,9 @@ void Simulation::join_preseeded(size_t i, size_t seed) {
     reply.gossip.clear();
     for (size_t j = first; j < std::min(n_, first + per_message); ++j)
       reply.gossip.push_back(member_of(j));
-    nodes_[i].membership->on_message(Endpoint{host_of(seed), kPeerPort}, reply, now_ms());
+    members_.node(i).on_message(members_.endpoint(seed), reply, now_ms());
   }
-  rearm(i);
+  members_.rearm(i);
 }
 
 void Simulation::kill(size_t v) {
@@ -98,68 +84,8 @@ void Simulation::kill(size_t v) {
     if (up(s) && view(v, s) == MemberState::kAlive) --alive_pairs_;
   for (size_t o = 0; o < n_; ++o)
     if (o != v && up(o) && view(o, v) == MemberState::kAlive) --alive_pairs_;
-  nodes_[v].up = false;
-  ++nodes_[v].tick_gen;
+  members_.kill(v);
   --up_count_;
-}
-
-void Simulation::step() {
-  const Event e = queue_.top();
-  queue_.pop();
-  now_us_ = std::max(now_us_, e.at_us);
-  ++events_;
-  Node& node = nodes_[e.node];
-  switch (e.type) {
-    case EventType::kTick:
-      if (e.gen != node.tick_gen || !node.up) return;
-      node.armed_us = kNever;
-      node.membership->tick(now_ms());
-      rearm(e.node);
-      return;
-    case EventType::kMembership:
-      if (node.up) {
-        node.membership->on_message(Endpoint{host_of(e.from), kPeerPort}, slab_[e.slot], now_ms());
-        rearm(e.node);
-      }
-      free_.push_back(e.slot);
-      return;
-    case EventType::kOverrideTick:
-      if (node.up) tick_overrides(e.node);
-      return;
-    case EventType::kOverride:
-      if (node.up) receive_override(e.node, override_slab_[e.slot]);
-      override_free_.push_back(e.slot);
-      return;
-  }
-}
-
-void Simulation::push(Event e) {
-  e.order = ++order_;
-  queue_.push(e);
-}
-
-int64_t Simulation::delay_us() {
-  const uint64_t span = static_cast<uint64_t>(net_.max_delay_us - net_.min_delay_us + 1);
-  return net_.min_delay_us + static_cast<int64_t>(rng_() % span);
-}
-
-// After every call into node i's Membership: its tick event at its (possibly new) deadline.
-void Simulation::rearm(size_t i) {
-  Node& node = nodes_[i];
-  const int64_t deadline = node.membership->next_deadline_ms();
-  const int64_t at = deadline == std::numeric_limits<int64_t>::max()
-                         ? kNever
-                         : std::max(deadline * kUsPerMs, now_us_);
-  if (at == node.armed_us) return;
-  node.armed_us = at;
-  ++node.tick_gen;
-  if (at == kNever) return;
-  Event e;
-  e.at_us = at;
-  e.node = static_cast<uint32_t>(i);
-  e.gen = node.tick_gen;
-  e.type = EventType::kTick;
-  push(e);
 }
 
 // ---- what the observers saw ----
@@ -176,7 +102,7 @@ void Simulation::observe(size_t observer, const Member& m) {
   seen = static_cast<uint8_t>(m.state);
   if (m.state != MemberState::kDead) return;
   if (subject == victim_ && dead_seen_us_[observer] < 0 && up(observer)) {
-    dead_seen_us_[observer] = now_us_;
+    dead_seen_us_[observer] = now_us();
     ++dead_seen_count_;
   }
   if (up(subject) && up(observer)) {
@@ -201,24 +127,10 @@ uint64_t Simulation::false_dead_members() const {
       std::count(false_dead_subjects_.begin(), false_dead_subjects_.end(), true));
 }
 
-uint64_t Simulation::suspicions_raised() const {
+uint64_t Simulation::summed(uint64_t MembershipStats::*stat) const {
   uint64_t sum = 0;
-  for (const Node& node : nodes_)
-    sum += node.membership->stats().suspicions_raised;
-  return sum;
-}
-
-uint64_t Simulation::deaths_declared() const {
-  uint64_t sum = 0;
-  for (const Node& node : nodes_)
-    sum += node.membership->stats().deaths_declared;
-  return sum;
-}
-
-uint64_t Simulation::refutations() const {
-  uint64_t sum = 0;
-  for (const Node& node : nodes_)
-    sum += node.membership->stats().refutations;
+  for (size_t i = 0; i < n_; ++i)
+    sum += members_.node(i).stats().*stat;
   return sum;
 }
 
@@ -231,46 +143,22 @@ size_t Simulation::suspected_by(size_t subject) const {
 
 // ---- membership messages and load ----
 
-void Simulation::send(size_t from, const Endpoint& to, const MembershipMessage& m) {
+void Simulation::count(size_t from, const MembershipMessage& m) {
   Node& sender = nodes_[from];
   ++sender.msgs;
   const size_t kind = std::min(static_cast<size_t>(m.kind), kKinds - 1);
   ++sender.kind_msgs[kind];
-  if (++sent_ % encode_every_ == 0) {
-    if (codec_.seal(m, now_ms(), datagram_) == PeerError::kOk) {
-      sender.bytes += datagram_.size() * encode_every_;
-      sender.kind_bytes[kind] += datagram_.size() * encode_every_;
-    } else {
-      ++encode_errors_;
-    }
-  }
-  const auto it = by_host_.find(to.host);
-  if (it == by_host_.end() || to.port != kPeerPort) return;
-  // One draw per message; with no loss into the receiver exactly as before (same draws).
-  const double into = loss_into_[it->second];
-  const double loss = into > 0 ? 1 - (1 - loss_) * (1 - into) : loss_;
-  if (loss > 0 && uniform() < loss) return;
-  const int64_t delay = delay_us();
-  uint32_t slot = 0;
-  if (free_.empty()) {
-    slot = static_cast<uint32_t>(slab_.size());
-    slab_.push_back(m);
+  if (++sent_ % encode_every_ != 0) return;
+  if (codec_.seal(m, now_ms(), datagram_) == PeerError::kOk) {
+    sender.bytes += datagram_.size() * encode_every_;
+    sender.kind_bytes[kind] += datagram_.size() * encode_every_;
   } else {
-    slot = free_.back();
-    free_.pop_back();
-    slab_[slot] = m;
+    ++encode_errors_;
   }
-  Event e;
-  e.at_us = now_us_ + delay;
-  e.node = static_cast<uint32_t>(it->second);
-  e.from = static_cast<uint32_t>(from);
-  e.slot = slot;
-  e.type = EventType::kMembership;
-  push(e);
 }
 
 void Simulation::reset_load() {
-  load_start_us_ = now_us_;
+  load_start_us_ = now_us();
   for (Node& node : nodes_) {
     node.msgs = 0;
     node.bytes = 0;
@@ -281,15 +169,16 @@ void Simulation::reset_load() {
 
 Load Simulation::load() const {
   Load l;
-  l.seconds = static_cast<double>(now_us_ - load_start_us_) / static_cast<double>(kUsPerS);
+  l.seconds = static_cast<double>(now_us() - load_start_us_) / static_cast<double>(kUsPerS);
   if (l.seconds <= 0) return l;
   // Over the nodes live at the end of the window (a node killed in it is left out).
   uint64_t msgs = 0;
   uint64_t bytes = 0;
   std::array<uint64_t, kKinds> kind_msgs{};
   std::array<uint64_t, kKinds> kind_bytes{};
-  for (const Node& node : nodes_) {
-    if (!node.up) continue;
+  for (size_t i = 0; i < n_; ++i) {
+    if (!up(i)) continue;
+    const Node& node = nodes_[i];
     msgs += node.msgs;
     bytes += node.bytes;
     for (size_t k = 0; k < kKinds; ++k) {
@@ -331,21 +220,18 @@ void Simulation::start_overrides() {
   const int64_t now = now_ms();
   for (size_t i = 0; i < n_; ++i) {
     Node& node = nodes_[i];
-    if (!node.up || node.spread) continue;
+    if (!up(i) || node.spread) continue;
     node.spread = std::make_unique<OverrideSpread>(
         OverrideSpreadOptions{},
         [this, i](NodeId to, const OverrideSyncMessage& m) {
           send_override(i, to, m);
           return true;
         },
-        rng_());
+        rng()());
     node.spread->start(now);
-    Event e;
-    e.at_us =
-        now_us_ + static_cast<int64_t>(rng_() % static_cast<uint64_t>(kOverrideTickMs * kUsPerMs));
-    e.node = static_cast<uint32_t>(i);
-    e.type = EventType::kOverrideTick;
-    push(e);
+    const auto phase =
+        static_cast<int64_t>(rng()() % static_cast<uint64_t>(kOverrideTickMs * kUsPerMs));
+    after(phase, [this, index = static_cast<uint32_t>(i)] { tick_overrides(index); });
   }
 }
 
@@ -362,16 +248,14 @@ std::vector<NodeId> Simulation::live_of(size_t i) const {
 }
 
 void Simulation::tick_overrides(size_t i) {
+  if (!up(i)) return;
   Node& node = nodes_[i];
   const int64_t now = now_ms();
   const std::vector<NodeId> live = live_of(i);
   for (const NodeId to : node.spread->digest_targets(now, live))
     node.spread->send(digest_message(to, node.table.digest(now)), now);
-  Event e;
-  e.at_us = now_us_ + kOverrideTickMs * kUsPerMs;
-  e.node = static_cast<uint32_t>(i);
-  e.type = EventType::kOverrideTick;
-  push(e);
+  after(kOverrideTickMs * kUsPerMs,
+        [this, index = static_cast<uint32_t>(i)] { tick_overrides(index); });
 }
 
 size_t Simulation::write_override(size_t i, const std::string& user) {
@@ -388,7 +272,7 @@ size_t Simulation::write_override(size_t i, const std::string& user) {
   Write w;
   w.id = id;
   w.version = r.version;
-  w.at_us = now_us_;
+  w.at_us = now_us();
   const size_t index = writes_.size();
   writes_.push_back(w);
   write_by_id_[id] = index;
@@ -411,30 +295,22 @@ void Simulation::send_override(size_t from, NodeId to, const OverrideSyncMessage
   }
   const size_t dest = static_cast<size_t>(to) - 1;
   if (to == 0 || dest >= n_) return;
-  if (loss_ > 0 && uniform() < loss_) return;
-  const int64_t delay = delay_us();
-  uint32_t slot = 0;
-  if (override_free_.empty()) {
-    slot = static_cast<uint32_t>(override_slab_.size());
-    override_slab_.push_back(m);
-  } else {
-    slot = override_free_.back();
-    override_free_.pop_back();
-    override_slab_[slot] = m;
-  }
+  const int64_t arrives = route(from, dest);
+  if (arrives < 0) return;
+  const uint32_t slot = overrides_in_flight_.take();
+  overrides_in_flight_[slot] = m;
   // The receiver takes the sender from the envelope (PeerCodec::open).
-  override_slab_[slot].from = member_of_id(from);
-  Event e;
-  e.at_us = now_us_ + delay;
-  e.node = static_cast<uint32_t>(dest);
-  e.from = static_cast<uint32_t>(from);
-  e.slot = slot;
-  e.type = EventType::kOverride;
-  push(e);
+  overrides_in_flight_[slot].from = member_of_id(from);
+  const auto to_node = static_cast<uint32_t>(dest);
+  at(arrives, [this, to_node, slot] {
+    const OverrideSyncMessage& got = overrides_in_flight_[slot];
+    if (delivers(static_cast<size_t>(got.from) - 1, to_node)) receive_override(to_node, got);
+    overrides_in_flight_.give_back(slot);
+  });
 }
 
 // OverrideSync's merge-thread half: merge the records, then answer as override_spread.h says.
-void Simulation::receive_override(size_t i, OverrideSyncMessage& m) {
+void Simulation::receive_override(size_t i, const OverrideSyncMessage& m) {
   Node& node = nodes_[i];
   if (!node.spread) return;  // its override layer has not started (a node not yet running)
   const int64_t now = now_ms();
@@ -461,13 +337,13 @@ void Simulation::merge_override(size_t i, const OverrideRecord& r, int64_t now) 
   Write& w = writes_[it->second];
   if (r.version < w.version || w.reached_us >= 0) return;
   if (++w.holders >= up_count_) {
-    w.reached_us = now_us_;
+    w.reached_us = now_us();
     --writes_unreached_;
   }
 }
 
 void Simulation::reset_override_load() {
-  override_load_start_us_ = now_us_;
+  override_load_start_us_ = now_us();
   for (Node& node : nodes_) {
     node.override_msgs = 0;
     node.override_bytes = 0;
@@ -477,12 +353,14 @@ void Simulation::reset_override_load() {
 
 OverrideLoad Simulation::override_load() const {
   OverrideLoad l = override_counts_;
-  l.seconds = static_cast<double>(now_us_ - override_load_start_us_) / static_cast<double>(kUsPerS);
+  l.seconds =
+      static_cast<double>(now_us() - override_load_start_us_) / static_cast<double>(kUsPerS);
   if (l.seconds <= 0) return l;
   uint64_t msgs = 0;
   uint64_t bytes = 0;
-  for (const Node& node : nodes_) {
-    if (!node.up) continue;
+  for (size_t i = 0; i < n_; ++i) {
+    if (!up(i)) continue;
+    const Node& node = nodes_[i];
     msgs += node.override_msgs;
     bytes += node.override_bytes;
     l.bytes_max = std::max(l.bytes_max, static_cast<double>(node.override_bytes) / l.seconds);

@@ -1,34 +1,26 @@
 // The simulated cluster of sluice-bench-cluster-sim (cluster_sim_bench.cc says what it measures):
-// N nodes, each a Membership (lib/cluster/membership.h) and, once start_overrides() is called,
-// an OverrideTable (lib/cluster/override_table.h) spread by an OverrideSpread
-// (lib/cluster/override_spread.h), as a node's OverrideSync runs them; the network between the
-// nodes; and what the bench observes.
+// N Membership nodes (sim/membership_nodes.h) on the one simulated network (sim/network.h; its
+// comment says how delays, loss and the order of events go), and, once start_overrides() is
+// called, on each node an OverrideTable (lib/cluster/override_table.h) spread by an
+// OverrideSpread (lib/cluster/override_spread.h), as a node's OverrideSync runs them; and what the
+// bench observes: who lists whom in which state, and the messages and bytes the nodes send.
 //
-// The network: one priority queue of events, (time in µs, insertion order) first. An event is the
-// delivery of a message (one-way delay uniform in [min, max], each message lost independently
-// with the current loss probability), a node's membership tick at its next_deadline_ms(), or a
-// node's override tick (every 100 ms, OverrideSync::kTickMs, from a random phase). Nodes see the
-// time in ms (µs / 1000); the µs clock only orders deliveries within a millisecond. A killed node
-// is no longer ticked and messages to it are dropped on arrival. Every random choice comes from
-// one generator seeded by the caller. Every message a node sends is sealed with the real peer
-// codec (peer_codec.h: Cap'n Proto envelope + 32-byte HMAC tag) to count its bytes, UDP and IP
-// headers (28 bytes a datagram) not included; membership messages may be sampled
-// (encode_every), override messages are all sealed.
+// Every message a node sends is sealed with the real peer codec (peer_codec.h: Cap'n Proto
+// envelope + 32-byte HMAC tag) to count its bytes, UDP and IP headers (28 bytes a datagram) not
+// included; membership messages may be sampled (encode_every), override messages are all sealed.
+// A node's override tick is an event every 100 ms (OverrideSync::kTickMs) from a random phase.
 //
 // What the table side of OverrideSync does on the node's merge thread is done inline here: a
 // received record is checked (check_record) and merged (OverrideTable::merge), as
 // NodeState::merge_overrides does without the disk; the answer is answer_to() and full_table().
 //
-// Single-threaded, like the nodes. Owns the nodes and their transports.
+// Single-threaded, like the nodes.
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <limits>
 #include <memory>
-#include <queue>
-#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -37,6 +29,8 @@
 #include "cluster/override_spread.h"
 #include "cluster/override_table.h"
 #include "cluster/peer_codec.h"
+#include "sim/membership_nodes.h"
+#include "sim/network.h"
 
 namespace sluice::bench::sim {
 
@@ -56,13 +50,9 @@ inline constexpr size_t kOverrideKinds = 3;  // OverrideSyncKind values
 inline constexpr const char* kOverrideKindNames[kOverrideKinds] = {"push", "digest", "full"};
 inline constexpr int64_t kOverrideTickMs = 100;  // OverrideSync::kTickMs
 
-std::string host_of(size_t index);
 Member member_of(size_t index);  // id index + 1, name node-0000, host 10.a.b.c
 
-struct NetOptions {
-  int64_t min_delay_us = 200;
-  int64_t max_delay_us = 2'000;
-};
+using NetOptions = ::sluice::sim::Delays;
 
 // Membership messages sent by the nodes during a measurement window.
 struct Load {
@@ -89,24 +79,13 @@ struct OverrideLoad {
   std::array<uint64_t, kOverrideKinds> bytes{};
 };
 
-class Simulation {
+// The network (sim::Network: the clock, the generator, loss, up(), run_until()) and its nodes.
+class Simulation : public ::sluice::sim::Network {
  public:
   Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every, uint64_t max_events);
-  ~Simulation();
-  Simulation(const Simulation&) = delete;
-  Simulation& operator=(const Simulation&) = delete;
 
   size_t size() const { return n_; }
-  int64_t now_us() const { return now_us_; }
-  bool up(size_t i) const { return nodes_[i].up; }
-  uint64_t events() const { return events_; }
-  bool out_of_events() const { return events_ >= max_events_; }
   uint64_t encode_errors() const { return encode_errors_; }
-  std::mt19937_64& rng() { return rng_; }
-  void set_loss(double p) { loss_ = p; }
-  // Messages to node i are lost with probability p besides the loss of every message (the two
-  // drawn as one: kept with probability (1 - loss) * (1 - p)); one-way loss into one node.
-  void set_loss_into(size_t i, double p) { loss_into_[i] = p; }
 
   // Every live node lists every live node Alive.
   bool converged() const { return alive_pairs_ == up_count_ * up_count_; }
@@ -115,28 +94,13 @@ class Simulation {
     return static_cast<double>(alive_pairs_) / static_cast<double>(up_count_ * up_count_);
   }
 
-  void join(size_t i, size_t seed);
+  void join(size_t i, size_t seed) { members_.join(i, seed); }
   // Node i joins `seed` and is handed, at once, the seed's answer for a cluster where every node
   // is Alive at incarnation 0: every member, in kJoinReply messages of max_join_reply_entries.
   // Not sent through the network, so not counted as load.
   void join_preseeded(size_t i, size_t seed);
   // The node stops: no more ticks, and what reaches it is dropped.
   void kill(size_t v);
-
-  // Runs events until `until_us`, or until stop() holds after an event (then returns true).
-  template <class Stop>
-  bool run_until(int64_t until_us, Stop&& stop) {
-    while (!queue_.empty() && queue_.top().at_us <= until_us) {
-      if (out_of_events()) return false;
-      step();
-      if (stop()) return true;
-    }
-    now_us_ = std::max(now_us_, until_us);
-    return stop();
-  }
-  void run_for(int64_t us) {
-    run_until(now_us_ + us, [] { return false; });
-  }
 
   // ---- what the observers saw ----
 
@@ -152,11 +116,14 @@ class Simulation {
   void reset_false_deaths();
   uint64_t false_dead_views() const { return false_dead_views_; }
   uint64_t false_dead_members() const;
-  uint64_t suspicions_raised() const;
-  // Summed over every node, live or not: MembershipStats::deaths_declared (suspicion timeouts
-  // that ended on a node, what partition_test sums over /v1/cluster) and ::refutations.
-  uint64_t deaths_declared() const;
-  uint64_t refutations() const;
+  // Summed over every node, live or not: MembershipStats::suspicions_raised, ::deaths_declared
+  // (suspicion timeouts that ended on a node, what partition_test sums over /v1/cluster) and
+  // ::refutations.
+  uint64_t suspicions_raised() const {
+    return summed(&cluster::MembershipStats::suspicions_raised);
+  }
+  uint64_t deaths_declared() const { return summed(&cluster::MembershipStats::deaths_declared); }
+  uint64_t refutations() const { return summed(&cluster::MembershipStats::refutations); }
   // Live observers that list live member `subject` Suspect.
   size_t suspected_by(size_t subject) const;
 
@@ -185,26 +152,9 @@ class Simulation {
   OverrideLoad override_load() const;
 
  private:
-  enum class EventType : uint8_t { kTick, kMembership, kOverrideTick, kOverride };
-
-  struct Transport : cluster::MembershipTransport {
-    Transport(Simulation* s, size_t i) : sim(s), index(i) {}
-    void send(const cluster::Endpoint& to, const MembershipMessage& m) override {
-      sim->send(index, to, m);
-    }
-    Simulation* sim;
-    size_t index;
-  };
-
-  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-
+  // What the bench counts of node i, and its override layer.
   struct Node {
-    std::unique_ptr<Transport> transport;
-    std::unique_ptr<cluster::Membership> membership;
-    bool up = true;
-    int64_t armed_us = kNever;  // the time of the tick event that counts; kNever if none
-    uint32_t tick_gen = 0;      // tick events of older generations are stale
-    uint64_t msgs = 0;          // membership messages sent in the current load window
+    uint64_t msgs = 0;  // membership messages sent in the current load window
     uint64_t bytes = 0;
     std::array<uint64_t, kKinds> kind_msgs{};  // the same, by kind
     std::array<uint64_t, kKinds> kind_bytes{};
@@ -221,60 +171,26 @@ class Simulation {
     int64_t reached_us = -1;
   };
 
-  struct Event {
-    int64_t at_us = 0;
-    uint64_t order = 0;  // insertion order: equal times run first in, first out
-    uint32_t node = 0;   // the receiver, or the node to tick
-    uint32_t from = 0;   // delivery: the sender
-    uint32_t slot = 0;   // delivery: the message in its slab
-    uint32_t gen = 0;    // membership tick: the node's tick_gen when armed
-    EventType type = EventType::kTick;
-  };
-  struct Later {
-    bool operator()(const Event& a, const Event& b) const {
-      return a.at_us != b.at_us ? a.at_us > b.at_us : a.order > b.order;
-    }
-  };
-
   static constexpr size_t kNoVictim = std::numeric_limits<size_t>::max();
 
-  int64_t now_ms() const { return now_us_ / kUsPerMs; }
-  double uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
-  int64_t delay_us();
-  void push(Event e);
-  void step();
-  void rearm(size_t i);
   void observe(size_t observer, const Member& m);
-  void send(size_t from, const cluster::Endpoint& to, const MembershipMessage& m);
+  void count(size_t from, const MembershipMessage& m);
+  uint64_t summed(uint64_t cluster::MembershipStats::*stat) const;
 
   std::vector<NodeId> live_of(size_t i) const;  // members i lists Alive or Suspect, not itself
   void tick_overrides(size_t i);
   void send_override(size_t from, NodeId to, const OverrideSyncMessage& m);
-  void receive_override(size_t i, OverrideSyncMessage& m);
+  void receive_override(size_t i, const OverrideSyncMessage& m);
   void merge_override(size_t i, const cluster::OverrideRecord& r, int64_t now);
 
   size_t n_;
-  std::mt19937_64 rng_;
-  NetOptions net_;
-  double loss_ = 0;
-  std::vector<double> loss_into_;  // per receiver, besides loss_
+  ::sluice::sim::MembershipNodes members_;
   uint64_t encode_every_;
-  uint64_t max_events_;
   cluster::PeerCodec codec_;
   std::vector<uint8_t> datagram_;
   uint64_t sent_ = 0;
   uint64_t encode_errors_ = 0;
-
   std::vector<Node> nodes_;
-  std::unordered_map<std::string, size_t> by_host_;
-  std::priority_queue<Event, std::vector<Event>, Later> queue_;
-  std::deque<MembershipMessage> slab_;  // a deque: references held by a delivery stay valid
-  std::vector<uint32_t> free_;
-  std::deque<OverrideSyncMessage> override_slab_;
-  std::vector<uint32_t> override_free_;
-  uint64_t order_ = 0;
-  uint64_t events_ = 0;
-  int64_t now_us_ = kStartUs;
 
   std::vector<uint8_t> view_;  // [observer * n + subject]: MemberState, or kUnknown
   size_t up_count_ = 0;
@@ -285,15 +201,16 @@ class Simulation {
   uint64_t false_dead_views_ = 0;
   std::vector<bool> false_dead_subjects_;
 
-  int64_t load_start_us_ = kStartUs;
+  int64_t load_start_us_ = 0;
 
   std::vector<Write> writes_;
   std::unordered_map<std::string, size_t> write_by_id_;
   size_t writes_unreached_ = 0;
   uint64_t overrides_refused_ = 0;
   uint64_t overrides_unfit_ = 0;
-  int64_t override_load_start_us_ = kStartUs;
+  int64_t override_load_start_us_ = 0;
   OverrideLoad override_counts_;  // msgs, bytes, datagrams by kind since the reset
+  ::sluice::sim::Slots<OverrideSyncMessage> overrides_in_flight_;
 };
 
 }  // namespace sluice::bench::sim

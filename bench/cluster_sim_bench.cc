@@ -1,8 +1,8 @@
 // sluice-bench-cluster-sim: the membership protocol (lib/cluster/membership.h) and the spreading
 // of cluster-wide overrides (lib/cluster/override_spread.h) at 10, 100 and 1000 nodes, by
-// deterministic discrete-event simulation in one process (issue 10, item 8).
+// deterministic discrete-event simulation in one process.
 //
-// The simulated cluster and network are cluster_sim.h's: a priority queue of events (message
+// The simulated cluster is cluster_sim.h's, on the network of sim/network.h: events (message
 // deliveries 0.2 to 2 ms after the send, each message lost with the current loss probability;
 // membership ticks at each node's next_deadline_ms(); override ticks every 100 ms), time and
 // transport injected, the nodes running the library's own code. Every random choice (each node's

@@ -1,7 +1,7 @@
 // Private to lib/node: what a node's cluster part (ClusterNode, OverrideSync) needs from outside
 // besides the engine: a datagram socket to the other members and one-shot timers. The daemon
 // runs them on UDP and Asio's steady timers (make_udp_peer_io); tests pass a simulated network
-// with a clock they step (tests/support/sim_peer_net.h), so that several ClusterNodes run in one
+// with a clock they step (tests/support/sim_cluster.h), so that several ClusterNodes run in one
 // thread, deterministically, and time passes only when the test says.
 //
 // Everything here is called on, and calls back on, the node's control thread.

@@ -1,24 +1,25 @@
 // For membership tests that run whole clusters: the members of those tests (node-a, node-b, ...
-// at 10.0.0.1, 10.0.0.2, ...) and SimNetwork, a deterministic simulated network of Membership
-// nodes (lib/cluster/membership.h) with latency, loss, partitions and slow nodes. Time is
-// simulated and randomness comes from one seeded generator, so a run is a function of its seed.
+// at 10.0.0.1, 10.0.0.2, ...) and SimNetwork, a cluster of Membership nodes
+// (bench/sim/membership_nodes.h) on the one simulated network (bench/sim/network.h), with
+// latency in whole ms, loss, partitions and slow nodes, and what the tests ask of it: who saw
+// which member in which state, and when. Time is simulated and randomness comes from one seeded
+// generator, so a run is a function of its seed.
 // Used by membership_test.cc (one node by hand, and the members) and membership_cluster_test.cc.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <limits>
-#include <memory>
+#include <numeric>
 #include <optional>
-#include <queue>
-#include <random>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
 
 #include "cluster/membership.h"
+#include "sim/membership_nodes.h"
+#include "sim/network.h"
 
 namespace sluice::testing::membership {
 
@@ -63,7 +64,9 @@ struct NetworkOptions {
   double loss = 0.0;  // every message, independently
 };
 
-class SimNetwork {
+// The network (sim::Network: partition(), heal(), up()) and its Membership nodes
+// (sim::MembershipNodes: node(), join(), kill(), restart(), on_send), in ms.
+class SimNetwork : public sim::Network, public sim::MembershipNodes {
  public:
   struct Change {
     int64_t at = 0;
@@ -72,92 +75,49 @@ class SimNetwork {
   };
 
   SimNetwork(uint64_t seed, size_t n, MembershipOptions options = {}, NetworkOptions net = {})
-      : rng_(seed), options_(options), net_(net), nodes_(n) {
-    for (size_t i = 0; i < n; ++i) {
-      nodes_[i].transport = std::make_unique<Transport>(this, i);
-      build(i, member_of(i));
-    }
+      : Network(seed, 1'000'000 * 1'000,
+                {net.min_latency_ms * 1'000, net.max_latency_ms * 1'000, 1'000}),
+        MembershipNodes(*this, n, member_of, options) {
+    Network::set_loss(net.loss);
+    on_change = [this](size_t i, const Member& m) { changes_.push_back({now(), i, m}); };
   }
 
-  Membership& node(size_t i) { return *nodes_[i].membership; }
-  size_t size() const { return nodes_.size(); }
-  int64_t now() const { return now_; }
-  const std::vector<Change>& changes() const { return changes_; }
+  int64_t now() const { return now_ms(); }
 
   // Every node joins through node `seed`, a few milliseconds apart.
   void join_all(size_t seed) {
-    for (size_t i = 0; i < nodes_.size(); ++i) {
+    for (size_t i = 0; i < size(); ++i) {
       run_for(3);
       join(i, seed);
     }
   }
-  void join(size_t i, size_t seed) {
-    const Endpoint e = endpoint_of(seed);
-    node(i).join(std::span<const Endpoint>(&e, 1), now_);
-  }
-
-  void kill(size_t i) { nodes_[i].up = false; }
-  // A fresh process with the same identity and no memory (incarnation 0), joining via `seed`.
-  void restart(size_t i, size_t seed) {
-    build(i, member_of(i));
-    nodes_[i].up = true;
-    join(i, seed);
-  }
-  bool up(size_t i) const { return nodes_[i].up; }
 
   // Messages from node i leave this much later (a slow node answers late).
-  void set_delay(size_t i, int64_t ms) { nodes_[i].extra_delay_ms = ms; }
+  void set_delay(size_t i, int64_t ms) { set_extra_delay(i, ms * 1'000); }
   // Messages to and from node i are lost with this probability.
-  void set_loss(size_t i, double p) { nodes_[i].loss = p; }
-  void set_global_loss(double p) { net_.loss = p; }
-  void partition(const std::vector<size_t>& side) {
-    for (auto& n : nodes_)
-      n.group = 0;
-    for (size_t i : side)
-      nodes_[i].group = 1;
+  void set_loss(size_t i, double p) {
+    set_loss_into(i, p);
+    set_loss_from(i, p);
   }
-  void heal() {
-    for (auto& n : nodes_)
-      n.group = 0;
-  }
+  void set_global_loss(double p) { Network::set_loss(p); }
 
-  // Called for every message a node sends (before loss), for counting.
-  std::function<void(size_t from, const Endpoint& to, const MembershipMessage&)> on_send;
-
-  void run_for(int64_t ms) { run_until(now_ + ms); }
+  void run_for(int64_t ms) { run_until(now() + ms); }
 
   void run_until(int64_t until) {
-    while (true) {
-      int64_t next = queue_.empty() ? std::numeric_limits<int64_t>::max() : queue_.top().at;
-      for (const auto& n : nodes_)
-        if (n.up) next = std::min(next, n.membership->next_deadline_ms());
-      if (next > until) break;
-      now_ = std::max(now_, next);
-      if (!queue_.empty() && queue_.top().at <= now_) {
-        InFlight f = queue_.top();
-        queue_.pop();
-        Node& to = nodes_[f.to];
-        if (to.up && !cut(f.from, f.to)) to.membership->on_message(endpoint_of(f.from), f.m, now_);
-        continue;
-      }
-      for (auto& n : nodes_) {
-        if (!n.up || n.membership->next_deadline_ms() > now_) continue;
-        n.membership->tick(now_);
-        REQUIRE(n.membership->next_deadline_ms() > now_);  // tick did everything that was due
-      }
-    }
-    now_ = std::max(now_, until);
+    rearm_all();  // the test may have called into a node (leave, on_message)
+    Network::run_until(until * 1'000, [] { return false; });
+    REQUIRE(ticks_left_due() == 0);  // each tick did everything that was due
   }
 
   // Runs until `done()` holds (checked every 10 ms) or `limit_ms` passed; the time it took, or
   // -1.
   int64_t run_until_true(const std::function<bool()>& done, int64_t limit_ms) {
-    const int64_t start = now_;
+    const int64_t start = now();
     while (!done()) {
-      if (now_ - start >= limit_ms) return -1;
+      if (now() - start >= limit_ms) return -1;
       run_for(10);
     }
-    return now_ - start;
+    return now() - start;
   }
 
   std::optional<MemberState> state_seen(size_t observer, size_t subject) {
@@ -173,13 +133,10 @@ class SimNetwork {
         if (state_seen(o, s) != MemberState::kAlive) return false;
     return true;
   }
-  bool converged() { return converged(all()); }
-
-  std::vector<size_t> all() const {
-    std::vector<size_t> v(nodes_.size());
-    for (size_t i = 0; i < v.size(); ++i)
-      v[i] = i;
-    return v;
+  bool converged() {
+    std::vector<size_t> all(size());
+    std::iota(all.begin(), all.end(), size_t{0});
+    return converged(all);
   }
 
   bool all_see(const std::vector<size_t>& observers, size_t subject, MemberState state) {
@@ -205,69 +162,7 @@ class SimNetwork {
   }
 
  private:
-  struct Transport : MembershipTransport {
-    Transport(SimNetwork* n, size_t i) : net(n), index(i) {}
-    void send(const Endpoint& to, const MembershipMessage& m) override { net->send(index, to, m); }
-    SimNetwork* net;
-    size_t index;
-  };
-
-  struct Node {
-    std::unique_ptr<Transport> transport;
-    std::unique_ptr<Membership> membership;
-    bool up = true;
-    int64_t extra_delay_ms = 0;
-    double loss = 0.0;
-    int group = 0;
-  };
-
-  struct InFlight {
-    int64_t at = 0;
-    uint64_t order = 0;
-    size_t from = 0;
-    size_t to = 0;
-    MembershipMessage m;
-  };
-  struct Later {
-    bool operator()(const InFlight& a, const InFlight& b) const {
-      return a.at != b.at ? a.at > b.at : a.order > b.order;
-    }
-  };
-
-  void build(size_t i, Member self) {
-    nodes_[i].membership =
-        std::make_unique<Membership>(std::move(self), options_, *nodes_[i].transport, rng_());
-    nodes_[i].membership->on_change([this, i](const Member& m) {
-      changes_.push_back({now_, i, m});
-    });
-  }
-
-  bool cut(size_t a, size_t b) const { return nodes_[a].group != nodes_[b].group; }
-
-  double uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
-
-  void send(size_t from, const Endpoint& to, const MembershipMessage& m) {
-    if (on_send) on_send(from, to, m);
-    size_t dest = nodes_.size();
-    for (size_t i = 0; i < nodes_.size(); ++i)
-      if (endpoint_of(i) == to) dest = i;
-    if (dest == nodes_.size() || cut(from, dest)) return;
-    const double keep = (1 - net_.loss) * (1 - nodes_[from].loss) * (1 - nodes_[dest].loss);
-    if (uniform() >= keep) return;
-    const int64_t span = net_.max_latency_ms - net_.min_latency_ms + 1;
-    const int64_t latency =
-        net_.min_latency_ms + static_cast<int64_t>(rng_() % static_cast<uint64_t>(span));
-    queue_.push({now_ + latency + nodes_[from].extra_delay_ms, ++order_, from, dest, m});
-  }
-
-  std::mt19937_64 rng_;
-  MembershipOptions options_;
-  NetworkOptions net_;
-  std::vector<Node> nodes_;
   std::vector<Change> changes_;
-  std::priority_queue<InFlight, std::vector<InFlight>, Later> queue_;
-  uint64_t order_ = 0;
-  int64_t now_ = 1'000'000;
 };
 
 }  // namespace sluice::testing::membership

@@ -1,8 +1,15 @@
 // A cluster of real ClusterNodes, each with a NodeState and an engine of its own, in one thread
-// on a simulated network with a clock the caller steps (sim_peer_net.h, through
-// lib/node/peer_io.h). Node i listens on 10.0.0.i:7946 and node 1 is everyone's seed; one gossip
-// rule (domain d, key k, 1e6 per minute) so that checks are counted and synced. Used by
-// tests/cluster_node_test.cc and bench/detect_bench.cc.
+// on the one simulated network (bench/sim/network.h) with a clock the caller steps. Node i listens
+// on 10.0.0.i:7946 and node 1 is everyone's seed; one gossip rule (domain d, key k, 1e6 per
+// minute) so that checks are counted and synced. Used by tests/cluster_node_test.cc and
+// bench/detect_bench.cc.
+//
+// SimPeerNet gives each node its datagram socket and timers (lib/node/peer_io.h) on the network:
+// each host (IP) that opens a socket is a node of the network, so its faults (isolate(), loss)
+// apply per host; a datagram is routed by sim::Network::route and handed to whoever has its
+// address open when it arrives; a timer is an event. `tap` sees every datagram sent; inject()
+// hands bytes over as if sent (a replay); `between` runs after every event (the cluster polls its
+// io_context there, for what OverrideSync's merge thread posts back).
 //
 // Single-threaded but for OverrideSync's merge thread, whose results the io_context polled
 // between events brings back to the one thread.
@@ -17,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,13 +33,113 @@
 #include "engine/engine.h"
 #include "node/node_cluster.h"
 #include "node/node_state.h"
+#include "node/peer_io.h"
 #include "rules/rules.h"
-#include "sim_peer_net.h"
+#include "sim/network.h"
 #include "temp_dir.h"
 
 namespace sluice::testing {
 
 using cluster::NodeId;
+
+class SimPeerNet : public sim::Network {
+ public:
+  using Endpoint = cluster::Endpoint;
+
+  // One-way delays of 0.1 to 1 ms.
+  SimPeerNet(int64_t start_ms, uint64_t seed) : Network(seed, start_ms * 1'000, {100, 1'000, 1}) {}
+
+  // A PeerIo on this network (for ClusterNode's constructor). It lives as long as the node does;
+  // the network must outlive it.
+  std::unique_ptr<node::PeerIo> io() { return std::make_unique<Io>(*this); }
+
+  // Runs every event due within `ms` from now, in order, then sets the clock to now + ms.
+  void advance(int64_t ms) {
+    run_until(now_us() + ms * 1'000, [this] {
+      if (between) between();
+      return false;
+    });
+  }
+
+  // Hands `bytes` to whoever has `to` open, as if `from` had sent them, after `delay_us`.
+  void inject(const Endpoint& from, const Endpoint& to, std::vector<uint8_t> bytes,
+              int64_t delay_us = 0) {
+    after(delay_us, [this, from, to, b = std::move(bytes)] { deliver(from, to, b); });
+  }
+
+  // Cuts `host` off from everyone, both ways, until heal().
+  void isolate(const std::string& host) { Network::isolate(node_of(host)); }
+
+  std::function<void(const Endpoint& from, const Endpoint& to, std::span<const uint8_t>)> tap;
+  std::function<void()> between;
+
+ private:
+  class Timer final : public node::PeerTimer {
+   public:
+    explicit Timer(sim::Network& net) : net_(net) {}
+    ~Timer() override { cancel(); }  // a wait still queued must not call into its dead owner
+    void arm(int64_t delay_us, std::function<void()> fn) override {
+      const uint64_t gen = ++*gen_;
+      net_.after(delay_us, [g = gen_, gen, fn = std::move(fn)] {
+        if (*g == gen) fn();
+      });
+    }
+    void cancel() override { ++*gen_; }
+
+   private:
+    sim::Network& net_;
+    std::shared_ptr<uint64_t> gen_ = std::make_shared<uint64_t>(0);
+  };
+
+  struct Io final : node::PeerIo {
+    explicit Io(SimPeerNet& n) : peers(n) {}
+    ~Io() override { close(); }
+    uint16_t open(const std::string& host, uint16_t port) override {
+      if (port == 0) port = peers.next_port_++;
+      self = {host, port};
+      if (!peers.open_.emplace(key(self), this).second)
+        throw std::runtime_error("address already in use");
+      opened = true;
+      return port;
+    }
+    void start_receiving(Receiver on) override { receiver = std::move(on); }
+    bool send(const Endpoint& to, std::span<const uint8_t> bytes) override {
+      if (!opened) return false;
+      if (peers.tap) peers.tap(self, to, bytes);
+      const int64_t at = peers.route(peers.node_of(self.host), peers.node_of(to.host));
+      if (at >= 0) peers.inject(self, to, {bytes.begin(), bytes.end()}, at - peers.now_us());
+      return true;  // lost on the way or not: the sender cannot tell
+    }
+    void close() override {
+      if (!opened) return;
+      opened = false;
+      receiver = nullptr;
+      peers.open_.erase(key(self));
+    }
+    std::unique_ptr<node::PeerTimer> timer() override { return std::make_unique<Timer>(peers); }
+
+    SimPeerNet& peers;
+    Endpoint self;
+    bool opened = false;
+    Receiver receiver;
+  };
+
+  static std::string key(const Endpoint& e) { return e.host + ":" + std::to_string(e.port); }
+  size_t node_of(const std::string& host) {
+    const auto [it, fresh] = hosts_.emplace(host, nodes());
+    if (fresh) add_node();
+    return it->second;
+  }
+  void deliver(const Endpoint& from, const Endpoint& to, const std::vector<uint8_t>& bytes) {
+    if (!delivers(node_of(from.host), node_of(to.host))) return;
+    const auto it = open_.find(key(to));
+    if (it != open_.end() && it->second->receiver) it->second->receiver(bytes, from);
+  }
+
+  uint16_t next_port_ = 40'000;
+  std::map<std::string, Io*> open_;
+  std::map<std::string, size_t> hosts_;  // the network's node of each host
+};
 
 constexpr int64_t kT0 = 28'333'333LL * 60'000 + 5'000;  // 5 s into an epoch-aligned minute
 constexpr uint64_t kHashSeed = 0x5eed;
@@ -87,11 +195,13 @@ struct SimNode {
     state->engine->check({&req, 1}, now, out);
     return out.decisions.at(0);
   }
+  auto inspect(const std::string& key) const {
+    const auto policy = state->engine->policy();
+    return state->engine->inspect(counter(key), policy->rules().domains[0].rules[0].limits[0].spec);
+  }
   // What this node knows of the key's count in its window: its own hits and the others'.
   uint64_t known(const std::string& key) const {
-    const auto policy = state->engine->policy();
-    const auto v =
-        state->engine->inspect(counter(key), policy->rules().domains[0].rules[0].limits[0].spec);
+    const auto v = inspect(key);
     if (!v) return 0;
     uint64_t sum = 0;
     for (size_t i = 0; i < v->own.size(); ++i)
@@ -99,9 +209,7 @@ struct SimNode {
     return sum;
   }
   std::string dump(const std::string& key) const {
-    const auto policy = state->engine->policy();
-    const auto v =
-        state->engine->inspect(counter(key), policy->rules().domains[0].rules[0].limits[0].spec);
+    const auto v = inspect(key);
     if (!v) return "none";
     std::string s = "head " + std::to_string(v->head) + " own";
     for (auto x : v->own)

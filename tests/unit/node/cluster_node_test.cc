@@ -1,6 +1,6 @@
 // Unit tests of sluice::node::ClusterNode (lib/node/node_cluster.cc): real ClusterNodes, each with
 // a NodeState and an engine of its own, in one thread, on a simulated network with a clock the
-// test steps (tests/support/sim_peer_net.h, through lib/node/peer_io.h). What the process tests
+// test steps (tests/support/sim_cluster.h, through lib/node/peer_io.h). What the process tests
 // show with sluiced processes and real time is shown here step by step, with exact counts:
 // joining, delta sync to a key's holders, forged and replayed datagrams, a cut and its heal, a
 // member's death and a graceful leave, and a node with the wrong secret.
