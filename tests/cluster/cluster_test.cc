@@ -238,9 +238,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "seed 000 scenario with 10 nodes at 50 per second and 500 per second offered stays within the "
-    "gossip bound") {
-  // The reference gossip scenario (the test's name keeps its historical label): a limit of 50 per
+    "10 nodes at 50 per second with 500 per second offered evenly stay within the gossip bound") {
+  // The reference gossip scenario: a limit of 50 per
   // second, 10 instances, 500 per second spread evenly. The goal is 1.05 x the limit at 100 ms
   // sync; what gossip mode guarantees (and this asserts) is limit + rate x sync = 50 + 500 x 0.1.
   // The measured ratio is printed; the benchmark (sluice-bench-cluster) records it against the
