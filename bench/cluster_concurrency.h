@@ -1,4 +1,4 @@
-// sluice-bench-cluster's concurrency scenario (cluster_bench.cc, run_concurrency): a concurrency
+// sluice-bench-cluster's concurrency scenario (scenarios/cluster.cc, run_concurrency): a concurrency
 // limit (`{algorithm: concurrency, max_in_flight: M, lease_ttl: T}`, `consistency: owner`) on a
 // few keys in a cluster of real sluiced processes on loopback, first with stable membership, then
 // with the owner of key 0 killed with -9 under the same load: what docs/rules.md ("Concurrency

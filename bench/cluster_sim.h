@@ -1,4 +1,4 @@
-// The simulated cluster of sluice-bench-cluster-sim (cluster_sim_bench.cc says what it measures):
+// The simulated cluster of sluice-bench-cluster-sim (scenarios/cluster_sim.cc says what it measures):
 // N nodes, each a Membership (lib/cluster/membership.h) and, once start_overrides() is called,
 // an OverrideTable (lib/cluster/override_table.h) spread by an OverrideSpread
 // (lib/cluster/override_spread.h), as a node's OverrideSync runs them; the network between the

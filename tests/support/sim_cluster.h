@@ -2,7 +2,7 @@
 // on a simulated network with a clock the caller steps (sim_peer_net.h, through
 // lib/node/peer_io.h). Node i listens on 10.0.0.i:7946 and node 1 is everyone's seed; one gossip
 // rule (domain d, key k, 1e6 per minute) so that checks are counted and synced. Used by
-// tests/cluster_node_test.cc and bench/detect_bench.cc.
+// tests/cluster_node_test.cc and bench/scenarios/detect.cc.
 //
 // Single-threaded but for OverrideSync's merge thread, whose results the io_context polled
 // between events brings back to the one thread.

@@ -1,6 +1,6 @@
 // sluice-bench-cluster-sim: the membership protocol (lib/cluster/membership.h) and the spreading
 // of cluster-wide overrides (lib/cluster/override_spread.h) at 10, 100 and 1000 nodes, by
-// deterministic discrete-event simulation in one process (issue 10, item 8).
+// deterministic discrete-event simulation in one process.
 //
 // The simulated cluster and network are cluster_sim.h's: a priority queue of events (message
 // deliveries 0.2 to 2 ms after the send, each message lost with the current loss probability;
@@ -88,7 +88,7 @@
 #include "cluster/membership.h"
 #include "cluster/override_table.h"
 #include "cluster_sim.h"
-#include "json_rows.h"
+#include "common/json_rows.h"
 
 namespace {
 
@@ -560,7 +560,7 @@ std::string fmt(const std::optional<uint64_t>& v) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_cluster_sim_main(int argc, char** argv) {
   CLI::App app{
       "sluice-bench-cluster-sim: SWIM/Lifeguard membership and override spreading at scale, by "
       "deterministic simulation"};

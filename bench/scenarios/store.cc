@@ -1,4 +1,4 @@
-// sluice-bench-store: what persistence costs (issue 4's targets, DESIGN.md "Persistence").
+// sluice-bench-store: what persistence costs (the persistence goals in docs/benchmarks.md).
 //
 // Rows:
 //   snapshot   N keys, every one changed (checked once), one Store::snapshot pass into a fresh
@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "json_rows.h"
+#include "common/json_rows.h"
 #include "one_rule_policy.h"
 #include "store/store.h"
 #include "traces.h"
@@ -147,7 +147,7 @@ bool parse_u64(const char* s, uint64_t& out) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_store_main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

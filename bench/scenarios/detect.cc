@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "json_rows.h"
+#include "common/json_rows.h"
 #include "sim_cluster.h"
 
 namespace {
@@ -55,7 +55,7 @@ int64_t at(const std::vector<int64_t>& sorted, double q) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_detect_main(int argc, char** argv) {
   CLI::App app{"time to declare a silent member dead, simulated ClusterNodes"};
   size_t nodes = 5;
   size_t runs = 200;
