@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cluster_process.h"
+#include "common/percentile.h"
 
 namespace sluice::bench {
 
@@ -40,8 +41,7 @@ inline std::vector<size_t> indices(size_t n, size_t skip = SIZE_MAX) {
 inline int64_t nearest_rank(std::vector<int64_t>& v, double q) {
   if (v.empty()) return -1;
   std::sort(v.begin(), v.end());
-  const auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
-  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+  return static_cast<int64_t>(bench::percentile_sorted(v, q));
 }
 
 // How a steady run spreads its checks over the nodes: all of them round-robin (even), one node,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/json_rows.h"
+#include "common/percentile.h"
 #include "sim_cluster.h"
 
 namespace {
@@ -49,8 +50,7 @@ int64_t one_run(size_t nodes, uint64_t seed) {
 }
 
 int64_t at(const std::vector<int64_t>& sorted, double q) {
-  const auto i = static_cast<size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5);
-  return sorted[std::min(i, sorted.size() - 1)];
+  return static_cast<int64_t>(sluice::bench::percentile_sorted(sorted, q));
 }
 
 }  // namespace

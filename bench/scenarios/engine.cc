@@ -62,6 +62,7 @@
 
 #include "engine/engine.h"
 #include "common/json_rows.h"
+#include "common/percentile.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
 #include "traces.h"
@@ -510,9 +511,7 @@ SyncRow summarize(uint64_t keys, uint64_t active, const char* pass, std::vector<
   r.passes = ms.size();
   if (ms.empty()) return r;
   std::sort(ms.begin(), ms.end());
-  const auto at = [&](double q) {
-    return ms[static_cast<size_t>(q * static_cast<double>(ms.size() - 1) + 0.5)];
-  };
+  const auto at = [&](double q) { return sluice::bench::percentile_sorted(ms, q); };
   r.cpu_ms_p50 = at(0.50);
   r.cpu_ms_p99 = at(0.99);
   r.cpu_ms_max = ms.back();

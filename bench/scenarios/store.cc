@@ -34,6 +34,7 @@
 
 #include "engine/engine.h"
 #include "common/json_rows.h"
+#include "common/percentile.h"
 #include "one_rule_policy.h"
 #include "store/store.h"
 #include "traces.h"
@@ -111,11 +112,8 @@ Percentiles percentiles(std::vector<uint32_t>& ns) {
   Percentiles p;
   p.samples = ns.size();
   if (ns.empty()) return p;
-  const auto at = [&](double q) {
-    const auto k = static_cast<size_t>(q * static_cast<double>(ns.size() - 1));
-    std::nth_element(ns.begin(), ns.begin() + static_cast<std::ptrdiff_t>(k), ns.end());
-    return static_cast<double>(ns[k]) / 1000.0;
-  };
+  std::sort(ns.begin(), ns.end());
+  const auto at = [&](double q) { return sluice::bench::percentile_sorted(ns, q) / 1000.0; };
   p.p50 = at(0.50);
   p.p99 = at(0.99);
   p.p999 = at(0.999);

@@ -37,6 +37,7 @@
 #include "cluster/peer_codec.h"
 #include "engine/engine.h"
 #include "common/json_rows.h"
+#include "common/percentile.h"
 #include "load/args.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
@@ -228,10 +229,7 @@ struct Series {
     ms.push_back(v);
     sum += v;
   }
-  double at(double q) {
-    std::sort(ms.begin(), ms.end());
-    return ms.empty() ? 0 : ms[static_cast<size_t>(q * static_cast<double>(ms.size() - 1) + 0.5)];
-  }
+  double at(double q) const { return ms.empty() ? 0 : sluice::bench::percentile(ms, q); }
   double mean() const { return ms.empty() ? 0 : sum / static_cast<double>(ms.size()); }
 };
 
