@@ -37,7 +37,7 @@ const Scenario kScenarios[] = {
     {"load", bench_load_main, "--only sluiced-udp --seconds 1 --warmup 0",
      "sluiced's doors under load from the epoll generator, beside Redis, memcached, nginx"},
     {"soak", bench_soak_main,
-     "--seconds 10 --rate 5000 --window 5 --rss-after 5 --p99-ratio 10 --memory-only",
+     "--seconds 10 --rate 5000 --interval 5 --window 5 --rss-after 5 --p99-ratio 10 --memory-only",
      "a long steady load on one sluiced: RSS, p99 per window, errors"},
     {"keyspray", bench_keyspray_main,
      "--keys 100000 --cap-mb 32 --hot 100 --memory-only --rss-slack-mb 2",
