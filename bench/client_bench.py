@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Client checks/s per language against one sluiced (issue 16): the C++ client, the C API, the
+"""Client checks/s per language against one sluiced: the C++ client, the C API, the
 Python package (blocking and asyncio) and the Go package (blocking and with a context deadline),
 single blocking checks and batches, one calling thread each, loopback only.
 

@@ -1,4 +1,4 @@
-// sluice-bench-cluster's concurrency scenario (cluster_bench.cc, run_concurrency): a concurrency
+// sluice-bench-cluster's concurrency scenario (scenarios/cluster.cc, run_concurrency): a concurrency
 // limit (`{algorithm: concurrency, max_in_flight: M, lease_ttl: T}`, `consistency: owner`) on a
 // few keys in a cluster of real sluiced processes on loopback, first with stable membership, then
 // with the owner of key 0 killed with -9 under the same load: what docs/rules.md ("Concurrency
@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "cluster_process.h"
+#include "common/percentile.h"
 
 namespace sluice::bench {
 
@@ -333,12 +334,7 @@ inline std::string run_concurrency_cluster(const ConcurrencyOptions& o,
       if (x.outcome != CheckOutcome::kFailed) rtt.push_back(x.answer_us - x.send_us);
     }
     std::sort(rtt.begin(), rtt.end());
-    const auto pct = [&](double q) {
-      return rtt.empty()
-                 ? -1.0
-                 : static_cast<double>(rtt[std::min(
-                       rtt.size() - 1, static_cast<size_t>(q * static_cast<double>(rtt.size())))]);
-    };
+    const auto pct = [&](double q) { return rtt.empty() ? -1.0 : bench::percentile_sorted(rtt, q); };
     int held = 0, held_loose = 0, worst = 0;
     for (uint32_t k = 0; k < keys.size(); ++k) {
       if (key >= 0 && k != static_cast<uint32_t>(key)) continue;

@@ -1,4 +1,4 @@
-// sluice-bench-cluster's gcra scenario (cluster_bench.cc, run_gcra): a GCRA limit in a cluster of
+// sluice-bench-cluster's gcra scenario (scenarios/cluster.cc, run_gcra): a GCRA limit in a cluster of
 // real sluiced processes on loopback, run twice: row gcra-owner (`consistency: owner`), where the
 // key's owner decides every check (non-owners forward), so the cluster should hold the limit as
 // one node does; row gcra-gossip (`consistency: gossip`), where each of the N members decides

@@ -1,13 +1,13 @@
-// sluice-bench-cluster's lease scenario (cluster_bench.cc, run_lease; issue 15): leased quotas
+// sluice-bench-cluster's lease scenario (scenarios/cluster.cc, run_lease): leased quotas
 // (`consistency: lease`: the key's owner grants the nodes that see its traffic slices of the
 // budget left; a node decides from its slice, asks for more before it runs out and forwards a
 // check to the owner only when its slice cannot cover it) measured beside owner and gossip mode
 // on the same traffic.
 //
 // Cases (a cluster each, rows lease-3x, lease-2x, lease-10x): 3 nodes, 100/s offered 300/s;
-// 3 nodes, 100/s offered 200/s; seed 000's shape, 10 nodes, 50/s offered 500/s. The rules
+// 3 nodes, 100/s offered 200/s; sync-sweep's shape, 10 nodes, 50/s offered 500/s. The rules
 // (lease_rules) have domains `o`, `g` and `l`, one rule each keyed by `k` with the same 1 s limit,
-// weighted estimator, 10 ms buckets (as seed000: the estimator's own error stays near 1 %),
+// weighted estimator, 10 ms buckets (as sync-sweep: the estimator's own error stays near 1 %),
 // consistency owner, gossip and lease. From 1 s after the cluster converged (cluster_gcra.h: a
 // new member keeps its keys with their previous owner for a few sync intervals), each mode in
 // turn (owner, gossip, lease) gets a key of its own for `seconds` of steady() traffic

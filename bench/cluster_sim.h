@@ -1,4 +1,4 @@
-// The simulated cluster of sluice-bench-cluster-sim (cluster_sim_bench.cc says what it measures):
+// The simulated cluster of sluice-bench-cluster-sim (scenarios/cluster_sim.cc says what it measures):
 // N Membership nodes (sim/membership_nodes.h) on the one simulated network (sim/network.h; its
 // comment says how delays, loss and the order of events go), and, once start_overrides() is
 // called, on each node an OverrideTable (lib/cluster/override_table.h) spread by an

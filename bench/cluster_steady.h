@@ -1,4 +1,4 @@
-// sluice-bench-cluster's steady runs (cluster_bench.cc: stable, seed000; cluster_lease.h): one key
+// sluice-bench-cluster's steady runs (scenarios/cluster.cc: stable, sync-sweep; cluster_lease.h): one key
 // of one domain under open-loop traffic at an offered rate, spread over the nodes of a running
 // LocalCluster (tests/support/cluster_process.h) round-robin or skewed, measured against its 1 s
 // limit in true windows; and what the runs read besides: a metric summed over the nodes, the
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cluster_process.h"
+#include "common/percentile.h"
 
 namespace sluice::bench {
 
@@ -40,8 +41,7 @@ inline std::vector<size_t> indices(size_t n, size_t skip = SIZE_MAX) {
 inline int64_t nearest_rank(std::vector<int64_t>& v, double q) {
   if (v.empty()) return -1;
   std::sort(v.begin(), v.end());
-  const auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
-  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+  return static_cast<int64_t>(bench::percentile_sorted(v, q));
 }
 
 // How a steady run spreads its checks over the nodes: all of them round-robin (even), one node,

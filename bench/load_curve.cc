@@ -4,8 +4,8 @@
 #include <exception>
 
 #include "load/http_target.h"
-#include "load/proc_cpu.h"
-#include "load/process.h"
+#include "common/proc_stats.h"
+#include "common/process.h"
 #include "load/grpc_target.h"
 
 namespace sluice::bench {

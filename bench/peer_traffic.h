@@ -1,4 +1,4 @@
-// Helpers of sluice-bench-cluster's peer-traffic scenario (cluster_bench.cc, run_peer_traffic):
+// Helpers of sluice-bench-cluster's peer-traffic scenario (scenarios/cluster.cc, run_peer_traffic):
 // what the nodes send each other over the peer port while clients check many keys.
 //
 //   KeySweepLoad: open-loop checks over many distinct keys through libsluice, handed over in

@@ -2,7 +2,7 @@
 # How long a snapshot pass of sluiced takes (snapshot_interval_ms 50) while checks run (sluicectl
 # check --repeat, 32 keys), without and then with override writes through the admin API (one at a
 # time): polls /v1/status every 10 ms for persistence.last_snapshot.duration_ms and prints p50, p99
-# and max of what it saw (issue 13 item 5: why a kill -9 during override writes can lose more than
+# and max of what it saw (why a kill -9 during override writes can lose more than
 # one interval; docs/benchmarks.md). Fixed loopback ports 17650 (checks) and 17651 (admin).
 #   python3 bench/snapshot_pass_probe.py [BUILD_DIR]   (default: build)
 import json, os, subprocess, sys, tempfile, threading, time, urllib.request, shutil

@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "load/process.h"
+#include "common/process.h"
 
 namespace sluice::bench {
 

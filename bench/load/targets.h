@@ -2,10 +2,10 @@
 // and the blocking helpers used around a row (readiness probes, script load, preloading).
 //
 //   sluiced UDP / TCP   the check protocol of lib/wire (one check domain "bench", entry k=<key>)
-//   Redis               seed 003's Lua sliding log, seed 002's hash of minute counters, plain INCR,
+//   Redis               the Lua sliding log (a sorted set per key), Figma's hash of minute counters, plain INCR,
 //                       GCRA as a Lua script (kGcraScript); the same RESP client drives sluiced's
 //                       Redis-protocol door with CL.THROTTLE
-//   memcached           seed 001's two counters (get of both buckets, then incr or add)
+//   memcached           the memcached sliding window's two counters (get of both buckets, then incr or add)
 //
 // sluiced's connections are in targets.cc, the RESP and memcached text clients (over plain
 // non-blocking sockets) in targets_kv.cc.
@@ -65,14 +65,14 @@ std::string http_get(uint16_t port, const std::string& path, std::string& body);
 
 enum class RedisScheme {
   kIncr,         // INCR <key>
-  kLuaLog,       // seed 003: EVALSHA of kSeed003Script
-  kHashMinutes,  // seed 002: HINCRBY + EXPIRE + HGETALL, summed by the client
+  kLuaLog,       // EVALSHA of kLuaSlidingLogScript
+  kHashMinutes,  // Figma's: HINCRBY + EXPIRE + HGETALL, summed by the client
   kLuaGcra,      // EVALSHA of kGcraScript: redis-cell's GCRA on redis-server, in Lua
   kClThrottle,   // CL.THROTTLE, to sluiced's Redis-protocol door (or any redis-cell server)
 };
 
-// Seed 003's script, verbatim.
-extern const char* const kSeed003Script;
+// The Lua sliding log's script, verbatim.
+extern const char* const kLuaSlidingLogScript;
 
 // GCRA as a team on managed Redis writes it without the redis-cell module: CL.THROTTLE's
 // arithmetic and five-integer reply, in microseconds on Redis's clock (TIME), the TAT stored with
@@ -95,7 +95,7 @@ std::unique_ptr<Conn> make_redis(const RedisConnOptions& o, ThreadContext& ctx);
 std::string redis_probe(uint16_t port, int timeout_ms);
 // Runs one command; the reply as text (":1", "+OK", "$<bulk>", "-ERR ...") in `reply`.
 std::string redis_command(uint16_t port, const std::vector<std::string>& args, std::string& reply);
-// Seed 002 steady state: every key's hash gets one count in each of the 60 minutes before now.
+// Steady state of the minute-counter hash: every key's hash gets one count in each of the 60 minutes before now.
 std::string redis_preload_minutes(uint16_t port, const Keyspace& keys, int64_t now_ms);
 
 // ---- memcached --------------------------------------------------------------------------------
@@ -109,10 +109,10 @@ std::unique_ptr<Conn> make_memcached(const MemcachedConnOptions& o, ThreadContex
 
 std::string memcached_probe(uint16_t port, int timeout_ms, std::string* version = nullptr);
 std::string memcached_flush_all(uint16_t port);
-// Seed 001 steady state: every key's previous-minute bucket exists (count 1).
+// Steady state of the memcached two counters: every key's previous-minute bucket exists (count 1).
 std::string memcached_preload_previous(uint16_t port, const Keyspace& keys, int64_t now_ms);
 
-// Bucket TTL for seed 001 with a one-minute window: the current and the previous bucket are
+// Bucket TTL of the memcached two counters with a one-minute window: the current and the previous bucket are
 // read, so a bucket must live two minutes.
 inline constexpr int kMemcachedBucketTtlS = 120;
 

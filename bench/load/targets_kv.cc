@@ -1,7 +1,7 @@
-// The targets sluiced is compared against, the seeds' designs: Redis (a RESP client, RedisConn
-// for INCR, seed 003's Lua sliding log, seed 002's hash of minute counters, GCRA in Lua, and
+// The targets sluiced is compared against, the common designs: Redis (a RESP client, RedisConn
+// for INCR, the Lua sliding log (a sorted set per key), Figma's hash of minute counters, GCRA in Lua, and
 // CL.THROTTLE, which also drives sluiced's Redis-protocol door) and memcached
-// (MemcachedConn, seed 001's two counters), with their factories, probes and preloads. sluiced's
+// (MemcachedConn, the memcached sliding window's two counters), with their factories, probes and preloads. sluiced's
 // own targets are in targets.cc; the shared StreamConn and SyncClient in stream_conn.h.
 #include "load/targets.h"
 
@@ -130,7 +130,7 @@ void append_command(std::string& out, std::initializer_list<std::string_view> ar
 
 }  // namespace
 
-const char* const kSeed003Script = R"lua(local key = KEYS[1] -- unique key per user
+const char* const kLuaSlidingLogScript = R"lua(local key = KEYS[1] -- unique key per user
 local limit = tonumber(ARGV[1]) -- allowed number of requests within the window
 local windowSize = tonumber(ARGV[2]) -- window size in milliseconds, e.g 60000 (for 1 minute)
 local currentTime = tonumber(ARGV[3]) -- current epoch milli
@@ -191,13 +191,13 @@ return {limited, limit, remaining, seconds(retry_after), seconds(ttl)}
 
 namespace {
 
-// Seed 002 (Figma), as written: an hourly limit counted in a hash of per-minute counters.
+// Figma's hash of minute counters, as written: an hourly limit counted in a hash of per-minute counters.
 //   per check:  HINCRBY <key> <unix minute> 1    count this request in the current minute
 //               EXPIRE  <key> 3600               "it also sets the hash to expire an hour later"
 //               HGETALL <key>                    the client sums the fields in the window
 // The three commands need nothing from each other's replies, so they are written together (one
-// round trip), without MULTI and without Lua (the seed chose not to add Lua). The window is the
-// seed's harsher variant: the last hour and one minute (61 fields) unless the current second is
+// round trip), without MULTI and without Lua (the design chose not to add Lua). The window is the
+// design's harsher variant: the last hour and one minute (61 fields) unless the current second is
 // a whole minute, then the last 60. Denied when the sum (this request included) exceeds the
 // limit. Cleanup: when a reply holds more than kStaleFieldsBeforeCleanup fields older than the
 // window, an HDEL of those fields rides along with the connection's next request ("we regularly
@@ -242,7 +242,7 @@ class RedisConn final : public StreamConn {
           append_command(out_, {"INCR", name});
           break;
         case RedisScheme::kLuaLog:
-          key_.assign(name).append("-rate-limit-v1");  // seed 003's key
+          key_.assign(name).append("-rate-limit-v1");  // the Lua sliding log's key
           append_command(out_, {"EVALSHA", o_.lua_sha, "1", key_, limit_text_, "60000", now_sv});
           break;
         case RedisScheme::kHashMinutes: {
@@ -323,7 +323,7 @@ class RedisConn final : public StreamConn {
         if (static_cast<uint64_t>(reply_.integer) > o_.limit) ++stats_->denied;
         return;
       case RedisScheme::kLuaLog:
-        // Seed 003's caller: denied when requestsInWindow >= limit.
+        // The Lua sliding log's caller: denied when requestsInWindow >= limit.
         if (reply_.type != ':') return stats_->note_error("EVALSHA: unexpected reply");
         if (static_cast<uint64_t>(reply_.integer) >= o_.limit) ++stats_->denied;
         return;
@@ -394,9 +394,9 @@ class RedisConn final : public StreamConn {
   std::string cleanup_;  // an HDEL to send with the next request
 };
 
-// ---- memcached (seed 001) ----------------------------------------------------------------------
+// ---- memcached (two-counter sliding window) ----------------------------------------------------------
 
-// Seed 001 (sliding window, fixed rate), as its library does it per check:
+// The memcached sliding window (fixed rate), as its library does it per check:
 //   1. get <key>:<bucket> <key>:<bucket-1>            one multi-get of both buckets
 //   2. estimate = previous * (share of the previous bucket still inside the window) + current;
 //      denied when estimate + 1 > limit (nothing is written);

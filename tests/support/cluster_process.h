@@ -1,5 +1,5 @@
 // A cluster of real sluiced processes on loopback, for the cluster tests (tests/cluster/) and the
-// cluster benchmark (bench/cluster_bench.cc). Header-only, test support: nothing in lib/ uses it.
+// cluster benchmark (bench/scenarios/cluster.cc). Header-only, test support: nothing in lib/ uses it.
 //
 //   LocalCluster: configures and starts N nodes (node i has node_id i + 1, its own check, admin
 //     and peer ports, a data directory, a config file and a log under one temp directory; node 1

@@ -1,8 +1,8 @@
 // A cluster of real ClusterNodes, each with a NodeState and an engine of its own, in one thread
 // on the one simulated network (bench/sim/network.h) with a clock the caller steps. Node i listens
 // on 10.0.0.i:7946 and node 1 is everyone's seed; one gossip rule (domain d, key k, 1e6 per
-// minute) so that checks are counted and synced. Used by tests/cluster_node_test.cc and
-// bench/detect_bench.cc.
+// minute) so that checks are counted and synced. Used by tests/unit/node/cluster_node_test.cc
+// and bench/scenarios/detect.cc.
 //
 // SimPeerNet gives each node its datagram socket and timers (lib/node/peer_io.h) on the network:
 // each host (IP) that opens a socket is a node of the network, so its faults (isolate(), loss)

@@ -1,7 +1,7 @@
 // A directory of its own under the system's temporary directory for one test, removed with
 // everything in it when the test ends. `prefix` names the test in the directory's name. Throws
 // std::runtime_error when it cannot be made (a test case that throws fails). No doctest here:
-// benchmarks use it too (bench/detect_bench.cc, through sim_cluster.h).
+// benchmarks use it too (bench/scenarios/detect.cc, through sim_cluster.h).
 #pragma once
 
 #include <stdlib.h>

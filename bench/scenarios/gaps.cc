@@ -2,7 +2,7 @@
 // thread. One thread reads the monotonic clock in a loop for --seconds; every gap between two
 // readings longer than 20 µs is time the thread did not run (an interrupt, the scheduler, or on a
 // virtual machine the host taking the vCPU). That is a floor under any tail latency measured on
-// the machine (docs/benchmarks.md, issue 14 item 4).
+// the machine (docs/benchmarks.md).
 //
 // Usage: sluice-bench-gaps [--seconds S] [--json]
 #include <time.h>
@@ -15,7 +15,7 @@
 #include <cstring>
 #include <string>
 
-#include "json_rows.h"
+#include "common/json_rows.h"
 
 namespace {
 
@@ -33,7 +33,7 @@ int64_t now_ns() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_gaps_main(int argc, char** argv) {
   double seconds = 5;
   bool json = false;
   for (int i = 1; i < argc; ++i) {

@@ -20,7 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "json_rows.h"
+#include "common/json_rows.h"
+#include "common/percentile.h"
 #include "sim_cluster.h"
 
 namespace {
@@ -49,13 +50,12 @@ int64_t one_run(size_t nodes, uint64_t seed) {
 }
 
 int64_t at(const std::vector<int64_t>& sorted, double q) {
-  const auto i = static_cast<size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5);
-  return sorted[std::min(i, sorted.size() - 1)];
+  return static_cast<int64_t>(sluice::bench::percentile_sorted(sorted, q));
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_detect_main(int argc, char** argv) {
   CLI::App app{"time to declare a silent member dead, simulated ClusterNodes"};
   size_t nodes = 5;
   size_t runs = 200;

@@ -1,6 +1,5 @@
 // sluice-bench-engine: checks per second of the in-process engine, on one thread and on several,
-// with 1M and 10M live keys, and bytes of memory per live key, measured (DESIGN.md, "Numbers that
-// matter").
+// with 1M and 10M live keys, and bytes of memory per live key, measured (the goals in docs/benchmarks.md).
 //
 // Per row (keys x distribution):
 //   1. Generate every key string ("user-<n>", in one arena) and the whole stream of requests the
@@ -27,7 +26,7 @@
 //
 // The memory cap is set to 8 GiB so nothing is evicted; the evicted counts are printed to show it.
 //
-// --scenario sync-cost (issue 10, item 7): what one cluster sync pass (Engine::sync_step until
+// --scenario sync-cost: what one cluster sync pass (Engine::sync_step until
 // done) costs with --keys idle counters and --active of them touched between passes. Every key is
 // checked once, then one pass and one resend pass leave all of them synced; then --passes passes
 // run as a node runs them (lib/node, DeltaSync::pass): 100 simulated ms apart, every 50th one a
@@ -62,7 +61,8 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "json_rows.h"
+#include "common/json_rows.h"
+#include "common/percentile.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
 #include "traces.h"
@@ -511,9 +511,7 @@ SyncRow summarize(uint64_t keys, uint64_t active, const char* pass, std::vector<
   r.passes = ms.size();
   if (ms.empty()) return r;
   std::sort(ms.begin(), ms.end());
-  const auto at = [&](double q) {
-    return ms[static_cast<size_t>(q * static_cast<double>(ms.size() - 1) + 0.5)];
-  };
+  const auto at = [&](double q) { return sluice::bench::percentile_sorted(ms, q); };
   r.cpu_ms_p50 = at(0.50);
   r.cpu_ms_p99 = at(0.99);
   r.cpu_ms_max = ms.back();
@@ -601,7 +599,7 @@ void print_sync_json(const std::vector<SyncRow>& rows) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_engine_main(int argc, char** argv) {
   const Options opt = parse_args(argc, argv);
   if (opt.scenario == "sync-cost") {
     std::vector<SyncRow> rows;

@@ -1,5 +1,5 @@
 // sluice-bench-accuracy: wrongly allowed and wrongly denied requests of the engine against an
-// exact sliding log (DESIGN.md, "Numbers that matter"; the Cloudflare figure to beat is 0.003% of
+// exact sliding log (the goals in docs/benchmarks.md; the Cloudflare figure to beat is 0.003% of
 // requests wrongly decided).
 //
 // For each trace x window x estimator (x granularity) it builds a one-rule policy in code, replays
@@ -123,7 +123,7 @@
 #include "concurrency_trace.h"
 #include "engine/engine.h"
 #include "exact_log.h"
-#include "json_rows.h"
+#include "common/json_rows.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
 #include "traces.h"
@@ -837,7 +837,7 @@ std::string cloudflare_note(const WindowCase& wc, const testing::TraceParams& p,
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_accuracy_main(int argc, char** argv) {
   const Options opt = parse_args(argc, argv);
   std::vector<Row> rows;
   std::vector<std::string> noted;  // invalid window/granularity pairs already reported

@@ -1,8 +1,9 @@
-// sluice-bench-cluster: the cluster scenarios of issue 5 with real sluiced processes on loopback
+// sluice-bench-cluster: the cluster scenarios with real sluiced processes on loopback
 // (tests/support/cluster_process.h), traffic through libsluice spread round-robin over the nodes.
 //
 //   stable-3, stable-5  owner and gossip rules, stable membership, 3x the limit offered
-//   seed000             seed 000's scenario: 10 nodes, 50/s limit, 500/s offered; owner mode, and
+//   sync-sweep          (alias seed000; its rows keep the name seed000) 10 nodes, 50/s limit,
+//                       500/s offered; owner mode, and
 //                       gossip at sync 10, 25, 50, 100, 250, 500, 1000 ms (over-admission against
 //                       the sync interval); at 100 and 250 ms also with skewed traffic (`skew`:
 //                       all on one node, on three, or on one node moving every 2 s). Weighted
@@ -37,7 +38,7 @@
 //   lease               leased quotas (consistency: lease) beside owner and gossip mode, a key per
 //                       mode, one steady run each, weighted estimator in 10 ms buckets: lease-3x
 //                       (3 nodes, 100/s, 300/s offered), lease-2x (3 nodes, 100/s, 200/s),
-//                       lease-10x (seed000's 10 nodes, 50/s, 500/s); --quick: lease-3x alone.
+//                       lease-10x (sync-sweep's 10 nodes, 50/s, 500/s); --quick: lease-3x alone.
 //                       Then a latency pass: a fresh key per mode, the three interleaved in one
 //                       run of --seconds at 3x the offered rate, round-robin, no failover.
 //                       added_p50_us (p99) = the mode's p50 (p99) minus the gossip key's, both
@@ -75,7 +76,7 @@
 #include "cluster_lease.h"
 #include "cluster_process.h"
 #include "cluster_steady.h"
-#include "json_rows.h"
+#include "common/json_rows.h"
 #include "netns_cluster.h"
 #include "peer_traffic.h"
 
@@ -222,7 +223,7 @@ std::string run_stable(const Settings& st, size_t nodes, std::vector<Row>& rows)
   return "";
 }
 
-std::string run_seed000(const Settings& st, std::vector<Row>& rows) {
+std::string run_sync_sweep(const Settings& st, std::vector<Row>& rows) {
   const uint64_t limit = 50;
   const double rate = 500;
   std::vector<int64_t> syncs = {10, 25, 50, 100, 250, 500, 1000};
@@ -266,7 +267,7 @@ std::string run_seed000(const Settings& st, std::vector<Row>& rows) {
             sync == 100 ? "goal: max <= 1.05, min >= 0.95" : "goal: max <= 1.10, min >= 0.95";
       }
       rows.push_back(row);
-      std::fprintf(stderr, "  seed000 %s %s sync %lld ms: max %.3f min %.3f\n", mode.c_str(),
+      std::fprintf(stderr, "  sync-sweep %s %s sync %lld ms: max %.3f min %.3f\n", mode.c_str(),
                    to_string(skew), static_cast<long long>(sync), r.max_ratio,
                    r.min_ratio.value_or(-1));
     }
@@ -556,7 +557,7 @@ std::string fmt_opt(const std::optional<double>& v, int decimals) {
   return buf;
 }
 
-// sync-cost (issue 10 item 7): what a sync pass costs a running node, from the node's own
+// sync-cost: what a sync pass costs a running node, from the node's own
 // counters (/v1/cluster sync: the control thread's CPU time per pass, CLOCK_THREAD_CPUTIME_ID).
 // 3 nodes, sync every 100 ms, one gossip rule with one 1-minute limit (never reached). Node 1 is
 // sent `idle` distinct keys once (libsluice batches of 32), then, for --seconds, `active` other
@@ -685,7 +686,7 @@ std::string run_sync_cost(const Settings& st, std::vector<Row>& rows) {
   return "";
 }
 
-// partition (issue 10 item 5): 5 nodes, each in a network namespace of its own, limit 50/s, and
+// partition: 5 nodes, each in a network namespace of its own, limit 50/s, and
 // 300/s offered per mode (a gossip key and an owner key at once) spread over every node, each
 // check to its node only, with libsluice's default timeout (20 ms) and attempts. Three faults,
 // each on a fresh cluster, 10 s under that traffic after 2 s without, then healed, traffic going
@@ -716,7 +717,7 @@ std::string run_partition(const Settings& st, std::vector<Row>& rows) {
   for (const std::string fault : {"split-2-3", "one-way", "loss-30", "one-way-loss-30"}) {
     if (only != nullptr && fault != only) continue;
     ClusterSpec spec = spec_for(st, n, limit);
-    spec.rules_yaml =  // as seed000: the estimator's own error stays near 1 %
+    spec.rules_yaml =  // as sync-sweep: the estimator's own error stays near 1 %
         two_mode_rules(limit, std::getenv("SLUICE_BENCH_STRICT") ? "strict" : "weighted", "10ms");
     NetnsCluster net(spec);
     if (std::string err = net.start(milliseconds(30000)); !err.empty()) return fault + ": " + err;
@@ -810,7 +811,7 @@ std::string run_partition(const Settings& st, std::vector<Row>& rows) {
   return "";
 }
 
-// peer-traffic (issue 10 item 7): what the nodes send each other over the peer port, per node
+// peer-traffic: what the nodes send each other over the peer port, per node
 // per second, at 3, 5 and 10 nodes with the node defaults (sync 100 ms, so an empty batch to every
 // member each 50 ms as a heartbeat; replicas 2; anti-entropy 5 s; probes 1 s). Per N: idle (no
 // checks at all) for --seconds, 2 s after the cluster converged; then, each on a fresh cluster (no
@@ -1053,19 +1054,19 @@ std::string run_concurrency(const Settings& st, std::vector<Row>& rows) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_cluster_main(int argc, char** argv) {
   CLI::App app{"sluice-bench-cluster: cluster scenarios with real sluiced processes on loopback"};
   Settings st;
   bool json = false;
   std::string only;
   app.add_flag("--json", json, "last line of stdout: {\"rows\":[...]}");
   app.add_flag("--quick", st.quick,
-               "a short subset (stable-3, seed000 at 100 ms, forwarding, overrides, lease-3x)");
+               "a short subset (stable-3, sync-sweep at 100 ms, forwarding, overrides, lease-3x)");
   app.add_option("--seconds", st.seconds, "traffic per steady run (membership runs take more)")
       ->check(CLI::Range(1.0, 120.0));
   app.add_option(
       "--scenario", only,
-      "one of stable-3, stable-5, seed000, kill9, restart, join, drain, forwarding, overrides, "
+      "one of stable-3, stable-5, sync-sweep (alias seed000), kill9, restart, join, drain, forwarding, overrides, "
       "partition, sync-cost, peer-traffic, gcra, concurrency, lease");
   app.add_option("--sluiced", st.sluiced, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
@@ -1079,7 +1080,7 @@ int main(int argc, char** argv) {
   const std::vector<Scenario> scenarios = {
       {"stable-3", true, [&](auto& r) { return run_stable(st, 3, r); }},
       {"stable-5", false, [&](auto& r) { return run_stable(st, 5, r); }},
-      {"seed000", true, [&](auto& r) { return run_seed000(st, r); }},
+      {"sync-sweep", true, [&](auto& r) { return run_sync_sweep(st, r); }},
       {"kill9", false, [&](auto& r) { return run_kill9(st, r); }},
       {"restart", false, [&](auto& r) { return run_kill9(st, r, true); }},
       {"join", false, [&](auto& r) { return run_join(st, r); }},
@@ -1093,6 +1094,7 @@ int main(int argc, char** argv) {
       {"concurrency", false, [&](auto& r) { return run_concurrency(st, r); }},
       {"lease", true, [&](auto& r) { return run_lease(st, r); }},
   };
+  if (only == "seed000") only = "sync-sweep";  // the scenario's old name
   bool known = only.empty();
   for (const Scenario& s : scenarios)
     known = known || only == s.name;

@@ -88,7 +88,8 @@
 #include "cluster/membership.h"
 #include "cluster/override_table.h"
 #include "cluster_sim.h"
-#include "json_rows.h"
+#include "common/json_rows.h"
+#include "common/percentile.h"
 
 namespace {
 
@@ -101,12 +102,8 @@ double secs_since(WallClock::time_point t) {
   return std::chrono::duration<double>(WallClock::now() - t).count();
 }
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double rank = std::ceil(p * static_cast<double>(v.size()));  // nearest rank
-  const size_t i = rank < 1 ? 0 : static_cast<size_t>(rank) - 1;
-  return v[std::min(i, v.size() - 1)];
+double percentile(const std::vector<double>& v, double q) {
+  return v.empty() ? 0 : sluice::bench::percentile(v, q);
 }
 
 // What one write cost and how long it took to reach every live node.
@@ -560,7 +557,7 @@ std::string fmt(const std::optional<uint64_t>& v) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_cluster_sim_main(int argc, char** argv) {
   CLI::App app{
       "sluice-bench-cluster-sim: SWIM/Lifeguard membership and override spreading at scale, by "
       "deterministic simulation"};

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "cluster/hash_ring.h"
-#include "json_rows.h"
+#include "common/json_rows.h"
 
 namespace {
 
@@ -301,7 +301,7 @@ void print_json(const std::vector<Row>& rows) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_ring_main(int argc, char** argv) {
   const Options opt = parse_args(argc, argv);
   std::mt19937_64 rng(opt.seed);
   std::vector<uint64_t> keys(opt.keys);

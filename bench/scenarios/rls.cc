@@ -52,12 +52,13 @@
 #include <thread>
 #include <vector>
 
-#include "json_rows.h"
+#include "common/json_rows.h"
+#include "common/metrics.h"
 #include "load/args.h"
 #include "load/driver.h"
 #include "load/grpc_target.h"
-#include "load/proc_cpu.h"
-#include "load/process.h"
+#include "common/proc_stats.h"
+#include "common/process.h"
 #include "load/targets.h"
 
 namespace {
@@ -172,16 +173,7 @@ std::string load_average() {
   return fmt(l[0], 2) + " " + fmt(l[1], 2) + " " + fmt(l[2], 2);
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.starts_with("model name")) {
-      const size_t p = line.find(':');
-      return p == std::string::npos ? "" : line.substr(p + 2);
-    }
-  }
-  return "unknown CPU";
-}
+using bench::cpu_model;
 
 // ---- results ----------------------------------------------------------------------------------
 
@@ -299,15 +291,8 @@ std::map<std::string, double> rls_server_counters(uint16_t admin_port) {
   std::map<std::string, double> c;
   std::string body;
   if (admin_port == 0 || !bench::http_get(admin_port, "/metrics", body).empty()) return c;
-  std::istringstream in(body);
-  const std::string prefix = "sluice_rls_requests_total{result=\"";
-  for (std::string line; std::getline(in, line);) {
-    if (!line.starts_with(prefix)) continue;
-    const size_t q = line.find('"', prefix.size());
-    const size_t sp = line.rfind(' ');
-    if (q == std::string::npos || sp == std::string::npos) continue;
-    c[line.substr(prefix.size(), q - prefix.size())] = std::strtod(line.c_str() + sp + 1, nullptr);
-  }
+  for (const bench::MetricSample& m : bench::parse_metrics(body))
+    if (m.name == "sluice_rls_requests_total") c[bench::label_value(m, "result")] = m.value;
   return c;
 }
 
@@ -389,7 +374,7 @@ Row run_udp(const Options& o, Server& s, const bench::Keyspace& names, double ra
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_rls_main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   bench::install_stop_signals();
   // Open-loop pacing sleeps ~50 us at a time; the default 50 us timer slack would double that.

@@ -1,4 +1,4 @@
-// CPU accounting and pinning for the load benches: what a process, this process and the whole
+// CPU accounting and pinning for the benchmarks: what a process, this process and the whole
 // machine have spent on the CPU so far (read before and after a row; the difference over the
 // row's wall time is in cores), and which CPUs a process or a thread may run on.
 //
@@ -126,6 +126,18 @@ inline std::string pin_process(pid_t pid, const std::vector<int>& cpus) {
   }
   if (pinned == 0) return "process " + std::to_string(pid) + " has no threads";
   return "";
+}
+
+// The machine's CPU model (/proc/cpuinfo "model name"), for the report's header.
+inline std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("model name")) {
+      const size_t p = line.find(':');
+      return p == std::string::npos ? "" : line.substr(p + 2);
+    }
+  }
+  return "unknown CPU";
 }
 
 }  // namespace sluice::bench

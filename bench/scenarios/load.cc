@@ -1,8 +1,8 @@
 // sluice-bench-load: checks per second and latency of sluiced over loopback UDP and TCP, against
-// the seeds' own designs run for real on the same machine in the same run (DESIGN.md, "Numbers
-// that matter"):
-//   Redis + seed 003's Lua sliding log, Redis + seed 002's hash of minute counters,
-//   memcached + seed 001's two counters, and plain Redis INCR as the floor of any Redis design.
+// common rate limiter designs run for real on the same machine in the same run:
+//   Redis + the Lua sliding log (a sorted set per key), Redis + Figma's hash of minute counters,
+//   memcached + the memcached sliding window's two counters, and plain Redis INCR as the floor of
+//   any Redis design.
 //
 // One run: starts sluiced, redis-server and memcached on free loopback ports (only those the
 // selected rows need), waits until each answers (bounded), drives the rows one after another with
@@ -62,14 +62,15 @@
 #include <thread>
 #include <vector>
 
-#include "json_rows.h"
+#include "common/json_rows.h"
+#include "common/metrics.h"
 #include "load/args.h"
 #include "load/driver.h"
 #include "load/echo_server.h"
 #include "load/grpc_target.h"
 #include "load/http_target.h"
-#include "load/proc_cpu.h"
-#include "load/process.h"
+#include "common/proc_stats.h"
+#include "common/process.h"
 #include "load/targets.h"
 #include "load_curve.h"
 
@@ -396,12 +397,13 @@ struct Servers {
 
 using bench::wait_ready;
 
-// The echo servers: this program again (--echo-server), with sluiced's thread count.
+// The echo servers: this program again (sluice-bench load --echo-server), with sluiced's
+// thread count.
 void start_echo(const Options& o, const std::string& transport, bench::ChildProcess& child,
                 uint16_t& port, const std::string& dir) {
   port = bench::free_loopback_port();
   const std::string err =
-      child.start({bench::self_exe_path(), "--echo-server", transport, std::to_string(port),
+      child.start({bench::self_exe_path(), "load", "--echo-server", transport, std::to_string(port),
                    std::to_string(o.server_threads)},
                   dir + "/echo-" + transport + ".log");
   if (!err.empty()) throw std::runtime_error(transport + " echo: " + err);
@@ -512,7 +514,7 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
         s.redis, [&] { return bench::redis_probe(s.redis_port, 500); }, kReadyMs);
     std::string reply;
     if (std::string e =
-            bench::redis_command(s.redis_port, {"SCRIPT", "LOAD", bench::kSeed003Script}, reply);
+            bench::redis_command(s.redis_port, {"SCRIPT", "LOAD", bench::kLuaSlidingLogScript}, reply);
         !e.empty() || reply.size() != 41) {
       throw std::runtime_error("redis SCRIPT LOAD: " + (e.empty() ? reply : e));
     }
@@ -553,22 +555,19 @@ Counters sluiced_metrics(uint16_t admin_port) {
   Counters c;
   std::string body;
   if (!bench::http_get(admin_port, "/metrics", body).empty()) return c;
-  std::istringstream in(body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t sp = line.rfind(' ');
-    if (sp == std::string::npos) continue;
-    std::string name = line.substr(0, sp);
-    const double v = std::strtod(line.c_str() + sp + 1, nullptr);
-    for (const char* keep :
-         {"sluice_dropped_datagrams_total", "sluice_rejected_requests_total",
-          "sluice_bad_frames_total", "sluice_rejected_checks_total", "sluice_no_room_total",
-          "sluice_checks_total", "sluice_requests_total{transport=\"udp\"}",
-          "sluice_requests_total{transport=\"tcp\"}", "sluice_evictions_total"}) {
-      if (name == keep || (name.starts_with(keep) && name[std::strlen(keep)] == '{')) {
-        c[keep] += v;
-      }
-    }
+  const auto samples = bench::parse_metrics(body);
+  for (const char* keep :
+       {"sluice_dropped_datagrams_total", "sluice_rejected_requests_total",
+        "sluice_bad_frames_total", "sluice_rejected_checks_total", "sluice_no_room_total",
+        "sluice_checks_total", "sluice_requests_total{transport=\"udp\"}",
+        "sluice_requests_total{transport=\"tcp\"}", "sluice_evictions_total"}) {
+    const std::string_view k = keep;
+    const size_t brace = k.find('{');
+    const double v = brace == std::string_view::npos
+                         ? bench::metric_sum(samples, k)
+                         : bench::metric_sum(samples, k.substr(0, brace),
+                                             k.substr(brace + 1, k.size() - brace - 2));
+    if (v >= 0) c[keep] = v;
   }
   return c;
 }
@@ -833,16 +832,7 @@ RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::
 
 // ---- output -----------------------------------------------------------------------------------
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.starts_with("model name")) {
-      const size_t p = line.find(':');
-      return p == std::string::npos ? "" : line.substr(p + 2);
-    }
-  }
-  return "unknown CPU";
-}
+using bench::cpu_model;
 
 const RowResult* find_row(const std::vector<RowResult>& rows, const std::string& name) {
   for (const RowResult& r : rows) {
@@ -926,7 +916,7 @@ void print_rows_report(const Options& o, const std::vector<RowResult>& results,
   };
   judge_ratio(udp_single, "redis-lua-single", 3.0);
   judge_ratio(udp_single, "redis-incr-single", 1.5);
-  // Issue 14: the network paths against their bare echo (the same requests, threads and cores).
+  // The network paths against their bare echo (the same requests, threads and cores).
   auto judge_ceiling = [&](const std::string& mine, const std::string& echo, bool by_bytes) {
     const RowResult* a = find_row(results, mine);
     const RowResult* c = find_row(results, echo);
@@ -972,7 +962,7 @@ void print_rows_report(const Options& o, const std::vector<RowResult>& results,
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_load_main(int argc, char** argv) {
   // The echo servers are this program run again (see start_echo).
   if (argc == 5 && std::string_view(argv[1]) == "--echo-server") {
     const unsigned long port = std::strtoul(argv[3], nullptr, 10);

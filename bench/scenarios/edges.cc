@@ -1,5 +1,5 @@
 // sluice-bench-edges: how much a client that times its bursts against bucket edges gets into one
-// true window (issue 15 item 4: "bursts timed against bucket edges cannot get more than 1.10x the
+// true window (the goal: "bursts timed against bucket edges cannot get more than 1.10x the
 // limit into any true window").
 //
 // The client is closed-loop: at each moment its strategy picks, it sends one hit after another
@@ -23,7 +23,7 @@
 #include <string_view>
 #include <vector>
 
-#include "json_rows.h"
+#include "common/json_rows.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
 
@@ -169,7 +169,7 @@ uint64_t run(const WindowSpec& spec, Estimator est, Strategy s, uint64_t limit, 
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_edges_main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const int64_t t0 = 28'333'333LL * 60'000;  // an epoch-aligned minute
   nlohmann::json rows = nlohmann::json::array();

@@ -108,7 +108,7 @@ int run_c(const Args& a, uint64_t& checks, uint64_t& undecided, double& took) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_client_native_main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];

@@ -1,4 +1,4 @@
-// sluice-bench-crash: crash consistency of the store (issue 13 item 5), the long run of
+// sluice-bench-crash: crash consistency of the store, the long run of
 // crash_test's scenario (tests/support/crash.h states what each iteration checks and the exact
 // counter rule): sluiced under check load with snapshot passes every 50 ms and override writes
 // through the admin API, killed -9 at a random moment 100-600 ms in, restarted on its data
@@ -13,9 +13,9 @@
 #include <string>
 
 #include "crash.h"
-#include "json_rows.h"
+#include "common/json_rows.h"
 
-int main(int argc, char** argv) {
+int bench_crash_main(int argc, char** argv) {
   using namespace sluice::testing;
   CLI::App app{"sluice-bench-crash: kill -9 a loaded sluiced again and again, check its store"};
   CrashOptions o;

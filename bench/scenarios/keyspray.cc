@@ -1,5 +1,5 @@
 // sluice-bench-keyspray: distinct keys at full speed into one sluiced under a memory cap, while hot
-// keys are checked throughout (issue 13, item 3).
+// keys are checked throughout.
 //
 // One run:
 //   1. starts sluiced with `memory_cap_mb: --cap-mb` (256), its data directory (snapshots on, as
@@ -66,10 +66,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "json_rows.h"
+#include "common/json_rows.h"
+#include "common/metrics.h"
 #include "load/args.h"
 #include "load/driver.h"
-#include "load/process.h"
+#include "common/process.h"
 #include "load/targets.h"
 #include "wire/protocol.h"
 
@@ -254,21 +255,6 @@ struct Sample {
   double evictions_live = -1;  // -1: not read at this sample
   double evictions_expired = -1;
 };
-
-// Sum of a metric's samples (every label set) in a Prometheus text body; -1 when absent.
-double metric(const std::string& body, std::string_view name, std::string_view label = "") {
-  std::istringstream in(body);
-  double sum = -1;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#' || !line.starts_with(name)) continue;
-    const char next = line.size() > name.size() ? line[name.size()] : '\0';
-    if (next != ' ' && next != '{') continue;
-    if (!label.empty() && line.find(label) == std::string::npos) continue;
-    const size_t sp = line.rfind(' ');
-    sum = std::max(sum, 0.0) + std::strtod(line.c_str() + sp + 1, nullptr);
-  }
-  return sum;
-}
 
 class KeySpray {
  public:
@@ -612,8 +598,9 @@ class KeySpray {
     if (force_metrics || samples_.size() % 5 == 0) {
       std::string body;
       if (bench::http_get(admin_, "/metrics", body).empty()) {
-        s.evictions_live = metric(body, "sluice_evictions_total", "kind=\"live\"");
-        s.evictions_expired = metric(body, "sluice_evictions_total", "kind=\"expired\"");
+        const auto m = bench::parse_metrics(body);
+        s.evictions_live = bench::metric_sum(m, "sluice_evictions_total", "kind=\"live\"");
+        s.evictions_expired = bench::metric_sum(m, "sluice_evictions_total", "kind=\"expired\"");
       }
     }
     std::printf(
@@ -716,11 +703,12 @@ int run(const Options& o) {
   const uint64_t end_file_kb = bench::proc_status_kb(sluiced.pid(), "RssFile");
   std::string body;
   const std::string metrics_err = bench::http_get(admin, "/metrics", body);
-  const double ev_live = metric(body, "sluice_evictions_total", "kind=\"live\"");
-  const double ev_expired = metric(body, "sluice_evictions_total", "kind=\"expired\"");
-  const double no_room = metric(body, "sluice_no_room_total");
-  const double table_bytes = metric(body, "sluice_table_bytes");
-  const double table_cap = metric(body, "sluice_memory_cap_bytes");
+  const auto m = bench::parse_metrics(body);
+  const double ev_live = bench::metric_sum(m, "sluice_evictions_total", "kind=\"live\"");
+  const double ev_expired = bench::metric_sum(m, "sluice_evictions_total", "kind=\"expired\"");
+  const double no_room = bench::metric_sum(m, "sluice_no_room_total");
+  const double table_bytes = bench::metric_sum(m, "sluice_table_bytes");
+  const double table_cap = bench::metric_sum(m, "sluice_memory_cap_bytes");
   if (bench::stop_requested()) return 1;
 
   uint64_t peak_kb = hwm_kb;
@@ -837,7 +825,7 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_keyspray_main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   bench::install_stop_signals();
   try {

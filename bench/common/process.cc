@@ -1,4 +1,6 @@
-#include "load/process.h"
+#include "common/process.h"
+
+#include "free_port.h"
 
 #include <fcntl.h>
 #include <grp.h>
@@ -150,27 +152,11 @@ void ChildProcess::stop(std::chrono::milliseconds grace) {
 }
 
 uint16_t free_loopback_port() {
-  // Bounded retries: ask the kernel for a TCP port, then check UDP can have the same number.
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    const int t = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (t < 0) break;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    socklen_t len = sizeof a;
-    if (::bind(t, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::getsockname(t, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      ::close(t);
-      continue;
-    }
-    const int u = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    const bool udp_ok = u >= 0 && ::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    if (u >= 0) ::close(u);
-    ::close(t);
-    if (udp_ok) return ntohs(a.sin_port);
-  }
-  throw std::runtime_error("no free loopback port");
+  // Below the ephemeral range, never the same port twice (tests/support/free_port.h says why a
+  // port the kernel picks for a bind to port 0 is not safe to hand to a child).
+  const uint16_t port = testing::free_loopback_port();
+  if (port == 0) throw std::runtime_error("no free loopback port");
+  return port;
 }
 
 std::string file_tail(const std::string& path, size_t max_bytes) {

@@ -1,4 +1,4 @@
-// sluice-bench-store: what persistence costs (issue 4's targets, DESIGN.md "Persistence").
+// sluice-bench-store: what persistence costs (the persistence goals in docs/benchmarks.md).
 //
 // Rows:
 //   snapshot   N keys, every one changed (checked once), one Store::snapshot pass into a fresh
@@ -33,7 +33,8 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "json_rows.h"
+#include "common/json_rows.h"
+#include "common/percentile.h"
 #include "one_rule_policy.h"
 #include "store/store.h"
 #include "traces.h"
@@ -111,11 +112,8 @@ Percentiles percentiles(std::vector<uint32_t>& ns) {
   Percentiles p;
   p.samples = ns.size();
   if (ns.empty()) return p;
-  const auto at = [&](double q) {
-    const auto k = static_cast<size_t>(q * static_cast<double>(ns.size() - 1));
-    std::nth_element(ns.begin(), ns.begin() + static_cast<std::ptrdiff_t>(k), ns.end());
-    return static_cast<double>(ns[k]) / 1000.0;
-  };
+  std::sort(ns.begin(), ns.end());
+  const auto at = [&](double q) { return sluice::bench::percentile_sorted(ns, q) / 1000.0; };
   p.p50 = at(0.50);
   p.p99 = at(0.99);
   p.p999 = at(0.999);
@@ -147,7 +145,7 @@ bool parse_u64(const char* s, uint64_t& out) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_store_main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

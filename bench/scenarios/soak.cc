@@ -1,4 +1,4 @@
-// sluice-bench-soak: one sluiced under a steady load for a long time (issue 13, item 2).
+// sluice-bench-soak: one sluiced under a steady load for a long time.
 //
 // One run: starts sluiced (one worker thread by default: the generator has the other core), then
 //   0. preload: every key is checked once (UDP, 64 checks a datagram, one in flight), so the
@@ -51,10 +51,10 @@
 #include <string>
 #include <vector>
 
-#include "json_rows.h"
+#include "common/json_rows.h"
 #include "load/args.h"
 #include "load/driver.h"
-#include "load/process.h"
+#include "common/process.h"
 #include "load/targets.h"
 #include "wire/protocol.h"
 
@@ -527,7 +527,7 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_soak_main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   bench::install_stop_signals();
   try {

@@ -1,4 +1,4 @@
-// sluice-bench-chaos: chaos under load (issue 13 item 4), the long run of chaos_test's scenario
+// sluice-bench-chaos: chaos under load, the long run of chaos_test's scenario
 // (tests/support/chaos.h: what each figure means). 5 sluiced processes on loopback, steady
 // libsluice traffic over gossip and owner keys (every Client lists every node, so a dead node is
 // failed over), and every 5-10 s (random) one node killed -9, drained (POST /v1/drain) or stopped
@@ -7,7 +7,7 @@
 // Bounds the figures are held to (docs/benchmarks.md gives the run): owner mode <= 1.05 x the
 // limit in any true 1 s window (docs/architecture.md, "Node loss in owner mode, the bound": the
 // limit plus the estimator's error, none with the strict estimator); gossip mode <= limit + offered
-// rate x sync interval (100 ms) + 2, per DESIGN.md's gossip bound (as
+// rate x sync interval (100 ms) + 2, the gossip bound of docs/architecture.md (as
 // tests/cluster/cluster_test.cc).
 //
 //   sluice-bench-chaos [--json] [--seconds 300] [--nodes 5] [--limit 50] [--keys 4] [--rate 100]
@@ -19,9 +19,9 @@
 #include <string>
 
 #include "chaos.h"
-#include "json_rows.h"
+#include "common/json_rows.h"
 
-int main(int argc, char** argv) {
+int bench_chaos_main(int argc, char** argv) {
   using namespace sluice::testing;
   CLI::App app{
       "sluice-bench-chaos: a cluster under load while nodes are killed, drained, restarted"};
