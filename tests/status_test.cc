@@ -1,5 +1,5 @@
 // Unit tests of lib/base: a Status is ok or carries a code and its message byte for byte; a
-// Result<T> holds a value or a non-ok Status, never both and never neither.
+// StatusOr<T> holds a value or a non-ok Status, never both and never neither.
 #include "base/status.h"
 
 #include <doctest/doctest.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-using sluice::Result;
+using sluice::StatusOr;
 using sluice::Status;
 using sluice::StatusCode;
 
@@ -48,13 +48,13 @@ TEST_CASE("every StatusCode has a name") {
   CHECK(sluice::to_string(StatusCode::unavailable) == "unavailable");
 }
 
-Result<int> parse_digit(char c) {
+StatusOr<int> parse_digit(char c) {
   if (c < '0' || c > '9') return Status::InvalidArgument(std::string("not a digit: ") + c);
   return c - '0';
 }
 
-TEST_CASE("a Result holds a value, and its status is ok") {
-  Result<int> r = parse_digit('7');
+TEST_CASE("a StatusOr holds a value, and its status is ok") {
+  StatusOr<int> r = parse_digit('7');
   REQUIRE(r.ok());
   CHECK(static_cast<bool>(r));
   CHECK(r.value() == 7);
@@ -64,8 +64,8 @@ TEST_CASE("a Result holds a value, and its status is ok") {
   CHECK(r.message().empty());
 }
 
-TEST_CASE("a failed Result holds its Status and no value") {
-  Result<int> r = parse_digit('x');
+TEST_CASE("a failed StatusOr holds its Status and no value") {
+  StatusOr<int> r = parse_digit('x');
   CHECK_FALSE(r.ok());
   CHECK(r.code() == StatusCode::invalid_argument);
   CHECK(r.message() == "not a digit: x");
@@ -73,23 +73,23 @@ TEST_CASE("a failed Result holds its Status and no value") {
   CHECK_THROWS_AS(r.value(), std::bad_variant_access);
 }
 
-TEST_CASE("a Result built from an ok Status is a bug") {
-  CHECK_THROWS_AS(Result<int>{Status{}}, std::logic_error);
+TEST_CASE("a StatusOr built from an ok Status is a bug") {
+  CHECK_THROWS_AS(StatusOr<int>{Status{}}, std::logic_error);
 }
 
-TEST_CASE("a Result moves a move-only value in and out") {
-  Result<std::unique_ptr<int>> r = std::make_unique<int>(5);
+TEST_CASE("a StatusOr moves a move-only value in and out") {
+  StatusOr<std::unique_ptr<int>> r = std::make_unique<int>(5);
   REQUIRE(r.ok());
   CHECK(**r == 5);
   std::unique_ptr<int> p = std::move(r).value();
   CHECK(*p == 5);
 }
 
-TEST_CASE("a Result converts a value of another type into its own") {
-  Result<std::string> s = "text";
+TEST_CASE("a StatusOr converts a value of another type into its own") {
+  StatusOr<std::string> s = "text";
   REQUIRE(s.ok());
   CHECK(*s == "text");
   CHECK(s->size() == 4);
-  Result<std::vector<int>> v = std::vector<int>{1, 2};
+  StatusOr<std::vector<int>> v = std::vector<int>{1, 2};
   CHECK(v->size() == 2);
 }

@@ -1,8 +1,9 @@
-// Status and Result<T>: the one shape of an expected failure across Sluice's parts (a LevelDB
-// Status with a code, and Dragonfly's OpResult<T> for a value or the reason there is none).
+// Status and StatusOr<T>: the one shape of an expected failure across Sluice's parts (a LevelDB
+// Status with a code, and Dragonfly's OpResult<T> for a value or the reason there is none). Not
+// named Result<T>: sluice::Result is the client's decision (lib/client/client.h).
 //
 // The rule: a failure the program expects (a bad rule, a malformed request field, a data
-// directory that cannot be opened, an unknown key) is returned as a non-ok Status or a Result<T>
+// directory that cannot be opened, an unknown key) is returned as a non-ok Status or a StatusOr<T>
 // that holds one; the caller decides what it means. Exceptions are for bugs (a broken invariant)
 // and for the program's edges only: the mains of sluiced and sluicectl, which turn a Status into a
 // message and an exit code, and callbacks of third-party code that reports errors by throwing
@@ -85,28 +86,28 @@ class [[nodiscard]] Status {
 };
 
 // A T, or the non-ok Status that says why there is none. Constructed from a T (ok) or from a
-// Status, which must not be ok (a bug, std::logic_error: it would be a Result with neither). value() of a failed
-// Result is a bug too (std::bad_variant_access).
+// Status, which must not be ok (a bug, std::logic_error: it would be a StatusOr with neither). value() of a failed
+// StatusOr is a bug too (std::bad_variant_access).
 template <typename T>
-class [[nodiscard]] Result {
+class [[nodiscard]] StatusOr {
   static_assert(!std::is_same_v<std::remove_cvref_t<T>, Status>, "use Status for no value");
 
  public:
-  Result(const T& v) : v_(v) {}                // NOLINT(google-explicit-constructor)
-  Result(T&& v) : v_(std::move(v)) {}          // NOLINT(google-explicit-constructor)
-  Result(Status s) : v_(std::move(s)) {        // NOLINT(google-explicit-constructor)
-    if (std::get<Status>(v_).ok()) throw std::logic_error("Result built from an ok Status");
+  StatusOr(const T& v) : v_(v) {}                // NOLINT(google-explicit-constructor)
+  StatusOr(T&& v) : v_(std::move(v)) {}          // NOLINT(google-explicit-constructor)
+  StatusOr(Status s) : v_(std::move(s)) {        // NOLINT(google-explicit-constructor)
+    if (std::get<Status>(v_).ok()) throw std::logic_error("StatusOr built from an ok Status");
   }
   template <typename U>
     requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::remove_cvref_t<U>, T> &&
              !std::is_same_v<std::remove_cvref_t<U>, Status> &&
-             !std::is_same_v<std::remove_cvref_t<U>, Result>)
-  Result(U&& u) : v_(std::in_place_type<T>, std::forward<U>(u)) {}  // NOLINT
+             !std::is_same_v<std::remove_cvref_t<U>, StatusOr>)
+  StatusOr(U&& u) : v_(std::in_place_type<T>, std::forward<U>(u)) {}  // NOLINT
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   explicit operator bool() const { return ok(); }
 
-  // The failure; an ok Status when the Result holds a value.
+  // The failure; an ok Status when the StatusOr holds a value.
   Status status() const { return ok() ? Status() : std::get<Status>(v_); }
   StatusCode code() const { return ok() ? StatusCode::ok : std::get<Status>(v_).code(); }
   // The failure's text; empty when ok.
