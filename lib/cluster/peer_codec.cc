@@ -473,17 +473,18 @@ struct PeerCodec::Impl {
   }
 };
 
-std::string PeerCodec::check_secret(std::string_view secret) {
+Status PeerCodec::check_secret(std::string_view secret) {
   if (secret.size() < kMinSecretBytes) {
-    return "cluster secret must be at least " + std::to_string(kMinSecretBytes) + " bytes, got " +
-           std::to_string(secret.size());
+    return Status::InvalidArgument("cluster secret must be at least " +
+                                   std::to_string(kMinSecretBytes) + " bytes, got " +
+                                   std::to_string(secret.size()));
   }
   return {};
 }
 
 PeerCodec::PeerCodec(std::string_view secret, NodeId self, uint64_t boot_id, PeerLimits limits)
     : impl_(std::make_unique<Impl>()) {
-  if (std::string why = check_secret(secret); !why.empty()) throw std::invalid_argument(why);
+  if (Status why = check_secret(secret); !why.ok()) throw std::invalid_argument(why.message());
   // The largest datagram kept in one segment stays far below Cap'n Proto's 2^29-word segments.
   if (limits.max_datagram_bytes < kMinDatagramBytes || limits.max_datagram_bytes > (1u << 24))
     throw std::invalid_argument("peer codec: max_datagram_bytes must be between " +

@@ -41,6 +41,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/status.h"
 #include "cluster/messages.h"
 #include "cluster/override_table.h"
 
@@ -150,8 +151,9 @@ size_t fit_overrides(std::span<const OverrideRecord> records, const PeerLimits& 
 
 class PeerCodec {
  public:
-  // Empty when `secret` can key a cluster, else a sentence saying why not (for config checks).
-  static std::string check_secret(std::string_view secret);
+  // Ok when `secret` can key a cluster, else invalid_argument with a sentence saying why not (for
+  // config checks).
+  static Status check_secret(std::string_view secret);
 
   // `self` and `boot_id` go into every sealed envelope; sequence numbers start at 1. Throws
   // std::invalid_argument with check_secret()'s sentence for a secret under kMinSecretBytes, or

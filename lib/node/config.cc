@@ -281,7 +281,7 @@ const Peer kClusterSettings[] = {
        for (const auto& seed : v)
          if (seed.IsNull() || seed.template as<std::string>().empty()) empty_seed = true;
        for (const std::string& seed : seeds) {
-         if (std::string why = check_seed(seed); !why.empty() && bad_seed.empty()) bad_seed = why;
+         if (Status why = check_seed(seed); !why.ok() && bad_seed.empty()) bad_seed = why.message();
        }
        if (empty_seed) {
          bad("must not contain an empty address");

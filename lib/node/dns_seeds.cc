@@ -205,18 +205,20 @@ DnsSeed classify_seed(std::string_view seed) {
   return {DnsSeed::Kind::kAddress, std::string(seed)};
 }
 
-std::string check_seed(std::string_view seed) {
+Status check_seed(std::string_view seed) {
   const DnsSeed s = classify_seed(seed);
-  if (s.kind == DnsSeed::Kind::kAddress) return "";
+  if (s.kind == DnsSeed::Kind::kAddress) return {};
   const std::string form =
       s.kind == DnsSeed::Kind::kSrv ? "dns+srv:_service._proto.NAME" : "dns:NAME";
   if (!valid_dns_name(s.name)) {
-    return "\"" + std::string(seed) + "\" is not " + form + " (a DNS name after the prefix)";
+    return Status::InvalidArgument("\"" + std::string(seed) + "\" is not " + form +
+                                   " (a DNS name after the prefix)");
   }
   if (s.kind == DnsSeed::Kind::kSrv && s.name.front() != '_') {
-    return "\"" + std::string(seed) + "\" is not " + form + " (an SRV name starts with _service)";
+    return Status::InvalidArgument("\"" + std::string(seed) + "\" is not " + form +
+                                   " (an SRV name starts with _service)");
   }
-  return "";
+  return {};
 }
 
 DnsAnswer resolve_dns_seed(const DnsSeed& seed, uint16_t peer_port,

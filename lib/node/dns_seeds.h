@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/status.h"
 #include "cluster/membership.h"
 
 namespace sluice::node {
@@ -46,8 +47,9 @@ struct DnsSeed {
   std::string name;  // kA, kSrv: the DNS name; kAddress: the seed as written ("host:port")
 };
 DnsSeed classify_seed(std::string_view seed);
-// "" or why a seed is malformed ("dns:" without a name, a name with spaces, ...).
-std::string check_seed(std::string_view seed);
+// Ok, or invalid_argument saying why a seed is malformed ("dns:" without a name, a name with
+// spaces, ...).
+Status check_seed(std::string_view seed);
 
 struct DnsAnswer {
   std::vector<cluster::Endpoint> endpoints;  // IP literals

@@ -166,8 +166,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
         reach({st_.opt.cluster.node_id, st_.opt.cluster.sync_interval_ms,
                st_.opt.cluster.forget_dead_after_ms}) {
     if (opt.node_id == 0) throw std::runtime_error("cluster.node_id must be 1..65535");
-    if (std::string why = cluster::PeerCodec::check_secret(opt.secret); !why.empty()) {
-      throw std::runtime_error("cluster.secret: " + why);
+    if (Status why = cluster::PeerCodec::check_secret(opt.secret); !why.ok()) {
+      throw std::runtime_error("cluster.secret: " + why.message());
     }
     if (opt.listen.empty()) throw std::runtime_error("cluster.listen is required");
     auto [host, port] = split_host_port(opt.listen);
