@@ -1,9 +1,9 @@
-// sluice-bench-cluster's concurrency scenario (scenarios/cluster.cc, run_concurrency): a concurrency
-// limit (`{algorithm: concurrency, max_in_flight: M, lease_ttl: T}`, `consistency: owner`) on a
-// few keys in a cluster of real sluiced processes on loopback, first with stable membership, then
-// with the owner of key 0 killed with -9 under the same load: what docs/rules.md ("Concurrency
-// limits") bounds at M + what the old owner granted in its last sync interval, until those
-// leases expire.
+// sluice-bench-cluster's concurrency scenario (scenarios/cluster.cc, run_concurrency): a
+// concurrency limit (`{algorithm: concurrency, max_in_flight: M, lease_ttl: T}`, `consistency:
+// owner`) on a few keys in a cluster of real sluiced processes on loopback, first with stable
+// membership, then with the owner of key 0 killed with -9 under the same load: what docs/rules.md
+// ("Concurrency limits") bounds at M + what the old owner granted in its last sync interval, until
+// those leases expire.
 //
 // Load: `workers_per_key` threads per key, closed loop: acquire (a check) through a random node;
 // granted: hold the lease 20-200 ms, then release it through a random node; denied or failed:
@@ -334,7 +334,9 @@ inline std::string run_concurrency_cluster(const ConcurrencyOptions& o,
       if (x.outcome != CheckOutcome::kFailed) rtt.push_back(x.answer_us - x.send_us);
     }
     std::sort(rtt.begin(), rtt.end());
-    const auto pct = [&](double q) { return rtt.empty() ? -1.0 : bench::percentile_sorted(rtt, q); };
+    const auto pct = [&](double q) {
+      return rtt.empty() ? -1.0 : bench::percentile_sorted(rtt, q);
+    };
     int held = 0, held_loose = 0, worst = 0;
     for (uint32_t k = 0; k < keys.size(); ++k) {
       if (key >= 0 && k != static_cast<uint32_t>(key)) continue;

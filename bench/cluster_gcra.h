@@ -1,6 +1,6 @@
-// sluice-bench-cluster's gcra scenario (scenarios/cluster.cc, run_gcra): a GCRA limit in a cluster of
-// real sluiced processes on loopback, run twice: row gcra-owner (`consistency: owner`), where the
-// key's owner decides every check (non-owners forward), so the cluster should hold the limit as
+// sluice-bench-cluster's gcra scenario (scenarios/cluster.cc, run_gcra): a GCRA limit in a cluster
+// of real sluiced processes on loopback, run twice: row gcra-owner (`consistency: owner`), where
+// the key's owner decides every check (non-owners forward), so the cluster should hold the limit as
 // one node does; row gcra-gossip (`consistency: gossip`), where each of the N members decides
 // alone at rate / N and burst / N (at least 1), so the cluster admits at most
 // max(burst, N) + t / I in any time t: that is the burst the measures below use in that row.

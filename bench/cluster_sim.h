@@ -1,9 +1,10 @@
-// The simulated cluster of sluice-bench-cluster-sim (scenarios/cluster_sim.cc says what it measures):
-// N Membership nodes (sim/membership_nodes.h) on the one simulated network (sim/network.h; its
-// comment says how delays, loss and the order of events go), and, once start_overrides() is
-// called, on each node an OverrideTable (lib/cluster/override_table.h) spread by an
-// OverrideSpread (lib/cluster/override_spread.h), as a node's OverrideSync runs them; and what the
-// bench observes: who lists whom in which state, and the messages and bytes the nodes send.
+// The simulated cluster of sluice-bench-cluster-sim (scenarios/cluster_sim.cc says what it
+// measures): N Membership nodes (sim/membership_nodes.h) on the one simulated network
+// (sim/network.h; its comment says how delays, loss and the order of events go), and, once
+// start_overrides() is called, on each node an OverrideTable (lib/cluster/override_table.h) spread
+// by an OverrideSpread (lib/cluster/override_spread.h), as a node's OverrideSync runs them; and
+// what the bench observes: who lists whom in which state, and the messages and bytes the nodes
+// send.
 //
 // Every message a node sends is sealed with the real peer codec (peer_codec.h: Cap'n Proto
 // envelope + 32-byte HMAC tag) to count its bytes, UDP and IP headers (28 bytes a datagram) not

@@ -1,8 +1,8 @@
-// sluice-bench-cluster's steady runs (scenarios/cluster.cc: stable, sync-sweep; cluster_lease.h): one key
-// of one domain under open-loop traffic at an offered rate, spread over the nodes of a running
-// LocalCluster (tests/support/cluster_process.h) round-robin or skewed, measured against its 1 s
-// limit in true windows; and what the runs read besides: a metric summed over the nodes, the
-// nearest-rank percentile of latencies. Header-only, used by one program (one thread: the
+// sluice-bench-cluster's steady runs (scenarios/cluster.cc: stable, sync-sweep; cluster_lease.h):
+// one key of one domain under open-loop traffic at an offered rate, spread over the nodes of a
+// running LocalCluster (tests/support/cluster_process.h) round-robin or skewed, measured against
+// its 1 s limit in true windows; and what the runs read besides: a metric summed over the nodes,
+// the nearest-rank percentile of latencies. Header-only, used by one program (one thread: the
 // LocalCluster's).
 #pragma once
 

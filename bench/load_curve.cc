@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <exception>
 
-#include "load/http_target.h"
 #include "common/proc_stats.h"
 #include "common/process.h"
 #include "load/grpc_target.h"
+#include "load/http_target.h"
 
 namespace sluice::bench {
 

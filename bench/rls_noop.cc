@@ -1,8 +1,8 @@
 // sluice-bench-rls-noop: the gRPC front of sluiced (lib/rls: the same HTTP/2 transport, protobuf
 // parsing, request planning and response building) with a backend that answers every check
-// "allowed" without deciding it: no engine, no counter, no rule, no limit in the answer. sluice-bench-rls measures it
-// beside sluiced with the same generator, so sluiced's gRPC figures read as a fraction of what the
-// front itself allows on the machine.
+// "allowed" without deciding it: no engine, no counter, no rule, no limit in the answer.
+// sluice-bench-rls measures it beside sluiced with the same generator, so sluiced's gRPC figures
+// read as a fraction of what the front itself allows on the machine.
 //
 //   sluice-bench-rls-noop --grpc 127.0.0.1:PORT [--threads N]
 //

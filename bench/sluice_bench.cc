@@ -19,7 +19,7 @@
 namespace {
 
 struct Scenario {
-  const char* name;     // sluice-bench <name>, and the link sluice-bench-<name>
+  const char* name;  // sluice-bench <name>, and the link sluice-bench-<name>
   int (*run)(int argc, char** argv);
   const char* quick;    // flags standing for --quick; nullptr: the scenario reads --quick itself
   const char* summary;  // one line for --list

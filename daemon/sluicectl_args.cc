@@ -25,8 +25,8 @@ namespace {
 // The subcommands, built on `app` and bound to `inv`'s fields; each is returned so the caller can
 // tell which one ran.
 struct Subcommands {
-  CLI::App *check, *status, *ovr, *ovr_set, *ovr_get, *ovr_del, *ovr_list, *plan_cmd,
-      *plan_assign, *insp, *top, *snap, *ring, *drain, *convert;
+  CLI::App *check, *status, *ovr, *ovr_set, *ovr_get, *ovr_del, *ovr_list, *plan_cmd, *plan_assign,
+      *insp, *top, *snap, *ring, *drain, *convert;
 };
 
 Subcommands build(CLI::App& app, Invocation& inv, std::vector<std::string>& limits,
@@ -42,7 +42,9 @@ Subcommands build(CLI::App& app, Invocation& inv, std::vector<std::string>& limi
   s.check->add_option("--hits", inv.hits, "cost of the request (0 asks without counting)");
   s.check->add_option("--server", inv.server, "node check address host:port");
   s.check->add_flag("--tcp", inv.tcp, "use TCP instead of UDP");
-  s.check->add_option("--repeat", inv.repeat, "send the check this many times in a row (exit code: last)")
+  s.check
+      ->add_option("--repeat", inv.repeat,
+                   "send the check this many times in a row (exit code: last)")
       ->check(CLI::Range(1, 100'000));
   s.check->add_option("--timeout-ms", inv.timeout_ms, "give up after this long")
       ->check(CLI::Range(1, 60'000));
@@ -98,7 +100,8 @@ Subcommands build(CLI::App& app, Invocation& inv, std::vector<std::string>& limi
   s.plan_assign->add_option("--ttl", ttl, "expire after e.g. 30d (default: never)");
   admin_opt(s.plan_assign);
 
-  s.insp = app.add_subcommand("inspect", "a key's rules, overrides, buckets and estimates on a node");
+  s.insp =
+      app.add_subcommand("inspect", "a key's rules, overrides, buckets and estimates on a node");
   s.insp->add_option("domain", inv.domain, "rules domain")->required();
   s.insp->add_option("entries", inv.pairs, "descriptor entries key=value")->required();
   admin_opt(s.insp);
@@ -113,7 +116,8 @@ Subcommands build(CLI::App& app, Invocation& inv, std::vector<std::string>& limi
   admin_opt(s.top);
 
   s.snap = app.add_subcommand("snapshot", "write a snapshot of the node's counters now");
-  s.snap->add_flag("--full", inv.full, "write every counter, not only those changed since the last");
+  s.snap->add_flag("--full", inv.full,
+                   "write every counter, not only those changed since the last");
   admin_opt(s.snap);
 
   s.ring = app.add_subcommand(
@@ -123,7 +127,8 @@ Subcommands build(CLI::App& app, Invocation& inv, std::vector<std::string>& limi
   admin_opt(s.ring);
 
   s.drain = app.add_subcommand(
-      "drain", "make the node leave the cluster gracefully (its keys move to the others), then stop");
+      "drain",
+      "make the node leave the cluster gracefully (its keys move to the others), then stop");
   admin_opt(s.drain);
 
   auto* rules_cmd = app.add_subcommand("rules", "work with rules files offline");
@@ -191,12 +196,18 @@ Invocation CommandLineParser::parse(const std::vector<std::string>& argv) {
   }
 
   inv.exit_code = kAllowed;
-  if (*s.convert) inv.command = Command::kRulesConvert;
-  else if (*s.drain) inv.command = Command::kDrain;
-  else if (*s.check) inv.command = Command::kCheck;
-  else if (*s.status) inv.command = Command::kStatus;
-  else if (*s.top) inv.command = Command::kTop;
-  else if (*s.snap) inv.command = Command::kSnapshot;
+  if (*s.convert)
+    inv.command = Command::kRulesConvert;
+  else if (*s.drain)
+    inv.command = Command::kDrain;
+  else if (*s.check)
+    inv.command = Command::kCheck;
+  else if (*s.status)
+    inv.command = Command::kStatus;
+  else if (*s.top)
+    inv.command = Command::kTop;
+  else if (*s.snap)
+    inv.command = Command::kSnapshot;
   else if (*s.ring) {
     inv.command = Command::kRing;
     if (!inv.domain.empty()) {

@@ -1,6 +1,6 @@
 // sluiced: a Sluice node. Wiring only: parse the command line and config, build the node, run.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>

@@ -27,6 +27,7 @@ packages=(
   nlohmann-json3-dev      # JSON for the HTTP check endpoint and `--json` output
   libssl-dev              # HMAC for peer messages
   clang libclang-rt-14-dev  # libFuzzer targets
+  clang-format            # the code style, checked in CI (tests/check_format.sh)
   redis-server memcached nginx  # baselines for bench/ and the nginx auth_request test
   redis-tools             # redis-cli, redis-benchmark: the RESP door's tests and bench rows
   # Redis clients no one here wrote, each against the RESP door (tests/interop/resp): redis-py

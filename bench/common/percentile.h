@@ -8,8 +8,8 @@
 // took round(q * (n - 1)), store's latencies floor(q * (n - 1)), so their p99 may now be a rank
 // lower or higher (on a few hundred samples or fewer, e.g. detect's 200 runs or 20 sync passes,
 // one rank can be a visible step; on thousands it is a neighbour); cluster concurrency's
-// acquire_p50/p99_us took floor(q * n), one rank above nearest rank whenever q * n is whole. The load generator's histogram (load/histogram.h)
-// keeps its buckets: it never holds the samples.
+// acquire_p50/p99_us took floor(q * n), one rank above nearest rank whenever q * n is whole. The
+// load generator's histogram (load/histogram.h) keeps its buckets: it never holds the samples.
 #pragma once
 
 #include <algorithm>

@@ -72,8 +72,8 @@ struct RowStats {
   // UDP datagrams, TCP bytes with their framing), for bytes on the wire per check.
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
-  double seconds = 0;          // length of the measured window
-  std::string first_error;     // the first error seen, for the report
+  double seconds = 0;       // length of the measured window
+  std::string first_error;  // the first error seen, for the report
 
   void merge(const RowStats& o);
   void note_error(const std::string& what) {

@@ -20,9 +20,9 @@
 namespace sluice::bench {
 namespace {
 
-constexpr size_t kBurst = 32;          // datagrams per recvmmsg / sendmmsg, as sluiced
-constexpr size_t kSlot = 64 * 1024;    // the largest datagram
-constexpr int kWaitMs = 100;           // epoll timeout: how soon a stop is noticed
+constexpr size_t kBurst = 32;        // datagrams per recvmmsg / sendmmsg, as sluiced
+constexpr size_t kSlot = 64 * 1024;  // the largest datagram
+constexpr int kWaitMs = 100;         // epoll timeout: how soon a stop is noticed
 std::atomic<bool> stop_flag{false};
 
 void on_signal(int) {
@@ -86,9 +86,9 @@ void udp_loop(int fd) {
         out[i].msg_hdr.msg_iovlen = 1;
       }
       for (size_t sent = 0; sent < static_cast<size_t>(got);) {
-        const int k = ::sendmmsg(fd, out.data() + sent, static_cast<unsigned>(got) -
-                                                            static_cast<unsigned>(sent),
-                                 MSG_DONTWAIT);
+        const int k =
+            ::sendmmsg(fd, out.data() + sent,
+                       static_cast<unsigned>(got) - static_cast<unsigned>(sent), MSG_DONTWAIT);
         if (k <= 0) break;  // socket buffer full: those are lost, as sluiced's would be
         sent += static_cast<size_t>(k);
       }

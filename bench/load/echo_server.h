@@ -3,7 +3,8 @@
 // sockets sharing the port with SO_REUSEPORT, up to 32 datagrams per system call each way, TCP
 // read and written back in place) but doing no work on the bytes. Driven with the same requests
 // as sluiced, on the same number of threads, they give the most this machine's kernel and loopback
-// carry for that traffic: what the check path is compared against (the cost of the bare network path).
+// carry for that traffic: what the check path is compared against (the cost of the bare network
+// path).
 //
 // sluice-bench-load runs it as a child process of its own binary (--echo-server), so the echo
 // and sluiced are measured alike (a process of their own, CPU read from /proc).

@@ -15,8 +15,7 @@ namespace sluice::bench {
 
 namespace {
 
-constexpr std::string_view kPath =
-    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+constexpr std::string_view kPath = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 // An answer larger than this is malformed (a one-descriptor answer is a few dozen bytes).
 constexpr size_t kMaxAnswerBytes = 64 * 1024;
 
@@ -148,9 +147,12 @@ class GrpcConn final : public detail::StreamConn {
     c->body_pos = 0;
     encode_call(c->body, o_.domain, o_.entry_key, o_.keys->names[keys_->next()]);
     const nghttp2_nv hdrs[] = {
-        nv(":method", "POST"),         nv(":scheme", "http"),
-        nv(":path", kPath),            nv(":authority", authority_),
-        nv("content-type", "application/grpc"), nv("te", "trailers"),
+        nv(":method", "POST"),
+        nv(":scheme", "http"),
+        nv(":path", kPath),
+        nv(":authority", authority_),
+        nv("content-type", "application/grpc"),
+        nv("te", "trailers"),
     };
     nghttp2_data_provider data{};
     data.source.ptr = c;
@@ -205,8 +207,8 @@ class GrpcConn final : public detail::StreamConn {
 
   static nghttp2_nv nv(std::string_view name, std::string_view value) {
     return {reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
-            reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(),
-            value.size(), NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE};
+            reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(), value.size(),
+            NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE};
   }
 
   // Moves what nghttp2 has to send into the output buffer (flush() writes it).
@@ -226,8 +228,8 @@ class GrpcConn final : public detail::StreamConn {
     }
   }
 
-  static ssize_t read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t length,
-                           uint32_t* flags, nghttp2_data_source* source, void*) {
+  static ssize_t read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t length, uint32_t* flags,
+                           nghttp2_data_source* source, void*) {
     auto* c = static_cast<Call*>(source->ptr);
     const size_t n = std::min(length, c->body.size() - c->body_pos);
     std::memcpy(buf, c->body.data() + c->body_pos, n);

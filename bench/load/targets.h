@@ -2,10 +2,12 @@
 // and the blocking helpers used around a row (readiness probes, script load, preloading).
 //
 //   sluiced UDP / TCP   the check protocol of lib/wire (one check domain "bench", entry k=<key>)
-//   Redis               the Lua sliding log (a sorted set per key), Figma's hash of minute counters, plain INCR,
+//   Redis               the Lua sliding log (a sorted set per key), Figma's hash of minute
+//   counters, plain INCR,
 //                       GCRA as a Lua script (kGcraScript); the same RESP client drives sluiced's
 //                       Redis-protocol door with CL.THROTTLE
-//   memcached           the memcached sliding window's two counters (get of both buckets, then incr or add)
+//   memcached           the memcached sliding window's two counters (get of both buckets, then incr
+//   or add)
 //
 // sluiced's connections are in targets.cc, the RESP and memcached text clients (over plain
 // non-blocking sockets) in targets_kv.cc.
@@ -95,7 +97,8 @@ std::unique_ptr<Conn> make_redis(const RedisConnOptions& o, ThreadContext& ctx);
 std::string redis_probe(uint16_t port, int timeout_ms);
 // Runs one command; the reply as text (":1", "+OK", "$<bulk>", "-ERR ...") in `reply`.
 std::string redis_command(uint16_t port, const std::vector<std::string>& args, std::string& reply);
-// Steady state of the minute-counter hash: every key's hash gets one count in each of the 60 minutes before now.
+// Steady state of the minute-counter hash: every key's hash gets one count in each of the 60
+// minutes before now.
 std::string redis_preload_minutes(uint16_t port, const Keyspace& keys, int64_t now_ms);
 
 // ---- memcached --------------------------------------------------------------------------------
@@ -112,8 +115,8 @@ std::string memcached_flush_all(uint16_t port);
 // Steady state of the memcached two counters: every key's previous-minute bucket exists (count 1).
 std::string memcached_preload_previous(uint16_t port, const Keyspace& keys, int64_t now_ms);
 
-// Bucket TTL of the memcached two counters with a one-minute window: the current and the previous bucket are
-// read, so a bucket must live two minutes.
+// Bucket TTL of the memcached two counters with a one-minute window: the current and the previous
+// bucket are read, so a bucket must live two minutes.
 inline constexpr int kMemcachedBucketTtlS = 120;
 
 }  // namespace sluice::bench

@@ -1,8 +1,9 @@
 // The targets sluiced is compared against, the common designs: Redis (a RESP client, RedisConn
-// for INCR, the Lua sliding log (a sorted set per key), Figma's hash of minute counters, GCRA in Lua, and
-// CL.THROTTLE, which also drives sluiced's Redis-protocol door) and memcached
-// (MemcachedConn, the memcached sliding window's two counters), with their factories, probes and preloads. sluiced's
-// own targets are in targets.cc; the shared StreamConn and SyncClient in stream_conn.h.
+// for INCR, the Lua sliding log (a sorted set per key), Figma's hash of minute counters, GCRA in
+// Lua, and CL.THROTTLE, which also drives sluiced's Redis-protocol door) and memcached
+// (MemcachedConn, the memcached sliding window's two counters), with their factories, probes and
+// preloads. sluiced's own targets are in targets.cc; the shared StreamConn and SyncClient in
+// stream_conn.h.
 #include "load/targets.h"
 
 #include <algorithm>
@@ -191,7 +192,8 @@ return {limited, limit, remaining, seconds(retry_after), seconds(ttl)}
 
 namespace {
 
-// Figma's hash of minute counters, as written: an hourly limit counted in a hash of per-minute counters.
+// Figma's hash of minute counters, as written: an hourly limit counted in a hash of per-minute
+// counters.
 //   per check:  HINCRBY <key> <unix minute> 1    count this request in the current minute
 //               EXPIRE  <key> 3600               "it also sets the hash to expire an hour later"
 //               HGETALL <key>                    the client sums the fields in the window
@@ -394,7 +396,8 @@ class RedisConn final : public StreamConn {
   std::string cleanup_;  // an HDEL to send with the next request
 };
 
-// ---- memcached (two-counter sliding window) ----------------------------------------------------------
+// ---- memcached (two-counter sliding window)
+// ----------------------------------------------------------
 
 // The memcached sliding window (fixed rate), as its library does it per check:
 //   1. get <key>:<bucket> <key>:<bucket-1>            one multi-get of both buckets

@@ -119,11 +119,11 @@
 #include <string_view>
 #include <vector>
 
+#include "common/json_rows.h"
 #include "concurrency_reference.h"
 #include "concurrency_trace.h"
 #include "engine/engine.h"
 #include "exact_log.h"
-#include "common/json_rows.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
 #include "traces.h"

@@ -1064,10 +1064,10 @@ int bench_cluster_main(int argc, char** argv) {
                "a short subset (stable-3, sync-sweep at 100 ms, forwarding, overrides, lease-3x)");
   app.add_option("--seconds", st.seconds, "traffic per steady run (membership runs take more)")
       ->check(CLI::Range(1.0, 120.0));
-  app.add_option(
-      "--scenario", only,
-      "one of stable-3, stable-5, sync-sweep (alias seed000), kill9, restart, join, drain, forwarding, overrides, "
-      "partition, sync-cost, peer-traffic, gcra, concurrency, lease");
+  app.add_option("--scenario", only,
+                 "one of stable-3, stable-5, sync-sweep (alias seed000), kill9, restart, join, "
+                 "drain, forwarding, overrides, "
+                 "partition, sync-cost, peer-traffic, gcra, concurrency, lease");
   app.add_option("--sluiced", st.sluiced, "the sluiced binary");
   CLI11_PARSE(app, argc, argv);
   if (st.quick && !app.count("--seconds")) st.seconds = 3;

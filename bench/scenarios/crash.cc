@@ -12,8 +12,8 @@
 #include <random>
 #include <string>
 
-#include "crash.h"
 #include "common/json_rows.h"
+#include "crash.h"
 
 int bench_crash_main(int argc, char** argv) {
   using namespace sluice::testing;

@@ -128,7 +128,8 @@ uint64_t max_in_window(const std::vector<std::pair<int64_t, uint64_t>>& admitted
   size_t first = 0;
   for (size_t i = 0; i < admitted.size(); ++i) {
     sum += admitted[i].second;
-    while (admitted[first].first <= admitted[i].first - w) sum -= admitted[first++].second;
+    while (admitted[first].first <= admitted[i].first - w)
+      sum -= admitted[first++].second;
     best = std::max(best, sum);
   }
   return best;
@@ -143,7 +144,8 @@ uint64_t run(const WindowSpec& spec, Estimator est, Strategy s, uint64_t limit, 
   const int64_t end = start_ms + windows * spec.window_ms;
   auto send = [&](int64_t t) {
     uint64_t n = 0;
-    while (n < limit && sw.try_acquire(t, 1, limit)) ++n;
+    while (n < limit && sw.try_acquire(t, 1, limit))
+      ++n;
     if (n > 0) admitted.emplace_back(t, n);
   };
   for (int64_t t = start_ms; t < end; ++t) {

@@ -1,5 +1,6 @@
 // sluice-bench-engine: checks per second of the in-process engine, on one thread and on several,
-// with 1M and 10M live keys, and bytes of memory per live key, measured (the goals in docs/benchmarks.md).
+// with 1M and 10M live keys, and bytes of memory per live key, measured (the goals in
+// docs/benchmarks.md).
 //
 // Per row (keys x distribution):
 //   1. Generate every key string ("user-<n>", in one arena) and the whole stream of requests the
@@ -60,9 +61,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/engine.h"
 #include "common/json_rows.h"
 #include "common/percentile.h"
+#include "engine/engine.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
 #include "traces.h"

@@ -68,9 +68,9 @@
 
 #include "common/json_rows.h"
 #include "common/metrics.h"
+#include "common/process.h"
 #include "load/args.h"
 #include "load/driver.h"
-#include "common/process.h"
 #include "load/targets.h"
 #include "wire/protocol.h"
 

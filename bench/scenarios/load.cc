@@ -64,13 +64,13 @@
 
 #include "common/json_rows.h"
 #include "common/metrics.h"
+#include "common/proc_stats.h"
+#include "common/process.h"
 #include "load/args.h"
 #include "load/driver.h"
 #include "load/echo_server.h"
 #include "load/grpc_target.h"
 #include "load/http_target.h"
-#include "common/proc_stats.h"
-#include "common/process.h"
 #include "load/targets.h"
 #include "load_curve.h"
 
@@ -99,7 +99,7 @@ struct Options {
   uint32_t udp_sockets = 8;
   uint32_t udp_window = 8;
   uint32_t udp_batch_window = 2;
-  uint32_t udp_room = 288;  // libsluice's default udp_answer_room_per_check
+  uint32_t udp_room = 288;   // libsluice's default udp_answer_room_per_check
   uint32_t http_window = 1;  // HTTP rows: requests in flight per connection (pipelined if > 1)
   uint32_t gen_threads = 1;
   // The generator takes one core; Redis serves on one thread. Giving sluiced the one core left
@@ -402,10 +402,9 @@ using bench::wait_ready;
 void start_echo(const Options& o, const std::string& transport, bench::ChildProcess& child,
                 uint16_t& port, const std::string& dir) {
   port = bench::free_loopback_port();
-  const std::string err =
-      child.start({bench::self_exe_path(), "load", "--echo-server", transport, std::to_string(port),
-                   std::to_string(o.server_threads)},
-                  dir + "/echo-" + transport + ".log");
+  const std::string err = child.start({bench::self_exe_path(), "load", "--echo-server", transport,
+                                       std::to_string(port), std::to_string(o.server_threads)},
+                                      dir + "/echo-" + transport + ".log");
   if (!err.empty()) throw std::runtime_error(transport + " echo: " + err);
   // Ready once a request comes back (bounded by wait_ready's timeout).
   wait_ready(
@@ -453,8 +452,7 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
     const std::string udp = "127.0.0.1:" + std::to_string(s.sluice_port);
     const std::string config = s.dir.path() + "/sluiced.yaml";
     std::ofstream(config) << "# written by sluice-bench-load\ninit_data: true\nudp_busy_poll_us: "
-                          << o.busy_poll_us
-                          << "\n";
+                          << o.busy_poll_us << "\n";
     const std::string err = s.sluiced.start({exe,
                                              "--config",
                                              config,
@@ -513,8 +511,8 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
     wait_ready(
         s.redis, [&] { return bench::redis_probe(s.redis_port, 500); }, kReadyMs);
     std::string reply;
-    if (std::string e =
-            bench::redis_command(s.redis_port, {"SCRIPT", "LOAD", bench::kLuaSlidingLogScript}, reply);
+    if (std::string e = bench::redis_command(
+            s.redis_port, {"SCRIPT", "LOAD", bench::kLuaSlidingLogScript}, reply);
         !e.empty() || reply.size() != 41) {
       throw std::runtime_error("redis SCRIPT LOAD: " + (e.empty() ? reply : e));
     }
@@ -609,10 +607,10 @@ struct RowResult {
   double offered_rate = 0;
   bench::RowStats stats;
   std::string notes;
-  std::string error;        // the row could not run
-  double gen_cores = 0;     // CPU used by the generator over the row, in cores
-  double server_cores = 0;  // CPU used by the server under test over the row, in cores
-  double other_cores = 0;   // CPU used by everything else on the machine (other work, kernel)
+  std::string error;         // the row could not run
+  double gen_cores = 0;      // CPU used by the generator over the row, in cores
+  double server_cores = 0;   // CPU used by the server under test over the row, in cores
+  double other_cores = 0;    // CPU used by everything else on the machine (other work, kernel)
   std::string load = "max";  // "max" (closed loop) or "half" (open loop at half the max)
   double checks_per_sec() const {
     return stats.seconds > 0 ? static_cast<double>(stats.checks) / stats.seconds : 0;
@@ -628,10 +626,9 @@ struct RowResult {
                : 0;
   }
   double bytes_per_check() const {
-    return stats.checks > 0
-               ? static_cast<double>(stats.bytes_sent + stats.bytes_received) /
-                     static_cast<double>(stats.checks)
-               : 0;
+    return stats.checks > 0 ? static_cast<double>(stats.bytes_sent + stats.bytes_received) /
+                                  static_cast<double>(stats.checks)
+                            : 0;
   }
   // The server's CPU per check, in microseconds (its cores over the row / checks per second).
   double server_cpu_us_per_check() const {
@@ -771,12 +768,12 @@ RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::
 
   const bool sluiced = def.server == Server::kSluiced;
   const Counters m0 = sluiced ? sluiced_metrics(s.admin_port) : Counters{};
-  const pid_t server_pid = def.server == Server::kSluiced     ? s.sluiced.pid()
-                           : def.server == Server::kRedis     ? s.redis.pid()
-                           : def.server == Server::kEchoUdp   ? s.echo_udp.pid()
-                           : def.server == Server::kEchoTcp   ? s.echo_tcp.pid()
-                           : def.server == Server::kNginx     ? s.nginx.pid()
-                                                              : s.memcached.pid();
+  const pid_t server_pid = def.server == Server::kSluiced   ? s.sluiced.pid()
+                           : def.server == Server::kRedis   ? s.redis.pid()
+                           : def.server == Server::kEchoUdp ? s.echo_udp.pid()
+                           : def.server == Server::kEchoTcp ? s.echo_tcp.pid()
+                           : def.server == Server::kNginx   ? s.nginx.pid()
+                                                            : s.memcached.pid();
   const Counters k0 = udp_snmp();
   const double g0 = bench::self_cpu_seconds(), c0 = bench::process_cpu_seconds(server_pid),
                m0b = bench::machine_busy_seconds();

@@ -54,11 +54,11 @@
 
 #include "common/json_rows.h"
 #include "common/metrics.h"
+#include "common/proc_stats.h"
+#include "common/process.h"
 #include "load/args.h"
 #include "load/driver.h"
 #include "load/grpc_target.h"
-#include "common/proc_stats.h"
-#include "common/process.h"
 #include "load/targets.h"
 
 namespace {
@@ -81,8 +81,8 @@ struct Options {
   uint32_t udp_window = 8;  // as sluice-bench-load's sluiced-udp-single
   uint32_t udp_room = 288;  // libsluice's default udp_answer_room_per_check
   std::string sluiced = SLUICED_BIN;
-  std::string compare;  // another sluiced: its RLS rows first, labelled "before"
-  double rate = 0;      // open-loop rows at this rate instead of half the max
+  std::string compare;       // another sluiced: its RLS rows first, labelled "before"
+  double rate = 0;           // open-loop rows at this rate instead of half the max
   double low_rate = 10'000;  // the "low" row's rate (0: no such row)
   bool no_noop = false;      // skip the rls-noop rows
 };
@@ -224,10 +224,10 @@ struct Server {
 // The no-op front (sluice-bench-rls-noop): gRPC only, answering without deciding.
 void start_noop(const Options& o, Server& s) {
   s.grpc_port = bench::free_loopback_port();
-  const std::string err = s.sluiced.start(
-      {SLUICE_RLS_NOOP_BIN, "--grpc", "127.0.0.1:" + std::to_string(s.grpc_port), "--threads",
-       std::to_string(o.server_threads)},
-      s.dir.path() + "/noop.log");
+  const std::string err =
+      s.sluiced.start({SLUICE_RLS_NOOP_BIN, "--grpc", "127.0.0.1:" + std::to_string(s.grpc_port),
+                       "--threads", std::to_string(o.server_threads)},
+                      s.dir.path() + "/noop.log");
   if (!err.empty()) throw std::runtime_error("sluice-bench-rls-noop: " + err);
   const int64_t deadline = bench::now_ns() + 15'000'000'000;
   std::string last = "not started";
@@ -325,8 +325,8 @@ Row run_rls(const Options& o, Server& s, const bench::Keyspace& names, double ra
   const bench::DriveOptions d = drive_options(o, o.channels, rate);
   const auto c0 = rls_server_counters(s.admin_port);
   measure_cpu(r, s.sluiced.pid(), [&] {
-    r.stats = bench::drive(
-        d, [go](bench::ThreadContext& ctx) { return bench::make_grpc(go, ctx); });
+    r.stats =
+        bench::drive(d, [go](bench::ThreadContext& ctx) { return bench::make_grpc(go, ctx); });
   });
   const auto c1 = rls_server_counters(s.admin_port);
   double refused = 0;
@@ -389,8 +389,7 @@ int bench_rls_main(int argc, char** argv) {
     // One sluiced per binary: the --compare one (RLS rows only), then the one under test.
     // The no-op front first (rows rls-noop), then one sluiced per binary: the --compare one (RLS
     // rows only), then the one under test.
-    for (const std::string& variant :
-         {std::string("noop"), std::string("before"), std::string()}) {
+    for (const std::string& variant : {std::string("noop"), std::string("before"), std::string()}) {
       if (variant == "before" && (o.compare.empty() || o.only == "udp")) continue;
       if (variant == "noop" && (o.no_noop || o.only == "udp")) continue;
       const bool noop = variant == "noop";
@@ -401,7 +400,9 @@ int bench_rls_main(int argc, char** argv) {
         start_server(o, variant.empty() ? o.sluiced : o.compare, s);
       }
       std::fprintf(stderr, "sluice-bench-rls: %s up (--threads %u), load average %s\n",
-                   noop ? "sluice-bench-rls-noop" : variant.empty() ? "sluiced" : "sluiced (before)",
+                   noop              ? "sluice-bench-rls-noop"
+                   : variant.empty() ? "sluiced"
+                                     : "sluiced (before)",
                    o.server_threads, load_average().c_str());
       auto one = [&](const std::string& label, auto&& run) -> Row* {
         if (bench::stop_requested()) return nullptr;
@@ -500,8 +501,8 @@ int bench_rls_main(int argc, char** argv) {
     }
   }
   if (const Row* h = find("rls", "half")) {
-    const bool met = h->us(0.99) <= 1000 && h->us(0.999) <= 3000 && h->errors == 0 &&
-                     h->stats.unsent == 0;
+    const bool met =
+        h->us(0.99) <= 1000 && h->us(0.999) <= 3000 && h->errors == 0 && h->stats.unsent == 0;
     std::printf("- rls p99 <= 1 ms and p99.9 <= 3 ms at half load (%.0f/s): %.1f / %.1f us, %s\n",
                 h->offered, h->us(0.99), h->us(0.999), verdict(met));
   }

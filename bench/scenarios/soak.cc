@@ -52,9 +52,9 @@
 #include <vector>
 
 #include "common/json_rows.h"
+#include "common/process.h"
 #include "load/args.h"
 #include "load/driver.h"
-#include "common/process.h"
 #include "load/targets.h"
 #include "wire/protocol.h"
 
@@ -155,15 +155,19 @@ Options parse(int argc, char** argv) {
   }
   // The goals compare whole windows of whole intervals.
   const double per_window = o.window / o.interval;
-  if (std::abs(per_window - std::round(per_window)) > 1e-9) usage("--window must be a multiple of --interval");
+  if (std::abs(per_window - std::round(per_window)) > 1e-9)
+    usage("--window must be a multiple of --interval");
   const double rss_at = o.rss_after / o.interval;
-  if (std::abs(rss_at - std::round(rss_at)) > 1e-9) usage("--rss-after must be a multiple of --interval");
-  if (o.seconds < o.rss_after + o.interval) usage("--seconds must exceed --rss-after by an interval");
+  if (std::abs(rss_at - std::round(rss_at)) > 1e-9)
+    usage("--rss-after must be a multiple of --interval");
+  if (o.seconds < o.rss_after + o.interval)
+    usage("--seconds must exceed --rss-after by an interval");
   if (o.seconds < 2 * o.window) usage("--seconds must hold at least two windows");
   return o;
 }
 
-// ---- the load: thread 0 speaks UDP, thread 1 TCP --------------------------------------------------
+// ---- the load: thread 0 speaks UDP, thread 1 TCP
+// --------------------------------------------------
 
 constexpr uint32_t kUdpWindow = 8;   // datagrams of 1 check in flight per socket
 constexpr uint32_t kTcpWindow = 32;  // frames of 1 check in flight per connection
@@ -222,7 +226,8 @@ void preload(uint16_t port, const bench::Keyspace& keys) {
     const size_t n = std::min(kBatch, keys.names.size() - from);
     for (size_t j = 0; j < n; ++j) {
       entries[j] = wire::Entry{bench::kSluiceEntryKey, keys.names[from + j]};
-      checks[j] = wire::Check{bench::kSluiceDomain, std::span<const wire::Entry>(&entries[j], 1), 1};
+      checks[j] =
+          wire::Check{bench::kSluiceDomain, std::span<const wire::Entry>(&entries[j], 1), 1};
     }
     wire::encode_request(++id, std::span<const wire::Check>(checks.data(), n), 0, msg);
     bool answered = false;
@@ -255,7 +260,7 @@ double us(const bench::LatencyHistogram& h, double q) {
 // ---- the series -------------------------------------------------------------------------------
 
 struct Interval {
-  double end_s = 0;    // seconds since the soak started
+  double end_s = 0;  // seconds since the soak started
   uint64_t rss_kb = 0;
   bench::RowStats udp, tcp;
   bench::RowStats both() const {
@@ -316,16 +321,32 @@ int run(const Options& o) {
   const uint16_t admin = bench::free_loopback_port();
   bench::ChildProcess sluiced;
   const std::string addr = "127.0.0.1:" + std::to_string(port);
-  if (std::string e = sluiced.start(
-          {exe, "--udp", addr, "--tcp", addr, "--admin", "127.0.0.1:" + std::to_string(admin),
-           "--grpc", "", "--resp", "", "--rules", rules, "--threads",
-           std::to_string(o.server_threads), "--log-level", "warn", "--data-dir",
-           o.memory_only ? "" : dir.path() + "/sluiced-data", "--init-data"},
-          dir.path() + "/sluiced.log");
+  if (std::string e = sluiced.start({exe,
+                                     "--udp",
+                                     addr,
+                                     "--tcp",
+                                     addr,
+                                     "--admin",
+                                     "127.0.0.1:" + std::to_string(admin),
+                                     "--grpc",
+                                     "",
+                                     "--resp",
+                                     "",
+                                     "--rules",
+                                     rules,
+                                     "--threads",
+                                     std::to_string(o.server_threads),
+                                     "--log-level",
+                                     "warn",
+                                     "--data-dir",
+                                     o.memory_only ? "" : dir.path() + "/sluiced-data",
+                                     "--init-data"},
+                                    dir.path() + "/sluiced.log");
       !e.empty()) {
     throw std::runtime_error("sluiced: " + e);
   }
-  bench::wait_ready(sluiced, [&] { return bench::sluice_probe(port, 500); }, 15'000);
+  bench::wait_ready(
+      sluiced, [&] { return bench::sluice_probe(port, 500); }, 15'000);
   const uint64_t rss_start_kb = bench::proc_status_kb(sluiced.pid());
 
   const bench::Keyspace keys(o.keys);
@@ -372,8 +393,8 @@ int run(const Options& o) {
   d.seed = 11;
   d.interval_s = o.interval;
   const pid_t pid = sluiced.pid();
-  std::printf("%7s %9s %11s %9s %9s %9s %8s\n", "t_s", "rss_mib", "checks/s", "p50_us",
-              "p99_us", "errors", "denied");
+  std::printf("%7s %9s %11s %9s %9s %9s %8s\n", "t_s", "rss_mib", "checks/s", "p50_us", "p99_us",
+              "errors", "denied");
   d.on_interval = [&](unsigned index, const std::vector<bench::RowStats>& by_thread) {
     Interval iv;
     iv.end_s = std::min(o.seconds, (index + 1) * o.interval);
@@ -396,7 +417,8 @@ int run(const Options& o) {
   if (bench::stop_requested()) return 1;
 
   std::vector<Interval>& iv = series.intervals;
-  std::sort(iv.begin(), iv.end(), [](const Interval& a, const Interval& b) { return a.end_s < b.end_s; });
+  std::sort(iv.begin(), iv.end(),
+            [](const Interval& a, const Interval& b) { return a.end_s < b.end_s; });
   // Whole windows only.
   std::vector<Window> windows;
   for (size_t w = 0; (w + 1) * per_window <= iv.size(); ++w) {
@@ -420,8 +442,9 @@ int run(const Options& o) {
                 static_cast<double>(last.rss_kb) / 1024.0);
   }
   std::printf("total: %" PRIu64 " checks (UDP and TCP), %" PRIu64 " denied, errors %" PRIu64
-              " (error replies or malformed %" PRIu64 ", timeouts %" PRIu64 ", send failures %" PRIu64
-              ", connection failures %" PRIu64 ", unsent %" PRIu64 ")%s%s\n",
+              " (error replies or malformed %" PRIu64 ", timeouts %" PRIu64
+              ", send failures %" PRIu64 ", connection failures %" PRIu64 ", unsent %" PRIu64
+              ")%s%s\n",
               total.checks, total.denied, error_count(total), total.errors, total.lost,
               total.send_failures, total.conn_failures, total.unsent,
               total.first_error.empty() ? "" : "; first: ", total.first_error.c_str());
@@ -450,11 +473,12 @@ int run(const Options& o) {
   const double achieved = static_cast<double>(total.checks) / o.seconds;
   const bool rate_ok = achieved >= 0.95 * rate;
   ok = ok && rss_ok && p99_ok && errors_ok && rate_ok;
-  std::printf("\n%s rss: after %.0f s within +-%.0f %% of %.1f MiB: min %.1f MiB (%+.2f %%), "
-              "max %.1f MiB (%+.2f %%)\n",
-              rss_ok ? "PASS" : "FAIL", o.rss_after, o.rss_band * 100, rss_ref / 1024.0,
-              rss_lo / 1024.0, rss_ref > 0 ? (rss_lo / rss_ref - 1) * 100 : 0, rss_hi / 1024.0,
-              rss_ref > 0 ? (rss_hi / rss_ref - 1) * 100 : 0);
+  std::printf(
+      "\n%s rss: after %.0f s within +-%.0f %% of %.1f MiB: min %.1f MiB (%+.2f %%), "
+      "max %.1f MiB (%+.2f %%)\n",
+      rss_ok ? "PASS" : "FAIL", o.rss_after, o.rss_band * 100, rss_ref / 1024.0, rss_lo / 1024.0,
+      rss_ref > 0 ? (rss_lo / rss_ref - 1) * 100 : 0, rss_hi / 1024.0,
+      rss_ref > 0 ? (rss_hi / rss_ref - 1) * 100 : 0);
   // Not a goal: whether RSS trends. With snapshots on, it cycles as RocksDB memtables fill and
   // are flushed (up to the write buffer share of memory_cap_mb); a leak raises the highs.
   if (windows.size() >= 3) {
@@ -464,8 +488,9 @@ int run(const Options& o) {
         m = std::max(m, iv[k].rss_kb);
       return static_cast<double>(m) / 1024.0;
     };
-    std::printf("note rss trend: highest sample of window 2 %.1f MiB, of the last window %.1f MiB\n",
-                high(1), high(windows.size() - 1));
+    std::printf(
+        "note rss trend: highest sample of window 2 %.1f MiB, of the last window %.1f MiB\n",
+        high(1), high(windows.size() - 1));
   }
   std::printf("%s p99: last window %.0f us <= %.2f x first window %.0f us (ratio %.2f)\n",
               p99_ok ? "PASS" : "FAIL", p99_last, o.p99_ratio, p99_first,
@@ -475,7 +500,8 @@ int run(const Options& o) {
               ", send lag p99 over the soak %.0f us)\n",
               rate_ok ? "PASS" : "FAIL", achieved, rate, rate > 0 ? achieved / rate * 100 : 0,
               total.unsent, us(total.send_lag, 0.99));
-  if (!alive) std::printf("FAIL sluiced exited during the soak (%s)\n", sluiced.exit_status().c_str());
+  if (!alive)
+    std::printf("FAIL sluiced exited during the soak (%s)\n", sluiced.exit_status().c_str());
 
   if (o.json) {
     nlohmann::json ivs = nlohmann::json::array(), wins = nlohmann::json::array();
@@ -513,10 +539,18 @@ int run(const Options& o) {
         {"windows", wins},
         {"total", stats_json(total, o.seconds)},
         {"goals",
-         {{"rss", {{"pass", rss_ok}, {"after_s", o.rss_after}, {"band", o.rss_band},
-                   {"ref_kb", rss_ref}, {"min_kb", rss_lo}, {"max_kb", rss_hi}}},
-          {"p99", {{"pass", p99_ok}, {"ratio_max", o.p99_ratio}, {"first_us", p99_first},
-                   {"last_us", p99_last}}},
+         {{"rss",
+           {{"pass", rss_ok},
+            {"after_s", o.rss_after},
+            {"band", o.rss_band},
+            {"ref_kb", rss_ref},
+            {"min_kb", rss_lo},
+            {"max_kb", rss_hi}}},
+          {"p99",
+           {{"pass", p99_ok},
+            {"ratio_max", o.p99_ratio},
+            {"first_us", p99_first},
+            {"last_us", p99_last}}},
           {"errors", {{"pass", errors_ok}, {"count", error_count(total)}}},
           {"rate", {{"pass", rate_ok}, {"achieved", achieved}, {"offered", rate}}},
           {"sluiced_alive", alive}}}};

@@ -32,9 +32,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/engine.h"
 #include "common/json_rows.h"
 #include "common/percentile.h"
+#include "engine/engine.h"
 #include "one_rule_policy.h"
 #include "store/store.h"
 #include "traces.h"
@@ -97,7 +97,8 @@ void fill(engine::Engine& e, uint64_t n) {
   char buf[32] = "user-";
   for (uint64_t i = 0; i < n; ++i) {
     const auto r = std::to_chars(buf + 5, buf + sizeof buf, i);
-    const rules::Descriptor d[] = {{"user", std::string_view(buf, static_cast<size_t>(r.ptr - buf))}};
+    const rules::Descriptor d[] = {
+        {"user", std::string_view(buf, static_cast<size_t>(r.ptr - buf))}};
     const rules::CheckRequest req{"bench", d, 1};
     e.check({&req, 1}, kNowMs, out);
   }
@@ -128,7 +129,8 @@ void time_checks(engine::Engine& e, uint64_t n, const std::atomic<bool>& stop, s
   char buf[32] = "user-";
   while (!stop.load(std::memory_order_relaxed) && out.size() < max) {
     const auto r = std::to_chars(buf + 5, buf + sizeof buf, rng() % n);
-    const rules::Descriptor d[] = {{"user", std::string_view(buf, static_cast<size_t>(r.ptr - buf))}};
+    const rules::Descriptor d[] = {
+        {"user", std::string_view(buf, static_cast<size_t>(r.ptr - buf))}};
     const rules::CheckRequest req{"bench", d, 1};
     const auto t0 = Clock::now();
     e.check({&req, 1}, kNowMs, res);
@@ -186,7 +188,8 @@ int bench_store_main(int argc, char** argv) {
       started = true;
       time_checks(e, o.snapshot_keys, stop, during.capacity(), during);
     });
-    while (!started.load()) std::this_thread::yield();
+    while (!started.load())
+      std::this_thread::yield();
     const auto t0 = Clock::now();
     const store::SnapshotResult r = store->snapshot(e);
     const double secs = seconds_since(t0);
@@ -201,18 +204,20 @@ int bench_store_main(int argc, char** argv) {
 
     const Percentiles pi = percentiles(idle);
     const Percentiles pd = percentiles(during);
-    std::printf("snapshot of %llu changed keys: %.3f s, %llu records written (%.0f/s), %.1f MiB "
-                "written, %.1f MiB on disk after flush; a pass with nothing changed: %.1f ms "
-                "(%llu written)\n",
-                static_cast<unsigned long long>(o.snapshot_keys), secs,
-                static_cast<unsigned long long>(r.written), static_cast<double>(r.written) / secs,
-                static_cast<double>(r.bytes) / 1048576.0, static_cast<double>(disk) / 1048576.0,
-                quiet_secs * 1000.0, static_cast<unsigned long long>(quiet.written));
-    std::printf("check latency, one thread, %llu keys: idle p50 %.3f us p99 %.3f us p99.9 %.3f us "
-                "(%zu samples); during the snapshot p50 %.3f us p99 %.3f us p99.9 %.3f us (%zu "
-                "samples); p99 ratio %.2f\n",
-                static_cast<unsigned long long>(o.snapshot_keys), pi.p50, pi.p99, pi.p999,
-                pi.samples, pd.p50, pd.p99, pd.p999, pd.samples, pd.p99 / pi.p99);
+    std::printf(
+        "snapshot of %llu changed keys: %.3f s, %llu records written (%.0f/s), %.1f MiB "
+        "written, %.1f MiB on disk after flush; a pass with nothing changed: %.1f ms "
+        "(%llu written)\n",
+        static_cast<unsigned long long>(o.snapshot_keys), secs,
+        static_cast<unsigned long long>(r.written), static_cast<double>(r.written) / secs,
+        static_cast<double>(r.bytes) / 1048576.0, static_cast<double>(disk) / 1048576.0,
+        quiet_secs * 1000.0, static_cast<unsigned long long>(quiet.written));
+    std::printf(
+        "check latency, one thread, %llu keys: idle p50 %.3f us p99 %.3f us p99.9 %.3f us "
+        "(%zu samples); during the snapshot p50 %.3f us p99 %.3f us p99.9 %.3f us (%zu "
+        "samples); p99 ratio %.2f\n",
+        static_cast<unsigned long long>(o.snapshot_keys), pi.p50, pi.p99, pi.p999, pi.samples,
+        pd.p50, pd.p99, pd.p999, pd.samples, pd.p99 / pi.p99);
     rows.push_back({{"row", "snapshot"},
                     {"keys", o.snapshot_keys},
                     {"ok", r.ok},
@@ -258,12 +263,13 @@ int bench_store_main(int argc, char** argv) {
       r = store->restore(e, kNowMs + 1);
       secs[attempt] = seconds_since(t0);
     }
-    std::printf("restore of %llu keys: %.3f s right after the write, %.3f s settled (open + scan "
-                "+ import), %llu restored; written by a full snapshot in %.3f s (%.1f MiB written, "
-                "%.1f MiB on disk)\n",
-                static_cast<unsigned long long>(o.restore_keys), secs[0], secs[1],
-                static_cast<unsigned long long>(r.restored), write_secs,
-                static_cast<double>(w.bytes) / 1048576.0, static_cast<double>(disk) / 1048576.0);
+    std::printf(
+        "restore of %llu keys: %.3f s right after the write, %.3f s settled (open + scan "
+        "+ import), %llu restored; written by a full snapshot in %.3f s (%.1f MiB written, "
+        "%.1f MiB on disk)\n",
+        static_cast<unsigned long long>(o.restore_keys), secs[0], secs[1],
+        static_cast<unsigned long long>(r.restored), write_secs,
+        static_cast<double>(w.bytes) / 1048576.0, static_cast<double>(disk) / 1048576.0);
     rows.push_back({{"row", "restore"},
                     {"keys", o.restore_keys},
                     {"seconds", secs[1]},

@@ -35,9 +35,9 @@
 #include "cluster/delta_sync.h"
 #include "cluster/hash_ring.h"
 #include "cluster/peer_codec.h"
-#include "engine/engine.h"
 #include "common/json_rows.h"
 #include "common/percentile.h"
+#include "engine/engine.h"
 #include "load/args.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
@@ -332,16 +332,16 @@ int bench_sync_main(int argc, char** argv) {
                   r.pass.c_str(), n, mean, p50, p99, mx, bytes);
     }
     json.push_back({{"scenario", "sync-cost"},
-              {"part", r.part},
-              {"pass", r.pass},
-              {"idle_keys", o.keys},
-              {"active_keys", o.active},
-              {"passes", n},
-              {"cpu_ms_mean", mean},
-              {"cpu_ms_p50", p50},
-              {"cpu_ms_p99", p99},
-              {"cpu_ms_max", mx},
-              {"bytes_per_pass", bytes}});
+                    {"part", r.part},
+                    {"pass", r.pass},
+                    {"idle_keys", o.keys},
+                    {"active_keys", o.active},
+                    {"passes", n},
+                    {"cpu_ms_mean", mean},
+                    {"cpu_ms_p50", p50},
+                    {"cpu_ms_p99", p99},
+                    {"cpu_ms_max", mx},
+                    {"bytes_per_pass", bytes}});
   }
   if (o.json) sluice::bench::print_json_rows(json);
   return 0;

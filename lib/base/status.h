@@ -40,13 +40,20 @@ enum class StatusCode : uint8_t {
 // The code's name in snake_case ("invalid_argument"), for logs and tests.
 constexpr std::string_view to_string(StatusCode c) {
   switch (c) {
-    case StatusCode::ok: return "ok";
-    case StatusCode::invalid_argument: return "invalid_argument";
-    case StatusCode::not_found: return "not_found";
-    case StatusCode::already_exists: return "already_exists";
-    case StatusCode::io_error: return "io_error";
-    case StatusCode::corruption: return "corruption";
-    case StatusCode::unavailable: return "unavailable";
+    case StatusCode::ok:
+      return "ok";
+    case StatusCode::invalid_argument:
+      return "invalid_argument";
+    case StatusCode::not_found:
+      return "not_found";
+    case StatusCode::already_exists:
+      return "already_exists";
+    case StatusCode::io_error:
+      return "io_error";
+    case StatusCode::corruption:
+      return "corruption";
+    case StatusCode::unavailable:
+      return "unavailable";
   }
   return "unknown";
 }
@@ -57,7 +64,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return {}; }
-  static Status InvalidArgument(std::string m) { return {StatusCode::invalid_argument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::invalid_argument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {StatusCode::not_found, std::move(m)}; }
   static Status AlreadyExists(std::string m) { return {StatusCode::already_exists, std::move(m)}; }
   static Status IoError(std::string m) { return {StatusCode::io_error, std::move(m)}; }
@@ -86,23 +95,23 @@ class [[nodiscard]] Status {
 };
 
 // A T, or the non-ok Status that says why there is none. Constructed from a T (ok) or from a
-// Status, which must not be ok (a bug, std::logic_error: it would be a StatusOr with neither). value() of a failed
-// StatusOr is a bug too (std::bad_variant_access).
+// Status, which must not be ok (a bug, std::logic_error: it would be a StatusOr with neither).
+// value() of a failed StatusOr is a bug too (std::bad_variant_access).
 template <typename T>
 class [[nodiscard]] StatusOr {
   static_assert(!std::is_same_v<std::remove_cvref_t<T>, Status>, "use Status for no value");
 
  public:
-  StatusOr(const T& v) : v_(v) {}                // NOLINT(google-explicit-constructor)
-  StatusOr(T&& v) : v_(std::move(v)) {}          // NOLINT(google-explicit-constructor)
-  StatusOr(Status s) : v_(std::move(s)) {        // NOLINT(google-explicit-constructor)
+  StatusOr(const T& v) : v_(v) {}          // NOLINT(google-explicit-constructor)
+  StatusOr(T&& v) : v_(std::move(v)) {}    // NOLINT(google-explicit-constructor)
+  StatusOr(Status s) : v_(std::move(s)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(v_).ok()) throw std::logic_error("StatusOr built from an ok Status");
   }
   template <typename U>
-    requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::remove_cvref_t<U>, T> &&
-             !std::is_same_v<std::remove_cvref_t<U>, Status> &&
-             !std::is_same_v<std::remove_cvref_t<U>, StatusOr>)
-  StatusOr(U&& u) : v_(std::in_place_type<T>, std::forward<U>(u)) {}  // NOLINT
+  requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::remove_cvref_t<U>, T> &&
+           !std::is_same_v<std::remove_cvref_t<U>, Status> &&
+           !std::is_same_v<std::remove_cvref_t<U>, StatusOr>) StatusOr(U&& u)
+      : v_(std::in_place_type<T>, std::forward<U>(u)) {}  // NOLINT
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   explicit operator bool() const { return ok(); }

@@ -1,5 +1,6 @@
 // Delta sync: turns the engine's changed counters into SyncBatches per destination node, placed
-// by the hash ring (docs/architecture.md, "The cluster"). Network-free: the caller sends the batches.
+// by the hash ring (docs/architecture.md, "The cluster"). Network-free: the caller sends the
+// batches.
 //
 // Who gets what, per counter (owner = first of ring.owners(routing_key), replicas = the rest):
 //   - a node that does not own it sends its own bucket totals to the owner and the replicas;

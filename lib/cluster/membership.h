@@ -38,10 +38,10 @@
 //    the refutation itself instead of waiting for gossip (or for a probe of ours, which local
 //    health may have slowed to several seconds). Without these pings, 15 s of 30 % loss both
 //    ways among 5 nodes declared a live member dead in 281 of 10,000 simulated runs; with them
-//    in none, and none at 50 % either (docs/bench-log/2026-11-25-membership-loss-and-scale.md). They are lean so that a
-//    dead suspect costs no gossip transmissions, and with more than 8 members suspected at once
-//    (a partition, a failed rack) each is pinged proportionally less often: a node sends at
-//    most about 64 of them per shortest timeout.
+//    in none, and none at 50 % either (docs/bench-log/2026-11-25-membership-loss-and-scale.md).
+//    They are lean so that a dead suspect costs no gossip transmissions, and with more than 8
+//    members suspected at once (a partition, a failed rack) each is pinged proportionally less
+//    often: a node sends at most about 64 of them per shortest timeout.
 //  - Local health (Lifeguard). Failed probes whose relays did not all nack, and refutations,
 //    raise a score in [0, max_local_health); successful probes lower it. The probe interval and
 //    the probe timeout are multiplied by (score + 1), so a node that is itself slow or

@@ -464,10 +464,9 @@ struct PeerCodec::Impl {
     const PeerError e =
         h.kind == PeerKind::kMembership
             ? read_membership(payload.getAs<ps::Membership>(), h.sender, out.membership)
-        : h.kind == PeerKind::kSync
-            ? read_sync(payload.getAs<ps::SyncBatch>(), h.sender, out.sync)
-            : detail::read_override_sync(payload.getAs<ps::OverrideSync>(), h.sender, limits,
-                                         out.overrides);
+        : h.kind == PeerKind::kSync ? read_sync(payload.getAs<ps::SyncBatch>(), h.sender, out.sync)
+                                    : detail::read_override_sync(payload.getAs<ps::OverrideSync>(),
+                                                                 h.sender, limits, out.overrides);
     if (e == PeerError::kOk) guard.record(h.sender, h.boot_id, h.seq);
     return e;
   }
@@ -590,8 +589,7 @@ PeerError PeerCodec::seal(const SyncBatch& b, int64_t now_ms, std::vector<uint8_
                      });
 }
 
-PeerError PeerCodec::seal(const OverrideSyncMessage& m, int64_t now_ms,
-                          std::vector<uint8_t>& out) {
+PeerError PeerCodec::seal(const OverrideSyncMessage& m, int64_t now_ms, std::vector<uint8_t>& out) {
   if (PeerError e = detail::check_override_sync(m, impl_->limits); e != PeerError::kOk) {
     out.clear();
     return e;

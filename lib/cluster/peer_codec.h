@@ -110,8 +110,8 @@ struct PeerHeader {
 // sender of their own: `from` is set to header.sender.
 struct PeerMessage {
   PeerHeader header;
-  MembershipMessage membership;  // header.kind == kMembership
-  SyncBatch sync;                // header.kind == kSync
+  MembershipMessage membership;   // header.kind == kMembership
+  SyncBatch sync;                 // header.kind == kSync
   OverrideSyncMessage overrides;  // header.kind == kOverrides
 };
 

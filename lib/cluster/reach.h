@@ -66,8 +66,8 @@ class Reach {
   struct Change {
     std::vector<std::pair<NodeId, int64_t>> went_out;   // newly out of reach (id, since)
     std::vector<std::pair<NodeId, int64_t>> came_back;  // in reach again (id, out since)
-    bool out_changed = false;       // out_of_reach() is new
-    bool capacity_changed = false;  // capacity() is new: apply it
+    bool out_changed = false;                           // out_of_reach() is new
+    bool capacity_changed = false;                      // capacity() is new: apply it
   };
   // Re-evaluates against `members` (membership's list, this node included).
   Change update(const std::map<NodeId, Member>& members, bool self_left, int64_t now_ms);

@@ -118,7 +118,7 @@ std::unique_ptr<uint32_t[], SlotStorage> CounterTable::allocate(size_t words) {
   const size_t bytes = words * sizeof(uint32_t);
   // From one huge page up: a 1M-key engine's 64 tables of ten-bucket counters are ~2.4 MiB
   // each, and at 4 MiB (the threshold before) none of them had a huge page, so a check's
-  // prefetch waited on a page walk more often 
+  // prefetch waited on a page walk more often
   // (docs/bench-log/2026-11-27-ten-buckets-engine-speed.md).
   if (bytes >= kHugePage) {
     // Anonymous pages arrive zeroed.

@@ -132,7 +132,7 @@ class CounterTable {
   // Others' counts are non-zero only in a slot flagged remote or carried (both flags stay once
   // set; Engine::import_record flags a record's others remote). The check path reads and moves
   // them only there, so a counter no other node reports on touches its head and own counts
-  // alone: for a ten-bucket ring the first 60 bytes of its 104 
+  // alone: for a ten-bucket ring the first 60 bytes of its 104
   // (docs/bench-log/2026-11-27-ten-buckets-engine-speed.md).
   static constexpr uint64_t kOthersFlags = kRemoteFlag | kCarriedFlag;
   std::span<uint32_t> counted_others(size_t i) {

@@ -115,8 +115,9 @@ struct SyncList {
 
   // At most this many entries for a shard whose tables take `table_bytes`: about one per 32 slots
   // of a one-minute limit (32-byte slots), near where a pass's lookups (a cache miss each) cost
-  // what a walk of every slot costs 
-  // (docs/bench-log/2026-11-23-sync-cost.md). At most 1/64 of the table bytes, and nothing while the engine does not sync.
+  // what a walk of every slot costs
+  // (docs/bench-log/2026-11-23-sync-cost.md). At most 1/64 of the table bytes, and nothing while
+  // the engine does not sync.
   static uint64_t limit(uint64_t table_bytes) {
     return std::max<uint64_t>(256, table_bytes / 1024);
   }

@@ -37,7 +37,6 @@ using front::admin::Request;
 using front::admin::Route;
 using front::admin::Runs;
 
-
 // Resident memory of this process (Linux /proc), 0 when unknown.
 uint64_t resident_bytes() {
   std::ifstream f("/proc/self/statm");
@@ -71,7 +70,6 @@ Json persistence_json(const PersistenceStatus& p, int64_t now) {
         {"no_room", p.restored.no_room},
         {"duration_ms", static_cast<double>(p.restored.duration_us) / 1000.0}}}};
 }
-
 
 std::string render_status(Node& node, uint64_t http_checks) {
   const engine::EngineStats es = node.engine().stats();
@@ -189,10 +187,9 @@ struct AdminHttp::Parts {
     add_check_routes(rows, node, checks);
     const auto admin_row = [&](std::string_view path, Access access,
                                std::function<void(const Request&, Reply&)> fn) {
-      rows.push_back(Route{"GET", path, access, Runs::kAdminThread,
-                           [fn = std::move(fn)](const Request& req, Reply& r, Later&) {
-                             fn(req, r);
-                           }});
+      rows.push_back(
+          Route{"GET", path, access, Runs::kAdminThread,
+                [fn = std::move(fn)](const Request& req, Reply& r, Later&) { fn(req, r); }});
     };
     admin_row("/healthz", Access::kOpen,
               [this](const Request& req, Reply& r) { healthz(node, req, r, false); });

@@ -75,7 +75,6 @@ std::string parse_ttl(const Json& j, int64_t now_ms, int64_t& expires_at_ms) {
   return "";
 }
 
-
 bool percent_decode(std::string_view in, std::string& out) {
   out.clear();
   out.reserve(in.size());
@@ -278,10 +277,9 @@ std::string parse_auth_input(std::string_view query,
 }
 
 std::string parse_override_body(const Json& j, bool plan_only, int64_t now_ms, rules::Override& o) {
-  if (std::string err = plan_only
-                            ? check_fields(j, {"domain", "descriptors", "plan", "ttl"})
-                            : check_fields(j, {"domain", "descriptors", "limits", "granularity",
-                                               "mode", "ttl", "plan"});
+  if (std::string err = plan_only ? check_fields(j, {"domain", "descriptors", "plan", "ttl"})
+                                  : check_fields(j, {"domain", "descriptors", "limits",
+                                                     "granularity", "mode", "ttl", "plan"});
       !err.empty()) {
     return err;
   }
@@ -305,7 +303,8 @@ std::string parse_override_body(const Json& j, bool plan_only, int64_t now_ms, r
     for (const Json& l : j["limits"]) {
       if (!l.is_string()) return "each limit must be a string such as \"500/1m\"";
       rules::Limit lim;
-      if (std::string why = rules::parse_limit(l.get<std::string>(), bucket_ms, lim); !why.empty()) {
+      if (std::string why = rules::parse_limit(l.get<std::string>(), bucket_ms, lim);
+          !why.empty()) {
         return "limit \"" + l.get<std::string>() + "\": " + why;
       }
       if (bucket_ms == 0) lim.spec.bucket_ms = 0;  // the rule's

@@ -7,7 +7,7 @@
 //   /v1/check         {"domain","descriptors":{..},"hits"}
 //   /v1/release       {"domain","descriptors":{..},"lease":"00c0ffee12345678"}
 //   /v1/auth          ?domain=&hits=&KEY=VALUE and X-Sluice-KEY headers (nginx auth_request)
-//   /v1/overrides     {"domain","descriptors","limits":["500/1m"],"granularity","mode","ttl","plan"}
+//   /v1/overrides {"domain","descriptors","limits":["500/1m"],"granularity","mode","ttl","plan"}
 //   /v1/plans         {"domain","descriptors","plan","ttl"}
 #pragma once
 

@@ -510,8 +510,8 @@ OpsReply ring_shares(Node& node) {
     if (m.share > 0)
       shares.push_back(Json{{"id", m.member.id}, {"name", m.member.name}, {"share", m.share}});
   }
-  return reply(200,
-               Json{{"enabled", c.enabled}, {"replicas", c.replicas}, {"shares", std::move(shares)}});
+  return reply(
+      200, Json{{"enabled", c.enabled}, {"replicas", c.replicas}, {"shares", std::move(shares)}});
 }
 
 }  // namespace

@@ -238,8 +238,9 @@ void Dashboard::add_routes(std::vector<front::admin::Route>& routes) {
     const OpsReply o = cluster_members(node);
     no_store_json(r, o.status, o.body);
   });
-  row("/v1/ui/*",
-      [](const Request&, Reply& r) { no_store_json(r, 404, Json{{"error", "not found"}}); });
+  row("/v1/ui/*", [](const Request&, Reply& r) {
+    no_store_json(r, 404, Json{{"error", "not found"}});
+  });
 }
 
 }  // namespace sluice::node

@@ -115,7 +115,7 @@ struct Node::Impl : NodeState {
   std::optional<asio::signal_set> signals;
   std::optional<asio::steady_timer> sweep_timer;
   std::optional<asio::steady_timer> rules_watch_timer;  // control thread
-  std::optional<asio::steady_timer> ready_timer;       // control thread: waits for the join
+  std::optional<asio::steady_timer> ready_timer;        // control thread: waits for the join
   std::unique_ptr<front::check::CheckFront> checks;     // UDP and TCP; its workers' threads
   std::vector<RoutedCheck*> paths;       // the check front's workers' paths (it owns them)
   std::atomic<bool> paths_built{false};  // paths may be read (Node::counters)
@@ -149,13 +149,13 @@ void schedule_sweep(Node::Impl& n) {
 
 // "serving: udp 7350 tcp 7350 ...": the log line at start and the service manager's status.
 std::string serving_status(const Node::Impl& n) {
-  return fmt::format(
-      "serving: udp {} tcp {} admin {} grpc {} resp {}, {} threads, rules {}{}{}",
-      n.udp_port.load(), n.tcp_port.load(), n.admin_port.load(), n.grpc_port.load(),
-      n.resp_port.load(), n.opt.threads,
-      n.opt.rules_file.empty() ? (n.opt.envoy_rules.empty() ? "<embedded>" : "<none>")
-                               : n.opt.rules_file,
-      n.opt.envoy_rules.empty() ? "" : ", envoy rules ", n.opt.envoy_rules);
+  return fmt::format("serving: udp {} tcp {} admin {} grpc {} resp {}, {} threads, rules {}{}{}",
+                     n.udp_port.load(), n.tcp_port.load(), n.admin_port.load(), n.grpc_port.load(),
+                     n.resp_port.load(), n.opt.threads,
+                     n.opt.rules_file.empty()
+                         ? (n.opt.envoy_rules.empty() ? "<embedded>" : "<none>")
+                         : n.opt.rules_file,
+                     n.opt.envoy_rules.empty() ? "" : ", envoy rules ", n.opt.envoy_rules);
 }
 
 // The service manager's READY (NodeEvent::kReady) says what /readyz says: a node on its own is

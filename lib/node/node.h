@@ -241,10 +241,10 @@ class Node {
   bool decide_here(std::span<const wire::Check> checks,
                    std::span<const wire::DecisionView>& decisions);
 
-  // Runtime overrides (docs/rules.md, "Overrides"). set and delete write to the data directory first (WAL
-  // synced), then apply without a restart; the node's rules must have the override's domain and
-  // a rule keyed by exactly its entries (a plan must exist in the domain, and that rule must take
-  // plans). Thread-safe; they block on the disk, so never call them from a check thread.
+  // Runtime overrides (docs/rules.md, "Overrides"). set and delete write to the data directory
+  // first (WAL synced), then apply without a restart; the node's rules must have the override's
+  // domain and a rule keyed by exactly its entries (a plan must exist in the domain, and that rule
+  // must take plans). Thread-safe; they block on the disk, so never call them from a check thread.
   OpResult set_override(rules::Override o);
   OpResult delete_override(const std::string& domain,
                            std::span<const std::pair<std::string, std::string>> entries);

@@ -143,16 +143,14 @@ void append_rls_metrics(MetricsText& m, const rls::RlsCounters& r) {
   m.sample("sluice_rls_requests_total", {"result", "ok"}, r.ok);
   m.sample("sluice_rls_requests_total", {"result", "over_limit"}, r.over_limit);
   m.sample("sluice_rls_requests_total", {"result", "invalid_argument"}, r.invalid_argument);
-  m.sample("sluice_rls_requests_total", {"result", "resource_exhausted"},
-           r.resource_exhausted);
+  m.sample("sluice_rls_requests_total", {"result", "resource_exhausted"}, r.resource_exhausted);
   m.sample("sluice_rls_requests_total", {"result", "unavailable"}, r.unavailable);
   m.sample("sluice_rls_requests_total", {"result", "internal"}, r.internal);
   m.one("sluice_rls_descriptors_total", "counter",
         "Descriptors in answered gRPC ShouldRateLimit calls.", r.descriptors);
   m.one("sluice_rls_connections_total", "counter", "gRPC (HTTP/2) connections accepted.",
         r.connections);
-  m.one("sluice_rls_connections_open", "gauge", "gRPC connections open now.",
-        r.connections_open);
+  m.one("sluice_rls_connections_open", "gauge", "gRPC connections open now.", r.connections_open);
   m.family("sluice_rls_connections_closed_total", "counter",
            "gRPC connections the node closed before the client did: shed (no call in flight, for "
            "a new connection over max_connections), over_cap (a new connection over "
@@ -255,8 +253,7 @@ void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
   m.one("sluice_cluster_ready", "gauge",
         "1 once this node's first join had an outcome (what /healthz?ready waits for).",
         c.not_ready.empty() ? 1 : 0);
-  m.family("sluice_cluster_members", "gauge",
-           "Members this node knows, by state (self included).");
+  m.family("sluice_cluster_members", "gauge", "Members this node knows, by state (self included).");
   for (const auto state : {cluster::MemberState::kAlive, cluster::MemberState::kSuspect,
                            cluster::MemberState::kDead, cluster::MemberState::kLeft}) {
     uint64_t n = 0;
@@ -270,22 +267,21 @@ void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
         "Members this node expects: in reach, suspect, or dead for less than "
         "forget_dead_after_ms. Below it, every limit allows reachable / expected here.",
         c.expected);
-  m.family(
-      "sluice_cluster_sync_lag_ms", "gauge",
-      "Per member: ms since its last sync batch arrived (members never heard from: absent).");
+  m.family("sluice_cluster_sync_lag_ms", "gauge",
+           "Per member: ms since its last sync batch arrived (members never heard from: absent).");
   for (const MemberStatus& ms : c.members) {
     if (ms.last_sync_ms >= 0) {
       m.sample("sluice_cluster_sync_lag_ms", {"member", ms.member.name},
                static_cast<uint64_t>(ms.last_sync_ms));
     }
   }
-  m.family(
-      "sluice_peer_dropped_total", "counter",
-      "Peer datagrams dropped, by reason (bad_tag: wrong secret or tampered; replayed; ...).");
+  m.family("sluice_peer_dropped_total", "counter",
+           "Peer datagrams dropped, by reason (bad_tag: wrong secret or tampered; replayed; ...).");
   // The reasons an authentication alert watches are there from the start, at 0, so that a rate
   // over them is defined before the first drop (deploy/prometheus/sluice-rules.yml).
   std::map<std::string, uint64_t> dropped = {{"bad_tag", 0}, {"replayed", 0}, {"stale_boot", 0}};
-  for (const auto& [reason, n] : c.dropped) dropped[reason] += n;
+  for (const auto& [reason, n] : c.dropped)
+    dropped[reason] += n;
   for (const auto& [reason, n] : dropped)
     m.sample("sluice_peer_dropped_total", {"reason", reason}, n);
   m.family("sluice_peer_datagrams_total", "counter", "Peer datagrams, by direction.");
@@ -302,9 +298,8 @@ void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
   m.one("sluice_handoffs_total", "counter", "Full sync passes after membership changes.",
         c.handoffs);
   const char* kinds[] = {"changed", "resend", "handoff"};
-  m.family(
-      "sluice_sync_passes_total", "counter",
-      "Sync passes, by kind: changed (every sync interval), resend (anti-entropy), handoff.");
+  m.family("sluice_sync_passes_total", "counter",
+           "Sync passes, by kind: changed (every sync interval), resend (anti-entropy), handoff.");
   for (size_t k = 0; k < 3; ++k)
     m.sample("sluice_sync_passes_total", {"pass", kinds[k]}, c.sync_kind_passes[k]);
   m.family("sluice_sync_cpu_us_total", "counter",
@@ -359,8 +354,7 @@ void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
            c.membership.joins_answered -
                std::min(c.membership.joins_answered, c.membership.pulls_in_sync));
   m.one("sluice_membership_pull_entries_sent_total", "counter",
-        "Member records this node sent in answer to digest pulls.",
-        c.membership.pull_entries_sent);
+        "Member records this node sent in answer to digest pulls.", c.membership.pull_entries_sent);
   m.one("sluice_membership_local_health", "gauge",
         "Lifeguard local health score: probes stretch by (score + 1) when this node is slow.",
         c.membership.local_health);

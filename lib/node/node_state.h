@@ -42,8 +42,8 @@ struct NodeState {
   // then applied, and the policy is recompiled once.
   struct OverrideMerge {
     std::vector<cluster::OverrideRecord> applied;
-    size_t known = 0;    // this node holds it or something newer
-    size_t expired = 0;  // past its horizon
+    size_t known = 0;                         // this node holds it or something newer
+    size_t expired = 0;                       // past its horizon
     std::map<std::string, uint64_t> dropped;  // refused, by reason ("too_long", "storage", ...)
   };
   OverrideMerge merge_overrides(std::span<const cluster::OverrideRecord> records, uint16_t from);
@@ -68,9 +68,9 @@ struct NodeState {
   bool snapshots_stopped = false;  // the final pass ran (run()'s thread, then the destructor)
   store::RestoreResult restored;
 
-  mutable std::mutex rules_mu;  // guards rules and overrides (control paths only)
-  rules::RuleSet rules;         // as last parsed from the rules file
-  rules::Overrides overrides;   // in force: the live sets of override_records
+  mutable std::mutex rules_mu;              // guards rules and overrides (control paths only)
+  rules::RuleSet rules;                     // as last parsed from the rules file
+  rules::Overrides overrides;               // in force: the live sets of override_records
   cluster::OverrideTable override_records;  // every version and tombstone (the source of truth)
   // Called with every record a local write (set, delete) made, under rules_mu, so the cluster
   // can push it (it must not block). Set once before the admin thread starts; may stay empty.

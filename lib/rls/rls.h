@@ -44,7 +44,7 @@ struct RlsOptions {
   // A new connection that has not finished its HTTP/2 handshake (preface and settings) within
   // this is closed (a slow client), as the other listeners close unfinished requests.
   int64_t client_timeout_ms = 10'000;
-  unsigned threads = 2;           // the front's own threads
+  unsigned threads = 2;  // the front's own threads
   // Open at once (each front thread its share); one more closes the oldest with no call in
   // flight, or itself when every one has calls (both counted).
   size_t max_connections = 1024;
@@ -68,14 +68,14 @@ struct Backend {
 
 // Counters for /metrics (sluice_rls_*).
 struct RlsCounters {
-  uint64_t requests = 0;            // ShouldRateLimit calls received
-  uint64_t ok = 0;                  // answered OK
-  uint64_t over_limit = 0;          // answered OVER_LIMIT
-  uint64_t descriptors = 0;         // descriptors in answered calls
-  uint64_t invalid_argument = 0;    // refused: empty domain, bad descriptor, ...
-  uint64_t resource_exhausted = 0;  // refused: request over max_request_bytes
-  uint64_t unavailable = 0;         // the node was stopping
-  uint64_t internal = 0;            // the node's answer could not be read (a bug: logged)
+  uint64_t requests = 0;                      // ShouldRateLimit calls received
+  uint64_t ok = 0;                            // answered OK
+  uint64_t over_limit = 0;                    // answered OVER_LIMIT
+  uint64_t descriptors = 0;                   // descriptors in answered calls
+  uint64_t invalid_argument = 0;              // refused: empty domain, bad descriptor, ...
+  uint64_t resource_exhausted = 0;            // refused: request over max_request_bytes
+  uint64_t unavailable = 0;                   // the node was stopping
+  uint64_t internal = 0;                      // the node's answer could not be read (a bug: logged)
   uint64_t connections = 0;                   // HTTP/2 connections accepted
   uint64_t connections_open = 0;              // open now
   uint64_t connections_shed = 0;              // idle, closed to make room over max_connections

@@ -28,13 +28,13 @@ struct PlanError {
 // What becomes of each descriptor of a request. Reused across calls: clear() keeps capacity.
 struct Plan {
   enum class Kind : uint8_t {
-    kCheck,     // checks[check[i]] decides it
-    kReplaced,  // its limit is replaced by another descriptor's (`replaces`): OK, not counted
-    kUnlimited, // an `unlimited` leaf: OK, remaining 2^32-1, not counted
+    kCheck,      // checks[check[i]] decides it
+    kReplaced,   // its limit is replaced by another descriptor's (`replaces`): OK, not counted
+    kUnlimited,  // an `unlimited` leaf: OK, remaining 2^32-1, not counted
   };
   std::vector<Kind> kind;
-  std::vector<uint32_t> check;    // per descriptor, when kCheck: into checks
-  std::vector<bool> quota_mode;   // per descriptor: its limit is in upstream's quota_mode
+  std::vector<uint32_t> check;       // per descriptor, when kCheck: into checks
+  std::vector<bool> quota_mode;      // per descriptor: its limit is in upstream's quota_mode
   std::vector<wire::Entry> entries;  // views into the request's strings
   std::vector<wire::Check> checks;
   std::vector<rules::Descriptor> walk;      // scratch: one descriptor's entries for the envoy walk

@@ -46,9 +46,9 @@ enum class Mode : uint8_t {
 std::string_view to_string(Mode m);
 std::optional<Mode> parse_mode(std::string_view s);  // "enforce" | "dry-run" | "shadow"
 
-// How the cluster keeps a rule's counters (docs/architecture.md, "The cluster"). Single node: no effect.
-// kLease: the owner decides, as kOwner, and grants the other nodes that see the key's traffic
-// slices of its remaining budget, which they answer from without asking (docs/rules.md).
+// How the cluster keeps a rule's counters (docs/architecture.md, "The cluster"). Single node: no
+// effect. kLease: the owner decides, as kOwner, and grants the other nodes that see the key's
+// traffic slices of its remaining budget, which they answer from without asking (docs/rules.md).
 enum class Consistency : uint8_t { kOwner, kGossip, kLease };
 // Decided by the key's owner (owner and lease modes): routed, taken over, and fallen back on as
 // owner mode is.

@@ -65,11 +65,11 @@ class StoreError : public std::runtime_error {
 
 struct SnapshotResult {
   bool ok = true;
-  std::string error;      // when !ok: what RocksDB said
-  bool full = false;      // every counter was written, not only the changed ones
-  uint64_t written = 0;   // records put
-  uint64_t erased = 0;    // records deleted (counters the engine dropped)
-  uint64_t bytes = 0;     // bytes of the write batches (keys, values, batch framing)
+  std::string error;     // when !ok: what RocksDB said
+  bool full = false;     // every counter was written, not only the changed ones
+  uint64_t written = 0;  // records put
+  uint64_t erased = 0;   // records deleted (counters the engine dropped)
+  uint64_t bytes = 0;    // bytes of the write batches (keys, values, batch framing)
   int64_t duration_us = 0;
 };
 

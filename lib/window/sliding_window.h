@@ -2,10 +2,10 @@
 // (milliseconds since the Unix epoch), nothing here reads a clock, allocates on the check path,
 // or takes a lock.
 //
-// Model (docs/architecture.md, "Counting"): time is cut into buckets of `bucket_ms`, aligned to the epoch, so
-// bucket i covers [i*B, (i+1)*B). A limit over a window W = n*B keeps n+1 buckets: the n buckets
-// that end inside the window ending now, plus the oldest one, which straddles its start. For the
-// window (now-W, now], with now in bucket c that began `elapsed` ms ago:
+// Model (docs/architecture.md, "Counting"): time is cut into buckets of `bucket_ms`, aligned to the
+// epoch, so bucket i covers [i*B, (i+1)*B). A limit over a window W = n*B keeps n+1 buckets: the n
+// buckets that end inside the window ending now, plus the oldest one, which straddles its start.
+// For the window (now-W, now], with now in bucket c that began `elapsed` ms ago:
 //
 //   weighted: sum(bucket c-n+1 .. c) + bucket(c-n) * (B - elapsed) / B
 //             (Cloudflare's estimate with n = 1; n = 10 by default); deciding against a limit L,
@@ -72,9 +72,9 @@ inline constexpr int64_t kDefaultBucketMs = 60'000;
 // least kDefaultBuckets, else the coarsest bucket that does (a whole number of ms, at least
 // kMinBucketMs, dividing the window; the older default when there is none): 1 s -> 100 ms,
 // 10 s -> 1 s, 1 min -> 6 s, 5 min -> 30 s, 601 s -> 60.1 s; whole minutes from 10 min to a day
-// keep one minute, and past a day 1 h, 6 h or 1 d where those divide the window. With ten buckets or more the
-// weighted estimate stays within 1 % of the exact count on steady traffic and a burst timed
-// against bucket edges gets at most 1.04x the limit into a true window 
+// keep one minute, and past a day 1 h, 6 h or 1 d where those divide the window. With ten buckets
+// or more the weighted estimate stays within 1 % of the exact count on steady traffic and a burst
+// timed against bucket edges gets at most 1.04x the limit into a true window
 // (docs/bench-log/2026-11-27-sub-minute-accuracy.md; today's figures: docs/benchmarks.md).
 inline constexpr int64_t kDefaultBuckets = 10;
 int64_t default_bucket_ms(int64_t window_ms);
@@ -144,8 +144,8 @@ struct LimitState {
 };
 LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est, int64_t now_ms,
                        uint64_t hits, uint64_t limit);
-LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est,
-                       const Moment& m, uint64_t hits, uint64_t limit);
+LimitState limit_state(const RingView& ring, const WindowSpec& spec, Estimator est, const Moment& m,
+                       uint64_t hits, uint64_t limit);
 
 // Deciding a limit and then reporting it reads the ring once: `usage` before counting, `admits`
 // on it, then `limit_state_after` once the admitted hits were added to the moment's bucket.
@@ -175,8 +175,7 @@ inline int64_t effective_now(int64_t now_ms, int64_t head, int64_t bucket_ms) {
 // head is left alone. Returns the new head.
 int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t head, int64_t bucket);
 // The same to the moment's bucket (no division).
-int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t head,
-                const Moment& m);
+int64_t advance(std::span<uint32_t> own, std::span<uint32_t> others, int64_t head, const Moment& m);
 
 // Adds hits to a bucket already within the ring (saturating at UINT32_MAX).
 void add(std::span<uint32_t> counts, int64_t bucket, uint64_t hits);

@@ -66,7 +66,8 @@ const LimitStatus* headline_and_policy(std::span<const LimitStatus> limits, std:
       if (l.exceeded) h = &l;
     } else if (l.exceeded) {
       if (l.retry_after_ms > h->retry_after_ms) h = &l;
-    } else if (l.remaining < h->remaining || (l.remaining == h->remaining && l.reset_ms > h->reset_ms)) {
+    } else if (l.remaining < h->remaining ||
+               (l.remaining == h->remaining && l.reset_ms > h->reset_ms)) {
       h = &l;
     }
   }

@@ -66,12 +66,12 @@ TEST_CASE("nodes whose only seed is a DNS SRV name form a cluster, and find a no
                 "the node added to DNS was not found within 20 s: " << c.describe());
 }
 
-// Readiness (/readyz, the Kubernetes readiness probe; /healthz?ready is the same): a node is live as soon as its admin
-// port answers, but ready only once its first join has an outcome. While its DNS seed has no
-// records it says so; once the records name a peer that does not answer it is joining; when every
-// join round went unanswered it is ready alone (a first pod); a node that joins a live member is
-// ready as soon as the member answers. Readiness stays once reached: later join rounds (new DNS
-// addresses) do not take it back.
+// Readiness (/readyz, the Kubernetes readiness probe; /healthz?ready is the same): a node is live
+// as soon as its admin port answers, but ready only once its first join has an outcome. While its
+// DNS seed has no records it says so; once the records name a peer that does not answer it is
+// joining; when every join round went unanswered it is ready alone (a first pod); a node that joins
+// a live member is ready as soon as the member answers. Readiness stays once reached: later join
+// rounds (new DNS addresses) do not take it back.
 TEST_CASE("readiness waits for the DNS seed to resolve and the first join to end") {
   DnsServer dns(std::vector<std::string>{"--host-record=pods.sluice.test,127.0.0.1"});
   ClusterSpec spec;
@@ -96,11 +96,8 @@ TEST_CASE("readiness waits for the DNS seed to resolve and the first join to end
 
   // The records now name both nodes; node 1 is not running, so node 0's join goes unanswered.
   dns.restart(records_of(c, 2));
-  CHECK(wait_until(
-      [&] {
-        return c.get(0, "/readyz").body.find("joining") != std::string::npos;
-      },
-      milliseconds(5000), milliseconds(20)));
+  CHECK(wait_until([&] { return c.get(0, "/readyz").body.find("joining") != std::string::npos; },
+                   milliseconds(5000), milliseconds(20)));
   // Every round unanswered (5 rounds, 1 s apart): ready alone.
   const auto t0 = SteadyClock::now();
   CHECK(wait_until([&] { return c.get(0, "/readyz").status == 200; }, milliseconds(15000),

@@ -18,7 +18,8 @@
 namespace {
 
 const std::string& path() {
-  static const std::string p = "/dev/shm/sluice-config-fuzz-" + std::to_string(::getpid()) + ".yaml";
+  static const std::string p =
+      "/dev/shm/sluice-config-fuzz-" + std::to_string(::getpid()) + ".yaml";
   return p;
 }
 
@@ -31,7 +32,8 @@ void fuzz_config(std::span<const uint8_t> in) {
   const std::string err = sluice::node::load_node_config(path(), a);
   if (!err.empty()) {
     std::istringstream lines(err);
-    for (std::string line; std::getline(lines, line);) FUZZ_REQUIRE(line.rfind(path(), 0) == 0);
+    for (std::string line; std::getline(lines, line);)
+      FUZZ_REQUIRE(line.rfind(path(), 0) == 0);
     return;
   }
   sluice::node::NodeOptions b;

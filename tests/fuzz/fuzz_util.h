@@ -28,14 +28,15 @@ inline const char* seed_dir() {
 }
 
 inline void write_seed(const std::string& dir, const std::string& name, std::string_view bytes) {
-  std::ofstream(dir + "/" + name, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(dir + "/" + name, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 }  // namespace sluice::fuzz
 
 // The two libFuzzer entry points of a target: FUZZ(bytes) for each input, and WRITE_SEEDS(dir)
 // when SLUICE_FUZZ_WRITE_SEEDS is set (then the binary exits).
-#define SLUICE_FUZZ_TARGET(FUZZ, WRITE_SEEDS)                                \
+#define SLUICE_FUZZ_TARGET(FUZZ, WRITE_SEEDS)                               \
   extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { \
     FUZZ(std::span<const uint8_t>(data, size));                             \
     return 0;                                                               \

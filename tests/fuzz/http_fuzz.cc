@@ -147,14 +147,16 @@ void fuzz_request(std::string_view raw) {
   const std::string_view target(req.target().data(), req.target().size());
   const size_t q = target.find('?');
   const std::string_view path = target.substr(0, q);
-  const std::string_view query = q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
+  const std::string_view query =
+      q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
   const std::string_view method(req.method_string().data(), req.method_string().size());
 
   AdminAuth auth{std::string(kToken), /*lock_reads=*/false};
   const auto h = req.find(http::field::authorization);
   const std::optional<std::string_view> authorization =
-      h == req.end() ? std::nullopt
-                     : std::optional<std::string_view>(std::string_view(h->value().data(), h->value().size()));
+      h == req.end()
+          ? std::nullopt
+          : std::optional<std::string_view>(std::string_view(h->value().data(), h->value().size()));
   const size_t count = req.count(http::field::authorization);
   const AdminAuth::Verdict v = auth.check(method, path, authorization, count);
   if (!v.allowed) FUZZ_REQUIRE(v.status == 401 || v.status == 403);
@@ -216,16 +218,19 @@ void write_seeds(const std::string& dir) {
   };
   seed("request-check", 0,
        "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-       "Content-Length: 61\r\n\r\n{\"domain\":\"api\",\"descriptors\":{\"api_key\":\"k1\"},\"hits\":2}\r\n");
+       "Content-Length: "
+       "61\r\n\r\n{\"domain\":\"api\",\"descriptors\":{\"api_key\":\"k1\"},\"hits\":2}\r\n");
   seed("request-auth", 0,
        "GET /v1/auth?domain=api&api_key=k%201&hits=1 HTTP/1.1\r\nHost: x\r\n"
        "X-Sluice-Path: /login\r\nX-Sluice-Client-Id: 7\r\n\r\n");
   seed("request-override", 0,
        "POST /v1/overrides HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-token\r\n"
        "Transfer-Encoding: chunked\r\n\r\n"
-       "3a\r\n{\"domain\":\"api\",\"descriptors\":{\"api_key\":\"k\"},\"limits\":[\"5/1m\"]}\r\n0\r\n\r\n");
+       "3a\r\n{\"domain\":\"api\",\"descriptors\":{\"api_key\":\"k\"},\"limits\":[\"5/"
+       "1m\"]}\r\n0\r\n\r\n");
   seed("request-drain-wrong-token", 0,
-       "POST /v1/drain HTTP/1.1\r\nHost: x\r\nAuthorization: bearer   nope\r\nContent-Length: 0\r\n\r\n");
+       "POST /v1/drain HTTP/1.1\r\nHost: x\r\nAuthorization: bearer   nope\r\nContent-Length: "
+       "0\r\n\r\n");
   seed("request-healthz", 0, "GET /healthz?ready HTTP/1.1\r\nHost: x\r\n\r\n");
   seed("check-body", 1, R"({"domain":"api","descriptors":{"user":"42","path":"/a"},"hits":0})");
   seed("check-body-negative", 1, R"({"domain":"api","hits":-1})");

@@ -44,9 +44,9 @@ descriptors:
 )",
                                                         "envoy.yaml", {});
     FUZZ_REQUIRE(native.rules && envoy.rules);
-    FUZZ_REQUIRE(rules::merge_rule_sets(*native.rules, std::move(*envoy.rules), "native.yaml",
-                                        "envoy.yaml")
-                     .empty());
+    FUZZ_REQUIRE(
+        rules::merge_rule_sets(*native.rules, std::move(*envoy.rules), "native.yaml", "envoy.yaml")
+            .empty());
     return rules::Policy::compile(std::move(*native.rules), rules::Overrides{}, 42);
   }();
   return p;
@@ -67,7 +67,8 @@ void fuzz_rls(std::span<const uint8_t> in) {
   static wire::RequestDecoder decoder;
   FUZZ_REQUIRE(decoder.decode(bytes) == wire::Code::kOk);
   FUZZ_REQUIRE(decoder.checks().size() == plan.checks.size());
-  for (size_t i = 0; i < plan.checks.size(); ++i) FUZZ_REQUIRE(decoder.check_code(i) == wire::Code::kOk);
+  for (size_t i = 0; i < plan.checks.size(); ++i)
+    FUZZ_REQUIRE(decoder.check_code(i) == wire::Code::kOk);
 
   // An answer: each check allowed or not by turns, with a limit of the check's own window.
   wire::Answer answer;
@@ -77,7 +78,8 @@ void fuzz_rls(std::span<const uint8_t> in) {
     wire::LimitStatus l;
     l.name = "l";
     l.limit = plan.checks[i].has_limit_override ? plan.checks[i].limit_override_requests : 5;
-    l.window_ms = plan.checks[i].has_limit_override ? plan.checks[i].limit_override_window_ms : 60'000;
+    l.window_ms =
+        plan.checks[i].has_limit_override ? plan.checks[i].limit_override_window_ms : 60'000;
     l.exceeded = !d.allowed;
     l.retry_after_ms = d.allowed ? 0 : 1'000;
     d.limits.push_back(l);

@@ -24,8 +24,8 @@ void fuzz_rules(std::span<const uint8_t> in) {
   if (in.empty()) return;
   const bool envoy = (in[0] & 1) != 0;
   const std::string_view text(reinterpret_cast<const char*>(in.data()) + 1, in.size() - 1);
-  const ParseResult r =
-      envoy ? parse_envoy_rules(text, "fuzz.yaml", EnvoyImportOptions{}) : parse_rules(text, "fuzz.yaml");
+  const ParseResult r = envoy ? parse_envoy_rules(text, "fuzz.yaml", EnvoyImportOptions{})
+                              : parse_rules(text, "fuzz.yaml");
   FUZZ_REQUIRE(r.rules.has_value() == r.errors.empty());
   for (const ParseError& e : r.errors) {
     FUZZ_REQUIRE(e.file == "fuzz.yaml");

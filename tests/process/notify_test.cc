@@ -219,8 +219,8 @@ TEST_CASE("sluiced in a cluster sends READY=1 only once its first join has an ou
   const auto started = Clock::now();
   spawn_with_notify(d, sock.name(),
                     "cluster:\n  node_id: 1\n  listen: 127.0.0.1:" + std::to_string(peer) +
-                        "\n  seeds: [127.0.0.1:" + std::to_string(silent_seed) +
-                        "]\n  secret: \"" + std::string(64, 'a') + "\"\n");
+                        "\n  seeds: [127.0.0.1:" + std::to_string(silent_seed) + "]\n  secret: \"" +
+                        std::string(64, 'a') + "\"\n");
   const auto ready = sock.wait_for("READY=1", 20'000);
   REQUIRE_MESSAGE(ready.has_value(), "no READY=1 within 20 s; log:\n" << node_log(d));
   const auto waited = Clock::now() - started;

@@ -108,7 +108,8 @@ TEST_CASE("admin API: deleting the override gives the rule back its counts, coun
   CHECK(n.admitted("c", 10) == 2);  // 18 of 20 counted
 }
 
-TEST_CASE("admin API: a granularity that is not a duration, or does not divide the window, is 400") {
+TEST_CASE(
+    "admin API: a granularity that is not a duration, or does not divide the window, is 400") {
   TestNode n;
   int status = 0;
   const Json bad = post(n.port(), "/v1/overrides",

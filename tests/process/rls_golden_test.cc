@@ -189,93 +189,154 @@ std::vector<Case> golden_cases() {
   const Desc number{{{"to_number", "2061111111"}}};
   // Example 2: nested descriptors; two descriptors in one request, an aggregate answer.
   for (uint32_t i = 1; i <= 5; ++i) {
-    c.push_back({"ex2: marketing to one number, call " + std::to_string(i), "messaging",
-                 {marketing, number}, kOk, {ok(5, kDay, 5 - i), ok(100, kDay, 100 - i)}});
+    c.push_back({"ex2: marketing to one number, call " + std::to_string(i),
+                 "messaging",
+                 {marketing, number},
+                 kOk,
+                 {ok(5, kDay, 5 - i), ok(100, kDay, 100 - i)}});
   }
   c.push_back({"ex2: the 6th marketing message is over; the per-number limit still counts it",
-               "messaging", {marketing, number}, kOver, {over(5, kDay), ok(100, kDay, 94)}});
-  c.push_back({"ex2: another number has its own 5", "messaging",
-               {{{{"message_type", "marketing"}, {"to_number", "2062222222"}}}}, kOk,
+               "messaging",
+               {marketing, number},
+               kOver,
+               {over(5, kDay), ok(100, kDay, 94)}});
+  c.push_back({"ex2: another number has its own 5",
+               "messaging",
+               {{{{"message_type", "marketing"}, {"to_number", "2062222222"}}}},
+               kOk,
                {ok(5, kDay, 4)}});
-  c.push_back({"ex2: a message type without a config entry matches nothing", "messaging",
-               {{{{"message_type", "transactional"}, {"to_number", "2061111111"}}}}, kOk,
+  c.push_back({"ex2: a message type without a config entry matches nothing",
+               "messaging",
+               {{{{"message_type", "transactional"}, {"to_number", "2061111111"}}}},
+               kOk,
                {ok_no_limit()}});
   // Example 3: key and value before key only; a limit of 0 blocks.
-  c.push_back({"ex3: any address gets the default 10", "edge_proxy_per_ip",
-               {{{{"remote_address", "50.0.0.1"}}}}, kOk, {ok(10, kMinute, 9)}});
-  c.push_back({"ex3: the blacklisted address matches its own entry: 0 per unit", "edge_proxy_per_ip",
-               {{{{"remote_address", "50.0.0.5"}}}}, kOver, {over(0, kMinute)}});
+  c.push_back({"ex3: any address gets the default 10",
+               "edge_proxy_per_ip",
+               {{{{"remote_address", "50.0.0.1"}}}},
+               kOk,
+               {ok(10, kMinute, 9)}});
+  c.push_back({"ex3: the blacklisted address matches its own entry: 0 per unit",
+               "edge_proxy_per_ip",
+               {{{{"remote_address", "50.0.0.5"}}}},
+               kOver,
+               {over(0, kMinute)}});
   // Example 4: a limit applies only at the request's depth.
-  c.push_back({"ex4: two entries reach the nested limit", "example4",
-               {{{{"key", "value"}, {"subkey", "subvalue"}}}}, kOk, {ok(300, kMinute, 299)}});
-  c.push_back({"ex4: one entry stops above the limit: none applies", "example4",
-               {{{{"key", "value"}}}}, kOk, {ok_no_limit()}});
-  c.push_back({"ex4: three entries go past it: none applies", "example4",
-               {{{{"key", "value"}, {"subkey", "subvalue"}, {"extra", "x"}}}}, kOk, {ok_no_limit()}});
+  c.push_back({"ex4: two entries reach the nested limit",
+               "example4",
+               {{{{"key", "value"}, {"subkey", "subvalue"}}}},
+               kOk,
+               {ok(300, kMinute, 299)}});
+  c.push_back({"ex4: one entry stops above the limit: none applies",
+               "example4",
+               {{{{"key", "value"}}}},
+               kOk,
+               {ok_no_limit()}});
+  c.push_back({"ex4: three entries go past it: none applies",
+               "example4",
+               {{{{"key", "value"}, {"subkey", "subvalue"}, {"extra", "x"}}}},
+               kOk,
+               {ok_no_limit()}});
   // Example 5: unlimited is OK with the largest remaining and no limit.
   c.push_back({"ex5: ldap is unlimited", "internal", {{{{"ldap", "x"}}}}, kOk, {unlimited()}});
-  c.push_back({"ex5: azure has 100 a minute", "internal", {{{{"azure", "x"}}}}, kOk,
+  c.push_back({"ex5: azure has 100 a minute",
+               "internal",
+               {{{{"azure", "x"}}}},
+               kOk,
                {ok(100, kMinute, 99)}});
   // Example 6: shadow_mode counts but always answers OK.
   for (uint32_t i = 1; i <= 12; ++i) {
-    c.push_back({"ex6: user-a in shadow mode, call " + std::to_string(i), "example6",
-                 {{{{"service", "auth-service"}, {"user", "user-a"}}}}, kOk,
+    c.push_back({"ex6: user-a in shadow mode, call " + std::to_string(i),
+                 "example6",
+                 {{{{"service", "auth-service"}, {"user", "user-a"}}}},
+                 kOk,
                  {ok(10, kMinute, i <= 10 ? 10 - i : 0)}});
   }
   for (uint32_t i = 1; i <= 21; ++i) {
     const Desc b{{{"service", "auth-service"}, {"user", "user-b"}}};
-    c.push_back({"ex6: user-b enforced, call " + std::to_string(i), "example6", {b},
-                 i <= 20 ? kOk : kOver, {i <= 20 ? ok(20, kMinute, 20 - i) : over(20, kMinute)}});
+    c.push_back({"ex6: user-b enforced, call " + std::to_string(i),
+                 "example6",
+                 {b},
+                 i <= 20 ? kOk : kOver,
+                 {i <= 20 ? ok(20, kMinute, 20 - i) : over(20, kMinute)}});
   }
   // Example 7: `replaces`: with both descriptors in a request, the named limit is not applied
   // (nor counted); alone, it applies with its own count.
   const Desc k1{{{"key_1", "value_1"}, {"user", "bkthomps"}}};
   const Desc k2{{{"key_2", "value_2"}, {"user", "bkthomps"}}};
   for (uint32_t i = 1; i <= 11; ++i) {
-    c.push_back({"ex7: both descriptors, call " + std::to_string(i), "example7", {k1, k2},
+    c.push_back({"ex7: both descriptors, call " + std::to_string(i),
+                 "example7",
+                 {k1, k2},
                  i <= 10 ? kOk : kOver,
                  {ok_no_limit(), i <= 10 ? ok(10, kHour, 10 - i) : over(10, kHour)}});
   }
   for (uint32_t i = 1; i <= 6; ++i) {
-    c.push_back({"ex7: key_1 alone keeps its untouched 5, call " + std::to_string(i), "example7",
-                 {k1}, i <= 5 ? kOk : kOver,
-                 {i <= 5 ? ok(5, kHour, 5 - i, "specific_limit") : over(5, kHour, "specific_limit")}});
+    c.push_back(
+        {"ex7: key_1 alone keeps its untouched 5, call " + std::to_string(i),
+         "example7",
+         {k1},
+         i <= 5 ? kOk : kOver,
+         {i <= 5 ? ok(5, kHour, 5 - i, "specific_limit") : over(5, kHour, "specific_limit")}});
   }
   // Example 9: value wildcards, each matching value with its own count.
-  c.push_back({"ex9: value1 matches value*", "example9", {{{{"key1", "value1"}}}}, kOk,
+  c.push_back({"ex9: value1 matches value*",
+               "example9",
+               {{{{"key1", "value1"}}}},
+               kOk,
                {ok(20, kMinute, 19)}});
-  c.push_back({"ex9: value2 has a count of its own", "example9", {{{{"key1", "value2"}}}}, kOk,
+  c.push_back({"ex9: value2 has a count of its own",
+               "example9",
+               {{{{"key1", "value2"}}}},
+               kOk,
                {ok(20, kMinute, 19)}});
-  c.push_back({"ex9: valu is not a match", "example9", {{{{"key1", "valu"}}}}, kOk,
-               {ok_no_limit()}});
-  c.push_back({"ex9: a middle wildcard", "example9", {{{{"path", "/api/v2/orders/17"}}}}, kOk,
+  c.push_back(
+      {"ex9: valu is not a match", "example9", {{{{"key1", "valu"}}}}, kOk, {ok_no_limit()}});
+  c.push_back({"ex9: a middle wildcard",
+               "example9",
+               {{{{"path", "/api/v2/orders/17"}}}},
+               kOk,
                {ok(3, kHour, 2)}});
-  c.push_back({"ex9: a middle wildcard that does not match", "example9",
-               {{{{"path", "/api/v2/users"}}}}, kOk, {ok_no_limit()}});
+  c.push_back({"ex9: a middle wildcard that does not match",
+               "example9",
+               {{{{"path", "/api/v2/users"}}}},
+               kOk,
+               {ok_no_limit()}});
   // The request's own limit (RateLimitDescriptor.limit), before any config entry.
   for (uint32_t i = 1; i <= 3; ++i) {
     Desc d{{{"to_number", "2069999999"}}, std::make_pair(2u, kMinute)};
     c.push_back({"override: 2 a minute in place of 100 a day, call " + std::to_string(i),
-                 "messaging", {d}, i <= 2 ? kOk : kOver,
+                 "messaging",
+                 {d},
+                 i <= 2 ? kOk : kOver,
                  {i <= 2 ? ok(2, kMinute, 2 - i) : over(2, kMinute)}});
   }
   {
     Desc d{{{"anything", "x"}}, std::make_pair(2u, kMinute)};
-    c.push_back({"override: applies where no config entry matches", "messaging", {d}, kOk,
+    c.push_back({"override: applies where no config entry matches",
+                 "messaging",
+                 {d},
+                 kOk,
                  {ok(2, kMinute, 1)}});
-    c.push_back({"override: an unknown domain has no limits at all", "unknown_domain", {d}, kOk,
+    c.push_back({"override: an unknown domain has no limits at all",
+                 "unknown_domain",
+                 {d},
+                 kOk,
                  {ok_no_limit()}});
   }
   // hits: per descriptor 0 looks without counting; denied hits are counted (upstream).
   {
     Desc peek{{{"remote_address", "50.0.0.9"}}, std::nullopt, 0};
-    c.push_back({"hits 0 on a fresh key: full", "edge_proxy_per_ip", {peek}, kOk,
-                 {ok(10, kMinute, 10)}});
+    c.push_back(
+        {"hits 0 on a fresh key: full", "edge_proxy_per_ip", {peek}, kOk, {ok(10, kMinute, 10)}});
     Desc five{{{"remote_address", "50.0.0.9"}}, std::nullopt, 12};
-    c.push_back({"12 hits at once: over, and counted", "edge_proxy_per_ip", {five}, kOver,
+    c.push_back({"12 hits at once: over, and counted",
+                 "edge_proxy_per_ip",
+                 {five},
+                 kOver,
                  {over(10, kMinute)}});
-    c.push_back({"then even a look is over", "edge_proxy_per_ip", {peek}, kOver,
-                 {over(10, kMinute)}});
+    c.push_back(
+        {"then even a look is over", "edge_proxy_per_ip", {peek}, kOver, {over(10, kMinute)}});
   }
   return c;
 }
@@ -307,7 +368,8 @@ TEST_CASE("rls golden: envoyproxy/ratelimit's documented answers through the gRP
   sluice::testing::Daemon d(cfg, /*start_now=*/false);
   const std::filesystem::path dir = d.dir / "envoy";
   std::filesystem::create_directories(dir);
-  for (const auto& [name, text] : kFiles) std::ofstream(dir / name) << text;
+  for (const auto& [name, text] : kFiles)
+    std::ofstream(dir / name) << text;
   d.config().extra_config = {"envoy_rules: " + dir.string()};
   d.start();
   RlsClient c(d.grpc);

@@ -24,8 +24,8 @@
 namespace {
 
 using sluice::testing::loopback;
-using sluice::testing::RlsClient;
 using sluice::testing::rls_request;
+using sluice::testing::RlsClient;
 using sluice::testing::rlspb::RateLimitRequest;
 using sluice::testing::rlspb::RateLimitResponse;
 
@@ -145,7 +145,8 @@ TEST_CASE("rls: several descriptors, hits_addend, per-descriptor hits 0, unknown
   REQUIRE(c.call(rls_request("api", {{{"user", "root"}}}), r).ok());
   CHECK(only(r).limit_remaining() == 0xFFFFFFFFu);
   // A dry-run rule over its limit answers OK (upstream's shadow_mode).
-  for (int i = 0; i < 3; ++i) REQUIRE(c.call(rls_request("api", {{{"path", "/x"}}}), r).ok());
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(c.call(rls_request("api", {{{"path", "/x"}}}), r).ok());
   CHECK(only(r).code() == RateLimitResponse::OK);
   CHECK(r.overall_code() == RateLimitResponse::OK);
   CHECK(only(r).current_limit().unit() == RateLimitResponse::RateLimit::HOUR);
@@ -154,7 +155,8 @@ TEST_CASE("rls: several descriptors, hits_addend, per-descriptor hits 0, unknown
 // The headers of one response, "name: value" in order.
 std::vector<std::string> headers_of(const RateLimitResponse& r) {
   std::vector<std::string> out;
-  for (const auto& h : r.response_headers_to_add()) out.push_back(h.key() + ": " + h.value());
+  for (const auto& h : r.response_headers_to_add())
+    out.push_back(h.key() + ": " + h.value());
   return out;
 }
 
@@ -219,7 +221,8 @@ TEST_CASE("rls: hostile input is refused with a status that says why, counted, n
   s = c.call(req, r);
   CHECK(s.error_message() == "descriptor 1: hits_addend 2000000000 is over 1000000000");
   // Over the size limit (64 KiB): refused unread.
-  const RateLimitRequest big = rls_request("api", {{{"user", "eve"}, {"pad", std::string(70'000, 'p')}}});
+  const RateLimitRequest big =
+      rls_request("api", {{{"user", "eve"}, {"pad", std::string(70'000, 'p')}}});
   s = c.call(big, r);
   CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(s.error_message() ==
@@ -259,7 +262,8 @@ TEST_CASE("rls: a stuck client does not hold up the others") {
   }
   const auto took = std::chrono::steady_clock::now() - t0;
   CHECK(took < std::chrono::seconds(5));  // 50 calls; each would wait out the 1 s deadline
-  for (const int s : stuck) ::close(s);
+  for (const int s : stuck)
+    ::close(s);
 }
 
 TEST_CASE("rls: the health service says NOT_SERVING once the node stops, then goes away") {

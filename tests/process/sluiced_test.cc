@@ -298,7 +298,8 @@ TEST_CASE("libsluice over UDP and TCP gets the same decisions from a real sluice
   }
 }
 
-TEST_CASE("with udp_busy_poll_us, UDP checks hold the limit and TCP checks on the worker still run") {
+TEST_CASE(
+    "with udp_busy_poll_us, UDP checks hold the limit and TCP checks on the worker still run") {
   sluice::testing::DaemonConfig c = Daemon::config(5);
   c.threads = 1;  // one worker: its TCP sessions share the io_context the spin turns
   c.extra_config = {"udp_busy_poll_us: 10000"};

@@ -1,5 +1,6 @@
 // A cluster of real sluiced processes on loopback, for the cluster tests (tests/cluster/) and the
-// cluster benchmark (bench/scenarios/cluster.cc). Header-only, test support: nothing in lib/ uses it.
+// cluster benchmark (bench/scenarios/cluster.cc). Header-only, test support: nothing in lib/ uses
+// it.
 //
 //   LocalCluster: configures and starts N nodes (node i has node_id i + 1, its own check, admin
 //     and peer ports, a data directory, a config file and a log under one temp directory; node 1
@@ -301,9 +302,9 @@ class LocalCluster {
     for (const std::string& line : spec_.extra_config)
       cfg << line << "\n";
     if (spec_.standalone) return;
-    cfg << "cluster:\n  node_id: " << n.id
-        << "\n  name: " << n.name << "\n  listen: " << n.host << ":" << n.peer_port
-        << "\n  secret: \"" << n.secret << "\"\n  replicas: " << spec_.replicas
+    cfg << "cluster:\n  node_id: " << n.id << "\n  name: " << n.name << "\n  listen: " << n.host
+        << ":" << n.peer_port << "\n  secret: \"" << n.secret
+        << "\"\n  replicas: " << spec_.replicas
         << "\n  sync_interval_ms: " << spec_.sync_interval_ms
         << "\n  anti_entropy_interval_ms: " << spec_.anti_entropy_interval_ms
         << "\n  probe_interval_ms: " << spec_.probe_interval_ms

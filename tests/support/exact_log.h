@@ -4,8 +4,8 @@
 //
 // `ExactSlidingLog` keeps, for ONE key, every counted request of the last window as a
 // (time, hits) entry plus their running sum, so `count(now)` is the true number of hits in the
-// window (now - W, now], the quantity the bucketed estimate approximates. It is what a sliding log in a
-// Redis sorted set does, in memory. Callers feed it only the requests the limiter under test
+// window (now - W, now], the quantity the bucketed estimate approximates. It is what a sliding log
+// in a Redis sorted set does, in memory. Callers feed it only the requests the limiter under test
 // admitted, so both see the same history ("shared history"): the log then says what an exact
 // limiter would have decided at every point of that history.
 //

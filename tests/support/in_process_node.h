@@ -34,8 +34,8 @@ struct InProcessNode {
                 const std::function<void(node::NodeOptions&)>& tweak = {})
       : now(t0) {
     namespace fs = std::filesystem;
-    dir = fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()) + "-" +
-                                       std::to_string(std::random_device{}()));
+    dir = fs::temp_directory_path() /
+          (name + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}()));
     fs::create_directories(dir);
     std::ofstream(dir / "rules.yaml") << rules;
     node::NodeOptions opt;

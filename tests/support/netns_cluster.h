@@ -208,9 +208,7 @@ class NetnsCluster {
 
   // Node i still sends to the others but drops everything they send it (a one-way fault), or
   // `percent` % of it at random (one-way loss).
-  std::string deafen(size_t i, unsigned percent = 100) {
-    return drop_from(i, all_but(i), percent);
-  }
+  std::string deafen(size_t i, unsigned percent = 100) { return drop_from(i, all_but(i), percent); }
 
   // Every node drops `percent` % of what the other nodes send it, at random per packet.
   std::string lose(unsigned percent) {
@@ -470,9 +468,11 @@ struct FaultRunResult {
     char t[32];
     for (size_t i = 0; i < per.size(); ++i) {
       if (std::all_of(per[i].begin(), per[i].end(), [](uint32_t n) { return n == 0; })) continue;
-      std::snprintf(t, sizeof t, "%.1f:", static_cast<double>(from + static_cast<int64_t>(i) * step) / 1e6);
+      std::snprintf(t, sizeof t,
+                    "%.1f:", static_cast<double>(from + static_cast<int64_t>(i) * step) / 1e6);
       out += t;
-      for (size_t k = 0; k < nodes; ++k) out += (k ? "+" : "") + std::to_string(per[i][k]);
+      for (size_t k = 0; k < nodes; ++k)
+        out += (k ? "+" : "") + std::to_string(per[i][k]);
       out += ' ';
     }
     return out;

@@ -17,7 +17,6 @@
 
 namespace sluice::testing::node_config {
 
-
 namespace fs = std::filesystem;
 using sluice::node::load_node_config;
 using sluice::node::NodeOptions;
@@ -178,6 +177,5 @@ inline void check_same(const NodeOptions& a, const NodeOptions& b) {
   CHECK(a.cluster.forward_timeout_ms == b.cluster.forward_timeout_ms);
   CHECK(a.cluster.forget_dead_after_ms == b.cluster.forget_dead_after_ms);
 }
-
 
 }  // namespace sluice::testing::node_config

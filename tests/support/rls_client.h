@@ -48,13 +48,12 @@ class RlsClient {
     std::condition_variable cv;
     bool done = false;
     grpc::Status status;
-    generic_.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
-                       [&](grpc::Status s) {
-                         std::lock_guard<std::mutex> lock(mu);
-                         status = std::move(s);
-                         done = true;
-                         cv.notify_one();
-                       });
+    generic_.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      std::lock_guard<std::mutex> lock(mu);
+      status = std::move(s);
+      done = true;
+      cv.notify_one();
+    });
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done; });
     if (status.ok() && out != nullptr) {

@@ -1,6 +1,6 @@
 // Shared by the lib/rules tests (rules_test.cc, policy_overrides_test.cc): the example
-// scenarios' rules files, parsing that must succeed or fail once, compiling, and resolving one request with its
-// rules and limits copied out.
+// scenarios' rules files, parsing that must succeed or fail once, compiling, and resolving one
+// request with its rules and limits copied out.
 #pragma once
 
 #include <cstdint>
@@ -104,7 +104,7 @@ inline std::string example_rules_text() {
 }
 
 inline std::shared_ptr<const Policy> compile_text(std::string_view text, const Overrides& ov = {},
-                                           uint64_t seed = kSeed, InputLimits input = {}) {
+                                                  uint64_t seed = kSeed, InputLimits input = {}) {
   return Policy::compile(must_parse(text), ov, seed, input);
 }
 
@@ -132,7 +132,7 @@ struct Resolved {
 };
 
 inline Resolved resolve(const Policy& p, std::string_view domain, std::vector<Descriptor> desc,
-                 int64_t now = kNow, uint64_t hits = 1) {
+                        int64_t now = kNow, uint64_t hits = 1) {
   Resolution out;
   Resolved r;
   r.req = p.resolve(CheckRequest{domain, desc, hits}, now, out);

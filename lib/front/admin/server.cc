@@ -5,12 +5,12 @@
 #include "front/admin/admin_front.h"
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/write.hpp>
 #include <nlohmann/json.hpp>
 
@@ -38,7 +38,7 @@ namespace {
 // Writing an answer: a client that does not read it within this is gone.
 constexpr auto kWriteTimeout = std::chrono::seconds(30);
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
-constexpr size_t kReadChunk = 16 * 1024;  // the smallest free room a read is given
+constexpr size_t kReadChunk = 16 * 1024;   // the smallest free room a read is given
 constexpr size_t kFlushBytes = 64 * 1024;  // pipelined answers are written once this much waits
 
 // "host:port" or "[v6]:port" -> endpoint; throws naming the address.
@@ -76,21 +76,36 @@ tcp::endpoint parse_listen(const std::string& listen) {
 
 std::string_view reason(unsigned status) {
   switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 413: return "Payload Too Large";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "<unknown-status>";
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 409:
+      return "Conflict";
+    case 413:
+      return "Payload Too Large";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "<unknown-status>";
   }
 }
 
@@ -198,7 +213,7 @@ struct AdminFront::State : std::enable_shared_from_this<AdminFront::State> {
   asio::steady_timer retry;  // backs off after an accept error (e.g. out of descriptors)
   asio::steady_timer sweep;  // closes connections past their deadlines
   size_t next_io = 0;
-  uint64_t next_seq = 0;  // Connection::seq
+  uint64_t next_seq = 0;   // Connection::seq
   bool accepting = false;  // an async_accept is pending
   uint16_t port = 0;
   bool loopback = false;
@@ -473,8 +488,8 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   void refuse(ParseStatus s, std::string_view error) {
     reply_.clear();
     if (s == ParseStatus::kHeadTooLarge) {
-      reply_.json_error(431, "request header larger than " + std::to_string(kMaxHeaderBytes) +
-                                 " bytes");
+      reply_.json_error(431,
+                        "request header larger than " + std::to_string(kMaxHeaderBytes) + " bytes");
     } else if (s == ParseStatus::kBodyTooLarge) {
       reply_.json_error(413, "body larger than " + std::to_string(kMaxBodyBytes) + " bytes");
     } else {
@@ -511,8 +526,8 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
     bool path_known = false;
     allow_.clear();
     const Route* route = st_->find(req.method, req.path, path_known, allow_);
-    const Access access = route != nullptr ? route->access
-                                           : st_->backend.access_of(req.method, req.path);
+    const Access access =
+        route != nullptr ? route->access : st_->backend.access_of(req.method, req.path);
     if (access != Access::kOpen && !authorized(req, access)) return answer_now();
     if (route == nullptr) {
       if (path_known) {
@@ -575,8 +590,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
       if (st_->admin_open) {
         defer();
         asio::post(st_->admin, [st = st_, &route, owned, done = finisher()] {
-          run_on_admin(*st, route, owned->method, owned->target, owned->body, owned->headers,
-                       done);
+          run_on_admin(*st, route, owned->method, owned->target, owned->body, owned->headers, done);
         });
         return true;
       }
@@ -595,8 +609,11 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
     for (const auto& [n, v] : fields)
       headers.push_back({n, v});
     const size_t q = target.find('?');
-    Request req{method, target, target.substr(0, q),
-                q == std::string_view::npos ? std::string_view() : target.substr(q + 1), headers,
+    Request req{method,
+                target,
+                target.substr(0, q),
+                q == std::string_view::npos ? std::string_view() : target.substr(q + 1),
+                headers,
                 body};
     struct AdminLater final : Later {
       const std::function<void(Reply&&)>* done = nullptr;
@@ -670,7 +687,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
       return close();
     }
     if (taken_) return set_phase(kBusy);  // a deferred answer is still to come
-    if (begin_ < end_) return process();   // pipelined requests wait in the buffer
+    if (begin_ < end_) return process();  // pipelined requests wait in the buffer
     // Nothing buffered: the next read goes after the handlers already due on this thread (the
     // other connections' answers), so it finds the client's next request more often than not,
     // where a read now would find nothing and cost a system call for it.
@@ -695,7 +712,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   bool stamp_wait_ = true;   // a wait begins: read() starts its clock
   bool head_stale_ = false;  // the buffer moved under head_'s views
   bool refused_ = false;     // a malformed request was answered: the connection closes
-  std::string body_;  // a chunked request's body, decoded
+  std::string body_;         // a chunked request's body, decoded
   ChunkedDecoder chunked_;
   size_t chunk_pos_ = 0;  // chunked: bytes of the request consumed, head included
 
@@ -718,34 +735,34 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
 void AdminFront::State::accept() {
   accepting = true;
   asio::io_context& io = *ios[next_io++ % ios.size()];
-  acceptor.async_accept(io, [st = shared_from_this(), &io](boost::system::error_code ec,
-                                                             tcp::socket socket) {
-    st->accepting = false;
-    if (st->stopped.load()) return;
-    if (ec) {
-      if (ec == asio::error::operation_aborted) return;
-      // Out of descriptors and the like: retry soon rather than spin.
-      ++st->accept_errors;
-      st->retry.expires_after(kAcceptRetry);
-      st->retry.async_wait([st](boost::system::error_code wec) {
-        if (!wec) st->maybe_resume_accept();
+  acceptor.async_accept(
+      io, [st = shared_from_this(), &io](boost::system::error_code ec, tcp::socket socket) {
+        st->accepting = false;
+        if (st->stopped.load()) return;
+        if (ec) {
+          if (ec == asio::error::operation_aborted) return;
+          // Out of descriptors and the like: retry soon rather than spin.
+          ++st->accept_errors;
+          st->retry.expires_after(kAcceptRetry);
+          st->retry.async_wait([st](boost::system::error_code wec) {
+            if (!wec) st->maybe_resume_accept();
+          });
+          return;
+        }
+        boost::system::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);
+        auto c = std::make_shared<Connection>(st, std::move(socket), io);
+        {
+          // At the cap, the connection that has waited longest for a request makes room. With none
+          // waiting (all busy) this one is served all the same, and accepting pauses below until a
+          // connection closes: at most one over the cap.
+          std::lock_guard g(st->mu);
+          if (st->connections.size() >= st->opt.max_connections) st->shed_oldest_idle();
+          st->connections.insert(c.get());
+        }
+        asio::post(io, [c] { c->start(); });
+        st->maybe_resume_accept();
       });
-      return;
-    }
-    boost::system::error_code ignored;
-    socket.set_option(tcp::no_delay(true), ignored);
-    auto c = std::make_shared<Connection>(st, std::move(socket), io);
-    {
-      // At the cap, the connection that has waited longest for a request makes room. With none
-      // waiting (all busy) this one is served all the same, and accepting pauses below until a
-      // connection closes: at most one over the cap.
-      std::lock_guard g(st->mu);
-      if (st->connections.size() >= st->opt.max_connections) st->shed_oldest_idle();
-      st->connections.insert(c.get());
-    }
-    asio::post(io, [c] { c->start(); });
-    st->maybe_resume_accept();
-  });
 }
 
 void AdminFront::State::maybe_resume_accept() {
@@ -805,8 +822,7 @@ void AdminFront::State::arm_sweep() {
 void AdminFront::State::sweep_deadlines() {
   const int64_t now = steady_ns();
   const int64_t client = opt.client_timeout_ms * 1'000'000;
-  const int64_t write =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(kWriteTimeout).count();
+  const int64_t write = std::chrono::duration_cast<std::chrono::nanoseconds>(kWriteTimeout).count();
   std::lock_guard g(mu);
   for (Connection* c : connections) {
     const Connection::Phase p = c->phase();

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-using sluice::StatusOr;
 using sluice::Status;
 using sluice::StatusCode;
+using sluice::StatusOr;
 
 TEST_CASE("a default Status is ok with an empty message") {
   Status s;

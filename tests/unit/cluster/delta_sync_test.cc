@@ -168,7 +168,8 @@ TEST_CASE("delta sync: lost batches are repaired by the anti-entropy resend, nev
     sim.deliver(now, 0.3, 0.1);  // 30 % lost
     now += 100;
     for (const auto& [k, total] : sim.exact) {
-      for (NodeId h : sim.holders(k)) CHECK(sim.known(h, k) <= total);  // never more than counted
+      for (NodeId h : sim.holders(k))
+        CHECK(sim.known(h, k) <= total);  // never more than counted
     }
   }
   // Resend passes without loss: what was lost arrives.
@@ -177,7 +178,8 @@ TEST_CASE("delta sync: lost batches are repaired by the anti-entropy resend, nev
   sim.pass(cluster::DeltaSync::Mode::kChanged);  // the owners push what the resend brought
   sim.deliver(now, 0.0, 0.0);
   for (const auto& [k, total] : sim.exact) {
-    for (NodeId h : sim.holders(k)) CHECK_MESSAGE(sim.known(h, k) == total, k << " at " << h);
+    for (NodeId h : sim.holders(k))
+      CHECK_MESSAGE(sim.known(h, k) == total, k << " at " << h);
   }
 }
 
@@ -211,8 +213,9 @@ TEST_CASE("delta sync: after a node leaves, a handoff pass gives each key's new 
   }
 }
 
-TEST_CASE("delta sync across a 2|2 cut: with the ring in reach, each side knows every key's count "
-          "of its own side, also of keys whose holders are all on the other side") {
+TEST_CASE(
+    "delta sync across a 2|2 cut: with the ring in reach, each side knows every key's count "
+    "of its own side, also of keys whose holders are all on the other side") {
   Sim sim({1, 2, 3, 4}, 5);
   const int64_t now = kT0;
   const std::set<NodeId> side_a{1, 2}, side_b{3, 4};
@@ -271,7 +274,8 @@ TEST_CASE(
     };
     int slices = 0;
     for (int round = 0; round < 20; ++round) {
-      for (int i = 0; i < 100; ++i) some_checks();
+      for (int i = 0; i < 100; ++i)
+        some_checks();
       now += 100;
       const auto bulk = round % 2 == 0 ? cluster::DeltaSync::Mode::kResend
                                        : cluster::DeltaSync::Mode::kEverything;
@@ -302,7 +306,8 @@ TEST_CASE(
 TEST_CASE("delta sync: a pass for members back in reach sends to them alone") {
   Sim sim({1, 2, 3, 4, 5}, 9);
   const int64_t now = kT0;
-  for (int i = 0; i < 300; ++i) sim.check(1, "k" + std::to_string(i), now);
+  for (int i = 0; i < 300; ++i)
+    sim.check(1, "k" + std::to_string(i), now);
   std::set<NodeId> to;
   size_t totals = 0;
   sim.nodes[1].sync->begin(sim.ring, cluster::DeltaSync::Mode::kEverything, true, nullptr, {4});

@@ -28,8 +28,8 @@ struct Fixture {
 
   Fixture() {
     for (NodeId id = 1; id <= 5; ++id) {
-      members[id] = Member{id, "node-" + std::to_string(id), "127.0.0.1", 0, 0, 0, 1,
-                           MemberState::kAlive};
+      members[id] =
+          Member{id, "node-" + std::to_string(id), "127.0.0.1", 0, 0, 0, 1, MemberState::kAlive};
       reach.state_changed(id, MemberState::kAlive, now);
       reach.met(id, now);
     }
@@ -65,7 +65,8 @@ TEST_CASE("heartbeat period, reach timeout and tick follow the sync interval and
 
 TEST_CASE("members heard from and echoing ours are in reach, the limits are whole") {
   Fixture f;
-  for (int i = 0; i < 10; ++i) f.period(kOthers, kOthers);
+  for (int i = 0; i < 10; ++i)
+    f.period(kOthers, kOthers);
   const Reach::Change c = f.update();
   CHECK(c.went_out.empty());
   CHECK(f.reach.out_of_reach().empty());
@@ -74,8 +75,9 @@ TEST_CASE("members heard from and echoing ours are in reach, the limits are whol
   CHECK(f.reach.echo_for(9) == 0);
 }
 
-TEST_CASE("a 2|3 cut: the far side goes out of reach within the timeout and the limits shrink "
-          "at once, after the heal they grow back only three sync intervals later") {
+TEST_CASE(
+    "a 2|3 cut: the far side goes out of reach within the timeout and the limits shrink "
+    "at once, after the heal they grow back only three sync intervals later") {
   Fixture f;
   f.period(kOthers, kOthers);
   CHECK(f.update().went_out.empty());
@@ -117,23 +119,27 @@ TEST_CASE("a 2|3 cut: the far side goes out of reach within the timeout and the 
   CHECK(f.reach.capacity() == std::pair<uint32_t, uint32_t>{5, 5});
 }
 
-TEST_CASE("one-way: a member we hear but that never echoes ours is out of reach, and a node that "
-          "hears from no one keeps to 1 / expected") {
+TEST_CASE(
+    "one-way: a member we hear but that never echoes ours is out of reach, and a node that "
+    "hears from no one keeps to 1 / expected") {
   Fixture f;
-  for (int i = 0; i < 8; ++i) f.period(kOthers, {3, 4, 5});  // 2 does not receive ours
+  for (int i = 0; i < 8; ++i)
+    f.period(kOthers, {3, 4, 5});  // 2 does not receive ours
   f.update();
   REQUIRE(f.reach.out_of_reach().size() == 1);
   CHECK(f.reach.out_of_reach()[0].first == 2);
   CHECK(f.reach.capacity() == std::pair<uint32_t, uint32_t>{4, 5});
   // This node deaf: it hears no one (the others may still get ours): cut off.
-  for (int i = 0; i < 8; ++i) f.period({}, {});
+  for (int i = 0; i < 8; ++i)
+    f.period({}, {});
   f.update();
   CHECK(f.reach.out_of_reach().size() == 4);
   CHECK(f.reach.capacity() == std::pair<uint32_t, uint32_t>{1, 5});
 }
 
-TEST_CASE("a dead member is expected until forgotten, a left one never, meeting one keeps it in "
-          "reach until the heartbeats say otherwise") {
+TEST_CASE(
+    "a dead member is expected until forgotten, a left one never, meeting one keeps it in "
+    "reach until the heartbeats say otherwise") {
   Fixture f;
   f.members[5].state = MemberState::kDead;
   f.reach.state_changed(5, MemberState::kDead, f.now);

@@ -18,8 +18,8 @@ Invocation parse(std::vector<std::string> args) {
 
 TEST_CASE("override set becomes the admin body, with every option") {
   const Invocation inv = parse({"override", "set", "oauth", "client_id=shop-17", "user=a=b",
-                                "--limit", "2000/1m", "--limit", "50/1s", "--ttl", "24h",
-                                "--mode", "dry-run", "--admin", "10.0.0.1:7351", "--json"});
+                                "--limit", "2000/1m", "--limit", "50/1s", "--ttl", "24h", "--mode",
+                                "dry-run", "--admin", "10.0.0.1:7351", "--json"});
   REQUIRE(inv.command == Command::kOverrideSet);
   CHECK(inv.admin == "10.0.0.1:7351");
   CHECK(inv.as_json);
@@ -34,7 +34,8 @@ TEST_CASE("override set becomes the admin body, with every option") {
 }
 
 TEST_CASE("plan assign takes DOMAIN entries... PLAN") {
-  const Invocation inv = parse({"plan", "assign", "dns", "user=7", "zone=eu", "pro", "--ttl", "30d"});
+  const Invocation inv =
+      parse({"plan", "assign", "dns", "user=7", "zone=eu", "pro", "--ttl", "30d"});
   REQUIRE(inv.command == Command::kPlanAssign);
   CHECK(inv.admin_path == "/v1/plans");
   CHECK(inv.target["domain"] == "dns");
@@ -59,7 +60,7 @@ TEST_CASE("a refused command line runs nothing, exits 2 and says why") {
            {"override", "set", "api", "k=v"},                     // nothing to set
            {"plan", "assign", "dns", "pro"},                      // no entry
            {"inspect", "api"},
-           {"ring", "api"},                                       // a domain but no entry
+           {"ring", "api"},  // a domain but no entry
            {"top", "-n", "0"},
            {"check", "api", "--repeat", "0"},
            {"check", "api", "--hits", "x"}}) {

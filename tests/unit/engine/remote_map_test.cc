@@ -61,7 +61,8 @@ TEST_CASE("FlatKeyMap matches std::unordered_map over random inserts, updates an
     // and erases shift entries back across it.
     const size_t distinct = seed % 2 == 0 ? 40 : 400;
     std::vector<uint64_t> universe(distinct);
-    for (auto& k : universe) k = rng();
+    for (auto& k : universe)
+      k = rng();
     FlatKeyMap<std::vector<int>> m;
     std::unordered_map<uint64_t, int> ref;
     for (int op = 0; op < 20'000; ++op) {
@@ -83,7 +84,8 @@ TEST_CASE("FlatKeyMap matches std::unordered_map over random inserts, updates an
     }
     check_same(m, ref, universe);
     // Emptied completely, then refilled: nothing of the old entries is found.
-    for (uint64_t k : universe) m.erase(k);
+    for (uint64_t k : universe)
+      m.erase(k);
     ref.clear();
     check_same(m, ref, universe);
     m[universe[0]].assign(1, 5);
@@ -107,7 +109,8 @@ TEST_CASE("FlatKeyMap keeps every entry across growth to a million keys") {
     if (v != nullptr && (*v)[0] == static_cast<int>(i)) ++found;
   }
   CHECK(found == keys.size());
-  for (size_t i = 0; i < keys.size(); i += 2) REQUIRE(m.erase(keys[i]));
+  for (size_t i = 0; i < keys.size(); i += 2)
+    REQUIRE(m.erase(keys[i]));
   CHECK(m.size() == keys.size() / 2);
   size_t odd = 0, even = 0;
   for (size_t i = 0; i < keys.size(); ++i) {

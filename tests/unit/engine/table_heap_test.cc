@@ -92,7 +92,7 @@ TEST_CASE("a huge page goes back when none of its units is in use, and freed run
   const table_heap::Stats start = table_heap::stats();
   REQUIRE(start.regions == 0);  // each case gives everything back
   const size_t mib = size_t{1} << 20;
-  auto* a = static_cast<char*>(table_heap::allocate(mib));  // units [0, 256): page 0
+  auto* a = static_cast<char*>(table_heap::allocate(mib));            // units [0, 256): page 0
   auto* b = static_cast<char*>(table_heap::allocate(mib + mib / 2));  // [256, 640): pages 0-1
   REQUIRE(a != nullptr);
   REQUIRE(b == a + mib);

@@ -23,7 +23,8 @@ constexpr int64_t kNow = 1'000'000;
 // A view of members 1, 2, 3 (R = 2), with `out` out of reach since the times given.
 ClusterNode::View view_of(std::vector<std::pair<uint16_t, int64_t>> out = {}) {
   auto ring = std::make_shared<sluice::cluster::HashRing>(2);
-  for (const uint16_t id : std::array<uint16_t, 3>{1, 2, 3}) ring->add(id, "node-" + std::to_string(id));
+  for (const uint16_t id : std::array<uint16_t, 3>{1, 2, 3})
+    ring->add(id, "node-" + std::to_string(id));
   ClusterNode::View v;
   v.ring = ring;
   v.members = std::make_shared<const std::vector<sluice::cluster::Member>>();
@@ -45,10 +46,12 @@ uint64_t key_owned_by(const ClusterNode::View& v, uint16_t owner, uint16_t repli
 
 bool same(const Route& a, const Route& b) {
   return a.node == b.node && a.redirect == b.redirect && a.fallback == b.fallback &&
-         a.takeover == b.takeover && (!(a.fallback || a.takeover) ||
-                                      a.fallback_since_ms == b.fallback_since_ms);
+         a.takeover == b.takeover &&
+         (!(a.fallback || a.takeover) || a.fallback_since_ms == b.fallback_since_ms);
 }
-Route to(uint16_t node) { return {node, false}; }
+Route to(uint16_t node) {
+  return {node, false};
+}
 Route fallback(int64_t since) {
   Route r;
   r.fallback = true;
@@ -125,7 +128,8 @@ TEST_CASE("three timeouts in a row pass an owner over for a second, an answer en
   CHECK(same(f.routing.route(v, k, false, kNow + 10), fallback(kNow + 10)));  // denied now
   CHECK(same(f.routing.route(v, k, false, kNow + OwnerRouting::kSilentMs), to(2)));
   // Silent again, then it answers: asked again at once, and the count starts over.
-  for (int i = 0; i < 3; ++i) f.routing.note_timeout(2, kNow + 2'000);
+  for (int i = 0; i < 3; ++i)
+    f.routing.note_timeout(2, kNow + 2'000);
   CHECK(f.routing.silent(2, kNow + 2'001));
   f.routing.note_answer(2);
   CHECK(same(f.routing.route(v, k, false, kNow + 2'001), to(2)));
@@ -140,12 +144,14 @@ TEST_CASE("an owner whose check address is unknown is not sent to: the fallback 
   CHECK(same(f.routing.route(v, key_owned_by(v, 2, 3), false, kNow), fallback(kNow)));
 }
 
-TEST_CASE("joining: a key this node owns stays with its previous owner, redirected, while it "
-          "answers") {
+TEST_CASE(
+    "joining: a key this node owns stays with its previous owner, redirected, while it "
+    "answers") {
   Fixture f;
   auto v = view_of();
   auto without = std::make_shared<sluice::cluster::HashRing>(2);
-  for (const uint16_t id : std::array<uint16_t, 2>{2, 3}) without->add(id, "node-" + std::to_string(id));
+  for (const uint16_t id : std::array<uint16_t, 2>{2, 3})
+    without->add(id, "node-" + std::to_string(id));
   v.ring_without_self = without;
   v.fresh_until_ms = kNow + 300;
   const uint64_t k = key_owned_by(v, 1, 2);
@@ -154,7 +160,8 @@ TEST_CASE("joining: a key this node owns stays with its previous owner, redirect
   CHECK(same(f.routing.route(v, k, false, kNow), Route{before, true}));
   CHECK(same(f.routing.route(v, k, true, kNow), Route{before, true}));  // forwarded: sent on
   // The previous owner silent, or the joining period over: decided here.
-  for (int i = 0; i < 3; ++i) f.routing.note_timeout(before, kNow);
+  for (int i = 0; i < 3; ++i)
+    f.routing.note_timeout(before, kNow);
   CHECK(same(f.routing.route(v, k, false, kNow + 1), Route{}));
   CHECK(same(f.routing.route(v, k, false, kNow + 300 + OwnerRouting::kSilentMs), Route{}));
 }

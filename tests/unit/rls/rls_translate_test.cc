@@ -95,7 +95,8 @@ TEST_CASE("rls_translate: bad requests are refused with a message, nothing plann
   }
   {
     RateLimitRequest r = request("api", 1);
-    for (int i = 0; i < 32; ++i) r.mutable_descriptors(0)->add_entries()->set_key("x");
+    for (int i = 0; i < 32; ++i)
+      r.mutable_descriptors(0)->add_entries()->set_key("x");
     cases.push_back({r, "descriptor 0: 33 entries, at most 32"});
   }
   {
@@ -146,8 +147,8 @@ TEST_CASE("rls_translate: answers become statuses, in request order") {
   // 0: allowed, two limits: the one with fewest remaining shows. 1: denied by an enforcing limit
   // next to an exceeded dry-run one. 2: unknown domain. 3: allowlisted. 4: no rule. 5: no room.
   a.decisions.push_back(decision(true, {limit("a", 10, 60'000, 7), limit("b", 3, 1'000, 2)}));
-  a.decisions.push_back(decision(
-      false, {limit("dry", 5, 60'000, 0, true, Mode::kDryRun), limit("hard", 9, 3'600'000, 0, true)}));
+  a.decisions.push_back(decision(false, {limit("dry", 5, 60'000, 0, true, Mode::kDryRun),
+                                         limit("hard", 9, 3'600'000, 0, true)}));
   a.decisions.push_back(decision(false, {}, Code::kUnknownDomain));
   Decision allow = decision(true, {});
   allow.allowlisted = true;

@@ -381,4 +381,3 @@ TEST_CASE("invalid overrides are refused with a reason and change nothing") {
       "same window 1m"));
   CHECK(contains(reason(Override{"d", {{"k", "v"}}, {}, "", m, -1}), "negative"));
 }
-

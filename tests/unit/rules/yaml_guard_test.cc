@@ -24,14 +24,14 @@ namespace {
 // Texts that made LoadAll run until memory ran out (tests/fuzz/regressions/rules_fuzz/ has the
 // fuzzers' originals).
 const std::string kLoops[] = {
-    ",",                     // a lone comma
-    ":\n%\n ,",              // after a directive, which ends a document
-    "a: 1\n...\n ,",         // after an explicit document end
-    "  :\n ,",               // dedented below the document's top node
-    " g\n# c\n ,",           // after a comment that closes a plain scalar
-    " - g\n# c\n ,",         // ... or a sequence
-    "\xEF\xBB\xBF,",         // after a byte order mark
-    std::string("\0,", 2),   // read as UTF-16 (refused earlier for its NUL)
+    ",",                    // a lone comma
+    ":\n%\n ,",             // after a directive, which ends a document
+    "a: 1\n...\n ,",        // after an explicit document end
+    "  :\n ,",              // dedented below the document's top node
+    " g\n# c\n ,",          // after a comment that closes a plain scalar
+    " - g\n# c\n ,",        // ... or a sequence
+    "\xEF\xBB\xBF,",        // after a byte order mark
+    std::string("\0,", 2),  // read as UTF-16 (refused earlier for its NUL)
 };
 }  // namespace
 

@@ -120,8 +120,9 @@ TEST_CASE("a snapshot writes only the counters changed since the previous one") 
 }
 
 TEST_CASE("the memtables stay within the write buffer bound however much the snapshots write") {
-  // Regression (found by the key-spray benchmark): the counters' write buffers were 64 MiB, two of them, on
-  // top of memory_cap_mb; a spray of 1M keys under a 32 MiB cap ran sluiced at 132 MiB RSS.
+  // Regression (found by the key-spray benchmark): the counters' write buffers were 64 MiB, two of
+  // them, on top of memory_cap_mb; a spray of 1M keys under a 32 MiB cap ran sluiced at 132 MiB
+  // RSS.
   TempDir tmp;
   engine::Engine e(testing::one_rule_policy(per_user(), kSeed));
   Checker c{e, {}};
