@@ -74,7 +74,8 @@ std::optional<uint64_t> owner_count(LocalCluster& c, const std::string& key) {
   return c.known_admitted(static_cast<size_t>(owners.front() - 1), "o", key);
 }
 
-std::map<std::string, uint64_t> owner_counts(LocalCluster& c, const std::vector<std::string>& keys) {
+std::map<std::string, uint64_t> owner_counts(LocalCluster& c,
+                                             const std::vector<std::string>& keys) {
   std::map<std::string, uint64_t> out;
   for (const std::string& k : keys) {
     // A count is read once the ring has settled on an owner that answers.
@@ -109,10 +110,9 @@ TEST_CASE(
     "fails no check, admits at most the limit in every window and loses no count") {
   const PreviousRelease prev = previous_release();
   REQUIRE_MESSAGE(!prev.commit.empty(),
-                  "CHANGELOG.md names no commit for the release before "
-                      << sluice::kThisVersion);
-  const auto [has, unused] = shell("git -C '" SLUICE_SOURCE_DIR "' cat-file -e " + prev.commit +
-                                   "^{commit} 2>/dev/null");
+                  "CHANGELOG.md names no commit for the release before " << sluice::kThisVersion);
+  const auto [has, unused] =
+      shell("git -C '" SLUICE_SOURCE_DIR "' cat-file -e " + prev.commit + "^{commit} 2>/dev/null");
   REQUIRE_MESSAGE(has == 0, "this clone lacks commit " << prev.commit << " (release "
                                                        << prev.version
                                                        << "): a shallow clone? git fetch "
@@ -121,8 +121,7 @@ TEST_CASE(
   const auto build_started = SteadyClock::now();
   const auto [built, out] =
       shell("'" SLUICE_SOURCE_DIR "/tests/upgrade/build_release.sh' " + prev.commit);
-  const double build_s =
-      std::chrono::duration<double>(SteadyClock::now() - build_started).count();
+  const double build_s = std::chrono::duration<double>(SteadyClock::now() - build_started).count();
   REQUIRE_MESSAGE(built == 0, "building release " << prev.version << " failed");
   std::string old_bin = out;
   while (!old_bin.empty() && old_bin.back() == '\n')
@@ -154,8 +153,8 @@ TEST_CASE(
 
   // Keys counted once before the upgrade and never again: their counts must survive every
   // restart exactly.
-  const std::vector<std::string> marks = {"mark-a", "mark-b", "mark-c", "mark-d", "mark-e",
-                                          "mark-f"};
+  const std::vector<std::string> marks = {"mark-a", "mark-b", "mark-c",
+                                          "mark-d", "mark-e", "mark-f"};
   constexpr int kMarkChecks = 20;
   {
     sluice::ClientOptions co;
@@ -207,12 +206,12 @@ TEST_CASE(
     const auto after = owner_counts(c, marks);
     CHECK_MESSAGE(after == before, "node " << i + 1 << ": counts before " << text(before)
                                            << ", after " << text(after));
-    CHECK(metric(c, i, "sluice_build_info{version=\"" + std::string(sluice::kThisVersion) +
-                           "\"}") == 1);
-    timeline += "node " + std::to_string(i + 1) + ": SIGTERM at " +
-                std::to_string(stop_us / 1000) + " ms, exited at " +
-                std::to_string(stopped_us / 1000) + " ms, " + std::string(sluice::kThisVersion) +
-                " ready at " + std::to_string(ready_us / 1000) + " ms; ";
+    CHECK(metric(c, i,
+                 "sluice_build_info{version=\"" + std::string(sluice::kThisVersion) + "\"}") == 1);
+    timeline += "node " + std::to_string(i + 1) + ": SIGTERM at " + std::to_string(stop_us / 1000) +
+                " ms, exited at " + std::to_string(stopped_us / 1000) + " ms, " +
+                std::string(sluice::kThisVersion) + " ready at " + std::to_string(ready_us / 1000) +
+                " ms, counts before " + text(before) + "after " + text(after) + "; ";
     std::this_thread::sleep_for(milliseconds(1500));
   }
   MESSAGE(timeline);
