@@ -35,9 +35,11 @@
 // Releases: open refuses a directory that a release outside this build's compatibility window
 // last opened (base/release.h: one minor release either side), with an error naming both
 // releases, and then records this build's release. A directory without the key was last opened
-// by a release before 0.3, taken as 0.2. The data format above changes only with what a
-// release reads; the release key is what lets a rolling upgrade, and a rollback, be refused
-// rather than misread when they skip a release.
+// by a release before 0.3, taken as 0.2. Those releases leave the key as it is: a directory
+// rolled back from 0.3 to 0.2 still names 0.3 (a 0.4 would take it for 0.3's; upgrading one
+// minor release at a time, as the window asks, never meets that). The data format above changes
+// only with what a release reads; the release key is what lets an upgrade or a rollback that
+// skips a release be refused rather than misread.
 //
 // A directory is never reset silently: a missing or empty directory is created only when the
 // caller asks (first start, `sluiced --init-data`); a directory that is not a Sluice database, or

@@ -130,6 +130,10 @@ TEST_CASE(
   MESSAGE("release " << prev.version << " (commit " << prev.commit << "): " << old_bin << ", "
                      << build_s << " s to build or find");
 
+  // This build says which release it is; the previous one is older than `--version`.
+  CHECK(shell("'" SLUICED_BIN "' --version").second ==
+        "sluiced " + std::string(sluice::kThisVersion) + "\n");
+
   // Nodes on the previous release get the settings it knows: it refuses `resp` (the RESP door
   // came after it).
   std::set<size_t> upgraded;
