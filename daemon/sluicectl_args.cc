@@ -5,6 +5,8 @@
 
 #include <sstream>
 
+#include "base/release.h"
+
 namespace sluice::ctl {
 
 using nlohmann::json;
@@ -33,6 +35,8 @@ Subcommands build(CLI::App& app, Invocation& inv, std::vector<std::string>& limi
                   std::string& mode, std::string& ttl, std::string& plan, std::string& granularity,
                   std::vector<std::string>& assign_args) {
   Subcommands s{};
+  app.set_version_flag("--version", "sluicectl " + std::string(kThisVersion),
+                       "print the release (CHANGELOG.md) and exit");
   app.require_subcommand(1);
   app.add_flag("--json", inv.as_json, "print JSON (one object per line)");
 

@@ -6,11 +6,14 @@
 #include <exception>
 #include <string>
 
+#include "base/release.h"
 #include "node/node.h"
 #include "sd_notify.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"sluiced: a Sluice rate-limit node", "sluiced"};
+  app.set_version_flag("--version", "sluiced " + std::string(sluice::kThisVersion),
+                       "print the release (CHANGELOG.md) and exit");
   std::string config_file;
   sluice::node::NodeOptions opt;
   std::string udp, tcp, admin, grpc, resp, rules, data_dir, log_level;

@@ -33,6 +33,11 @@ struct Envelope {
   sentMs @4 :Int64;        # the sender's wall clock when sealing
   kind @5 :Kind;
   payload @6 :AnyPointer;  # the struct `kind` names
+  # The sender's release, major x 256 + minor (lib/base/release.h); 0 (absent: a sender before
+  # 0.3) is 0.2. A receiver drops a datagram from outside its compatibility window, one minor
+  # release either side (release_outside_window). In the first data word, beside version,
+  # sender and kind: the envelope's size is what it was without it.
+  release @7 :UInt16;
 }
 
 enum MemberState {

@@ -9,8 +9,8 @@
 #
 #   deploy/container/build.sh BUILD_DIR [TAG]     TAG defaults to sluice:<project version>
 #
-# Then: podman run -d -p 7350:7350/udp -p 7351:7351 sluice:0.1.0
-#       podman save sluice:0.1.0 | ssh node 'podman load'   (or push it to your registry)
+# Then: podman run -d -p 7350:7350/udp -p 7351:7351 sluice:0.3.0
+#       podman save sluice:0.3.0 | ssh node 'podman load'   (or push it to your registry)
 set -euo pipefail
 
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

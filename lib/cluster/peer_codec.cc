@@ -261,6 +261,8 @@ std::string_view to_string(PeerError e) {
       return "bad_field";
     case PeerError::kBadWindow:
       return "bad_window";
+    case PeerError::kReleaseOutsideWindow:
+      return "release_outside_window";
   }
   return "unknown";
 }
@@ -323,6 +325,7 @@ struct PeerCodec::Impl {
   NodeId self = 0;
   uint64_t boot_id = 0;
   uint64_t last_seq = 0;
+  Release release = kThisRelease;  // sealed into every envelope; the window is around it
   MacPtr mac;
   MacCtxPtr ctx;  // keyed with the derived key; re-initialised (same key) for every tag
   // The builder's first segment, zeroed (MallocMessageBuilder zeroes what it used when it is
@@ -370,6 +373,7 @@ struct PeerCodec::Impl {
       env.setSeq(last_seq + 1);
       env.setSentMs(now_ms);
       env.setKind(static_cast<ps::Kind>(kind));
+      env.setRelease(wire_release(release));
       fill(env.initPayload());
       serialize(builder, out);
     }
@@ -449,7 +453,9 @@ struct PeerCodec::Impl {
     h.boot_id = env.getBootId();
     h.seq = env.getSeq();
     h.sent_ms = env.getSentMs();
+    h.release = release_from_wire(env.getRelease());
     if (h.sender == self) return PeerError::kFromSelf;
+    if (!within_window(release, h.release)) return PeerError::kReleaseOutsideWindow;
     if (distance(h.sent_ms, now_ms) > static_cast<uint64_t>(limits.max_clock_skew_ms))
       return PeerError::kClockSkew;
     const auto kind = static_cast<uint16_t>(env.getKind());
@@ -652,6 +658,10 @@ bool PeerCodec::verify(std::span<const uint8_t> datagram) {
 void PeerCodec::TEST_sign(std::span<const uint8_t> message, std::vector<uint8_t>& out) {
   out.assign(message.begin(), message.end());
   impl_->append_tag(out);
+}
+
+void PeerCodec::TEST_set_release(Release r) {
+  impl_->release = r;
 }
 
 }  // namespace sluice::cluster

@@ -41,6 +41,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/release.h"
 #include "base/status.h"
 #include "cluster/messages.h"
 #include "cluster/override_table.h"
@@ -83,6 +84,8 @@ enum class PeerError : uint8_t {
   kBadField,        // an enum out of range, an empty or unprintable name, a host that is not
                     // an IP literal, a null payload
   kBadWindow,       // a sync total whose window spec fails window::validate
+  kReleaseOutsideWindow,  // the sender's release is outside this node's compatibility window
+                          // (base/release.h): header.release says which it is
 };
 std::string_view to_string(PeerError e);  // "ok", "malformed", "bad_tag", ...
 
@@ -103,6 +106,7 @@ struct PeerHeader {
   uint64_t seq = 0;
   int64_t sent_ms = 0;
   PeerKind kind = PeerKind::kMembership;
+  Release release = kUnrecordedRelease;  // the sender's (major and minor; 0.2 when unrecorded)
 };
 
 // The output of open(); reuse one across calls so that decoding stops allocating. Only the
@@ -193,6 +197,9 @@ class PeerCodec {
   // Test hook: `out` = message + this codec's tag over it, so tests can put arbitrary bytes
   // (crafted pointers, out-of-range enums, other versions) under a valid tag.
   void TEST_sign(std::span<const uint8_t> message, std::vector<uint8_t>& out);
+  // Test hook: seal as release `r` and judge senders as `r` would (kThisRelease by default), so
+  // tests can be a node of another release.
+  void TEST_set_release(Release r);
 
  private:
   struct Impl;

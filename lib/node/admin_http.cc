@@ -178,6 +178,7 @@ struct AdminHttp::Parts {
     append_latency_metrics(m, nc);
     append_persistence_metrics(m, node.persistence());
     append_cluster_metrics(m, node.cluster_status());
+    append_build_metrics(m);
     return m.take();
   }
 

@@ -248,6 +248,15 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       if (e == cluster::PeerError::kBadTag) {
         spdlog::debug("cluster: datagram from {} with a bad tag dropped (wrong secret?)",
                       sender.host);
+      } else if (e == cluster::PeerError::kReleaseOutsideWindow &&
+                 release_warned.emplace(msg.header.sender, wire_release(msg.header.release))
+                     .second) {
+        spdlog::error(
+            "cluster: node {} ({}) runs sluiced {}, outside this node's compatibility window "
+            "(sluiced {} talks to {}): its messages are dropped (release_outside_window); "
+            "upgrade one minor release at a time (docs/operations.md, \"Rolling upgrade\")",
+            msg.header.sender, sender.host, to_string(msg.header.release, false), kThisVersion,
+            window_text(kThisRelease));
       }
       return;
     }
@@ -634,6 +643,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::map<std::string, uint64_t> dropped;
   std::map<NodeId, int64_t> synced;          // our clock, last non-empty sync batch
   std::map<NodeId, int64_t> reconnected_at;  // last ping of a member believed dead, heard again
+  // (sender, release) pairs outside the compatibility window already logged: once each.
+  std::set<std::pair<NodeId, uint16_t>> release_warned;
   cluster::Reach reach;
   int64_t last_heartbeat_ms = 0;
   cluster::SyncBatch heartbeat;

@@ -5,6 +5,7 @@
 #include <map>
 #include <string>
 
+#include "base/release.h"
 #include "engine/engine.h"
 #include "node/admin_auth.h"
 #include "node/node.h"
@@ -279,7 +280,8 @@ void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
            "Peer datagrams dropped, by reason (bad_tag: wrong secret or tampered; replayed; ...).");
   // The reasons an authentication alert watches are there from the start, at 0, so that a rate
   // over them is defined before the first drop (deploy/prometheus/sluice-rules.yml).
-  std::map<std::string, uint64_t> dropped = {{"bad_tag", 0}, {"replayed", 0}, {"stale_boot", 0}};
+  std::map<std::string, uint64_t> dropped = {
+      {"bad_tag", 0}, {"replayed", 0}, {"stale_boot", 0}, {"release_outside_window", 0}};
   for (const auto& [reason, n] : c.dropped)
     dropped[reason] += n;
   for (const auto& [reason, n] : dropped)
@@ -358,6 +360,12 @@ void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
   m.one("sluice_membership_local_health", "gauge",
         "Lifeguard local health score: probes stretch by (score + 1) when this node is slow.",
         c.membership.local_health);
+}
+
+void append_build_metrics(MetricsText& m) {
+  m.family("sluice_build_info", "gauge",
+           "Always 1; `version` is the release this sluiced is (CHANGELOG.md).");
+  m.sample("sluice_build_info", {"version", kThisVersion}, 1);
 }
 
 }  // namespace sluice::node

@@ -47,5 +47,7 @@ void append_latency_metrics(MetricsText& m, const NodeCounters& nc);
 void append_persistence_metrics(MetricsText& m, const PersistenceStatus& p);
 // Membership, sync and overrides across the cluster (nothing for a node on its own).
 void append_cluster_metrics(MetricsText& m, const ClusterStatus& c);
+// sluice_build_info{version="0.3.0"} 1: which release this node runs (base/release.h).
+void append_build_metrics(MetricsText& m);
 
 }  // namespace sluice::node

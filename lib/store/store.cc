@@ -13,7 +13,11 @@
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
 #include <thread>
+
+#include "base/release.h"
 
 namespace sluice::store {
 namespace {
@@ -22,6 +26,8 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 constexpr const char* kFormatKey = "sluice.format";
+// The release that last opened the directory (store.h, "Releases"); absent before 0.3.
+constexpr const char* kReleaseKey = "sluice.release";
 // Data formats (store.h): 2 keeps the overrides in a database of their own; 1 kept them in the
 // counters' database, and open moves them. The overrides' database has its own marker.
 constexpr const char* kFormat = "2";
@@ -260,6 +266,19 @@ struct Instance {
   rocksdb::Status read_format(std::string* out) const {
     return db->Get(rocksdb::ReadOptions(), kFormatKey, out);
   }
+  rocksdb::Status read_release(std::string* out) const {
+    return db->Get(rocksdb::ReadOptions(), kReleaseKey, out);
+  }
+  // Synced and flushed, as the format marker is (below).
+  rocksdb::Status write_release(std::string_view release) {
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    rocksdb::Status s = db->Put(wo, kReleaseKey, rocksdb::Slice(release.data(), release.size()));
+    rocksdb::FlushOptions fo;
+    fo.wait = true;
+    if (s.ok()) s = db->Flush(fo, db->DefaultColumnFamily());
+    return s;
+  }
   // Synced, and flushed to a table file: otherwise the log holding the marker stays live, and
   // with it every later write of the database, which RocksDB's repair then turns into a table
   // whose sequence numbers overlap the flushed ones (the repair fails).
@@ -364,6 +383,35 @@ void check_counters_format(Instance& main, const std::string& dir, std::string& 
   }
 }
 
+// The release that last opened the counters' database: one within this sluiced's compatibility
+// window (base/release.h), else StoreError naming both. Absent: a release before 0.3 (0.2).
+// Returns the key's value ("" when absent) for open_impl to rewrite when it is not ours.
+std::string check_release(Instance& main, const std::string& dir) {
+  std::string text;
+  const rocksdb::Status r = main.read_release(&text);
+  if (!r.ok() && !r.IsNotFound()) {
+    throw StoreError("data directory " + dir + ": reading sluice.release: " + r.ToString() + ". " +
+                     recovery_hint(dir));
+  }
+  if (r.IsNotFound()) text.clear();
+  const std::optional<Release> written =
+      text.empty() ? std::optional<Release>(kUnrecordedRelease) : parse_release(text);
+  if (!written) {
+    throw StoreError("data directory " + dir + " names its release as \"" + text +
+                     "\", which is not a release (major.minor.patch)");
+  }
+  if (!within_window(kThisRelease, *written)) {
+    throw StoreError(
+        "data directory " + dir + " was last opened by sluiced " + to_string(*written) +
+        (text.empty() ? " (or earlier: it records no release)" : "") + "; this sluiced is " +
+        std::string(kThisVersion) + " and restores from releases " + window_text(kThisRelease) +
+        " only. Run a release in between on it first, one minor release at a time "
+        "(docs/operations.md, \"Rolling upgrade\"), or start this node on an empty data "
+        "directory (its counters then start from zero).");
+  }
+  return text;
+}
+
 // The overrides' database's format marker: written when it was just created (`created`), else
 // one this sluiced reads, or StoreError.
 void check_overrides_format(Instance& ov, bool created, const std::string& ov_what,
@@ -437,6 +485,7 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
   rocksdb::ColumnFamilyHandle* legacy = main.family(kOverridesCf);  // format 1's overrides
   std::string format = kFormat;
   if (!fresh) check_counters_format(main, dir, format);
+  const std::string recorded_release = fresh ? std::string() : check_release(main, dir);
 
   // ---- the overrides' database: created with a new directory, or to move format 1's into. With
   // the marker at 2 it must exist, even while the old family is still there (a kill before the
@@ -473,6 +522,16 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
     const rocksdb::Status w = main.write_format(kFormat);
     if (!w.ok()) throw StoreError("cannot initialize data directory " + dir + ": " + w.ToString());
     if (legacy != nullptr && after_step) (*after_step)(2);
+  }
+  if (recorded_release != kThisVersion) {
+    const rocksdb::Status w = main.write_release(kThisVersion);
+    if (!w.ok()) throw StoreError("cannot record the release in " + dir + ": " + w.ToString());
+    if (!fresh) {
+      spdlog::info("data directory {}: last opened by sluiced {}, now by {}", dir,
+                   recorded_release.empty() ? to_string(kUnrecordedRelease) + " or earlier"
+                                            : recorded_release,
+                   kThisVersion);
+    }
   }
   if (legacy != nullptr) {
     const rocksdb::Status s = main.drop(legacy);

@@ -7,6 +7,7 @@
 // counting at a 50 ms interval; docs/bench-log/2026-11-25-override-store.md).
 //   <dir>           the counters' database:
 //     default       "sluice.format" -> "2" (written at creation; a database without it is not ours)
+//                   "sluice.release" -> "0.3.0", the release that last opened it (below)
 //     counters      engine records (engine.h, "counters as records"): key 16 bytes, the state
 //   <dir>/overrides the overrides' database, with its own WAL, lock and LOG:
 //     default       "sluice.format" -> "1"
@@ -30,6 +31,15 @@
 // but not synced (a killed process loses nothing the OS has; a power cut may lose the last pass).
 // Overrides are written with the WAL synced before the call returns: an acknowledged override
 // survives kill -9 and power loss alike.
+//
+// Releases: open refuses a directory that a release outside this build's compatibility window
+// last opened (base/release.h: one minor release either side), with an error naming both
+// releases, and then records this build's release. A directory without the key was last opened
+// by a release before 0.3, taken as 0.2. Those releases leave the key as it is: a directory
+// rolled back from 0.3 to 0.2 still names 0.3 (a 0.4 would take it for 0.3's; upgrading one
+// minor release at a time, as the window asks, never meets that). The data format above changes
+// only with what a release reads; the release key is what lets an upgrade or a rollback that
+// skips a release be refused rather than misread.
 //
 // A directory is never reset silently: a missing or empty directory is created only when the
 // caller asks (first start, `sluiced --init-data`); a directory that is not a Sluice database, or

@@ -173,6 +173,9 @@ struct ClusterSpec {
   std::vector<std::string> extra_config;
   // true: no cluster section at all (a node on its own, e.g. the store's crash test).
   bool standalone = false;
+  // Node i's config file as written, to rewrite before it is saved (e.g. settings an older
+  // release's sluiced refuses, tests/upgrade/); unset: as written.
+  std::function<std::string(size_t index, std::string config)> rewrite_config;
 };
 
 struct NodeProcess {
@@ -182,6 +185,7 @@ struct NodeProcess {
   std::string host = "127.0.0.1";  // the address every port of this node binds to
   uint16_t check_port = 0, admin_port = 0, peer_port = 0, grpc_port = 0, resp_port = 0;
   std::vector<std::string> launch_prefix;  // NodePlacement::launch_prefix
+  std::string sluiced_bin;  // this node's binary from its next start on; "" : the spec's
   std::filesystem::path config, data_dir, log;
   std::string secret;
   pid_t pid = -1;
@@ -290,7 +294,23 @@ class LocalCluster {
   // does); every other node on a restart, so a restarted node 1 finds the cluster again too.
   void write_config(size_t i, bool restart) {
     const NodeProcess& n = nodes_.at(i);
-    std::ofstream cfg(n.config, std::ios::trunc);
+    std::ostringstream cfg;
+    write_config_text(i, restart, cfg);
+    std::string text = cfg.str();
+    if (spec_.rewrite_config) text = spec_.rewrite_config(i, std::move(text));
+    std::ofstream(n.config, std::ios::trunc) << text;
+  }
+
+  // The binary node i runs from its next start on ("" : the spec's sluiced_bin).
+  void set_binary(size_t i, std::string path) { nodes_.at(i).sluiced_bin = std::move(path); }
+  const std::string& binary(size_t i) const {
+    const NodeProcess& n = nodes_.at(i);
+    return n.sluiced_bin.empty() ? spec_.sluiced_bin : n.sluiced_bin;
+  }
+
+ private:
+  void write_config_text(size_t i, bool restart, std::ostream& cfg) const {
+    const NodeProcess& n = nodes_.at(i);
     cfg << "udp: " << n.host << ":" << n.check_port << "\ntcp: " << n.host << ":" << n.check_port
         << "\nadmin: " << n.host << ":" << n.admin_port << "\ngrpc: " << n.host << ":"
         << n.grpc_port << "\nresp: " << n.host << ":" << n.resp_port
@@ -327,6 +347,7 @@ class LocalCluster {
       cfg << "  " << line << "\n";
   }
 
+ public:
   // Starts (or restarts: same id, name, ports and data directory) node i and waits until its
   // admin port answers. "" or why not (the log's tail included).
   std::string start_node(size_t i) {
@@ -335,7 +356,7 @@ class LocalCluster {
     write_config(i, n.started);
     n.started = true;
     std::vector<std::string> args = n.launch_prefix;
-    for (const std::string& a : {spec_.sluiced_bin, std::string("--config"), n.config.string()})
+    for (const std::string& a : {binary(i), std::string("--config"), n.config.string()})
       args.push_back(a);
     std::vector<char*> argv;  // built before fork: the child only execs
     for (std::string& a : args)

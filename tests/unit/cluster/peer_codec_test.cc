@@ -334,6 +334,7 @@ TEST_CASE("peer_codec: names every reason for metrics") {
   CHECK(to_string(PeerError::kStringTooLong) == "string_too_long");
   CHECK(to_string(PeerError::kBadField) == "bad_field");
   CHECK(to_string(PeerError::kBadWindow) == "bad_window");
+  CHECK(to_string(PeerError::kReleaseOutsideWindow) == "release_outside_window");
   CHECK(to_string(PeerKind::kForwardAnswer) == "forward_answer");
 }
 
@@ -560,6 +561,54 @@ TEST_CASE("peer_codec: drops envelopes of another version or kind") {
   // The same built envelope with valid fields is accepted: the helpers themselves are sound.
   CHECK(p.open_built([](ps::Envelope::Builder env) { fill_gossip(env, 2); }) == PeerError::kOk);
   CHECK(p.got.membership.gossip.size() == 2);
+}
+
+// ---- releases: the compatibility window --------------------------------------------------------
+
+TEST_CASE("peer_codec: a node talks to the previous and the next minor release, and says which") {
+  Pair p;
+  p.b.TEST_set_release({0, 3, 0});
+  for (const sluice::Release r : {sluice::Release{0, 2, 0}, sluice::Release{0, 3, 0},
+                                  sluice::Release{0, 4, 0}, sluice::Release{0, 3, 7}}) {
+    CAPTURE(sluice::to_string(r));
+    p.a.TEST_set_release(r);
+    REQUIRE(p.open(seal(p.a, sample_sync())) == PeerError::kOk);
+    CHECK(p.got.header.release == sluice::Release{r.major, r.minor, 0});  // no patch on the wire
+    check_same(p.got.sync, sample_sync());
+  }
+}
+
+TEST_CASE("peer_codec: an envelope without a release, as 0.2 seals them, is 0.2 and accepted") {
+  // build_envelope writes what a 0.2 node writes: the same words with the release bits at 0.
+  Pair p;
+  p.b.TEST_set_release({0, 3, 0});
+  CHECK(p.open_built([](ps::Envelope::Builder env) { fill_gossip(env, 2); }) == PeerError::kOk);
+  CHECK(p.got.header.release == sluice::kUnrecordedRelease);
+  CHECK(p.got.membership.gossip.size() == 2);
+  // The field took no room: the envelope has the data words and pointer it had before it.
+  CHECK(capnp::_::structSize<ps::Envelope>().data == 4);
+  CHECK(capnp::_::structSize<ps::Envelope>().pointers == 1);
+}
+
+TEST_CASE("peer_codec: drops datagrams of a release outside the window as release_outside_window") {
+  Pair p;
+  p.b.TEST_set_release({0, 3, 0});
+  for (const sluice::Release r : {sluice::Release{0, 1, 0}, sluice::Release{0, 5, 0},
+                                  sluice::Release{1, 3, 0}, sluice::Release{255, 255, 0}}) {
+    CAPTURE(sluice::to_string(r));
+    p.a.TEST_set_release(r);
+    const Bytes d = seal(p.a, sample_membership(MembershipKind::kPing));
+    CHECK(p.open(d) == PeerError::kReleaseOutsideWindow);
+    CHECK(p.got.header.release == sluice::Release{r.major, r.minor, 0});  // for the log line
+    CHECK(p.got.header.sender == kA);
+  }
+  // Nothing was recorded in the replay guard: the same sender, back in the window, is heard.
+  p.a.TEST_set_release({0, 2, 0});
+  CHECK(p.open(seal(p.a, sample_sync())) == PeerError::kOk);
+  // And a 0.2 node (release 0) seen by a node two minors ahead is outside.
+  p.b.TEST_set_release({0, 4, 0});
+  CHECK(p.open_built([](ps::Envelope::Builder env) { fill_gossip(env, 1); }) ==
+        PeerError::kReleaseOutsideWindow);
 }
 
 TEST_CASE("peer_codec: bounds gossip entries, names and hosts") {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "base/release.h"
+
 using namespace sluice::ctl;
 
 namespace {
@@ -77,6 +79,16 @@ TEST_CASE("--help prints and exits 0") {
   CHECK(inv.command == Command::kNone);
   CHECK(inv.exit_code == kAllowed);
   CHECK(inv.output.find("--limit") != std::string::npos);
+}
+
+TEST_CASE("--version prints the release and exits 0, with or without a command") {
+  for (const auto& args :
+       {std::vector<std::string>{"--version"}, std::vector<std::string>{"--version", "status"}}) {
+    const Invocation inv = parse(args);
+    CHECK(inv.command == Command::kNone);
+    CHECK(inv.exit_code == kAllowed);
+    CHECK(inv.output == "sluicectl " + std::string(sluice::kThisVersion) + "\n");
+  }
 }
 
 TEST_CASE("a reused parser answers every command line as a fresh one would") {

@@ -13,10 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "base/release.h"
 #include "one_rule_policy.h"
 #include "temp_dir.h"
 
@@ -148,6 +150,28 @@ std::vector<std::string> families_of(const std::string& dir) {
   REQUIRE(rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir, &names).ok());
   std::sort(names.begin(), names.end());
   return names;
+}
+
+// The counters' database's default column family: key's value (nullopt: absent), or with
+// `set` that value written first (an empty string deletes the key), as another release left it.
+std::optional<std::string> default_key(const std::string& dir, const std::string& key,
+                                       std::optional<std::string> set = std::nullopt) {
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  for (const std::string& name : families_of(dir))
+    families.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  rocksdb::DB* raw = nullptr;
+  REQUIRE(rocksdb::DB::Open(rocksdb::DBOptions(), dir, families, &handles, &raw).ok());
+  if (set && set->empty()) REQUIRE(raw->Delete(rocksdb::WriteOptions(), key).ok());
+  if (set && !set->empty()) REQUIRE(raw->Put(rocksdb::WriteOptions(), key, *set).ok());
+  std::string v;
+  const rocksdb::Status s = raw->Get(rocksdb::ReadOptions(), key, &v);
+  for (auto* h : handles)
+    raw->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  delete raw;
+  if (s.IsNotFound()) return std::nullopt;
+  REQUIRE(s.ok());
+  return v;
 }
 
 std::string marker_of(const std::string& dir) {
@@ -457,4 +481,94 @@ TEST_CASE("a data directory of an unknown data format is refused, naming both it
                        doctest::Contains("has data format 3, this sluiced reads formats 1 and 2"),
                        store::StoreError);
   CHECK_FALSE(fs::exists(store::Store::overrides_dir(dir)));
+}
+
+// ---- releases: the compatibility window (store.h, "Releases") ---------------------------------
+
+namespace {
+
+// A data directory holding kUsers counters, last opened by `release` ("" : by a release that
+// recorded none).
+std::string directory_of_release(TempDir& tmp, const std::string& name,
+                                 const std::string& release) {
+  const std::string dir = tmp.sub(name.c_str());
+  {
+    auto s = store::Store::open(dir, true);
+    auto e = counted_engine();
+    REQUIRE(s->snapshot(*e).written == kUsers);
+  }
+  default_key(dir, "sluice.release", release);
+  return dir;
+}
+
+std::string release_text(int major, int minor, int patch) {
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+}  // namespace
+
+TEST_CASE("a data directory records the release that opened it last") {
+  TempDir tmp;
+  const std::string dir = tmp.sub("data");
+  store::Store::open(dir, true);
+  CHECK(default_key(dir, "sluice.release") == std::string(sluice::kThisVersion));
+}
+
+TEST_CASE("a node restores every counter from a directory of the previous or next minor release") {
+  const Release me = sluice::kThisRelease;
+  std::vector<std::string> inside = {release_text(me.major, me.minor + 1, 5),
+                                     release_text(me.major, me.minor, me.patch + 1)};
+  if (me.minor > 0) inside.push_back(release_text(me.major, me.minor - 1, 0));
+  // A directory that records no release was last opened by 0.2 (or earlier).
+  if (sluice::within_window(me, sluice::kUnrecordedRelease)) inside.push_back("");
+  TempDir tmp;
+  int n = 0;
+  for (const std::string& r : inside) {
+    CAPTURE(r);
+    const std::string dir = directory_of_release(tmp, "d" + std::to_string(n++), r);
+    {
+      auto s = store::Store::open(dir, false);
+      engine::Engine e(policy());
+      CHECK(s->restore(e, kT0 + 2000).restored == kUsers);
+    }
+    // Now this release's directory: the next release in the window reads it.
+    CHECK(default_key(dir, "sluice.release") == std::string(sluice::kThisVersion));
+  }
+}
+
+TEST_CASE(
+    "a directory of a release outside the window is refused naming both, and left as it was") {
+  const Release me = sluice::kThisRelease;
+  std::vector<std::string> outside = {release_text(me.major, me.minor + 2, 0),
+                                      release_text(me.major + 1, me.minor, 0)};
+  if (me.minor >= 2) outside.push_back(release_text(me.major, me.minor - 2, 0));
+  if (!sluice::within_window(me, sluice::kUnrecordedRelease)) outside.push_back("");
+  TempDir tmp;
+  int n = 0;
+  for (const std::string& r : outside) {
+    CAPTURE(r);
+    const std::string dir = directory_of_release(tmp, "d" + std::to_string(n++), r);
+    std::string why;
+    try {
+      store::Store::open(dir, false);
+    } catch (const store::StoreError& e) {
+      why = e.what();
+    }
+    CAPTURE(why);
+    CHECK(why.find("sluiced " + (r.empty() ? sluice::to_string(sluice::kUnrecordedRelease) : r)) !=
+          std::string::npos);
+    CHECK(why.find("this sluiced is " + std::string(sluice::kThisVersion)) != std::string::npos);
+    CHECK(why.find(sluice::window_text(me)) != std::string::npos);
+    CHECK(default_key(dir, "sluice.release") ==
+          (r.empty() ? std::nullopt : std::optional<std::string>(r)));
+  }
+  // Garbage where the release should be is refused too, not taken for any release.
+  const std::string dir = directory_of_release(tmp, "garbage", "banana");
+  std::string why;
+  try {
+    store::Store::open(dir, false);
+  } catch (const store::StoreError& e) {
+    why = e.what();
+  }
+  CHECK(why.find("names its release as \"banana\"") != std::string::npos);
 }
