@@ -69,7 +69,7 @@
 #include "common/json_rows.h"
 #include "common/metrics.h"
 #include "common/process.h"
-#include "load/args.h"
+#include "common/scenario.h"
 #include "load/driver.h"
 #include "load/targets.h"
 #include "wire/protocol.h"
@@ -96,68 +96,28 @@ struct Options {
   std::string sluiced;
 };
 
-constexpr const char* kHelp = R"(usage: sluice-bench-keyspray [options]
-  --keys N            distinct keys to spray, each once (10000000)
-  --hot N             hot keys checked throughout (1000)
-  --cap-mb M          sluiced memory_cap_mb (256)
-  --limit N           every key's limit per minute (1000)
-  --hot-period-ms P   each hot key is checked every P ms (500)
-  --warm-seconds S    hot keys only, before the spray (10)
-  --tail-seconds S    hot keys only, after the spray (5)
-  --max-seconds S     the spray gives up after S seconds (900)
-  --spray-sockets U   UDP sockets spraying, 4 datagrams of 64 checks in flight each (4)
-  --server-threads N  sluiced worker threads (1)
-  --memory-only       sluiced without a data directory (no snapshots to RocksDB)
-  --rss-slack-mb M    add M MiB to the RSS bound (0; the CI test's 2, see the file comment)
-  --sluiced PATH      sluiced binary (default: <build>/daemon/sluiced)
-  --json              last line: {"rows":[{...}]}
-)";
-
-[[noreturn]] void usage(const std::string& why) {
-  bench::usage("sluice-bench-keyspray", kHelp, why);
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  bench::Args args(argc, argv, "sluice-bench-keyspray", kHelp);
-  while (args.next()) {
-    const std::string& a = args.option();
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--keys") {
-      o.keys = static_cast<uint64_t>(args.number(1, 1e9));
-    } else if (a == "--hot") {
-      o.hot = static_cast<uint32_t>(args.number(1, 100'000));
-    } else if (a == "--cap-mb") {
-      o.cap_mb = static_cast<uint32_t>(args.number(1, 1 << 20));
-    } else if (a == "--limit") {
-      o.limit = static_cast<uint64_t>(args.number(1, 1e12));
-    } else if (a == "--hot-period-ms") {
-      o.hot_period_ms = args.number(20, 60'000);
-    } else if (a == "--warm-seconds") {
-      o.warm_seconds = args.number(0, 3600);
-    } else if (a == "--tail-seconds") {
-      o.tail_seconds = args.number(0, 3600);
-    } else if (a == "--max-seconds") {
-      o.max_seconds = args.number(1, 86'400);
-    } else if (a == "--spray-sockets") {
-      o.spray_sockets = static_cast<uint32_t>(args.number(1, 64));
-    } else if (a == "--server-threads") {
-      o.server_threads = static_cast<uint32_t>(args.number(1, 64));
-    } else if (a == "--rss-slack-mb") {
-      o.rss_slack_mb = args.number(0, 1024);
-    } else if (a == "--memory-only") {
-      o.memory_only = true;
-    } else if (a == "--sluiced") {
-      o.sluiced = args.value();
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
-      std::exit(0);
-    } else {
-      usage("unknown option " + a);
-    }
-  }
-  return o;
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  bench::Cli cli("sluice-bench-keyspray");
+  cli.keys(o.keys, 1, 1e9, "distinct keys to spray, each once");
+  cli.number("--hot", o.hot, 1, 100'000, "hot keys checked throughout");
+  cli.number("--cap-mb", o.cap_mb, 1, 1 << 20, "sluiced memory_cap_mb");
+  cli.number("--limit", o.limit, 1, 1e12, "every key's limit per minute");
+  cli.number("--hot-period-ms", o.hot_period_ms, 20, 60'000, "each hot key is checked every P ms");
+  cli.number("--warm-seconds", o.warm_seconds, 0, 3600, "hot keys only, before the spray");
+  cli.number("--tail-seconds", o.tail_seconds, 0, 3600, "hot keys only, after the spray");
+  cli.number("--max-seconds", o.max_seconds, 1, 86'400, "the spray gives up after S seconds");
+  cli.number("--spray-sockets", o.spray_sockets, 1, 64,
+             "UDP sockets spraying, 4 datagrams of 64 checks in flight each");
+  cli.server_threads(o.server_threads);
+  cli.flag("--memory-only", o.memory_only,
+           "sluiced without a data directory (no snapshots to RocksDB)");
+  cli.number("--rss-slack-mb", o.rss_slack_mb, 0, 1024,
+             "add M MiB to the RSS bound (the CI test's 2, see the file comment)");
+  cli.sluiced(o.sluiced);
+  const std::optional<int> exit = cli.parse(argc, argv);
+  o.json = cli.json;
+  return exit;
 }
 
 constexpr std::string_view kDomain = bench::kSluiceDomain;  // sluice_probe checks it too
@@ -826,7 +786,8 @@ int run(const Options& o) {
 }  // namespace
 
 int bench_keyspray_main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o;
+  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
   bench::install_stop_signals();
   try {
     return run(o);

@@ -53,7 +53,7 @@
 
 #include "common/json_rows.h"
 #include "common/process.h"
-#include "load/args.h"
+#include "common/scenario.h"
 #include "load/driver.h"
 #include "load/targets.h"
 #include "wire/protocol.h"
@@ -82,88 +82,46 @@ struct Options {
   std::string sluiced;
 };
 
-constexpr const char* kHelp = R"(usage: sluice-bench-soak [options]
-  --seconds S        soak length (600)
-  --rate R           offered checks/s (half UDP, half TCP); 0 = --load x the maximum measured
-                     first with a closed-loop probe (0)
-  --load F           share of the measured maximum to offer (0.8)
-  --probe-seconds S  length of the closed-loop probe (10)
-  --interval S       RSS sample and progress line every S seconds (10)
-  --window S         latency / error / decision figures and the p99 goal per S seconds (60)
-  --rss-after S      RSS goal: samples after S seconds stay within the band of the one at S (60)
-  --rss-band F       that band, +-F (0.05)
-  --p99-ratio X      p99 goal: last window's p99 <= X x the first window's (1.2)
-  --keys N           keyspace, Zipf(0.99) (100000)
-  --limit N          every key's limit per minute (10000)
-  --udp-sockets U    UDP sockets, 8 datagrams of 1 check in flight each at most (8)
-  --connections C    TCP connections, 32 frames of 1 check in flight each at most (8)
-  --server-threads N sluiced --threads (1)
-  --memory-only      sluiced without a data directory (no snapshots to RocksDB)
-  --sluiced PATH     sluiced binary (default: <build>/daemon/sluiced)
-  --json             last line: {"rows":[{...the whole series...}]}
-)";
-
-[[noreturn]] void usage(const std::string& why) {
-  bench::usage("sluice-bench-soak", kHelp, why);
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  bench::Args args(argc, argv, "sluice-bench-soak", kHelp);
-  while (args.next()) {
-    const std::string& a = args.option();
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--seconds") {
-      o.seconds = args.number(1, 86'400);
-    } else if (a == "--rate") {
-      o.rate = args.number(0, 1e8);
-    } else if (a == "--load") {
-      o.load = args.number(0.01, 1);
-    } else if (a == "--probe-seconds") {
-      o.probe_seconds = args.number(1, 600);
-    } else if (a == "--interval") {
-      o.interval = args.number(1, 3600);
-    } else if (a == "--window") {
-      o.window = args.number(1, 86'400);
-    } else if (a == "--rss-after") {
-      o.rss_after = args.number(1, 86'400);
-    } else if (a == "--rss-band") {
-      o.rss_band = args.number(0, 1);
-    } else if (a == "--p99-ratio") {
-      o.p99_ratio = args.number(1, 1000);
-    } else if (a == "--keys") {
-      o.keys = static_cast<uint32_t>(args.number(1, 10'000'000));
-    } else if (a == "--limit") {
-      o.limit = static_cast<uint64_t>(args.number(1, 1e12));
-    } else if (a == "--udp-sockets") {
-      o.udp_sockets = static_cast<uint32_t>(args.number(1, 256));
-    } else if (a == "--connections") {
-      o.connections = static_cast<uint32_t>(args.number(1, 256));
-    } else if (a == "--server-threads") {
-      o.server_threads = static_cast<uint32_t>(args.number(1, 64));
-    } else if (a == "--memory-only") {
-      o.memory_only = true;
-    } else if (a == "--sluiced") {
-      o.sluiced = args.value();
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
-      std::exit(0);
-    } else {
-      usage("unknown option " + a);
-    }
-  }
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  bench::Cli cli("sluice-bench-soak");
+  cli.seconds(o.seconds, 1, 86'400, "soak length");
+  cli.number("--rate", o.rate, 0, 1e8,
+             "offered checks/s (half UDP, half TCP); 0 = --load x the maximum measured first "
+             "with a closed-loop probe");
+  cli.number("--load", o.load, 0.01, 1, "share of the measured maximum to offer");
+  cli.number("--probe-seconds", o.probe_seconds, 1, 600, "length of the closed-loop probe");
+  cli.number("--interval", o.interval, 1, 3600, "RSS sample and progress line every S seconds");
+  cli.number("--window", o.window, 1, 86'400,
+             "latency / error / decision figures and the p99 goal per S seconds");
+  cli.number("--rss-after", o.rss_after, 1, 86'400,
+             "RSS goal: samples after S seconds stay within the band of the one at S");
+  cli.number("--rss-band", o.rss_band, 0, 1, "that band, +-F");
+  cli.number("--p99-ratio", o.p99_ratio, 1, 1000,
+             "p99 goal: last window's p99 <= X x the first window's");
+  cli.keys(o.keys, 1, 10'000'000, "keyspace, Zipf(0.99)");
+  cli.number("--limit", o.limit, 1, 1e12, "every key's limit per minute");
+  cli.number("--udp-sockets", o.udp_sockets, 1, 256,
+             "UDP sockets, 8 datagrams of 1 check in flight each at most");
+  cli.number("--connections", o.connections, 1, 256,
+             "TCP connections, 32 frames of 1 check in flight each at most");
+  cli.server_threads(o.server_threads);
+  cli.flag("--memory-only", o.memory_only,
+           "sluiced without a data directory (no snapshots to RocksDB)");
+  cli.sluiced(o.sluiced);
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
+  o.json = cli.json;
   // The goals compare whole windows of whole intervals.
   const double per_window = o.window / o.interval;
   if (std::abs(per_window - std::round(per_window)) > 1e-9)
-    usage("--window must be a multiple of --interval");
+    return cli.fail("--window must be a multiple of --interval");
   const double rss_at = o.rss_after / o.interval;
   if (std::abs(rss_at - std::round(rss_at)) > 1e-9)
-    usage("--rss-after must be a multiple of --interval");
+    return cli.fail("--rss-after must be a multiple of --interval");
   if (o.seconds < o.rss_after + o.interval)
-    usage("--seconds must exceed --rss-after by an interval");
-  if (o.seconds < 2 * o.window) usage("--seconds must hold at least two windows");
-  return o;
+    return cli.fail("--seconds must exceed --rss-after by an interval");
+  if (o.seconds < 2 * o.window) return cli.fail("--seconds must hold at least two windows");
+  return std::nullopt;
 }
 
 // ---- the load: thread 0 speaks UDP, thread 1 TCP
@@ -562,7 +520,8 @@ int run(const Options& o) {
 }  // namespace
 
 int bench_soak_main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o;
+  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
   bench::install_stop_signals();
   try {
     return run(o);
