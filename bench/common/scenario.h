@@ -50,6 +50,22 @@ class Cli {
       opt->default_str(std::to_string(target));
     return opt;
   }
+  // A comma list of whole numbers in [lo, hi] ("1000,100000"), repeatable: the lists add up.
+  CLI::Option* numbers(const std::string& name, std::vector<uint64_t>& target, double lo, double hi,
+                       const std::string& help) {
+    return app_.add_option(name, target, help)
+        ->delimiter(',')
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->check(CLI::Range(lo, hi));
+  }
+  // A comma list of words of a fixed set ("1s,1m"), repeatable: the lists add up.
+  CLI::Option* words(const std::string& name, std::vector<std::string>& target,
+                     std::vector<std::string> allowed, const std::string& help) {
+    return app_.add_option(name, target, help)
+        ->delimiter(',')
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->check(CLI::IsMember(std::move(allowed)));
+  }
   CLI::Option* text(const std::string& name, std::string& target, const std::string& help) {
     return app_.add_option(name, target, help)->type_name("TEXT");
   }
