@@ -613,7 +613,7 @@ int run(const Options& o) {
   const uint16_t port = bench::free_loopback_port();
   const uint16_t admin = bench::free_loopback_port();
   const std::string addr = "127.0.0.1:" + std::to_string(port);
-  const std::string rules = dir.path() + "/rules.yaml";
+  const std::string rules = dir.path + "/rules.yaml";
   std::ofstream(rules) << "# written by sluice-bench-keyspray\n"
                           "domains:\n"
                           "  - name: "
@@ -624,17 +624,17 @@ int run(const Options& o) {
                           "        key: ["
                        << bench::kSluiceEntryKey << "]\n        limits: [" << o.limit
                        << "/1m]\n        granularity: " << kBucketMs << "ms\n";
-  const std::string config = dir.path() + "/sluiced.yaml";
+  const std::string config = dir.path + "/sluiced.yaml";
   std::ofstream(config) << "# written by sluice-bench-keyspray\n"
                         << "udp: " << addr << "\ntcp: " << addr << "\nadmin: 127.0.0.1:" << admin
                         << "\ngrpc: \"\"\nresp: \"\"\nthreads: " << o.server_threads
                         << "\nrules: " << rules
                         << (o.memory_only
                                 ? "\ndata_dir: \"\"\n"
-                                : "\ndata_dir: " + dir.path() + "/sluiced-data\ninit_data: true")
+                                : "\ndata_dir: " + dir.path + "/sluiced-data\ninit_data: true")
                         << "\nmemory_cap_mb: " << o.cap_mb << "\nlog_level: warn\n";
   bench::ChildProcess sluiced;
-  if (std::string e = sluiced.start({exe, "--config", config}, dir.path() + "/sluiced.log");
+  if (std::string e = sluiced.start({exe, "--config", config}, dir.path + "/sluiced.log");
       !e.empty()) {
     throw std::runtime_error("sluiced: " + e);
   }

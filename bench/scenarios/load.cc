@@ -360,7 +360,7 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
                    Servers& s) {
   constexpr int kReadyMs = 15'000;
   if (need_nginx) {
-    const std::string dir = s.dir.path() + "/nginx";
+    const std::string dir = s.dir.path + "/nginx";
     std::filesystem::create_directories(dir);
     s.nginx_port = bench::free_loopback_port();
     std::string err;
@@ -371,14 +371,14 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
     wait_ready(
         s.nginx, [&] { return bench::nginx_probe(s.nginx_port, 500); }, kReadyMs);
   }
-  if (need_echo_udp) start_echo(o, "udp", s.echo_udp, s.echo_udp_port, s.dir.path());
-  if (need_echo_tcp) start_echo(o, "tcp", s.echo_tcp, s.echo_tcp_port, s.dir.path());
+  if (need_echo_udp) start_echo(o, "udp", s.echo_udp, s.echo_udp_port, s.dir.path);
+  if (need_echo_tcp) start_echo(o, "tcp", s.echo_tcp, s.echo_tcp_port, s.dir.path);
   if (need_sluiced) {
     const std::string exe = o.sluiced.empty() ? bench::sibling_sluiced() : o.sluiced;
     if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
       throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
     }
-    const std::string rules = s.dir.path() + "/rules.yaml";
+    const std::string rules = s.dir.path + "/rules.yaml";
     std::ofstream(rules) << "# written by sluice-bench-load\n"
                             "domains:\n"
                             "  - name: bench\n"
@@ -394,7 +394,7 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
     if (need_resp || curve_has(o, bench::Door::kRedis)) s.resp_port = bench::free_loopback_port();
     const std::string resp = s.resp_port == 0 ? "" : "127.0.0.1:" + std::to_string(s.resp_port);
     const std::string udp = "127.0.0.1:" + std::to_string(s.sluice_port);
-    const std::string config = s.dir.path() + "/sluiced.yaml";
+    const std::string config = s.dir.path + "/sluiced.yaml";
     std::ofstream(config) << "# written by sluice-bench-load\ninit_data: true\nudp_busy_poll_us: "
                           << o.busy_poll_us << "\n";
     const std::string err = s.sluiced.start({exe,
@@ -417,16 +417,16 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
                                              "--log-level",
                                              "warn",
                                              "--data-dir",
-                                             s.dir.path() + "/sluiced-data"},
-                                            s.dir.path() + "/sluiced.log");
+                                             s.dir.path + "/sluiced-data"},
+                                            s.dir.path + "/sluiced.log");
     if (!err.empty()) throw std::runtime_error("sluiced: " + err);
   }
   if (need_redis) {
     s.redis_port = bench::free_loopback_port();
     const std::string err = s.redis.start(
         {"redis-server", "--port", std::to_string(s.redis_port), "--bind", "127.0.0.1", "--save",
-         "", "--appendonly", "no", "--daemonize", "no", "--dir", s.dir.path()},
-        s.dir.path() + "/redis.log");
+         "", "--appendonly", "no", "--daemonize", "no", "--dir", s.dir.path},
+        s.dir.path + "/redis.log");
     if (!err.empty()) throw std::runtime_error("redis-server: " + err);
   }
   if (need_memcached) {
@@ -436,7 +436,7 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
     const std::string err =
         s.memcached.start({"memcached", "-l", "127.0.0.1", "-p", std::to_string(s.memcached_port),
                            "-U", "0", "-t", "2"},
-                          s.dir.path() + "/memcached.log", "nobody");
+                          s.dir.path + "/memcached.log", "nobody");
     if (!err.empty()) throw std::runtime_error("memcached: " + err);
   }
   if (need_sluiced) {

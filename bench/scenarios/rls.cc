@@ -183,7 +183,7 @@ void start_noop(const Options& o, Server& s) {
   const std::string err =
       s.sluiced.start({SLUICE_RLS_NOOP_BIN, "--grpc", "127.0.0.1:" + std::to_string(s.grpc_port),
                        "--threads", std::to_string(o.server_threads)},
-                      s.dir.path() + "/noop.log");
+                      s.dir.path + "/noop.log");
   if (!err.empty()) throw std::runtime_error("sluice-bench-rls-noop: " + err);
   const int64_t deadline = bench::now_ns() + 15'000'000'000;
   std::string last = "not started";
@@ -202,7 +202,7 @@ void start_server(const Options& o, const std::string& exe, Server& s) {
   if (::access(exe.c_str(), X_OK) != 0) {
     throw std::runtime_error("no sluiced at '" + exe + "' (--sluiced, --compare)");
   }
-  const std::string rules = s.dir.path() + "/rules.yaml";
+  const std::string rules = s.dir.path + "/rules.yaml";
   std::ofstream(rules) << "# written by sluice-bench-rls\n"
                           "domains:\n"
                           "  - name: bench\n"
@@ -220,7 +220,7 @@ void start_server(const Options& o, const std::string& exe, Server& s) {
       {exe, "--udp", udp, "--tcp", udp, "--admin", "127.0.0.1:" + std::to_string(s.admin_port),
        "--grpc", grpc_addr, "--resp", "", "--rules", rules, "--threads",
        std::to_string(o.server_threads), "--log-level", "warn", "--data-dir", ""},
-      s.dir.path() + "/sluiced.log");
+      s.dir.path + "/sluiced.log");
   if (!err.empty()) throw std::runtime_error("sluiced: " + err);
 
   // Both fronts must answer; bounded, and failing early when sluiced exits.

@@ -265,7 +265,7 @@ int run(const Options& o) {
   if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
     throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
   }
-  const std::string rules = dir.path() + "/rules.yaml";
+  const std::string rules = dir.path + "/rules.yaml";
   std::ofstream(rules) << "# written by sluice-bench-soak\n"
                           "domains:\n"
                           "  - name: "
@@ -297,9 +297,9 @@ int run(const Options& o) {
                                      "--log-level",
                                      "warn",
                                      "--data-dir",
-                                     o.memory_only ? "" : dir.path() + "/sluiced-data",
+                                     o.memory_only ? "" : dir.path + "/sluiced-data",
                                      "--init-data"},
-                                    dir.path() + "/sluiced.log");
+                                    dir.path + "/sluiced.log");
       !e.empty()) {
     throw std::runtime_error("sluiced: " + e);
   }

@@ -37,6 +37,7 @@
 #include "engine/engine.h"
 #include "one_rule_policy.h"
 #include "store/store.h"
+#include "temp_dir.h"
 #include "traces.h"
 
 namespace {
@@ -66,22 +67,6 @@ uint64_t dir_bytes(const std::string& dir) {
   }
   return total;
 }
-
-struct TempDir {
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "sluice-bench-store-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      std::perror("mkdtemp");
-      std::exit(2);
-    }
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
 
 std::shared_ptr<const rules::Policy> policy() {
   testing::OneRule o;
@@ -170,7 +155,7 @@ int bench_store_main(int argc, char** argv) {
 
   // ---- snapshot of N changed keys, and the p99 of checks during it ----
   {
-    TempDir tmp;
+    testing::TempDir tmp("sluice-bench-store");
     engine::Engine e(policy(), eo);
     fill(e, o.snapshot_keys);
     auto store = store::Store::open(tmp.path + "/data", true);
@@ -240,7 +225,7 @@ int bench_store_main(int argc, char** argv) {
 
   // ---- restore of M keys ----
   if (o.restore_keys > 0) {
-    TempDir tmp;
+    testing::TempDir tmp("sluice-bench-store");
     double write_secs = 0;
     store::SnapshotResult w;
     {
