@@ -606,61 +606,37 @@ class KeySpray {
 
 int run(const Options& o) {
   bench::TempDir dir;
-  const std::string exe = o.sluiced.empty() ? bench::sibling_sluiced() : o.sluiced;
-  if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
-    throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
-  }
-  const uint16_t port = bench::free_loopback_port();
-  const uint16_t admin = bench::free_loopback_port();
-  const std::string addr = "127.0.0.1:" + std::to_string(port);
-  const std::string rules = dir.path + "/rules.yaml";
-  std::ofstream(rules) << "# written by sluice-bench-keyspray\n"
-                          "domains:\n"
-                          "  - name: "
-                       << kDomain
-                       << "\n"
-                          "    rules:\n"
-                          "      - name: per-k\n"
-                          "        key: ["
-                       << bench::kSluiceEntryKey << "]\n        limits: [" << o.limit
-                       << "/1m]\n        granularity: " << kBucketMs << "ms\n";
-  const std::string config = dir.path + "/sluiced.yaml";
-  std::ofstream(config) << "# written by sluice-bench-keyspray\n"
-                        << "udp: " << addr << "\ntcp: " << addr << "\nadmin: 127.0.0.1:" << admin
-                        << "\ngrpc: \"\"\nresp: \"\"\nthreads: " << o.server_threads
-                        << "\nrules: " << rules
-                        << (o.memory_only
-                                ? "\ndata_dir: \"\"\n"
-                                : "\ndata_dir: " + dir.path + "/sluiced-data\ninit_data: true")
-                        << "\nmemory_cap_mb: " << o.cap_mb << "\nlog_level: warn\n";
-  bench::ChildProcess sluiced;
-  if (std::string e = sluiced.start({exe, "--config", config}, dir.path + "/sluiced.log");
-      !e.empty()) {
-    throw std::runtime_error("sluiced: " + e);
-  }
-  bench::wait_ready(
-      sluiced, [&] { return bench::sluice_probe(port, 500); }, 15'000);
+  bench::SluicedChild sluiced;
+  sluiced.exe = o.sluiced;
+  sluiced.written_by = "sluice-bench-keyspray";
+  sluiced.limits = std::to_string(o.limit) + "/1m";
+  sluiced.rule_extra = "        granularity: " + std::to_string(kBucketMs) + "ms\n";
+  sluiced.config_extra = "memory_cap_mb: " + std::to_string(o.cap_mb) + "\n";
+  sluiced.threads = o.server_threads;
+  sluiced.data = !o.memory_only;
+  sluiced.start(dir.path);
+  const uint16_t port = sluiced.port, admin = sluiced.admin_port;
   // sluice_probe made one counter (its own key), before the idle RSS is taken.
   std::this_thread::sleep_for(std::chrono::seconds(2));
-  const uint64_t idle_kb = bench::proc_status_kb(sluiced.pid());
+  const uint64_t idle_kb = bench::proc_status_kb(sluiced.process.pid());
   std::printf(
       "sluice-bench-keyspray: sluiced pid %d, memory_cap_mb %u, --threads %u, limit %" PRIu64
       "/1m per key%s; idle RSS at start %.1f MiB\n",
-      static_cast<int>(sluiced.pid()), o.cap_mb, o.server_threads, o.limit,
+      static_cast<int>(sluiced.process.pid()), o.cap_mb, o.server_threads, o.limit,
       o.memory_only ? ", no data directory" : ", snapshots to its data directory",
       static_cast<double>(idle_kb) / 1024.0);
 
-  KeySpray spray(o, port, admin, sluiced.pid());
+  KeySpray spray(o, port, admin, sluiced.process.pid());
   std::string fatal;
   try {
     spray.run();
   } catch (const std::exception& e) {
     fatal = e.what();
   }
-  const bool alive = sluiced.running();
-  const uint64_t hwm_kb = bench::proc_status_kb(sluiced.pid(), "VmHWM");
-  const uint64_t end_anon_kb = bench::proc_status_kb(sluiced.pid(), "RssAnon");
-  const uint64_t end_file_kb = bench::proc_status_kb(sluiced.pid(), "RssFile");
+  const bool alive = sluiced.process.running();
+  const uint64_t hwm_kb = bench::proc_status_kb(sluiced.process.pid(), "VmHWM");
+  const uint64_t end_anon_kb = bench::proc_status_kb(sluiced.process.pid(), "RssAnon");
+  const uint64_t end_file_kb = bench::proc_status_kb(sluiced.process.pid(), "RssFile");
   std::string body;
   const std::string metrics_err = bench::http_get(admin, "/metrics", body);
   const auto m = bench::parse_metrics(body);

@@ -261,59 +261,23 @@ nlohmann::json stats_json(const bench::RowStats& s, double seconds) {
 
 int run(const Options& o) {
   bench::TempDir dir;
-  const std::string exe = o.sluiced.empty() ? bench::sibling_sluiced() : o.sluiced;
-  if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
-    throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
-  }
-  const std::string rules = dir.path + "/rules.yaml";
-  std::ofstream(rules) << "# written by sluice-bench-soak\n"
-                          "domains:\n"
-                          "  - name: "
-                       << bench::kSluiceDomain
-                       << "\n"
-                          "    rules:\n"
-                          "      - name: per-k\n"
-                          "        key: ["
-                       << bench::kSluiceEntryKey << "]\n        limits: [" << o.limit << "/1m]\n";
-  const uint16_t port = bench::free_loopback_port();
-  const uint16_t admin = bench::free_loopback_port();
-  bench::ChildProcess sluiced;
-  const std::string addr = "127.0.0.1:" + std::to_string(port);
-  if (std::string e = sluiced.start({exe,
-                                     "--udp",
-                                     addr,
-                                     "--tcp",
-                                     addr,
-                                     "--admin",
-                                     "127.0.0.1:" + std::to_string(admin),
-                                     "--grpc",
-                                     "",
-                                     "--resp",
-                                     "",
-                                     "--rules",
-                                     rules,
-                                     "--threads",
-                                     std::to_string(o.server_threads),
-                                     "--log-level",
-                                     "warn",
-                                     "--data-dir",
-                                     o.memory_only ? "" : dir.path + "/sluiced-data",
-                                     "--init-data"},
-                                    dir.path + "/sluiced.log");
-      !e.empty()) {
-    throw std::runtime_error("sluiced: " + e);
-  }
-  bench::wait_ready(
-      sluiced, [&] { return bench::sluice_probe(port, 500); }, 15'000);
-  const uint64_t rss_start_kb = bench::proc_status_kb(sluiced.pid());
+  bench::SluicedChild sluiced;
+  sluiced.exe = o.sluiced;
+  sluiced.written_by = "sluice-bench-soak";
+  sluiced.limits = std::to_string(o.limit) + "/1m";
+  sluiced.threads = o.server_threads;
+  sluiced.data = !o.memory_only;
+  sluiced.start(dir.path);
+  const uint16_t port = sluiced.port;
+  const uint64_t rss_start_kb = bench::proc_status_kb(sluiced.process.pid());
 
   const bench::Keyspace keys(o.keys);
   preload(port, keys);
-  const uint64_t rss_preloaded_kb = bench::proc_status_kb(sluiced.pid());
+  const uint64_t rss_preloaded_kb = bench::proc_status_kb(sluiced.process.pid());
   Mix mix = make_mix(o, port, keys);
   std::printf("sluice-bench-soak: sluiced pid %d, --threads %u, %u keys Zipf(0.99), limit %" PRIu64
               "/1m per key; UDP %u sock x %u dgram, TCP %u conn x %u frames, 1 check each\n",
-              static_cast<int>(sluiced.pid()), o.server_threads, o.keys, o.limit,
+              static_cast<int>(sluiced.process.pid()), o.server_threads, o.keys, o.limit,
               mix.drive.conns / 2, kUdpWindow, mix.drive.conns / 2, kTcpWindow);
   std::printf("RSS at start: %.1f MiB, after every key was checked once: %.1f MiB\n",
               static_cast<double>(rss_start_kb) / 1024.0,
@@ -350,7 +314,7 @@ int run(const Options& o) {
   d.seconds = o.seconds;
   d.seed = 11;
   d.interval_s = o.interval;
-  const pid_t pid = sluiced.pid();
+  const pid_t pid = sluiced.process.pid();
   std::printf("%7s %9s %11s %9s %9s %9s %8s\n", "t_s", "rss_mib", "checks/s", "p50_us", "p99_us",
               "errors", "denied");
   d.on_interval = [&](unsigned index, const std::vector<bench::RowStats>& by_thread) {
@@ -371,7 +335,7 @@ int run(const Options& o) {
   const bench::RowStats total = bench::drive(d, mix.factory);
   const uint64_t rss_end_kb = bench::proc_status_kb(pid);
   const uint64_t hwm_kb = bench::proc_status_kb(pid, "VmHWM");
-  const bool alive = sluiced.running();
+  const bool alive = sluiced.process.running();
   if (bench::stop_requested()) return 1;
 
   std::vector<Interval>& iv = series.intervals;
@@ -459,7 +423,8 @@ int run(const Options& o) {
               rate_ok ? "PASS" : "FAIL", achieved, rate, rate > 0 ? achieved / rate * 100 : 0,
               total.unsent, us(total.send_lag, 0.99));
   if (!alive)
-    std::printf("FAIL sluiced exited during the soak (%s)\n", sluiced.exit_status().c_str());
+    std::printf("FAIL sluiced exited during the soak (%s)\n",
+                sluiced.process.exit_status().c_str());
 
   if (o.json) {
     nlohmann::json ivs = nlohmann::json::array(), wins = nlohmann::json::array();
