@@ -225,21 +225,9 @@ void remove_stale_temp_dirs(const std::filesystem::path& base) {
 
 }  // namespace
 
-TempDir::TempDir() {
-  const char* env = std::getenv("TMPDIR");
-  const std::string base = env && *env ? env : "/tmp";
-  remove_stale_temp_dirs(base);
-  std::string tmpl = base + "/" + std::string(kTempPrefix) + "XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    throw std::runtime_error("mkdtemp " + tmpl + ": " + std::strerror(errno));
-  }
-  path_ = tmpl;
-  std::ofstream(path_ + "/pid") << ::getpid() << "\n";
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+TempDir::TempDir() : testing::TempDir(std::string(kTempPrefix.substr(0, kTempPrefix.size() - 1))) {
+  std::ofstream(path + "/pid") << ::getpid() << "\n";
+  remove_stale_temp_dirs(std::filesystem::path(path).parent_path());
 }
 
 }  // namespace sluice::bench

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.h"
+
 namespace sluice::bench {
 
 void install_stop_signals();
@@ -74,19 +76,12 @@ void wait_ready(ChildProcess& child, const std::function<std::string()>& probe, 
 // or 0 when the process or the field is gone.
 uint64_t proc_status_kb(pid_t pid, const char* field = "VmRSS");
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents by the destructor. It
-// holds a file "pid" naming the benchmark's process; the constructor first removes directories
-// of earlier runs whose process is gone (killed -9, so their destructor never ran).
-class TempDir {
- public:
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents by the destructor: the
+// tests' TempDir (tests/support/temp_dir.h), named sluice-bench-load-*. It holds a file "pid"
+// naming the benchmark's process; the constructor first removes directories of earlier runs
+// whose process is gone (killed -9, so their destructor never ran).
+struct TempDir : testing::TempDir {
   TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
 };
 
 }  // namespace sluice::bench

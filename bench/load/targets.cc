@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -495,6 +496,32 @@ std::string echo_probe(const std::string& transport, uint16_t port, int timeout_
   ::close(fd);
   if (got.substr(0, ping.size()) == ping) return "";
   return err.empty() ? "no echo" : err;
+}
+
+void SluicedChild::start(const std::string& dir) {
+  if (exe.empty()) exe = sibling_sluiced();
+  if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
+    throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
+  }
+  port = free_loopback_port();
+  admin_port = free_loopback_port();
+  const std::string addr = "127.0.0.1:" + std::to_string(port);
+  const std::string rules = dir + "/rules.yaml", config = dir + "/sluiced.yaml";
+  std::ofstream(rules) << "# written by " << written_by << "\ndomains:\n  - name: " << kSluiceDomain
+                       << "\n    rules:\n      - name: per-k\n        key: [" << kSluiceEntryKey
+                       << "]\n        limits: [" << limits << "]\n"
+                       << rule_extra;
+  std::ofstream(config) << "# written by " << written_by << "\nudp: " << addr << "\ntcp: " << addr
+                        << "\nadmin: 127.0.0.1:" << admin_port
+                        << "\ngrpc: \"\"\nresp: \"\"\nthreads: " << threads << "\nrules: " << rules
+                        << (data ? "\ndata_dir: " + dir + "/sluiced-data\ninit_data: true\n"
+                                 : "\ndata_dir: \"\"\n")
+                        << "log_level: warn\n"
+                        << config_extra;
+  if (std::string e = process.start({exe, "--config", config}, dir + "/sluiced.log"); !e.empty())
+    throw std::runtime_error("sluiced: " + e);
+  wait_ready(
+      process, [this] { return sluice_probe(port, 500); }, 15'000);
 }
 
 std::string sluice_probe(uint16_t port, int timeout_ms) {

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/process.h"
 #include "load/driver.h"
 
 namespace sluice::bench {
@@ -55,6 +56,25 @@ std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext&
 
 // Sends one check over TCP and one over UDP and waits for both answers; "" when both came.
 std::string sluice_probe(uint16_t port, int timeout_ms);
+
+// One sluiced for a scenario: UDP and TCP on a free loopback port, the admin door on another,
+// gRPC and RESP off, its rules one limit on every key (domain kSluiceDomain, entry
+// kSluiceEntryKey), its config, log and data directory in `dir`. start() returns once it answers
+// (sluice_probe) and throws std::runtime_error when it is missing, fails or does not answer in 15
+// s.
+struct SluicedChild {
+  std::string exe;           // "" = the sluiced beside this program
+  std::string written_by;    // the program, named in the first line of the files written
+  std::string limits;        // the rule's limits entry: "1000/1m"
+  std::string rule_extra;    // more lines under the rule, each "        name: value\n"
+  std::string config_extra;  // more lines of sluiced.yaml, each "name: value\n"
+  uint32_t threads = 1;
+  bool data = true;  // a fresh data directory (snapshots); false: none, no RocksDB
+  uint16_t port = 0, admin_port = 0;
+  ChildProcess process;
+
+  void start(const std::string& dir);
+};
 
 // Sends a few bytes to the echo server (load/echo_server.h) over `transport` ("udp" or "tcp")
 // and waits for them back; "" when they came.

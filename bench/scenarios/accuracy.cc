@@ -120,6 +120,7 @@
 #include <vector>
 
 #include "common/json_rows.h"
+#include "common/scenario.h"
 #include "concurrency_reference.h"
 #include "concurrency_trace.h"
 #include "engine/engine.h"
@@ -245,17 +246,6 @@ double pct(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
 }
 
-std::vector<std::string> split_commas(std::string_view s) {
-  std::vector<std::string> out;
-  while (!s.empty()) {
-    const size_t c = s.find(',');
-    out.emplace_back(s.substr(0, c));
-    if (c == std::string_view::npos) break;
-    s.remove_prefix(c + 1);
-  }
-  return out;
-}
-
 bool contains(const std::vector<std::string>& v, std::string_view s) {
   if (v.empty()) return true;
   for (const auto& x : v) {
@@ -264,90 +254,43 @@ bool contains(const std::vector<std::string>& v, std::string_view s) {
   return false;
 }
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(
-      stderr,
-      "sluice-bench-accuracy: %s\n"
-      "usage: sluice-bench-accuracy [--json] [--trace NAME[,..]] [--window 1s|1m|1h[,..]]\n"
-      "         [--mode weighted|strict|gcra|concurrency] [--counting admitted|all]\n"
-      "         [--seed N] [--windows N] [--granularity default|1/N[,..]] [--max-events N]\n"
-      "         [--lease-ops N]\n"
-      "traces: steady-0.5x steady-1x steady-2x on-off edge-burst mixed cloudflare leases\n",
-      why);
-  std::exit(2);
-}
-
-uint64_t parse_u64(const char* s, const char* what) {
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (end == s || *end != '\0') usage(what);
-  return v;
-}
-
-Options parse_args(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage("missing value after an option");
-      return argv[++i];
-    };
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--trace") {
-      o.traces = split_commas(value());
-      for (const auto& t : o.traces) {
-        if (!testing::is_trace_name(t) && t != kLeaseTrace) {
-          usage("unknown trace");
-        }
-      }
-    } else if (a == "--window") {
-      o.windows = split_commas(value());
-      for (const auto& w : o.windows) {
-        if (w != "1s" && w != "1m" && w != "1h") usage("--window takes 1s, 1m or 1h");
-      }
-    } else if (a == "--mode") {
-      o.modes = split_commas(value());
-      for (const auto& m : o.modes) {
-        if (m != "weighted" && m != "strict" && m != "gcra" && m != "concurrency") {
-          usage("--mode takes weighted, strict, gcra or concurrency");
-        }
-      }
-    } else if (a == "--counting") {
-      o.countings = split_commas(value());
-      for (const auto& c : o.countings) {
-        if (c != "admitted" && c != "all") usage("--counting takes admitted or all");
-      }
-    } else if (a == "--seed") {
-      o.seed = parse_u64(value(), "--seed takes a number");
-    } else if (a == "--windows") {
-      o.windows_override = static_cast<int64_t>(parse_u64(value(), "--windows takes a number"));
-      if (o.windows_override <= 0) usage("--windows must be positive");
-    } else if (a == "--max-events") {
-      o.max_events = parse_u64(value(), "--max-events takes a number");
-    } else if (a == "--lease-ops") {
-      o.lease_ops = parse_u64(value(), "--lease-ops takes a number");
-      if (o.lease_ops == 0) usage("--lease-ops must be positive");
-    } else if (a == "--granularity") {
-      o.granularities.clear();
-      for (const auto& g : split_commas(value())) {
-        if (g == "default") {
-          o.granularities.push_back(0);
-        } else if (g.rfind("1/", 0) == 0) {
-          const uint64_t n = parse_u64(g.c_str() + 2, "--granularity takes default or 1/N");
-          if (n == 0 || n > window::kMaxBuckets) usage("--granularity 1/N needs 1 <= N <= 1440");
-          o.granularities.push_back(static_cast<uint32_t>(n));
-        } else {
-          usage("--granularity takes default or 1/N");
-        }
-      }
-    } else if (a == "--help" || a == "-h") {
-      usage("help");
-    } else {
-      usage("unknown option");
-    }
-  }
-  return o;
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse_args(int argc, char** argv, Options& o) {
+  sluice::bench::Cli cli("sluice-bench-accuracy");
+  std::vector<std::string> granularities;
+  cli.app()
+      .add_option("--trace", o.traces,
+                  "traces, NAME[,..]: steady-0.5x steady-1x steady-2x on-off edge-burst mixed "
+                  "cloudflare leases (default: all)")
+      ->delimiter(',')
+      ->check([](const std::string& t) {
+        return testing::is_trace_name(t) || t == kLeaseTrace ? "" : "unknown trace " + t;
+      });
+  cli.words("--window", o.windows, {"1s", "1m", "1h"}, "windows, 1s|1m|1h[,..] (default: all)");
+  cli.words("--mode", o.modes, {"weighted", "strict", "gcra", "concurrency"},
+            "modes, weighted|strict|gcra|concurrency[,..] (default: all)");
+  cli.words("--counting", o.countings, {"admitted", "all"},
+            "what a denied hit counts, admitted|all[,..] (default: both)");
+  cli.app().add_option("--seed", o.seed, "seed of the traces");
+  cli.number("--windows", o.windows_override, 1, 1e15, "windows per trace instead of its own");
+  cli.number("--max-events", o.max_events, 0, 1e15, "events per trace at most");
+  cli.number("--lease-ops", o.lease_ops, 1, 1e15, "operations per concurrency row");
+  cli.app()
+      .add_option("--granularity", granularities, "buckets, default|1/N[,..] (default)")
+      ->delimiter(',')
+      ->check([](const std::string& g) {
+        const unsigned long n = g.starts_with("1/") ? std::strtoul(g.c_str() + 2, nullptr, 10) : 0;
+        return g == "default" || (n >= 1 && n <= window::kMaxBuckets)
+                   ? ""
+                   : "--granularity takes default or 1/N, 1 <= N <= 1440";
+      });
+  const std::optional<int> exit = cli.parse(argc, argv);
+  o.json = cli.json;
+  if (!granularities.empty()) o.granularities.clear();
+  for (const std::string& g : granularities)
+    o.granularities.push_back(
+        g == "default" ? 0 : static_cast<uint32_t>(std::strtoul(g.c_str() + 2, nullptr, 10)));
+  return exit;
 }
 
 std::shared_ptr<const rules::Policy> make_policy(const window::WindowSpec& spec, uint64_t limit,
@@ -838,7 +781,8 @@ std::string cloudflare_note(const WindowCase& wc, const testing::TraceParams& p,
 }  // namespace
 
 int bench_accuracy_main(int argc, char** argv) {
-  const Options opt = parse_args(argc, argv);
+  Options opt;
+  if (const std::optional<int> exit = parse_args(argc, argv, opt)) return *exit;
   std::vector<Row> rows;
   std::vector<std::string> noted;  // invalid window/granularity pairs already reported
   std::vector<std::string> notes;  // printed under the table's first line

@@ -20,18 +20,20 @@
 
 #include "chaos.h"
 #include "common/json_rows.h"
+#include "common/scenario.h"
 
 int bench_chaos_main(int argc, char** argv) {
   using namespace sluice::testing;
-  CLI::App app{
-      "sluice-bench-chaos: a cluster under load while nodes are killed, drained, restarted"};
+  sluice::bench::Cli cli(
+      "sluice-bench-chaos",
+      "sluice-bench-chaos: a cluster under load while nodes are killed, drained, restarted");
+  CLI::App& app = cli.app();
   ChaosOptions o;
   o.sluiced_bin = SLUICED_BIN;
   o.seed = std::random_device{}();
   bool json = false, quiet = false;
   int64_t timeout_ms = 20;
   int64_t restart_delay_ms = 0;
-  app.add_flag("--json", json, "last line of stdout: {\"rows\":[...]}");
   app.add_flag("--quiet", quiet, "no event lines on stderr");
   app.add_option("--seconds", o.seconds, "length of the load")->check(CLI::Range(20.0, 3600.0));
   app.add_option("--nodes", o.nodes, "cluster size")->check(CLI::Range(3, 11));
@@ -50,7 +52,8 @@ int bench_chaos_main(int argc, char** argv) {
       ->check(CLI::Range(0, 60000));
   app.add_option("--seed", o.seed, "seed of the action and node choices");
   app.add_option("--sluiced", o.sluiced_bin, "the sluiced binary");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  json = cli.json;
   o.client_timeout = std::chrono::milliseconds(timeout_ms);
   o.restart_delay_after_kill = std::chrono::milliseconds(restart_delay_ms);
   if (!quiet) o.log = [](const std::string& s) { std::fprintf(stderr, "chaos: %s\n", s.c_str()); };

@@ -77,6 +77,7 @@
 #include "cluster_process.h"
 #include "cluster_steady.h"
 #include "common/json_rows.h"
+#include "common/scenario.h"
 #include "netns_cluster.h"
 #include "peer_traffic.h"
 
@@ -1055,11 +1056,13 @@ std::string run_concurrency(const Settings& st, std::vector<Row>& rows) {
 }  // namespace
 
 int bench_cluster_main(int argc, char** argv) {
-  CLI::App app{"sluice-bench-cluster: cluster scenarios with real sluiced processes on loopback"};
+  sluice::bench::Cli cli(
+      "sluice-bench-cluster",
+      "sluice-bench-cluster: cluster scenarios with real sluiced processes on loopback");
+  CLI::App& app = cli.app();
   Settings st;
   bool json = false;
   std::string only;
-  app.add_flag("--json", json, "last line of stdout: {\"rows\":[...]}");
   app.add_flag("--quick", st.quick,
                "a short subset (stable-3, sync-sweep at 100 ms, forwarding, overrides, lease-3x)");
   app.add_option("--seconds", st.seconds, "traffic per steady run (membership runs take more)")
@@ -1069,7 +1072,8 @@ int bench_cluster_main(int argc, char** argv) {
                  "drain, forwarding, overrides, "
                  "partition, sync-cost, peer-traffic, gcra, concurrency, lease");
   app.add_option("--sluiced", st.sluiced, "the sluiced binary");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  json = cli.json;
   if (st.quick && !app.count("--seconds")) st.seconds = 3;
 
   struct Scenario {

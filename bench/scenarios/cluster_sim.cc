@@ -90,6 +90,7 @@
 #include "cluster_sim.h"
 #include "common/json_rows.h"
 #include "common/percentile.h"
+#include "common/scenario.h"
 
 namespace {
 
@@ -558,15 +559,16 @@ std::string fmt(const std::optional<uint64_t>& v) {
 }  // namespace
 
 int bench_cluster_sim_main(int argc, char** argv) {
-  CLI::App app{
+  sluice::bench::Cli cli(
+      "sluice-bench-cluster-sim",
       "sluice-bench-cluster-sim: SWIM/Lifeguard membership and override spreading at scale, by "
-      "deterministic simulation"};
+      "deterministic simulation");
+  CLI::App& app = cli.app();
   Settings st;
   bool json = false;
   app.add_option("--nodes", st.nodes, "cluster sizes, e.g. 10,100,1000")->delimiter(',');
   app.add_option("--seed", st.seed, "every random choice derives from it");
   app.add_flag("--quick", st.quick, "N = 10 and 100 only, shorter phases");
-  app.add_flag("--json", json, "last line of stdout: {\"rows\":[...]}");
   app.add_option("--steady-seconds", st.steady_s,
                  "simulated seconds of the steady load window (rounded up to whole anti-entropy "
                  "intervals)")
@@ -602,7 +604,8 @@ int bench_cluster_sim_main(int argc, char** argv) {
       ->check(CLI::Range(1.0, 3600.0));
   app.add_option("--burst-into", st.burst_into,
                  "loss-burst-into: the node (0-based) that loses what the others send it");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  json = cli.json;
   if (st.quick) {
     if (!app.count("--nodes")) st.nodes = {10, 100};
     if (!app.count("--steady-seconds")) st.steady_s = 30;

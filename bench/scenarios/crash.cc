@@ -13,17 +13,20 @@
 #include <string>
 
 #include "common/json_rows.h"
+#include "common/scenario.h"
 #include "crash.h"
 
 int bench_crash_main(int argc, char** argv) {
   using namespace sluice::testing;
-  CLI::App app{"sluice-bench-crash: kill -9 a loaded sluiced again and again, check its store"};
+  sluice::bench::Cli cli(
+      "sluice-bench-crash",
+      "sluice-bench-crash: kill -9 a loaded sluiced again and again, check its store");
+  CLI::App& app = cli.app();
   CrashOptions o;
   o.sluiced_bin = SLUICED_BIN;
   o.iterations = 1000;
   o.seed = std::random_device{}();
   bool json = false;
-  app.add_flag("--json", json, "last line of stdout: {\"rows\":[...]}");
   app.add_option("--iterations", o.iterations)->check(CLI::Range(1, 100000));
   app.add_option("--rate", o.rate_per_s, "checks per second offered")
       ->check(CLI::Range(1.0, 100000.0));
@@ -33,7 +36,8 @@ int bench_crash_main(int argc, char** argv) {
   bool no_overrides = false;
   app.add_flag("--no-overrides", no_overrides, "checks only, no override writes");
   app.add_option("--sluiced", o.sluiced_bin, "the sluiced binary");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  json = cli.json;
   o.override_writes = !no_overrides;
   o.log = [](const std::string& s) { std::fprintf(stderr, "crash: %s\n", s.c_str()); };
 

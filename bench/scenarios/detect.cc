@@ -22,6 +22,7 @@
 
 #include "common/json_rows.h"
 #include "common/percentile.h"
+#include "common/scenario.h"
 #include "sim_cluster.h"
 
 namespace {
@@ -56,7 +57,9 @@ int64_t at(const std::vector<int64_t>& sorted, double q) {
 }  // namespace
 
 int bench_detect_main(int argc, char** argv) {
-  CLI::App app{"time to declare a silent member dead, simulated ClusterNodes"};
+  sluice::bench::Cli cli("sluice-bench-detect",
+                         "time to declare a silent member dead, simulated ClusterNodes");
+  CLI::App& app = cli.app();
   size_t nodes = 5;
   size_t runs = 200;
   uint64_t first_seed = 1;
@@ -65,9 +68,9 @@ int bench_detect_main(int argc, char** argv) {
   app.add_option("--nodes", nodes, "cluster size (2 to 32)")->check(CLI::Range(2, 32));
   app.add_option("--runs", runs, "runs, one network seed each")->check(CLI::Range(1, 100'000));
   app.add_option("--first-seed", first_seed, "seed of the first run");
-  app.add_flag("--json", json, "last line of stdout: {\"rows\":[...]}");
   app.add_flag("--verbose", verbose, "each run's figure on stderr");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  json = cli.json;
   spdlog::set_level(spdlog::level::off);  // thousands of membership lines otherwise
 
   const auto t0 = std::chrono::steady_clock::now();

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/json_rows.h"
+#include "common/scenario.h"
 #include "rules/rules.h"
 #include "window/sliding_window.h"
 
@@ -41,57 +42,29 @@ struct Options {
   bool json = false;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "%s\nusage: sluice-bench-edges [--window 1s,10s,1m] [--granularity "
-               "default,1/1,1/10] [--limit N] [--windows N] [--json]\n",
-               why);
-  std::exit(2);
-}
-
-std::vector<std::string> split(std::string_view s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    const size_t end = comma == std::string_view::npos ? s.size() : comma;
-    if (end > start) out.emplace_back(s.substr(start, end - start));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  sluice::bench::Cli cli("sluice-bench-edges");
+  std::vector<std::string> windows;
+  cli.app()
+      .add_option("--window", windows, "windows, W[,W..] (1s,10s,1m)")
+      ->delimiter(',')
+      ->check([](const std::string& w) {
+        return w.empty() || rules::parse_duration_ms(w) ? std::string() : "bad --window " + w;
+      });
+  cli.app()
+      .add_option("--granularity", o.granularities, "buckets, G[,G..]: default, 1/N (default,1/1)")
+      ->delimiter(',');
+  cli.number("--limit", o.limit, 1, 100'000, "the limit per window");
+  cli.number("--windows", o.windows_run, 3, 1'000, "true windows run per row");
+  const std::optional<int> exit = cli.parse(argc, argv);
+  o.json = cli.json;
+  if (!windows.empty()) o.windows.clear();
+  for (const std::string& w : windows) {
+    if (!w.empty()) o.windows.push_back(*rules::parse_duration_ms(w));
   }
-  return out;
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) usage("missing value");
-      return argv[++i];
-    };
-    if (a == "--window") {
-      o.windows.clear();
-      for (const std::string& w : split(value())) {
-        const auto ms = rules::parse_duration_ms(w);
-        if (!ms) usage("bad --window");
-        o.windows.push_back(*ms);
-      }
-    } else if (a == "--granularity") {
-      o.granularities = split(value());
-    } else if (a == "--limit") {
-      o.limit = std::strtoull(std::string(value()).c_str(), nullptr, 10);
-      if (o.limit == 0 || o.limit > 100'000) usage("--limit takes 1 .. 100000");
-    } else if (a == "--windows") {
-      o.windows_run = std::atoi(std::string(value()).c_str());
-      if (o.windows_run < 3 || o.windows_run > 1'000) usage("--windows takes 3 .. 1000");
-    } else if (a == "--json") {
-      o.json = true;
-    } else {
-      usage("unknown option");
-    }
-  }
-  return o;
+  std::erase(o.granularities, std::string());
+  return exit;
 }
 
 // The bucket a granularity names for a window: "default", or "1/N" (N buckets); 0 if invalid.
@@ -172,7 +145,8 @@ uint64_t run(const WindowSpec& spec, Estimator est, Strategy s, uint64_t limit, 
 }  // namespace
 
 int bench_edges_main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o;
+  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
   const int64_t t0 = 28'333'333LL * 60'000;  // an epoch-aligned minute
   nlohmann::json rows = nlohmann::json::array();
   std::printf("%-8s %-9s %9s %-8s %-16s %10s %10s\n", "window", "gran", "bucket_ms", "estim",

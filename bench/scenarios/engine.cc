@@ -63,6 +63,7 @@
 
 #include "common/json_rows.h"
 #include "common/percentile.h"
+#include "common/scenario.h"
 #include "engine/engine.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
@@ -116,113 +117,42 @@ struct Row {
   uint64_t evicted_live = 0;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "sluice-bench-engine: %s\n"
-               "usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf]\n"
-               "         [--seconds S] [--checks N] [--limit N] [--shards N] [--seed N]\n"
-               "         [--threads N[,N..]] [--batch N] [--granularity MS] [--cluster]\n"
-               "       sluice-bench-engine --scenario sync-cost [--json] [--keys N[,N..]]\n"
-               "         [--active N[,N..]] [--passes N] [--shards N] [--seed N]\n",
-               why);
-  std::exit(2);
-}
-
-uint64_t parse_u64(std::string_view s, const char* what) {
-  const std::string str(s);
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(str.c_str(), &end, 10);
-  if (str.empty() || *end != '\0') usage(what);
-  return v;
-}
-
-// Appends a comma list of numbers ("1000,100000") to `out`.
-void parse_list(std::string_view v, const char* what, std::vector<uint64_t>& out) {
-  while (!v.empty()) {
-    const size_t c = v.find(',');
-    out.push_back(parse_u64(v.substr(0, c), what));
-    if (c == std::string_view::npos) break;
-    v.remove_prefix(c + 1);
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse_args(int argc, char** argv, Options& o) {
+  sluice::bench::Cli cli("sluice-bench-engine");
+  std::string dist;
+  cli.word("--scenario", o.scenario, {"throughput", "sync-cost"},
+           "throughput: checks/s per key count, distribution and threads; sync-cost: what a "
+           "sync pass costs");
+  CLI::Option* keys = cli.numbers("--keys", o.keys, 1, UINT32_MAX, "key counts, N[,N..]");
+  cli.numbers("--active", o.active, 0, 1e18, "sync-cost: active keys, N[,N..] (<= --keys)");
+  cli.number("--passes", o.passes, 1, 1e18, "sync-cost: passes");
+  cli.word("--dist", dist, {"uniform", "zipf"}, "key popularity (default: both)");
+  cli.number("--seconds", o.seconds, 1e-9, 1e9, "measured seconds per row");
+  cli.number("--checks", o.checks, 0, 1e18, "checks per row instead of --seconds");
+  cli.number("--limit", o.limit, 0, 1e18, "every key's limit per minute");
+  cli.flag("--cluster", o.cluster, "a cluster member's tables (slots with others' counts)");
+  cli.number("--granularity", o.bucket_ms, 0, 1e18,
+             "the limit's bucket in ms (0: the default for 1 minute)");
+  cli.number("--shards", o.shards, 0, UINT32_MAX, "shards of the counter table");
+  cli.numbers("--threads", o.threads, 1, 64, "threads, N[,N..]");
+  cli.number("--batch", o.batch, 1, 4096, "checks per call");
+  cli.app().add_option("--seed", o.seed, "seed of the keys");
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
+  o.json = cli.json;
+  if (!dist.empty()) o.dists = {dist};
+  if (const std::string why = window::validate(window::make_spec(60'000, o.bucket_ms));
+      o.bucket_ms != 0 && !why.empty()) {
+    return cli.fail("--granularity: " + why);
   }
-}
-
-Options parse_args(int argc, char** argv) {
-  Options o;
-  bool keys_given = false;
-  bool active_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) usage("missing value after an option");
-      return argv[++i];
-    };
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--scenario") {
-      const std::string_view s = value();
-      if (s != "throughput" && s != "sync-cost") usage("--scenario takes throughput or sync-cost");
-      o.scenario = std::string(s);
-    } else if (a == "--keys") {
-      // Repeatable, and each may be a comma list.
-      if (!keys_given) o.keys.clear();
-      keys_given = true;
-      parse_list(value(), "--keys takes numbers", o.keys);
-      for (const uint64_t n : o.keys) {
-        if (n == 0 || n > UINT32_MAX) usage("--keys must be between 1 and 2^32-1");
-      }
-    } else if (a == "--active") {
-      if (!active_given) o.active.clear();
-      active_given = true;
-      parse_list(value(), "--active takes numbers", o.active);
-    } else if (a == "--passes") {
-      o.passes = parse_u64(value(), "--passes takes a number");
-      if (o.passes == 0) usage("--passes must be at least 1");
-    } else if (a == "--dist") {
-      const std::string_view d = value();
-      if (d != "uniform" && d != "zipf") usage("--dist takes uniform or zipf");
-      o.dists = {std::string(d)};
-    } else if (a == "--seconds") {
-      const std::string s(value());
-      char* end = nullptr;
-      o.seconds = std::strtod(s.c_str(), &end);
-      if (*end != '\0' || !(o.seconds > 0)) usage("--seconds takes a positive number");
-    } else if (a == "--checks") {
-      o.checks = parse_u64(value(), "--checks takes a number");
-    } else if (a == "--limit") {
-      o.limit = parse_u64(value(), "--limit takes a number");
-    } else if (a == "--cluster") {
-      o.cluster = true;
-    } else if (a == "--granularity") {
-      o.bucket_ms = static_cast<int64_t>(parse_u64(value(), "--granularity takes milliseconds"));
-      if (const std::string why = window::validate(window::make_spec(60'000, o.bucket_ms));
-          o.bucket_ms != 0 && !why.empty()) {
-        usage(("--granularity: " + why).c_str());
-      }
-    } else if (a == "--shards") {
-      o.shards = static_cast<uint32_t>(parse_u64(value(), "--shards takes a number"));
-    } else if (a == "--threads") {
-      o.threads.clear();
-      parse_list(value(), "--threads takes numbers", o.threads);
-      for (const uint64_t n : o.threads) {
-        if (n == 0 || n > 64) usage("--threads must be between 1 and 64");
-      }
-    } else if (a == "--batch") {
-      o.batch = parse_u64(value(), "--batch takes a number");
-      if (o.batch == 0 || o.batch > 4096) usage("--batch must be between 1 and 4096");
-    } else if (a == "--seed") {
-      o.seed = parse_u64(value(), "--seed takes a number");
-    } else {
-      usage(a == "--help" || a == "-h" ? "help" : "unknown option");
-    }
-  }
-  if (o.scenario == "sync-cost" && !keys_given) o.keys = {1'000'000};
+  if (o.scenario == "sync-cost" && keys->count() == 0) o.keys = {1'000'000};
   // --active is the sync-cost scenario's: the check rows take any number of keys.
-  for (const uint64_t keys : o.keys) {
+  for (const uint64_t k : o.keys) {
     for (const uint64_t n : o.active) {
-      if (o.scenario == "sync-cost" && n > keys) usage("--active must not exceed --keys");
+      if (o.scenario == "sync-cost" && n > k) return cli.fail("--active must not exceed --keys");
     }
   }
-  return o;
+  return std::nullopt;
 }
 
 // Every key string back to back in one allocation; key i is [offset[i], offset[i+1]). A vector
@@ -601,7 +531,8 @@ void print_sync_json(const std::vector<SyncRow>& rows) {
 }  // namespace
 
 int bench_engine_main(int argc, char** argv) {
-  const Options opt = parse_args(argc, argv);
+  Options opt;
+  if (const std::optional<int> exit = parse_args(argc, argv, opt)) return *exit;
   if (opt.scenario == "sync-cost") {
     std::vector<SyncRow> rows;
     for (const uint64_t keys : opt.keys) {

@@ -12,10 +12,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "common/json_rows.h"
+#include "common/scenario.h"
 
 namespace {
 
@@ -25,28 +25,14 @@ int64_t now_ns() {
   return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
 }
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "sluice-bench-gaps: %s\nusage: sluice-bench-gaps [--seconds S] [--json]\n",
-               why);
-  std::exit(2);
-}
-
 }  // namespace
 
 int bench_gaps_main(int argc, char** argv) {
   double seconds = 5;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0) {
-      json = true;
-    } else if (std::strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
-      char* end = nullptr;
-      seconds = std::strtod(argv[++i], &end);
-      if (*end != '\0' || !(seconds > 0) || seconds > 3600) usage("--seconds takes 0 < S <= 3600");
-    } else {
-      usage("unknown option");
-    }
-  }
+  sluice::bench::Cli cli("sluice-bench-gaps");
+  cli.seconds(seconds, 1e-9, 3600, "how long to watch");
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  const bool json = cli.json;
   // Gaps by upper bound (µs); the last bucket holds the rest.
   constexpr std::array<int64_t, 6> kBoundsUs = {50, 100, 200, 500, 1'000, 5'000};
   std::array<uint64_t, kBoundsUs.size() + 1> counts{};

@@ -69,7 +69,7 @@
 #include "common/json_rows.h"
 #include "common/metrics.h"
 #include "common/process.h"
-#include "load/args.h"
+#include "common/scenario.h"
 #include "load/driver.h"
 #include "load/targets.h"
 #include "wire/protocol.h"
@@ -96,68 +96,28 @@ struct Options {
   std::string sluiced;
 };
 
-constexpr const char* kHelp = R"(usage: sluice-bench-keyspray [options]
-  --keys N            distinct keys to spray, each once (10000000)
-  --hot N             hot keys checked throughout (1000)
-  --cap-mb M          sluiced memory_cap_mb (256)
-  --limit N           every key's limit per minute (1000)
-  --hot-period-ms P   each hot key is checked every P ms (500)
-  --warm-seconds S    hot keys only, before the spray (10)
-  --tail-seconds S    hot keys only, after the spray (5)
-  --max-seconds S     the spray gives up after S seconds (900)
-  --spray-sockets U   UDP sockets spraying, 4 datagrams of 64 checks in flight each (4)
-  --server-threads N  sluiced worker threads (1)
-  --memory-only       sluiced without a data directory (no snapshots to RocksDB)
-  --rss-slack-mb M    add M MiB to the RSS bound (0; the CI test's 2, see the file comment)
-  --sluiced PATH      sluiced binary (default: <build>/daemon/sluiced)
-  --json              last line: {"rows":[{...}]}
-)";
-
-[[noreturn]] void usage(const std::string& why) {
-  bench::usage("sluice-bench-keyspray", kHelp, why);
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  bench::Args args(argc, argv, "sluice-bench-keyspray", kHelp);
-  while (args.next()) {
-    const std::string& a = args.option();
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--keys") {
-      o.keys = static_cast<uint64_t>(args.number(1, 1e9));
-    } else if (a == "--hot") {
-      o.hot = static_cast<uint32_t>(args.number(1, 100'000));
-    } else if (a == "--cap-mb") {
-      o.cap_mb = static_cast<uint32_t>(args.number(1, 1 << 20));
-    } else if (a == "--limit") {
-      o.limit = static_cast<uint64_t>(args.number(1, 1e12));
-    } else if (a == "--hot-period-ms") {
-      o.hot_period_ms = args.number(20, 60'000);
-    } else if (a == "--warm-seconds") {
-      o.warm_seconds = args.number(0, 3600);
-    } else if (a == "--tail-seconds") {
-      o.tail_seconds = args.number(0, 3600);
-    } else if (a == "--max-seconds") {
-      o.max_seconds = args.number(1, 86'400);
-    } else if (a == "--spray-sockets") {
-      o.spray_sockets = static_cast<uint32_t>(args.number(1, 64));
-    } else if (a == "--server-threads") {
-      o.server_threads = static_cast<uint32_t>(args.number(1, 64));
-    } else if (a == "--rss-slack-mb") {
-      o.rss_slack_mb = args.number(0, 1024);
-    } else if (a == "--memory-only") {
-      o.memory_only = true;
-    } else if (a == "--sluiced") {
-      o.sluiced = args.value();
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
-      std::exit(0);
-    } else {
-      usage("unknown option " + a);
-    }
-  }
-  return o;
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  bench::Cli cli("sluice-bench-keyspray");
+  cli.keys(o.keys, 1, 1e9, "distinct keys to spray, each once");
+  cli.number("--hot", o.hot, 1, 100'000, "hot keys checked throughout");
+  cli.number("--cap-mb", o.cap_mb, 1, 1 << 20, "sluiced memory_cap_mb");
+  cli.number("--limit", o.limit, 1, 1e12, "every key's limit per minute");
+  cli.number("--hot-period-ms", o.hot_period_ms, 20, 60'000, "each hot key is checked every P ms");
+  cli.number("--warm-seconds", o.warm_seconds, 0, 3600, "hot keys only, before the spray");
+  cli.number("--tail-seconds", o.tail_seconds, 0, 3600, "hot keys only, after the spray");
+  cli.number("--max-seconds", o.max_seconds, 1, 86'400, "the spray gives up after S seconds");
+  cli.number("--spray-sockets", o.spray_sockets, 1, 64,
+             "UDP sockets spraying, 4 datagrams of 64 checks in flight each");
+  cli.server_threads(o.server_threads);
+  cli.flag("--memory-only", o.memory_only,
+           "sluiced without a data directory (no snapshots to RocksDB)");
+  cli.number("--rss-slack-mb", o.rss_slack_mb, 0, 1024,
+             "add M MiB to the RSS bound (the CI test's 2, see the file comment)");
+  cli.sluiced(o.sluiced);
+  const std::optional<int> exit = cli.parse(argc, argv);
+  o.json = cli.json;
+  return exit;
 }
 
 constexpr std::string_view kDomain = bench::kSluiceDomain;  // sluice_probe checks it too
@@ -646,61 +606,37 @@ class KeySpray {
 
 int run(const Options& o) {
   bench::TempDir dir;
-  const std::string exe = o.sluiced.empty() ? bench::sibling_sluiced() : o.sluiced;
-  if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
-    throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
-  }
-  const uint16_t port = bench::free_loopback_port();
-  const uint16_t admin = bench::free_loopback_port();
-  const std::string addr = "127.0.0.1:" + std::to_string(port);
-  const std::string rules = dir.path() + "/rules.yaml";
-  std::ofstream(rules) << "# written by sluice-bench-keyspray\n"
-                          "domains:\n"
-                          "  - name: "
-                       << kDomain
-                       << "\n"
-                          "    rules:\n"
-                          "      - name: per-k\n"
-                          "        key: ["
-                       << bench::kSluiceEntryKey << "]\n        limits: [" << o.limit
-                       << "/1m]\n        granularity: " << kBucketMs << "ms\n";
-  const std::string config = dir.path() + "/sluiced.yaml";
-  std::ofstream(config) << "# written by sluice-bench-keyspray\n"
-                        << "udp: " << addr << "\ntcp: " << addr << "\nadmin: 127.0.0.1:" << admin
-                        << "\ngrpc: \"\"\nresp: \"\"\nthreads: " << o.server_threads
-                        << "\nrules: " << rules
-                        << (o.memory_only
-                                ? "\ndata_dir: \"\"\n"
-                                : "\ndata_dir: " + dir.path() + "/sluiced-data\ninit_data: true")
-                        << "\nmemory_cap_mb: " << o.cap_mb << "\nlog_level: warn\n";
-  bench::ChildProcess sluiced;
-  if (std::string e = sluiced.start({exe, "--config", config}, dir.path() + "/sluiced.log");
-      !e.empty()) {
-    throw std::runtime_error("sluiced: " + e);
-  }
-  bench::wait_ready(
-      sluiced, [&] { return bench::sluice_probe(port, 500); }, 15'000);
+  bench::SluicedChild sluiced;
+  sluiced.exe = o.sluiced;
+  sluiced.written_by = "sluice-bench-keyspray";
+  sluiced.limits = std::to_string(o.limit) + "/1m";
+  sluiced.rule_extra = "        granularity: " + std::to_string(kBucketMs) + "ms\n";
+  sluiced.config_extra = "memory_cap_mb: " + std::to_string(o.cap_mb) + "\n";
+  sluiced.threads = o.server_threads;
+  sluiced.data = !o.memory_only;
+  sluiced.start(dir.path);
+  const uint16_t port = sluiced.port, admin = sluiced.admin_port;
   // sluice_probe made one counter (its own key), before the idle RSS is taken.
   std::this_thread::sleep_for(std::chrono::seconds(2));
-  const uint64_t idle_kb = bench::proc_status_kb(sluiced.pid());
+  const uint64_t idle_kb = bench::proc_status_kb(sluiced.process.pid());
   std::printf(
       "sluice-bench-keyspray: sluiced pid %d, memory_cap_mb %u, --threads %u, limit %" PRIu64
       "/1m per key%s; idle RSS at start %.1f MiB\n",
-      static_cast<int>(sluiced.pid()), o.cap_mb, o.server_threads, o.limit,
+      static_cast<int>(sluiced.process.pid()), o.cap_mb, o.server_threads, o.limit,
       o.memory_only ? ", no data directory" : ", snapshots to its data directory",
       static_cast<double>(idle_kb) / 1024.0);
 
-  KeySpray spray(o, port, admin, sluiced.pid());
+  KeySpray spray(o, port, admin, sluiced.process.pid());
   std::string fatal;
   try {
     spray.run();
   } catch (const std::exception& e) {
     fatal = e.what();
   }
-  const bool alive = sluiced.running();
-  const uint64_t hwm_kb = bench::proc_status_kb(sluiced.pid(), "VmHWM");
-  const uint64_t end_anon_kb = bench::proc_status_kb(sluiced.pid(), "RssAnon");
-  const uint64_t end_file_kb = bench::proc_status_kb(sluiced.pid(), "RssFile");
+  const bool alive = sluiced.process.running();
+  const uint64_t hwm_kb = bench::proc_status_kb(sluiced.process.pid(), "VmHWM");
+  const uint64_t end_anon_kb = bench::proc_status_kb(sluiced.process.pid(), "RssAnon");
+  const uint64_t end_file_kb = bench::proc_status_kb(sluiced.process.pid(), "RssFile");
   std::string body;
   const std::string metrics_err = bench::http_get(admin, "/metrics", body);
   const auto m = bench::parse_metrics(body);
@@ -826,7 +762,8 @@ int run(const Options& o) {
 }  // namespace
 
 int bench_keyspray_main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o;
+  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
   bench::install_stop_signals();
   try {
     return run(o);

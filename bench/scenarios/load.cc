@@ -66,7 +66,7 @@
 #include "common/metrics.h"
 #include "common/proc_stats.h"
 #include "common/process.h"
-#include "load/args.h"
+#include "common/scenario.h"
 #include "load/driver.h"
 #include "load/echo_server.h"
 #include "load/grpc_target.h"
@@ -192,154 +192,98 @@ bool selected(const Options& o, const std::string& name) {
   return false;
 }
 
-constexpr const char* kHelp = R"(usage: sluice-bench-load [options]
-  --only NAME[,NAME]   rows to run: a row name (--list) or a prefix of one ending at '-'
-                       (sluiced, sluiced-udp, redis, redis-lua, ...); default: every row
-  --list               print the row names and exit
-  --half-rate          also measure sluiced-udp-single at its max rate, then at half that rate
-                       (open loop) for the p99 target
-  --json               last line: {"rows":[{"row":..,"target":..,"transport":..,"batch":..,
-                       "load":"max"|"half","checks_per_sec":..,"requests_per_sec":..,
-                       "bytes_per_sec":..,"bytes_per_check":..,"server_cpu_us_per_check":..,
-                       "p50_us":..,"p99_us":..,"p999_us":..,"max_us":..}]}; open-loop rows
-                       add "offered_checks_per_sec" and "histogram_us" ([us, checks] pairs)
-  --seconds S          measured seconds per row (5)
-  --warmup S           unmeasured seconds before each row (0.5)
-  --keys N             keyspace, the same for every target (10000)
-  --dist uniform|zipf  key popularity (uniform; zipf: s = 0.99)
-  --rate R             offered checks/s, open loop, for every row; 0 = closed loop (0)
-  --connections C      TCP connections per row (16)
-  --depth D            sluiced TCP single checks: frames in flight per connection (32)
-  --batch B            checks per datagram / frame / pipelined group in batch rows (32)
-  --batch-depth D      batch rows over TCP: frames / groups in flight per connection (1)
-  --udp-sockets U      UDP sockets (8)
-  --udp-window W       UDP single checks: datagrams in flight per socket (8)
-  --udp-batch-window W UDP batches: datagrams in flight per socket (2)
-  --udp-room BYTES     UDP padding per check, as libsluice's udp_answer_room_per_check (288)
-  --http-window W      HTTP rows: requests in flight per connection, pipelined when > 1 (1)
-  --gen-threads 1|2    generator threads (1: the machine has 2 cores for generator and server)
-  --server-threads N   sluiced --threads (1: the generator has the other core of a 2-core box)
-  --busy-poll-us US    sluiced's udp_busy_poll_us: spin reading UDP this long after answering (0)
-  --sluiced PATH       sluiced binary (default: <build>/daemon/sluiced beside this program)
-Latency curves (load_curve.h):
-  --curve              for each door: its max (closed loop), then open loop at 10, 25, 50 and
-                       75 % of it, timed from the schedule; once pinned (sluiced on one CPU, the
-                       generator on another) and once unpinned. Instead of the rows, unless
-                       --only names rows too. JSON rows: {"row":"curve-<door>-<pinned|unpinned>-
-                       <max|pct>","target":"<door>","phase":"max"|"curve","load_pct":100|10|..,
-                       "pinned":..,"checks_per_sec":..,"offered_per_sec":..,"p50_us":..,
-                       "p99_us":..,"p999_us":..,"server_cpu_us_per_check":..,"errors":..,
-                       "lost":..,"unsent":..}. Each point takes --warmup + --seconds.
-  --doors D[,D]        doors of the curve: udp, tcp, http, grpc, redis (CL.THROTTLE, one
-                       command in flight per connection, as sluiced-resp-single)
-                       (every door this build can drive)
-  --curve-loads P[,P]  open-loop points, percent of the door's max (10,25,50,75)
-  --pinning both|pinned|unpinned   which sets of points (both)
-  --server-cpu N       pinned: the CPU of every sluiced thread (0)
-  --generator-cpu N    pinned: the CPU of the generator's threads (1)
-  --grpc-connections C gRPC door: HTTP/2 connections (4)
-  --grpc-window W      gRPC door: calls in flight per connection (32)
-)";
-
-[[noreturn]] void usage(const std::string& why) {
-  bench::usage("sluice-bench-load", kHelp, why);
+// A comma-separated list, empty parts dropped.
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  for (std::string n; std::getline(ss, n, ',');) {
+    if (!n.empty()) out.push_back(n);
+  }
+  return out;
 }
 
-Options parse(int argc, char** argv) {
-  Options o;
-  bench::Args args(argc, argv, "sluice-bench-load", kHelp);
-  while (args.next()) {
-    const std::string& a = args.option();
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--half-rate") {
-      o.half_rate = true;
-    } else if (a == "--list") {
-      o.list = true;
-    } else if (a == "--only") {
-      std::stringstream ss(args.value());
-      for (std::string n; std::getline(ss, n, ',');) {
-        if (!n.empty()) o.only.push_back(n);
-      }
-    } else if (a == "--seconds") {
-      o.seconds = args.number(0.1, 600);
-    } else if (a == "--warmup") {
-      o.warmup = args.number(0, 60);
-    } else if (a == "--keys") {
-      o.keys = args.u32(1, 10'000'000);
-    } else if (a == "--dist") {
-      const std::string d = args.value();
-      if (d != "uniform" && d != "zipf") usage("--dist is uniform or zipf");
-      o.zipf = d == "zipf";
-    } else if (a == "--rate") {
-      o.rate = args.number(0, 1e9);
-    } else if (a == "--connections") {
-      o.connections = args.u32(1, 1024);
-    } else if (a == "--depth") {
-      o.depth = args.u32(1, 4096);
-    } else if (a == "--batch-depth") {
-      o.batch_depth = args.u32(1, 1024);
-    } else if (a == "--batch") {
-      o.batch = args.u32(2, 1024);
-    } else if (a == "--udp-sockets") {
-      o.udp_sockets = args.u32(1, 1024);
-    } else if (a == "--udp-window") {
-      o.udp_window = args.u32(1, 4096);
-    } else if (a == "--udp-batch-window") {
-      o.udp_batch_window = args.u32(1, 4096);
-    } else if (a == "--udp-room") {
-      o.udp_room = args.u32(0, 2048);
-    } else if (a == "--http-window") {
-      o.http_window = args.u32(1, 1024);
-    } else if (a == "--gen-threads") {
-      o.gen_threads = args.u32(1, 2);
-    } else if (a == "--server-threads") {
-      o.server_threads = args.u32(1, 64);
-    } else if (a == "--busy-poll-us") {
-      o.busy_poll_us = args.u32(0, 10'000);
-    } else if (a == "--sluiced") {
-      o.sluiced = args.value();
-    } else if (a == "--curve") {
-      o.curve = true;
-    } else if (a == "--doors") {
-      o.curve_opt.doors.clear();
-      std::stringstream ss(args.value());
-      for (std::string n; std::getline(ss, n, ',');) {
-        const std::optional<bench::Door> d = bench::door_from_name(n);
-        if (!d) usage("--doors: no door '" + n + "' (udp, tcp, http, grpc, redis)");
-        o.curve_opt.doors.push_back(*d);
-      }
-    } else if (a == "--curve-loads") {
-      o.curve_opt.load_pct.clear();
-      std::stringstream ss(args.value());
-      for (std::string n; std::getline(ss, n, ',');) {
-        const int pct = std::atoi(n.c_str());
-        if (pct < 1 || pct > 99) usage("--curve-loads: percents from 1 to 99");
-        o.curve_opt.load_pct.push_back(pct);
-      }
-    } else if (a == "--pinning") {
-      const std::string p = args.value();
-      if (p == "both") {
-        o.curve_opt.pinnings = {true, false};
-      } else if (p == "pinned" || p == "unpinned") {
-        o.curve_opt.pinnings = {p == "pinned"};
-      } else {
-        usage("--pinning is both, pinned or unpinned");
-      }
-    } else if (a == "--server-cpu") {
-      o.curve_opt.server_cpu = static_cast<int>(args.u32(0, CPU_SETSIZE - 1));
-    } else if (a == "--generator-cpu") {
-      o.curve_opt.generator_cpu = static_cast<int>(args.u32(0, CPU_SETSIZE - 1));
-    } else if (a == "--grpc-connections") {
-      o.grpc_connections = args.u32(1, 1024);
-    } else if (a == "--grpc-window") {
-      o.grpc_window = args.u32(1, 4096);
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
-      std::exit(0);
-    } else {
-      usage("unknown option " + a);
-    }
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  bench::Cli cli("sluice-bench-load");
+  cli.app().footer(
+      R"(--json: last line {"rows":[{"row":..,"target":..,"transport":..,"batch":..,
+  "load":"max"|"half","checks_per_sec":..,"requests_per_sec":..,"bytes_per_sec":..,
+  "bytes_per_check":..,"server_cpu_us_per_check":..,"p50_us":..,"p99_us":..,"p999_us":..,
+  "max_us":..}]}; open-loop rows add "offered_checks_per_sec" and "histogram_us" ([us, checks]
+  pairs). --curve rows: {"row":"curve-<door>-<pinned|unpinned>-<max|pct>","target":"<door>",
+  "phase":"max"|"curve","load_pct":100|10|..,"pinned":..,"checks_per_sec":..,
+  "offered_per_sec":..,"p50_us":..,"p99_us":..,"p999_us":..,"server_cpu_us_per_check":..,
+  "errors":..,"lost":..,"unsent":..}; each point takes --warmup + --seconds.)");
+  std::string dist = "uniform", doors, loads, pinning = "both";
+  cli.app()
+      .add_option("--only", o.only,
+                  "NAME[,NAME]: rows to run: a row name (--list) or a prefix of one ending at '-' "
+                  "(sluiced, sluiced-udp, redis, redis-lua, ...); default: every row")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cli.flag("--list", o.list, "print the row names and exit");
+  cli.flag("--half-rate", o.half_rate,
+           "also measure sluiced-udp-single at its max rate, then at half that rate (open loop) "
+           "for the p99 target");
+  cli.seconds(o.seconds, 0.1, 600, "measured seconds per row");
+  cli.number("--warmup", o.warmup, 0, 60, "unmeasured seconds before each row");
+  cli.keys(o.keys, 1, 10'000'000, "keyspace, the same for every target");
+  cli.word("--dist", dist, {"uniform", "zipf"}, "key popularity (zipf: s = 0.99)");
+  cli.number("--rate", o.rate, 0, 1e9,
+             "offered checks/s, open loop, for every row; 0 = closed loop");
+  cli.number("--connections", o.connections, 1, 1024, "TCP connections per row");
+  cli.number("--depth", o.depth, 1, 4096,
+             "sluiced TCP single checks: frames in flight per connection");
+  cli.number("--batch", o.batch, 2, 1024,
+             "checks per datagram / frame / pipelined group in batch rows");
+  cli.number("--batch-depth", o.batch_depth, 1, 1024,
+             "batch rows over TCP: frames / groups in flight per connection");
+  cli.number("--udp-sockets", o.udp_sockets, 1, 1024, "UDP sockets");
+  cli.number("--udp-window", o.udp_window, 1, 4096,
+             "UDP single checks: datagrams in flight per socket");
+  cli.number("--udp-batch-window", o.udp_batch_window, 1, 4096,
+             "UDP batches: datagrams in flight per socket");
+  cli.number("--udp-room", o.udp_room, 0, 2048,
+             "UDP padding per check, as libsluice's udp_answer_room_per_check");
+  cli.number("--http-window", o.http_window, 1, 1024,
+             "HTTP rows: requests in flight per connection, pipelined when > 1");
+  cli.number("--gen-threads", o.gen_threads, 1, 2,
+             "generator threads (1: the machine has 2 cores for generator and server)");
+  cli.server_threads(o.server_threads);
+  cli.number("--busy-poll-us", o.busy_poll_us, 0, 10'000,
+             "sluiced's udp_busy_poll_us: spin reading UDP this long after answering");
+  cli.sluiced(o.sluiced);
+  cli.flag("--curve", o.curve,
+           "latency curves (load_curve.h): for each door its max (closed loop), then open loop "
+           "at 10, 25, 50 and 75 % of it, pinned and unpinned; instead of the rows, unless "
+           "--only names rows too");
+  cli.text("--doors", doors,
+           "D[,D]: doors of the curve: udp, tcp, http, grpc, redis (default: every door this "
+           "build can drive)");
+  cli.text("--curve-loads", loads,
+           "P[,P]: open-loop points, percent of the door's max (10,25,50,75)");
+  cli.word("--pinning", pinning, {"both", "pinned", "unpinned"}, "which sets of points");
+  cli.number("--server-cpu", o.curve_opt.server_cpu, 0, CPU_SETSIZE - 1,
+             "pinned: the CPU of every sluiced thread");
+  cli.number("--generator-cpu", o.curve_opt.generator_cpu, 0, CPU_SETSIZE - 1,
+             "pinned: the CPU of the generator's threads");
+  cli.number("--grpc-connections", o.grpc_connections, 1, 1024, "gRPC door: HTTP/2 connections");
+  cli.number("--grpc-window", o.grpc_window, 1, 4096, "gRPC door: calls in flight per connection");
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
+  o.json = cli.json;
+  std::erase(o.only, std::string());
+  o.zipf = dist == "zipf";
+  if (pinning != "both") o.curve_opt.pinnings = {pinning == "pinned"};
+  for (const std::string& n : split_commas(doors)) {
+    const std::optional<bench::Door> d = bench::door_from_name(n);
+    if (!d) return cli.fail("--doors: no door '" + n + "' (udp, tcp, http, grpc, redis)");
+    o.curve_opt.doors.push_back(*d);
+  }
+  if (!loads.empty()) o.curve_opt.load_pct.clear();
+  for (const std::string& n : split_commas(loads)) {
+    const int pct = std::atoi(n.c_str());
+    if (pct < 1 || pct > 99) return cli.fail("--curve-loads: percents from 1 to 99");
+    o.curve_opt.load_pct.push_back(pct);
   }
   if (o.curve_opt.doors.empty()) {
     // Every door this build can drive.
@@ -351,7 +295,7 @@ Options parse(int argc, char** argv) {
   }
   for (bench::Door d : o.curve_opt.doors) {
     std::string why;
-    if (o.curve && !bench::door_available(d, why)) usage("--doors: " + why);
+    if (o.curve && !bench::door_available(d, why)) return cli.fail("--doors: " + why);
   }
   // The curve drives each door as the rows of the same transport do.
   bench::CurveOptions& c = o.curve_opt;
@@ -373,7 +317,7 @@ Options parse(int argc, char** argv) {
   c.resp_burst = kGcraBurst;
   c.resp_count = kGcraCount;
   c.resp_period_s = kGcraPeriodS;
-  return o;
+  return std::nullopt;
 }
 
 bool curve_has(const Options& o, bench::Door d) {
@@ -416,7 +360,7 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
                    Servers& s) {
   constexpr int kReadyMs = 15'000;
   if (need_nginx) {
-    const std::string dir = s.dir.path() + "/nginx";
+    const std::string dir = s.dir.path + "/nginx";
     std::filesystem::create_directories(dir);
     s.nginx_port = bench::free_loopback_port();
     std::string err;
@@ -427,14 +371,14 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
     wait_ready(
         s.nginx, [&] { return bench::nginx_probe(s.nginx_port, 500); }, kReadyMs);
   }
-  if (need_echo_udp) start_echo(o, "udp", s.echo_udp, s.echo_udp_port, s.dir.path());
-  if (need_echo_tcp) start_echo(o, "tcp", s.echo_tcp, s.echo_tcp_port, s.dir.path());
+  if (need_echo_udp) start_echo(o, "udp", s.echo_udp, s.echo_udp_port, s.dir.path);
+  if (need_echo_tcp) start_echo(o, "tcp", s.echo_tcp, s.echo_tcp_port, s.dir.path);
   if (need_sluiced) {
     const std::string exe = o.sluiced.empty() ? bench::sibling_sluiced() : o.sluiced;
     if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
       throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
     }
-    const std::string rules = s.dir.path() + "/rules.yaml";
+    const std::string rules = s.dir.path + "/rules.yaml";
     std::ofstream(rules) << "# written by sluice-bench-load\n"
                             "domains:\n"
                             "  - name: bench\n"
@@ -450,7 +394,7 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
     if (need_resp || curve_has(o, bench::Door::kRedis)) s.resp_port = bench::free_loopback_port();
     const std::string resp = s.resp_port == 0 ? "" : "127.0.0.1:" + std::to_string(s.resp_port);
     const std::string udp = "127.0.0.1:" + std::to_string(s.sluice_port);
-    const std::string config = s.dir.path() + "/sluiced.yaml";
+    const std::string config = s.dir.path + "/sluiced.yaml";
     std::ofstream(config) << "# written by sluice-bench-load\ninit_data: true\nudp_busy_poll_us: "
                           << o.busy_poll_us << "\n";
     const std::string err = s.sluiced.start({exe,
@@ -473,16 +417,16 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
                                              "--log-level",
                                              "warn",
                                              "--data-dir",
-                                             s.dir.path() + "/sluiced-data"},
-                                            s.dir.path() + "/sluiced.log");
+                                             s.dir.path + "/sluiced-data"},
+                                            s.dir.path + "/sluiced.log");
     if (!err.empty()) throw std::runtime_error("sluiced: " + err);
   }
   if (need_redis) {
     s.redis_port = bench::free_loopback_port();
     const std::string err = s.redis.start(
         {"redis-server", "--port", std::to_string(s.redis_port), "--bind", "127.0.0.1", "--save",
-         "", "--appendonly", "no", "--daemonize", "no", "--dir", s.dir.path()},
-        s.dir.path() + "/redis.log");
+         "", "--appendonly", "no", "--daemonize", "no", "--dir", s.dir.path},
+        s.dir.path + "/redis.log");
     if (!err.empty()) throw std::runtime_error("redis-server: " + err);
   }
   if (need_memcached) {
@@ -492,7 +436,7 @@ void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool nee
     const std::string err =
         s.memcached.start({"memcached", "-l", "127.0.0.1", "-p", std::to_string(s.memcached_port),
                            "-U", "0", "-t", "2"},
-                          s.dir.path() + "/memcached.log", "nobody");
+                          s.dir.path + "/memcached.log", "nobody");
     if (!err.empty()) throw std::runtime_error("memcached: " + err);
   }
   if (need_sluiced) {
@@ -971,7 +915,8 @@ int bench_load_main(int argc, char** argv) {
     return bench::run_echo_server(argv[2], static_cast<uint16_t>(port),
                                   static_cast<unsigned>(threads));
   }
-  const Options o = parse(argc, argv);
+  Options o;
+  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
   bench::install_stop_signals();
   std::vector<RowDef> rows;
   for (const RowDef& r : all_rows(o)) {
@@ -984,7 +929,10 @@ int bench_load_main(int argc, char** argv) {
     return 0;
   }
   const std::string udp_single = "sluiced-udp-single";
-  if (rows.empty() && !o.half_rate && !o.curve) usage("--only selects no row (see --list)");
+  if (rows.empty() && !o.half_rate && !o.curve) {
+    std::fprintf(stderr, "sluice-bench-load: --only selects no row (see --list)\n");
+    return 2;
+  }
 
   bool need_sluiced = o.half_rate || o.curve, need_redis = false, need_memcached = false;
   bool need_echo_udp = false, need_echo_tcp = false, need_nginx = false, need_resp = false;

@@ -32,6 +32,7 @@
 
 #include "cluster/hash_ring.h"
 #include "common/json_rows.h"
+#include "common/scenario.h"
 
 namespace {
 
@@ -65,68 +66,19 @@ struct Row {
   double ns_owner = 0;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "sluice-bench-ring: %s\n"
-               "usage: sluice-bench-ring [--json] [--nodes N[,N..]] [--keys K] [--replicas R]\n"
-               "         [--repeat P] [--vnodes V[,V..]] [--seed S]\n",
-               why);
-  std::exit(2);
-}
-
-uint64_t parse_u64(std::string_view s, const char* what) {
-  const std::string str(s);
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(str.c_str(), &end, 10);
-  if (str.empty() || *end != '\0') usage(what);
-  return v;
-}
-
-std::vector<uint64_t> parse_list(std::string_view v, const char* what) {
-  std::vector<uint64_t> out;
-  while (!v.empty()) {
-    const size_t c = v.find(',');
-    out.push_back(parse_u64(v.substr(0, c), what));
-    if (c == std::string_view::npos) break;
-    v.remove_prefix(c + 1);
-  }
-  return out;
-}
-
-Options parse_args(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) usage("missing value after an option");
-      return argv[++i];
-    };
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--nodes") {
-      o.nodes = parse_list(value(), "--nodes takes numbers");
-      for (uint64_t n : o.nodes) {
-        if (n < 2 || n > 1'000) usage("--nodes must be between 2 and 1000");
-      }
-    } else if (a == "--keys") {
-      o.keys = parse_u64(value(), "--keys takes a number");
-      if (o.keys == 0 || o.keys > 100'000'000) usage("--keys must be between 1 and 1e8");
-    } else if (a == "--replicas") {
-      o.replicas = parse_u64(value(), "--replicas takes a number");
-      if (o.replicas < 1 || o.replicas > HashRing::kMaxReplicas) usage("--replicas: 1..8");
-    } else if (a == "--repeat") {
-      o.repeat = parse_u64(value(), "--repeat takes a number");
-      if (o.repeat == 0) usage("--repeat must be at least 1");
-    } else if (a == "--vnodes") {
-      o.vnodes = parse_list(value(), "--vnodes takes numbers");
-      std::erase(o.vnodes, 0);
-    } else if (a == "--seed") {
-      o.seed = parse_u64(value(), "--seed takes a number");
-    } else {
-      usage(a == "--help" || a == "-h" ? "help" : "unknown option");
-    }
-  }
-  return o;
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse_args(int argc, char** argv, Options& o) {
+  sluice::bench::Cli cli("sluice-bench-ring");
+  cli.numbers("--nodes", o.nodes, 2, 1'000, "ring sizes, N[,N..]");
+  cli.keys(o.keys, 1, 100'000'000, "keys placed on the ring");
+  cli.number("--replicas", o.replicas, 1, HashRing::kMaxReplicas, "owners per key");
+  cli.number("--repeat", o.repeat, 1, 1e9, "rings measured per size");
+  cli.numbers("--vnodes", o.vnodes, 0, 1e9, "virtual nodes compared, V[,V..] (0s dropped)");
+  cli.app().add_option("--seed", o.seed, "seed of the keys and node names");
+  const std::optional<int> exit = cli.parse(argc, argv);
+  o.json = cli.json;
+  std::erase(o.vnodes, 0);
+  return exit;
 }
 
 std::vector<RingMember> members(uint64_t n) {
@@ -302,7 +254,8 @@ void print_json(const std::vector<Row>& rows) {
 }  // namespace
 
 int bench_ring_main(int argc, char** argv) {
-  const Options opt = parse_args(argc, argv);
+  Options opt;
+  if (const std::optional<int> exit = parse_args(argc, argv, opt)) return *exit;
   std::mt19937_64 rng(opt.seed);
   std::vector<uint64_t> keys(opt.keys);
   for (auto& k : keys)

@@ -56,7 +56,7 @@
 #include "common/metrics.h"
 #include "common/proc_stats.h"
 #include "common/process.h"
-#include "load/args.h"
+#include "common/scenario.h"
 #include "load/driver.h"
 #include "load/grpc_target.h"
 #include "load/targets.h"
@@ -87,76 +87,32 @@ struct Options {
   bool no_noop = false;      // skip the rls-noop rows
 };
 
-constexpr const char* kHelp = R"(usage: sluice-bench-rls [options]
-  --only rls|udp       measure one transport only (default both)
-  --json               last line: {"rows":[{"target","phase","checks_per_sec","p50_us","p99_us",
-                       "p999_us","errors","offered_per_sec","load_avg",...}]}
-  --seconds S          measured seconds per row (10)
-  --warmup S           unmeasured seconds before each row (2)
-  --keys N             keys, uniform (10000)
-  --channels C         gRPC channels, one HTTP/2 connection each (4)
-  --inflight N         calls outstanding per channel (32)
-  --server-threads N   sluiced --threads (2)
-  --udp-sockets U      UDP sockets (8)
-  --udp-window W       UDP datagrams in flight per socket (8)
-  --sluiced PATH       sluiced binary (default: the one built with this program)
-  --rate R             the open-loop row at R checks/s instead of half the measured max (the
-                       same load for both sluiced binaries with --compare)
-  --compare PATH       first measure the rls rows against this sluiced too (rows "rls@before"),
-                       on its own fresh process, so a server change is judged within one run
-  --low-rate R         the rls "low" rows at R checks/s (10000; 0: none)
-  --no-noop            skip the rls-noop rows (the gRPC front answering without deciding,
-                       sluice-bench-rls-noop: the ceiling the rls rows are read against)
-)";
-
-[[noreturn]] void usage(const std::string& why) {
-  bench::usage("sluice-bench-rls", kHelp, why);
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  bench::Args args(argc, argv, "sluice-bench-rls", kHelp);
-  while (args.next()) {
-    const std::string& a = args.option();
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--only") {
-      o.only = args.value();
-      if (o.only != "rls" && o.only != "udp") usage("--only is rls or udp");
-    } else if (a == "--seconds") {
-      o.seconds = args.number(0.1, 600);
-    } else if (a == "--warmup") {
-      o.warmup = args.number(0, 60);
-    } else if (a == "--keys") {
-      o.keys = args.u32(1, 10'000'000);
-    } else if (a == "--channels") {
-      o.channels = args.u32(1, 256);
-    } else if (a == "--inflight") {
-      o.inflight = args.u32(1, 4096);
-    } else if (a == "--server-threads") {
-      o.server_threads = args.u32(1, 64);
-    } else if (a == "--udp-sockets") {
-      o.udp_sockets = args.u32(1, 1024);
-    } else if (a == "--udp-window") {
-      o.udp_window = args.u32(1, 4096);
-    } else if (a == "--sluiced") {
-      o.sluiced = args.value();
-    } else if (a == "--rate") {
-      o.rate = args.number(1, 1e8);
-    } else if (a == "--low-rate") {
-      o.low_rate = args.number(0, 1e8);
-    } else if (a == "--no-noop") {
-      o.no_noop = true;
-    } else if (a == "--compare") {
-      o.compare = args.value();
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
-      std::exit(0);
-    } else {
-      usage("unknown option " + a);
-    }
-  }
-  return o;
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  bench::Cli cli("sluice-bench-rls");
+  cli.word("--only", o.only, {"rls", "udp"}, "measure one transport only (default both)");
+  cli.seconds(o.seconds, 0.1, 600, "measured seconds per row");
+  cli.number("--warmup", o.warmup, 0, 60, "unmeasured seconds before each row");
+  cli.keys(o.keys, 1, 10'000'000, "keys, uniform");
+  cli.number("--channels", o.channels, 1, 256, "gRPC channels, one HTTP/2 connection each");
+  cli.number("--inflight", o.inflight, 1, 4096, "calls outstanding per channel");
+  cli.server_threads(o.server_threads);
+  cli.number("--udp-sockets", o.udp_sockets, 1, 1024, "UDP sockets");
+  cli.number("--udp-window", o.udp_window, 1, 4096, "UDP datagrams in flight per socket");
+  cli.sluiced(o.sluiced);
+  cli.number("--rate", o.rate, 1, 1e8,
+             "the open-loop row at R checks/s instead of half the measured max (the same load "
+             "for both sluiced binaries with --compare)");
+  cli.text("--compare", o.compare,
+           "first measure the rls rows against this sluiced too (rows \"rls@before\"), on its "
+           "own fresh process, so a server change is judged within one run");
+  cli.number("--low-rate", o.low_rate, 0, 1e8, "the rls \"low\" rows at R checks/s (0: none)");
+  cli.flag("--no-noop", o.no_noop,
+           "skip the rls-noop rows (the gRPC front answering without deciding, "
+           "sluice-bench-rls-noop: the ceiling the rls rows are read against)");
+  const std::optional<int> exit = cli.parse(argc, argv);
+  o.json = cli.json;
+  return exit;
 }
 
 std::string fmt(double v, int decimals) {
@@ -227,7 +183,7 @@ void start_noop(const Options& o, Server& s) {
   const std::string err =
       s.sluiced.start({SLUICE_RLS_NOOP_BIN, "--grpc", "127.0.0.1:" + std::to_string(s.grpc_port),
                        "--threads", std::to_string(o.server_threads)},
-                      s.dir.path() + "/noop.log");
+                      s.dir.path + "/noop.log");
   if (!err.empty()) throw std::runtime_error("sluice-bench-rls-noop: " + err);
   const int64_t deadline = bench::now_ns() + 15'000'000'000;
   std::string last = "not started";
@@ -246,7 +202,7 @@ void start_server(const Options& o, const std::string& exe, Server& s) {
   if (::access(exe.c_str(), X_OK) != 0) {
     throw std::runtime_error("no sluiced at '" + exe + "' (--sluiced, --compare)");
   }
-  const std::string rules = s.dir.path() + "/rules.yaml";
+  const std::string rules = s.dir.path + "/rules.yaml";
   std::ofstream(rules) << "# written by sluice-bench-rls\n"
                           "domains:\n"
                           "  - name: bench\n"
@@ -264,7 +220,7 @@ void start_server(const Options& o, const std::string& exe, Server& s) {
       {exe, "--udp", udp, "--tcp", udp, "--admin", "127.0.0.1:" + std::to_string(s.admin_port),
        "--grpc", grpc_addr, "--resp", "", "--rules", rules, "--threads",
        std::to_string(o.server_threads), "--log-level", "warn", "--data-dir", ""},
-      s.dir.path() + "/sluiced.log");
+      s.dir.path + "/sluiced.log");
   if (!err.empty()) throw std::runtime_error("sluiced: " + err);
 
   // Both fronts must answer; bounded, and failing early when sluiced exits.
@@ -375,7 +331,8 @@ Row run_udp(const Options& o, Server& s, const bench::Keyspace& names, double ra
 }  // namespace
 
 int bench_rls_main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o;
+  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
   bench::install_stop_signals();
   // Open-loop pacing sleeps ~50 us at a time; the default 50 us timer slack would double that.
   // Threads started from here (the UDP driver's, gRPC's) inherit the value.

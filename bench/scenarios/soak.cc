@@ -53,7 +53,7 @@
 
 #include "common/json_rows.h"
 #include "common/process.h"
-#include "load/args.h"
+#include "common/scenario.h"
 #include "load/driver.h"
 #include "load/targets.h"
 #include "wire/protocol.h"
@@ -82,88 +82,46 @@ struct Options {
   std::string sluiced;
 };
 
-constexpr const char* kHelp = R"(usage: sluice-bench-soak [options]
-  --seconds S        soak length (600)
-  --rate R           offered checks/s (half UDP, half TCP); 0 = --load x the maximum measured
-                     first with a closed-loop probe (0)
-  --load F           share of the measured maximum to offer (0.8)
-  --probe-seconds S  length of the closed-loop probe (10)
-  --interval S       RSS sample and progress line every S seconds (10)
-  --window S         latency / error / decision figures and the p99 goal per S seconds (60)
-  --rss-after S      RSS goal: samples after S seconds stay within the band of the one at S (60)
-  --rss-band F       that band, +-F (0.05)
-  --p99-ratio X      p99 goal: last window's p99 <= X x the first window's (1.2)
-  --keys N           keyspace, Zipf(0.99) (100000)
-  --limit N          every key's limit per minute (10000)
-  --udp-sockets U    UDP sockets, 8 datagrams of 1 check in flight each at most (8)
-  --connections C    TCP connections, 32 frames of 1 check in flight each at most (8)
-  --server-threads N sluiced --threads (1)
-  --memory-only      sluiced without a data directory (no snapshots to RocksDB)
-  --sluiced PATH     sluiced binary (default: <build>/daemon/sluiced)
-  --json             last line: {"rows":[{...the whole series...}]}
-)";
-
-[[noreturn]] void usage(const std::string& why) {
-  bench::usage("sluice-bench-soak", kHelp, why);
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  bench::Args args(argc, argv, "sluice-bench-soak", kHelp);
-  while (args.next()) {
-    const std::string& a = args.option();
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--seconds") {
-      o.seconds = args.number(1, 86'400);
-    } else if (a == "--rate") {
-      o.rate = args.number(0, 1e8);
-    } else if (a == "--load") {
-      o.load = args.number(0.01, 1);
-    } else if (a == "--probe-seconds") {
-      o.probe_seconds = args.number(1, 600);
-    } else if (a == "--interval") {
-      o.interval = args.number(1, 3600);
-    } else if (a == "--window") {
-      o.window = args.number(1, 86'400);
-    } else if (a == "--rss-after") {
-      o.rss_after = args.number(1, 86'400);
-    } else if (a == "--rss-band") {
-      o.rss_band = args.number(0, 1);
-    } else if (a == "--p99-ratio") {
-      o.p99_ratio = args.number(1, 1000);
-    } else if (a == "--keys") {
-      o.keys = static_cast<uint32_t>(args.number(1, 10'000'000));
-    } else if (a == "--limit") {
-      o.limit = static_cast<uint64_t>(args.number(1, 1e12));
-    } else if (a == "--udp-sockets") {
-      o.udp_sockets = static_cast<uint32_t>(args.number(1, 256));
-    } else if (a == "--connections") {
-      o.connections = static_cast<uint32_t>(args.number(1, 256));
-    } else if (a == "--server-threads") {
-      o.server_threads = static_cast<uint32_t>(args.number(1, 64));
-    } else if (a == "--memory-only") {
-      o.memory_only = true;
-    } else if (a == "--sluiced") {
-      o.sluiced = args.value();
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
-      std::exit(0);
-    } else {
-      usage("unknown option " + a);
-    }
-  }
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  bench::Cli cli("sluice-bench-soak");
+  cli.seconds(o.seconds, 1, 86'400, "soak length");
+  cli.number("--rate", o.rate, 0, 1e8,
+             "offered checks/s (half UDP, half TCP); 0 = --load x the maximum measured first "
+             "with a closed-loop probe");
+  cli.number("--load", o.load, 0.01, 1, "share of the measured maximum to offer");
+  cli.number("--probe-seconds", o.probe_seconds, 1, 600, "length of the closed-loop probe");
+  cli.number("--interval", o.interval, 1, 3600, "RSS sample and progress line every S seconds");
+  cli.number("--window", o.window, 1, 86'400,
+             "latency / error / decision figures and the p99 goal per S seconds");
+  cli.number("--rss-after", o.rss_after, 1, 86'400,
+             "RSS goal: samples after S seconds stay within the band of the one at S");
+  cli.number("--rss-band", o.rss_band, 0, 1, "that band, +-F");
+  cli.number("--p99-ratio", o.p99_ratio, 1, 1000,
+             "p99 goal: last window's p99 <= X x the first window's");
+  cli.keys(o.keys, 1, 10'000'000, "keyspace, Zipf(0.99)");
+  cli.number("--limit", o.limit, 1, 1e12, "every key's limit per minute");
+  cli.number("--udp-sockets", o.udp_sockets, 1, 256,
+             "UDP sockets, 8 datagrams of 1 check in flight each at most");
+  cli.number("--connections", o.connections, 1, 256,
+             "TCP connections, 32 frames of 1 check in flight each at most");
+  cli.server_threads(o.server_threads);
+  cli.flag("--memory-only", o.memory_only,
+           "sluiced without a data directory (no snapshots to RocksDB)");
+  cli.sluiced(o.sluiced);
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
+  o.json = cli.json;
   // The goals compare whole windows of whole intervals.
   const double per_window = o.window / o.interval;
   if (std::abs(per_window - std::round(per_window)) > 1e-9)
-    usage("--window must be a multiple of --interval");
+    return cli.fail("--window must be a multiple of --interval");
   const double rss_at = o.rss_after / o.interval;
   if (std::abs(rss_at - std::round(rss_at)) > 1e-9)
-    usage("--rss-after must be a multiple of --interval");
+    return cli.fail("--rss-after must be a multiple of --interval");
   if (o.seconds < o.rss_after + o.interval)
-    usage("--seconds must exceed --rss-after by an interval");
-  if (o.seconds < 2 * o.window) usage("--seconds must hold at least two windows");
-  return o;
+    return cli.fail("--seconds must exceed --rss-after by an interval");
+  if (o.seconds < 2 * o.window) return cli.fail("--seconds must hold at least two windows");
+  return std::nullopt;
 }
 
 // ---- the load: thread 0 speaks UDP, thread 1 TCP
@@ -303,59 +261,23 @@ nlohmann::json stats_json(const bench::RowStats& s, double seconds) {
 
 int run(const Options& o) {
   bench::TempDir dir;
-  const std::string exe = o.sluiced.empty() ? bench::sibling_sluiced() : o.sluiced;
-  if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
-    throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
-  }
-  const std::string rules = dir.path() + "/rules.yaml";
-  std::ofstream(rules) << "# written by sluice-bench-soak\n"
-                          "domains:\n"
-                          "  - name: "
-                       << bench::kSluiceDomain
-                       << "\n"
-                          "    rules:\n"
-                          "      - name: per-k\n"
-                          "        key: ["
-                       << bench::kSluiceEntryKey << "]\n        limits: [" << o.limit << "/1m]\n";
-  const uint16_t port = bench::free_loopback_port();
-  const uint16_t admin = bench::free_loopback_port();
-  bench::ChildProcess sluiced;
-  const std::string addr = "127.0.0.1:" + std::to_string(port);
-  if (std::string e = sluiced.start({exe,
-                                     "--udp",
-                                     addr,
-                                     "--tcp",
-                                     addr,
-                                     "--admin",
-                                     "127.0.0.1:" + std::to_string(admin),
-                                     "--grpc",
-                                     "",
-                                     "--resp",
-                                     "",
-                                     "--rules",
-                                     rules,
-                                     "--threads",
-                                     std::to_string(o.server_threads),
-                                     "--log-level",
-                                     "warn",
-                                     "--data-dir",
-                                     o.memory_only ? "" : dir.path() + "/sluiced-data",
-                                     "--init-data"},
-                                    dir.path() + "/sluiced.log");
-      !e.empty()) {
-    throw std::runtime_error("sluiced: " + e);
-  }
-  bench::wait_ready(
-      sluiced, [&] { return bench::sluice_probe(port, 500); }, 15'000);
-  const uint64_t rss_start_kb = bench::proc_status_kb(sluiced.pid());
+  bench::SluicedChild sluiced;
+  sluiced.exe = o.sluiced;
+  sluiced.written_by = "sluice-bench-soak";
+  sluiced.limits = std::to_string(o.limit) + "/1m";
+  sluiced.threads = o.server_threads;
+  sluiced.data = !o.memory_only;
+  sluiced.start(dir.path);
+  const uint16_t port = sluiced.port;
+  const uint64_t rss_start_kb = bench::proc_status_kb(sluiced.process.pid());
 
   const bench::Keyspace keys(o.keys);
   preload(port, keys);
-  const uint64_t rss_preloaded_kb = bench::proc_status_kb(sluiced.pid());
+  const uint64_t rss_preloaded_kb = bench::proc_status_kb(sluiced.process.pid());
   Mix mix = make_mix(o, port, keys);
   std::printf("sluice-bench-soak: sluiced pid %d, --threads %u, %u keys Zipf(0.99), limit %" PRIu64
               "/1m per key; UDP %u sock x %u dgram, TCP %u conn x %u frames, 1 check each\n",
-              static_cast<int>(sluiced.pid()), o.server_threads, o.keys, o.limit,
+              static_cast<int>(sluiced.process.pid()), o.server_threads, o.keys, o.limit,
               mix.drive.conns / 2, kUdpWindow, mix.drive.conns / 2, kTcpWindow);
   std::printf("RSS at start: %.1f MiB, after every key was checked once: %.1f MiB\n",
               static_cast<double>(rss_start_kb) / 1024.0,
@@ -392,7 +314,7 @@ int run(const Options& o) {
   d.seconds = o.seconds;
   d.seed = 11;
   d.interval_s = o.interval;
-  const pid_t pid = sluiced.pid();
+  const pid_t pid = sluiced.process.pid();
   std::printf("%7s %9s %11s %9s %9s %9s %8s\n", "t_s", "rss_mib", "checks/s", "p50_us", "p99_us",
               "errors", "denied");
   d.on_interval = [&](unsigned index, const std::vector<bench::RowStats>& by_thread) {
@@ -413,7 +335,7 @@ int run(const Options& o) {
   const bench::RowStats total = bench::drive(d, mix.factory);
   const uint64_t rss_end_kb = bench::proc_status_kb(pid);
   const uint64_t hwm_kb = bench::proc_status_kb(pid, "VmHWM");
-  const bool alive = sluiced.running();
+  const bool alive = sluiced.process.running();
   if (bench::stop_requested()) return 1;
 
   std::vector<Interval>& iv = series.intervals;
@@ -501,7 +423,8 @@ int run(const Options& o) {
               rate_ok ? "PASS" : "FAIL", achieved, rate, rate > 0 ? achieved / rate * 100 : 0,
               total.unsent, us(total.send_lag, 0.99));
   if (!alive)
-    std::printf("FAIL sluiced exited during the soak (%s)\n", sluiced.exit_status().c_str());
+    std::printf("FAIL sluiced exited during the soak (%s)\n",
+                sluiced.process.exit_status().c_str());
 
   if (o.json) {
     nlohmann::json ivs = nlohmann::json::array(), wins = nlohmann::json::array();
@@ -562,7 +485,8 @@ int run(const Options& o) {
 }  // namespace
 
 int bench_soak_main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o;
+  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
   bench::install_stop_signals();
   try {
     return run(o);

@@ -34,9 +34,11 @@
 
 #include "common/json_rows.h"
 #include "common/percentile.h"
+#include "common/scenario.h"
 #include "engine/engine.h"
 #include "one_rule_policy.h"
 #include "store/store.h"
+#include "temp_dir.h"
 #include "traces.h"
 
 namespace {
@@ -66,22 +68,6 @@ uint64_t dir_bytes(const std::string& dir) {
   }
   return total;
 }
-
-struct TempDir {
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "sluice-bench-store-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      std::perror("mkdtemp");
-      std::exit(2);
-    }
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
 
 std::shared_ptr<const rules::Policy> policy() {
   testing::OneRule o;
@@ -139,38 +125,23 @@ void time_checks(engine::Engine& e, uint64_t n, const std::atomic<bool>& stop, s
   }
 }
 
-bool parse_u64(const char* s, uint64_t& out) {
-  const char* end = s + std::char_traits<char>::length(s);
-  const auto r = std::from_chars(s, end, out);
-  return r.ec == std::errc() && r.ptr == end;
-}
-
 }  // namespace
 
 int bench_store_main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--snapshot-keys" && has_value && parse_u64(argv[++i], o.snapshot_keys)) {
-    } else if (a == "--restore-keys" && has_value && parse_u64(argv[++i], o.restore_keys)) {
-    } else if (a == "--latency-checks" && has_value && parse_u64(argv[++i], o.latency_checks)) {
-    } else {
-      std::fprintf(stderr,
-                   "usage: sluice-bench-store [--json] [--snapshot-keys N] [--restore-keys M] "
-                   "[--latency-checks C]\n");
-      return 2;
-    }
-  }
+  sluice::bench::Cli cli("sluice-bench-store");
+  cli.app().add_option("--snapshot-keys", o.snapshot_keys, "keys in the snapshot measured");
+  cli.app().add_option("--restore-keys", o.restore_keys, "keys in the restore measured");
+  cli.app().add_option("--latency-checks", o.latency_checks, "idle check latency samples");
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  o.json = cli.json;
   nlohmann::json rows = nlohmann::json::array();
   engine::EngineOptions eo;
   eo.memory_cap_bytes = 8ull << 30;
 
   // ---- snapshot of N changed keys, and the p99 of checks during it ----
   {
-    TempDir tmp;
+    testing::TempDir tmp("sluice-bench-store");
     engine::Engine e(policy(), eo);
     fill(e, o.snapshot_keys);
     auto store = store::Store::open(tmp.path + "/data", true);
@@ -240,7 +211,7 @@ int bench_store_main(int argc, char** argv) {
 
   // ---- restore of M keys ----
   if (o.restore_keys > 0) {
-    TempDir tmp;
+    testing::TempDir tmp("sluice-bench-store");
     double write_secs = 0;
     store::SnapshotResult w;
     {

@@ -37,8 +37,8 @@
 #include "cluster/peer_codec.h"
 #include "common/json_rows.h"
 #include "common/percentile.h"
+#include "common/scenario.h"
 #include "engine/engine.h"
-#include "load/args.h"
 #include "one_rule_policy.h"
 #include "rules/rules.h"
 
@@ -80,30 +80,17 @@ struct Options {
   uint32_t shards = 64;
 };
 
-constexpr const char* kHelp =
-    "usage: sluice-bench-sync [--json] [--keys N] [--active N] [--passes N] [--shards N]\n";
-
-Options parse(int argc, char** argv) {
-  Options o;
-  sluice::bench::Args a(argc, argv, "sluice-bench-sync", kHelp);
-  while (a.next()) {
-    const std::string& opt = a.option();
-    if (opt == "--json") {
-      o.json = true;
-    } else if (opt == "--keys") {
-      o.keys = static_cast<uint64_t>(a.number(1, 1e9));
-    } else if (opt == "--active") {
-      o.active = static_cast<uint64_t>(a.number(1, 1e9));
-    } else if (opt == "--passes") {
-      o.passes = static_cast<uint64_t>(a.number(1, 1e6));
-    } else if (opt == "--shards") {
-      o.shards = a.u32(1, 4096);
-    } else {
-      a.usage("unknown option " + opt);
-    }
-  }
-  if (o.active > o.keys) a.usage("--active is at most --keys");
-  return o;
+// nullopt: run with o. Otherwise the exit status (common/scenario.h).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  sluice::bench::Cli cli("sluice-bench-sync");
+  cli.keys(o.keys, 1, 1e9, "counters held by the node");
+  cli.number("--active", o.active, 1, 1e9, "counters that changed since the last pass");
+  cli.number("--passes", o.passes, 1, 1e6, "sync passes measured");
+  cli.number("--shards", o.shards, 1, 4096, "shards of the counter table");
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
+  o.json = cli.json;
+  if (o.active > o.keys) return cli.fail("--active is at most --keys");
+  return std::nullopt;
 }
 
 double thread_cpu_ms() {
@@ -243,7 +230,8 @@ struct Row {
 }  // namespace
 
 int bench_sync_main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o;
+  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
   const KeyArena keys(o.keys);
   std::mt19937_64 rng(42);
   std::vector<uint32_t> idle(o.keys), active;
