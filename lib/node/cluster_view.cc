@@ -204,8 +204,7 @@ struct Fetch : std::enable_shared_from_this<Fetch> {
     a.latency_ms = ms_since(started);
     a.answered = error.empty();
     a.error = std::move(error);
-    beast::error_code ignored;
-    stream.socket().close(ignored);
+    stream.close();  // the socket and the deadline's timer: nothing of it waits on
     gather->done_one();
   }
 
@@ -213,7 +212,7 @@ struct Fetch : std::enable_shared_from_this<Fetch> {
     if (ec == beast::error::timeout) {
       return finish("timed out after " + std::to_string(gather->timeout_ms) + " ms");
     }
-    if (ec == asio::error::operation_aborted) return finish("not asked: this node is stopping");
+    if (ec == asio::error::operation_aborted) return finish("cancelled: this node is stopping");
     finish(std::string(step) + ": " + ec.message());
   }
 
@@ -361,10 +360,9 @@ ClusterView::~ClusterView() {
 void ClusterView::stop() {
   impl_->stopped = true;
   for (const auto& weak : impl_->in_flight) {
-    if (const auto f = weak.lock()) {
-      beast::error_code ignored;
-      f->stream.socket().cancel(ignored);
-    }
+    // Its handlers run with operation_aborted and finish it; the timer goes with the socket, so
+    // the admin io_context does not wait out the deadline.
+    if (const auto f = weak.lock()) f->stream.close();
   }
   impl_->in_flight.clear();
 }
