@@ -420,6 +420,89 @@ int run_top(const std::string& admin, int n, bool watch, double interval_s, int 
   }
 }
 
+// `sluicectl top --cluster`: GET /v1/cluster/top, the node at --admin asking every member.
+void print_cluster_top(const std::string& admin, const json& j) {
+  const size_t total = j.at("members_total").get<size_t>();
+  const size_t answered = j.at("members_answered").get<size_t>();
+  std::printf("cluster seen from %s: %zu of %zu members answered%s\n", admin.c_str(), answered,
+              total, j.at("cluster").get<bool>() ? "" : " (a single node, no cluster)");
+  std::printf("%-5s %-16s %-22s %-8s %-6s %9s %12s\n", "id", "member", "admin", "state", "ready",
+              "uptime", "checks");
+  for (const auto& m : j.at("members")) {
+    const std::string name = m.at("name").get<std::string>().empty()
+                                 ? std::string("(this node)")
+                                 : m.at("name").get<std::string>();
+    const std::string self = m.at("self").get<bool>() ? "  (this node)" : "";
+    if (!m.at("answered").get<bool>()) {
+      std::printf("%-5u %-16s %-22s %-8s did not answer: %s\n", m.at("id").get<unsigned>(),
+                  name.c_str(), m.at("address").get<std::string>().c_str(),
+                  m.at("state").get<std::string>().c_str(),
+                  m.at("error").get<std::string>().c_str());
+      continue;
+    }
+    const json& ready = m.at("ready");
+    const std::string ready_text = ready.is_null() ? "-" : (ready.get<bool>() ? "yes" : "no");
+    const std::string why =
+        m.at("not_ready").is_null() ? "" : " (" + m.at("not_ready").get<std::string>() + ")";
+    std::printf("%-5u %-16s %-22s %-8s %-6s %8llds %12llu%s%s\n", m.at("id").get<unsigned>(),
+                name.c_str(), m.at("address").get<std::string>().c_str(),
+                m.at("state").get<std::string>().c_str(), ready_text.c_str(),
+                m.at("uptime_s").get<long long>(), m.at("checks").get<unsigned long long>(),
+                why.c_str(), self.c_str());
+  }
+  std::printf(
+      "\n%-32s %12s %12s %12s %12s   (summed over %zu of %zu members, since each "
+      "started)\n",
+      "rule / member", "allowed", "denied", "shadow", "would-deny", answered, total);
+  const auto counts = [](const char* label, const json& c) {
+    std::printf("%-32s %12llu %12llu %12llu %12llu\n", label,
+                c.at("allowed").get<unsigned long long>(), c.at("denied").get<unsigned long long>(),
+                c.at("shadow_denied").get<unsigned long long>(),
+                c.at("would_deny").get<unsigned long long>());
+  };
+  size_t quiet = 0;
+  for (const auto& r : j.at("rules")) {
+    if (r.at("allowed").get<uint64_t>() + r.at("denied").get<uint64_t>() +
+            r.at("shadow_denied").get<uint64_t>() + r.at("would_deny").get<uint64_t>() ==
+        0) {
+      ++quiet;
+      continue;
+    }
+    counts(r.at("rule").get<std::string>().c_str(), r);
+    for (const auto& n : r.at("nodes")) {
+      const std::string label =
+          "  " + (n.at("name").get<std::string>().empty() ? std::string("this node")
+                                                          : n.at("name").get<std::string>());
+      counts(label.c_str(), n);
+    }
+  }
+  if (quiet > 0) std::printf("(%zu rules without decisions left out; --json lists them)\n", quiet);
+}
+
+int run_top_cluster(const std::string& admin, int timeout_ms, bool watch, double interval_s,
+                    int count, bool as_json) {
+  for (int round = 1;; ++round) {
+    const auto j = call_json(admin, http::verb::get,
+                             "/v1/cluster/top?timeout_ms=" + std::to_string(timeout_ms));
+    if (!j) return kError;
+    if (as_json) {
+      print_json(*j);
+    } else {
+      if (watch) std::printf("\033[H\033[2J");  // clear the terminal between refreshes
+      try {
+        print_cluster_top(admin, *j);
+      } catch (const std::exception& ex) {
+        std::fprintf(stderr, "sluicectl: unexpected cluster view from %s: %s\n", admin.c_str(),
+                     ex.what());
+        return kError;
+      }
+    }
+    std::fflush(stdout);
+    if (!watch || (count > 0 && round >= count)) return kAllowed;
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000)));
+  }
+}
+
 // `target` null: every member's share; else {"domain","descriptors"}: the owners of its counters.
 int run_ring(const std::string& admin, const json& target, bool as_json) {
   if (target.is_null()) {
@@ -658,6 +741,10 @@ int main(int argc, char** argv) {
     case Command::kInspect:
       return run_inspect(admin, inv.target, inv.as_json);
     case Command::kTop:
+      if (inv.cluster) {
+        return run_top_cluster(admin, inv.cluster_timeout_ms, inv.watch, inv.interval_s, inv.count,
+                               inv.as_json);
+      }
       return run_top(admin, inv.top_n, inv.watch, inv.interval_s, inv.count, inv.as_json);
     case Command::kSnapshot:
       return run_snapshot(admin, inv.full, inv.as_json);

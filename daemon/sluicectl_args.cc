@@ -117,6 +117,13 @@ Subcommands build(CLI::App& app, Invocation& inv, std::vector<std::string>& limi
   s.top->add_option("--interval", inv.interval_s, "seconds between refreshes")
       ->check(CLI::Range(0.1, 3600.0));
   s.top->add_option("--count", inv.count, "with --watch: stop after this many refreshes");
+  s.top->add_flag("--cluster", inv.cluster,
+                  "the whole cluster instead: each rule's decisions summed over every member, "
+                  "per member, and the members' states");
+  s.top
+      ->add_option("--member-timeout-ms", inv.cluster_timeout_ms,
+                   "with --cluster: how long the node waits for each member's answer")
+      ->check(CLI::Range(1, 10'000));
   admin_opt(s.top);
 
   s.snap = app.add_subcommand("snapshot", "write a snapshot of the node's counters now");

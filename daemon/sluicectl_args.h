@@ -62,6 +62,8 @@ struct Invocation {
   bool watch = false;
   double interval_s = 2.0;
   int count = 0;
+  bool cluster = false;  // --cluster: every member's counts (GET /v1/cluster/top)
+  int cluster_timeout_ms = 1000;
   // snapshot
   bool full = false;
   // rules convert

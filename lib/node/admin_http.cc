@@ -20,6 +20,7 @@
 #include "node/admin_checks.h"
 #include "node/admin_input.h"
 #include "node/admin_ops.h"
+#include "node/cluster_view.h"
 #include "node/dashboard.h"
 #include "node/node.h"
 #include "node/node_cluster.h"
@@ -155,12 +156,13 @@ void healthz(Node& node, const Request& req, Reply& r, bool readiness) {
 
 struct AdminHttp::Parts {
   Parts(boost::asio::io_context& admin, Node& node_, AdminAuth& auth_)
-      : node(node_), auth(auth_), dashboard(admin, node_) {}
+      : node(node_), auth(auth_), dashboard(admin, node_), cluster_view(admin, node_) {}
 
   Node& node;
   AdminAuth& auth;
   HttpCheckCounters checks;
   Dashboard dashboard;
+  ClusterView cluster_view;
   std::unique_ptr<front::admin::AdminFront> front;
 
   // Each part appends its own families (node_metrics.h), in the order /metrics has always had.
@@ -207,6 +209,7 @@ struct AdminHttp::Parts {
       r.body = render_status(node, checks.decided.load());
     });
     add_ops_routes(rows, node);
+    cluster_view.add_routes(rows);
     dashboard.add_routes(rows);
     return rows;
   }
@@ -241,6 +244,7 @@ uint16_t AdminHttp::port() const {
 
 void AdminHttp::stop() {
   parts_->dashboard.stop();
+  parts_->cluster_view.stop();
   parts_->front->stop();
 }
 

@@ -48,7 +48,8 @@ class AdminHttp {
   AdminHttp& operator=(const AdminHttp&) = delete;
 
   uint16_t port() const;
-  // Stops accepting and the dashboard's timer, closes idle connections. Idempotent.
+  // Stops accepting, the dashboard's timer and the cluster view's requests in flight, closes idle
+  // connections. Idempotent.
   void stop();
 
   struct Parts;

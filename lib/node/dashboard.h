@@ -7,6 +7,10 @@
 //   GET /v1/ui/top        keys near or over their limits (the body of GET /v1/top)
 //   GET /v1/ui/overrides  overrides in force (the body of GET /v1/overrides)
 //   GET /v1/ui/cluster    members with state, ring share and sync lag (the body of /v1/cluster)
+//   GET /v1/ui/cluster/top  the whole cluster: each rule's decisions summed over every member
+//                         that answered, a row per member, each member's state and whether it
+//                         answered (the body of /v1/cluster/top; served by cluster_view.h, which
+//                         gathers it from the members' admin ports without blocking this thread)
 //
 // The history is kept here, not in the browser, so the page shows 15 minutes as soon as it is
 // opened: every 5 s (a timer on the admin io_context) the engine's cumulative per-rule counts are

@@ -1,5 +1,7 @@
 // The Sluice dashboard (/ui): polls the admin port's /v1/ui/* every 5 s and draws per-rule rate
-// charts as plain SVG, and the top keys, overrides and cluster members as tables. Every string
+// charts as plain SVG, and the top keys, overrides and cluster members as tables; the cluster's
+// totals per rule come from /v1/ui/cluster/top (this node asks every member), fetched apart so a
+// slow member never holds up the rest of the page. Every string
 // from the node (rule names, keys, descriptors: client input among them) goes into the page as
 // text (textContent), never as markup.
 "use strict";
@@ -179,12 +181,60 @@ function renderCluster(c) {
   ], { "data-state": m.state })));
 }
 
+function fmtUptime(s) {
+  if (s < 120) return `${s} s`;
+  if (s < 7200) return `${Math.round(s / 60)} min`;
+  if (s < 172800) return `${(s / 3600).toFixed(1)} h`;
+  return `${(s / 86400).toFixed(1)} d`;
+}
+
+// The cluster view: the members as this node's membership knows them, whether each answered (and
+// why not), and per rule the sum over those that did with one row per member.
+function renderClusterTop(v) {
+  const summary = document.getElementById("cluster-top-summary");
+  summary.dataset.answered = v.members_answered;
+  summary.dataset.total = v.members_total;
+  summary.textContent = v.cluster
+    ? `${v.members_answered} of ${v.members_total} members answered within ${v.timeout_ms} ms; the totals cover those.`
+    : "A single node (no cluster): its own counts.";
+  summary.classList.toggle("warn", v.members_answered < v.members_total);
+  fillTable("cluster-members", v.members.map((m) => row([
+    [m.id, "num"], m.self ? `${m.name || "this node"} (this node)` : m.name, [m.address, "mono"],
+    m.state,
+    m.answered ? (m.ready === false ? `answered, not ready: ${m.not_ready}` : "answered")
+               : `no answer: ${m.error}`,
+    m.answered ? fmtUptime(m.uptime_s) : "", [m.answered ? m.checks : "", "num"],
+  ], { "data-member": m.name, "data-state": m.state, "data-answered": m.answered })));
+  const rows = [];
+  for (const r of v.rules) {
+    if (SERIES.every((s) => r[s] === 0)) continue;
+    rows.push(row([[r.rule, "mono"], `all ${r.nodes.length}`, ...SERIES.map((s) => [r[s], "num"])],
+      { class: "sum", "data-rule": r.rule, "data-node": "" }));
+    for (const n of r.nodes) {
+      rows.push(row([["", "mono"], n.name || "this node", ...SERIES.map((s) => [n[s], "num"])],
+        { class: "member", "data-rule": r.rule, "data-node": n.name }));
+    }
+  }
+  fillTable("cluster-top", rows, "cluster-top-empty");
+}
+
+async function refreshClusterTop() {
+  try {
+    renderClusterTop(await getJson("/v1/ui/cluster/top"));
+  } catch (e) {
+    const summary = document.getElementById("cluster-top-summary");
+    summary.textContent = `cannot gather the cluster view: ${e.message}`;
+    summary.classList.add("warn");
+  }
+}
+
 // ---- the refresh loop -------------------------------------------------------------------------
 
 let refreshes = 0;
 
 async function refresh() {
   const status = document.getElementById("status");
+  const clusterTop = refreshClusterTop();
   try {
     const [rates, top, ov, cluster] = await Promise.all([
       getJson("/v1/ui/rates"), getJson("/v1/ui/top"), getJson("/v1/ui/overrides"), getJson("/v1/ui/cluster"),
@@ -201,6 +251,7 @@ async function refresh() {
     status.dataset.state = "error";
     status.textContent = `cannot reach the node: ${e.message}`;
   }
+  await clusterTop;
   setTimeout(refresh, REFRESH_MS);
 }
 

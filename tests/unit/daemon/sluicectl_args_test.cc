@@ -128,3 +128,23 @@ TEST_CASE("a reused parser answers every command line as a fresh one would") {
     }
   }
 }
+
+TEST_CASE("top --cluster asks for the cluster view, and top alone keeps its keys and flags") {
+  const Invocation plain = parse({"top", "-n", "5", "--watch", "--count", "2"});
+  REQUIRE(plain.command == Command::kTop);
+  CHECK_FALSE(plain.cluster);
+  CHECK(plain.top_n == 5);
+  CHECK(plain.watch);
+  CHECK(plain.count == 2);
+  const Invocation cluster =
+      parse({"top", "--cluster", "--member-timeout-ms", "300", "--json", "--admin", "h:1"});
+  REQUIRE(cluster.command == Command::kTop);
+  CHECK(cluster.cluster);
+  CHECK(cluster.cluster_timeout_ms == 300);
+  CHECK(cluster.as_json);
+  CHECK(cluster.admin == "h:1");
+  CHECK(parse({"top", "--cluster"}).cluster_timeout_ms == 1000);
+  const Invocation bad = parse({"top", "--cluster", "--member-timeout-ms", "0"});
+  CHECK(bad.command == Command::kNone);
+  CHECK(bad.exit_code == kError);
+}
