@@ -316,9 +316,8 @@ Status parse_override_body(const Json& j, bool plan_only, int64_t now_ms, rules:
       if (!l.is_string())
         return Status::InvalidArgument("each limit must be a string such as \"500/1m\"");
       rules::Limit lim;
-      if (std::string why = rules::parse_limit(l.get<std::string>(), bucket_ms, lim);
-          !why.empty()) {
-        return Status::InvalidArgument("limit \"" + l.get<std::string>() + "\": " + why);
+      if (Status why = rules::parse_limit(l.get<std::string>(), bucket_ms, lim); !why.ok()) {
+        return Status::InvalidArgument("limit \"" + l.get<std::string>() + "\": " + why.message());
       }
       if (bucket_ms == 0) lim.spec.bucket_ms = 0;  // the rule's
       o.limits.push_back(std::move(lim));

@@ -271,7 +271,7 @@ TEST_CASE("overrides are stored, listed and deleted") {
   o.domain = "api";
   o.entries = {{"user", "42"}, {"ip", "10.0.0.1"}};
   rules::Limit l;
-  REQUIRE(rules::parse_limit("500/1m", 0, l).empty());
+  REQUIRE(rules::parse_limit("500/1m", 0, l).ok());
   o.limits = {l};
   o.mode = rules::Mode::kDryRun;
   o.expires_at_ms = kT0 + 86'400'000;
@@ -319,7 +319,7 @@ TEST_CASE("override records keep their versions and tombstones, old records read
   set.value.domain = "api";
   set.value.entries = {{"ip", "10.0.0.1"}, {"user", "42"}};
   rules::Limit l;
-  REQUIRE(rules::parse_limit("500/1m", 0, l).empty());
+  REQUIRE(rules::parse_limit("500/1m", 0, l).ok());
   set.value.limits = {l};
   set.value.mode = rules::Mode::kShadow;
   set.value.expires_at_ms = kT0 + 60'000;
