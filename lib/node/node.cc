@@ -182,8 +182,9 @@ void schedule_rules_watch(Node& node, Node::Impl& n) {
     if (ec || n.stopped.load()) return;
     if (n.rules_watch->changed()) {
       spdlog::info("rules changed on disk: reloading");
-      if (const std::string err = node.reload(); !err.empty()) {
-        spdlog::error("rules changed on disk but were not reloaded, the old rules stay:\n{}", err);
+      if (const Status err = node.reload(); !err.ok()) {
+        spdlog::error("rules changed on disk but were not reloaded, the old rules stay:\n{}",
+                      err.message());
       }
     }
     schedule_rules_watch(node, n);
@@ -283,12 +284,14 @@ void watch_signals(Node& node, Node::Impl& n) {
     if (ec) return;
     if (sig == SIGHUP) {
       if (n.opt.on_event) n.opt.on_event(NodeEvent::kReloading, "reloading the rules");
-      const std::string err = node.reload();
-      if (!err.empty()) spdlog::error("SIGHUP: rules not reloaded, the old rules stay:\n{}", err);
+      const Status err = node.reload();
+      if (!err.ok()) {
+        spdlog::error("SIGHUP: rules not reloaded, the old rules stay:\n{}", err.message());
+      }
       n.reload_admin_token();
       n.reload_resp_password();
       if (n.opt.on_event) {
-        if (err.empty()) {
+        if (err.ok()) {
           n.opt.on_event(NodeEvent::kReloaded, serving_status(n));
         } else {
           n.opt.on_event(NodeEvent::kReloadFailed,
@@ -404,7 +407,7 @@ void Node::stop() {
   });
 }
 
-std::string Node::reload() {
+Status Node::reload() {
   return impl_->reload();
 }
 

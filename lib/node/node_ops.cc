@@ -175,11 +175,11 @@ void NodeState::apply_locked() {
                                             engine->policy().get(), opt.clock()));
 }
 
-std::string NodeState::reload() {
+Status NodeState::reload() {
   rules::ParseResult parsed = parse_configured_rules(opt);
   if (!parsed.rules) {
     reload_failures.fetch_add(1);
-    return join_errors(parsed.errors);
+    return Status::InvalidArgument(join_errors(parsed.errors));
   }
   {
     std::lock_guard g(rules_mu);
