@@ -71,10 +71,8 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(opt.log_level));
 
   if (repair_data) {
-    try {
-      sluice::store::Store::repair(opt.data_dir);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "sluiced: %s\n", e.what());
+    if (const sluice::Status s = sluice::store::Store::repair(opt.data_dir); !s.ok()) {
+      std::fprintf(stderr, "sluiced: %s\n", s.message().c_str());
       return 2;
     }
     std::printf("sluiced: repaired %s; start the node as usual\n", opt.data_dir.c_str());

@@ -531,9 +531,9 @@ Row replay_gcra(std::string_view trace_name, const std::vector<Event>& trace, co
   const auto started = std::chrono::steady_clock::now();
 
   rules::Limit lim;
-  if (const std::string why = rules::parse_gcra(row.rate, row.burst, lim); !why.empty()) {
+  if (const sluice::Status why = rules::parse_gcra(row.rate, row.burst, lim); !why.ok()) {
     std::fprintf(stderr, "error: parse_gcra(%s, %" PRIu64 "): %s\n", row.rate.c_str(), row.burst,
-                 why.c_str());
+                 why.message().c_str());
     std::exit(1);
   }
   lim.name = "r:gcra " + row.rate + " burst " + std::to_string(row.burst);

@@ -69,6 +69,16 @@ uint64_t dir_bytes(const std::string& dir) {
   return total;
 }
 
+// The value, or the run ends with the store's message: a bench has no caller to hand it to.
+template <typename T>
+T or_exit(StatusOr<T> r) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "store: %s\n", r.message().c_str());
+    std::exit(2);
+  }
+  return std::move(r).value();
+}
+
 std::shared_ptr<const rules::Policy> policy() {
   testing::OneRule o;
   o.domain = "bench";
@@ -144,7 +154,7 @@ int bench_store_main(int argc, char** argv) {
     testing::TempDir tmp("sluice-bench-store");
     engine::Engine e(policy(), eo);
     fill(e, o.snapshot_keys);
-    auto store = store::Store::open(tmp.path + "/data", true);
+    auto store = or_exit(store::Store::open(tmp.path + "/data", true));
 
     std::vector<uint32_t> idle, during;
     idle.reserve(o.latency_checks);
@@ -217,7 +227,7 @@ int bench_store_main(int argc, char** argv) {
     {
       engine::Engine e(policy(), eo);
       fill(e, o.restore_keys);
-      auto store = store::Store::open(tmp.path + "/data", true);
+      auto store = or_exit(store::Store::open(tmp.path + "/data", true));
       const auto t0 = Clock::now();
       w = store->snapshot(e, true);
       store->flush();
@@ -230,8 +240,8 @@ int bench_store_main(int argc, char** argv) {
     for (size_t attempt = 0; attempt < secs.size(); ++attempt) {
       engine::Engine e(policy(), eo);
       const auto t0 = Clock::now();
-      auto store = store::Store::open(tmp.path + "/data", false);
-      r = store->restore(e, kNowMs + 1);
+      auto store = or_exit(store::Store::open(tmp.path + "/data", false));
+      r = or_exit(store->restore(e, kNowMs + 1));
       secs[attempt] = seconds_since(t0);
     }
     std::printf(

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/status.h"
 #include "front/admin/admin_front.h"
 
 namespace sluice::node {
@@ -37,10 +38,10 @@ namespace sluice::node {
 // CRYPTO_memcmp over the digests).
 bool tokens_equal(std::string_view a, std::string_view b);
 
-// Reads an admin token file: the whole file, trailing newlines (and \r, spaces) stripped. "" or
-// the error, naming the file (unreadable, or empty once stripped); `token` is untouched on error.
-// Defined in config.cc, with the config's other file readers.
-std::string read_admin_token_file(const std::string& path, std::string& token);
+// Reads an admin token file: the whole file, trailing newlines (and \r, spaces) stripped, or the
+// error naming the file (io_error: unreadable; invalid_argument: empty once stripped). Defined in
+// config.cc, with the config's other file readers.
+StatusOr<std::string> read_admin_token_file(const std::string& path);
 
 // The token of an `Authorization` header value, or nullopt when it is not "Bearer <token>" (the
 // scheme is case-insensitive; the token is what follows the spaces after it, not empty).

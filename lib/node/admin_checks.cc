@@ -337,8 +337,8 @@ void answer_decision(Kind kind, HttpCheckCounters& counters, const wire::Decisio
   }
 }
 
-// Reads the request into s.entries (views into the request or s.input); "" or the 400's error.
-std::string read_input(Kind kind, const Request& req, Scratch& s, wire::Check& check) {
+// Reads the request into s.entries (views into the request or s.input), or the 400's error.
+Status read_input(Kind kind, const Request& req, Scratch& s, wire::Check& check) {
   s.entries.clear();
   uint64_t hits = 1;
   if (kind == Kind::kCheck && parse_check_fast(req.body, check.domain, s.entries, hits)) {
@@ -347,7 +347,7 @@ std::string read_input(Kind kind, const Request& req, Scratch& s, wire::Check& c
   }
   s.entries.clear();
   s.input = CheckInput{};
-  std::string err;
+  Status err;
   if (kind == Kind::kCheck) {
     err = parse_check_body(req.body, s.input);
   } else if (kind == Kind::kRelease) {
@@ -358,7 +358,7 @@ std::string read_input(Kind kind, const Request& req, Scratch& s, wire::Check& c
       s.headers.emplace_back(h.name, h.value);
     err = parse_auth_input(req.query, s.headers, s.input);
   }
-  if (!err.empty()) return err;
+  if (!err.ok()) return err;
   for (const auto& [k, v] : s.input.entries)
     s.entries.push_back({k, v});
   check.domain = s.input.domain;
@@ -374,8 +374,8 @@ void serve(Kind kind, Node& node, HttpCheckCounters& counters, const Request& re
            Later& later) {
   Scratch& s = scratch();
   wire::Check check;
-  if (std::string err = read_input(kind, req, s, check); !err.empty()) {
-    return r.json_error(400, err);
+  if (Status err = read_input(kind, req, s, check); !err.ok()) {
+    return r.json_error(400, err.message());
   }
   check.entries = s.entries;
   std::span<const wire::DecisionView> decided;

@@ -38,41 +38,44 @@ bool iequals_prefix(std::string_view s, std::string_view prefix) {
 }  // namespace
 
 // The domain and descriptors every operator body names.
-std::string parse_target(const Json& j, std::string& domain, Entries& entries) {
-  if (!j.contains("domain") || !j["domain"].is_string()) return "domain (a string) is required";
+Status parse_target(const Json& j, std::string& domain, Entries& entries) {
+  if (!j.contains("domain") || !j["domain"].is_string())
+    return Status::InvalidArgument("domain (a string) is required");
   domain = j["domain"].get<std::string>();
-  if (!j.contains("descriptors")) return "descriptors (an object of strings) is required";
-  if (std::string err = parse_descriptors(j["descriptors"], entries); !err.empty()) return err;
-  if (entries.empty()) return "descriptors must name at least one entry";
-  return "";
+  if (!j.contains("descriptors"))
+    return Status::InvalidArgument("descriptors (an object of strings) is required");
+  if (Status err = parse_descriptors(j["descriptors"], entries); !err.ok()) return err;
+  if (entries.empty()) return Status::InvalidArgument("descriptors must name at least one entry");
+  return {};
 }
 
-std::string check_fields(const Json& j, std::initializer_list<std::string_view> allowed) {
+Status check_fields(const Json& j, std::initializer_list<std::string_view> allowed) {
   for (const auto& [key, value] : j.items()) {
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      return "unknown field \"" + key + "\"";
+      return Status::InvalidArgument("unknown field \"" + key + "\"");
     }
   }
-  return "";
+  return {};
 }
 
 // "ttl": "24h" | "90s" | seconds as a number; 0 or absent = no expiry.
-std::string parse_ttl(const Json& j, int64_t now_ms, int64_t& expires_at_ms) {
+Status parse_ttl(const Json& j, int64_t now_ms, int64_t& expires_at_ms) {
   expires_at_ms = 0;
-  if (!j.contains("ttl") || j["ttl"].is_null()) return "";
+  if (!j.contains("ttl") || j["ttl"].is_null()) return {};
   const Json& t = j["ttl"];
   int64_t ms = 0;
   if (t.is_number_unsigned()) {
     ms = static_cast<int64_t>(std::min<uint64_t>(t.get<uint64_t>(), kMaxTtlMs / 1000)) * 1000;
   } else if (t.is_string()) {
     const auto d = rules::parse_duration_ms(t.get<std::string>());
-    if (!d || *d < 0) return "ttl must be a duration such as 90s, 30m, 24h or 7d";
+    if (!d || *d < 0)
+      return Status::InvalidArgument("ttl must be a duration such as 90s, 30m, 24h or 7d");
     ms = std::min(*d, kMaxTtlMs);
   } else {
-    return "ttl must be a duration such as 90s, 30m, 24h or 7d";
+    return Status::InvalidArgument("ttl must be a duration such as 90s, 30m, 24h or 7d");
   }
   if (ms > 0) expires_at_ms = now_ms + ms;
-  return "";
+  return {};
 }
 
 bool percent_decode(std::string_view in, std::string& out) {
@@ -113,77 +116,79 @@ bool parse_query(std::string_view query, Entries& out) {
   return true;
 }
 
-std::string parse_json_object(std::string_view body, Json& out) {
+Status parse_json_object(std::string_view body, Json& out) {
   try {
     out = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
       if (depth > kMaxJsonDepth) throw TooDeep{};
       return true;
     });
   } catch (const Json::parse_error& e) {
-    return "malformed JSON at byte " + std::to_string(e.byte);
+    return Status::InvalidArgument("malformed JSON at byte " + std::to_string(e.byte));
   } catch (const Json::out_of_range&) {  // a number past double's range (1e999)
-    return "malformed JSON: a number out of range";
+    return Status::InvalidArgument("malformed JSON: a number out of range");
   } catch (const Json::exception& e) {
-    return std::string("malformed JSON: ") + e.what();
+    return Status::InvalidArgument(std::string("malformed JSON: ") + e.what());
   } catch (const TooDeep&) {
-    return "JSON nested deeper than " + std::to_string(kMaxJsonDepth);
+    return Status::InvalidArgument("JSON nested deeper than " + std::to_string(kMaxJsonDepth));
   }
-  if (!out.is_object()) return "the body must be a JSON object";
-  return "";
+  if (!out.is_object()) return Status::InvalidArgument("the body must be a JSON object");
+  return {};
 }
 
-std::string parse_descriptors(const Json& value, Entries& entries) {
-  if (!value.is_object()) return "descriptors must be an object of strings";
+Status parse_descriptors(const Json& value, Entries& entries) {
+  if (!value.is_object())
+    return Status::InvalidArgument("descriptors must be an object of strings");
   for (const auto& [k, v] : value.items()) {
-    if (!v.is_string()) return "descriptors." + k + " must be a string";
+    if (!v.is_string()) return Status::InvalidArgument("descriptors." + k + " must be a string");
     entries.emplace_back(k, v.get<std::string>());
   }
-  return "";
+  return {};
 }
 
-// Parses "hits" given as text (query parameter or header). Returns "" or the error.
-std::string parse_hits_text(std::string_view s, uint64_t& out) {
-  if (!s.empty() && s.front() == '-') return "hits must not be negative";
+// Parses "hits" given as text (query parameter or header).
+Status parse_hits_text(std::string_view s, uint64_t& out) {
+  if (!s.empty() && s.front() == '-') return Status::InvalidArgument("hits must not be negative");
   uint64_t v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (s.empty() || ec == std::errc::invalid_argument || end != s.data() + s.size()) {
-    return "hits must be an integer";
+    return Status::InvalidArgument("hits must be an integer");
   }
   if (ec == std::errc::result_out_of_range || v > kMaxHits) {
-    return "hits must be at most " + std::to_string(kMaxHits);
+    return Status::InvalidArgument("hits must be at most " + std::to_string(kMaxHits));
   }
   out = v;
-  return "";
+  return {};
 }
 
-// Parses the /v1/check body. Returns "" or the error for a 400 answer.
-std::string parse_check_body(std::string_view body, CheckInput& in) {
+// Parses the /v1/check body; the error is for a 400 answer.
+Status parse_check_body(std::string_view body, CheckInput& in) {
   Json j;
-  if (std::string err = parse_json_object(body, j); !err.empty()) return err;
+  if (Status err = parse_json_object(body, j); !err.ok()) return err;
   for (const auto& [key, value] : j.items()) {
     if (key == "domain") {
-      if (!value.is_string()) return "domain must be a string";
+      if (!value.is_string()) return Status::InvalidArgument("domain must be a string");
       in.domain = value.get<std::string>();
       in.has_domain = true;
     } else if (key == "descriptors") {
-      if (std::string err = parse_descriptors(value, in.entries); !err.empty()) return err;
+      if (Status err = parse_descriptors(value, in.entries); !err.ok()) return err;
     } else if (key == "hits") {
       if (value.is_number_unsigned()) {
         const uint64_t v = value.get<uint64_t>();
-        if (v > kMaxHits) return "hits must be at most " + std::to_string(kMaxHits);
+        if (v > kMaxHits)
+          return Status::InvalidArgument("hits must be at most " + std::to_string(kMaxHits));
         in.hits = v;
       } else if (value.is_number_integer()) {  // signed: negative, or -0
-        if (value.get<int64_t>() < 0) return "hits must not be negative";
+        if (value.get<int64_t>() < 0) return Status::InvalidArgument("hits must not be negative");
         in.hits = 0;
       } else {
-        return "hits must be an integer";
+        return Status::InvalidArgument("hits must be an integer");
       }
     } else {
-      return "unknown field \"" + key + "\"";
+      return Status::InvalidArgument("unknown field \"" + key + "\"");
     }
   }
-  if (!in.has_domain) return "domain is required";
-  return "";
+  if (!in.has_domain) return Status::InvalidArgument("domain is required");
+  return {};
 }
 
 std::string format_lease(uint64_t lease) {
@@ -194,74 +199,77 @@ std::string format_lease(uint64_t lease) {
   return out;
 }
 
-std::string parse_lease(const Json& value, uint64_t& out) {
+Status parse_lease(const Json& value, uint64_t& out) {
   constexpr const char* kForm =
       "lease must be a string of 16 lowercase hex digits, as /v1/check answered it (e.g. "
       "\"00c0ffee12345678\")";
-  if (!value.is_string()) return kForm;
+  if (!value.is_string()) return Status::InvalidArgument(kForm);
   const std::string& s = value.get_ref<const std::string&>();
-  if (s.size() != 16) return kForm;
+  if (s.size() != 16) return Status::InvalidArgument(kForm);
   uint64_t v = 0;
   for (const char c : s) {
     // Uppercase is refused too: one spelling per lease, so logs and caches can compare them.
     const int d = c >= 'A' && c <= 'F' ? -1 : hex_value(c);
-    if (d < 0) return kForm;
+    if (d < 0) return Status::InvalidArgument(kForm);
     v = v << 4 | static_cast<uint64_t>(d);
   }
-  if (v == 0) return "lease 0000000000000000 is no lease (0 means none was granted)";
+  if (v == 0)
+    return Status::InvalidArgument("lease 0000000000000000 is no lease (0 means none was granted)");
   out = v;
-  return "";
+  return {};
 }
 
-std::string parse_release_body(std::string_view body, CheckInput& in) {
+Status parse_release_body(std::string_view body, CheckInput& in) {
   Json j;
-  if (std::string err = parse_json_object(body, j); !err.empty()) return err;
+  if (Status err = parse_json_object(body, j); !err.ok()) return err;
   bool has_lease = false;
   for (const auto& [key, value] : j.items()) {
     if (key == "domain") {
-      if (!value.is_string()) return "domain must be a string";
+      if (!value.is_string()) return Status::InvalidArgument("domain must be a string");
       in.domain = value.get<std::string>();
       in.has_domain = true;
     } else if (key == "descriptors") {
-      if (std::string err = parse_descriptors(value, in.entries); !err.empty()) return err;
+      if (Status err = parse_descriptors(value, in.entries); !err.ok()) return err;
     } else if (key == "lease") {
-      if (std::string err = parse_lease(value, in.release); !err.empty()) return err;
+      if (Status err = parse_lease(value, in.release); !err.ok()) return err;
       has_lease = true;
     } else if (key == "hits") {
-      return "hits does not apply to a release (it frees what the lease holds)";
+      return Status::InvalidArgument(
+          "hits does not apply to a release (it frees what the lease holds)");
     } else {
-      return "unknown field \"" + key + "\"";
+      return Status::InvalidArgument("unknown field \"" + key + "\"");
     }
   }
-  if (!in.has_domain) return "domain is required";
-  if (!has_lease) return "lease is required";
+  if (!in.has_domain) return Status::InvalidArgument("domain is required");
+  if (!has_lease) return Status::InvalidArgument("lease is required");
   in.hits = 0;  // ignored by the engine; 0 so that no cost limit can refuse a release
-  return "";
+  return {};
 }
 
-// Collects /v1/auth input from the query and X-Sluice-* headers. Returns "" or the error.
-std::string parse_auth_input(std::string_view query,
-                             std::span<const std::pair<std::string_view, std::string_view>> headers,
-                             CheckInput& in) {
+// Collects /v1/auth input from the query and X-Sluice-* headers.
+Status parse_auth_input(std::string_view query,
+                        std::span<const std::pair<std::string_view, std::string_view>> headers,
+                        CheckInput& in) {
   bool has_hits = false;
-  const auto take = [&](std::string key, std::string value) -> std::string {
+  const auto take = [&](std::string key, std::string value) -> Status {
     if (key == "domain") {
-      if (in.has_domain) return "domain given twice";
+      if (in.has_domain) return Status::InvalidArgument("domain given twice");
       in.domain = std::move(value);
       in.has_domain = true;
     } else if (key == "hits") {
-      if (has_hits) return "hits given twice";
+      if (has_hits) return Status::InvalidArgument("hits given twice");
       has_hits = true;
       return parse_hits_text(value, in.hits);
     } else {
       in.entries.emplace_back(std::move(key), std::move(value));
     }
-    return "";
+    return {};
   };
   Entries params;
-  if (!parse_query(query, params)) return "malformed percent-escape in the query string";
+  if (!parse_query(query, params))
+    return Status::InvalidArgument("malformed percent-escape in the query string");
   for (auto& [k, v] : params) {
-    if (std::string err = take(std::move(k), std::move(v)); !err.empty()) return err;
+    if (Status err = take(std::move(k), std::move(v)); !err.ok()) return err;
   }
   constexpr std::string_view kPrefix = "X-Sluice-";
   for (const auto& [name, value] : headers) {
@@ -270,21 +278,22 @@ std::string parse_auth_input(std::string_view query,
     for (char& c : k) {
       c = c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     }
-    if (std::string err = take(std::move(k), std::string(value)); !err.empty()) return err;
+    if (Status err = take(std::move(k), std::string(value)); !err.ok()) return err;
   }
-  if (!in.has_domain) return "domain is required (?domain= or X-Sluice-Domain)";
-  return "";
+  if (!in.has_domain)
+    return Status::InvalidArgument("domain is required (?domain= or X-Sluice-Domain)");
+  return {};
 }
 
-std::string parse_override_body(const Json& j, bool plan_only, int64_t now_ms, rules::Override& o) {
-  if (std::string err = plan_only ? check_fields(j, {"domain", "descriptors", "plan", "ttl"})
-                                  : check_fields(j, {"domain", "descriptors", "limits",
-                                                     "granularity", "mode", "ttl", "plan"});
-      !err.empty()) {
+Status parse_override_body(const Json& j, bool plan_only, int64_t now_ms, rules::Override& o) {
+  if (Status err = plan_only ? check_fields(j, {"domain", "descriptors", "plan", "ttl"})
+                             : check_fields(j, {"domain", "descriptors", "limits", "granularity",
+                                                "mode", "ttl", "plan"});
+      !err.ok()) {
     return err;
   }
   o = rules::Override{};
-  if (std::string err = parse_target(j, o.domain, o.entries); !err.empty()) return err;
+  if (Status err = parse_target(j, o.domain, o.entries); !err.ok()) return err;
   // Without a granularity an override's limits count in the rule's buckets (bucket_ms 0), so one
   // with the window of a rule's limit keeps its counter (rules.h, Override::limits).
   int64_t bucket_ms = 0;
@@ -292,39 +301,43 @@ std::string parse_override_body(const Json& j, bool plan_only, int64_t now_ms, r
     const auto g = j["granularity"].is_string()
                        ? rules::parse_duration_ms(j["granularity"].get<std::string>())
                        : std::nullopt;
-    if (!g) return "granularity must be a duration such as \"1s\" or \"10s\"";
+    if (!g)
+      return Status::InvalidArgument("granularity must be a duration such as \"1s\" or \"10s\"");
     bucket_ms = *g;
   }
   if (j.contains("limits")) {
-    if (!j["limits"].is_array()) return "limits must be an array such as [\"500/1m\"]";
+    if (!j["limits"].is_array())
+      return Status::InvalidArgument("limits must be an array such as [\"500/1m\"]");
     if (j["limits"].size() > kMaxLimitsPerOverride) {
-      return "at most " + std::to_string(kMaxLimitsPerOverride) + " limits";
+      return Status::InvalidArgument("at most " + std::to_string(kMaxLimitsPerOverride) +
+                                     " limits");
     }
     for (const Json& l : j["limits"]) {
-      if (!l.is_string()) return "each limit must be a string such as \"500/1m\"";
+      if (!l.is_string())
+        return Status::InvalidArgument("each limit must be a string such as \"500/1m\"");
       rules::Limit lim;
-      if (std::string why = rules::parse_limit(l.get<std::string>(), bucket_ms, lim);
-          !why.empty()) {
-        return "limit \"" + l.get<std::string>() + "\": " + why;
+      if (Status why = rules::parse_limit(l.get<std::string>(), bucket_ms, lim); !why.ok()) {
+        return Status::InvalidArgument("limit \"" + l.get<std::string>() + "\": " + why.message());
       }
       if (bucket_ms == 0) lim.spec.bucket_ms = 0;  // the rule's
       o.limits.push_back(std::move(lim));
     }
   }
   if (j.contains("mode") && !j["mode"].is_null()) {
-    if (!j["mode"].is_string()) return "mode must be enforce, dry-run or shadow";
+    if (!j["mode"].is_string())
+      return Status::InvalidArgument("mode must be enforce, dry-run or shadow");
     o.mode = rules::parse_mode(j["mode"].get<std::string>());
-    if (!o.mode) return "mode must be enforce, dry-run or shadow";
+    if (!o.mode) return Status::InvalidArgument("mode must be enforce, dry-run or shadow");
   }
   if (j.contains("plan")) {
-    if (!j["plan"].is_string()) return "plan must be a string";
+    if (!j["plan"].is_string()) return Status::InvalidArgument("plan must be a string");
     o.plan = j["plan"].get<std::string>();
   }
-  if (plan_only && o.plan.empty()) return "plan (a plan name) is required";
-  if (std::string err = parse_ttl(j, now_ms, o.expires_at_ms); !err.empty()) {
+  if (plan_only && o.plan.empty()) return Status::InvalidArgument("plan (a plan name) is required");
+  if (Status err = parse_ttl(j, now_ms, o.expires_at_ms); !err.ok()) {
     return err;
   }
-  return "";
+  return {};
 }
 
 }  // namespace sluice::node

@@ -172,8 +172,8 @@ OpsReply from_result(const OpResult& r, Json ok_body) {
 
 OpsReply set_override(Node& node, const Json& j, bool plan_only) {
   rules::Override o;
-  if (std::string err = parse_override_body(j, plan_only, node.now_ms(), o); !err.empty()) {
-    return error(400, err);
+  if (Status err = parse_override_body(j, plan_only, node.now_ms(), o); !err.ok()) {
+    return error(400, err.message());
   }
   const Entries entries = o.entries;
   const std::string domain = o.domain;
@@ -196,10 +196,11 @@ struct Target {
 
 // Fills `t`; an error reply when the body or the request is invalid.
 std::optional<OpsReply> resolve_target(Node& node, const Json& j, int64_t now, Target& t) {
-  if (std::string err = check_fields(j, {"domain", "descriptors"}); !err.empty()) {
-    return error(400, err);
+  if (Status err = check_fields(j, {"domain", "descriptors"}); !err.ok()) {
+    return error(400, err.message());
   }
-  if (std::string err = parse_target(j, t.domain, t.entries); !err.empty()) return error(400, err);
+  if (Status err = parse_target(j, t.domain, t.entries); !err.ok())
+    return error(400, err.message());
   std::vector<rules::Descriptor> ds;
   for (const auto& [k, v] : t.entries)
     ds.push_back({k, v});
@@ -484,17 +485,17 @@ namespace {
 // An operator endpoint's body: a JSON object, else a 400.
 OpsReply with_body(std::string_view body, const std::function<OpsReply(const Json&)>& fn) {
   Json j;
-  if (std::string err = parse_json_object(body, j); !err.empty()) return error(400, err);
+  if (Status err = parse_json_object(body, j); !err.ok()) return error(400, err.message());
   return fn(j);
 }
 
 OpsReply get_or_delete(Node& node, const Json& j, bool get) {
-  if (std::string err = check_fields(j, {"domain", "descriptors"}); !err.empty()) {
-    return error(400, err);
+  if (Status err = check_fields(j, {"domain", "descriptors"}); !err.ok()) {
+    return error(400, err.message());
   }
   std::string domain;
   Entries entries;
-  if (std::string err = parse_target(j, domain, entries); !err.empty()) return error(400, err);
+  if (Status err = parse_target(j, domain, entries); !err.ok()) return error(400, err.message());
   if (get) {
     const auto o = node.get_override(domain, entries);
     if (!o) return error(404, "no override for these descriptors");

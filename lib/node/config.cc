@@ -84,24 +84,24 @@ std::string read_file(const std::string& path, std::string& out) {
   return why;
 }
 
-std::string read_secret_file(const std::string& file, std::string& out) {
+StatusOr<std::string> read_secret_file(const std::string& file) {
   std::string text;
-  if (std::string why = read_file(file, text); !why.empty())
-    return "cannot read " + file + ": " + why;
+  if (std::string why = read_file(file, text); !why.empty()) {
+    return Status::IoError("cannot read " + file + ": " + why);
+  }
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
     text.pop_back();
-  out = std::move(text);
-  return "";
+  return text;
 }
 
 }  // namespace
 
-std::string read_admin_token_file(const std::string& path, std::string& token) {
-  std::string text;
-  if (std::string err = read_secret_file(path, text); !err.empty()) return err;
-  if (text.empty()) return path + " is empty: write the admin token into it";
-  token = std::move(text);
-  return "";
+StatusOr<std::string> read_admin_token_file(const std::string& path) {
+  StatusOr<std::string> text = read_secret_file(path);
+  if (text.ok() && text->empty()) {
+    return Status::InvalidArgument(path + " is empty: write the admin token into it");
+  }
+  return text;
 }
 
 namespace {
@@ -165,9 +165,10 @@ void secret_file(const YAML::Node& v, std::string& file, std::string& secret, co
                  std::string_view field) {
   if (const std::optional<std::string> f = non_empty_text(v); !f) {
     bad(kEmpty + empty_hint(std::string(field)));
-  } else if (std::string err = read_admin_token_file(*f, secret); !err.empty()) {
-    bad(err);
+  } else if (StatusOr<std::string> read = read_admin_token_file(*f); !read.ok()) {
+    bad(read.message());
   } else {
+    secret = std::move(*read);
     file = *f;
   }
 }
@@ -313,7 +314,11 @@ const Peer kClusterSettings[] = {
        std::string file;
        text(v, file, bad);
        if (file.empty()) return;
-       if (std::string err = read_secret_file(file, o.secret); !err.empty()) bad(err);
+       if (StatusOr<std::string> read = read_secret_file(file); !read.ok()) {
+         bad(read.message());
+       } else {
+         o.secret = std::move(*read);
+       }
      }},
     {"replicas",
      [](const auto& v, auto& o, const Bad& bad) {

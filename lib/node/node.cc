@@ -56,20 +56,18 @@ struct Node::Impl : NodeState {
     checks = std::make_unique<front::check::CheckFront>(check_front_options(opt), control);
     // load_node_config read the token; options built in code may name only the file.
     if (!opt.admin_token_file.empty() && opt.admin_token.empty()) {
-      if (std::string err = read_admin_token_file(opt.admin_token_file, opt.admin_token);
-          !err.empty()) {
-        throw std::runtime_error("admin_token_file: " + err);
-      }
+      StatusOr<std::string> token = read_admin_token_file(opt.admin_token_file);
+      if (!token.ok()) throw std::runtime_error("admin_token_file: " + token.message());
+      opt.admin_token = std::move(*token);
     }
     if (opt.admin_token_reads && opt.admin_token.empty()) {
       throw std::runtime_error("admin_token_reads needs admin_token_file (the token to ask for)");
     }
     admin_auth = std::make_unique<AdminAuth>(opt.admin_token, opt.admin_token_reads);
     if (!opt.resp_password_file.empty() && opt.resp_password.empty()) {
-      if (std::string err = read_admin_token_file(opt.resp_password_file, opt.resp_password);
-          !err.empty()) {
-        throw std::runtime_error("resp_password_file: " + err);
-      }
+      StatusOr<std::string> password = read_admin_token_file(opt.resp_password_file);
+      if (!password.ok()) throw std::runtime_error("resp_password_file: " + password.message());
+      opt.resp_password = std::move(*password);
     }
   }
 
@@ -77,12 +75,12 @@ struct Node::Impl : NodeState {
   // token in force (and says so).
   void reload_admin_token() {
     if (opt.admin_token_file.empty()) return;
-    std::string token;
-    if (std::string err = read_admin_token_file(opt.admin_token_file, token); !err.empty()) {
-      spdlog::error("SIGHUP: admin token not reloaded, the old token stays: {}", err);
+    StatusOr<std::string> token = read_admin_token_file(opt.admin_token_file);
+    if (!token.ok()) {
+      spdlog::error("SIGHUP: admin token not reloaded, the old token stays: {}", token.message());
       return;
     }
-    admin_auth->set_token(token);
+    admin_auth->set_token(*token);
     spdlog::info("admin token reloaded from {}", opt.admin_token_file);
   }
 
@@ -90,12 +88,13 @@ struct Node::Impl : NodeState {
   // that became unreadable or empty keeps the password in force (and says so).
   void reload_resp_password() {
     if (opt.resp_password_file.empty() || !resp) return;
-    std::string password;
-    if (std::string err = read_admin_token_file(opt.resp_password_file, password); !err.empty()) {
-      spdlog::error("SIGHUP: RESP password not reloaded, the old password stays: {}", err);
+    StatusOr<std::string> password = read_admin_token_file(opt.resp_password_file);
+    if (!password.ok()) {
+      spdlog::error("SIGHUP: RESP password not reloaded, the old password stays: {}",
+                    password.message());
       return;
     }
-    resp->set_password(std::move(password));
+    resp->set_password(std::move(*password));
     spdlog::info("RESP password reloaded from {}", opt.resp_password_file);
   }
 
@@ -183,8 +182,9 @@ void schedule_rules_watch(Node& node, Node::Impl& n) {
     if (ec || n.stopped.load()) return;
     if (n.rules_watch->changed()) {
       spdlog::info("rules changed on disk: reloading");
-      if (const std::string err = node.reload(); !err.empty()) {
-        spdlog::error("rules changed on disk but were not reloaded, the old rules stay:\n{}", err);
+      if (const Status err = node.reload(); !err.ok()) {
+        spdlog::error("rules changed on disk but were not reloaded, the old rules stay:\n{}",
+                      err.message());
       }
     }
     schedule_rules_watch(node, n);
@@ -284,12 +284,14 @@ void watch_signals(Node& node, Node::Impl& n) {
     if (ec) return;
     if (sig == SIGHUP) {
       if (n.opt.on_event) n.opt.on_event(NodeEvent::kReloading, "reloading the rules");
-      const std::string err = node.reload();
-      if (!err.empty()) spdlog::error("SIGHUP: rules not reloaded, the old rules stay:\n{}", err);
+      const Status err = node.reload();
+      if (!err.ok()) {
+        spdlog::error("SIGHUP: rules not reloaded, the old rules stay:\n{}", err.message());
+      }
       n.reload_admin_token();
       n.reload_resp_password();
       if (n.opt.on_event) {
-        if (err.empty()) {
+        if (err.ok()) {
           n.opt.on_event(NodeEvent::kReloaded, serving_status(n));
         } else {
           n.opt.on_event(NodeEvent::kReloadFailed,
@@ -405,7 +407,7 @@ void Node::stop() {
   });
 }
 
-std::string Node::reload() {
+Status Node::reload() {
   return impl_->reload();
 }
 

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/status.h"
 #include "engine/engine.h"
 #include "rls/rls.h"
 #include "rules/rules.h"
@@ -211,9 +212,9 @@ class Node {
   void run(bool handle_signals = true);
   // Thread-safe; may be called from a signal handler context of Asio or another thread.
   void stop();
-  // Re-reads the rules file and swaps the policy; counters of remaining rules are kept. Returns
-  // "" or the errors (the old rules stay in force).
-  std::string reload();
+  // Re-reads the rules file and swaps the policy; counters of remaining rules are kept. A failure
+  // (invalid_argument) carries the errors, one a line; the old rules stay in force.
+  Status reload();
 
   // Ports actually bound (useful with port 0); valid once run() has bound them (ready() true).
   bool ready() const { return ready_.load(); }

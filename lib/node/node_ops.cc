@@ -105,10 +105,16 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
   if (!opt.data_dir.empty()) {
     const uint64_t write_buffers = store_write_buffer_bytes(opt.memory_cap_bytes);
     table_cap -= write_buffers;
-    // StoreError: a runtime_error
-    store = store::Store::open(opt.data_dir, opt.init_data, write_buffers);
+    // A failure of the store stops the start, as a bad rule does: the node's constructor is
+    // where these still become an exception (for sluiced's main to print).
+    StatusOr<std::unique_ptr<store::Store>> opened =
+        store::Store::open(opt.data_dir, opt.init_data, write_buffers);
+    if (!opened.ok()) throw std::runtime_error(opened.message());
+    store = std::move(*opened);
+    StatusOr<std::vector<cluster::OverrideRecord>> records = store->load_override_records();
+    if (!records.ok()) throw std::runtime_error(records.message());
     std::vector<std::string> forgotten;
-    for (cluster::OverrideRecord& rec : store->load_override_records()) {
+    for (cluster::OverrideRecord& rec : *records) {
       const rules::Override& ov = rec.value;
       const std::string who = describe(ov.domain, ov.entries);
       if (override_records.horizon_ms(rec) <= started_ms) {
@@ -131,7 +137,9 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
         spdlog::warn("stored override {} is invalid and ignored: {}", who, err);
       }
     }
-    store->erase_override_records(forgotten);
+    if (Status s = store->erase_override_records(forgotten); !s.ok()) {
+      throw std::runtime_error(s.message());
+    }
   } else {
     spdlog::warn("no data directory: counters and overrides live in memory only");
   }
@@ -145,7 +153,9 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
   engine = std::make_unique<engine::Engine>(
       rules::Policy::compile(rules, overrides, opt.hash_seed, {}, nullptr, opt.clock()), eo);
   if (store) {
-    restored = store->restore(*engine, opt.clock());
+    StatusOr<store::RestoreResult> r = store->restore(*engine, opt.clock());
+    if (!r.ok()) throw std::runtime_error(r.message());
+    restored = *r;
     spdlog::info(
         "data directory {}: restored {} counters in {} ms ({} expired, {} unreadable, {} without "
         "room), {} overrides",
@@ -165,11 +175,11 @@ void NodeState::apply_locked() {
                                             engine->policy().get(), opt.clock()));
 }
 
-std::string NodeState::reload() {
+Status NodeState::reload() {
   rules::ParseResult parsed = parse_configured_rules(opt);
   if (!parsed.rules) {
     reload_failures.fetch_add(1);
-    return join_errors(parsed.errors);
+    return Status::InvalidArgument(join_errors(parsed.errors));
   }
   {
     std::lock_guard g(rules_mu);
@@ -249,12 +259,10 @@ OpResult NodeState::write_record_locked(cluster::OverrideRecord rec) {
   }
   // Durable first: an override is acknowledged only once it is on disk.
   if (store) {
-    try {
-      store->put_override_records({&rec, 1});
-    } catch (const store::StoreError& e) {
+    if (Status s = store->put_override_records({&rec, 1}); !s.ok()) {
       spdlog::error("override {} not {}: {}", describe(o.domain, o.entries),
-                    rec.deleted ? "deleted" : "set", e.what());
-      return {K::kStorage, e.what()};
+                    rec.deleted ? "deleted" : "set", s.message());
+      return {K::kStorage, s.message()};
     }
   }
   if (rec.deleted) {
@@ -311,15 +319,16 @@ size_t NodeState::prune_overrides() {
   cluster::OverrideTable next = override_records;
   const std::vector<std::string> gone = next.forget_expired(now);
   if (!gone.empty()) {
-    try {
-      if (store) store->erase_override_records(gone);
+    const Status erased = store ? store->erase_override_records(gone) : Status();
+    if (erased.ok()) {
       override_records = std::move(next);
       spdlog::info(
           "{} override records past their horizon forgotten (tombstones and expired "
           "overrides older than {} ms)",
           gone.size(), override_records.tombstone_ttl_ms());
-    } catch (const store::StoreError& e) {
-      spdlog::warn("{} expired override records stay on disk for now: {}", gone.size(), e.what());
+    } else {
+      spdlog::warn("{} expired override records stay on disk for now: {}", gone.size(),
+                   erased.message());
     }
   }
   return n;
@@ -356,11 +365,9 @@ NodeState::OverrideMerge NodeState::merge_overrides(
     m.applied.push_back(std::move(r));
   // Durable before applied, as a local write.
   if (store) {
-    try {
-      store->put_override_records(m.applied);
-    } catch (const store::StoreError& e) {
+    if (Status s = store->put_override_records(m.applied); !s.ok()) {
       spdlog::error("{} overrides from node {} not stored, so not applied: {}", m.applied.size(),
-                    from, e.what());
+                    from, s.message());
       m.dropped["storage"] += m.applied.size();
       m.applied.clear();
       return m;

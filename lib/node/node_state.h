@@ -27,8 +27,8 @@ struct NodeState {
 
   // Compiles `rules` with the overrides in force and swaps the engine's policy. rules_mu held.
   void apply_locked();
-  // Re-reads the rules file; "" or the errors (the old rules stay).
-  std::string reload();
+  // Re-reads the rules file; invalid_argument with the errors when it fails (the old rules stay).
+  Status reload();
   // Operator actions (Node's public API forwards here).
   OpResult set_override(rules::Override o);
   OpResult delete_override(const std::string& domain,

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/status.h"
 #include "window/gcra.h"
 #include "window/sliding_window.h"
 
@@ -96,16 +97,16 @@ struct Limit {
 };
 
 // "100/1m", "10/1s", "3000/10m", "500/1d", "20/90s": N per duration (units ms, s, m, h, d).
-// Returns an empty string on success, else the reason. bucket_ms 0 = the window's default.
-std::string parse_limit(std::string_view text, int64_t bucket_ms, Limit& out);
-// A GCRA limit: `rate` is "N/duration" (e.g. "10/1s"), `burst` the most admitted at once. Returns
-// an empty string on success, else the reason (a zero rate or burst, a refill over 24 days).
-std::string parse_gcra(std::string_view rate, uint64_t burst, Limit& out);
+// An invalid_argument Status gives the reason. bucket_ms 0 = the window's default.
+Status parse_limit(std::string_view text, int64_t bucket_ms, Limit& out);
+// A GCRA limit: `rate` is "N/duration" (e.g. "10/1s"), `burst` the most admitted at once. An
+// invalid_argument Status gives the reason (a zero rate or burst, a refill over 24 days).
+Status parse_gcra(std::string_view rate, uint64_t burst, Limit& out);
 // A concurrency limit: at most `max_in_flight` leases held at once, each for at most `lease_ttl_ms`
 // (plus part of a bucket: window/concurrency.h); bucket_ms 0 = lease_ttl / 10 when that is a
-// whole number of ms, else lease_ttl. Returns an empty string on success, else the reason.
-std::string parse_concurrency(uint64_t max_in_flight, int64_t lease_ttl_ms, int64_t bucket_ms,
-                              Limit& out);
+// whole number of ms, else lease_ttl. An invalid_argument Status gives the reason.
+Status parse_concurrency(uint64_t max_in_flight, int64_t lease_ttl_ms, int64_t bucket_ms,
+                         Limit& out);
 // The window a caller is told about a limit (answers, RateLimit headers, Envoy's unit): a window
 // limit's window; a GCRA limit's time to refill its whole burst from empty, in ms rounded up.
 int64_t reported_window_ms(const Limit& l);

@@ -603,8 +603,8 @@ void RulesParser::parse_limits(const Field& f, std::string_view owner, int64_t b
 bool RulesParser::parse_limit_node(const YAML::Node& n, int line, const std::string& path,
                                    std::string_view owner, int64_t bucket_ms, Limit& out) {
   if (n.IsScalar()) {
-    if (std::string why = parse_limit(n.Scalar(), bucket_ms, out); !why.empty()) {
-      error(line, path, why);
+    if (Status why = parse_limit(n.Scalar(), bucket_ms, out); !why.ok()) {
+      error(line, path, why.message());
       return false;
     }
     out.name = default_limit_name(owner, out);
@@ -742,10 +742,11 @@ bool RulesParser::parse_concurrency_node(const Fields& fields, int line, const s
   }
   if (!read_limit_name(fields, out)) ok = false;
   if (!ok) return false;
-  if (std::string why = parse_concurrency(max_in_flight, ttl_ms, bucket_ms, out); !why.empty()) {
-    const Field* at =
-        granularity != nullptr && why.rfind("granularity", 0) == 0 ? granularity : ttl_field;
-    error(at->line, at->path, why);
+  if (Status why = parse_concurrency(max_in_flight, ttl_ms, bucket_ms, out); !why.ok()) {
+    const Field* at = granularity != nullptr && why.message().rfind("granularity", 0) == 0
+                          ? granularity
+                          : ttl_field;
+    error(at->line, at->path, why.message());
     return false;
   }
   if (out.name.empty()) out.name = default_limit_name(owner, out);
@@ -788,9 +789,9 @@ bool RulesParser::parse_gcra_node(const Fields& fields, int line, const std::str
   }
   if (!read_limit_name(fields, out)) ok = false;
   if (!ok) return false;
-  if (std::string why = parse_gcra(*rate, burst, out); !why.empty()) {
-    const Field* at = why.rfind("burst", 0) == 0 ? burst_field : fields.find("rate");
-    error(at->line, at->path, why);
+  if (Status why = parse_gcra(*rate, burst, out); !why.ok()) {
+    const Field* at = why.message().rfind("burst", 0) == 0 ? burst_field : fields.find("rate");
+    error(at->line, at->path, why.message());
     return false;
   }
   if (out.name.empty()) out.name = default_limit_name(owner, out);
@@ -877,49 +878,58 @@ std::string format_duration(int64_t ms) {
   return std::to_string(ms) + "ms";
 }
 
-std::string parse_limit(std::string_view text, int64_t bucket_ms, Limit& out) {
+Status parse_limit(std::string_view text, int64_t bucket_ms, Limit& out) {
   const size_t slash = text.find('/');
   if (slash == std::string_view::npos) {
-    return "a limit looks like N/duration (e.g. 100/1m or 10/1s), got " + ticked(text);
+    return Status::InvalidArgument("a limit looks like N/duration (e.g. 100/1m or 10/1s), got " +
+                                   ticked(text));
   }
   const auto requests = parse_count(text.substr(0, slash));
   if (!requests) {
-    return "the request count must be a whole number from 1 to 2^40 (1099511627776), got " +
-           ticked(text.substr(0, slash)) + " in " + ticked(text);
+    return Status::InvalidArgument(
+        "the request count must be a whole number from 1 to 2^40 (1099511627776), got " +
+        ticked(text.substr(0, slash)) + " in " + ticked(text));
   }
   const auto window_ms = parse_duration_ms(text.substr(slash + 1));
   if (!window_ms) {
-    return "bad window " + ticked(text.substr(slash + 1)) + " in " + ticked(text) +
-           ": use a whole number and a unit, e.g. 1s, 10m, 1h, 1d";
+    return Status::InvalidArgument("bad window " + ticked(text.substr(slash + 1)) + " in " +
+                                   ticked(text) +
+                                   ": use a whole number and a unit, e.g. 1s, 10m, 1h, 1d");
   }
   const window::WindowSpec spec = window::make_spec(*window_ms, bucket_ms);
-  if (std::string why = window::validate(spec); !why.empty()) return "window: " + why;
+  if (std::string why = window::validate(spec); !why.empty())
+    return Status::InvalidArgument("window: " + why);
   out.requests = *requests;
   out.spec = spec;
   out.default_bucket = bucket_ms == 0;
   return {};
 }
 
-std::string parse_gcra(std::string_view rate, uint64_t burst, Limit& out) {
+Status parse_gcra(std::string_view rate, uint64_t burst, Limit& out) {
   const size_t slash = rate.find('/');
   if (slash == std::string_view::npos) {
-    return "a rate looks like N/duration (e.g. 10/1s or 600/1m), got " + ticked(rate);
+    return Status::InvalidArgument("a rate looks like N/duration (e.g. 10/1s or 600/1m), got " +
+                                   ticked(rate));
   }
   const std::string_view n = rate.substr(0, slash);
   const auto requests = parse_count(n);
   if (!requests) {
-    if (n == "0") return "rate must admit at least 1 request per period, got " + ticked(rate);
-    return "the request count must be a whole number from 1 to 2^40 (1099511627776), got " +
-           ticked(n) + " in " + ticked(rate);
+    if (n == "0")
+      return Status::InvalidArgument("rate must admit at least 1 request per period, got " +
+                                     ticked(rate));
+    return Status::InvalidArgument(
+        "the request count must be a whole number from 1 to 2^40 (1099511627776), got " +
+        ticked(n) + " in " + ticked(rate));
   }
   const auto period_ms = parse_duration_ms(rate.substr(slash + 1));
   if (!period_ms) {
-    return "bad period " + ticked(rate.substr(slash + 1)) + " in " + ticked(rate) +
-           ": use a whole number and a unit, e.g. 1s, 10m, 1h";
+    return Status::InvalidArgument("bad period " + ticked(rate.substr(slash + 1)) + " in " +
+                                   ticked(rate) +
+                                   ": use a whole number and a unit, e.g. 1s, 10m, 1h");
   }
   window::GcraSpec g;
   if (std::string why = window::make_gcra(*requests, *period_ms, burst, g); !why.empty()) {
-    return why;
+    return Status::InvalidArgument(why);
   }
   out.algorithm = Algorithm::kGcra;
   out.rate_requests = *requests;
@@ -930,18 +940,20 @@ std::string parse_gcra(std::string_view rate, uint64_t burst, Limit& out) {
   return {};
 }
 
-std::string parse_concurrency(uint64_t max_in_flight, int64_t lease_ttl_ms, int64_t bucket_ms,
-                              Limit& out) {
+Status parse_concurrency(uint64_t max_in_flight, int64_t lease_ttl_ms, int64_t bucket_ms,
+                         Limit& out) {
   // Per-bucket counts are 32 bits (window/sliding_window.h): more could not be told apart.
   if (max_in_flight == 0 || max_in_flight > UINT32_MAX) {
-    return "max_in_flight must be a whole number from 1 to 4294967295";
+    return Status::InvalidArgument("max_in_flight must be a whole number from 1 to 4294967295");
   }
   if (lease_ttl_ms < window::kMinWindowMs || lease_ttl_ms > 86'400'000) {
-    return "lease_ttl must be from 1s to 1d, got " + format_duration(lease_ttl_ms);
+    return Status::InvalidArgument("lease_ttl must be from 1s to 1d, got " +
+                                   format_duration(lease_ttl_ms));
   }
   if (bucket_ms == 0) bucket_ms = lease_ttl_ms % 10 == 0 ? lease_ttl_ms / 10 : lease_ttl_ms;
   const window::WindowSpec spec = window::make_spec(lease_ttl_ms, bucket_ms);
-  if (std::string why = window::validate(spec); !why.empty()) return "granularity: " + why;
+  if (std::string why = window::validate(spec); !why.empty())
+    return Status::InvalidArgument("granularity: " + why);
   out.algorithm = Algorithm::kConcurrency;
   out.requests = max_in_flight;
   out.spec = spec;

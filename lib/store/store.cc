@@ -54,17 +54,17 @@ std::string recovery_hint(const std::string& dir) {
          "override list --json` backup). See docs/operations.md, \"Data directory\".";
 }
 
-std::string open_error(const rocksdb::Status& s, const std::string& what,
-                       const std::string& data_dir) {
+Status open_error(const rocksdb::Status& s, const std::string& what, const std::string& data_dir) {
   std::string why = "RocksDB cannot open " + what + ": " + s.ToString() + ". ";
   if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
     why +=
         "Another process (a second sluiced?) holds it: stop it, or give this node its own "
         "data directory.";
-  } else {
-    why += recovery_hint(data_dir);
+    return Status::Unavailable(std::move(why));
   }
-  return why;
+  why += recovery_hint(data_dir);
+  if (s.IsCorruption()) return Status::Corruption(std::move(why));
+  return Status::IoError(std::move(why));
 }
 
 bool has_database(const std::string& dir) {
@@ -238,14 +238,15 @@ struct Instance {
     }
   }
 
-  // Opens the database in `dir`; `what` names it in errors. Throws StoreError.
-  void open(const rocksdb::DBOptions& options,
-            const std::vector<rocksdb::ColumnFamilyDescriptor>& families, const std::string& what,
-            const std::string& data_dir) {
+  // Opens the database in `dir`; `what` names it in errors.
+  Status open(const rocksdb::DBOptions& options,
+              const std::vector<rocksdb::ColumnFamilyDescriptor>& families, const std::string& what,
+              const std::string& data_dir) {
     rocksdb::DB* raw = nullptr;
     const rocksdb::Status s = rocksdb::DB::Open(options, dir, families, &handles, &raw);
-    if (!s.ok()) throw StoreError(open_error(s, what, data_dir));
+    if (!s.ok()) return open_error(s, what, data_dir);
     db.reset(raw);
+    return {};
   }
 
   rocksdb::ColumnFamilyHandle* family(std::string_view name) const {
@@ -297,9 +298,10 @@ struct Instance {
 // overrides' database: afterwards that database's records are exactly the old family's, whatever
 // an interrupted earlier attempt left there (keys it wrote that the old family no longer has are
 // deleted), in one batch, WAL synced, then flushed. Records are copied as they are: an unreadable
-// one is reported by load_override_records as before. Returns how many. Throws StoreError.
-uint64_t copy_format1_overrides(Instance& from, rocksdb::ColumnFamilyHandle* legacy, Instance& to,
-                                rocksdb::ColumnFamilyHandle* records, const std::string& data_dir) {
+// one is reported by load_override_records as before. Returns how many.
+StatusOr<uint64_t> copy_format1_overrides(Instance& from, rocksdb::ColumnFamilyHandle* legacy,
+                                          Instance& to, rocksdb::ColumnFamilyHandle* records,
+                                          const std::string& data_dir) {
   const std::string failed =
       "moving the overrides of data directory " + data_dir + " into " + to.dir + " failed: ";
   rocksdb::WriteBatch batch;
@@ -325,83 +327,87 @@ uint64_t copy_format1_overrides(Instance& from, rocksdb::ColumnFamilyHandle* leg
     fo.wait = true;
     s = to.db->Flush(fo, records);
   }
-  if (!s.ok()) throw StoreError(failed + s.ToString() + ". " + recovery_hint(data_dir));
+  if (!s.ok()) return Status::IoError(failed + s.ToString() + ". " + recovery_hint(data_dir));
   return copied;
 }
 
-StoreError override_error(const std::string& ovdir, const char* doing, const rocksdb::Status& s) {
-  return StoreError(std::string(doing) + " in the overrides database " + ovdir +
-                    " failed: " + s.ToString());
+Status override_error(const std::string& ovdir, const char* doing, const rocksdb::Status& s) {
+  return Status::IoError(std::string(doing) + " in the overrides database " + ovdir +
+                         " failed: " + s.ToString());
 }
 
 // A data directory to open: it exists and holds a database, or (with `create`) is made, empty.
-// Returns whether it is new. Throws StoreError saying what is wrong and what to do.
-bool prepare_data_dir(const std::string& dir, bool create) {
+// Returns whether it is new, or a Status saying what is wrong and what to do.
+StatusOr<bool> prepare_data_dir(const std::string& dir, bool create) {
   std::error_code ec;
   const bool exists = fs::exists(dir, ec);
-  if (ec) throw StoreError("data directory " + dir + ": " + ec.message());
+  if (ec) return Status::IoError("data directory " + dir + ": " + ec.message());
   bool fresh = false;
   if (!exists || (fs::is_directory(dir, ec) && fs::is_empty(dir, ec))) {
     if (!create) {
-      throw StoreError(
+      return Status::NotFound(
           "data directory " + dir + (exists ? " is empty" : " does not exist") +
           ". On a node's first start, create it with --init-data (or `init_data: true` in the "
           "config). If this node ran before, its counters and overrides were there: check the "
           "path and that its volume is mounted before creating a new one.");
     }
     fs::create_directories(dir, ec);
-    if (ec) throw StoreError("cannot create data directory " + dir + ": " + ec.message());
+    if (ec) return Status::IoError("cannot create data directory " + dir + ": " + ec.message());
     fresh = true;
   } else if (!fs::is_directory(dir, ec)) {
-    throw StoreError("data directory " + dir + " is not a directory");
+    return Status::InvalidArgument("data directory " + dir + " is not a directory");
   } else if (!has_database(dir)) {
-    throw StoreError("data directory " + dir +
-                     " is not empty but holds no RocksDB database (its CURRENT file is "
-                     "missing). If it is a Sluice data directory that lost files: " +
-                     recovery_hint(dir) + " Otherwise point data_dir at another directory.");
+    return Status::Corruption("data directory " + dir +
+                              " is not empty but holds no RocksDB database (its CURRENT file is "
+                              "missing). If it is a Sluice data directory that lost files: " +
+                              recovery_hint(dir) +
+                              " Otherwise point data_dir at another directory.");
   }
   return fresh;
 }
 
-// The counters' database's format marker, into `format`: one this sluiced reads, or StoreError.
-void check_counters_format(Instance& main, const std::string& dir, std::string& format) {
+// The counters' database's format marker, into `format`: one this sluiced reads, or why not.
+Status check_counters_format(Instance& main, const std::string& dir, std::string& format) {
   const rocksdb::Status f = main.read_format(&format);
   if (f.IsNotFound()) {
-    throw StoreError("data directory " + dir +
-                     " holds a RocksDB database that is not Sluice's (no sluice.format key). "
-                     "Point data_dir at the node's own directory. If it is the node's and only "
-                     "that key was lost: " +
-                     recovery_hint(dir));
+    return Status::Corruption(
+        "data directory " + dir +
+        " holds a RocksDB database that is not Sluice's (no sluice.format key). "
+        "Point data_dir at the node's own directory. If it is the node's and only "
+        "that key was lost: " +
+        recovery_hint(dir));
   }
   if (!f.ok()) {
-    throw StoreError("data directory " + dir + ": reading sluice.format: " + f.ToString() + ". " +
-                     recovery_hint(dir));
+    return Status::IoError("data directory " + dir + ": reading sluice.format: " + f.ToString() +
+                           ". " + recovery_hint(dir));
   }
   if (format != kFormat && format != kFormatShared) {
-    throw StoreError("data directory " + dir + " has data format " + format +
-                     ", this sluiced reads formats " + kFormatShared + " and " + kFormat);
+    return Status::InvalidArgument("data directory " + dir + " has data format " + format +
+                                   ", this sluiced reads formats " + kFormatShared + " and " +
+                                   kFormat);
   }
+  return {};
 }
 
 // The release that last opened the counters' database: one within this sluiced's compatibility
-// window (base/release.h), else StoreError naming both. Absent: a release before 0.3 (0.2).
-// Returns the key's value ("" when absent) for open_impl to rewrite when it is not ours.
-std::string check_release(Instance& main, const std::string& dir) {
+// window (base/release.h), or why not, naming both. Absent: a release before 0.3 (0.2). Returns
+// the key's value ("" when absent) for open_impl to rewrite when it is not ours.
+StatusOr<std::string> check_release(Instance& main, const std::string& dir) {
   std::string text;
   const rocksdb::Status r = main.read_release(&text);
   if (!r.ok() && !r.IsNotFound()) {
-    throw StoreError("data directory " + dir + ": reading sluice.release: " + r.ToString() + ". " +
-                     recovery_hint(dir));
+    return Status::IoError("data directory " + dir + ": reading sluice.release: " + r.ToString() +
+                           ". " + recovery_hint(dir));
   }
   if (r.IsNotFound()) text.clear();
   const std::optional<Release> written =
       text.empty() ? std::optional<Release>(kUnrecordedRelease) : parse_release(text);
   if (!written) {
-    throw StoreError("data directory " + dir + " names its release as \"" + text +
-                     "\", which is not a release (major.minor.patch)");
+    return Status::Corruption("data directory " + dir + " names its release as \"" + text +
+                              "\", which is not a release (major.minor.patch)");
   }
   if (!within_window(kThisRelease, *written)) {
-    throw StoreError(
+    return Status::InvalidArgument(
         "data directory " + dir + " was last opened by sluiced " + to_string(*written) +
         (text.empty() ? " (or earlier: it records no release)" : "") + "; this sluiced is " +
         std::string(kThisVersion) + " and restores from releases " + window_text(kThisRelease) +
@@ -413,26 +419,27 @@ std::string check_release(Instance& main, const std::string& dir) {
 }
 
 // The overrides' database's format marker: written when it was just created (`created`), else
-// one this sluiced reads, or StoreError.
-void check_overrides_format(Instance& ov, bool created, const std::string& ov_what,
-                            const std::string& dir) {
+// one this sluiced reads, or why not.
+Status check_overrides_format(Instance& ov, bool created, const std::string& ov_what,
+                              const std::string& dir) {
   std::string ov_format;
   rocksdb::Status f = ov.read_format(&ov_format);
   if (f.IsNotFound() && created) {
     f = ov.write_format(kOverridesFormat);
-    if (!f.ok()) throw StoreError("cannot initialize " + ov_what + ": " + f.ToString());
+    if (!f.ok()) return Status::IoError("cannot initialize " + ov_what + ": " + f.ToString());
   } else if (f.IsNotFound()) {
-    throw StoreError(ov_what +
-                     " is a RocksDB database that is not Sluice's (no sluice.format "
-                     "key). If only that key was lost: " +
-                     recovery_hint(dir));
+    return Status::Corruption(ov_what +
+                              " is a RocksDB database that is not Sluice's (no sluice.format "
+                              "key). If only that key was lost: " +
+                              recovery_hint(dir));
   } else if (!f.ok()) {
-    throw StoreError(ov_what + ": reading sluice.format: " + f.ToString() + ". " +
-                     recovery_hint(dir));
+    return Status::IoError(ov_what + ": reading sluice.format: " + f.ToString() + ". " +
+                           recovery_hint(dir));
   } else if (ov_format != kOverridesFormat) {
-    throw StoreError(ov_what + " has format " + ov_format + ", this sluiced reads format " +
-                     kOverridesFormat);
+    return Status::InvalidArgument(ov_what + " has format " + ov_format +
+                                   ", this sluiced reads format " + kOverridesFormat);
   }
+  return {};
 }
 
 }  // namespace
@@ -451,22 +458,24 @@ std::string Store::overrides_dir(const std::string& dir) {
   return (fs::path(dir) / kOverridesSubdir).string();
 }
 
-std::unique_ptr<Store> Store::open(const std::string& dir, bool create,
-                                   uint64_t write_buffer_bytes) {
+StatusOr<std::unique_ptr<Store>> Store::open(const std::string& dir, bool create,
+                                             uint64_t write_buffer_bytes) {
   return open_impl(dir, create, write_buffer_bytes, nullptr);
 }
 
-std::unique_ptr<Store> Store::TEST_open_migrating(const std::string& dir,
-                                                  const std::function<void(int)>& after_step) {
+StatusOr<std::unique_ptr<Store>> Store::TEST_open_migrating(
+    const std::string& dir, const std::function<void(int)>& after_step) {
   return open_impl(dir, false, kDefaultWriteBufferBytes, &after_step);
 }
 
-std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
-                                        uint64_t write_buffer_bytes,
-                                        const std::function<void(int)>* after_step) {
-  if (dir.empty()) throw StoreError("no data directory given");
+StatusOr<std::unique_ptr<Store>> Store::open_impl(const std::string& dir, bool create,
+                                                  uint64_t write_buffer_bytes,
+                                                  const std::function<void(int)>* after_step) {
+  if (dir.empty()) return Status::InvalidArgument("no data directory given");
   write_buffer_bytes = std::max(write_buffer_bytes, kMinWriteBufferBytes);
-  const bool fresh = prepare_data_dir(dir, create);
+  const StatusOr<bool> prepared = prepare_data_dir(dir, create);
+  if (!prepared.ok()) return prepared.status();
+  const bool fresh = *prepared;
 
   // ---- the counters' database (the data directory itself)
   auto d = std::make_unique<Db>();
@@ -477,15 +486,23 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
   if (!fresh) {
     const rocksdb::Status l =
         rocksdb::DB::ListColumnFamilies(db_options(write_buffer_bytes), dir, &existing);
-    if (!l.ok()) throw StoreError(open_error(l, main_what, dir));
+    if (!l.ok()) return open_error(l, main_what, dir);
   }
-  main.open(db_options(write_buffer_bytes), column_families(write_buffer_bytes, existing),
-            main_what, dir);
+  if (Status s = main.open(db_options(write_buffer_bytes),
+                           column_families(write_buffer_bytes, existing), main_what, dir);
+      !s.ok()) {
+    return s;
+  }
   d->counters = main.family(kCountersCf);
   rocksdb::ColumnFamilyHandle* legacy = main.family(kOverridesCf);  // format 1's overrides
   std::string format = kFormat;
-  if (!fresh) check_counters_format(main, dir, format);
-  const std::string recorded_release = fresh ? std::string() : check_release(main, dir);
+  std::string recorded_release;
+  if (!fresh) {
+    if (Status s = check_counters_format(main, dir, format); !s.ok()) return s;
+    StatusOr<std::string> release = check_release(main, dir);
+    if (!release.ok()) return release.status();
+    recorded_release = std::move(*release);
+  }
 
   // ---- the overrides' database: created with a new directory, or to move format 1's into. With
   // the marker at 2 it must exist, even while the old family is still there (a kill before the
@@ -494,7 +511,7 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
   const std::string ovdir = overrides_dir(dir);
   const bool ov_create = fresh || format == kFormatShared;
   if (!ov_create && !has_database(ovdir)) {
-    throw StoreError(
+    return Status::NotFound(
         "data directory " + dir + " (data format " + kFormat +
         ") has no overrides database: " + ovdir +
         " is missing or holds no RocksDB database (its CURRENT file is missing). If it is on "
@@ -506,26 +523,34 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
   Instance& ov = d->overrides_db;
   ov.dir = ovdir;
   const std::string ov_what = "the overrides database " + ovdir + " of data directory " + dir;
-  ov.open(overrides_db_options(ov_create), overrides_families(), ov_what, dir);
+  if (Status s = ov.open(overrides_db_options(ov_create), overrides_families(), ov_what, dir);
+      !s.ok()) {
+    return s;
+  }
   d->overrides = ov.family(kOverridesCf);
-  check_overrides_format(ov, ov_create, ov_what, dir);
+  if (Status s = check_overrides_format(ov, ov_create, ov_what, dir); !s.ok()) return s;
   // ---- format 1: move the overrides (store.h states the order and why it is crash-safe). Only
   // while the marker says 1: once it says 2 the copy is complete and may be older than the
   // overrides' database, so a family left by a failed drop is dropped, never copied again.
   if (legacy != nullptr && format == kFormatShared) {
-    const uint64_t moved = copy_format1_overrides(main, legacy, ov, d->overrides, dir);
+    const StatusOr<uint64_t> moved = copy_format1_overrides(main, legacy, ov, d->overrides, dir);
+    if (!moved.ok()) return moved.status();
     spdlog::info("data directory {} (format {}): moved {} override records into {}", dir,
-                 kFormatShared, moved, ovdir);
+                 kFormatShared, *moved, ovdir);
     if (after_step) (*after_step)(1);
   }
   if (fresh || format != kFormat) {
     const rocksdb::Status w = main.write_format(kFormat);
-    if (!w.ok()) throw StoreError("cannot initialize data directory " + dir + ": " + w.ToString());
+    if (!w.ok()) {
+      return Status::IoError("cannot initialize data directory " + dir + ": " + w.ToString());
+    }
     if (legacy != nullptr && after_step) (*after_step)(2);
   }
   if (recorded_release != kThisVersion) {
     const rocksdb::Status w = main.write_release(kThisVersion);
-    if (!w.ok()) throw StoreError("cannot record the release in " + dir + ": " + w.ToString());
+    if (!w.ok()) {
+      return Status::IoError("cannot record the release in " + dir + ": " + w.ToString());
+    }
     if (!fresh) {
       spdlog::info("data directory {}: last opened by sluiced {}, now by {}", dir,
                    recorded_release.empty() ? to_string(kUnrecordedRelease) + " or earlier"
@@ -544,22 +569,24 @@ std::unique_ptr<Store> Store::open_impl(const std::string& dir, bool create,
   return std::unique_ptr<Store>(new Store(dir, std::move(d)));
 }
 
-void Store::repair(const std::string& dir) {
+Status Store::repair(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw StoreError("data directory " + dir + " does not exist");
+  if (!fs::is_directory(dir, ec)) {
+    return Status::NotFound("data directory " + dir + " does not exist");
+  }
   // Families repair finds that the list lacks (format 1's "overrides") are kept, not skipped.
   const rocksdb::Status s =
       rocksdb::RepairDB(dir, db_options(kDefaultWriteBufferBytes),
                         column_families(kDefaultWriteBufferBytes), rocksdb::ColumnFamilyOptions());
-  if (!s.ok()) throw StoreError("RocksDB repair of " + dir + " failed: " + s.ToString());
+  if (!s.ok()) return Status::IoError("RocksDB repair of " + dir + " failed: " + s.ToString());
   const std::string ovdir = overrides_dir(dir);
   const bool ov_exists = has_database(ovdir);
   if (ov_exists) {
     const rocksdb::Status o = rocksdb::RepairDB(
         ovdir, overrides_db_options(false), overrides_families(), rocksdb::ColumnFamilyOptions());
     if (!o.ok()) {
-      throw StoreError("RocksDB repair of the overrides database " + ovdir +
-                       " failed: " + o.ToString());
+      return Status::IoError("RocksDB repair of the overrides database " + ovdir +
+                             " failed: " + o.ToString());
     }
   }
   // Repair may lose a format marker with the default column family's files: write it again.
@@ -568,9 +595,12 @@ void Store::repair(const std::string& dir) {
   std::vector<std::string> existing;
   rocksdb::DB::ListColumnFamilies(db_options(kDefaultWriteBufferBytes), dir, &existing)
       .PermitUncheckedError();  // none listed: the open below reports the problem
-  main.open(db_options(kDefaultWriteBufferBytes),
-            column_families(kDefaultWriteBufferBytes, existing),
-            "data directory " + dir + " after repair", dir);
+  if (Status o = main.open(db_options(kDefaultWriteBufferBytes),
+                           column_families(kDefaultWriteBufferBytes, existing),
+                           "data directory " + dir + " after repair", dir);
+      !o.ok()) {
+    return o;
+  }
   const bool legacy = main.family(kOverridesCf) != nullptr;
   std::string format;
   if (!main.read_format(&format).ok() || (format != kFormat && format != kFormatShared)) {
@@ -586,16 +616,20 @@ void Store::repair(const std::string& dir) {
   if (ov_exists || !legacy) {
     Instance ov;
     ov.dir = ovdir;
-    ov.open(overrides_db_options(true), overrides_families(),
-            "the overrides database " + ovdir + " after repair", dir);
+    if (Status o = ov.open(overrides_db_options(true), overrides_families(),
+                           "the overrides database " + ovdir + " after repair", dir);
+        !o.ok()) {
+      return o;
+    }
     const rocksdb::Status w = ov.write_format(kOverridesFormat);
-    if (!w.ok()) throw StoreError("after repair of " + ovdir + ": " + w.ToString());
+    if (!w.ok()) return Status::IoError("after repair of " + ovdir + ": " + w.ToString());
   }
   const rocksdb::Status w = main.write_format(format.c_str());
-  if (!w.ok()) throw StoreError("after repair of " + dir + ": " + w.ToString());
+  if (!w.ok()) return Status::IoError("after repair of " + dir + ": " + w.ToString());
+  return {};
 }
 
-RestoreResult Store::restore(engine::Engine& engine, int64_t now_ms) {
+StatusOr<RestoreResult> Store::restore(engine::Engine& engine, int64_t now_ms) {
   const auto t0 = std::chrono::steady_clock::now();
   // Two scans over halves of the key space (counter ids are uniform), each importing what it
   // reads: the engine takes imports from any thread, and a restore of millions of counters is
@@ -664,8 +698,8 @@ RestoreResult Store::restore(engine::Engine& engine, int64_t now_ms) {
   for (int p = 0; p < kParts; ++p) {
     const auto i = static_cast<size_t>(p);
     if (!status[i].ok()) {
-      throw StoreError("reading counters from " + dir_ + ": " + status[i].ToString() + ". " +
-                       recovery_hint(dir_));
+      return Status::IoError("reading counters from " + dir_ + ": " + status[i].ToString() + ". " +
+                             recovery_hint(dir_));
     }
     r.restored += parts[i].restored;
     r.expired += parts[i].expired;
@@ -713,70 +747,76 @@ SnapshotResult Store::snapshot(engine::Engine& engine, bool full) {
   return r;
 }
 
-std::vector<rules::Override> Store::load_overrides() {
+StatusOr<std::vector<rules::Override>> Store::load_overrides() {
+  StatusOr<std::vector<cluster::OverrideRecord>> records = load_override_records();
+  if (!records.ok()) return records.status();
   std::vector<rules::Override> out;
-  for (cluster::OverrideRecord& r : load_override_records()) {
+  for (cluster::OverrideRecord& r : *records) {
     if (!r.deleted) out.push_back(std::move(r.value));
   }
   return out;
 }
 
-std::vector<cluster::OverrideRecord> Store::load_override_records() {
+StatusOr<std::vector<cluster::OverrideRecord>> Store::load_override_records() {
   std::vector<cluster::OverrideRecord> out;
   std::unique_ptr<rocksdb::Iterator> it(
       db_->overrides_db.db->NewIterator(rocksdb::ReadOptions(), db_->overrides));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    // nlohmann reports unreadable JSON by throwing: caught here, at the third-party edge.
     try {
       out.push_back(record_from_json(Json::parse(it->value().ToStringView())));
     } catch (const std::exception& e) {
-      throw StoreError("overrides database " + db_->overrides_db.dir +
-                       ": an override record is unreadable (" + e.what() + "). " +
-                       recovery_hint(dir_));
+      return Status::Corruption("overrides database " + db_->overrides_db.dir +
+                                ": an override record is unreadable (" + e.what() + "). " +
+                                recovery_hint(dir_));
     }
   }
   if (!it->status().ok()) {
-    throw StoreError("reading overrides from " + db_->overrides_db.dir + ": " +
-                     it->status().ToString() + ". " + recovery_hint(dir_));
+    return Status::IoError("reading overrides from " + db_->overrides_db.dir + ": " +
+                           it->status().ToString() + ". " + recovery_hint(dir_));
   }
   return out;
 }
 
-void Store::put_override(const rules::Override& o) {
+Status Store::put_override(const rules::Override& o) {
   rocksdb::WriteOptions wo;
   wo.sync = true;
   const rocksdb::Status s = db_->overrides_db.db->Put(
       wo, db_->overrides, rules::override_id(o.domain, o.entries), override_to_json(o).dump());
-  if (!s.ok()) throw override_error(db_->overrides_db.dir, "storing the override", s);
+  if (!s.ok()) return override_error(db_->overrides_db.dir, "storing the override", s);
   flush_overrides();
+  return {};
 }
 
-void Store::put_override_records(std::span<const cluster::OverrideRecord> records) {
-  if (records.empty()) return;
+Status Store::put_override_records(std::span<const cluster::OverrideRecord> records) {
+  if (records.empty()) return {};
   rocksdb::WriteBatch batch;
   for (const cluster::OverrideRecord& r : records) {
     const rocksdb::Status s =
         batch.Put(db_->overrides, cluster::record_id(r), record_to_json(r).dump());
-    if (!s.ok()) throw override_error(db_->overrides_db.dir, "storing overrides", s);
+    if (!s.ok()) return override_error(db_->overrides_db.dir, "storing overrides", s);
   }
   rocksdb::WriteOptions wo;
   wo.sync = true;
   const rocksdb::Status s = db_->overrides_db.db->Write(wo, &batch);
-  if (!s.ok()) throw override_error(db_->overrides_db.dir, "storing overrides", s);
+  if (!s.ok()) return override_error(db_->overrides_db.dir, "storing overrides", s);
   flush_overrides();
+  return {};
 }
 
-void Store::erase_override_records(std::span<const std::string> ids) {
-  if (ids.empty()) return;
+Status Store::erase_override_records(std::span<const std::string> ids) {
+  if (ids.empty()) return {};
   rocksdb::WriteBatch batch;
   for (const std::string& id : ids) {
     const rocksdb::Status s = batch.Delete(db_->overrides, id);
-    if (!s.ok()) throw override_error(db_->overrides_db.dir, "deleting overrides", s);
+    if (!s.ok()) return override_error(db_->overrides_db.dir, "deleting overrides", s);
   }
   rocksdb::WriteOptions wo;
   wo.sync = true;
   const rocksdb::Status s = db_->overrides_db.db->Write(wo, &batch);
-  if (!s.ok()) throw override_error(db_->overrides_db.dir, "deleting overrides", s);
+  if (!s.ok()) return override_error(db_->overrides_db.dir, "deleting overrides", s);
   flush_overrides();
+  return {};
 }
 
 // Overrides also go to a table file right away: RocksDB's repair can read table files on their
@@ -791,14 +831,15 @@ void Store::flush_overrides() {
   }
 }
 
-void Store::delete_override(std::string_view domain,
-                            std::span<const std::pair<std::string, std::string>> entries) {
+Status Store::delete_override(std::string_view domain,
+                              std::span<const std::pair<std::string, std::string>> entries) {
   rocksdb::WriteOptions wo;
   wo.sync = true;
   const rocksdb::Status s =
       db_->overrides_db.db->Delete(wo, db_->overrides, rules::override_id(domain, entries));
-  if (!s.ok()) throw override_error(db_->overrides_db.dir, "deleting the override", s);
+  if (!s.ok()) return override_error(db_->overrides_db.dir, "deleting the override", s);
   flush_overrides();
+  return {};
 }
 
 void Store::flush() {

@@ -46,6 +46,9 @@
 // that RocksDB finds corrupt, is an error naming the directory (or the overrides' database in it)
 // and the way to recover (docs/operations.md, "Data directory").
 //
+// Errors: every fallible operation returns a Status (or a StatusOr), with the message for the
+// operator (lib/base/status.h); nothing here throws for an expected failure.
+//
 // Threads: a Store may be used from several threads (RocksDB is thread-safe; the snapshot cursor
 // is guarded). `Snapshotter` runs snapshots on its own thread, never on a check thread.
 #pragma once
@@ -56,22 +59,16 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/status.h"
 #include "cluster/override_table.h"
 #include "engine/engine.h"
 #include "rules/rules.h"
 
 namespace sluice::store {
-
-// Thrown at open (and by override writes) with a message for the operator.
-class StoreError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 struct SnapshotResult {
   bool ok = true;
@@ -106,13 +103,16 @@ class Store {
   // Opens the database in `dir`. With `create`, a directory that does not exist or is empty
   // becomes a new database; without it, that is an error (a data directory that vanished, or a
   // volume that is not mounted, must not look like a first start). `write_buffer_bytes` bounds
-  // the memtables (above; at least kMinWriteBufferBytes). Throws StoreError.
-  static std::unique_ptr<Store> open(const std::string& dir, bool create,
-                                     uint64_t write_buffer_bytes = kDefaultWriteBufferBytes);
+  // the memtables (above; at least kMinWriteBufferBytes). A failure says what is wrong with the
+  // directory and how to recover: not_found (missing, empty, or without its overrides'
+  // database), corruption (not a Sluice database, or RocksDB finds it corrupt), unavailable
+  // (another process holds it), io_error, invalid_argument (no directory, an unknown format).
+  static StatusOr<std::unique_ptr<Store>> open(
+      const std::string& dir, bool create, uint64_t write_buffer_bytes = kDefaultWriteBufferBytes);
   // Runs RocksDB's repair on `dir` and on its overrides' database (keeps every record it can
   // read). An overrides' database that is missing from a format 2 directory is created empty
-  // (logged: its overrides are lost). Throws StoreError.
-  static void repair(const std::string& dir);
+  // (logged: its overrides are lost).
+  static Status repair(const std::string& dir);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -120,27 +120,27 @@ class Store {
   const std::string& dir() const { return dir_; }
 
   // Loads every stored counter into `engine` (records still inside their windows at now);
-  // deletes expired and unreadable ones. Throws StoreError when the scan itself fails.
-  RestoreResult restore(engine::Engine& engine, int64_t now_ms);
+  // deletes expired and unreadable ones. An error when the scan itself fails.
+  StatusOr<RestoreResult> restore(engine::Engine& engine, int64_t now_ms);
 
   // One snapshot pass (see the file comment). On a failed write the engine is told to mark every
   // counter changed, so the next pass writes everything again: nothing is skipped for good.
   SnapshotResult snapshot(engine::Engine& engine, bool full = false);
 
-  // Every stored override (tombstones left out). Throws StoreError on a failed scan or an
-  // unreadable record.
-  std::vector<rules::Override> load_overrides();
-  // Every stored record, tombstones included. Throws as load_overrides.
-  std::vector<cluster::OverrideRecord> load_override_records();
-  // Writes (replaces) records in one batch, WAL synced. Throws StoreError.
-  void put_override_records(std::span<const cluster::OverrideRecord> records);
-  // Erases records by id (cluster::record_id) in one batch, WAL synced. Throws StoreError.
-  void erase_override_records(std::span<const std::string> ids);
-  // Writes (replaces) one override as a version-0 record, WAL synced. Throws StoreError.
-  void put_override(const rules::Override& o);
-  // Deletes one override, WAL synced. Throws StoreError.
-  void delete_override(std::string_view domain,
-                       std::span<const std::pair<std::string, std::string>> entries);
+  // Every stored override (tombstones left out). An error on a failed scan or an unreadable
+  // record.
+  StatusOr<std::vector<rules::Override>> load_overrides();
+  // Every stored record, tombstones included. Errors as load_overrides.
+  StatusOr<std::vector<cluster::OverrideRecord>> load_override_records();
+  // Writes (replaces) records in one batch, WAL synced; ok once they are durable.
+  Status put_override_records(std::span<const cluster::OverrideRecord> records);
+  // Erases records by id (cluster::record_id) in one batch, WAL synced.
+  Status erase_override_records(std::span<const std::string> ids);
+  // Writes (replaces) one override as a version-0 record, WAL synced.
+  Status put_override(const rules::Override& o);
+  // Deletes one override, WAL synced.
+  Status delete_override(std::string_view domain,
+                         std::span<const std::pair<std::string, std::string>> entries);
 
   // Writes every memtable of both databases to table files and waits (a clean stop calls it).
   void flush();
@@ -164,17 +164,18 @@ class Store {
 
   // Test hook: opens an existing directory like open(dir, false), calling `after_step` after each
   // durable step of a format 1 migration (1: records written to the overrides' database, 2: the
-  // marker says "2"); an exception from it stops the open there, as a crash would.
-  static std::unique_ptr<Store> TEST_open_migrating(const std::string& dir,
-                                                    const std::function<void(int)>& after_step);
+  // marker says "2"); an exception from it (the test's simulated crash) stops the open there, as
+  // a crash would.
+  static StatusOr<std::unique_ptr<Store>> TEST_open_migrating(
+      const std::string& dir, const std::function<void(int)>& after_step);
 
   struct Db;
 
  private:
   Store(std::string dir, std::unique_ptr<Db> db);
-  static std::unique_ptr<Store> open_impl(const std::string& dir, bool create,
-                                          uint64_t write_buffer_bytes,
-                                          const std::function<void(int)>* after_step);
+  static StatusOr<std::unique_ptr<Store>> open_impl(const std::string& dir, bool create,
+                                                    uint64_t write_buffer_bytes,
+                                                    const std::function<void(int)>* after_step);
   void flush_overrides();
   std::string dir_;
   std::unique_ptr<Db> db_;

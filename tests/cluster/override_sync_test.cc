@@ -182,7 +182,7 @@ TEST_CASE(
   bad.value.domain = "g";
   bad.value.entries = {{"k", "evil"}};
   rules::Limit l;
-  REQUIRE(rules::parse_limit("3/1s", 0, l).empty());
+  REQUIRE(rules::parse_limit("3/1s", 0, l).ok());
   l.requests = 0;
   bad.value.limits = {l};
   cluster::OverrideRecord good = bad;

@@ -52,30 +52,30 @@ void check_input(const CheckInput& in) {
 
 void fuzz_check_body(std::string_view body) {
   CheckInput in;
-  if (parse_check_body(body, in).empty()) check_input(in);
+  if (parse_check_body(body, in).ok()) check_input(in);
 }
 
 void fuzz_release_body(std::string_view body) {
   CheckInput in;
-  if (!parse_release_body(body, in).empty()) return;
+  if (!parse_release_body(body, in).ok()) return;
   check_input(in);
   FUZZ_REQUIRE(in.release != 0);
   // One spelling per lease: the body's, exactly.
   Json j;
-  FUZZ_REQUIRE(parse_json_object(body, j).empty());
+  FUZZ_REQUIRE(parse_json_object(body, j).ok());
   FUZZ_REQUIRE(j["lease"].get<std::string>() == format_lease(in.release));
 }
 
 void fuzz_auth(std::string_view query, const Headers& headers) {
   CheckInput in;
-  if (parse_auth_input(query, headers, in).empty()) check_input(in);
+  if (parse_auth_input(query, headers, in).ok()) check_input(in);
 }
 
 void fuzz_override(std::string_view body, bool plan_only) {
   Json j;
-  if (!parse_json_object(body, j).empty()) return;
+  if (!parse_json_object(body, j).ok()) return;
   sluice::rules::Override o;
-  if (!parse_override_body(j, plan_only, kNow, o).empty()) return;
+  if (!parse_override_body(j, plan_only, kNow, o).ok()) return;
   FUZZ_REQUIRE(!o.entries.empty());
   FUZZ_REQUIRE(o.limits.size() <= kMaxLimitsPerOverride);
   FUZZ_REQUIRE(o.expires_at_ms == 0 || o.expires_at_ms > kNow);

@@ -173,10 +173,9 @@ inline std::shared_ptr<const rules::Policy> concurrency_policy(const LeaseTraceP
                                                                uint64_t hash_seed,
                                                                std::string* why = nullptr) {
   rules::Limit lim;
-  const std::string err =
-      rules::parse_concurrency(p.max_in_flight, p.lease_ttl_ms, p.bucket_ms, lim);
-  if (!err.empty()) {
-    if (why != nullptr) *why = err;
+  const Status err = rules::parse_concurrency(p.max_in_flight, p.lease_ttl_ms, p.bucket_ms, lim);
+  if (!err.ok()) {
+    if (why != nullptr) *why = err.message();
     return nullptr;
   }
   lim.name = "r:in-flight-" + std::to_string(p.max_in_flight);

@@ -35,8 +35,8 @@ OverrideRecord full_record(int i) {
   r.value.domain = "api";
   r.value.entries = {{"plan-owner", "org-" + std::to_string(i)}, {"user", "u" + std::to_string(i)}};
   rules::Limit a, b;
-  REQUIRE(rules::parse_limit("500/1m", 0, a).empty());
-  REQUIRE(rules::parse_limit("20000/1h", 60'000, b).empty());
+  REQUIRE(rules::parse_limit("500/1m", 0, a).ok());
+  REQUIRE(rules::parse_limit("20000/1h", 60'000, b).ok());
   b.name = "hourly";
   r.value.limits = {a, b};
   r.value.plan = "gold";
@@ -149,8 +149,8 @@ TEST_CASE("override_codec: a table larger than a datagram is split and every par
   big.value.limits.clear();
   for (int i = 0; i < 8; ++i) {
     rules::Limit l;
-    REQUIRE(rules::parse_limit(std::to_string(i + 1) + "/" + std::to_string(i + 1) + "h", 0, l)
-                .empty());
+    REQUIRE(
+        rules::parse_limit(std::to_string(i + 1) + "/" + std::to_string(i + 1) + "h", 0, l).ok());
     l.name = std::string(256, 'n');
     big.value.limits.push_back(l);
   }

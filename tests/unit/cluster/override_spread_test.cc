@@ -34,7 +34,7 @@ OverrideRecord set_of(const std::string& user, uint64_t requests, int64_t ms, ui
   r.value.domain = "api";
   r.value.entries = {{"user", user}};
   rules::Limit l;
-  REQUIRE(rules::parse_limit(std::to_string(requests) + "/1m", 0, l).empty());
+  REQUIRE(rules::parse_limit(std::to_string(requests) + "/1m", 0, l).ok());
   r.value.limits.push_back(l);
   r.version = {ms, node};
   return r;

@@ -33,8 +33,8 @@ constexpr int64_t kT0 = 28'333'333LL * 60'000;  // an epoch-aligned minute (and 
 
 rules::Limit concurrency_limit(uint64_t max_in_flight, int64_t ttl_ms, int64_t bucket_ms = 0) {
   rules::Limit l;
-  const std::string why = rules::parse_concurrency(max_in_flight, ttl_ms, bucket_ms, l);
-  REQUIRE_MESSAGE(why.empty(), why);
+  const Status why = rules::parse_concurrency(max_in_flight, ttl_ms, bucket_ms, l);
+  REQUIRE_MESSAGE(why.ok(), why.message());
   l.name = "in-flight";
   return l;
 }
@@ -350,7 +350,7 @@ TEST_CASE("a denied check holds nothing, with count_denied too") {
 TEST_CASE("a check denied by a window limit of another rule gets no lease and holds no slot") {
   // "per-user": 2 concurrent per user; "per-tenant": 1 check per minute per tenant.
   rules::Limit window;
-  REQUIRE(rules::parse_limit("1/1m", 0, window).empty());
+  REQUIRE(rules::parse_limit("1/1m", 0, window).ok());
   window.name = "tenant-rate";
   rules::Rule rate;
   rate.name = "per-tenant";
@@ -453,7 +453,7 @@ TEST_CASE("a key with billions of hits in flight never holds more than max_in_fl
   // Bucket counts are 32 bits: max_in_flight is at most 2^32 - 1 (a rules error above), and a
   // grant the bucket could not count is refused rather than counted short.
   rules::Limit l;
-  CHECK_FALSE(rules::parse_concurrency(uint64_t{1} << 32, 10'000, 0, l).empty());
+  CHECK_FALSE(rules::parse_concurrency(uint64_t{1} << 32, 10'000, 0, l).ok());
   engine::Engine e(policy_of({concurrency_limit(4'000'000'000, 10'000)}));
   Client c{e, {}, {}, {}, {}};
   std::vector<uint64_t> leases;

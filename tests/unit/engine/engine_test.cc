@@ -26,8 +26,8 @@ constexpr uint64_t kSeed = 42;
 // ten buckets (window::default_bucket_ms), pass 60'000.
 rules::Limit limit(const char* text, int64_t bucket_ms = 0) {
   rules::Limit l;
-  const std::string err = rules::parse_limit(text, bucket_ms, l);
-  REQUIRE_MESSAGE(err.empty(), err);
+  const Status err = rules::parse_limit(text, bucket_ms, l);
+  REQUIRE_MESSAGE(err.ok(), err.message());
   return l;
 }
 

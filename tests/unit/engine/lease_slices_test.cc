@@ -38,8 +38,8 @@ constexpr uint16_t kOwner = 1;
 std::shared_ptr<const rules::Policy> lease_policy(const char* limit_text, int64_t bucket_ms,
                                                   rules::Mode mode = rules::Mode::kEnforce) {
   rules::Limit l;
-  const std::string err = rules::parse_limit(limit_text, bucket_ms, l);
-  REQUIRE_MESSAGE(err.empty(), err);
+  const Status err = rules::parse_limit(limit_text, bucket_ms, l);
+  REQUIRE_MESSAGE(err.ok(), err.message());
   rules::Rule r;
   r.name = "per-user";
   r.key = {"user"};

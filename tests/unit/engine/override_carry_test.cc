@@ -45,7 +45,7 @@ rules::RuleSet parse(std::string_view yaml) {
 // "N/window", with a bucket (0: none given, the rule's).
 rules::Limit limit(const char* text, int64_t bucket_ms = 0) {
   rules::Limit l;
-  REQUIRE(rules::parse_limit(text, bucket_ms, l).empty());
+  REQUIRE(rules::parse_limit(text, bucket_ms, l).ok());
   if (bucket_ms == 0) l.spec.bucket_ms = 0;
   return l;
 }

@@ -72,25 +72,25 @@ TEST_CASE(
   TempDir d;
   const auto file = d.path / "token";
   std::ofstream(file) << "tok-123\n";
-  std::string token;
-  CHECK(read_admin_token_file(file.string(), token) == "");
-  CHECK(token == "tok-123");
+  auto token = read_admin_token_file(file.string());
+  REQUIRE(token.ok());
+  CHECK(*token == "tok-123");
 
   std::ofstream(d.path / "crlf") << "tok-456\r\n\n";
-  CHECK(read_admin_token_file((d.path / "crlf").string(), token) == "");
-  CHECK(token == "tok-456");
+  token = read_admin_token_file((d.path / "crlf").string());
+  REQUIRE(token.ok());
+  CHECK(*token == "tok-456");
 
   std::ofstream(d.path / "empty") << "\n";
-  std::string err = read_admin_token_file((d.path / "empty").string(), token);
+  std::string err = read_admin_token_file((d.path / "empty").string()).message();
   CHECK(err.find((d.path / "empty").string()) != std::string::npos);
   CHECK(err.find("empty") != std::string::npos);
-  CHECK(token == "tok-456");  // untouched on error
 
-  err = read_admin_token_file((d.path / "missing").string(), token);
+  err = read_admin_token_file((d.path / "missing").string()).message();
   CHECK(err.find((d.path / "missing").string()) != std::string::npos);
   CHECK(err.find("no such file") != std::string::npos);
 
-  err = read_admin_token_file(d.path.string(), token);
+  err = read_admin_token_file(d.path.string()).message();
   CHECK(err.find("is a directory") != std::string::npos);
 }
 

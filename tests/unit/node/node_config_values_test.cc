@@ -280,16 +280,16 @@ TEST_CASE(
 
   // A second file: reloaded.
   std::ofstream((fs::path(envoy) / "more.yml").string()) << "domain: more\n";
-  CHECK(node.reload() == "");
+  CHECK(node.reload().ok());
   CHECK(node.engine().policy()->is_envoy_domain("more"));
   // A broken file, then a domain in both: errors naming the files, the rules in force stay.
   std::ofstream((fs::path(envoy) / "zz.yaml").string()) << "domain: api\n";
-  const std::string err = node.reload();
+  const std::string err = node.reload().message();
   CHECK(err.find("zz.yaml") != std::string::npos);
   CHECK(err.find("duplicate domain `api` (also in " + o.rules_file + ")") != std::string::npos);
   CHECK(node.engine().policy()->is_envoy_domain("more"));
   std::ofstream(limit_file) << "domain: shop\ndescriptors: [{key: \"\"}]\n";
-  const std::string err2 = node.reload();
+  const std::string err2 = node.reload().message();
   CHECK(err2.find("shop.yaml:2: descriptors[0].key") != std::string::npos);
   CHECK(node.engine().policy()->is_envoy_domain("shop"));
 

@@ -51,42 +51,43 @@ TEST_CASE("parse_limit reads N/duration with the default or a given bucket") {
   // The default bucket (window::default_bucket_ms) cuts windows under ten minutes into ten
   // buckets: 1 min at 6 s, 1 s at 100 ms, 90 s at 9 s; 10 min and 1 d keep one-minute buckets.
   Limit l;
-  CHECK(parse_limit("100/1m", 0, l).empty());
+  CHECK(parse_limit("100/1m", 0, l).ok());
   CHECK(l.requests == 100);
   CHECK(l.spec == WindowSpec{60'000, 6'000});
   CHECK(l.default_bucket);
 
-  CHECK(parse_limit("10/1s", 0, l).empty());
+  CHECK(parse_limit("10/1s", 0, l).ok());
   CHECK(l.spec == WindowSpec{1'000, 100});
 
-  CHECK(parse_limit("3000/10m", 0, l).empty());
+  CHECK(parse_limit("3000/10m", 0, l).ok());
   CHECK(l.spec == WindowSpec{600'000, 60'000});
 
-  CHECK(parse_limit("20/90s", 0, l).empty());  // not whole minutes: ten 9 s buckets
+  CHECK(parse_limit("20/90s", 0, l).ok());  // not whole minutes: ten 9 s buckets
   CHECK(l.spec == WindowSpec{90'000, 9'000});
 
-  CHECK(parse_limit("500/1d", 0, l).empty());
+  CHECK(parse_limit("500/1d", 0, l).ok());
   CHECK(l.spec == WindowSpec{86'400'000, 60'000});
 
-  CHECK(parse_limit("100/1m", 1'000, l).empty());
+  CHECK(parse_limit("100/1m", 1'000, l).ok());
   CHECK(l.spec == WindowSpec{60'000, 1'000});
   CHECK_FALSE(l.default_bucket);
 
-  CHECK(parse_limit("1099511627776/1m", 0, l).empty());  // 2^40, the largest
+  CHECK(parse_limit("1099511627776/1m", 0, l).ok());  // 2^40, the largest
   CHECK(l.requests == (uint64_t{1} << 40));
 }
 
 TEST_CASE("parse_limit explains what is wrong") {
   Limit l;
   l.requests = 7;
-  CHECK(contains(parse_limit("100", 0, l), "N/duration"));
-  CHECK(contains(parse_limit("0/1m", 0, l), "from 1 to 2^40"));
-  CHECK(contains(parse_limit("1099511627777/1m", 0, l), "from 1 to 2^40"));
-  CHECK(contains(parse_limit("-5/1m", 0, l), "from 1 to 2^40"));
-  CHECK(contains(parse_limit("100/1x", 0, l), "bad window `1x`"));
-  CHECK(contains(parse_limit("100/500ms", 0, l), "window: window must be between 1s and 365d"));
-  CHECK(contains(parse_limit("100/366d", 0, l), "window must be between 1s and 365d"));
-  CHECK(contains(parse_limit("100/1m", 7'000, l), "granularity 7000ms must divide"));
+  CHECK(contains(parse_limit("100", 0, l).message(), "N/duration"));
+  CHECK(contains(parse_limit("0/1m", 0, l).message(), "from 1 to 2^40"));
+  CHECK(contains(parse_limit("1099511627777/1m", 0, l).message(), "from 1 to 2^40"));
+  CHECK(contains(parse_limit("-5/1m", 0, l).message(), "from 1 to 2^40"));
+  CHECK(contains(parse_limit("100/1x", 0, l).message(), "bad window `1x`"));
+  CHECK(contains(parse_limit("100/500ms", 0, l).message(),
+                 "window: window must be between 1s and 365d"));
+  CHECK(contains(parse_limit("100/366d", 0, l).message(), "window must be between 1s and 365d"));
+  CHECK(contains(parse_limit("100/1m", 7'000, l).message(), "granularity 7000ms must divide"));
   CHECK(l.requests == 7);  // untouched on failure
 }
 
@@ -1180,7 +1181,7 @@ TEST_CASE("sluicectl rules convert writes concurrency limits back as they were r
   CHECK(a[1].spec == WindowSpec{60'000, 1'000});
   // A concurrency limit counts apart from a window limit of the same length and buckets.
   Limit w;
-  REQUIRE(parse_limit("20/30s", 3'000, w).empty());
+  REQUIRE(parse_limit("20/30s", 3'000, w).ok());
   CHECK(counter_id(0x1234'5678'9abc'def0ull, w) != counter_id(0x1234'5678'9abc'def0ull, a[0]));
   CHECK(routing_key(counter_id(0x1234'5678'9abc'def0ull, w)) ==
         routing_key(counter_id(0x1234'5678'9abc'def0ull, a[0])));

@@ -35,6 +35,20 @@ struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("sluice-store-mig") {}
 };
 
+// The store at `dir`; the test stops with the store's message when it does not open.
+std::unique_ptr<store::Store> open_store(
+    const std::string& dir, bool create,
+    uint64_t write_buffer_bytes = store::kDefaultWriteBufferBytes) {
+  auto s = store::Store::open(dir, create, write_buffer_bytes);
+  REQUIRE_MESSAGE(s.ok(), s.message());
+  return std::move(s).value();
+}
+
+// Why `dir` does not open; empty when it opens.
+std::string open_failure(const std::string& dir, bool create) {
+  return store::Store::open(dir, create).message();
+}
+
 std::shared_ptr<const rules::Policy> policy() {
   testing::OneRule o;
   o.domain = "api";
@@ -201,7 +215,7 @@ const cluster::OverrideRecord* find_user(const std::vector<cluster::OverrideReco
 
 // Everything format1_records() and write_format1_dir() put there, read through the Store.
 void check_format1_content(store::Store& s) {
-  const auto records = s.load_override_records();
+  const auto records = s.load_override_records().value();
   CHECK(records.size() == 3);
   const auto* gold = find_user(records, "7");
   const auto* set = find_user(records, "42");
@@ -218,9 +232,9 @@ void check_format1_content(store::Store& s) {
   CHECK(set->version == cluster::OverrideVersion{1700000000005, 3});
   CHECK(tomb->deleted);
   CHECK(tomb->version == cluster::OverrideVersion{1700000000009, 65535});
-  CHECK(s.load_overrides().size() == 2);
+  CHECK(s.load_overrides().value().size() == 2);
   engine::Engine e(policy());
-  const auto r = s.restore(e, kT0 + 2000);
+  const auto r = s.restore(e, kT0 + 2000).value();
   CHECK(r.restored == kUsers);
   CHECK(r.malformed == 0);
 }
@@ -235,12 +249,12 @@ void check_moved(const std::string& dir) {
 // A deleted override stays deleted across restarts: the old family is not read again.
 void check_delete_sticks(const std::string& dir) {
   {
-    auto s = store::Store::open(dir, false);
-    s->delete_override("api", Entries{{"user", "7"}});
+    auto s = open_store(dir, false);
+    CHECK(s->delete_override("api", Entries{{"user", "7"}}).ok());
   }
   for (int restart = 0; restart < 2; ++restart) {
-    auto s = store::Store::open(dir, false);
-    const auto records = s->load_override_records();
+    auto s = open_store(dir, false);
+    const auto records = s->load_override_records().value();
     CHECK(records.size() == 2);
     CHECK(find_user(records, "7") == nullptr);
   }
@@ -257,7 +271,7 @@ TEST_CASE("a format 1 data directory opens with its overrides moved into their o
   const std::string dir = tmp.sub("data");
   write_format1_dir(dir);
   {
-    auto s = store::Store::open(dir, false);
+    auto s = open_store(dir, false);
     check_format1_content(*s);
     const auto usage = s->disk_usage();
     CHECK(usage.counters > 0);
@@ -267,7 +281,7 @@ TEST_CASE("a format 1 data directory opens with its overrides moved into their o
   check_moved(dir);
   // Opened again: nothing to move, the same content.
   {
-    auto s = store::Store::open(dir, false);
+    auto s = open_store(dir, false);
     check_format1_content(*s);
   }
   check_delete_sticks(dir);
@@ -291,7 +305,7 @@ TEST_CASE("a move interrupted after either step completes at the next open, losi
     CHECK(families_of(dir) == std::vector<std::string>{"counters", "default", "overrides"});
     CHECK(marker_of(dir) == (step == 1 ? "1" : "2"));
     {
-      auto s = store::Store::open(dir, false);
+      auto s = open_store(dir, false);
       check_format1_content(*s);
     }
     check_moved(dir);
@@ -317,8 +331,8 @@ TEST_CASE("after an interrupted move the old family is copied exactly: nothing d
            R"({"domain":"api","entries":[["user","new"]],"expires_at_ms":0,"limits":[],)"
            R"("plan":"silver"})");
   }
-  auto s = store::Store::open(dir, false);
-  const auto records = s->load_override_records();
+  auto s = open_store(dir, false);
+  const auto records = s->load_override_records().value();
   CHECK(records.size() == 3);
   CHECK(find_user(records, "gone") == nullptr);
   REQUIRE(find_user(records, "new") != nullptr);
@@ -338,20 +352,15 @@ TEST_CASE("a move past its marker whose overrides database went missing is refus
                   Crash);
   const std::string ovdir = store::Store::overrides_dir(dir);
   fs::remove_all(ovdir);
-  try {
-    store::Store::open(dir, false);
-    FAIL("opened without the overrides database its marker promises");
-  } catch (const store::StoreError& err) {
-    CHECK(std::string(err.what()).find(ovdir) != std::string::npos);
-  }
+  CHECK(open_failure(dir, false).find(ovdir) != std::string::npos);
   // Nothing was created or dropped: the old family still holds the overrides, and repair turns
   // the directory back to format 1, so the next open moves them again.
   CHECK_FALSE(fs::exists(ovdir));
   CHECK(families_of(dir) == std::vector<std::string>{"counters", "default", "overrides"});
-  store::Store::repair(dir);
+  REQUIRE(store::Store::repair(dir).ok());
   CHECK(marker_of(dir) == "1");
   {
-    auto s = store::Store::open(dir, false);
+    auto s = open_store(dir, false);
     check_format1_content(*s);
   }
   check_moved(dir);
@@ -361,59 +370,57 @@ TEST_CASE("a new data directory keeps its overrides apart from the counters") {
   TempDir tmp;
   const std::string dir = tmp.sub("data");
   {
-    auto s = store::Store::open(dir, true);
+    auto s = open_store(dir, true);
     rules::Override o;
     o.domain = "api";
     o.entries = {{"user", "1"}};
     o.plan = "gold";
-    s->put_override(o);
+    CHECK(s->put_override(o).ok());
     auto e = counted_engine();
     CHECK(s->snapshot(*e).written == kUsers);
   }
   check_moved(dir);
   CHECK(families_of(store::Store::overrides_dir(dir)) ==
         std::vector<std::string>{"default", "overrides"});
-  auto s = store::Store::open(dir, false);
-  CHECK(s->load_overrides().size() == 1);
+  auto s = open_store(dir, false);
+  CHECK(s->load_overrides().value().size() == 1);
   engine::Engine e(policy());
-  CHECK(s->restore(e, kT0 + 2000).restored == kUsers);
+  CHECK(s->restore(e, kT0 + 2000).value().restored == kUsers);
 }
 
 TEST_CASE("a format 2 directory without its overrides database is refused, repair makes one") {
   TempDir tmp;
   const std::string dir = tmp.sub("data");
   {
-    auto s = store::Store::open(dir, true);
+    auto s = open_store(dir, true);
     rules::Override o;
     o.domain = "api";
     o.entries = {{"user", "1"}};
     o.plan = "gold";
-    s->put_override(o);
+    CHECK(s->put_override(o).ok());
     auto e = counted_engine();
     s->snapshot(*e);
   }
   const std::string ovdir = store::Store::overrides_dir(dir);
   fs::remove_all(ovdir);
-  try {
-    store::Store::open(dir, true);  // `create` makes new directories only, never this
-    FAIL("opened without its overrides database");
-  } catch (const store::StoreError& err) {
-    const std::string what = err.what();
+  {
+    // `create` makes new directories only, never this.
+    const std::string what = open_failure(dir, true);
     CHECK(what.find(ovdir) != std::string::npos);
     CHECK(what.find("--repair-data") != std::string::npos);
   }
   CHECK_FALSE(fs::exists(ovdir));
-  store::Store::repair(dir);
-  auto s = store::Store::open(dir, false);
-  CHECK(s->load_overrides().empty());
+  REQUIRE(store::Store::repair(dir).ok());
+  auto s = open_store(dir, false);
+  CHECK(s->load_overrides().value().empty());
   engine::Engine e(policy());
-  CHECK(s->restore(e, kT0 + 2000).restored == kUsers);
+  CHECK(s->restore(e, kT0 + 2000).value().restored == kUsers);
 }
 
 TEST_CASE("an overrides database held by another process is an error naming it") {
   TempDir tmp;
   const std::string dir = tmp.sub("data");
-  store::Store::open(dir, true).reset();
+  open_store(dir, true).reset();
   const std::string ovdir = store::Store::overrides_dir(dir);
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
@@ -421,11 +428,8 @@ TEST_CASE("an overrides database held by another process is an error naming it")
                             {{rocksdb::kDefaultColumnFamilyName, {}}, {"overrides", {}}}, &handles,
                             &raw)
               .ok());
-  try {
-    store::Store::open(dir, false);
-    FAIL("opened an overrides database in use");
-  } catch (const store::StoreError& err) {
-    const std::string what = err.what();
+  {
+    const std::string what = open_failure(dir, false);
     CHECK(what.find("Another process") != std::string::npos);
     CHECK(what.find(ovdir) != std::string::npos);
   }
@@ -433,20 +437,20 @@ TEST_CASE("an overrides database held by another process is an error naming it")
     raw->DestroyColumnFamilyHandle(h).PermitUncheckedError();
   delete raw;
   // The failed open let go of the counters' database too.
-  CHECK(store::Store::open(dir, false) != nullptr);
+  CHECK(open_store(dir, false) != nullptr);
 }
 
 TEST_CASE("a corrupt overrides database is an error naming it, and repair brings them back") {
   TempDir tmp;
   const std::string dir = tmp.sub("data");
   {
-    auto s = store::Store::open(dir, true);
+    auto s = open_store(dir, true);
     for (int i = 0; i < 5; ++i) {
       rules::Override o;
       o.domain = "api";
       o.entries = {{"user", std::to_string(i)}};
       o.plan = "gold";
-      s->put_override(o);
+      CHECK(s->put_override(o).ok());
     }
   }
   const std::string ovdir = store::Store::overrides_dir(dir);
@@ -457,17 +461,14 @@ TEST_CASE("a corrupt overrides database is an error naming it, and repair brings
     std::ofstream f(ovdir + "/" + manifest, std::ios::binary | std::ios::trunc);
     f << "this is not a manifest";
   }
-  try {
-    store::Store::open(dir, false);
-    FAIL("a corrupt overrides database opened");
-  } catch (const store::StoreError& err) {
-    const std::string what = err.what();
+  {
+    const std::string what = open_failure(dir, false);
     CHECK(what.find(ovdir) != std::string::npos);
     CHECK(what.find("--repair-data") != std::string::npos);
   }
-  store::Store::repair(dir);
-  auto s = store::Store::open(dir, false);
-  CHECK(s->load_overrides().size() == 5);
+  REQUIRE(store::Store::repair(dir).ok());
+  auto s = open_store(dir, false);
+  CHECK(s->load_overrides().value().size() == 5);
 }
 
 TEST_CASE("a data directory of an unknown data format is refused, naming both it reads") {
@@ -477,9 +478,8 @@ TEST_CASE("a data directory of an unknown data format is refused, naming both it
     Format1Db db(dir);
     db.put(0, "sluice.format", "3");
   }
-  CHECK_THROWS_WITH_AS(store::Store::open(dir, false),
-                       doctest::Contains("has data format 3, this sluiced reads formats 1 and 2"),
-                       store::StoreError);
+  CHECK(open_failure(dir, false).find("has data format 3, this sluiced reads formats 1 and 2") !=
+        std::string::npos);
   CHECK_FALSE(fs::exists(store::Store::overrides_dir(dir)));
 }
 
@@ -493,7 +493,7 @@ std::string directory_of_release(TempDir& tmp, const std::string& name,
                                  const std::string& release) {
   const std::string dir = tmp.sub(name.c_str());
   {
-    auto s = store::Store::open(dir, true);
+    auto s = open_store(dir, true);
     auto e = counted_engine();
     REQUIRE(s->snapshot(*e).written == kUsers);
   }
@@ -510,7 +510,7 @@ std::string release_text(int major, int minor, int patch) {
 TEST_CASE("a data directory records the release that opened it last") {
   TempDir tmp;
   const std::string dir = tmp.sub("data");
-  store::Store::open(dir, true);
+  CHECK(open_failure(dir, true) == "");
   CHECK(default_key(dir, "sluice.release") == std::string(sluice::kThisVersion));
 }
 
@@ -527,9 +527,9 @@ TEST_CASE("a node restores every counter from a directory of the previous or nex
     CAPTURE(r);
     const std::string dir = directory_of_release(tmp, "d" + std::to_string(n++), r);
     {
-      auto s = store::Store::open(dir, false);
+      auto s = open_store(dir, false);
       engine::Engine e(policy());
-      CHECK(s->restore(e, kT0 + 2000).restored == kUsers);
+      CHECK(s->restore(e, kT0 + 2000).value().restored == kUsers);
     }
     // Now this release's directory: the next release in the window reads it.
     CHECK(default_key(dir, "sluice.release") == std::string(sluice::kThisVersion));
@@ -548,12 +548,7 @@ TEST_CASE(
   for (const std::string& r : outside) {
     CAPTURE(r);
     const std::string dir = directory_of_release(tmp, "d" + std::to_string(n++), r);
-    std::string why;
-    try {
-      store::Store::open(dir, false);
-    } catch (const store::StoreError& e) {
-      why = e.what();
-    }
+    const std::string why = open_failure(dir, false);
     CAPTURE(why);
     CHECK(why.find("sluiced " + (r.empty() ? sluice::to_string(sluice::kUnrecordedRelease) : r)) !=
           std::string::npos);
@@ -564,11 +559,6 @@ TEST_CASE(
   }
   // Garbage where the release should be is refused too, not taken for any release.
   const std::string dir = directory_of_release(tmp, "garbage", "banana");
-  std::string why;
-  try {
-    store::Store::open(dir, false);
-  } catch (const store::StoreError& e) {
-    why = e.what();
-  }
+  const std::string why = open_failure(dir, false);
   CHECK(why.find("names its release as \"banana\"") != std::string::npos);
 }

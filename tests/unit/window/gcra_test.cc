@@ -273,12 +273,12 @@ TEST_CASE("an override's window limit never counts in a GCRA limit's counter") {
   o.domain = "api";
   o.entries = {{"user", "1"}};
   rules::Limit w;
-  REQUIRE(rules::parse_limit("100/1s", 0, w).empty());
+  REQUIRE(rules::parse_limit("100/1s", 0, w).ok());
   w.spec.bucket_ms = 0;  // names no granularity: inherits from the rule's limit of that window
   o.limits = {w};
   REQUIRE(ov.set(o).empty());
   rules::Limit g;
-  REQUIRE(rules::parse_gcra("10/1s", 10, g).empty());  // its spec is 1s/1s, flagged gcra
+  REQUIRE(rules::parse_gcra("10/1s", 10, g).ok());  // its spec is 1s/1s, flagged gcra
   const auto policy = policy_of({g}, {}, ov);
   rules::Resolution res;
   const rules::Descriptor desc[] = {{"user", "1"}};
@@ -323,8 +323,8 @@ namespace {
 
 rules::Limit gcra_limit(const char* rate, uint64_t burst) {
   rules::Limit l;
-  const std::string why = rules::parse_gcra(rate, burst, l);
-  REQUIRE_MESSAGE(why.empty(), why);
+  const Status why = rules::parse_gcra(rate, burst, l);
+  REQUIRE_MESSAGE(why.ok(), why.message());
   l.name = "gcra";
   return l;
 }
@@ -392,7 +392,7 @@ TEST_CASE("the engine decides GCRA limits on random traces exactly as a token bu
 TEST_CASE("a GCRA limit and a window limit of the same length count apart") {
   const rules::Limit g = gcra_limit("10/1s", 10);  // refills in 1 s: the window spec of 1s/1s
   rules::Limit w;
-  REQUIRE(rules::parse_limit("3/1s", 0, w).empty());
+  REQUIRE(rules::parse_limit("3/1s", 0, w).ok());
   w.name = "window";
   REQUIRE(g.spec.window_ms == w.spec.window_ms);
   engine::Engine e(policy_of({g, w}));
@@ -527,7 +527,7 @@ TEST_CASE(
 TEST_CASE("a store record of a window limit with a bucket of 2^31 ms or more is not read as GCRA") {
   // 30 days at a 30-day granularity: the bucket has bit 31 set, as a GCRA key's does.
   rules::Limit w;
-  REQUIRE(rules::parse_limit("5/30d", 30LL * 86'400'000, w).empty());
+  REQUIRE(rules::parse_limit("5/30d", 30LL * 86'400'000, w).ok());
   w.name = "month";
   REQUIRE(w.spec.bucket_ms >= (1LL << 31));
   engine::Engine e(policy_of({w}));
