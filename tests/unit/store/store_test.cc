@@ -12,6 +12,7 @@
 
 #include "one_rule_policy.h"
 #include "record_collector.h"
+#include "store_open.h"
 #include "temp_dir.h"
 
 namespace {
@@ -26,19 +27,8 @@ struct TempDir : testing::TempDir {
   TempDir() : testing::TempDir("sluice-store") {}
 };
 
-// The store at `dir`; the test stops with the store's message when it does not open.
-std::unique_ptr<store::Store> open_store(
-    const std::string& dir, bool create,
-    uint64_t write_buffer_bytes = store::kDefaultWriteBufferBytes) {
-  auto s = store::Store::open(dir, create, write_buffer_bytes);
-  REQUIRE_MESSAGE(s.ok(), s.message());
-  return std::move(s).value();
-}
-
-// Why `dir` does not open; empty when it opens.
-std::string open_failure(const std::string& dir, bool create) {
-  return store::Store::open(dir, create).message();
-}
+using testing::open_failure;
+using testing::open_store;
 
 // One minute in one bucket: the spec these cases were worked out for (merged totals and records
 // per minute bucket, expiry two minutes on), the default before windows under ten minutes got
