@@ -67,6 +67,7 @@ std::string_view to_string(PeerKind k);  // "membership", "sync", "forward", ...
 
 // Why a datagram was dropped (open) or could not be built (seal). to_string gives a stable
 // snake_case name for /metrics labels.
+// New reasons go at the end: tests/fuzz/peer_fuzz.cc names the last one.
 enum class PeerError : uint8_t {
   kOk = 0,
   kMalformed,       // not one Cap'n Proto message of the schema (truncated, bad pointers, ...)
