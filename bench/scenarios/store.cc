@@ -50,7 +50,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int64_t kNowMs = testing::kTraceStartMs + 1'000;
 
 struct Options {
-  bool json = false;
   uint64_t snapshot_keys = 1'000'000;
   uint64_t restore_keys = 10'000'000;
   uint64_t latency_checks = 3'000'000;  // idle samples; the snapshot phase takes what it lasts
@@ -144,8 +143,7 @@ int bench_store_main(int argc, char** argv) {
   cli.app().add_option("--restore-keys", o.restore_keys, "keys in the restore measured");
   cli.app().add_option("--latency-checks", o.latency_checks, "idle check latency samples");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
-  o.json = cli.json;
-  nlohmann::json rows = nlohmann::json::array();
+  bench::Rows rows(cli.json);
   engine::EngineOptions eo;
   eo.memory_cap_bytes = 8ull << 30;
 
@@ -185,38 +183,24 @@ int bench_store_main(int argc, char** argv) {
 
     const Percentiles pi = percentiles(idle);
     const Percentiles pd = percentiles(during);
-    std::printf(
-        "snapshot of %llu changed keys: %.3f s, %llu records written (%.0f/s), %.1f MiB "
-        "written, %.1f MiB on disk after flush; a pass with nothing changed: %.1f ms "
-        "(%llu written)\n",
-        static_cast<unsigned long long>(o.snapshot_keys), secs,
-        static_cast<unsigned long long>(r.written), static_cast<double>(r.written) / secs,
-        static_cast<double>(r.bytes) / 1048576.0, static_cast<double>(disk) / 1048576.0,
-        quiet_secs * 1000.0, static_cast<unsigned long long>(quiet.written));
-    std::printf(
-        "check latency, one thread, %llu keys: idle p50 %.3f us p99 %.3f us p99.9 %.3f us "
-        "(%zu samples); during the snapshot p50 %.3f us p99 %.3f us p99.9 %.3f us (%zu "
-        "samples); p99 ratio %.2f\n",
-        static_cast<unsigned long long>(o.snapshot_keys), pi.p50, pi.p99, pi.p999, pi.samples,
-        pd.p50, pd.p99, pd.p999, pd.samples, pd.p99 / pi.p99);
-    rows.push_back({{"row", "snapshot"},
-                    {"keys", o.snapshot_keys},
-                    {"ok", r.ok},
-                    {"seconds", secs},
-                    {"records", r.written},
-                    {"bytes_written", r.bytes},
-                    {"disk_bytes_after_flush", disk},
-                    {"unchanged_pass_ms", quiet_secs * 1000.0}});
-    rows.push_back({{"row", "latency"},
-                    {"keys", o.snapshot_keys},
-                    {"idle_p50_us", pi.p50},
-                    {"idle_p99_us", pi.p99},
-                    {"idle_p999_us", pi.p999},
-                    {"snapshot_p50_us", pd.p50},
-                    {"snapshot_p99_us", pd.p99},
-                    {"snapshot_p999_us", pd.p999},
-                    {"snapshot_samples", pd.samples},
-                    {"p99_ratio", pd.p99 / pi.p99}});
+    rows.add({{"row", "snapshot"},
+              {"keys", o.snapshot_keys},
+              {"ok", r.ok},
+              {"seconds", secs},
+              {"records", r.written},
+              {"bytes_written", r.bytes},
+              {"disk_bytes_after_flush", disk},
+              {"unchanged_pass_ms", quiet_secs * 1000.0}});
+    rows.add({{"row", "latency"},
+              {"keys", o.snapshot_keys},
+              {"idle_p50_us", pi.p50},
+              {"idle_p99_us", pi.p99},
+              {"idle_p999_us", pi.p999},
+              {"snapshot_p50_us", pd.p50},
+              {"snapshot_p99_us", pd.p99},
+              {"snapshot_p999_us", pd.p999},
+              {"snapshot_samples", pd.samples},
+              {"p99_ratio", pd.p99 / pi.p99}});
   }
 
   // ---- restore of M keys ----
@@ -244,22 +228,15 @@ int bench_store_main(int argc, char** argv) {
       r = or_exit(store->restore(e, kNowMs + 1));
       secs[attempt] = seconds_since(t0);
     }
-    std::printf(
-        "restore of %llu keys: %.3f s right after the write, %.3f s settled (open + scan "
-        "+ import), %llu restored; written by a full snapshot in %.3f s (%.1f MiB written, "
-        "%.1f MiB on disk)\n",
-        static_cast<unsigned long long>(o.restore_keys), secs[0], secs[1],
-        static_cast<unsigned long long>(r.restored), write_secs,
-        static_cast<double>(w.bytes) / 1048576.0, static_cast<double>(disk) / 1048576.0);
-    rows.push_back({{"row", "restore"},
-                    {"keys", o.restore_keys},
-                    {"seconds", secs[1]},
-                    {"seconds_right_after_write", secs[0]},
-                    {"restored", r.restored},
-                    {"full_snapshot_seconds", write_secs},
-                    {"bytes_written", w.bytes},
-                    {"disk_bytes", disk}});
+    rows.add({{"row", "restore"},
+              {"keys", o.restore_keys},
+              {"seconds", secs[1]},
+              {"seconds_right_after_write", secs[0]},
+              {"restored", r.restored},
+              {"full_snapshot_seconds", write_secs},
+              {"bytes_written", w.bytes},
+              {"disk_bytes", disk}});
   }
-  if (o.json) bench::print_json_rows(rows);
+  rows.finish();
   return 0;
 }
