@@ -107,13 +107,18 @@ int main(int argc, char** argv) {
     };
   }
 
+  sluice::StatusOr<std::unique_ptr<sluice::node::Node>> node = sluice::node::Node::open(opt);
+  if (!node.ok()) {
+    std::fprintf(stderr, "sluiced: %s\n", node.message().c_str());
+    spdlog::shutdown();
+    return 2;
+  }
+  if (check_only) {
+    std::printf("sluiced: config and rules are valid\n");
+    return 0;
+  }
   try {
-    sluice::node::Node node(opt);
-    if (check_only) {
-      std::printf("sluiced: config and rules are valid\n");
-      return 0;
-    }
-    node.run();
+    (*node)->run();  // throws when a listener cannot be bound
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sluiced: %s\n", e.what());
     spdlog::shutdown();

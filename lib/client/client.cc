@@ -46,10 +46,10 @@ std::string validate(const ClientOptions& o) {
 }
 
 std::string resolve(const std::string& text, asio::io_context& io, NodeAddress& out) {
-  std::string host;
-  uint16_t port = 0;
-  std::string err = client_detail::split_host_port(text, host, port);
-  if (!err.empty()) return "node '" + text + "': " + err;
+  StatusOr<HostPort> hp = client_detail::parse_node_address(text);
+  if (!hp.ok()) return "node '" + text + "': " + hp.message();
+  const std::string& host = hp->host;
+  const uint16_t port = hp->port;
   out.name = text;
   out.port = port;
   boost::system::error_code ec;

@@ -4,7 +4,6 @@
 #include <boost/asio/write.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -30,33 +29,21 @@ bool is_icmp_error(const error_code& ec) {
 
 }  // namespace
 
-std::string split_host_port(std::string_view text, std::string& host, uint16_t& port) {
-  std::string_view h;
-  std::string_view p;
-  if (!text.empty() && text.front() == '[') {
-    const size_t close = text.find(']');
-    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
-      return "expected [ipv6-address]:port";
+StatusOr<HostPort> parse_node_address(std::string_view text) {
+  StatusOr<HostPort> hp = split_host_port(text);
+  if (!hp.ok()) {  // the client's own words (docs/client.md)
+    if (hp.message().starts_with("bad port")) {
+      return Status::InvalidArgument("port must be 1..65535");
     }
-    h = text.substr(1, close - 1);
-    p = text.substr(close + 2);
-  } else {
-    const size_t colon = text.rfind(':');
-    if (colon == std::string_view::npos) return "expected host:port";
-    h = text.substr(0, colon);
-    p = text.substr(colon + 1);
-    if (h.find(':') != std::string_view::npos) return "an IPv6 address needs brackets: [addr]:port";
+    return Status::InvalidArgument(text.starts_with('[') ? "expected [ipv6-address]:port"
+                                                         : "expected host:port");
   }
-  if (h.empty()) return "empty host";
-  unsigned value = 0;
-  const auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), value);
-  if (p.empty() || ec != std::errc() || end != p.data() + p.size() || value == 0 ||
-      value > 65'535) {
-    return "port must be 1..65535";
+  if (!hp->bracketed && hp->host.find(':') != std::string::npos) {
+    return Status::InvalidArgument("an IPv6 address needs brackets: [addr]:port");
   }
-  host.assign(h);
-  port = static_cast<uint16_t>(value);
-  return {};
+  if (hp->host.empty()) return Status::InvalidArgument("empty host");
+  if (hp->port == 0) return Status::InvalidArgument("port must be 1..65535");
+  return hp;
 }
 
 void OwnedCheck::assign(const wire::Check& c) {

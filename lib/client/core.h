@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/host_port.h"
 #include "client/client.h"
 #include "wire/protocol.h"
 
@@ -43,8 +44,9 @@ namespace sluice::client_detail {
 
 using Clock = std::chrono::steady_clock;
 
-// "host:port" or "[v6]:port" split; no resolution. Returns an error text, empty on success.
-std::string split_host_port(std::string_view text, std::string& host, uint16_t& port);
+// A node's "host:port" or "[v6]:port" (base/host_port.h), host not empty, port 1..65535, an IPv6
+// address in brackets; no resolution.
+StatusOr<HostPort> parse_node_address(std::string_view text);
 
 // A resolved node address, usable for both transports.
 struct NodeAddress {

@@ -17,6 +17,8 @@
 #include <cstring>
 #include <tuple>
 
+#include "base/host_port.h"
+
 namespace sluice::node {
 namespace {
 
@@ -207,7 +209,11 @@ DnsSeed classify_seed(std::string_view seed) {
 
 Status check_seed(std::string_view seed) {
   const DnsSeed s = classify_seed(seed);
-  if (s.kind == DnsSeed::Kind::kAddress) return {};
+  if (s.kind == DnsSeed::Kind::kAddress) {
+    StatusOr<HostPort> hp = split_host_port(seed);
+    if (!hp.ok()) return Status::InvalidArgument("\"" + std::string(seed) + "\": " + hp.message());
+    return {};
+  }
   const std::string form =
       s.kind == DnsSeed::Kind::kSrv ? "dns+srv:_service._proto.NAME" : "dns:NAME";
   if (!valid_dns_name(s.name)) {

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "base/host_port.h"
 #include "front/check/check_front.h"
 #include "front/resp/resp_front.h"
 #include "node/admin_auth.h"
@@ -51,24 +52,51 @@ front::check::CheckFrontOptions check_front_options(const NodeOptions& o) {
 }  // namespace
 
 struct Node::Impl : NodeState {
-  explicit Impl(NodeOptions o) : NodeState(std::move(o)) {
-    // Malformed listen addresses are config errors: report them before anything starts.
-    checks = std::make_unique<front::check::CheckFront>(check_front_options(opt), control);
+  explicit Impl(NodeOptions o) : NodeState(std::move(o)) {}
+
+  // Node::open: the settings and listen addresses first (cheap, nothing opened), then the rules,
+  // the data directory and the engine (NodeState::load).
+  Status open() {
+    if (Status s = front::check::validate(check_front_options(opt)); !s.ok()) return s;
+    if (opt.cluster.enabled) {
+      if (Status s = validate_cluster_options(opt.cluster); !s.ok()) return s;
+    }
     // load_node_config read the token; options built in code may name only the file.
     if (!opt.admin_token_file.empty() && opt.admin_token.empty()) {
       StatusOr<std::string> token = read_admin_token_file(opt.admin_token_file);
-      if (!token.ok()) throw std::runtime_error("admin_token_file: " + token.message());
+      if (!token.ok()) return {token.code(), "admin_token_file: " + token.message()};
       opt.admin_token = std::move(*token);
     }
     if (opt.admin_token_reads && opt.admin_token.empty()) {
-      throw std::runtime_error("admin_token_reads needs admin_token_file (the token to ask for)");
+      return Status::InvalidArgument(
+          "admin_token_reads needs admin_token_file (the token to ask for)");
     }
-    admin_auth = std::make_unique<AdminAuth>(opt.admin_token, opt.admin_token_reads);
     if (!opt.resp_password_file.empty() && opt.resp_password.empty()) {
       StatusOr<std::string> password = read_admin_token_file(opt.resp_password_file);
-      if (!password.ok()) throw std::runtime_error("resp_password_file: " + password.message());
+      if (!password.ok()) return {password.code(), "resp_password_file: " + password.message()};
       opt.resp_password = std::move(*password);
     }
+    if (Status s = check_resp_password(); !s.ok()) return s;
+    if (Status s = load(); !s.ok()) return s;
+    admin_auth = std::make_unique<AdminAuth>(opt.admin_token, opt.admin_token_reads);
+    checks = std::make_unique<front::check::CheckFront>(check_front_options(opt), control);
+    return {};
+  }
+
+  // The Redis door off loopback needs a password: CL.THROTTLE's DEL resets any key, and nothing
+  // else stands between the network and it. (A malformed address is the door's to report.)
+  Status check_resp_password() const {
+    if (opt.resp_listen.empty() || !opt.resp_password.empty()) return {};
+    StatusOr<HostPort> hp = split_host_port(opt.resp_listen);
+    if (!hp.ok()) return {};
+    boost::system::error_code ec;
+    const asio::ip::address addr = asio::ip::make_address(hp->host, ec);
+    if (ec || addr.is_loopback()) return {};
+    return Status::InvalidArgument(
+        "RESP address \"" + opt.resp_listen +
+        "\" is not loopback and no resp_password_file is set: any client that reaches it could "
+        "throttle and reset every CL.THROTTLE key; set resp_password_file, or listen on "
+        "127.0.0.1");
   }
 
   // SIGHUP: the admin token file is read again; a file that became unreadable or empty keeps the
@@ -219,8 +247,7 @@ void open_admin_port(Node& node, Node::Impl& n) {
 }
 
 // The Redis protocol door: connections on the check front's workers (a backend each), the
-// acceptor on the admin thread. Refused off loopback without a password: CL.THROTTLE's DEL resets
-// any key, and nothing else stands between the network and it.
+// acceptor on the admin thread (off loopback only with a password: Impl::check_resp_password).
 void open_resp_front(Node& node, Node::Impl& n) {
   if (n.opt.resp_listen.empty()) return;
   std::vector<asio::io_context*> ios = n.checks->worker_contexts();
@@ -234,13 +261,6 @@ void open_resp_front(Node& node, Node::Impl& n) {
   fo.session.password = n.opt.resp_password;
   auto front = std::make_unique<front::resp::RespFront>(n.admin_io, std::move(ios),
                                                         std::move(backends), std::move(fo));
-  if (!front->loopback() && n.opt.resp_password.empty()) {
-    throw std::runtime_error(
-        "RESP address \"" + n.opt.resp_listen +
-        "\" is not loopback and no resp_password_file is set: any client that reaches it could "
-        "throttle and reset every CL.THROTTLE key; set resp_password_file, or listen on "
-        "127.0.0.1");
-  }
   n.resp = std::move(front);
   n.resp_port = n.resp->port();
 }
@@ -346,7 +366,13 @@ void join_threads(Node::Impl& n) {
 
 }  // namespace
 
-Node::Node(NodeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+StatusOr<std::unique_ptr<Node>> Node::open(NodeOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (Status s = impl->open(); !s.ok()) return s;
+  return std::unique_ptr<Node>(new Node(std::move(impl)));
+}
+
+Node::Node(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
   state_ = impl_.get();
 }
 

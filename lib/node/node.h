@@ -198,10 +198,11 @@ struct ClusterStatus;
 
 class Node {
  public:
-  // Loads the rules (the file, or the embedded default) and builds the engine. Throws
-  // std::runtime_error with a message naming the problem when rules or listen addresses are
-  // invalid (this is the process boundary: sluiced prints it and exits 2).
-  explicit Node(NodeOptions options);
+  // Checks every setting and listen address, loads the rules (the file, or the embedded
+  // default), opens the data directory and builds the engine; binds nothing. A failure names the
+  // problem: invalid_argument (a rule, a setting, an address, a token file's content), or the
+  // store's Status (a data directory locked by another process: unavailable; see store.h).
+  static StatusOr<std::unique_ptr<Node>> open(NodeOptions options);
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -284,6 +285,8 @@ class Node {
   struct Impl;
 
  private:
+  explicit Node(std::unique_ptr<Impl> impl);
+
   std::unique_ptr<Impl> impl_;
   NodeState* state_ = nullptr;  // the part of *impl_ that node_ops.cc sees
   std::atomic<bool> ready_{false};

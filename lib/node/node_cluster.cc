@@ -17,6 +17,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "base/host_port.h"
 #include "cluster/delta_sync.h"
 #include "cluster/peer_codec.h"
 #include "cluster/reach.h"
@@ -37,28 +38,6 @@ namespace {
 
 constexpr size_t kDatagramBytes = 65'536;
 constexpr int64_t kMaxTickDelayMs = 100;  // re-check membership at least this often
-
-// "host:port" (host: IP, [IPv6] or a DNS name).
-std::pair<std::string, std::string> split_host_port(const std::string& s) {
-  const auto colon = s.rfind(':');
-  if (colon == std::string::npos || colon + 1 == s.size()) {
-    throw std::runtime_error("cluster address '" + s + "' has no port");
-  }
-  std::string host = s.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return {host, s.substr(colon + 1)};
-}
-
-uint16_t parse_port(const std::string& text, const std::string& what) {
-  char* end = nullptr;
-  const unsigned long p = std::strtoul(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || p > 65535) {
-    throw std::runtime_error(what + ": bad port '" + text + "'");
-  }
-  return static_cast<uint16_t>(p);
-}
 
 bool in_ring(const Member& m) {
   return m.state == MemberState::kAlive || m.state == MemberState::kSuspect;
@@ -149,6 +128,46 @@ class UdpPeerIo final : public PeerIo {
 
 }  // namespace
 
+Status validate_cluster_options(ClusterOptions& opt) {
+  if (opt.node_id == 0) return Status::InvalidArgument("cluster.node_id must be 1..65535");
+  if (Status why = cluster::PeerCodec::check_secret(opt.secret); !why.ok()) {
+    return Status::InvalidArgument("cluster.secret: " + why.message());
+  }
+  if (opt.listen.empty()) return Status::InvalidArgument("cluster.listen is required");
+  StatusOr<HostPort> listen = split_host_port(opt.listen);
+  if (!listen.ok()) {
+    return Status::InvalidArgument("cluster.listen '" + opt.listen + "': " + listen.message());
+  }
+  boost::system::error_code ec;
+  const asio::ip::address addr =
+      asio::ip::make_address(listen->host.empty() ? "0.0.0.0" : listen->host, ec);
+  if (ec) {
+    return Status::InvalidArgument("cluster.listen '" + opt.listen + "': not an IP address");
+  }
+  const std::string advertise = opt.advertise.empty() ? addr.to_string() : opt.advertise;
+  if (advertise == "0.0.0.0" || advertise == "::") {
+    return Status::InvalidArgument(
+        "cluster.advertise is required when cluster.listen is a wildcard address");
+  }
+  for (const std::string& seed : opt.seeds) {
+    if (Status why = check_seed(seed); !why.ok()) {
+      return Status::InvalidArgument("cluster.seeds: " + why.message());
+    }
+  }
+  if (opt.name.empty()) opt.name = "node-" + std::to_string(opt.node_id);
+  // Tests and one-off runs point DNS seeds at a server of their own without a config change.
+  const char* env_dns = std::getenv("SLUICE_DNS_SERVER");
+  const bool dns_from_env = opt.dns_server.empty() && env_dns != nullptr && *env_dns != '\0';
+  if (dns_from_env) opt.dns_server = env_dns;
+  if (!opt.dns_server.empty()) {
+    if (std::string why = parse_dns_server(opt.dns_server).error; !why.empty()) {
+      return Status::InvalidArgument((dns_from_env ? "SLUICE_DNS_SERVER " : "cluster.dns_server ") +
+                                     why);
+    }
+  }
+  return {};
+}
+
 std::unique_ptr<PeerIo> make_udp_peer_io(asio::io_context& control) {
   return std::make_unique<UdpPeerIo>(control);
 }
@@ -165,32 +184,12 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
         slice_timer(net->timer()),
         reach({st_.opt.cluster.node_id, st_.opt.cluster.sync_interval_ms,
                st_.opt.cluster.forget_dead_after_ms}) {
-    if (opt.node_id == 0) throw std::runtime_error("cluster.node_id must be 1..65535");
-    if (Status why = cluster::PeerCodec::check_secret(opt.secret); !why.ok()) {
-      throw std::runtime_error("cluster.secret: " + why.message());
-    }
-    if (opt.listen.empty()) throw std::runtime_error("cluster.listen is required");
-    auto [host, port] = split_host_port(opt.listen);
-    boost::system::error_code ec;
-    listen_addr = asio::ip::make_address(host.empty() ? "0.0.0.0" : host, ec);
-    if (ec) throw std::runtime_error("cluster.listen '" + opt.listen + "': not an IP address");
-    listen_port = parse_port(port, "cluster.listen");
+    // Node::open checked the options first; a node built around that check is a bug.
+    if (Status s = validate_cluster_options(opt); !s.ok()) throw std::logic_error(s.message());
+    const HostPort listen = split_host_port(opt.listen).value();
+    listen_addr = asio::ip::make_address(listen.host.empty() ? "0.0.0.0" : listen.host);
+    listen_port = listen.port;
     advertise = opt.advertise.empty() ? listen_addr.to_string() : opt.advertise;
-    if (advertise == "0.0.0.0" || advertise == "::") {
-      throw std::runtime_error(
-          "cluster.advertise is required when cluster.listen is a wildcard address");
-    }
-    if (opt.name.empty()) opt.name = "node-" + std::to_string(opt.node_id);
-    // Tests and one-off runs point DNS seeds at a server of their own without a config change.
-    const char* env_dns = std::getenv("SLUICE_DNS_SERVER");
-    const bool dns_from_env = opt.dns_server.empty() && env_dns != nullptr && *env_dns != '\0';
-    if (dns_from_env) opt.dns_server = env_dns;
-    if (!opt.dns_server.empty()) {
-      if (std::string why = parse_dns_server(opt.dns_server).error; !why.empty()) {
-        throw std::runtime_error((dns_from_env ? "SLUICE_DNS_SERVER " : "cluster.dns_server ") +
-                                 why);
-      }
-    }
     // The node's clock (the system clock in sluiced): a run on a simulated clock is then a
     // function of its inputs, down to membership's random choices (seeded from it).
     boot_id = static_cast<uint64_t>(st.opt.clock());
@@ -713,9 +712,9 @@ void ClusterNode::start(uint16_t check_port, uint16_t admin_port) {
       dns_names.push_back(std::move(seed));
       continue;
     }
-    auto [host, port] = split_host_port(s);
+    const HostPort hp = split_host_port(s).value();  // checked by the config (check_seed)
     boost::system::error_code rec;
-    const auto results = resolver.resolve(host, port, rec);
+    const auto results = resolver.resolve(hp.host, std::to_string(hp.port), rec);
     if (rec) {
       spdlog::warn("cluster: seed {} does not resolve: {}", s, rec.message());
       continue;

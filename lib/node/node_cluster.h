@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "cluster/hash_ring.h"
 #include "cluster/membership.h"
 #include "cluster/messages.h"
@@ -37,6 +38,7 @@ class io_context;
 namespace sluice::node {
 
 struct NodeState;
+struct ClusterOptions;  // node.h
 class PeerIo;
 
 struct MemberStatus {
@@ -74,10 +76,15 @@ struct ClusterStatus {
   uint32_t reachable = 1, expected = 1;
 };
 
+// Checks the cluster settings and completes them (name "node-<id>" when unset, dns_server from
+// SLUICE_DNS_SERVER when unset): invalid_argument naming the setting. Node::open runs it before
+// anything starts, so `sluiced --check` reports a bad cluster setting too.
+Status validate_cluster_options(ClusterOptions& opt);
+
 class ClusterNode {
  public:
-  // Validates the options (throws std::runtime_error naming the problem). `peer_io` carries the
-  // peer datagrams and the timers (peer_io.h); null: UDP and Asio timers on `control`.
+  // The options must have passed validate_cluster_options (std::logic_error if not). `peer_io`
+  // carries the peer datagrams and the timers (peer_io.h); null: UDP and Asio timers on `control`.
   ClusterNode(boost::asio::io_context& control, NodeState& state,
               std::unique_ptr<PeerIo> peer_io = nullptr);
   ~ClusterNode();

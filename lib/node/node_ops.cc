@@ -94,8 +94,11 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
   if (!opt.clock) opt.clock = system_now_ms;
   if (opt.threads == 0) opt.threads = 1;
   started_ms = opt.clock();
+}
+
+Status NodeState::load() {
   rules::ParseResult parsed = parse_configured_rules(opt);
-  if (!parsed.rules) throw std::runtime_error(join_errors(parsed.errors));
+  if (!parsed.rules) return Status::InvalidArgument(join_errors(parsed.errors));
   rules = std::move(*parsed.rules);
 
   // memory_cap_mb covers the counters and, with a data directory, the memtables their snapshots
@@ -105,14 +108,13 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
   if (!opt.data_dir.empty()) {
     const uint64_t write_buffers = store_write_buffer_bytes(opt.memory_cap_bytes);
     table_cap -= write_buffers;
-    // A failure of the store stops the start, as a bad rule does: the node's constructor is
-    // where these still become an exception (for sluiced's main to print).
+    // A failure of the store stops the start, as a bad rule does.
     StatusOr<std::unique_ptr<store::Store>> opened =
         store::Store::open(opt.data_dir, opt.init_data, write_buffers);
-    if (!opened.ok()) throw std::runtime_error(opened.message());
+    if (!opened.ok()) return opened.status();
     store = std::move(*opened);
     StatusOr<std::vector<cluster::OverrideRecord>> records = store->load_override_records();
-    if (!records.ok()) throw std::runtime_error(records.message());
+    if (!records.ok()) return records.status();
     std::vector<std::string> forgotten;
     for (cluster::OverrideRecord& rec : *records) {
       const rules::Override& ov = rec.value;
@@ -137,9 +139,7 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
         spdlog::warn("stored override {} is invalid and ignored: {}", who, err);
       }
     }
-    if (Status s = store->erase_override_records(forgotten); !s.ok()) {
-      throw std::runtime_error(s.message());
-    }
+    if (Status s = store->erase_override_records(forgotten); !s.ok()) return s;
   } else {
     spdlog::warn("no data directory: counters and overrides live in memory only");
   }
@@ -154,7 +154,7 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
       rules::Policy::compile(rules, overrides, opt.hash_seed, {}, nullptr, opt.clock()), eo);
   if (store) {
     StatusOr<store::RestoreResult> r = store->restore(*engine, opt.clock());
-    if (!r.ok()) throw std::runtime_error(r.message());
+    if (!r.ok()) return r.status();
     restored = *r;
     spdlog::info(
         "data directory {}: restored {} counters in {} ms ({} expired, {} unreadable, {} without "
@@ -162,6 +162,7 @@ NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
         opt.data_dir, restored.restored, restored.duration_us / 1000, restored.expired,
         restored.malformed, restored.no_room, overrides.size());
   }
+  return {};
 }
 
 NodeState::~NodeState() {

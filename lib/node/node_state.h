@@ -20,9 +20,11 @@
 namespace sluice::node {
 
 struct NodeState {
-  // Loads the rules, opens the data directory (overrides, then counters), builds the engine.
-  // Throws std::runtime_error naming the problem (sluiced prints it and exits 2).
+  // Keeps the options (the system clock when none is given); load() does the rest.
   explicit NodeState(NodeOptions o);
+  // Loads the rules, opens the data directory (overrides, then counters), builds the engine:
+  // invalid_argument with the rules' errors, or the store's Status. Once, before anything else.
+  Status load();
   ~NodeState();
 
   // Compiles `rules` with the overrides in force and swaps the engine's policy. rules_mu held.

@@ -50,7 +50,9 @@ struct InProcessNode {
     opt.init_data = true;
     opt.clock = [this] { return now.load(); };
     if (tweak) tweak(opt);
-    node = std::make_unique<node::Node>(opt);
+    StatusOr<std::unique_ptr<node::Node>> opened = node::Node::open(opt);
+    REQUIRE_MESSAGE(opened.ok(), opened.message());
+    node = std::move(*opened);
     thread = std::thread([this] { node->run(/*handle_signals=*/false); });
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!node->ready() && std::chrono::steady_clock::now() < until) {

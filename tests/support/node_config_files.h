@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "node/node.h"
+#include "temp_dir.h"
 #include "text.h"
 
 namespace sluice::testing::node_config {
@@ -21,26 +22,15 @@ namespace fs = std::filesystem;
 using sluice::node::load_node_config;
 using sluice::node::NodeOptions;
 
-// A fresh directory per test case, removed at the end.
-struct TempDir {
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "sluice-node-config-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
+// A fresh directory per test case, removed at the end, that writes files.
+struct TempDir : sluice::testing::TempDir {
+  TempDir() : sluice::testing::TempDir("sluice-node-config") {}
 
   std::string write(const std::string& name, const std::string& text) const {
     const std::string file = (fs::path(path) / name).string();
     std::ofstream(file, std::ios::binary) << text;
     return file;
   }
-  std::string path;
 };
 
 // Writes `text` as the config file and loads it into `out`; `file` receives the path.

@@ -177,6 +177,7 @@ struct SimNode {
     o.cluster.seeds = std::move(seeds);
     o.cluster.secret = secret;
     state = std::make_unique<node::NodeState>(o);
+    if (Status s = state->load(); !s.ok()) throw std::runtime_error(s.message());
     cluster = std::make_unique<node::ClusterNode>(io, *state, net.io());
     cluster->start(7350, 7351);
   }

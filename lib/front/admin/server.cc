@@ -25,6 +25,7 @@
 
 #include <time.h>
 
+#include "base/host_port.h"
 #include "front/admin/metrics_text.h"
 #include "front/admin/request_parser.h"
 
@@ -41,37 +42,17 @@ constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 constexpr size_t kReadChunk = 16 * 1024;   // the smallest free room a read is given
 constexpr size_t kFlushBytes = 64 * 1024;  // pipelined answers are written once this much waits
 
-// "host:port" or "[v6]:port" -> endpoint; throws naming the address.
+// "host:port" or "[v6]:port" (base/host_port.h) -> endpoint; throws naming the address.
 tcp::endpoint parse_listen(const std::string& listen) {
   const auto fail = [&](const std::string& why) -> tcp::endpoint {
     throw std::runtime_error("admin HTTP listen address \"" + listen + "\": " + why);
   };
-  std::string host;
-  std::string_view port_text;
-  if (!listen.empty() && listen.front() == '[') {
-    const size_t close = listen.find(']');
-    if (close == std::string::npos || close + 1 >= listen.size() || listen[close + 1] != ':') {
-      return fail("expected [IPv6]:PORT");
-    }
-    host = listen.substr(1, close - 1);
-    port_text = std::string_view(listen).substr(close + 2);
-  } else {
-    const size_t colon = listen.rfind(':');
-    if (colon == std::string::npos) return fail("expected HOST:PORT");
-    host = listen.substr(0, colon);
-    port_text = std::string_view(listen).substr(colon + 1);
-  }
-  unsigned port = 0;
-  const auto [end, ec] =
-      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (port_text.empty() || ec != std::errc() || end != port_text.data() + port_text.size() ||
-      port > 65535) {
-    return fail("bad port");
-  }
-  boost::system::error_code aec;
-  const asio::ip::address addr = asio::ip::make_address(host, aec);
-  if (aec) return fail("not an IP address (" + aec.message() + ")");
-  return {addr, static_cast<uint16_t>(port)};
+  StatusOr<HostPort> hp = split_host_port(listen);
+  if (!hp.ok()) return fail(hp.message());
+  boost::system::error_code ec;
+  const asio::ip::address addr = asio::ip::make_address(hp->host, ec);
+  if (ec) return fail("not an IP address (" + ec.message() + ")");
+  return {addr, hp->port};
 }
 
 std::string_view reason(unsigned status) {

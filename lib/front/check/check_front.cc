@@ -11,6 +11,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "base/host_port.h"
 #include "front/check/check_worker.h"
 
 namespace sluice::front::check {
@@ -19,26 +20,24 @@ namespace {
 
 // "127.0.0.1:7350", "[::1]:7350", ":7350" (all IPv4 interfaces). Hostnames are not resolved:
 // a listener must name an address.
-std::pair<asio::ip::address, uint16_t> parse_listen(const std::string& s) {
-  const auto colon = s.rfind(':');
-  if (colon == std::string::npos)
-    throw std::runtime_error("listen address '" + s + "' has no port");
-  std::string host = s.substr(0, colon);
-  const std::string port = s.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host.empty()) host = "0.0.0.0";
+StatusOr<std::pair<asio::ip::address, uint16_t>> parse_listen(const std::string& s) {
+  StatusOr<HostPort> hp = split_host_port(s);
+  if (!hp.ok()) return Status::InvalidArgument("listen address '" + s + "': " + hp.message());
+  if (hp->host.empty()) hp->host = "0.0.0.0";
   boost::system::error_code ec;
-  const auto addr = asio::ip::make_address(host, ec);
-  if (ec)
-    throw std::runtime_error("listen address '" + s + "': '" + host + "' is not an IP address");
-  char* end = nullptr;
-  const unsigned long p = std::strtoul(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || p > 65535) {
-    throw std::runtime_error("listen address '" + s + "': bad port '" + port + "'");
+  const auto addr = asio::ip::make_address(hp->host, ec);
+  if (ec) {
+    return Status::InvalidArgument("listen address '" + s + "': '" + hp->host +
+                                   "' is not an IP address");
   }
-  return {addr, static_cast<uint16_t>(p)};
+  return std::pair{addr, hp->port};
+}
+
+// The address of a validated listener (validate()).
+std::pair<asio::ip::address, uint16_t> validated_listen(const std::string& s) {
+  StatusOr<std::pair<asio::ip::address, uint16_t>> p = parse_listen(s);
+  if (!p.ok()) throw std::logic_error("CheckFront with unvalidated options: " + p.message());
+  return *p;
 }
 
 // Fills the reply headers of answer `k` for the datagram in slot i.
@@ -180,10 +179,12 @@ void arm_tcp_deadlines(Worker& w, int64_t timeout_ms) {
 
 }  // namespace
 
-void validate(const CheckFrontOptions& options) {
+Status validate(const CheckFrontOptions& options) {
   for (const std::string* l : {&options.udp_listen, &options.tcp_listen}) {
-    if (!l->empty()) parse_listen(*l);
+    if (l->empty()) continue;
+    if (auto p = parse_listen(*l); !p.ok()) return p.status();
   }
+  return {};
 }
 
 // ---- a worker's later answers -------------------------------------------------------------------
@@ -251,7 +252,6 @@ void CheckFront::Impl::accept_next() {
 }
 
 CheckFront::CheckFront(CheckFrontOptions options, asio::io_context& control) {
-  validate(options);
   impl_ = std::make_unique<Impl>(std::move(options), control);
 }
 
@@ -265,7 +265,7 @@ void CheckFront::bind() {
   for (unsigned i = 0; i < f.opt.threads; ++i)
     f.workers.push_back(std::make_unique<Worker>(f.opt));
   if (!f.opt.udp_listen.empty()) {
-    auto [addr, port] = parse_listen(f.opt.udp_listen);
+    auto [addr, port] = validated_listen(f.opt.udp_listen);
     for (auto& w : f.workers) {
       udp::socket s(w->io_ctx);
       const udp::endpoint ep(addr, port);
@@ -283,7 +283,7 @@ void CheckFront::bind() {
     f.udp_port = port;
   }
   if (!f.opt.tcp_listen.empty()) {
-    auto [addr, port] = parse_listen(f.opt.tcp_listen);
+    auto [addr, port] = validated_listen(f.opt.tcp_listen);
     const tcp::endpoint ep(addr, port);
     f.acceptor.emplace(f.control);
     f.acceptor->open(ep.protocol());

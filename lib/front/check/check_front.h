@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
+
 namespace boost::asio {
 class io_context;
 }
@@ -47,9 +49,9 @@ struct CheckFrontOptions {
   std::function<int64_t()> clock;  // ms since the epoch, passed to CheckPath::decide
 };
 
-// Throws std::runtime_error naming the address when a listen address is malformed:
+// invalid_argument naming the address when a listen address is malformed. Listen addresses are
 // "127.0.0.1:7350", "[::1]:7350", ":7350" (all IPv4 interfaces); hostnames are not resolved.
-void validate(const CheckFrontOptions& options);
+Status validate(const CheckFrontOptions& options);
 
 // The front's counters, summed over the workers (relaxed reads: they are statistics).
 struct CheckFrontCounters {
@@ -118,7 +120,8 @@ using CheckPathFactory = std::function<std::unique_ptr<CheckPath>(WorkerLoop&)>;
 
 class CheckFront {
  public:
-  // Validates the options (validate()); binds nothing yet. `control` runs the TCP acceptor; it
+  // Binds nothing yet. The options must have passed validate() (the node checks them first; a
+  // malformed address here is a bug, std::logic_error). `control` runs the TCP acceptor; it
   // must outlive the front.
   CheckFront(CheckFrontOptions options, boost::asio::io_context& control);
   ~CheckFront();  // joins the workers; stop() first, or they never end

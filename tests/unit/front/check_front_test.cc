@@ -36,6 +36,9 @@ using sluice::front::check::CheckPath;
 using sluice::front::check::Reply;
 using sluice::front::check::WorkerLoop;
 using Bytes = std::vector<uint8_t>;
+using sluice::Status;
+using sluice::StatusCode;
+using sluice::front::check::validate;
 
 Bytes bytes(const std::string& s) {
   return Bytes(s.begin(), s.end());
@@ -251,14 +254,20 @@ TEST_CASE("check front: check_async decides on a worker, and answers nothing aft
 }
 
 TEST_CASE("check front: a malformed listen address is refused, naming it") {
-  boost::asio::io_context control;
   CheckFrontOptions o;
   o.udp_listen = "localhost:7350";
-  CHECK_THROWS_WITH(CheckFront(o, control),
-                    "listen address 'localhost:7350': 'localhost' is not an IP address");
+  Status s = validate(o);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message() == "listen address 'localhost:7350': 'localhost' is not an IP address");
   o.udp_listen = "";
   o.tcp_listen = "127.0.0.1";
-  CHECK_THROWS_WITH(CheckFront(o, control), "listen address '127.0.0.1' has no port");
+  CHECK(validate(o).message() == "listen address '127.0.0.1': expected HOST:PORT");
+  o.tcp_listen = "127.0.0.1:70000";
+  CHECK(validate(o).message() == "listen address '127.0.0.1:70000': bad port '70000'");
+  o.tcp_listen = "[::1]:0";
+  CHECK(validate(o).ok());
+  o.tcp_listen = ":7350";
+  CHECK(validate(o).ok());
 }
 
 }  // namespace

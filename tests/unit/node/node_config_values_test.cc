@@ -5,6 +5,9 @@
 
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -271,7 +274,9 @@ TEST_CASE(
                            "limits: [1/1s]}\n");
   o.envoy_rules = envoy;
   o.envoy_count_denied = false;
-  sluice::node::Node node(o);
+  sluice::StatusOr<std::unique_ptr<sluice::node::Node>> opened = sluice::node::Node::open(o);
+  REQUIRE_MESSAGE(opened.ok(), opened.message());
+  sluice::node::Node& node = **opened;
   auto p = node.engine().policy();
   CHECK(p->is_envoy_domain("shop"));
   CHECK_FALSE(p->is_envoy_domain("api"));
@@ -297,8 +302,9 @@ TEST_CASE(
   fs::remove((fs::path(envoy) / "zz.yaml").string());
   std::ofstream(limit_file) << "domain: shop\n";
   o.rules_file.clear();
-  sluice::node::Node alone(o);
-  CHECK(alone.engine().policy()->rules().domains.size() == 2);
+  sluice::StatusOr<std::unique_ptr<sluice::node::Node>> alone = sluice::node::Node::open(o);
+  REQUIRE_MESSAGE(alone.ok(), alone.message());
+  CHECK((*alone)->engine().policy()->rules().domains.size() == 2);
 }
 
 TEST_CASE("a setting name with control or non-ASCII bytes is shown escaped, one error per line") {
@@ -419,4 +425,63 @@ TEST_CASE("cluster DNS seeds, seed_refresh_ms and dns_server are read, malformed
     CHECK(err == l.at(5, "cluster.dns_server", "\"127.0.0.1:0\": bad port (expected IPv4:PORT)"));
   }
   CHECK(o.cluster.dns_server == "127.0.0.1:5353");
+}
+
+TEST_CASE("Node::open refuses a bad setting naming it, before it opens the data directory") {
+  Loader l;
+  const auto refused = [&](const std::function<void(NodeOptions&)>& tweak) {
+    NodeOptions o;
+    o.udp_listen = o.tcp_listen = o.admin_listen = o.grpc_listen = o.resp_listen = "";
+    o.data_dir = l.dir.path + "/data";
+    o.init_data = true;
+    tweak(o);
+    sluice::StatusOr<std::unique_ptr<sluice::node::Node>> n = sluice::node::Node::open(o);
+    CHECK_FALSE(std::filesystem::exists(o.data_dir));
+    REQUIRE_FALSE(n.ok());
+    CHECK(n.code() == sluice::StatusCode::invalid_argument);
+    return n.message();
+  };
+  CHECK(refused([](NodeOptions& o) { o.udp_listen = "localhost:7350"; }) ==
+        "listen address 'localhost:7350': 'localhost' is not an IP address");
+  CHECK(refused([](NodeOptions& o) { o.tcp_listen = "127.0.0.1"; }) ==
+        "listen address '127.0.0.1': expected HOST:PORT");
+  CHECK(refused([](NodeOptions& o) { o.admin_token_reads = true; }) ==
+        "admin_token_reads needs admin_token_file (the token to ask for)");
+  const auto cluster = [](NodeOptions& o) {
+    o.cluster.enabled = true;
+    o.cluster.node_id = 3;
+    o.cluster.listen = "127.0.0.1:7946";
+    o.cluster.secret = "0123456789abcdef0123456789abcdef";
+  };
+  CHECK(refused([&](NodeOptions& o) {
+          cluster(o);
+          o.cluster.listen = "0.0.0.0:7946";
+        }) == "cluster.advertise is required when cluster.listen is a wildcard address");
+  CHECK(refused([&](NodeOptions& o) {
+          cluster(o);
+          o.cluster.listen = "127.0.0.1:x";
+        }) == "cluster.listen '127.0.0.1:x': bad port 'x'");
+  CHECK(refused([&](NodeOptions& o) {
+          cluster(o);
+          o.cluster.node_id = 0;
+        }) == "cluster.node_id must be 1..65535");
+  CHECK(refused([&](NodeOptions& o) {
+          cluster(o);
+          o.cluster.seeds = {"10.0.0.1"};
+        }) == "cluster.seeds: \"10.0.0.1\": expected HOST:PORT");
+}
+
+TEST_CASE("Node::open refuses the Redis door off loopback without a password") {
+  NodeOptions o;
+  o.udp_listen = o.tcp_listen = o.admin_listen = o.grpc_listen = "";
+  o.data_dir.clear();
+  o.resp_listen = "0.0.0.0:0";
+  sluice::StatusOr<std::unique_ptr<sluice::node::Node>> n = sluice::node::Node::open(o);
+  REQUIRE_FALSE(n.ok());
+  CHECK(n.message().starts_with("RESP address \"0.0.0.0:0\" is not loopback"));
+  o.resp_listen = "[::1]:0";
+  CHECK(sluice::node::Node::open(o).ok());
+  o.resp_listen = "0.0.0.0:0";
+  o.resp_password = "secret";
+  CHECK(sluice::node::Node::open(o).ok());
 }

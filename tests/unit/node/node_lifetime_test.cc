@@ -43,7 +43,9 @@ void run_and_destroy(bool with_rules_file, int64_t rules_watch_interval_ms) {
   if (with_rules_file) opt.rules_file = (dir / "rules.yaml").string();
   opt.rules_watch_interval_ms = rules_watch_interval_ms;
   {
-    auto n = std::make_unique<node::Node>(opt);
+    StatusOr<std::unique_ptr<node::Node>> opened = node::Node::open(opt);
+    REQUIRE_MESSAGE(opened.ok(), opened.message());
+    std::unique_ptr<node::Node> n = std::move(*opened);
     std::thread t([&] { n->run(/*handle_signals=*/false); });
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!n->ready() && std::chrono::steady_clock::now() < until)
