@@ -51,8 +51,8 @@ int main(int argc, char** argv) {
   if (config_file.empty()) {
     opt.init_data = true;  // the embedded default is for trying Sluice out: ./data on first run
   } else {
-    if (const std::string err = sluice::node::load_node_config(config_file, opt); !err.empty()) {
-      std::fprintf(stderr, "sluiced: %s\n", err.c_str());
+    if (const sluice::Status s = sluice::node::load_node_config(config_file, opt); !s.ok()) {
+      std::fprintf(stderr, "sluiced: %s\n", s.message().c_str());
       return 2;
     }
   }

@@ -67,29 +67,40 @@ int64_t timeout_after(const SuspicionBounds& b, uint32_t confirmations) {
 
 using namespace membership_detail;
 
-std::string validate(const MembershipOptions& o) {
-  if (o.probe_interval_ms <= 0) return "probe_interval_ms must be positive";
+Status validate(const MembershipOptions& o) {
+  if (o.probe_interval_ms <= 0)
+    return Status::InvalidArgument("probe_interval_ms must be positive");
   if (o.probe_timeout_ms <= 0 || o.probe_timeout_ms >= o.probe_interval_ms)
-    return "probe_timeout_ms must be positive and below probe_interval_ms";
+    return Status::InvalidArgument("probe_timeout_ms must be positive and below probe_interval_ms");
   if (o.nack_timeout_ms <= 0 || o.nack_timeout_ms >= o.probe_interval_ms - o.probe_timeout_ms)
-    return "nack_timeout_ms must be positive and below probe_interval_ms - probe_timeout_ms, "
-           "so that nacks arrive before the probe ends";
-  if (o.suspicion_mult == 0) return "suspicion_mult must be at least 1";
-  if (o.suspicion_max_mult == 0) return "suspicion_max_mult must be at least 1";
-  if (o.retransmit_mult == 0) return "retransmit_mult must be at least 1";
+    return Status::InvalidArgument(
+        "nack_timeout_ms must be positive and below probe_interval_ms - probe_timeout_ms, "
+        "so that nacks arrive before the probe ends");
+  if (o.suspicion_mult == 0) return Status::InvalidArgument("suspicion_mult must be at least 1");
+  if (o.suspicion_max_mult == 0)
+    return Status::InvalidArgument("suspicion_max_mult must be at least 1");
+  if (o.retransmit_mult == 0) return Status::InvalidArgument("retransmit_mult must be at least 1");
   if (o.max_gossip_per_message < 2)
-    return "max_gossip_per_message must be at least 2 (the recipient's record and our own)";
+    return Status::InvalidArgument(
+        "max_gossip_per_message must be at least 2 (the recipient's record and our own)");
   if (o.max_join_reply_entries < 2)
-    return "max_join_reply_entries must be at least 2 (our record and one more)";
-  if (o.gossip_interval_ms <= 0) return "gossip_interval_ms must be positive";
-  if (o.gossip_fanout == 0) return "gossip_fanout must be at least 1";
-  if (o.dead_retention_ms <= 0) return "dead_retention_ms must be positive";
-  if (o.reconnect_interval_ms <= 0) return "reconnect_interval_ms must be positive";
-  if (o.sync_interval_ms <= 0) return "sync_interval_ms must be positive";
-  if (o.join_retry_interval_ms <= 0) return "join_retry_interval_ms must be positive";
-  if (o.join_attempts == 0) return "join_attempts must be at least 1";
-  if (o.rejoin_interval_ms <= 0) return "rejoin_interval_ms must be positive";
-  if (o.max_local_health == 0) return "max_local_health must be at least 1";
+    return Status::InvalidArgument(
+        "max_join_reply_entries must be at least 2 (our record and one more)");
+  if (o.gossip_interval_ms <= 0)
+    return Status::InvalidArgument("gossip_interval_ms must be positive");
+  if (o.gossip_fanout == 0) return Status::InvalidArgument("gossip_fanout must be at least 1");
+  if (o.dead_retention_ms <= 0)
+    return Status::InvalidArgument("dead_retention_ms must be positive");
+  if (o.reconnect_interval_ms <= 0)
+    return Status::InvalidArgument("reconnect_interval_ms must be positive");
+  if (o.sync_interval_ms <= 0) return Status::InvalidArgument("sync_interval_ms must be positive");
+  if (o.join_retry_interval_ms <= 0)
+    return Status::InvalidArgument("join_retry_interval_ms must be positive");
+  if (o.join_attempts == 0) return Status::InvalidArgument("join_attempts must be at least 1");
+  if (o.rejoin_interval_ms <= 0)
+    return Status::InvalidArgument("rejoin_interval_ms must be positive");
+  if (o.max_local_health == 0)
+    return Status::InvalidArgument("max_local_health must be at least 1");
   return {};
 }
 
@@ -719,8 +730,9 @@ void Membership::Impl::finish(int64_t now) {
 
 Membership::Membership(Member self, MembershipOptions options, MembershipTransport& transport,
                        uint64_t rng_seed) {
-  if (std::string error = validate(options); !error.empty())
-    throw std::invalid_argument("membership options: " + error);
+  if (Status s = validate(options); !s.ok()) {  // options built in code: a bug
+    throw std::invalid_argument("membership options: " + s.message());
+  }
   impl_ = std::make_unique<Impl>(std::move(self), options, transport, rng_seed);
 }
 

@@ -131,6 +131,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"
 #include "cluster/messages.h"
 
 namespace sluice::cluster {
@@ -183,8 +184,8 @@ struct MembershipOptions {
   uint32_t max_local_health = 8;        // probe interval and timeout scale by at most this
 };
 
-// An empty string when the options are usable, else a sentence naming the offending setting.
-std::string validate(const MembershipOptions& options);
+// Ok when the options are usable, else invalid_argument with a sentence naming the setting.
+Status validate(const MembershipOptions& options);
 
 // SWIM precedence: whether `update` replaces `known` (records of the same member): a larger
 // incarnation, or the same incarnation and a stronger state (Left > Dead > Suspect > Alive).

@@ -111,11 +111,11 @@ std::string check_record(const OverrideRecord& r, int64_t now_ms, const Override
     probe.entries = o.entries;
     probe.mode = rules::Mode::kEnforce;
     rules::Overrides scratch;
-    if (std::string err = scratch.set(std::move(probe)); !err.empty()) return "invalid: " + err;
+    if (Status s = scratch.set(std::move(probe)); !s.ok()) return "invalid: " + s.message();
     return {};
   }
   rules::Overrides scratch;
-  if (std::string err = scratch.set(o); !err.empty()) return "invalid: " + err;
+  if (Status s = scratch.set(o); !s.ok()) return "invalid: " + s.message();
   return {};
 }
 

@@ -53,26 +53,25 @@ std::string reason(int err) {
   return why;
 }
 
-// Reads a whole file into `out`; "" or why not. A directory is refused: opening one for reading
-// succeeds, and std::ifstream then reads it as an empty file.
-std::string read_file(const std::string& path, std::string& out) {
+// Reads a whole file; io_error with why not (strerror's text, lowercased). A directory is
+// refused: opening one for reading succeeds, and std::ifstream then reads it as an empty file.
+StatusOr<std::string> read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return reason(errno);
+  if (fd < 0) return Status::IoError(reason(errno));
   std::string why;
+  std::string text;
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     why = reason(errno);
   } else if (S_ISDIR(st.st_mode)) {
     why = reason(EISDIR);
   } else {
-    std::string text;
     char chunk[16 * 1024];
     for (;;) {
       const ssize_t n = ::read(fd, chunk, sizeof(chunk));
       if (n > 0) {
         text.append(chunk, static_cast<size_t>(n));
       } else if (n == 0) {
-        out = std::move(text);
         break;
       } else if (errno != EINTR) {
         why = reason(errno);
@@ -81,14 +80,14 @@ std::string read_file(const std::string& path, std::string& out) {
     }
   }
   ::close(fd);
-  return why;
+  if (!why.empty()) return Status::IoError(why);
+  return text;
 }
 
 StatusOr<std::string> read_secret_file(const std::string& file) {
-  std::string text;
-  if (std::string why = read_file(file, text); !why.empty()) {
-    return Status::IoError("cannot read " + file + ": " + why);
-  }
+  StatusOr<std::string> read = read_file(file);
+  if (!read.ok()) return Status::IoError("cannot read " + file + ": " + read.message());
+  std::string text = std::move(*read);
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
     text.pop_back();
   return text;
@@ -418,25 +417,31 @@ void load_cluster(const YAML::Node& section, const YAML::Node& c, ClusterOptions
 }
 
 // The file's settings as one YAML map, or why not ("" and a null `root`: an empty file).
-std::string parse_config(const std::string& path, YAML::Node& root) {
-  std::string text;
-  if (std::string why = read_file(path, text); !why.empty()) {
-    return path + ": cannot read the config file: " + why;
+// The config file as a YAML map (or null when empty): io_error when it cannot be read,
+// invalid_argument when it is not one YAML map; each message starts with "<path>:".
+Status parse_config(const std::string& path, YAML::Node& root) {
+  StatusOr<std::string> read = read_file(path);
+  if (!read.ok()) {
+    return Status::IoError(path + ": cannot read the config file: " + read.message());
   }
+  const std::string& text = *read;
+  const auto bad = [&](int line, const std::string& why) {
+    return Status::InvalidArgument(path + (line > 0 ? ":" + std::to_string(line) : "") + ": " +
+                                   why);
+  };
   if (const int nul = rules::yaml_nul_line(text); nul != 0) {
-    return path + ":" + std::to_string(nul) + ": " + std::string(rules::kYamlNul);
+    return bad(nul, std::string(rules::kYamlNul));
   }
   try {
     if (const rules::YamlDocuments d = rules::count_yaml_documents(text); d.count > 1) {
-      return path + ":" + std::to_string(d.second_line) +
-             ": the config holds more than one YAML document; keep one";
+      return bad(d.second_line, "the config holds more than one YAML document; keep one");
     }
     root = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
-    return path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg;
+    return bad(e.mark.line + 1, e.msg);
   }
-  if (!root.IsNull() && !root.IsMap()) return path + ": the config must be a map of settings";
-  return "";
+  if (!root.IsNull() && !root.IsMap()) return bad(0, "the config must be a map of settings");
+  return {};
 }
 
 }  // namespace
@@ -445,9 +450,9 @@ std::string_view embedded_rules() {
   return kEmbeddedRules;
 }
 
-std::string load_node_config(const std::string& path, NodeOptions& out) {
+Status load_node_config(const std::string& path, NodeOptions& out) {
   YAML::Node root;
-  if (std::string err = parse_config(path, root); !err.empty()) return err;
+  if (Status s = parse_config(path, root); !s.ok()) return s;
   if (root.IsNull()) return {};  // an empty file keeps every default
   std::string errors;
   auto fail = [&](const YAML::Node& key, const std::string& field, const std::string& why) {
@@ -464,8 +469,9 @@ std::string load_node_config(const std::string& path, NodeOptions& out) {
         fail(kv.first, "admin_token_reads", "needs admin_token_file (the token to ask for)");
     }
   }
-  if (!errors.empty()) errors.pop_back();
-  return errors;
+  if (errors.empty()) return {};
+  errors.pop_back();
+  return Status::InvalidArgument(std::move(errors));
 }
 
 }  // namespace sluice::node

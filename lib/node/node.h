@@ -130,9 +130,10 @@ struct NodeOptions {
   ClusterOptions cluster;
 };
 
-// Loads a node config file (YAML; see docs/operations.md for the fields). Returns "" or an error
-// naming the file, the line and the field. Fields not given keep their value in `out`.
-std::string load_node_config(const std::string& path, NodeOptions& out);
+// Loads a node config file (YAML; see docs/operations.md for the fields). A failure names the
+// file, the line and the field, one error a line: io_error when the file cannot be read, else
+// invalid_argument. Fields not given keep their value in `out`.
+Status load_node_config(const std::string& path, NodeOptions& out);
 
 // The embedded default rules text (deploy/rules.example.yaml at build time).
 std::string_view embedded_rules();

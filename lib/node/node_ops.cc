@@ -135,8 +135,8 @@ Status NodeState::load() {
       if (std::string why = check_applies_locked(ov); !why.empty()) {
         spdlog::warn("override {} has no effect under the current rules (kept): {}", who, why);
       }
-      if (std::string err = overrides.set(ov); !err.empty()) {
-        spdlog::warn("stored override {} is invalid and ignored: {}", who, err);
+      if (Status s = overrides.set(ov); !s.ok()) {
+        spdlog::warn("stored override {} is invalid and ignored: {}", who, s.message());
       }
     }
     if (Status s = store->erase_override_records(forgotten); !s.ok()) return s;
@@ -268,8 +268,9 @@ OpResult NodeState::write_record_locked(cluster::OverrideRecord rec) {
   }
   if (rec.deleted) {
     overrides.del(o.domain, o.entries);
-  } else {
-    overrides.set(o);
+  } else if (Status s = overrides.set(o); !s.ok()) {  // check_record passed: a bug
+    spdlog::error("override {} passed its check but not the table's: {}",
+                  describe(o.domain, o.entries), s.message());
   }
   apply_locked();
   spdlog::info("override {}: {} (version {}/{})", rec.deleted ? "deleted" : "set",
@@ -283,7 +284,7 @@ OpResult NodeState::set_override(rules::Override o) {
   using K = OpResult::Kind;
   std::lock_guard g(rules_mu);
   rules::Overrides next = overrides;
-  if (std::string err = next.set(o); !err.empty()) return {K::kInvalid, err};
+  if (Status s = next.set(o); !s.ok()) return {K::kInvalid, s.message()};
   if (std::string why = check_applies_locked(o); !why.empty()) return {K::kInvalid, why};
   cluster::OverrideRecord rec;
   rec.value = *next.get(o.domain, o.entries);  // entries sorted
@@ -388,7 +389,11 @@ NodeState::OverrideMerge NodeState::merge_overrides(
       spdlog::warn("override {} from node {} has no effect under this node's rules (kept): {}", who,
                    from, why);
     }
-    overrides.set(o);
+    if (Status s = overrides.set(o); !s.ok()) {  // merged records passed check_record: a bug
+      spdlog::error("override {} from node {} passed its check but not the table's: {}", who, from,
+                    s.message());
+      continue;
+    }
     spdlog::info("override set from node {}: {} (version {}/{})", from, who, r.version.ms,
                  r.version.node);
   }

@@ -191,12 +191,11 @@ class Service final : public h2::CallHandler {
   }
 
   // The filled response (or why it could not be filled) as the call's reply.
-  void respond(const Plan& plan, const std::string& err, RateLimitResponse& resp,
-               h2::Reply& reply) {
-    if (!err.empty()) {
+  void respond(const Plan& plan, const Status& err, RateLimitResponse& resp, h2::Reply& reply) {
+    if (!err.ok()) {
       counters_.internal.fetch_add(1, std::memory_order_relaxed);
-      spdlog::error("rls: {}", err);
-      refuse(reply, h2::Code::kInternal, err);
+      spdlog::error("rls: {}", err.message());
+      refuse(reply, h2::Code::kInternal, err.message());
       return;
     }
     reply.code = h2::Code::kOk;

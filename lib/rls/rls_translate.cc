@@ -250,12 +250,12 @@ wire::LimitStatus owned(const wire::LimitView& l) {
 
 // fill_response over the decisions of plan.checks (null: no check was sent).
 template <typename D>
-std::string fill(const Plan& plan, std::span<const D>* decisions, bool rate_limit_headers,
-                 RateLimitResponse& resp) {
+sluice::Status fill(const Plan& plan, std::span<const D>* decisions, bool rate_limit_headers,
+                    RateLimitResponse& resp) {
   resp.Clear();
   if (decisions != nullptr && decisions->size() != plan.checks.size()) {
-    return "the node answered " + std::to_string(decisions->size()) + " of " +
-           std::to_string(plan.checks.size()) + " checks";
+    return sluice::Status::Unavailable("the node answered " + std::to_string(decisions->size()) +
+                                       " of " + std::to_string(plan.checks.size()) + " checks");
   }
   bool over = false;
   size_t quota_total = 0;
@@ -269,7 +269,8 @@ std::string fill(const Plan& plan, std::span<const D>* decisions, bool rate_limi
       continue;
     }
     if (plan.kind[i] == Plan::Kind::kReplaced) continue;
-    if (decisions == nullptr) return "no answer for descriptor " + std::to_string(i);
+    if (decisions == nullptr)
+      return sluice::Status::Unavailable("no answer for descriptor " + std::to_string(i));
     const D& d = (*decisions)[plan.check[i]];
     switch (d.code) {
       case wire::Code::kOk:
@@ -279,7 +280,8 @@ std::string fill(const Plan& plan, std::span<const D>* decisions, bool rate_limi
       case wire::Code::kNoRoom:
         continue;
       default:
-        return "descriptor " + std::to_string(i) + ": " + std::string(wire::to_string(d.code));
+        return sluice::Status::Unavailable("descriptor " + std::to_string(i) + ": " +
+                                           std::string(wire::to_string(d.code)));
     }
     if (d.allowlisted) {
       s->set_limit_remaining(kMaxU32);
@@ -319,24 +321,25 @@ std::string fill(const Plan& plan, std::span<const D>* decisions, bool rate_limi
       h->set_value(v);
     }
   }
-  return "";
+  return {};
 }
 
 }  // namespace
 
-std::string fill_response(const Plan& plan, const wire::Answer* answer, bool rate_limit_headers,
-                          RateLimitResponse& resp) {
+sluice::Status fill_response(const Plan& plan, const wire::Answer* answer, bool rate_limit_headers,
+                             RateLimitResponse& resp) {
   if (answer != nullptr && answer->code != wire::Code::kOk) {
     resp.Clear();
-    return "the node answered " + std::string(wire::to_string(answer->code));
+    return sluice::Status::Unavailable("the node answered " +
+                                       std::string(wire::to_string(answer->code)));
   }
   std::span<const wire::Decision> decisions;
   if (answer != nullptr) decisions = answer->decisions;
   return fill(plan, answer != nullptr ? &decisions : nullptr, rate_limit_headers, resp);
 }
 
-std::string fill_response(const Plan& plan, std::span<const wire::DecisionView> decisions,
-                          bool rate_limit_headers, RateLimitResponse& resp) {
+sluice::Status fill_response(const Plan& plan, std::span<const wire::DecisionView> decisions,
+                             bool rate_limit_headers, RateLimitResponse& resp) {
   return fill(plan, &decisions, rate_limit_headers, resp);
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "envoy/service/ratelimit/v3/rls.pb.h"
 #include "rls/rls.h"
 #include "rules/rules.h"
@@ -48,13 +49,13 @@ struct Plan {
 PlanError plan_request(const RateLimitRequest& req, const rules::Policy* policy,
                        const RlsOptions& options, Plan& out);
 
-// Fills `resp` from the node's answer to plan.checks (null when no check was sent). Returns "" or
-// why the answer cannot be used (a request-level error code, a count that does not match).
-std::string fill_response(const Plan& plan, const wire::Answer* answer, bool rate_limit_headers,
-                          RateLimitResponse& resp);
+// Fills `resp` from the node's answer to plan.checks (null when no check was sent); unavailable
+// with why the answer cannot be used (a request-level error code, a count that does not match).
+Status fill_response(const Plan& plan, const wire::Answer* answer, bool rate_limit_headers,
+                     RateLimitResponse& resp);
 // The same from decisions made in this process (Backend::decide_here), one per plan.checks.
-std::string fill_response(const Plan& plan, std::span<const wire::DecisionView> decisions,
-                          bool rate_limit_headers, RateLimitResponse& resp);
+Status fill_response(const Plan& plan, std::span<const wire::DecisionView> decisions,
+                     bool rate_limit_headers, RateLimitResponse& resp);
 
 // The RLS unit of a window: SECOND, MINUTE, HOUR, DAY, WEEK (7 d), MONTH (30 d), YEAR (365 d);
 // UNKNOWN for any other window (a Sluice rule's 10 s or 90 s).

@@ -42,38 +42,39 @@ std::string override_id(std::string_view domain, std::span<const Entry> entries)
   return make_id(domain, sorted);
 }
 
-std::string Overrides::set(Override o) {
-  if (o.domain.empty()) return "the override names no domain";
-  if (o.entries.empty()) return "the override names no descriptor entries";
+Status Overrides::set(Override o) {
+  const auto bad = [](std::string why) { return Status::InvalidArgument(std::move(why)); };
+  if (o.domain.empty()) return bad("the override names no domain");
+  if (o.entries.empty()) return bad("the override names no descriptor entries");
   sort_entries(o.entries);
   for (size_t i = 0; i < o.entries.size(); ++i) {
-    if (o.entries[i].first.empty()) return "an override entry has an empty key";
+    if (o.entries[i].first.empty()) return bad("an override entry has an empty key");
     if (i > 0 && o.entries[i].first == o.entries[i - 1].first) {
-      return "the override names the entry `" + o.entries[i].first + "` twice";
+      return bad("the override names the entry `" + o.entries[i].first + "` twice");
     }
   }
   if (o.limits.empty() && o.plan.empty() && !o.mode) {
-    return "the override changes nothing: give limits, a plan or a mode";
+    return bad("the override changes nothing: give limits, a plan or a mode");
   }
   for (size_t i = 0; i < o.limits.size(); ++i) {
     const Limit& l = o.limits[i];
     if (l.requests == 0 || l.requests > kMaxRequests) {
-      return "limit " + std::to_string(i + 1) + ": the request count must be from 1 to 2^40";
+      return bad("limit " + std::to_string(i + 1) + ": the request count must be from 1 to 2^40");
     }
     // bucket_ms 0: no granularity given (the rule's, resolved when the policy is compiled).
     const window::WindowSpec spec =
         l.spec.bucket_ms == 0 ? window::make_spec(l.spec.window_ms) : l.spec;
     if (std::string why = window::validate(spec); !why.empty()) {
-      return "limit " + std::to_string(i + 1) + ": window: " + why;
+      return bad("limit " + std::to_string(i + 1) + ": window: " + why);
     }
     for (size_t j = 0; j < i; ++j) {
       if (o.limits[j].spec.window_ms == l.spec.window_ms) {
-        return "limits " + std::to_string(j + 1) + " and " + std::to_string(i + 1) +
-               " have the same window " + format_duration(l.spec.window_ms);
+        return bad("limits " + std::to_string(j + 1) + " and " + std::to_string(i + 1) +
+                   " have the same window " + format_duration(l.spec.window_ms));
       }
     }
   }
-  if (o.expires_at_ms < 0) return "the expiry time must not be negative (0 = never)";
+  if (o.expires_at_ms < 0) return bad("the expiry time must not be negative (0 = never)");
   std::string id = make_id(o.domain, o.entries);
   by_id_.insert_or_assign(std::move(id), std::move(o));
   return {};

@@ -241,8 +241,8 @@ std::string override_id(std::string_view domain,
 class Overrides {
  public:
   // Validates (domain and entries non-empty, limits valid, no duplicate entry keys) and stores,
-  // replacing any override with the same domain and entries. Returns "" or the reason.
-  std::string set(Override o);
+  // replacing any override with the same domain and entries; invalid_argument with the reason.
+  Status set(Override o);
   const Override* get(std::string_view domain,
                       std::span<const std::pair<std::string, std::string>> entries) const;
   bool del(std::string_view domain, std::span<const std::pair<std::string, std::string>> entries);

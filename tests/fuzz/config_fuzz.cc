@@ -29,7 +29,7 @@ void fuzz_config(std::span<const uint8_t> in) {
     f.write(reinterpret_cast<const char*>(in.data()), static_cast<std::streamsize>(in.size()));
   }
   sluice::node::NodeOptions a;
-  const std::string err = sluice::node::load_node_config(path(), a);
+  const std::string err = sluice::node::load_node_config(path(), a).message();
   if (!err.empty()) {
     std::istringstream lines(err);
     for (std::string line; std::getline(lines, line);)
@@ -37,7 +37,7 @@ void fuzz_config(std::span<const uint8_t> in) {
     return;
   }
   sluice::node::NodeOptions b;
-  FUZZ_REQUIRE(sluice::node::load_node_config(path(), b).empty());
+  FUZZ_REQUIRE(sluice::node::load_node_config(path(), b).ok());
   FUZZ_REQUIRE(a.udp_listen == b.udp_listen && a.grpc_listen == b.grpc_listen &&
                a.threads == b.threads && a.cluster.enabled == b.cluster.enabled &&
                a.cluster.seeds == b.cluster.seeds && a.rules_file == b.rules_file);

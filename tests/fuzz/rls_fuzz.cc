@@ -86,7 +86,7 @@ void fuzz_rls(std::span<const uint8_t> in) {
     answer.decisions.push_back(std::move(d));
   }
   static rls::RateLimitResponse resp;
-  FUZZ_REQUIRE(rls::fill_response(plan, &answer, true, resp).empty());
+  FUZZ_REQUIRE(rls::fill_response(plan, &answer, true, resp).ok());
   FUZZ_REQUIRE(resp.statuses_size() == req.descriptors_size());
 }
 

@@ -39,7 +39,7 @@ struct Loader {
   std::string file;
   std::string load(const std::string& text, NodeOptions& out) {
     file = dir.write("sluiced.yaml", text);
-    return load_node_config(file, out);
+    return load_node_config(file, out).message();
   }
   // "<file>:<line>: <field>: <why>", the loader's error format.
   std::string at(int line, const std::string& field, const std::string& why) const {

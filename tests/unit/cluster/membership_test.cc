@@ -163,19 +163,19 @@ TEST_CASE("membership: retransmit limit grows with log10 of the cluster size") {
 }
 
 TEST_CASE("membership: options are validated with the name of the offending setting") {
-  CHECK(validate(MembershipOptions{}).empty());
+  CHECK(validate(MembershipOptions{}).ok());
   MembershipOptions o;
   o.probe_timeout_ms = 1'000;
-  CHECK(validate(o).find("probe_timeout_ms") != std::string::npos);
+  CHECK(validate(o).message().find("probe_timeout_ms") != std::string::npos);
   o = {};
   o.nack_timeout_ms = 600;
-  CHECK(validate(o).find("nack_timeout_ms") != std::string::npos);
+  CHECK(validate(o).message().find("nack_timeout_ms") != std::string::npos);
   o = {};
   o.max_gossip_per_message = 1;
-  CHECK(validate(o).find("max_gossip_per_message") != std::string::npos);
+  CHECK(validate(o).message().find("max_gossip_per_message") != std::string::npos);
   o = {};
   o.max_local_health = 0;
-  CHECK(validate(o).find("max_local_health") != std::string::npos);
+  CHECK(validate(o).message().find("max_local_health") != std::string::npos);
   RecordingTransport t;
   CHECK_THROWS_AS(Membership(member_of(0), o, t, 1), std::invalid_argument);
 }

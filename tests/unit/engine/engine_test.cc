@@ -287,7 +287,7 @@ TEST_CASE("an override replaces one client's limits and mode without touching ot
   o.domain = "api";
   o.entries = {{"client", "big-partner"}};
   o.limits = {limit("20/1m")};
-  REQUIRE(ov.set(o).empty());
+  REQUIRE(ov.set(o).ok());
   Engine e(compile(one_domain({rule("per-client", {"client"}, {limit("5/1m")})}), ov));
   Checker c{e, {}, {}};
   CHECK(c.admitted(30, {{"client", "big-partner"}}, kT0) == 20);

@@ -75,9 +75,11 @@ struct Node {
   }
   void set(std::vector<rules::Limit> limits, int64_t now, std::string plan = "",
            int64_t expires_at = 0, const char* client = "c1") {
-    REQUIRE(overrides.set(Override{
-                "api", {{"client", client}}, std::move(limits), std::move(plan), {}, expires_at}) ==
-            "");
+    REQUIRE(
+        overrides
+            .set(Override{
+                "api", {{"client", client}}, std::move(limits), std::move(plan), {}, expires_at})
+            .ok());
     apply(now);
   }
   void del(int64_t now, const char* client = "c1") {
@@ -146,8 +148,9 @@ TEST_CASE("the issue's case: a client at 15 of 20/10s gets 0 more under an overr
 TEST_CASE("without its previous policy a compile carries nothing (what lib/node must pass)") {
   Node n(kRule);
   n.fifteen_hits();
-  REQUIRE(n.overrides.set(
-              Override{"api", {{"client", "c1"}}, {limit("10/10s", 2 * kSec)}, "", {}, 0}) == "");
+  REQUIRE(
+      n.overrides.set(Override{"api", {{"client", "c1"}}, {limit("10/10s", 2 * kSec)}, "", {}, 0})
+          .ok());
   n.engine.set_policy(rules::Policy::compile(n.rules, n.overrides, kSeed));
   CHECK(n.admitted(20, kT0 + 2 * kSec) == 10);  // the issue's report: a fresh counter
 }

@@ -272,8 +272,9 @@ TEST_CASE("a config file that cannot be read is one error naming the file, and o
   TempDir dir;
   const std::string missing = (fs::path(dir.path) / "no-such.yaml").string();
   NodeOptions out = non_default_options();
-  const std::string err = load_node_config(missing, out);
-  CHECK(err == missing + ": cannot read the config file: no such file or directory");
+  const sluice::Status err = load_node_config(missing, out);
+  CHECK(err.code() == sluice::StatusCode::io_error);
+  CHECK(err.message() == missing + ": cannot read the config file: no such file or directory");
   check_same(out, non_default_options());
 }
 

@@ -213,7 +213,7 @@ TEST_CASE("a quoted null is the literal string, not an empty value") {
 TEST_CASE("a directory given as the config file is an error naming it, and out is kept") {
   TempDir dir;
   NodeOptions out = non_default_options();
-  CHECK(load_node_config(dir.path, out) ==
+  CHECK(load_node_config(dir.path, out).message() ==
         dir.path + ": cannot read the config file: is a directory");
   check_same(out, non_default_options());
 }

@@ -478,8 +478,8 @@ TEST_CASE("overrides work on envoy rules: the override's entries are the rule's 
   Limit l;
   l.requests = 99;
   l.spec = window::make_spec(kMin);
-  REQUIRE(ov.set(Override{
-              "shop", {{"tenant", "acme"}, {"route", "x"}}, {l}, "", Mode::kDryRun, 0}) == "");
+  REQUIRE(ov.set(Override{"shop", {{"tenant", "acme"}, {"route", "x"}}, {l}, "", Mode::kDryRun, 0})
+              .ok());
   auto p = compile_files({"basic.yaml"}, ov);
   std::vector<Descriptor> desc = {{"tenant", "acme"}, {"route", "x"}};
   Resolution out;

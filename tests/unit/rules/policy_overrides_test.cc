@@ -160,8 +160,8 @@ TEST_CASE("an override replaces a key's limits and keeps its counter") {
                                      {"client_id", "shop-17"}};
   auto plain = compile_text(kOauthRules);
   Overrides ov;
-  REQUIRE(ov.set(Override{
-              "oauth", {{"client_id", "shop-17"}}, {limit_of(5000, kMin)}, "", {}, 0}) == "");
+  REQUIRE(ov.set(Override{"oauth", {{"client_id", "shop-17"}}, {limit_of(5000, kMin)}, "", {}, 0})
+              .ok());
   auto p = compile_text(kOauthRules, ov);
 
   Resolved before = resolve(*plain, "oauth", desc);
@@ -187,7 +187,8 @@ TEST_CASE("an override with limits of another window counts in that window's cou
                           {limit_of(5, kSec, "tight"), limit_of(100, 10 * kMin)},
                           "",
                           {},
-                          0}) == "");
+                          0})
+              .ok());
   auto p = compile_text(kApiRules, ov);
   Resolved r = resolve(*p, "api", {{"api_key", "k1"}});
   REQUIRE(r.limits.size() == 2);
@@ -201,7 +202,7 @@ TEST_CASE("an override with limits of another window counts in that window's cou
 
 TEST_CASE("an override can change only the mode") {
   Overrides ov;
-  REQUIRE(ov.set(Override{"oauth", {{"client_id", "shop-17"}}, {}, "", Mode::kShadow, 0}) == "");
+  REQUIRE(ov.set(Override{"oauth", {{"client_id", "shop-17"}}, {}, "", Mode::kShadow, 0}).ok());
   auto p = compile_text(kOauthRules, ov);
   Resolved r =
       resolve(*p, "oauth", {{"grant_type", "client_credentials"}, {"client_id", "shop-17"}});
@@ -213,9 +214,10 @@ TEST_CASE("an override can change only the mode") {
 
 TEST_CASE("an override applies to every rule keyed by exactly its entries, in any order") {
   Overrides ov;
-  REQUIRE(ov.set(Override{
-              "oauth", {{"user", "42"}, {"client_id", "shop-17"}}, {}, "", Mode::kEnforce, 0}) ==
-          "");
+  REQUIRE(
+      ov.set(Override{
+                 "oauth", {{"user", "42"}, {"client_id", "shop-17"}}, {}, "", Mode::kEnforce, 0})
+          .ok());
   auto p = compile_text(kOauthRules, ov);
   Resolved refresh = resolve(
       *p, "oauth", {{"grant_type", "refresh_token"}, {"client_id", "shop-17"}, {"user", "42"}});
@@ -241,8 +243,8 @@ TEST_CASE("an override applies to every rule keyed by exactly its entries, in an
 TEST_CASE("an expired override is ignored") {
   Overrides ov;
   REQUIRE(ov.set(Override{
-              "oauth", {{"client_id", "shop-17"}}, {limit_of(5000, kMin)}, "", {}, kNow + 1}) ==
-          "");
+                     "oauth", {{"client_id", "shop-17"}}, {limit_of(5000, kMin)}, "", {}, kNow + 1})
+              .ok());
   auto p = compile_text(kOauthRules, ov);
   const std::vector<Descriptor> desc{{"grant_type", "client_credentials"},
                                      {"client_id", "shop-17"}};
@@ -256,8 +258,8 @@ TEST_CASE("an expired override is ignored") {
 
 TEST_CASE("a plan assignment override wins over the descriptor's plan") {
   Overrides ov;
-  REQUIRE(ov.set(Override{"dns", {{"user", "7"}}, {}, "pro", {}, 0}) == "");
-  REQUIRE(ov.set(Override{"dns", {{"user", "8"}}, {}, "no-such-plan", {}, 0}) == "");
+  REQUIRE(ov.set(Override{"dns", {{"user", "7"}}, {}, "pro", {}, 0}).ok());
+  REQUIRE(ov.set(Override{"dns", {{"user", "8"}}, {}, "no-such-plan", {}, 0}).ok());
   auto p = compile_text(kDnsRules, ov);
   auto user_limit = [&](std::vector<Descriptor> desc) {
     Resolved r = resolve(*p, "dns", std::move(desc));
@@ -273,8 +275,8 @@ TEST_CASE("a plan assignment override wins over the descriptor's plan") {
 
 TEST_CASE("overrides for unknown domains or unmatched keys have no effect") {
   Overrides ov;
-  REQUIRE(ov.set(Override{"nope", {{"client_id", "shop-17"}}, {}, "", Mode::kShadow, 0}) == "");
-  REQUIRE(ov.set(Override{"oauth", {{"ip", "1.2.3.4"}}, {}, "", Mode::kShadow, 0}) == "");
+  REQUIRE(ov.set(Override{"nope", {{"client_id", "shop-17"}}, {}, "", Mode::kShadow, 0}).ok());
+  REQUIRE(ov.set(Override{"oauth", {{"ip", "1.2.3.4"}}, {}, "", Mode::kShadow, 0}).ok());
   auto p = compile_text(kOauthRules, ov);
   Resolved r =
       resolve(*p, "oauth",
@@ -287,9 +289,9 @@ TEST_CASE("overrides for unknown domains or unmatched keys have no effect") {
 
 TEST_CASE("overrides are set, replaced, read, listed and deleted by domain and entries") {
   Overrides ov;
-  CHECK(ov.set(Override{"oauth", {{"user", "42"}, {"client_id", "a"}}, {}, "", Mode::kDryRun, 0}) ==
-        "");
-  CHECK(ov.set(Override{"api", {{"api_key", "k"}}, {limit_of(1, kSec)}, "", {}, 0}) == "");
+  CHECK(ov.set(Override{"oauth", {{"user", "42"}, {"client_id", "a"}}, {}, "", Mode::kDryRun, 0})
+            .ok());
+  CHECK(ov.set(Override{"api", {{"api_key", "k"}}, {limit_of(1, kSec)}, "", {}, 0}).ok());
   CHECK(ov.size() == 2);
 
   using Entries = std::vector<std::pair<std::string, std::string>>;
@@ -302,7 +304,7 @@ TEST_CASE("overrides are set, replaced, read, listed and deleted by domain and e
   CHECK(ov.get("oauth", Entries{{"client_id", "a"}}) == nullptr);
 
   // Same domain and entries: replaced, not added.
-  CHECK(ov.set(Override{"oauth", swapped, {}, "starter", {}, 0}) == "");
+  CHECK(ov.set(Override{"oauth", swapped, {}, "starter", {}, 0}).ok());
   CHECK(ov.size() == 2);
   got = ov.get("oauth", Entries{{"user", "42"}, {"client_id", "a"}});
   REQUIRE(got != nullptr);
@@ -323,9 +325,9 @@ TEST_CASE("overrides are set, replaced, read, listed and deleted by domain and e
 TEST_CASE("overrides list sorts by domain, then entries") {
   Overrides ov;
   for (std::string v : {"c", "a", "b"}) {
-    REQUIRE(ov.set(Override{"d", {{"k", v}}, {}, "", Mode::kShadow, 0}) == "");
+    REQUIRE(ov.set(Override{"d", {{"k", v}}, {}, "", Mode::kShadow, 0}).ok());
   }
-  REQUIRE(ov.set(Override{"a", {{"k", "z"}}, {}, "", Mode::kShadow, 0}) == "");
+  REQUIRE(ov.set(Override{"a", {{"k", "z"}}, {}, "", Mode::kShadow, 0}).ok());
   const std::vector<Override> all = ov.list();
   REQUIRE(all.size() == 4);
   CHECK(all[0].domain == "a");
@@ -336,17 +338,17 @@ TEST_CASE("overrides list sorts by domain, then entries") {
 
 TEST_CASE("entries that look alike do not share an override id") {
   Overrides ov;
-  REQUIRE(ov.set(Override{"d", {{"a", "b:c"}}, {}, "", Mode::kShadow, 0}) == "");
-  REQUIRE(ov.set(Override{"d", {{"a:b", "c"}}, {}, "", Mode::kShadow, 0}) == "");
-  REQUIRE(ov.set(Override{"d:a", {{"b", "c"}}, {}, "", Mode::kShadow, 0}) == "");
+  REQUIRE(ov.set(Override{"d", {{"a", "b:c"}}, {}, "", Mode::kShadow, 0}).ok());
+  REQUIRE(ov.set(Override{"d", {{"a:b", "c"}}, {}, "", Mode::kShadow, 0}).ok());
+  REQUIRE(ov.set(Override{"d:a", {{"b", "c"}}, {}, "", Mode::kShadow, 0}).ok());
   CHECK(ov.size() == 3);
 }
 
 TEST_CASE("prune drops overrides that expired at or before now") {
   Overrides ov;
-  REQUIRE(ov.set(Override{"d", {{"k", "never"}}, {}, "", Mode::kShadow, 0}) == "");
-  REQUIRE(ov.set(Override{"d", {{"k", "early"}}, {}, "", Mode::kShadow, 100}) == "");
-  REQUIRE(ov.set(Override{"d", {{"k", "late"}}, {}, "", Mode::kShadow, 200}) == "");
+  REQUIRE(ov.set(Override{"d", {{"k", "never"}}, {}, "", Mode::kShadow, 0}).ok());
+  REQUIRE(ov.set(Override{"d", {{"k", "early"}}, {}, "", Mode::kShadow, 100}).ok());
+  REQUIRE(ov.set(Override{"d", {{"k", "late"}}, {}, "", Mode::kShadow, 200}).ok());
   CHECK(ov.prune(99) == 0);
   CHECK(ov.prune(100) == 1);
   CHECK(ov.size() == 2);
@@ -359,9 +361,10 @@ TEST_CASE("prune drops overrides that expired at or before now") {
 TEST_CASE("invalid overrides are refused with a reason and change nothing") {
   Overrides ov;
   auto reason = [&](Override o) {
-    const std::string why = ov.set(std::move(o));
+    const sluice::Status why = ov.set(std::move(o));
+    CHECK(why.code() == sluice::StatusCode::invalid_argument);
     CHECK(ov.size() == 0);
-    return why;
+    return why.message();
   };
   const Mode m = Mode::kShadow;
   CHECK(contains(reason(Override{"", {{"k", "v"}}, {}, "", m, 0}), "no domain"));

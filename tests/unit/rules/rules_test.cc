@@ -863,7 +863,7 @@ TEST_CASE("stats slots cover every rule of every domain in declaration order") {
 
 TEST_CASE("window_specs lists every distinct spec once, including plans and overrides") {
   Overrides ov;
-  REQUIRE(ov.set(Override{"api", {{"api_key", "k1"}}, {limit_of(5, 2 * kMin)}, "", {}, 0}) == "");
+  REQUIRE(ov.set(Override{"api", {{"api_key", "k1"}}, {limit_of(5, 2 * kMin)}, "", {}, 0}).ok());
   auto p = compile_text(example_rules_text(), ov);
   const auto specs = p->window_specs();
   // 1m (6 s buckets), 1h, 1s (100 ms buckets), 10m, 15m from the rules and plans, 2m from the
@@ -967,8 +967,8 @@ TEST_CASE("check errors come in a fixed order when a request has several faults"
 
 TEST_CASE("a warm resolve allocates nothing") {
   Overrides ov;
-  REQUIRE(ov.set(Override{
-              "oauth", {{"client_id", "shop-17"}}, {limit_of(5000, kMin)}, "", {}, 0}) == "");
+  REQUIRE(ov.set(Override{"oauth", {{"client_id", "shop-17"}}, {limit_of(5000, kMin)}, "", {}, 0})
+              .ok());
   const size_t before_compile = sluice::testing::allocations();
   auto p = compile_text(example_rules_text(), ov);
   CHECK(sluice::testing::allocations() >

@@ -74,7 +74,7 @@ TEST_CASE("both rules parsers and the node config refuse a looping text with a l
     const auto path = (dir / "sluiced.yaml").string();
     std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
     sluice::node::NodeOptions options;
-    CHECK_FALSE(sluice::node::load_node_config(path, options).empty());
+    CHECK_FALSE(sluice::node::load_node_config(path, options).ok());
   }
   std::filesystem::remove_all(dir);
 }

@@ -276,7 +276,7 @@ TEST_CASE("an override's window limit never counts in a GCRA limit's counter") {
   REQUIRE(rules::parse_limit("100/1s", 0, w).ok());
   w.spec.bucket_ms = 0;  // names no granularity: inherits from the rule's limit of that window
   o.limits = {w};
-  REQUIRE(ov.set(o).empty());
+  REQUIRE(ov.set(o).ok());
   rules::Limit g;
   REQUIRE(rules::parse_gcra("10/1s", 10, g).ok());  // its spec is 1s/1s, flagged gcra
   const auto policy = policy_of({g}, {}, ov);
