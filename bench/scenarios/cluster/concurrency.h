@@ -92,18 +92,8 @@ inline std::string run_concurrency(const Settings& st, Rows& rows) {
   std::this_thread::sleep_for(milliseconds(1000));  // after convergence (gcra.h: why)
 
   std::vector<std::unique_ptr<Client>> clients;
-  const auto addresses = c.check_addresses();
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    ClientOptions co;
-    for (size_t k = 0; k < addresses.size(); ++k)
-      co.nodes.push_back(addresses[(i + k) % addresses.size()]);
-    co.fail_mode = FailMode::kClosed;
-    co.timeout = milliseconds(300);
-    co.attempts = 3;
-    std::string err;
-    clients.push_back(Client::create(co, &err));
-    if (!clients.back()) return "client for node " + std::to_string(i + 1) + ": " + err;
-  }
+  if (std::string err = node_clients(c.check_addresses(), true, {}, clients); !err.empty())
+    return err;
 
   // ---- load (worker threads) and the kill (this thread, which owns the cluster) ----
   const auto t0 = SteadyClock::now();

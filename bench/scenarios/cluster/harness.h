@@ -124,6 +124,26 @@ inline std::string owned_keys(const LocalCluster& c, const std::string& domain,
   return out.size() < count ? "not enough keys of " + prefix + " with the owners wanted" : "";
 }
 
+// One libsluice Client per node address: that node first, then (failover) the others after it;
+// UDP, fail-closed, 300 ms and 3 attempts per call. "" or the error.
+inline std::string node_clients(const std::vector<std::string>& addresses, bool failover,
+                                std::chrono::microseconds batch_window,
+                                std::vector<std::unique_ptr<Client>>& out) {
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    ClientOptions co;
+    for (size_t k = 0; k < (failover ? addresses.size() : 1); ++k)
+      co.nodes.push_back(addresses[(i + k) % addresses.size()]);
+    co.fail_mode = FailMode::kClosed;
+    co.timeout = milliseconds(300);
+    co.attempts = 3;
+    co.batch_window = batch_window;
+    std::string err;
+    out.push_back(Client::create(co, &err));
+    if (!out.back()) return "client for node " + std::to_string(i + 1) + ": " + err;
+  }
+  return "";
+}
+
 // One load of checks on a running cluster: every check it sent, and the forward metrics' change.
 struct LoadRun {
   LoadOptions options;

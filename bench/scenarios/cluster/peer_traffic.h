@@ -40,12 +40,15 @@ class KeySweepLoad {
   };
 
   // Keys prefix + 0 .. keys - 1 of `domain` (entry k), `rate` checks/s over all keys and nodes
-  // for `duration` or until stop(). `ports`: each node's check port on loopback; each Client knows
-  // its node only (a check the node does not answer fails), UDP, 300 ms and 3 attempts, and waits
-  // 500 us for the rest of a burst to share a request.
+  // for `duration` or until stopped. Each node's Client (node_clients) knows its node only (a
+  // check the node does not answer fails) and waits 500 us for the rest of a burst to share a
+  // request.
   KeySweepLoad(std::string domain, const std::string& prefix, size_t keys, double rate,
-               milliseconds duration, std::vector<uint16_t> ports)
-      : domain_(std::move(domain)), rate_(rate), duration_(duration), ports_(std::move(ports)) {
+               milliseconds duration, std::vector<std::string> addresses)
+      : domain_(std::move(domain)),
+        rate_(rate),
+        duration_(duration),
+        addresses_(std::move(addresses)) {
     for (size_t i = 0; i < keys; ++i)
       keys_.push_back(prefix + std::to_string(i));
   }
@@ -57,16 +60,9 @@ class KeySweepLoad {
 
   // Creates the clients and starts sending. "" or the error.
   std::string start() {
-    for (size_t i = 0; i < ports_.size(); ++i) {
-      ClientOptions co;
-      co.nodes = {"127.0.0.1:" + std::to_string(ports_[i])};
-      co.fail_mode = FailMode::kClosed;
-      co.timeout = milliseconds(300);
-      co.attempts = 3;
-      co.batch_window = std::chrono::microseconds(500);
-      std::string err;
-      clients_.push_back(Client::create(co, &err));
-      if (!clients_.back()) return "client for node " + std::to_string(i) + ": " + err;
+    if (std::string err = node_clients(addresses_, false, std::chrono::microseconds(500), clients_);
+        !err.empty()) {
+      return err;
     }
     start_ = SteadyClock::now();
     pacer_ = std::thread([this] { pace(); });
@@ -115,7 +111,7 @@ class KeySweepLoad {
   std::string domain_;
   double rate_;
   milliseconds duration_;
-  std::vector<uint16_t> ports_;
+  std::vector<std::string> addresses_;
   std::vector<std::string> keys_;
   std::atomic<uint64_t> sent_{0}, decided_{0}, denied_{0}, failed_{0};
   std::atomic<bool> stop_{false};
@@ -200,7 +196,7 @@ inline std::string peer_traffic_run(const Settings& st, size_t n, const std::str
   // Until stopped after the measured interval, which may end late (the admin ports of busy nodes
   // answer slowly); at most a minute more than planned.
   KeySweepLoad load(mode.substr(0, 1), "pt-" + mode + "-", keys, rate,
-                    warmup + ms_of(st.seconds) + milliseconds(60000), c.check_ports());
+                    warmup + ms_of(st.seconds) + milliseconds(60000), c.check_addresses());
   const Totals before = metric_totals(c, {"sluice_forward_fallbacks_total"});
   const auto started = SteadyClock::now();
   if (std::string err = load.start(); !err.empty()) return err;
