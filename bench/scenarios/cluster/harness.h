@@ -9,6 +9,7 @@
 
 #include "cluster_process.h"  // and the standard headers it includes
 #include "common/json_rows.h"
+#include "common/metrics.h"
 #include "common/percentile.h"
 
 namespace sluice::bench::cluster {
@@ -74,24 +75,19 @@ inline ClusterSpec spec_of(const Settings& st, size_t nodes, std::string rules,
   return s;
 }
 
-// Metrics (without labels) summed over the running nodes; nullopt where a node does not answer or
-// lacks it. delta(): after - before of metric i.
+// Metrics summed over the running nodes (common/metrics.h); nullopt where a node does not answer
+// or lacks it. delta(): after - before of metric i.
 using Totals = std::vector<std::optional<double>>;
 inline Totals metric_totals(LocalCluster& c, const std::vector<std::string>& metrics) {
-  Totals out;
-  std::vector<std::string> bodies;
-  for (size_t i : c.running_nodes()) {
-    const HttpReply m = c.get(i, "/metrics");
-    bodies.push_back(m.status == 200 ? "\n" + m.body : "");
-  }
-  for (const std::string& metric : metrics) {
-    std::optional<double> sum = 0.0;
-    for (const std::string& b : bodies) {
-      const size_t at = b.find("\n" + metric + " ");
-      if (at == std::string::npos) sum = std::nullopt;
-      if (sum) *sum += std::strtod(b.c_str() + at + metric.size() + 2, nullptr);
+  std::vector<std::vector<MetricSample>> nodes;
+  for (size_t i : c.running_nodes())
+    nodes.push_back(parse_metrics(c.get(i, "/metrics").body));  // no samples when it fails
+  Totals out(metrics.size(), 0.0);
+  for (size_t m = 0; m < metrics.size(); ++m) {
+    for (const auto& samples : nodes) {
+      const double v = metric_sum(samples, metrics[m]);
+      out[m] = v < 0 || !out[m] ? std::nullopt : std::optional<double>(*out[m] + v);
     }
-    out.push_back(sum);
   }
   return out;
 }
@@ -251,13 +247,14 @@ inline Row table_row(const std::string& scenario, const std::string& mode, size_
 inline void set(Row& r, const char* field, const std::optional<double>& v) {
   if (v) r[field] = *v;
 }
-// A load run's figures for `domain`: admitted over the limit, failed checks, and (owner mode)
-// fallbacks; with min (a steady run) the fewest admitted in a window too.
+// A load run's figures for `domain`: admitted over the limit, failed checks; for a steady run
+// also the fewest admitted in a window and (owner and lease mode) the fallbacks.
 inline Row& load_figures(Row& r, const LoadRun& run, uint64_t limit, const std::string& domain,
-                         bool min = false) {
+                         bool steady_run = false) {
   r["admitted_over_limit"] = run.max_ratio(limit, domain);
-  if (min) set(r, "admitted_min_over_limit", run.min_ratio(limit));
   r["failed_checks"] = run.failed(domain);
+  if (!steady_run) return r;
+  set(r, "admitted_min_over_limit", run.min_ratio(limit));
   if (r["mode"] != "gossip") set(r, "fallbacks", run.fallbacks);
   return r;
 }
