@@ -1,12 +1,12 @@
-// The simulated cluster of sluice-bench-cluster-sim (cluster_sim.h).
-#include "cluster_sim.h"
+// The simulated cluster of the cluster-sim scenario (cluster.h).
+#include "sim/cluster.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <span>
 
-namespace sluice::bench::sim {
+namespace sluice::sim {
 
 using namespace sluice::cluster;
 
@@ -40,8 +40,8 @@ Member member_of(size_t index) {
   return m;
 }
 
-Simulation::Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every,
-                       uint64_t max_events)
+Cluster::Cluster(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every,
+                 uint64_t max_events)
     : Network(seed, kStartUs, net),
       n_(n),
       members_(*this, n, member_of),
@@ -64,7 +64,7 @@ Simulation::Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_
   watch_victim(kNoVictim);
 }
 
-void Simulation::join_preseeded(size_t i, size_t seed) {
+void Cluster::join_preseeded(size_t i, size_t seed) {
   join(i, seed);
   const size_t per_message = MembershipOptions{}.max_join_reply_entries;
   MembershipMessage reply;
@@ -80,7 +80,7 @@ void Simulation::join_preseeded(size_t i, size_t seed) {
   members_.rearm(i);
 }
 
-void Simulation::kill(size_t v) {
+void Cluster::kill(size_t v) {
   for (size_t s = 0; s < n_; ++s)
     if (up(s) && view(v, s) == MemberState::kAlive) --alive_pairs_;
   for (size_t o = 0; o < n_; ++o)
@@ -91,7 +91,7 @@ void Simulation::kill(size_t v) {
 
 // ---- what the observers saw ----
 
-void Simulation::observe(size_t observer, const Member& m) {
+void Cluster::observe(size_t observer, const Member& m) {
   const size_t subject = static_cast<size_t>(m.id) - 1;
   uint8_t& seen = view_[observer * n_ + subject];
   const auto was = static_cast<MemberState>(seen);
@@ -112,30 +112,30 @@ void Simulation::observe(size_t observer, const Member& m) {
   }
 }
 
-void Simulation::watch_victim(size_t v) {
+void Cluster::watch_victim(size_t v) {
   victim_ = v;
   dead_seen_us_.assign(n_, -1);
   dead_seen_count_ = 0;
 }
 
-void Simulation::reset_false_deaths() {
+void Cluster::reset_false_deaths() {
   false_dead_views_ = 0;
   false_dead_subjects_.assign(n_, false);
 }
 
-uint64_t Simulation::false_dead_members() const {
+uint64_t Cluster::false_dead_members() const {
   return static_cast<uint64_t>(
       std::count(false_dead_subjects_.begin(), false_dead_subjects_.end(), true));
 }
 
-uint64_t Simulation::summed(uint64_t MembershipStats::*stat) const {
+uint64_t Cluster::summed(uint64_t MembershipStats::*stat) const {
   uint64_t sum = 0;
   for (size_t i = 0; i < n_; ++i)
     sum += members_.node(i).stats().*stat;
   return sum;
 }
 
-size_t Simulation::suspected_by(size_t subject) const {
+size_t Cluster::suspected_by(size_t subject) const {
   size_t count = 0;
   for (size_t o = 0; o < n_; ++o)
     if (o != subject && up(o) && view(o, subject) == MemberState::kSuspect) ++count;
@@ -144,7 +144,7 @@ size_t Simulation::suspected_by(size_t subject) const {
 
 // ---- membership messages and load ----
 
-void Simulation::count(size_t from, const MembershipMessage& m) {
+void Cluster::count(size_t from, const MembershipMessage& m) {
   Node& sender = nodes_[from];
   ++sender.msgs;
   const size_t kind = std::min(static_cast<size_t>(m.kind), kKinds - 1);
@@ -158,7 +158,7 @@ void Simulation::count(size_t from, const MembershipMessage& m) {
   }
 }
 
-void Simulation::reset_load() {
+void Cluster::reset_load() {
   load_start_us_ = now_us();
   for (Node& node : nodes_) {
     node.msgs = 0;
@@ -168,7 +168,7 @@ void Simulation::reset_load() {
   }
 }
 
-Load Simulation::load() const {
+Load Cluster::load() const {
   Load l;
   l.seconds = static_cast<double>(now_us() - load_start_us_) / static_cast<double>(kUsPerS);
   if (l.seconds <= 0) return l;
@@ -217,7 +217,7 @@ Load Simulation::load() const {
 
 // ---- overrides ----
 
-void Simulation::start_overrides() {
+void Cluster::start_overrides() {
   const int64_t now = now_ms();
   for (size_t i = 0; i < n_; ++i) {
     Node& node = nodes_[i];
@@ -236,7 +236,7 @@ void Simulation::start_overrides() {
   }
 }
 
-std::vector<NodeId> Simulation::live_of(size_t i) const {
+std::vector<NodeId> Cluster::live_of(size_t i) const {
   std::vector<NodeId> ids;
   const uint8_t* row = &view_[i * n_];
   for (size_t s = 0; s < n_; ++s) {
@@ -248,7 +248,7 @@ std::vector<NodeId> Simulation::live_of(size_t i) const {
   return ids;
 }
 
-void Simulation::tick_overrides(size_t i) {
+void Cluster::tick_overrides(size_t i) {
   if (!up(i)) return;
   Node& node = nodes_[i];
   const int64_t now = now_ms();
@@ -259,7 +259,7 @@ void Simulation::tick_overrides(size_t i) {
         [this, index = static_cast<uint32_t>(i)] { tick_overrides(index); });
 }
 
-size_t Simulation::write_override(size_t i, const std::string& user) {
+size_t Cluster::write_override(size_t i, const std::string& user) {
   Node& node = nodes_[i];
   const int64_t now = now_ms();
   OverrideRecord r;
@@ -283,7 +283,7 @@ size_t Simulation::write_override(size_t i, const std::string& user) {
   return index;
 }
 
-void Simulation::send_override(size_t from, NodeId to, const OverrideSyncMessage& m) {
+void Cluster::send_override(size_t from, NodeId to, const OverrideSyncMessage& m) {
   Node& sender = nodes_[from];
   const size_t kind = kind_index(m.kind);
   ++sender.override_msgs;
@@ -311,7 +311,7 @@ void Simulation::send_override(size_t from, NodeId to, const OverrideSyncMessage
 }
 
 // OverrideSync's merge-thread half: merge the records, then answer as override_spread.h says.
-void Simulation::receive_override(size_t i, const OverrideSyncMessage& m) {
+void Cluster::receive_override(size_t i, const OverrideSyncMessage& m) {
   Node& node = nodes_[i];
   if (!node.spread) return;  // its override layer has not started (a node not yet running)
   const int64_t now = now_ms();
@@ -327,7 +327,7 @@ void Simulation::receive_override(size_t i, const OverrideSyncMessage& m) {
   overrides_unfit_ += unfit;
 }
 
-void Simulation::merge_override(size_t i, const OverrideRecord& r, int64_t now) {
+void Cluster::merge_override(size_t i, const OverrideRecord& r, int64_t now) {
   if (!check_record(r, now).empty()) {
     ++overrides_refused_;
     return;
@@ -343,7 +343,7 @@ void Simulation::merge_override(size_t i, const OverrideRecord& r, int64_t now) 
   }
 }
 
-void Simulation::reset_override_load() {
+void Cluster::reset_override_load() {
   override_load_start_us_ = now_us();
   for (Node& node : nodes_) {
     node.override_msgs = 0;
@@ -352,7 +352,7 @@ void Simulation::reset_override_load() {
   override_counts_ = {};
 }
 
-OverrideLoad Simulation::override_load() const {
+OverrideLoad Cluster::override_load() const {
   OverrideLoad l = override_counts_;
   l.seconds =
       static_cast<double>(now_us() - override_load_start_us_) / static_cast<double>(kUsPerS);
@@ -372,4 +372,4 @@ OverrideLoad Simulation::override_load() const {
   return l;
 }
 
-}  // namespace sluice::bench::sim
+}  // namespace sluice::sim
