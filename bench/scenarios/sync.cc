@@ -264,9 +264,9 @@ int bench_sync_main(int argc, char** argv) {
         c.deliver(now);
       }
     }
-    if (part == 0 && !o.json) {
-      std::printf("# %" PRIu64 " keys checked on node 1 and synced in %.1f s of CPU\n", o.keys,
-                  (thread_cpu_ms() - t_load) / 1e3);
+    if (part == 0) {
+      std::fprintf(stderr, "# %" PRIu64 " keys checked on node 1 and synced in %.1f s of CPU\n",
+                   o.keys, (thread_cpu_ms() - t_load) / 1e3);
     }
     for (uint64_t p = 1; p <= o.passes; ++p) {
       now += kPassMs;
@@ -300,37 +300,23 @@ int bench_sync_main(int argc, char** argv) {
     }
   }
 
-  nlohmann::json json = nlohmann::json::array();
-  if (!o.json) {
-    std::printf("# sync passes of node 1 of 3: %" PRIu64 " idle keys, %" PRIu64
-                " active every 100 ms (simulated), gossip rule 1e9/1m, one thread, %u shards\n",
-                o.keys, o.active, o.shards);
-    std::printf("%-8s %-8s %7s %10s %10s %10s %10s %14s\n", "part", "pass", "passes", "cpu_mean",
-                "cpu_p50", "cpu_p99", "cpu_max", "bytes/pass");
-  }
+  sluice::bench::Rows out(o.json);
   for (Row& r : rows) {
-    const uint64_t n = r.s.ms.size();
-    const double mean = r.s.mean(), p50 = r.s.at(0.5), p99 = r.s.at(0.99), mx = r.s.at(1.0);
     const uint64_t passes = counted_passes[r.pass == "resend" ? 1 : 0];
-    const double bytes = r.part == "node" && passes > 0
-                             ? static_cast<double>(r.bytes) / static_cast<double>(passes)
-                             : 0.0;
-    if (!o.json) {
-      std::printf("%-8s %-8s %7" PRIu64 " %10.3f %10.3f %10.3f %10.3f %14.0f\n", r.part.c_str(),
-                  r.pass.c_str(), n, mean, p50, p99, mx, bytes);
-    }
-    json.push_back({{"scenario", "sync-cost"},
-                    {"part", r.part},
-                    {"pass", r.pass},
-                    {"idle_keys", o.keys},
-                    {"active_keys", o.active},
-                    {"passes", n},
-                    {"cpu_ms_mean", mean},
-                    {"cpu_ms_p50", p50},
-                    {"cpu_ms_p99", p99},
-                    {"cpu_ms_max", mx},
-                    {"bytes_per_pass", bytes}});
+    out.add({{"scenario", "sync-cost"},
+             {"part", r.part},
+             {"pass", r.pass},
+             {"idle_keys", o.keys},
+             {"active_keys", o.active},
+             {"passes", r.s.ms.size()},
+             {"cpu_ms_mean", r.s.mean()},
+             {"cpu_ms_p50", r.s.at(0.5)},
+             {"cpu_ms_p99", r.s.at(0.99)},
+             {"cpu_ms_max", r.s.at(1.0)},
+             {"bytes_per_pass", r.part == "node" && passes > 0
+                                    ? static_cast<double>(r.bytes) / static_cast<double>(passes)
+                                    : 0.0}});
   }
-  if (o.json) sluice::bench::print_json_rows(json);
+  out.finish();
   return 0;
 }
