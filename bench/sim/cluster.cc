@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <span>
 
 namespace sluice::sim {
@@ -146,72 +147,51 @@ size_t Cluster::suspected_by(size_t subject) const {
 
 void Cluster::count(size_t from, const MembershipMessage& m) {
   Node& sender = nodes_[from];
-  ++sender.msgs;
   const size_t kind = std::min(static_cast<size_t>(m.kind), kKinds - 1);
-  ++sender.kind_msgs[kind];
+  ++sender.msgs[kind];
   if (++sent_ % encode_every_ != 0) return;
-  if (codec_.seal(m, now_ms(), datagram_) == PeerError::kOk) {
-    sender.bytes += datagram_.size() * encode_every_;
-    sender.kind_bytes[kind] += datagram_.size() * encode_every_;
-  } else {
+  if (codec_.seal(m, now_ms(), datagram_) == PeerError::kOk)
+    sender.bytes[kind] += datagram_.size() * encode_every_;
+  else
     ++encode_errors_;
-  }
 }
 
 void Cluster::reset_load() {
   load_start_us_ = now_us();
-  for (Node& node : nodes_) {
-    node.msgs = 0;
-    node.bytes = 0;
-    node.kind_msgs.fill(0);
-    node.kind_bytes.fill(0);
-  }
+  for (Node& node : nodes_)
+    node.msgs = node.bytes = {};
 }
 
 Load Cluster::load() const {
   Load l;
   l.seconds = static_cast<double>(now_us() - load_start_us_) / static_cast<double>(kUsPerS);
   if (l.seconds <= 0) return l;
+  using Kinds = std::array<uint64_t, kKinds>;
+  const auto sum = [](const Kinds& by_kind, size_t kinds = kKinds) {
+    return static_cast<double>(std::accumulate(by_kind.begin(), by_kind.begin() + kinds, 0ull));
+  };
   // Over the nodes live at the end of the window (a node killed in it is left out).
-  uint64_t msgs = 0;
-  uint64_t bytes = 0;
-  std::array<uint64_t, kKinds> kind_msgs{};
-  std::array<uint64_t, kKinds> kind_bytes{};
+  Kinds msgs{}, bytes{};
   for (size_t i = 0; i < n_; ++i) {
     if (!up(i)) continue;
     const Node& node = nodes_[i];
-    msgs += node.msgs;
-    bytes += node.bytes;
     for (size_t k = 0; k < kKinds; ++k) {
-      kind_msgs[k] += node.kind_msgs[k];
-      kind_bytes[k] += node.kind_bytes[k];
+      msgs[k] += node.msgs[k];
+      bytes[k] += node.bytes[k];
     }
-    l.msgs_max = std::max(l.msgs_max, static_cast<double>(node.msgs) / l.seconds);
-    l.bytes_max = std::max(l.bytes_max, static_cast<double>(node.bytes) / l.seconds);
+    l.msgs_max = std::max(l.msgs_max, sum(node.msgs) / l.seconds);
+    l.bytes_max = std::max(l.bytes_max, sum(node.bytes) / l.seconds);
   }
   const double live = static_cast<double>(up_count_);
-  l.msgs_mean = static_cast<double>(msgs) / live / l.seconds;
-  l.bytes_mean = static_cast<double>(bytes) / live / l.seconds;
-  uint64_t all_msgs = 0;
-  uint64_t all_bytes = 0;
-  for (size_t k = 0; k < kKinds; ++k) {
-    all_msgs += kind_msgs[k];
-    all_bytes += kind_bytes[k];
-  }
-  for (size_t k = 0; k < kKinds; ++k) {
-    l.bytes_share[k] =
-        all_bytes ? static_cast<double>(kind_bytes[k]) / static_cast<double>(all_bytes) : 0;
-  }
-  l.bytes_per_msg = all_msgs ? static_cast<double>(all_bytes) / static_cast<double>(all_msgs) : 0;
-  const auto swim = [](const std::array<uint64_t, kKinds>& by_kind) {
-    uint64_t sum = 0;
-    for (MembershipKind k : {MembershipKind::kPing, MembershipKind::kAck, MembershipKind::kPingReq,
-                             MembershipKind::kNack})
-      sum += by_kind[static_cast<size_t>(k)];
-    return static_cast<double>(sum);
-  };
-  l.swim_msgs_mean = swim(kind_msgs) / live / l.seconds;
-  l.swim_bytes_mean = swim(kind_bytes) / live / l.seconds;
+  l.msgs_mean = sum(msgs) / live / l.seconds;
+  l.bytes_mean = sum(bytes) / live / l.seconds;
+  for (size_t k = 0; k < kKinds; ++k)
+    l.bytes_share[k] = sum(bytes) > 0 ? static_cast<double>(bytes[k]) / sum(bytes) : 0;
+  l.bytes_per_msg = sum(msgs) > 0 ? sum(bytes) / sum(msgs) : 0;
+  // The first four kinds: kPing, kAck, kPingReq, kNack.
+  static_assert(static_cast<size_t>(MembershipKind::kNack) == 3);
+  l.swim_msgs_mean = sum(msgs, 4) / live / l.seconds;
+  l.swim_bytes_mean = sum(bytes, 4) / live / l.seconds;
   return l;
 }
 

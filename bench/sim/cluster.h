@@ -156,10 +156,8 @@ class Cluster : public Network {
  private:
   // What the bench counts of node i, and its override layer.
   struct Node {
-    uint64_t msgs = 0;  // membership messages sent in the current load window
-    uint64_t bytes = 0;
-    std::array<uint64_t, kKinds> kind_msgs{};  // the same, by kind
-    std::array<uint64_t, kKinds> kind_bytes{};
+    std::array<uint64_t, kKinds> msgs{};  // membership messages sent in the load window, by kind
+    std::array<uint64_t, kKinds> bytes{};
     uint64_t override_msgs = 0;  // override messages sent in the current override load window
     uint64_t override_bytes = 0;
     std::unique_ptr<cluster::OverrideSpread> spread;  // from start_overrides()
