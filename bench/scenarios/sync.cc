@@ -18,8 +18,6 @@
 // same cluster state, one after the other, so each pass has the same work.
 //
 // Usage: sluice-bench-sync [--json] [--keys N] [--active N] [--passes N] [--shards N]
-#include <time.h>
-
 #include <algorithm>
 #include <array>
 #include <cinttypes>
@@ -28,6 +26,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +36,7 @@
 #include "cluster/peer_codec.h"
 #include "common/json_rows.h"
 #include "common/percentile.h"
+#include "common/proc_stats.h"
 #include "common/scenario.h"
 #include "engine/engine.h"
 #include "one_rule_policy.h"
@@ -48,6 +48,7 @@ namespace cluster = sluice::cluster;
 namespace engine = sluice::engine;
 namespace rules = sluice::rules;
 namespace testing = sluice::testing;
+using sluice::bench::thread_cpu_ms;
 
 constexpr int64_t kStartMs = 1'800'000'000'000;  // a fixed wall-clock time (2027)
 constexpr int64_t kPassMs = 100;
@@ -91,12 +92,6 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   o.json = cli.json;
   if (o.active > o.keys) return cli.fail("--active is at most --keys");
   return std::nullopt;
-}
-
-double thread_cpu_ms() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
 }
 
 struct Node {
@@ -209,22 +204,12 @@ class Cluster {
   size_t used_ = 0;
 };
 
-struct Series {
-  std::vector<double> ms;
-  double sum = 0;
-  void add(double v) {
-    ms.push_back(v);
-    sum += v;
-  }
-  double at(double q) const { return ms.empty() ? 0 : sluice::bench::percentile(ms, q); }
-  double mean() const { return ms.empty() ? 0 : sum / static_cast<double>(ms.size()); }
-};
-
+// One row: a part's CPU ms per pass, and what node 1 sealed (node rows).
 struct Row {
-  std::string part;  // engine, node, merge
-  std::string pass;  // changed, resend
-  Series s;
-  uint64_t bytes = 0;  // sealed by node 1 (node rows)
+  const char* part;  // engine, node, merge
+  const char* pass;  // changed, resend
+  std::vector<double> ms;
+  uint64_t bytes = 0;
 };
 
 }  // namespace
@@ -244,10 +229,10 @@ int bench_sync_main(int argc, char** argv) {
   active.assign(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(o.active));
 
   using Mode = cluster::DeltaSync::Mode;
-  std::vector<Row> rows = {{"engine", "changed", {}, 0}, {"node", "changed", {}, 0},
-                           {"merge", "changed", {}, 0},  {"engine", "resend", {}, 0},
-                           {"node", "resend", {}, 0},    {"merge", "resend", {}, 0}};
-  uint64_t counted_passes[2] = {0, 0};
+  std::vector<Row> rows;  // [resend * 3 + part]
+  for (const char* pass : {"changed", "resend"})
+    for (const char* part : {"engine", "node", "merge"})
+      rows.push_back({part, pass, {}, 0});
   // Two identical clusters: one measures the engine's part, the other the whole node pass (a
   // pass clears the flags it reports, so the two cannot share one).
   for (int part = 0; part < 2; ++part) {
@@ -283,39 +268,37 @@ int bench_sync_main(int argc, char** argv) {
         const double t0 = thread_cpu_ms();
         while (!c.node(1).engine->sync_step(cursor, 256, c.holds(1), sink)) {
         }
-        pr.s.add(thread_cpu_ms() - t0);
+        pr.ms.push_back(thread_cpu_ms() - t0);
       } else {
-        uint64_t bytes = 0;
-        pr.s.add(c.pass(1, mode, now, bytes));
-        pr.bytes += bytes;
-        ++counted_passes[resend ? 1 : 0];
+        pr.ms.push_back(c.pass(1, mode, now, pr.bytes));
       }
       c.deliver(now);  // nodes 2 and 3 merge what node 1 sent
       uint64_t back = 0;
       c.pass(2, mode, now, back);
       c.pass(3, mode, now, back);
       const double merge_ms = c.deliver(now, 1);
-      if (part == 1) rows[resend ? 5 : 2].s.add(merge_ms);
+      if (part == 1) rows[resend ? 5 : 2].ms.push_back(merge_ms);
       c.deliver(now);
     }
   }
 
   sluice::bench::Rows out(o.json);
-  for (Row& r : rows) {
-    const uint64_t passes = counted_passes[r.pass == "resend" ? 1 : 0];
+  for (const Row& r : rows) {
+    const auto n = static_cast<double>(r.ms.size());
+    const auto at = [&r](double q) {
+      return r.ms.empty() ? 0 : sluice::bench::percentile(r.ms, q);
+    };
     out.add({{"scenario", "sync-cost"},
              {"part", r.part},
              {"pass", r.pass},
              {"idle_keys", o.keys},
              {"active_keys", o.active},
-             {"passes", r.s.ms.size()},
-             {"cpu_ms_mean", r.s.mean()},
-             {"cpu_ms_p50", r.s.at(0.5)},
-             {"cpu_ms_p99", r.s.at(0.99)},
-             {"cpu_ms_max", r.s.at(1.0)},
-             {"bytes_per_pass", r.part == "node" && passes > 0
-                                    ? static_cast<double>(r.bytes) / static_cast<double>(passes)
-                                    : 0.0}});
+             {"passes", r.ms.size()},
+             {"cpu_ms_mean", n > 0 ? std::accumulate(r.ms.begin(), r.ms.end(), 0.0) / n : 0},
+             {"cpu_ms_p50", at(0.5)},
+             {"cpu_ms_p99", at(0.99)},
+             {"cpu_ms_max", at(1.0)},
+             {"bytes_per_pass", n > 0 ? static_cast<double>(r.bytes) / n : 0}});
   }
   out.finish();
   return 0;
