@@ -191,9 +191,10 @@ class Run {
     Row r = base_row(st_, scenario, n_, loss);
     r["false_dead"] = sim.false_dead_members();
     r["false_dead_views"] = sim.false_dead_views();
-    r["suspicions"] = sim.suspicions_raised() - suspicions_;
+    r["suspicions"] = suspicions();
     return r;
   }
+  uint64_t suspicions() const { return sim.suspicions_raised() - suspicions_; }
   void add(Row& r, Rows& rows) {
     if (sim.overrides_refused() > 0)
       add_note(r, std::to_string(sim.overrides_refused()) + " records refused");
@@ -328,14 +329,9 @@ void run_loss_bursts(const Settings& st, size_t n, bool into, Rows& rows) {
       break;
     }
     const uint64_t deaths_before = sim.deaths_declared();
-    const uint64_t suspicions_before = sim.suspicions_raised();
     const uint64_t refutations_before = sim.refutations();
-    sim.reset_false_deaths();
-    sim.reset_load();
-    if (into)
-      sim.set_loss_into(into_node, st.burst_loss);
-    else
-      sim.set_loss(st.burst_loss);
+    run.start(into ? 0 : st.burst_loss);
+    if (into) sim.set_loss_into(into_node, st.burst_loss);
     sim.run_for(us_of(st.burst_s));
     msgs += sim.load().msgs_mean;
     bytes += sim.load().bytes_mean;
@@ -357,7 +353,7 @@ void run_loss_bursts(const Settings& st, size_t n, bool into, Rows& rows) {
     runs_dead_after += after > 0;
     if (during + after > 0) dead_seeds.push_back(seed);
     false_dead_views += sim.false_dead_views();
-    suspicions += sim.suspicions_raised() - suspicions_before;
+    suspicions += run.suspicions();
     refutations += sim.refutations() - refutations_before;
     sim_s += s_of(sim.now_us() - kStartUs);
     if (sim.out_of_events()) r["note"] = "stopped at the event bound";
