@@ -47,8 +47,8 @@
 //   loss-burst-into   the same with the loss only on what node --burst-into receives.
 //
 // Wall time: Membership walks its whole member map several times per call and sorts its gossip
-// queue per message, so simulating N nodes costs O(N^2) per simulated second; docs/benchmarks.md
-// has the wall times at 1000 nodes.
+// queue per message, so simulating N nodes costs O(N^2) per simulated second (wall times at 1000
+// nodes: docs/bench-log/2026-11-23-membership-simulation.md); each row reports its wall_s.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>

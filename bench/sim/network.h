@@ -1,7 +1,7 @@
 // sim::Network, the one simulated network of the tests and the benches: a clock in simulated µs,
 // one queue of events, one seeded generator, and the faults between numbered nodes (delay, loss,
 // partitions, killed nodes). What runs on it are layers: membership_nodes.h (Membership nodes,
-// under tests/support/membership_sim.h and bench/cluster_sim.h) and tests/support/sim_cluster.h
+// under tests/support/membership_sim.h and cluster.h) and tests/support/sim_cluster.h
 // (the sockets and timers of real ClusterNodes). A run is a function of the seed: no wall clock,
 // no threads, no other randomness.
 //
