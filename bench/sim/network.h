@@ -154,8 +154,7 @@ class Network {
   uint32_t groups_ = 1;
   std::vector<Node> nodes_;
   std::priority_queue<Due, std::vector<Due>, std::greater<>> queue_;  // the earliest on top
-  std::vector<std::function<void()>> fns_;  // the events' functions, by slot
-  std::vector<uint32_t> free_;              // slots of fns_ to reuse
+  Slots<std::function<void()>> fns_;                                  // the events' functions
   uint64_t order_ = 0;
   uint64_t events_ = 0;
   uint64_t max_events_ = UINT64_MAX;
