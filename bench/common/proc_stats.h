@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -52,6 +53,13 @@ inline double self_cpu_seconds() {
     return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
   };
   return s(u.ru_utime) + s(u.ru_stime);
+}
+
+// CPU ms used so far by the calling thread (CLOCK_THREAD_CPUTIME_ID): a pass's cost on its thread.
+inline double thread_cpu_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
 }
 
 // CPU seconds every CPU of the machine spent busy so far (/proc/stat: user, nice, system, irq,

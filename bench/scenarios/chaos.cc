@@ -31,7 +31,7 @@ int bench_chaos_main(int argc, char** argv) {
   ChaosOptions o;
   o.sluiced_bin = SLUICED_BIN;
   o.seed = std::random_device{}();
-  bool json = false, quiet = false;
+  bool quiet = false;
   int64_t timeout_ms = 20;
   int64_t restart_delay_ms = 0;
   app.add_flag("--quiet", quiet, "no event lines on stderr");
@@ -53,7 +53,6 @@ int bench_chaos_main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the action and node choices");
   app.add_option("--sluiced", o.sluiced_bin, "the sluiced binary");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
-  json = cli.json;
   o.client_timeout = std::chrono::milliseconds(timeout_ms);
   o.restart_delay_after_kill = std::chrono::milliseconds(restart_delay_ms);
   if (!quiet) o.log = [](const std::string& s) { std::fprintf(stderr, "chaos: %s\n", s.c_str()); };
@@ -65,74 +64,49 @@ int bench_chaos_main(int argc, char** argv) {
   }
   const double gossip_bound =
       (static_cast<double>(o.limit) + o.rate_per_key * 0.100 + 2) / static_cast<double>(o.limit);
-  for (const std::string& n : r.crash_notes)
-    std::fprintf(stderr, "crash: %s\n", n.c_str());
-  for (const std::string& n : r.failed_notes)
-    std::fprintf(stderr, "failed check: %s\n", n.c_str());
-  std::printf(
-      "seed %llu, %zu nodes, %.0f s, %zu keys per mode, limit %llu/s, %.0f/s offered per "
-      "key, client timeout %lld ms x %u attempts\n",
-      static_cast<unsigned long long>(o.seed), o.nodes, r.seconds, o.keys_per_mode,
-      static_cast<unsigned long long>(o.limit), o.rate_per_key, static_cast<long long>(timeout_ms),
-      o.client_attempts);
-  std::printf("%-6s %-6s %-8s %-8s %-8s %-8s %-8s %-7s %-9s %-11s %-11s %-8s %-8s %-8s\n", "kills",
-              "drains", "sigterms", "restarts", "checks", "failed", "crashes", "ready", "ready>5s",
-              "owner_max", "gossip_max", "g_bound", "checked", "reset");
-  std::printf(
-      "%-6zu %-6zu %-8zu %-8zu %-8zu %-8zu %-8zu %-7lld %-9zu %-11.3f %-11.3f %-8.3f "
-      "%-8zu %-8zu\n",
-      r.kills, r.drains, r.terminates, r.restarts, r.sent, r.failed, r.crashes,
-      static_cast<long long>(r.ready_max_ms), r.not_ready_in_goal, r.worst_owner_ratio,
-      r.worst_gossip_ratio, gossip_bound, r.keys_checked, r.counters_reset);
-  std::printf("worst owner window: %s\nworst gossip window: %s\n", r.worst_owner_where.c_str(),
-              r.worst_gossip_where.c_str());
-  std::printf("allowed %zu, denied %zu, client retries %llu, worst counter deficit %lld\n",
-              r.allowed, r.denied, static_cast<unsigned long long>(r.retries),
-              static_cast<long long>(r.worst_deficit));
-  if (json) {
-    nlohmann::json row = {{"scenario", "chaos"},
-                          {"seed", o.seed},
-                          {"nodes", o.nodes},
-                          {"seconds", r.seconds},
-                          {"limit", o.limit},
-                          {"keys_per_mode", o.keys_per_mode},
-                          {"offered_per_key", o.rate_per_key},
-                          {"client_timeout_ms", timeout_ms},
-                          {"client_attempts", o.client_attempts},
-                          {"kills", r.kills},
-                          {"drains", r.drains},
-                          {"sigterms", r.terminates},
-                          {"restarts", r.restarts},
-                          {"checks", r.sent},
-                          {"allowed", r.allowed},
-                          {"denied", r.denied},
-                          {"failed", r.failed},
-                          {"retries", r.retries},
-                          {"crashes", r.crashes},
-                          {"ready_max_ms", r.ready_max_ms},
-                          {"not_ready_within_5s", r.not_ready_in_goal},
-                          {"owner_max_over_limit", r.worst_owner_ratio},
-                          {"gossip_max_over_limit", r.worst_gossip_ratio},
-                          {"gossip_bound", gossip_bound},
-                          {"counters_checked", r.keys_checked},
-                          {"counters_reset", r.counters_reset},
-                          {"worst_counter_deficit", r.worst_deficit}};
-    nlohmann::json events = nlohmann::json::array();
-    for (const ChaosEvent& e : r.events) {
-      events.push_back({{"action", chaos_action_name(e.action)},
-                        {"node", e.node + 1},
-                        {"at_ms", e.at_us / 1000},
-                        {"ready_ms", e.ready_ms},
-                        {"keys_checked", e.keys_checked},
-                        {"keys_reset", e.keys_reset}});
-    }
-    row["events"] = events;
-    row["failed_checks"] = r.failed_notes;
-    row["worst_owner_window"] = r.worst_owner_where;
-    row["worst_gossip_window"] = r.worst_gossip_where;
-    row["crash_notes"] = r.crash_notes;
-    sluice::bench::print_json_rows(nlohmann::json::array({row}));
+  sluice::bench::Row row = {{"scenario", "chaos"},
+                            {"seed", o.seed},
+                            {"nodes", o.nodes},
+                            {"seconds", r.seconds},
+                            {"limit", o.limit},
+                            {"keys_per_mode", o.keys_per_mode},
+                            {"offered_per_key", o.rate_per_key},
+                            {"client_timeout_ms", timeout_ms},
+                            {"client_attempts", o.client_attempts},
+                            {"kills", r.kills},
+                            {"drains", r.drains},
+                            {"sigterms", r.terminates},
+                            {"restarts", r.restarts},
+                            {"checks", r.sent},
+                            {"allowed", r.allowed},
+                            {"denied", r.denied},
+                            {"failed", r.failed},
+                            {"retries", r.retries},
+                            {"crashes", r.crashes},
+                            {"ready_max_ms", r.ready_max_ms},
+                            {"not_ready_within_5s", r.not_ready_in_goal},
+                            {"owner_max_over_limit", r.worst_owner_ratio},
+                            {"gossip_max_over_limit", r.worst_gossip_ratio},
+                            {"gossip_bound", gossip_bound},
+                            {"counters_checked", r.keys_checked},
+                            {"counters_reset", r.counters_reset},
+                            {"worst_counter_deficit", r.worst_deficit},
+                            {"worst_owner_window", r.worst_owner_where},
+                            {"worst_gossip_window", r.worst_gossip_where},
+                            {"events", sluice::bench::Row::array()},
+                            {"failed_checks", r.failed_notes},
+                            {"crash_notes", r.crash_notes}};
+  for (const ChaosEvent& e : r.events) {
+    row["events"].push_back({{"action", chaos_action_name(e.action)},
+                             {"node", e.node + 1},
+                             {"at_ms", e.at_us / 1000},
+                             {"ready_ms", e.ready_ms},
+                             {"keys_checked", e.keys_checked},
+                             {"keys_reset", e.keys_reset}});
   }
+  sluice::bench::Rows rows(cli.json);
+  rows.add(row);
+  rows.finish();
   const bool met = r.failed == 0 && r.crashes == 0 && r.not_ready_in_goal == 0 &&
                    r.worst_owner_ratio <= 1.05 && r.worst_gossip_ratio <= gossip_bound &&
                    r.counters_reset == 0;

@@ -26,7 +26,6 @@ int bench_crash_main(int argc, char** argv) {
   o.sluiced_bin = SLUICED_BIN;
   o.iterations = 1000;
   o.seed = std::random_device{}();
-  bool json = false;
   app.add_option("--iterations", o.iterations)->check(CLI::Range(1, 100000));
   app.add_option("--rate", o.rate_per_s, "checks per second offered")
       ->check(CLI::Range(1.0, 100000.0));
@@ -37,7 +36,6 @@ int bench_crash_main(int argc, char** argv) {
   app.add_flag("--no-overrides", no_overrides, "checks only, no override writes");
   app.add_option("--sluiced", o.sluiced_bin, "the sluiced binary");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
-  json = cli.json;
   o.override_writes = !no_overrides;
   o.log = [](const std::string& s) { std::fprintf(stderr, "crash: %s\n", s.c_str()); };
 
@@ -45,43 +43,27 @@ int bench_crash_main(int argc, char** argv) {
   for (const std::string& n : r.notes)
     std::fprintf(stderr, "note: %s\n", n.c_str());
   if (!r.error.empty()) std::fprintf(stderr, "sluice-bench-crash: %s\n", r.error.c_str());
-  std::printf(
-      "seed %llu, snapshot every %lld ms, %.0f checks/s over %zu keys, kill 100-600 ms in\n",
-      static_cast<unsigned long long>(o.seed), static_cast<long long>(o.snapshot_interval_ms),
-      o.rate_per_s, o.keys);
-  std::printf("%-10s %-9s %-12s %-9s %-9s %-10s %-12s %-12s %-9s %-11s %-8s\n", "iterations",
-              "seconds", "open_fails", "ov_acked", "ov_lost", "regress", "worst_back",
-              "allowed_there", "max_allow", "overcounts", "crashes");
-  std::printf("%-10zu %-9.1f %-12zu %-9zu %-9zu %-10zu %-12lld %-12lld %-9lld %-11zu %-8zu\n",
-              r.iterations, r.seconds, r.store_open_failures, r.override_acked, r.lost_overrides,
-              r.counter_regressions, static_cast<long long>(r.worst_regression),
-              static_cast<long long>(r.worst_regression_allowed),
-              static_cast<long long>(r.max_allowed), r.counter_overcounts, r.crashes);
-  std::printf("override writes %zu, checks admitted %llu, worst (went back / allowed) %.3f\n",
-              r.override_writes, static_cast<unsigned long long>(r.checks_admitted),
-              r.worst_regression_ratio);
-  if (json) {
-    sluice::bench::print_json_rows(
-        nlohmann::json::array({{{"scenario", "crash"},
-                                {"seed", o.seed},
-                                {"snapshot_interval_ms", o.snapshot_interval_ms},
-                                {"rate_per_s", o.rate_per_s},
-                                {"iterations", r.iterations},
-                                {"seconds", r.seconds},
-                                {"store_open_failures", r.store_open_failures},
-                                {"override_writes", r.override_writes},
-                                {"override_acked", r.override_acked},
-                                {"lost_overrides", r.lost_overrides},
-                                {"counter_regressions", r.counter_regressions},
-                                {"counter_overcounts", r.counter_overcounts},
-                                {"worst_counter_back", r.worst_regression},
-                                {"worst_counter_back_allowed", r.worst_regression_allowed},
-                                {"max_allowed", r.max_allowed},
-                                {"worst_back_over_allowed", r.worst_regression_ratio},
-                                {"checks_admitted", r.checks_admitted},
-                                {"crashes", r.crashes},
-                                {"error", r.error}}}));
-  }
+  sluice::bench::Rows rows(cli.json);
+  rows.add({{"scenario", "crash"},
+            {"seed", o.seed},
+            {"snapshot_interval_ms", o.snapshot_interval_ms},
+            {"rate_per_s", o.rate_per_s},
+            {"iterations", r.iterations},
+            {"seconds", r.seconds},
+            {"store_open_failures", r.store_open_failures},
+            {"override_writes", r.override_writes},
+            {"override_acked", r.override_acked},
+            {"lost_overrides", r.lost_overrides},
+            {"counter_regressions", r.counter_regressions},
+            {"counter_overcounts", r.counter_overcounts},
+            {"worst_counter_back", r.worst_regression},
+            {"worst_counter_back_allowed", r.worst_regression_allowed},
+            {"max_allowed", r.max_allowed},
+            {"worst_back_over_allowed", r.worst_regression_ratio},
+            {"checks_admitted", r.checks_admitted},
+            {"crashes", r.crashes},
+            {"error", r.error}});
+  rows.finish();
   const bool met = r.error.empty() && r.store_open_failures == 0 && r.lost_overrides == 0 &&
                    r.counter_regressions == 0 && r.counter_overcounts == 0 && r.crashes == 0;
   return met ? 0 : 2;

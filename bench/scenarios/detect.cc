@@ -5,7 +5,7 @@
 // cluster (network seed = the run's seed), run 1 to 2 s more (the offset varies with the seed, so
 // the kill falls at every point of the probe rounds), then the highest-numbered node goes silent
 // for good (kill -9); the figure is the simulated time until every survivor lists it Dead, polled
-// every 10 ms. Prints p50 / p99 / max over the runs, and each run with --verbose.
+// every 10 ms. One row: min / p50 / p99 / max over the runs; each run with --verbose on stderr.
 //
 //   sluice-bench-detect [--nodes 5] [--runs 200] [--first-seed 1] [--json] [--verbose]
 //
@@ -50,10 +50,6 @@ int64_t one_run(size_t nodes, uint64_t seed) {
       20'000);
 }
 
-int64_t at(const std::vector<int64_t>& sorted, double q) {
-  return static_cast<int64_t>(sluice::bench::percentile_sorted(sorted, q));
-}
-
 }  // namespace
 
 int bench_detect_main(int argc, char** argv) {
@@ -63,57 +59,41 @@ int bench_detect_main(int argc, char** argv) {
   size_t nodes = 5;
   size_t runs = 200;
   uint64_t first_seed = 1;
-  bool json = false;
   bool verbose = false;
   app.add_option("--nodes", nodes, "cluster size (2 to 32)")->check(CLI::Range(2, 32));
   app.add_option("--runs", runs, "runs, one network seed each")->check(CLI::Range(1, 100'000));
   app.add_option("--first-seed", first_seed, "seed of the first run");
   app.add_flag("--verbose", verbose, "each run's figure on stderr");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
-  json = cli.json;
   spdlog::set_level(spdlog::level::off);  // thousands of membership lines otherwise
 
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<int64_t> took;
+  std::vector<double> took;  // s
   size_t undetected = 0, unformed = 0;
   for (uint64_t seed = first_seed; seed < first_seed + runs; ++seed) {
     const int64_t ms = one_run(nodes, seed);
     if (verbose) std::fprintf(stderr, "seed %lu: %ld ms\n", seed, ms);
-    if (ms == -2) {
+    if (ms == -2)
       ++unformed;
-    } else if (ms < 0) {
+    else if (ms < 0)
       ++undetected;
-    } else {
-      took.push_back(ms);
-    }
+    else
+      took.push_back(static_cast<double>(ms) / 1e3);
   }
-  std::sort(took.begin(), took.end());
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("sluice-bench-detect: %zu nodes, %zu runs (seeds %lu..%lu), %.1f s wall\n", nodes,
-              runs, first_seed, first_seed + runs - 1, wall);
+  sluice::bench::Row row = {
+      {"scenario", "detect"},     {"nodes", nodes},           {"runs", runs},
+      {"first_seed", first_seed}, {"undetected", undetected}, {"never_formed", unformed}};
   if (!took.empty()) {
-    std::printf(
-        "dead everywhere after (simulated s): min %.2f p50 %.2f p99 %.2f max %.2f; over 5 s: "
-        "%zu; undetected: %zu; never formed: %zu\n",
-        static_cast<double>(took.front()) / 1e3, static_cast<double>(at(took, 0.5)) / 1e3,
-        static_cast<double>(at(took, 0.99)) / 1e3, static_cast<double>(took.back()) / 1e3,
-        static_cast<size_t>(
-            std::count_if(took.begin(), took.end(), [](int64_t ms) { return ms > 5'000; })),
-        undetected, unformed);
+    for (const auto& [name, q] : {std::pair{"detect_min_s", 0.0},
+                                  {"detect_p50_s", 0.5},
+                                  {"detect_p99_s", 0.99},
+                                  {"detect_max_s", 1.0}})
+      row[name] = sluice::bench::percentile(took, q);
+    row["over_5s"] = std::count_if(took.begin(), took.end(), [](double s) { return s > 5; });
   }
-  if (json) {
-    nlohmann::json row{
-        {"scenario", "detect"},     {"nodes", nodes},           {"runs", runs},
-        {"first_seed", first_seed}, {"undetected", undetected}, {"never_formed", unformed}};
-    if (!took.empty()) {
-      row["detect_min_s"] = static_cast<double>(took.front()) / 1e3;
-      row["detect_p50_s"] = static_cast<double>(at(took, 0.5)) / 1e3;
-      row["detect_p99_s"] = static_cast<double>(at(took, 0.99)) / 1e3;
-      row["detect_max_s"] = static_cast<double>(took.back()) / 1e3;
-      row["over_5s"] =
-          std::count_if(took.begin(), took.end(), [](int64_t ms) { return ms > 5'000; });
-    }
-    sluice::bench::print_json_rows(nlohmann::json::array({row}));
-  }
+  row["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  sluice::bench::Rows out(cli.json);
+  out.add(row);
+  out.finish();
   return undetected == 0 && unformed == 0 ? 0 : 1;
 }

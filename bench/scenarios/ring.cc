@@ -9,9 +9,10 @@
 //     leaving node being involved (0 for a consistent hash);
 //   - ns per owners() lookup (owner + replicas, R = --replicas) and per owner() (primary only),
 //     timed with std::chrono::steady_clock over all K keys, best of --repeat passes.
-// With --vnodes V[,V..] (e.g. 100,1000) a second table shows a classic ring of V virtual nodes
-// per member (binary search, then a walk to R distinct nodes), built here only for comparison.
-// The default run (5 nodes first, then 3, 10 and 50; 1M keys) takes about 3 s on one core.
+// With --vnodes V[,V..] (e.g. 100,1000) rows of scheme vnodes-<V> show a classic ring of V virtual
+// nodes per member (binary search, then a walk to R distinct nodes), built here only for
+// comparison. The default run (5 nodes first, then 3, 10 and 50; 1M keys) takes about 3 s on one
+// core.
 //
 // Usage: sluice-bench-ring [--json] [--nodes N[,N..]] [--keys K] [--replicas R] [--repeat P]
 //          [--vnodes V[,V..]] [--seed S]
@@ -40,6 +41,7 @@ using sluice::cluster::HashRing;
 using sluice::cluster::NodeId;
 using sluice::cluster::RingMember;
 using Clock = std::chrono::steady_clock;
+using sluice::bench::Row;
 
 struct Options {
   bool json = false;
@@ -49,21 +51,6 @@ struct Options {
   uint64_t repeat = 3;
   std::vector<uint64_t> vnodes;  // none: the comparison is opt-in
   uint64_t seed = 42;
-};
-
-struct Row {
-  std::string scheme;  // "rendezvous" or "vnodes-<V>"
-  uint64_t nodes = 0;
-  uint64_t keys = 0;
-  double max_mean = 0;
-  double min_mean = 0;
-  double moved_add = 0;
-  double ideal_add = 0;
-  double moved_remove = 0;
-  double ideal_remove = 0;
-  uint64_t stray = 0;
-  double ns_owners = 0;
-  double ns_owner = 0;
 };
 
 // nullopt: run with o. Otherwise the exit status (common/scenario.h).
@@ -134,15 +121,16 @@ class VnodeRing {
 
 // ---- measurements ----------------------------------------------------------------------------
 
+// max/mean and min/mean of the primary load over the nodes.
 template <typename Ring>
-void balance(const Ring& ring, const std::vector<uint64_t>& keys, uint64_t nodes, Row& row) {
+std::pair<double, double> balance(const Ring& ring, const std::vector<uint64_t>& keys,
+                                  uint64_t nodes) {
   std::vector<uint64_t> load(nodes + 1, 0);
   for (uint64_t k : keys)
     ++load[ring.owner(k)];
   const double mean = static_cast<double>(keys.size()) / static_cast<double>(nodes);
   const auto [lo, hi] = std::minmax_element(load.begin() + 1, load.end());
-  row.max_mean = static_cast<double>(*hi) / mean;
-  row.min_mean = static_cast<double>(*lo) / mean;
+  return {static_cast<double>(*hi) / mean, static_cast<double>(*lo) / mean};
 }
 
 // The fraction of keys whose primary differs between `before` and `after`; `stray` counts those
@@ -181,35 +169,41 @@ double time_lookups(const std::vector<uint64_t>& keys, uint64_t repeat, Fn looku
 }
 
 template <typename Ring, typename MakeRing>
-Row measure(std::string scheme, uint64_t n, const Options& opt, const std::vector<uint64_t>& keys,
-            MakeRing make, uint64_t& sink) {
-  Row row;
-  row.scheme = std::move(scheme);
-  row.nodes = n;
-  row.keys = keys.size();
+Row measure(const std::string& scheme, uint64_t n, const Options& opt,
+            const std::vector<uint64_t>& keys, MakeRing make, uint64_t& sink) {
   const Ring ring = make(members(n));
-  balance(ring, keys, n, row);
+  const auto [max_mean, min_mean] = balance(ring, keys, n);
   // Join: node n+1. Leave: node 1.
   const Ring grown = make(members(n + 1));
   auto fewer = members(n);
   fewer.erase(fewer.begin());
   const Ring shrunk = make(fewer);
-  row.moved_add = moved(ring, grown, keys, static_cast<NodeId>(n + 1), row.stray);
-  row.moved_remove = moved(ring, shrunk, keys, NodeId{1}, row.stray);
-  row.ideal_add = 1.0 / static_cast<double>(n + 1);
-  row.ideal_remove = 1.0 / static_cast<double>(n);
+  uint64_t stray = 0;
+  const double moved_add = moved(ring, grown, keys, static_cast<NodeId>(n + 1), stray);
+  const double moved_remove = moved(ring, shrunk, keys, NodeId{1}, stray);
   std::array<NodeId, HashRing::kMaxReplicas> out{};
   const std::span<NodeId> span(out.data(), opt.replicas);
-  row.ns_owners = time_lookups(
+  const double ns_owners = time_lookups(
       keys, opt.repeat,
       [&](uint64_t k) {
         ring.owners(k, span);
         return uint64_t{out[0]} + out[opt.replicas - 1];
       },
       sink);
-  row.ns_owner = time_lookups(
+  const double ns_owner = time_lookups(
       keys, opt.repeat, [&](uint64_t k) { return uint64_t{ring.owner(k)}; }, sink);
-  return row;
+  return {{"scheme", scheme},
+          {"nodes", n},
+          {"keys", keys.size()},
+          {"max_mean", max_mean},
+          {"min_mean", min_mean},
+          {"moved_add", moved_add},
+          {"ideal_add", 1.0 / static_cast<double>(n + 1)},
+          {"moved_remove", moved_remove},
+          {"ideal_remove", 1.0 / static_cast<double>(n)},
+          {"stray", stray},
+          {"ns_per_owners", ns_owners},
+          {"ns_per_owner", ns_owner}};
 }
 
 // HashRing::owner returns an optional: the comparison helpers want a NodeId.
@@ -218,38 +212,6 @@ struct Rendezvous {
   NodeId owner(uint64_t k) const { return *ring.owner(k); }
   size_t owners(uint64_t k, std::span<NodeId> out) const { return ring.owners(k, out); }
 };
-
-void print_table(const char* title, const std::vector<Row>& rows) {
-  std::printf("# %s\n", title);
-  std::printf("%-12s %5s %9s %8s %8s %9s %9s %9s %9s %6s %10s %9s\n", "scheme", "nodes", "keys",
-              "max/mean", "min/mean", "moved_add", "ideal_add", "moved_rm", "ideal_rm", "stray",
-              "ns/owners", "ns/owner");
-  for (const Row& r : rows) {
-    std::printf("%-12s %5" PRIu64 " %9" PRIu64 " %8.4f %8.4f %9.4f %9.4f %9.4f %9.4f %6" PRIu64
-                " %10.1f %9.1f\n",
-                r.scheme.c_str(), r.nodes, r.keys, r.max_mean, r.min_mean, r.moved_add, r.ideal_add,
-                r.moved_remove, r.ideal_remove, r.stray, r.ns_owners, r.ns_owner);
-  }
-}
-
-void print_json(const std::vector<Row>& rows) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const Row& r : rows) {
-    out.push_back({{"scheme", r.scheme},
-                   {"nodes", r.nodes},
-                   {"keys", r.keys},
-                   {"max_mean", r.max_mean},
-                   {"min_mean", r.min_mean},
-                   {"moved_add", r.moved_add},
-                   {"ideal_add", r.ideal_add},
-                   {"moved_remove", r.moved_remove},
-                   {"ideal_remove", r.ideal_remove},
-                   {"stray", r.stray},
-                   {"ns_per_owners", r.ns_owners},
-                   {"ns_per_owner", r.ns_owner}});
-  }
-  sluice::bench::print_json_rows(out);
-}
 
 }  // namespace
 
@@ -263,31 +225,25 @@ int bench_ring_main(int argc, char** argv) {
   const size_t replicas = opt.replicas;
   uint64_t sink = 0;
 
-  std::vector<Row> rendezvous;
+  std::fprintf(stderr,
+               "# %" PRIu64 " keys (seed %" PRIu64 "), R = %zu, best of %" PRIu64 " timed passes\n",
+               opt.keys, opt.seed, replicas, opt.repeat);
+  sluice::bench::Rows rows(opt.json);
   for (uint64_t n : opt.nodes) {
-    rendezvous.push_back(measure<Rendezvous>(
+    rows.add(measure<Rendezvous>(
         "rendezvous", n, opt, keys,
         [&](const std::vector<RingMember>& ms) { return Rendezvous{HashRing(ms, replicas)}; },
         sink));
   }
-  std::vector<Row> vnodes;
+  // For comparison: a ring of virtual nodes.
   for (uint64_t v : opt.vnodes) {
     for (uint64_t n : opt.nodes) {
-      vnodes.push_back(measure<VnodeRing>(
+      rows.add(measure<VnodeRing>(
           "vnodes-" + std::to_string(v), n, opt, keys,
           [&](const std::vector<RingMember>& ms) { return VnodeRing(ms, v, replicas); }, sink));
     }
   }
-
-  std::printf("# %" PRIu64 " keys (seed %" PRIu64 "), R = %zu, best of %" PRIu64
-              " timed passes; checksum %" PRIu64 "\n",
-              opt.keys, opt.seed, replicas, opt.repeat, sink % 1000);
-  print_table("HashRing (rendezvous hashing)", rendezvous);
-  if (!vnodes.empty()) print_table("for comparison: a ring of virtual nodes", vnodes);
-  if (opt.json) {
-    std::vector<Row> all = rendezvous;
-    all.insert(all.end(), vnodes.begin(), vnodes.end());
-    print_json(all);
-  }
+  std::fprintf(stderr, "# checksum %" PRIu64 "\n", sink % 1000);
+  rows.finish();
   return 0;
 }

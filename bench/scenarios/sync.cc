@@ -18,8 +18,6 @@
 // same cluster state, one after the other, so each pass has the same work.
 //
 // Usage: sluice-bench-sync [--json] [--keys N] [--active N] [--passes N] [--shards N]
-#include <time.h>
-
 #include <algorithm>
 #include <array>
 #include <cinttypes>
@@ -28,6 +26,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +36,7 @@
 #include "cluster/peer_codec.h"
 #include "common/json_rows.h"
 #include "common/percentile.h"
+#include "common/proc_stats.h"
 #include "common/scenario.h"
 #include "engine/engine.h"
 #include "one_rule_policy.h"
@@ -48,6 +48,7 @@ namespace cluster = sluice::cluster;
 namespace engine = sluice::engine;
 namespace rules = sluice::rules;
 namespace testing = sluice::testing;
+using sluice::bench::thread_cpu_ms;
 
 constexpr int64_t kStartMs = 1'800'000'000'000;  // a fixed wall-clock time (2027)
 constexpr int64_t kPassMs = 100;
@@ -91,12 +92,6 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   o.json = cli.json;
   if (o.active > o.keys) return cli.fail("--active is at most --keys");
   return std::nullopt;
-}
-
-double thread_cpu_ms() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
 }
 
 struct Node {
@@ -209,22 +204,12 @@ class Cluster {
   size_t used_ = 0;
 };
 
-struct Series {
-  std::vector<double> ms;
-  double sum = 0;
-  void add(double v) {
-    ms.push_back(v);
-    sum += v;
-  }
-  double at(double q) const { return ms.empty() ? 0 : sluice::bench::percentile(ms, q); }
-  double mean() const { return ms.empty() ? 0 : sum / static_cast<double>(ms.size()); }
-};
-
+// One row: a part's CPU ms per pass, and what node 1 sealed (node rows).
 struct Row {
-  std::string part;  // engine, node, merge
-  std::string pass;  // changed, resend
-  Series s;
-  uint64_t bytes = 0;  // sealed by node 1 (node rows)
+  const char* part;  // engine, node, merge
+  const char* pass;  // changed, resend
+  std::vector<double> ms;
+  uint64_t bytes = 0;
 };
 
 }  // namespace
@@ -244,10 +229,10 @@ int bench_sync_main(int argc, char** argv) {
   active.assign(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(o.active));
 
   using Mode = cluster::DeltaSync::Mode;
-  std::vector<Row> rows = {{"engine", "changed", {}, 0}, {"node", "changed", {}, 0},
-                           {"merge", "changed", {}, 0},  {"engine", "resend", {}, 0},
-                           {"node", "resend", {}, 0},    {"merge", "resend", {}, 0}};
-  uint64_t counted_passes[2] = {0, 0};
+  std::vector<Row> rows;  // [resend * 3 + part]
+  for (const char* pass : {"changed", "resend"})
+    for (const char* part : {"engine", "node", "merge"})
+      rows.push_back({part, pass, {}, 0});
   // Two identical clusters: one measures the engine's part, the other the whole node pass (a
   // pass clears the flags it reports, so the two cannot share one).
   for (int part = 0; part < 2; ++part) {
@@ -264,9 +249,9 @@ int bench_sync_main(int argc, char** argv) {
         c.deliver(now);
       }
     }
-    if (part == 0 && !o.json) {
-      std::printf("# %" PRIu64 " keys checked on node 1 and synced in %.1f s of CPU\n", o.keys,
-                  (thread_cpu_ms() - t_load) / 1e3);
+    if (part == 0) {
+      std::fprintf(stderr, "# %" PRIu64 " keys checked on node 1 and synced in %.1f s of CPU\n",
+                   o.keys, (thread_cpu_ms() - t_load) / 1e3);
     }
     for (uint64_t p = 1; p <= o.passes; ++p) {
       now += kPassMs;
@@ -283,54 +268,38 @@ int bench_sync_main(int argc, char** argv) {
         const double t0 = thread_cpu_ms();
         while (!c.node(1).engine->sync_step(cursor, 256, c.holds(1), sink)) {
         }
-        pr.s.add(thread_cpu_ms() - t0);
+        pr.ms.push_back(thread_cpu_ms() - t0);
       } else {
-        uint64_t bytes = 0;
-        pr.s.add(c.pass(1, mode, now, bytes));
-        pr.bytes += bytes;
-        ++counted_passes[resend ? 1 : 0];
+        pr.ms.push_back(c.pass(1, mode, now, pr.bytes));
       }
       c.deliver(now);  // nodes 2 and 3 merge what node 1 sent
       uint64_t back = 0;
       c.pass(2, mode, now, back);
       c.pass(3, mode, now, back);
       const double merge_ms = c.deliver(now, 1);
-      if (part == 1) rows[resend ? 5 : 2].s.add(merge_ms);
+      if (part == 1) rows[resend ? 5 : 2].ms.push_back(merge_ms);
       c.deliver(now);
     }
   }
 
-  nlohmann::json json = nlohmann::json::array();
-  if (!o.json) {
-    std::printf("# sync passes of node 1 of 3: %" PRIu64 " idle keys, %" PRIu64
-                " active every 100 ms (simulated), gossip rule 1e9/1m, one thread, %u shards\n",
-                o.keys, o.active, o.shards);
-    std::printf("%-8s %-8s %7s %10s %10s %10s %10s %14s\n", "part", "pass", "passes", "cpu_mean",
-                "cpu_p50", "cpu_p99", "cpu_max", "bytes/pass");
+  sluice::bench::Rows out(o.json);
+  for (const Row& r : rows) {
+    const auto n = static_cast<double>(r.ms.size());
+    const auto at = [&r](double q) {
+      return r.ms.empty() ? 0 : sluice::bench::percentile(r.ms, q);
+    };
+    out.add({{"scenario", "sync-cost"},
+             {"part", r.part},
+             {"pass", r.pass},
+             {"idle_keys", o.keys},
+             {"active_keys", o.active},
+             {"passes", r.ms.size()},
+             {"cpu_ms_mean", n > 0 ? std::accumulate(r.ms.begin(), r.ms.end(), 0.0) / n : 0},
+             {"cpu_ms_p50", at(0.5)},
+             {"cpu_ms_p99", at(0.99)},
+             {"cpu_ms_max", at(1.0)},
+             {"bytes_per_pass", n > 0 ? static_cast<double>(r.bytes) / n : 0}});
   }
-  for (Row& r : rows) {
-    const uint64_t n = r.s.ms.size();
-    const double mean = r.s.mean(), p50 = r.s.at(0.5), p99 = r.s.at(0.99), mx = r.s.at(1.0);
-    const uint64_t passes = counted_passes[r.pass == "resend" ? 1 : 0];
-    const double bytes = r.part == "node" && passes > 0
-                             ? static_cast<double>(r.bytes) / static_cast<double>(passes)
-                             : 0.0;
-    if (!o.json) {
-      std::printf("%-8s %-8s %7" PRIu64 " %10.3f %10.3f %10.3f %10.3f %14.0f\n", r.part.c_str(),
-                  r.pass.c_str(), n, mean, p50, p99, mx, bytes);
-    }
-    json.push_back({{"scenario", "sync-cost"},
-                    {"part", r.part},
-                    {"pass", r.pass},
-                    {"idle_keys", o.keys},
-                    {"active_keys", o.active},
-                    {"passes", n},
-                    {"cpu_ms_mean", mean},
-                    {"cpu_ms_p50", p50},
-                    {"cpu_ms_p99", p99},
-                    {"cpu_ms_max", mx},
-                    {"bytes_per_pass", bytes}});
-  }
-  if (o.json) sluice::bench::print_json_rows(json);
+  out.finish();
   return 0;
 }

@@ -2,7 +2,7 @@
 // sim::Network (network.h), node i being the network's node i: each node's transport sends on
 // the network, what arrives goes to the receiver's on_message, and each node is ticked at its
 // next_deadline_ms(). The membership tests (tests/support/membership_sim.h) and the bench's
-// cluster (bench/cluster_sim.h) are this with their own members and observers on top.
+// cluster (cluster.h) are this with their own members and observers on top.
 //
 // A node sees the time in ms (the network's µs / 1000). Its tick is an event at its deadline,
 // scheduled again after every call the layer makes into it; a caller that calls into node(i)

@@ -9,15 +9,8 @@ Network::Network(uint64_t seed, int64_t start_us, Delays delays)
     : now_us_(start_us), rng_(seed), delays_(delays) {}
 
 void Network::at(int64_t at_us, std::function<void()> fn) {
-  uint32_t slot = 0;
-  if (free_.empty()) {
-    slot = static_cast<uint32_t>(fns_.size());
-    fns_.push_back(std::move(fn));
-  } else {
-    slot = free_.back();
-    free_.pop_back();
-    fns_[slot] = std::move(fn);
-  }
+  const uint32_t slot = fns_.take();
+  fns_[slot] = std::move(fn);
   queue_.push({std::max(at_us, now_us_), ++order_, slot});
 }
 
@@ -27,7 +20,7 @@ void Network::step() {
   now_us_ = std::max(now_us_, due.at_us);
   ++events_;
   const std::function<void()> fn = std::move(fns_[due.slot]);
-  free_.push_back(due.slot);
+  fns_.give_back(due.slot);
   fn();
 }
 

@@ -1,7 +1,7 @@
 // sim::Network, the one simulated network of the tests and the benches: a clock in simulated µs,
 // one queue of events, one seeded generator, and the faults between numbered nodes (delay, loss,
 // partitions, killed nodes). What runs on it are layers: membership_nodes.h (Membership nodes,
-// under tests/support/membership_sim.h and bench/cluster_sim.h) and tests/support/sim_cluster.h
+// under tests/support/membership_sim.h and cluster.h) and tests/support/sim_cluster.h
 // (the sockets and timers of real ClusterNodes). A run is a function of the seed: no wall clock,
 // no threads, no other randomness.
 //
@@ -154,8 +154,7 @@ class Network {
   uint32_t groups_ = 1;
   std::vector<Node> nodes_;
   std::priority_queue<Due, std::vector<Due>, std::greater<>> queue_;  // the earliest on top
-  std::vector<std::function<void()>> fns_;  // the events' functions, by slot
-  std::vector<uint32_t> free_;              // slots of fns_ to reuse
+  Slots<std::function<void()>> fns_;                                  // the events' functions
   uint64_t order_ = 0;
   uint64_t events_ = 0;
   uint64_t max_events_ = UINT64_MAX;

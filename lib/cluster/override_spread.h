@@ -21,7 +21,8 @@
 //     the table is (the node's merge thread), and return an OverrideOutbox for OverrideSpread to
 //     send.
 // Not thread-safe: one thread owns an OverrideSpread; the free functions keep no state.
-// bench/cluster_sim_bench.cc drives the same code in a simulated cluster of up to 1000 nodes.
+// bench/sim/cluster.h (the cluster-sim scenario) drives the same code in a simulated cluster of up
+// to 1000 nodes.
 #pragma once
 
 #include <cstdint>

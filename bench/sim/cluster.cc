@@ -1,12 +1,13 @@
-// The simulated cluster of sluice-bench-cluster-sim (cluster_sim.h).
-#include "cluster_sim.h"
+// The simulated cluster of the cluster-sim scenario (cluster.h).
+#include "sim/cluster.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <span>
 
-namespace sluice::bench::sim {
+namespace sluice::sim {
 
 using namespace sluice::cluster;
 
@@ -40,8 +41,8 @@ Member member_of(size_t index) {
   return m;
 }
 
-Simulation::Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every,
-                       uint64_t max_events)
+Cluster::Cluster(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every,
+                 uint64_t max_events)
     : Network(seed, kStartUs, net),
       n_(n),
       members_(*this, n, member_of),
@@ -64,7 +65,7 @@ Simulation::Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_
   watch_victim(kNoVictim);
 }
 
-void Simulation::join_preseeded(size_t i, size_t seed) {
+void Cluster::join_preseeded(size_t i, size_t seed) {
   join(i, seed);
   const size_t per_message = MembershipOptions{}.max_join_reply_entries;
   MembershipMessage reply;
@@ -80,7 +81,7 @@ void Simulation::join_preseeded(size_t i, size_t seed) {
   members_.rearm(i);
 }
 
-void Simulation::kill(size_t v) {
+void Cluster::kill(size_t v) {
   for (size_t s = 0; s < n_; ++s)
     if (up(s) && view(v, s) == MemberState::kAlive) --alive_pairs_;
   for (size_t o = 0; o < n_; ++o)
@@ -91,7 +92,7 @@ void Simulation::kill(size_t v) {
 
 // ---- what the observers saw ----
 
-void Simulation::observe(size_t observer, const Member& m) {
+void Cluster::observe(size_t observer, const Member& m) {
   const size_t subject = static_cast<size_t>(m.id) - 1;
   uint8_t& seen = view_[observer * n_ + subject];
   const auto was = static_cast<MemberState>(seen);
@@ -112,30 +113,30 @@ void Simulation::observe(size_t observer, const Member& m) {
   }
 }
 
-void Simulation::watch_victim(size_t v) {
+void Cluster::watch_victim(size_t v) {
   victim_ = v;
   dead_seen_us_.assign(n_, -1);
   dead_seen_count_ = 0;
 }
 
-void Simulation::reset_false_deaths() {
+void Cluster::reset_false_deaths() {
   false_dead_views_ = 0;
   false_dead_subjects_.assign(n_, false);
 }
 
-uint64_t Simulation::false_dead_members() const {
+uint64_t Cluster::false_dead_members() const {
   return static_cast<uint64_t>(
       std::count(false_dead_subjects_.begin(), false_dead_subjects_.end(), true));
 }
 
-uint64_t Simulation::summed(uint64_t MembershipStats::*stat) const {
+uint64_t Cluster::summed(uint64_t MembershipStats::*stat) const {
   uint64_t sum = 0;
   for (size_t i = 0; i < n_; ++i)
     sum += members_.node(i).stats().*stat;
   return sum;
 }
 
-size_t Simulation::suspected_by(size_t subject) const {
+size_t Cluster::suspected_by(size_t subject) const {
   size_t count = 0;
   for (size_t o = 0; o < n_; ++o)
     if (o != subject && up(o) && view(o, subject) == MemberState::kSuspect) ++count;
@@ -144,80 +145,59 @@ size_t Simulation::suspected_by(size_t subject) const {
 
 // ---- membership messages and load ----
 
-void Simulation::count(size_t from, const MembershipMessage& m) {
+void Cluster::count(size_t from, const MembershipMessage& m) {
   Node& sender = nodes_[from];
-  ++sender.msgs;
   const size_t kind = std::min(static_cast<size_t>(m.kind), kKinds - 1);
-  ++sender.kind_msgs[kind];
+  ++sender.msgs[kind];
   if (++sent_ % encode_every_ != 0) return;
-  if (codec_.seal(m, now_ms(), datagram_) == PeerError::kOk) {
-    sender.bytes += datagram_.size() * encode_every_;
-    sender.kind_bytes[kind] += datagram_.size() * encode_every_;
-  } else {
+  if (codec_.seal(m, now_ms(), datagram_) == PeerError::kOk)
+    sender.bytes[kind] += datagram_.size() * encode_every_;
+  else
     ++encode_errors_;
-  }
 }
 
-void Simulation::reset_load() {
+void Cluster::reset_load() {
   load_start_us_ = now_us();
-  for (Node& node : nodes_) {
-    node.msgs = 0;
-    node.bytes = 0;
-    node.kind_msgs.fill(0);
-    node.kind_bytes.fill(0);
-  }
+  for (Node& node : nodes_)
+    node.msgs = node.bytes = {};
 }
 
-Load Simulation::load() const {
+Load Cluster::load() const {
   Load l;
   l.seconds = static_cast<double>(now_us() - load_start_us_) / static_cast<double>(kUsPerS);
   if (l.seconds <= 0) return l;
+  using Kinds = std::array<uint64_t, kKinds>;
+  const auto sum = [](const Kinds& by_kind, size_t kinds = kKinds) {
+    return static_cast<double>(std::accumulate(by_kind.begin(), by_kind.begin() + kinds, 0ull));
+  };
   // Over the nodes live at the end of the window (a node killed in it is left out).
-  uint64_t msgs = 0;
-  uint64_t bytes = 0;
-  std::array<uint64_t, kKinds> kind_msgs{};
-  std::array<uint64_t, kKinds> kind_bytes{};
+  Kinds msgs{}, bytes{};
   for (size_t i = 0; i < n_; ++i) {
     if (!up(i)) continue;
     const Node& node = nodes_[i];
-    msgs += node.msgs;
-    bytes += node.bytes;
     for (size_t k = 0; k < kKinds; ++k) {
-      kind_msgs[k] += node.kind_msgs[k];
-      kind_bytes[k] += node.kind_bytes[k];
+      msgs[k] += node.msgs[k];
+      bytes[k] += node.bytes[k];
     }
-    l.msgs_max = std::max(l.msgs_max, static_cast<double>(node.msgs) / l.seconds);
-    l.bytes_max = std::max(l.bytes_max, static_cast<double>(node.bytes) / l.seconds);
+    l.msgs_max = std::max(l.msgs_max, sum(node.msgs) / l.seconds);
+    l.bytes_max = std::max(l.bytes_max, sum(node.bytes) / l.seconds);
   }
   const double live = static_cast<double>(up_count_);
-  l.msgs_mean = static_cast<double>(msgs) / live / l.seconds;
-  l.bytes_mean = static_cast<double>(bytes) / live / l.seconds;
-  uint64_t all_msgs = 0;
-  uint64_t all_bytes = 0;
-  for (size_t k = 0; k < kKinds; ++k) {
-    all_msgs += kind_msgs[k];
-    all_bytes += kind_bytes[k];
-  }
-  for (size_t k = 0; k < kKinds; ++k) {
-    l.bytes_share[k] =
-        all_bytes ? static_cast<double>(kind_bytes[k]) / static_cast<double>(all_bytes) : 0;
-  }
-  l.bytes_per_msg = all_msgs ? static_cast<double>(all_bytes) / static_cast<double>(all_msgs) : 0;
-  const auto swim = [](const std::array<uint64_t, kKinds>& by_kind) {
-    uint64_t sum = 0;
-    for (MembershipKind k : {MembershipKind::kPing, MembershipKind::kAck, MembershipKind::kPingReq,
-                             MembershipKind::kNack})
-      sum += by_kind[static_cast<size_t>(k)];
-    return static_cast<double>(sum);
-  };
-  l.swim_msgs_mean = swim(kind_msgs) / live / l.seconds;
-  l.swim_bytes_mean = swim(kind_bytes) / live / l.seconds;
+  l.msgs_mean = sum(msgs) / live / l.seconds;
+  l.bytes_mean = sum(bytes) / live / l.seconds;
+  for (size_t k = 0; k < kKinds; ++k)
+    l.bytes_share[k] = sum(bytes) > 0 ? static_cast<double>(bytes[k]) / sum(bytes) : 0;
+  l.bytes_per_msg = sum(msgs) > 0 ? sum(bytes) / sum(msgs) : 0;
+  // The first four kinds: kPing, kAck, kPingReq, kNack.
+  static_assert(static_cast<size_t>(MembershipKind::kNack) == 3);
+  l.swim_msgs_mean = sum(msgs, 4) / live / l.seconds;
+  l.swim_bytes_mean = sum(bytes, 4) / live / l.seconds;
   return l;
 }
 
 // ---- overrides ----
 
-void Simulation::start_overrides() {
+void Cluster::start_overrides() {
   const int64_t now = now_ms();
   for (size_t i = 0; i < n_; ++i) {
     Node& node = nodes_[i];
@@ -236,7 +216,7 @@ void Simulation::start_overrides() {
   }
 }
 
-std::vector<NodeId> Simulation::live_of(size_t i) const {
+std::vector<NodeId> Cluster::live_of(size_t i) const {
   std::vector<NodeId> ids;
   const uint8_t* row = &view_[i * n_];
   for (size_t s = 0; s < n_; ++s) {
@@ -248,7 +228,7 @@ std::vector<NodeId> Simulation::live_of(size_t i) const {
   return ids;
 }
 
-void Simulation::tick_overrides(size_t i) {
+void Cluster::tick_overrides(size_t i) {
   if (!up(i)) return;
   Node& node = nodes_[i];
   const int64_t now = now_ms();
@@ -259,7 +239,7 @@ void Simulation::tick_overrides(size_t i) {
         [this, index = static_cast<uint32_t>(i)] { tick_overrides(index); });
 }
 
-size_t Simulation::write_override(size_t i, const std::string& user) {
+size_t Cluster::write_override(size_t i, const std::string& user) {
   Node& node = nodes_[i];
   const int64_t now = now_ms();
   OverrideRecord r;
@@ -283,7 +263,7 @@ size_t Simulation::write_override(size_t i, const std::string& user) {
   return index;
 }
 
-void Simulation::send_override(size_t from, NodeId to, const OverrideSyncMessage& m) {
+void Cluster::send_override(size_t from, NodeId to, const OverrideSyncMessage& m) {
   Node& sender = nodes_[from];
   const size_t kind = kind_index(m.kind);
   ++sender.override_msgs;
@@ -311,7 +291,7 @@ void Simulation::send_override(size_t from, NodeId to, const OverrideSyncMessage
 }
 
 // OverrideSync's merge-thread half: merge the records, then answer as override_spread.h says.
-void Simulation::receive_override(size_t i, const OverrideSyncMessage& m) {
+void Cluster::receive_override(size_t i, const OverrideSyncMessage& m) {
   Node& node = nodes_[i];
   if (!node.spread) return;  // its override layer has not started (a node not yet running)
   const int64_t now = now_ms();
@@ -327,7 +307,7 @@ void Simulation::receive_override(size_t i, const OverrideSyncMessage& m) {
   overrides_unfit_ += unfit;
 }
 
-void Simulation::merge_override(size_t i, const OverrideRecord& r, int64_t now) {
+void Cluster::merge_override(size_t i, const OverrideRecord& r, int64_t now) {
   if (!check_record(r, now).empty()) {
     ++overrides_refused_;
     return;
@@ -343,7 +323,7 @@ void Simulation::merge_override(size_t i, const OverrideRecord& r, int64_t now) 
   }
 }
 
-void Simulation::reset_override_load() {
+void Cluster::reset_override_load() {
   override_load_start_us_ = now_us();
   for (Node& node : nodes_) {
     node.override_msgs = 0;
@@ -352,7 +332,7 @@ void Simulation::reset_override_load() {
   override_counts_ = {};
 }
 
-OverrideLoad Simulation::override_load() const {
+OverrideLoad Cluster::override_load() const {
   OverrideLoad l = override_counts_;
   l.seconds =
       static_cast<double>(now_us() - override_load_start_us_) / static_cast<double>(kUsPerS);
@@ -372,4 +352,4 @@ OverrideLoad Simulation::override_load() const {
   return l;
 }
 
-}  // namespace sluice::bench::sim
+}  // namespace sluice::sim

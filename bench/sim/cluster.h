@@ -1,6 +1,6 @@
-// The simulated cluster of sluice-bench-cluster-sim (scenarios/cluster_sim.cc says what it
-// measures): N Membership nodes (sim/membership_nodes.h) on the one simulated network
-// (sim/network.h; its comment says how delays, loss and the order of events go), and, once
+// sim::Cluster, the simulated cluster of the cluster-sim scenario (bench/scenarios/cluster_sim.cc
+// says what it measures): N Membership nodes (membership_nodes.h) on the one simulated network
+// (network.h; its comment says how delays, loss and the order of events go), and, once
 // start_overrides() is called, on each node an OverrideTable (lib/cluster/override_table.h) spread
 // by an OverrideSpread (lib/cluster/override_spread.h), as a node's OverrideSync runs them; and
 // what the bench observes: who lists whom in which state, and the messages and bytes the nodes
@@ -33,8 +33,9 @@
 #include "sim/membership_nodes.h"
 #include "sim/network.h"
 
-namespace sluice::bench::sim {
+namespace sluice::sim {
 
+using cluster::anti_entropy_interval_ms;
 using cluster::Member;
 using cluster::MembershipMessage;
 using cluster::MemberState;
@@ -53,7 +54,7 @@ inline constexpr int64_t kOverrideTickMs = 100;  // OverrideSync::kTickMs
 
 Member member_of(size_t index);  // id index + 1, name node-0000, host 10.a.b.c
 
-using NetOptions = ::sluice::sim::Delays;
+using NetOptions = Delays;
 
 // Membership messages sent by the nodes during a measurement window.
 struct Load {
@@ -80,10 +81,10 @@ struct OverrideLoad {
   std::array<uint64_t, kOverrideKinds> bytes{};
 };
 
-// The network (sim::Network: the clock, the generator, loss, up(), run_until()) and its nodes.
-class Simulation : public ::sluice::sim::Network {
+// The network (the clock, the generator, loss, up(), run_until()) and its nodes.
+class Cluster : public Network {
  public:
-  Simulation(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every, uint64_t max_events);
+  Cluster(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every, uint64_t max_events);
 
   size_t size() const { return n_; }
   uint64_t encode_errors() const { return encode_errors_; }
@@ -155,10 +156,8 @@ class Simulation : public ::sluice::sim::Network {
  private:
   // What the bench counts of node i, and its override layer.
   struct Node {
-    uint64_t msgs = 0;  // membership messages sent in the current load window
-    uint64_t bytes = 0;
-    std::array<uint64_t, kKinds> kind_msgs{};  // the same, by kind
-    std::array<uint64_t, kKinds> kind_bytes{};
+    std::array<uint64_t, kKinds> msgs{};  // membership messages sent in the load window, by kind
+    std::array<uint64_t, kKinds> bytes{};
     uint64_t override_msgs = 0;  // override messages sent in the current override load window
     uint64_t override_bytes = 0;
     std::unique_ptr<cluster::OverrideSpread> spread;  // from start_overrides()
@@ -185,7 +184,7 @@ class Simulation : public ::sluice::sim::Network {
   void merge_override(size_t i, const cluster::OverrideRecord& r, int64_t now);
 
   size_t n_;
-  ::sluice::sim::MembershipNodes members_;
+  MembershipNodes members_;
   uint64_t encode_every_;
   cluster::PeerCodec codec_;
   std::vector<uint8_t> datagram_;
@@ -211,7 +210,7 @@ class Simulation : public ::sluice::sim::Network {
   uint64_t overrides_unfit_ = 0;
   int64_t override_load_start_us_ = 0;
   OverrideLoad override_counts_;  // msgs, bytes, datagrams by kind since the reset
-  ::sluice::sim::Slots<OverrideSyncMessage> overrides_in_flight_;
+  Slots<OverrideSyncMessage> overrides_in_flight_;
 };
 
-}  // namespace sluice::bench::sim
+}  // namespace sluice::sim
