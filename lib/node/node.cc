@@ -58,6 +58,10 @@ struct Node::Impl : NodeState {
   // the data directory and the engine (NodeState::load).
   Status open() {
     if (Status s = front::check::validate(check_front_options(opt)); !s.ok()) return s;
+    for (const auto& [what, listen] :
+         {std::pair{"admin HTTP", &opt.admin_listen}, std::pair{"RESP", &opt.resp_listen}}) {
+      if (Status s = check_ip_listen(what, *listen); !s.ok()) return s;
+    }
     if (opt.cluster.enabled) {
       if (Status s = validate_cluster_options(opt.cluster); !s.ok()) return s;
     }
@@ -81,6 +85,17 @@ struct Node::Impl : NodeState {
     admin_auth = std::make_unique<AdminAuth>(opt.admin_token, opt.admin_token_reads);
     checks = std::make_unique<front::check::CheckFront>(check_front_options(opt), control);
     return {};
+  }
+
+  // A TCP front's "host:port" with an IP literal (the front binds it in run()); "" is off.
+  static Status check_ip_listen(const char* what, const std::string& listen) {
+    if (listen.empty()) return {};
+    StatusOr<HostPort> hp = split_host_port(listen);
+    boost::system::error_code ec;
+    if (hp.ok()) asio::ip::make_address(hp->host, ec);
+    if (hp.ok() && !ec) return {};
+    return Status::InvalidArgument(std::string(what) + " listen address \"" + listen +
+                                   "\": " + (hp.ok() ? "not an IP address" : hp.message()));
   }
 
   // The Redis door off loopback needs a password: CL.THROTTLE's DEL resets any key, and nothing

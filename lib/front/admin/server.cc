@@ -25,9 +25,9 @@
 
 #include <time.h>
 
-#include "base/host_port.h"
 #include "front/admin/metrics_text.h"
 #include "front/admin/request_parser.h"
+#include "front/common/tcp_listener.h"
 
 namespace sluice::front::admin {
 
@@ -38,22 +38,8 @@ namespace {
 
 // Writing an answer: a client that does not read it within this is gone.
 constexpr auto kWriteTimeout = std::chrono::seconds(30);
-constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 constexpr size_t kReadChunk = 16 * 1024;   // the smallest free room a read is given
 constexpr size_t kFlushBytes = 64 * 1024;  // pipelined answers are written once this much waits
-
-// "host:port" or "[v6]:port" (base/host_port.h) -> endpoint; throws naming the address.
-tcp::endpoint parse_listen(const std::string& listen) {
-  const auto fail = [&](const std::string& why) -> tcp::endpoint {
-    throw std::runtime_error("admin HTTP listen address \"" + listen + "\": " + why);
-  };
-  StatusOr<HostPort> hp = split_host_port(listen);
-  if (!hp.ok()) return fail(hp.message());
-  boost::system::error_code ec;
-  const asio::ip::address addr = asio::ip::make_address(hp->host, ec);
-  if (ec) return fail("not an IP address (" + ec.message() + ")");
-  return {addr, hp->port};
-}
 
 std::string_view reason(unsigned status) {
   switch (status) {
@@ -724,10 +710,7 @@ void AdminFront::State::accept() {
           if (ec == asio::error::operation_aborted) return;
           // Out of descriptors and the like: retry soon rather than spin.
           ++st->accept_errors;
-          st->retry.expires_after(kAcceptRetry);
-          st->retry.async_wait([st](boost::system::error_code wec) {
-            if (!wec) st->maybe_resume_accept();
-          });
+          retry_accept_later(st->retry, [st] { st->maybe_resume_accept(); });
           return;
         }
         boost::system::error_code ignored;
@@ -826,20 +809,8 @@ AdminFront::AdminFront(asio::io_context& admin, std::vector<asio::io_context*> c
   const std::string listen = options.listen;
   state_ = std::make_shared<State>(admin, std::move(connection_threads), std::move(options),
                                    std::move(backend), std::move(routes));
-  const tcp::endpoint ep = parse_listen(listen);
-  boost::system::error_code ec;
-  tcp::acceptor& a = state_->acceptor;
-  const auto fail = [&](const char* what) {
-    throw std::runtime_error("admin HTTP listen address \"" + listen + "\": " + what + ": " +
-                             ec.message());
-  };
-  if (a.open(ep.protocol(), ec)) fail("open");
-  if (a.set_option(asio::socket_base::reuse_address(true), ec)) fail("SO_REUSEADDR");
-  if (ep.address().is_v6() && a.set_option(asio::ip::v6_only(true), ec)) fail("IPV6_V6ONLY");
-  if (a.bind(ep, ec)) fail("bind");
-  if (a.listen(asio::socket_base::max_listen_connections, ec)) fail("listen");
-  state_->port = a.local_endpoint(ec).port();
-  if (ec) fail("local address");
+  const tcp::endpoint ep = open_listener(state_->acceptor, listen, "admin HTTP");
+  state_->port = ep.port();
   state_->loopback = ep.address().is_loopback();
   state_->accept();
   state_->arm_sweep();

@@ -23,7 +23,7 @@
 
 #include <time.h>
 
-#include "base/host_port.h"
+#include "front/common/tcp_listener.h"
 
 namespace sluice::front::resp {
 
@@ -32,21 +32,7 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 constexpr size_t kReadChunk = 16 * 1024;  // the smallest free room a read is given
-
-// "host:port" or "[v6]:port" (base/host_port.h) -> endpoint; throws naming the address.
-tcp::endpoint parse_listen(const std::string& listen) {
-  const auto fail = [&](const std::string& why) -> tcp::endpoint {
-    throw std::runtime_error("RESP listen address \"" + listen + "\": " + why);
-  };
-  StatusOr<HostPort> hp = split_host_port(listen);
-  if (!hp.ok()) return fail(hp.message());
-  boost::system::error_code ec;
-  const asio::ip::address addr = asio::ip::make_address(hp->host, ec);
-  if (ec) return fail("not an IP address (" + ec.message() + ")");
-  return {addr, hp->port};
-}
 
 // The deadlines' clock: coarse (a few ms), far finer than any deadline here.
 int64_t steady_ms() {
@@ -324,10 +310,7 @@ void RespFront::State::accept() {
         if (ec) {
           if (ec == asio::error::operation_aborted) return;
           ++st->accept_errors;  // out of descriptors and the like: retry soon rather than spin
-          st->retry.expires_after(kAcceptRetry);
-          st->retry.async_wait([st](boost::system::error_code wec) {
-            if (!wec) st->maybe_resume_accept();
-          });
+          retry_accept_later(st->retry, [st] { st->maybe_resume_accept(); });
           return;
         }
         boost::system::error_code ignored;
@@ -416,20 +399,8 @@ RespFront::RespFront(asio::io_context& acceptor_io,
   const std::string listen = options.listen;
   state_ = std::make_shared<State>(acceptor_io, std::move(connection_threads), std::move(backends),
                                    std::move(options));
-  const tcp::endpoint ep = parse_listen(listen);
-  boost::system::error_code ec;
-  tcp::acceptor& a = state_->acceptor;
-  const auto fail = [&](const char* what) {
-    throw std::runtime_error("RESP listen address \"" + listen + "\": " + what + ": " +
-                             ec.message());
-  };
-  if (a.open(ep.protocol(), ec)) fail("open");
-  if (a.set_option(asio::socket_base::reuse_address(true), ec)) fail("SO_REUSEADDR");
-  if (ep.address().is_v6() && a.set_option(asio::ip::v6_only(true), ec)) fail("IPV6_V6ONLY");
-  if (a.bind(ep, ec)) fail("bind");
-  if (a.listen(asio::socket_base::max_listen_connections, ec)) fail("listen");
-  state_->port = a.local_endpoint(ec).port();
-  if (ec) fail("local address");
+  const tcp::endpoint ep = open_listener(state_->acceptor, listen, "RESP");
+  state_->port = ep.port();
   state_->loopback = ep.address().is_loopback();
   state_->accept();
   state_->arm_sweep();

@@ -485,3 +485,16 @@ TEST_CASE("Node::open refuses the Redis door off loopback without a password") {
   o.resp_password = "secret";
   CHECK(sluice::node::Node::open(o).ok());
 }
+
+TEST_CASE("Node::open refuses a malformed admin or RESP address, naming the setting") {
+  NodeOptions o;
+  o.udp_listen = o.tcp_listen = o.grpc_listen = o.resp_listen = "";
+  o.data_dir.clear();
+  o.admin_listen = "127.0.0.1:99999";
+  CHECK(sluice::node::Node::open(o).message() ==
+        "admin HTTP listen address \"127.0.0.1:99999\": bad port '99999'");
+  o.admin_listen = "";
+  o.resp_listen = "localhost:7352";
+  CHECK(sluice::node::Node::open(o).message() ==
+        "RESP listen address \"localhost:7352\": not an IP address");
+}
