@@ -15,8 +15,8 @@ read -r -a bins <<<"$2"
 shift 2
 for ((i = 0; i < rounds; i++)); do
   for bin in "${bins[@]}"; do
-    # The table's last line is the row; its sixth column is checks/s.
-    rate=$("$bin" "$@" 2>/dev/null | tail -n 1 | awk '{print $6}')
+    # The --json line's last row is the row; checks_per_sec its figure.
+    rate=$("$bin" "$@" --json 2>/dev/null | tail -n 1 | jq '.rows[-1].checks_per_sec')
     echo "$bin $rate"
   done
 done | awk '{s[$1] += $2; n[$1]++; v[$1] = v[$1] " " $2}

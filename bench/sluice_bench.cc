@@ -9,7 +9,7 @@
 // one object {"rows":[...]} (common/json_rows.h). --quick asks for a short run: a scenario that
 // has no --quick of its own gets the flags listed in its `quick` entry below instead.
 #include <cstdio>
-#include <cstring>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,12 +86,9 @@ int run(const Scenario& s, std::vector<std::string> args) {
         expanded.push_back(std::move(a));
         continue;
       }
-      for (const char* p = s.quick; *p != '\0';) {
-        const char* e = std::strchr(p, ' ');
-        if (e == nullptr) e = p + std::strlen(p);
-        expanded.emplace_back(p, e);
-        p = *e == ' ' ? e + 1 : e;
-      }
+      std::istringstream words(s.quick);
+      for (std::string w; words >> w;)
+        expanded.push_back(std::move(w));
     }
     args = std::move(expanded);
   }

@@ -230,4 +230,14 @@ TempDir::TempDir() : testing::TempDir(std::string(kTempPrefix.substr(0, kTempPre
   remove_stale_temp_dirs(std::filesystem::path(path).parent_path());
 }
 
+int run_stoppable(const char* program, const std::function<int()>& run) {
+  install_stop_signals();
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
+}
+
 }  // namespace sluice::bench

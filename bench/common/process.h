@@ -24,6 +24,10 @@ namespace sluice::bench {
 void install_stop_signals();
 bool stop_requested();
 
+// The body of a scenario that runs child processes: installs the stop signals, runs `run` and
+// returns its exit status, or prints "<program>: <what>" and returns 1 when it throws.
+int run_stoppable(const char* program, const std::function<int()>& run);
+
 class ChildProcess {
  public:
   ChildProcess() = default;

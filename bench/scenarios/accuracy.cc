@@ -31,7 +31,8 @@
 // count after the request. The estimate comes from a window::SlidingWindow per key with the
 // rule's spec and estimator, fed by its own try_acquire (count_denied as the rule): the engine
 // runs the same window code, so the two must decide alike; if they do not, the program names the
-// first such request and fails (exit 1) after printing the rows.
+// first such request and fails (exit 1) after the rows. Every row also gives allowed_pct and the
+// seconds its replay took.
 //
 // max_window_over_limit is the largest number of hits the engine admitted into any true window
 // (now - W, now] of any key, over the limit: above 1 means the limit was exceeded somewhere (never
@@ -41,17 +42,14 @@
 // 20x, the rest far below their limit) is replayed with a limit of 100 in every window case (so
 // 100/1s, 100/1m, 100/1h) over 40 windows (--windows overrides): with the usual 600/1m and
 // 3600/1h its 270 abusive sources alone would send millions of requests per window. Its rows give
-// "limit" in the JSON; the table says how many sources sent requests and the abusive share. The
-// default window count makes each row ~1.5M requests.
+// "limit"; how many sources sent requests and the abusive share go to stderr. The default window
+// count makes each row ~1.5M requests.
 //
 // Reading the figures: when a key is over its limit rate (steady-1x/2x, the few hot keys of
-// mixed) nearly every request arrives with its window at the limit, so every decision is marginal
-// and a limiter that is off by a fraction of one request, or by a few ms, disagrees with the exact
-// log on many of them (weighted compares a fractional estimate, the log an integer count). Such
-// rows say how a limiter shapes overload. The Cloudflare figure is about traffic mostly well below
-// its limits: on mixed, the requests of keys offered under 0.5x their limit (55% of requests)
-// drew no wrong weighted decision (0 of 1.1M, 1 s and 1 m windows, seed 1; measured once by hand,
-// this program does not split rows by key rate).
+// mixed) nearly every decision is marginal, so a limiter off by a fraction of one request or a
+// few ms disagrees with the exact log on many of them: such rows say how a limiter shapes
+// overload. The Cloudflare figure is about traffic mostly well below its limits
+// (docs/benchmarks.md).
 //
 // GCRA rows (--mode gcra): the rule's limit is parse_gcra("<L>/<W>", burst, ...) with L the
 // window case's limit (100/1s, 600/1m, 3600/1h) and burst = max(1, L/10), bucket_ms 0. They are
@@ -81,16 +79,15 @@
 // Engine::sweep runs every second of the trace's time, as the daemon's sweep timer does.
 // One row per (M, lease_ttl, granularity) case of kLeaseCases and counting ("all" sets
 // count_denied, which must change nothing). Their figures:
-//   requests             every operation sent: checks and releases; allowed% is checks admitted
-//                        plus releases answered ok, over all operations;
+//   requests             every operation sent: checks and releases; allowed_pct is checks
+//                        admitted plus releases answered ok, over all operations;
 //   wrongly_allowed_pct  checks admitted that the reference denies, of all operations;
 //   wrongly_denied_pct   checks denied that the reference admits;
 //   wrong_other_pct      the other wrong answers: a release answered with another code than the
 //                        reference's (lease_expired, lease_released, lease_unknown or ok), an
 //                        admitted check without a lease or with an id unlike the contract's
 //                        (floor(E / 1000) in the high 32 bits, new for its key), a lease on a
-//                        denied check or a check of 0 hits, an error on a check; wrong_total%
-//                        adds it;
+//                        denied check or a check of 0 hits, an error on a check;
 //   max_window_over_limit  the most hits any key held in leases at once, as the reference counts
 //                        the leases the engine granted, over M (above 1: the limit was exceeded);
 //   avg_rate_error_pct   null, as for gcra rows: a concurrency limit counts leases exactly and
@@ -101,10 +98,6 @@
 // about: the contract does not fix them. --trace, --window and --granularity do not select
 // among these rows, except that --trace without "leases" leaves them out.
 //
-// Usage: sluice-bench-accuracy [--json] [--trace NAME] [--window 1s|1m|1h]
-//          [--mode weighted|strict|gcra|concurrency] [--counting admitted|all]
-//          [--seed N] [--windows N] [--granularity default|1/N[,...]] [--max-events N]
-//          [--lease-ops N]
 // Build Release. --trace cloudflare alone (18 rows at the default granularity, ~0.55 GB peak RSS
 // in its counting "all" rows) takes about half a minute on one core; the default run includes it.
 #include <algorithm>
@@ -198,15 +191,14 @@ struct Options {
   size_t lease_ops = 100'000;  // operations per concurrency row
 };
 
+// One row's figures; row_json() prints them.
 struct Row {
   std::string trace;
   std::string window_label;
   int64_t window_ms = 0;
-  Estimator mode = Estimator::kWeighted;  // window rows
-  bool gcra = false;                      // a GCRA row (mode "gcra"); `mode` is then unused
-  bool concurrency = false;               // a concurrency row (mode "concurrency"), likewise
-  bool count_all = false;                 // counting "all" (count_denied) rather than "admitted"
-  int64_t bucket_ms = 0;                  // 0 for gcra rows
+  std::string mode;        // weighted, strict, gcra or concurrency
+  bool count_all = false;  // counting "all" (count_denied) rather than "admitted"
+  int64_t bucket_ms = 0;   // 0 for gcra rows
   uint64_t limit = 0;
   uint64_t requests = 0;
   uint64_t allowed = 0;
@@ -214,33 +206,14 @@ struct Row {
   uint64_t wrongly_denied = 0;
   uint64_t errors = 0;
   double max_window_over_limit = 0;
-  // avg_rate_error_pct = 100 * rate_error_sum / rate_error_checks; none for gcra rows.
-  double rate_error_sum = 0;
-  uint64_t rate_error_checks = 0;
-  double seconds = 0;
-  // GCRA rows only: the burst, the rate as given to parse_gcra, and (burst + L) / L.
-  uint64_t burst = 0;
-  std::string rate;
-  double gcra_bound = 0;
-  bool over_gcra_bound = false;  // max admitted into a window > burst + L: the program fails
-  // Window rows: requests the SlidingWindow mirror decided unlike the engine: the program fails.
-  uint64_t mirror_disagreements = 0;
-  // Concurrency rows: wrong answers other than a check's decision (see the file comment), and
-  // what the rows were made of.
-  uint64_t wrong_other = 0;
-  int64_t lease_ttl_ms = 0;
-  testing::LeaseTally lease;
+  std::optional<double> avg_rate_error_pct;  // window rows that judged a counted key only
+  sluice::bench::Row extra = sluice::bench::Row::object();  // the gcra or concurrency fields
+  std::string failure;  // why the row fails the program (exit 1), "" when it is sound
+
+  std::string name() const {
+    return trace + " " + window_label + " " + mode + " " + (count_all ? "all" : "admitted");
+  }
 };
-
-std::optional<double> avg_rate_error_pct(const Row& r) {
-  if (r.gcra || r.concurrency || r.rate_error_checks == 0) return std::nullopt;
-  return 100.0 * r.rate_error_sum / static_cast<double>(r.rate_error_checks);
-}
-
-std::string mode_name(const Row& r) {
-  if (r.concurrency) return "concurrency";
-  return r.gcra ? "gcra" : std::string(window::to_string(r.mode));
-}
 
 double pct(uint64_t part, uint64_t whole) {
   return whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
@@ -293,6 +266,12 @@ std::optional<int> parse_args(int argc, char** argv, Options& o) {
   return exit;
 }
 
+EngineOptions engine_options() {
+  EngineOptions opts;
+  opts.memory_cap_bytes = 1ull << 30;
+  return opts;
+}
+
 std::shared_ptr<const rules::Policy> make_policy(const window::WindowSpec& spec, uint64_t limit,
                                                  Estimator est, bool count_all, uint64_t seed) {
   return testing::one_rule_policy({"bench", "r", "k", limit, spec, est, count_all}, seed);
@@ -343,18 +322,38 @@ void replay_trace(Engine& engine, const std::vector<Event>& trace, uint32_t keys
 }
 
 void warn_after(const Engine& engine, const Row& row) {
-  const auto stats = engine.stats();
-  if (stats.evicted_live != 0) {
+  if (const uint64_t evicted = engine.stats().evicted_live; evicted != 0) {
     std::fprintf(stderr,
-                 "warning: %s %s %s: engine evicted %" PRIu64
+                 "warning: %s: engine evicted %" PRIu64
                  " live counters; the row is not a pure accuracy figure\n",
-                 row.trace.c_str(), row.window_label.c_str(), mode_name(row).c_str(),
-                 stats.evicted_live);
+                 row.name().c_str(), evicted);
   }
   if (row.errors != 0) {
-    std::fprintf(stderr, "warning: %s %s: %" PRIu64 " requests were rejected with an error\n",
-                 row.trace.c_str(), row.window_label.c_str(), row.errors);
+    std::fprintf(stderr, "warning: %s: %" PRIu64 " requests were rejected with an error\n",
+                 row.name().c_str(), row.errors);
   }
+}
+
+// A row of `trace` in window case `wc`, its counts still to be filled.
+Row new_row(std::string_view trace, const WindowCase& wc, std::string mode, bool count_all,
+            int64_t bucket_ms) {
+  Row row;
+  row.trace = std::string(trace);
+  row.window_label = wc.label;
+  row.window_ms = wc.window_ms;
+  row.mode = std::move(mode);
+  row.count_all = count_all;
+  row.bucket_ms = bucket_ms;
+  row.limit = wc.limit;
+  return row;
+}
+
+// The most hits any log holds in one true window, over the limit.
+double max_window_over(const std::vector<ExactSlidingLog>& logs, uint64_t limit) {
+  uint64_t max_window = 0;
+  for (const auto& log : logs)
+    max_window = std::max(max_window, log.max_window_count());
+  return static_cast<double>(max_window) / static_cast<double>(limit);
 }
 
 // Window rows: the reference is an exact sliding log per key.
@@ -398,20 +397,8 @@ struct WindowJudge {
 
 Row replay(std::string_view trace_name, const std::vector<Event>& trace, const WindowCase& wc,
            const window::WindowSpec& spec, Estimator est, bool count_all, uint64_t seed) {
-  Row row;
-  row.trace = std::string(trace_name);
-  row.window_label = wc.label;
-  row.window_ms = wc.window_ms;
-  row.mode = est;
-  row.count_all = count_all;
-  row.bucket_ms = spec.bucket_ms;
-  row.limit = wc.limit;
-  const auto started = std::chrono::steady_clock::now();
-
-  EngineOptions opts;
-  opts.memory_cap_bytes = 1ull << 30;
-  Engine engine(make_policy(spec, wc.limit, est, count_all, seed), opts);
-
+  Row row = new_row(trace_name, wc, std::string(window::to_string(est)), count_all, spec.bucket_ms);
+  Engine engine(make_policy(spec, wc.limit, est, count_all, seed), engine_options());
   const uint32_t keys = testing::trace_keys(trace_name);
   WindowJudge judge{
       wc.limit,
@@ -419,19 +406,18 @@ Row replay(std::string_view trace_name, const std::vector<Event>& trace, const W
       std::vector<ExactSlidingLog>(keys, ExactSlidingLog(wc.window_ms)),
       std::vector<ExactSlidingLog>(count_all ? keys : 0, ExactSlidingLog(wc.window_ms)),
       std::vector<window::SlidingWindow>(keys, window::SlidingWindow(spec, est)),
-      row.trace + " " + wc.label + " " + mode_name(row) + " " + (count_all ? "all" : "admitted")};
+      row.name()};
   replay_trace(engine, trace, keys, row, judge);
-  row.rate_error_sum = judge.rate_error_sum;
-  row.rate_error_checks = judge.rate_error_checks;
-  row.mirror_disagreements = judge.disagreements;
-
-  uint64_t max_window = 0;
-  for (const auto& log : count_all ? judge.admitted : judge.ref)
-    max_window = std::max(max_window, log.max_window_count());
-  row.max_window_over_limit = static_cast<double>(max_window) / static_cast<double>(wc.limit);
-
+  if (judge.rate_error_checks != 0) {
+    row.avg_rate_error_pct =
+        100.0 * judge.rate_error_sum / static_cast<double>(judge.rate_error_checks);
+  }
+  if (judge.disagreements != 0) {
+    row.failure = "SlidingWindow decided " + std::to_string(judge.disagreements) +
+                  " requests unlike the engine (the first above)";
+  }
+  row.max_window_over_limit = max_window_over(count_all ? judge.admitted : judge.ref, wc.limit);
   warn_after(engine, row);
-  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return row;
 }
 
@@ -517,26 +503,19 @@ struct GcraJudge {
 
 Row replay_gcra(std::string_view trace_name, const std::vector<Event>& trace, const WindowCase& wc,
                 bool count_all, uint64_t seed) {
-  Row row;
-  row.trace = std::string(trace_name);
-  row.window_label = wc.label;
-  row.window_ms = wc.window_ms;
-  row.gcra = true;
-  row.count_all = count_all;
-  row.bucket_ms = 0;
-  row.limit = wc.limit;
-  row.burst = std::max<uint64_t>(1, wc.limit / 10);
-  row.rate = std::to_string(wc.limit) + "/" + wc.label;
-  row.gcra_bound = static_cast<double>(row.burst + wc.limit) / static_cast<double>(wc.limit);
-  const auto started = std::chrono::steady_clock::now();
+  Row row = new_row(trace_name, wc, "gcra", count_all, 0);
+  const uint64_t burst = std::max<uint64_t>(1, wc.limit / 10);
+  const std::string rate = std::to_string(wc.limit) + "/" + wc.label;
+  const double bound = static_cast<double>(burst + wc.limit) / static_cast<double>(wc.limit);
+  row.extra = {{"burst", burst}, {"rate", rate}, {"gcra_bound", bound}};
 
   rules::Limit lim;
-  if (const sluice::Status why = rules::parse_gcra(row.rate, row.burst, lim); !why.ok()) {
-    std::fprintf(stderr, "error: parse_gcra(%s, %" PRIu64 "): %s\n", row.rate.c_str(), row.burst,
+  if (const sluice::Status why = rules::parse_gcra(rate, burst, lim); !why.ok()) {
+    std::fprintf(stderr, "error: parse_gcra(%s, %" PRIu64 "): %s\n", rate.c_str(), burst,
                  why.message().c_str());
     std::exit(1);
   }
-  lim.name = "r:gcra " + row.rate + " burst " + std::to_string(row.burst);
+  lim.name = "r:gcra " + rate + " burst " + std::to_string(burst);
   rules::Rule rule;
   rule.name = "r";
   rule.key = {"k"};
@@ -547,55 +526,30 @@ Row replay_gcra(std::string_view trace_name, const std::vector<Event>& trace, co
   domain.rules.push_back(std::move(rule));
   rules::RuleSet set;
   set.domains.push_back(std::move(domain));
-
-  EngineOptions opts;
-  opts.memory_cap_bytes = 1ull << 30;
-  Engine engine(rules::Policy::compile(std::move(set), rules::Overrides{}, seed), opts);
+  Engine engine(rules::Policy::compile(std::move(set), rules::Overrides{}, seed), engine_options());
 
   // The reference's interval, worked out here: W in ns over L, rounded down.
   const auto interval_ns =
       static_cast<int64_t>(static_cast<u128>(wc.window_ms) * kNsPerMs / wc.limit);
   const uint32_t keys = testing::trace_keys(trace_name);
-  GcraJudge judge{count_all,
-                  std::vector<GcraReference>(keys, GcraReference(interval_ns, row.burst)),
-                  std::vector<ExactSlidingLog>(keys, ExactSlidingLog(wc.window_ms)),
-                  row.trace + " " + wc.label + " " + (count_all ? "all" : "admitted")};
+  GcraJudge judge{count_all, std::vector<GcraReference>(keys, GcraReference(interval_ns, burst)),
+                  std::vector<ExactSlidingLog>(keys, ExactSlidingLog(wc.window_ms)), row.name()};
   replay_trace(engine, trace, keys, row, judge);
-
-  uint64_t max_window = 0;
-  for (const auto& log : judge.admitted)
-    max_window = std::max(max_window, log.max_window_count());
-  row.max_window_over_limit = static_cast<double>(max_window) / static_cast<double>(wc.limit);
-  if (max_window > row.burst + wc.limit) {
-    row.over_gcra_bound = true;
-    std::fprintf(stderr,
-                 "error: %s %s gcra %s: %" PRIu64
-                 " hits admitted into one window, over the "
-                 "GCRA bound burst + L = %" PRIu64
-                 " (max_window_over_limit %.4f > gcra_bound "
-                 "%.4f)\n",
-                 row.trace.c_str(), wc.label, count_all ? "all" : "admitted", max_window,
-                 row.burst + wc.limit, row.max_window_over_limit, row.gcra_bound);
+  row.max_window_over_limit = max_window_over(judge.admitted, wc.limit);
+  // GCRA is exact: any decision unlike the token bucket's is a bug, not an estimate's error.
+  if (row.wrongly_allowed + row.wrongly_denied != 0) {
+    row.failure = std::to_string(row.wrongly_allowed + row.wrongly_denied) +
+                  " decisions unlike the token bucket's (the first above)";
+  } else if (row.max_window_over_limit > bound) {
+    row.failure = "max_window_over_limit over the GCRA bound (burst + L) / L";
   }
-
   warn_after(engine, row);
-  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return row;
 }
 
 // ---- concurrency rows ------------------------------------------------------------------------
 
 Row replay_concurrency(const LeaseCase& lc, bool count_all, const Options& opt) {
-  Row row;
-  row.trace = std::string(kLeaseTrace);
-  row.concurrency = true;
-  row.count_all = count_all;
-  row.limit = lc.max_in_flight;
-  row.lease_ttl_ms = lc.lease_ttl_ms;
-  row.window_ms = lc.lease_ttl_ms;
-  row.window_label = rules::format_duration(lc.lease_ttl_ms);
-  const auto started = std::chrono::steady_clock::now();
-
   testing::LeaseTraceParams p;
   p.max_in_flight = lc.max_in_flight;
   p.lease_ttl_ms = lc.lease_ttl_ms;
@@ -604,8 +558,10 @@ Row replay_concurrency(const LeaseCase& lc, bool count_all, const Options& opt) 
   p.operations = opt.lease_ops;
   p.seed = opt.seed;
   p.sweep_every_ms = 1'000;  // sluiced's default sweep_interval_ms
-  row.bucket_ms =
-      testing::ConcurrencyReference(p.max_in_flight, p.lease_ttl_ms, p.bucket_ms).bucket_ms();
+  const std::string ttl = rules::format_duration(lc.lease_ttl_ms);
+  Row row = new_row(
+      kLeaseTrace, {ttl.c_str(), lc.lease_ttl_ms, lc.max_in_flight, 0}, "concurrency", count_all,
+      testing::ConcurrencyReference(p.max_in_flight, p.lease_ttl_ms, p.bucket_ms).bucket_ms());
   std::string why;
   const auto policy = testing::concurrency_policy(p, opt.seed, &why);
   if (policy == nullptr) {
@@ -614,139 +570,78 @@ Row replay_concurrency(const LeaseCase& lc, bool count_all, const Options& opt) 
     std::exit(1);
   }
   const std::vector<testing::LeaseOp> ops = testing::make_lease_trace(p);
-  EngineOptions opts;
-  opts.memory_cap_bytes = 1ull << 30;
-  Engine engine(policy, opts);
+  Engine engine(policy, engine_options());
   const testing::LeaseTally t = testing::replay_lease_trace(engine, p, ops);
-  row.lease = t;
   row.requests = t.operations;
   row.allowed = t.admitted + t.release_ok;
   row.wrongly_allowed = t.wrongly_allowed;
   row.wrongly_denied = t.wrongly_denied;
-  row.wrong_other = t.check_errors + t.bad_leases + t.wrong_releases;
   row.max_window_over_limit =
       static_cast<double>(t.max_held) / static_cast<double>(lc.max_in_flight);
-  const std::string where = row.window_label + " M " + std::to_string(lc.max_in_flight) +
-                            " bucket " + std::to_string(row.bucket_ms) + "ms " +
-                            (count_all ? "all" : "admitted");
+  row.extra = {
+      {"max_in_flight", lc.max_in_flight},
+      {"lease_ttl_ms", lc.lease_ttl_ms},
+      {"wrong_other_pct", pct(t.check_errors + t.bad_leases + t.wrong_releases, row.requests)},
+      {"checks", t.checks},
+      {"admitted", t.admitted},
+      {"releases", t.releases},
+      {"release_answers",
+       {{"ok", t.release_ok},
+        {"lease_expired", t.release_expired},
+        {"lease_released", t.release_released},
+        {"lease_unknown", t.release_unknown}}},
+      {"wrong_releases", t.wrong_releases},
+      {"bad_leases", t.bad_leases},
+      {"check_errors", t.check_errors},
+      {"remaining_mismatches", t.report_mismatches}};
+  const std::string where = row.name() + " M " + std::to_string(lc.max_in_flight) + " bucket " +
+                            std::to_string(row.bucket_ms) + " ms";
   if (t.report_mismatches != 0) {
     std::fprintf(stderr,
-                 "warning: leases %s: %" PRIu64
+                 "warning: %s: %" PRIu64
                  " checks whose remaining/exceeded differ from M - in_flight / denied; first: "
                  "%s\n",
                  where.c_str(), t.report_mismatches, t.first_report_mismatch.c_str());
   }
+  // The contract is exact as well: any answer unlike the reference model's is a bug.
   if (t.wrong() != 0) {
-    std::fprintf(stderr,
-                 "error: leases %s: %" PRIu64 " wrong answers (checks wrongly allowed %" PRIu64
-                 ", wrongly denied %" PRIu64 ", errors %" PRIu64 ", bad leases %" PRIu64
-                 ", releases %" PRIu64 "); first: %s\n",
-                 where.c_str(), t.wrong(), t.wrongly_allowed, t.wrongly_denied, t.check_errors,
-                 t.bad_leases, t.wrong_releases, t.first_wrong.c_str());
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "M %" PRIu64 " bucket %" PRId64 " ms: %" PRIu64
+                  " wrong answers (checks wrongly allowed %" PRIu64 ", wrongly denied %" PRIu64
+                  ", errors %" PRIu64 ", bad leases %" PRIu64 ", releases %" PRIu64 ")",
+                  lc.max_in_flight, row.bucket_ms, t.wrong(), t.wrongly_allowed, t.wrongly_denied,
+                  t.check_errors, t.bad_leases, t.wrong_releases);
+    row.failure = buf;
     const auto shrunk = testing::shrink_lease_trace(
-        [&] { return std::make_unique<Engine>(policy, opts); }, p, ops, 1'000);
-    Engine fresh(policy, opts);
-    std::fprintf(stderr, "smallest trace found (%zu operations):\n%s", shrunk.size(),
+        [&] { return std::make_unique<Engine>(policy, engine_options()); }, p, ops, 1'000);
+    Engine fresh(policy, engine_options());
+    std::fprintf(stderr, "%s: first wrong answer: %s\nsmallest trace found (%zu operations):\n%s",
+                 where.c_str(), t.first_wrong.c_str(), shrunk.size(),
                  testing::lease_trace_text(fresh, p, shrunk).c_str());
   }
   warn_after(engine, row);
-  row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return row;
 }
 
-void print_table(const Options& opt, const std::vector<Row>& rows,
-                 const std::vector<std::string>& notes) {
-  std::printf("# seed %" PRIu64
-              "; limits 100/1s, 600/1m, 3600/1h (cloudflare: 100 in every window); percentages "
-              "of all requests\n",
-              opt.seed);
-  for (const std::string& n : notes)
-    std::printf("# %s\n", n.c_str());
-  // GCRA rows: each rate with its burst and bound, once.
-  std::vector<std::string> gcra_cases;
-  for (const Row& r : rows) {
-    if (!r.gcra || std::find(gcra_cases.begin(), gcra_cases.end(), r.rate) != gcra_cases.end()) {
-      continue;
-    }
-    if (gcra_cases.empty()) std::printf("# gcra rows: against an exact token bucket;");
-    gcra_cases.push_back(r.rate);
-    std::printf(" %s burst %" PRIu64 " gcra_bound %.4f;", r.rate.c_str(), r.burst, r.gcra_bound);
-  }
-  if (!gcra_cases.empty()) std::printf("\n");
-  if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.concurrency; })) {
-    std::printf(
-        "# concurrency rows (trace leases, limit = max_in_flight M, window = lease_ttl): "
-        "against the exact reference model, %zu operations planned per row on 3 keys; "
-        "wrong_total%% includes wrong release answers and lease ids\n",
-        opt.lease_ops);
-  }
-  std::printf("%-12s %-6s %-11s %-8s %9s %9s %9s %13s %13s %13s %9s %13s %7s\n", "trace", "window",
-              "mode", "counting", "bucket_ms", "requests", "allowed%", "wrong_allow%",
-              "wrong_deny%", "wrong_total%", "max_win/L", "avg_rate_err%", "secs");
-  for (const auto& r : rows) {
-    char err[32] = "-";
-    if (const auto e = avg_rate_error_pct(r)) std::snprintf(err, sizeof err, "%.5g", *e);
-    std::printf("%-12s %-6s %-11s %-8s %9" PRId64 " %9" PRIu64
-                " %9.3f %13.5g %13.5g %13.5g %9.4f %13s %7.2f\n",
-                r.trace.c_str(), r.window_label.c_str(), mode_name(r).c_str(),
-                r.count_all ? "all" : "admitted", r.bucket_ms, r.requests,
-                pct(r.allowed, r.requests), pct(r.wrongly_allowed, r.requests),
-                pct(r.wrongly_denied, r.requests),
-                pct(r.wrongly_allowed + r.wrongly_denied + r.wrong_other, r.requests),
-                r.max_window_over_limit, err, r.seconds);
-  }
-}
-
-void print_json(const std::vector<Row>& rows) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const Row& r : rows) {
-    nlohmann::json row = {{"trace", r.trace},
-                          {"window_s", r.window_ms / 1000},
-                          {"mode", mode_name(r)},
-                          {"counting", r.count_all ? "all" : "admitted"},
-                          {"bucket_ms", r.bucket_ms},
-                          {"requests", r.requests},
-                          {"wrongly_allowed_pct", pct(r.wrongly_allowed, r.requests)},
-                          {"wrongly_denied_pct", pct(r.wrongly_denied, r.requests)},
-                          {"max_window_over_limit", r.max_window_over_limit},
-                          {"limit", r.limit}};
-    if (const auto e = avg_rate_error_pct(r)) {
-      row["avg_rate_error_pct"] = *e;
-    } else {
-      row["avg_rate_error_pct"] = nullptr;
-    }
-    if (r.concurrency) {
-      const testing::LeaseTally& t = r.lease;
-      row["max_in_flight"] = r.limit;
-      row["lease_ttl_ms"] = r.lease_ttl_ms;
-      row["wrong_other_pct"] = pct(r.wrong_other, r.requests);
-      row["checks"] = t.checks;
-      row["admitted"] = t.admitted;
-      row["releases"] = t.releases;
-      row["release_answers"] = {{"ok", t.release_ok},
-                                {"lease_expired", t.release_expired},
-                                {"lease_released", t.release_released},
-                                {"lease_unknown", t.release_unknown}};
-      row["wrong_releases"] = t.wrong_releases;
-      row["bad_leases"] = t.bad_leases;
-      row["check_errors"] = t.check_errors;
-      row["remaining_mismatches"] = t.report_mismatches;
-    }
-    if (r.gcra) {
-      row["burst"] = r.burst;
-      row["rate"] = r.rate;
-      row["gcra_bound"] = r.gcra_bound;
-    }
-    out.push_back(std::move(row));
-  }
-  sluice::bench::print_json_rows(out);
-}
-
-void note_done(const Row& r) {
-  std::fprintf(stderr,
-               "done %-12s %-3s %-8s bucket %" PRId64 " ms: %" PRIu64 " requests in %.2f s\n",
-               r.trace.c_str(), r.window_label.c_str(), mode_name(r).c_str(), r.bucket_ms,
-               r.requests, r.seconds);
+// The row as printed and in the --json line.
+sluice::bench::Row row_json(const Row& r, double seconds) {
+  sluice::bench::Row row = {{"trace", r.trace},
+                            {"window_s", r.window_ms / 1000},
+                            {"mode", r.mode},
+                            {"counting", r.count_all ? "all" : "admitted"},
+                            {"bucket_ms", r.bucket_ms},
+                            {"limit", r.limit},
+                            {"requests", r.requests},
+                            {"allowed_pct", pct(r.allowed, r.requests)},
+                            {"wrongly_allowed_pct", pct(r.wrongly_allowed, r.requests)},
+                            {"wrongly_denied_pct", pct(r.wrongly_denied, r.requests)},
+                            {"max_window_over_limit", r.max_window_over_limit},
+                            {"avg_rate_error_pct", nullptr},
+                            {"seconds", seconds}};
+  if (r.avg_rate_error_pct) row["avg_rate_error_pct"] = *r.avg_rate_error_pct;
+  row.update(r.extra);
+  return row;
 }
 
 // One line on a cloudflare trace as generated: its size, sources and abusive share.
@@ -783,9 +678,19 @@ std::string cloudflare_note(const WindowCase& wc, const testing::TraceParams& p,
 int bench_accuracy_main(int argc, char** argv) {
   Options opt;
   if (const std::optional<int> exit = parse_args(argc, argv, opt)) return *exit;
-  std::vector<Row> rows;
+  sluice::bench::Rows out(opt.json);
+  bool failed = false;
+  // Runs one row's replay, prints the row, and its failure if it has one.
+  const auto add = [&](const auto& replay_row) {
+    const auto started = std::chrono::steady_clock::now();
+    const Row r = replay_row();
+    const std::chrono::duration<double> secs = std::chrono::steady_clock::now() - started;
+    out.add(row_json(r, secs.count()));
+    if (!r.failure.empty())
+      std::fprintf(stderr, "error: %s: %s\n", r.name().c_str(), r.failure.c_str());
+    failed = failed || !r.failure.empty();
+  };
   std::vector<std::string> noted;  // invalid window/granularity pairs already reported
-  std::vector<std::string> notes;  // printed under the table's first line
   // The request traces serve the window and gcra rows only.
   const bool trace_modes = contains(opt.modes, "weighted") || contains(opt.modes, "strict") ||
                            contains(opt.modes, "gcra");
@@ -802,7 +707,9 @@ int bench_accuracy_main(int argc, char** argv) {
       p.max_events = opt.max_events;
       const auto generating = std::chrono::steady_clock::now();
       const std::vector<Event> trace = *testing::make_trace(name, p);
-      if (name == "cloudflare") notes.push_back(cloudflare_note(wc, p, trace, generating));
+      if (name == "cloudflare") {
+        std::fprintf(stderr, "%s\n", cloudflare_note(wc, p, trace, generating).c_str());
+      }
       std::vector<int64_t> buckets_done;  // 1/60 of 1 h is its default: one row, not two
       for (const uint32_t g : opt.granularities) {
         const int64_t bucket = g == 0 ? window::default_bucket_ms(wc.window_ms)
@@ -825,8 +732,7 @@ int bench_accuracy_main(int argc, char** argv) {
           if (!contains(opt.modes, window::to_string(est))) continue;
           for (const bool count_all : {false, true}) {
             if (!contains(opt.countings, count_all ? "all" : "admitted")) continue;
-            rows.push_back(replay(name, trace, wc, spec, est, count_all, opt.seed));
-            note_done(rows.back());
+            add([&] { return replay(name, trace, wc, spec, est, count_all, opt.seed); });
           }
         }
       }
@@ -834,8 +740,7 @@ int bench_accuracy_main(int argc, char** argv) {
       if (contains(opt.modes, "gcra")) {
         for (const bool count_all : {false, true}) {
           if (!contains(opt.countings, count_all ? "all" : "admitted")) continue;
-          rows.push_back(replay_gcra(name, trace, wc, count_all, opt.seed));
-          note_done(rows.back());
+          add([&] { return replay_gcra(name, trace, wc, count_all, opt.seed); });
         }
       }
     }
@@ -845,41 +750,10 @@ int bench_accuracy_main(int argc, char** argv) {
     for (const LeaseCase& lc : kLeaseCases) {
       for (const bool count_all : {false, true}) {
         if (!contains(opt.countings, count_all ? "all" : "admitted")) continue;
-        rows.push_back(replay_concurrency(lc, count_all, opt));
-        note_done(rows.back());
+        add([&] { return replay_concurrency(lc, count_all, opt); });
       }
     }
   }
-  print_table(opt, rows, notes);
-  if (opt.json) print_json(rows);
-  for (const Row& r : rows) {
-    if (r.mirror_disagreements != 0) {
-      std::fprintf(stderr,
-                   "error: %s %s %s: SlidingWindow decided %" PRIu64
-                   " requests unlike the engine (see above)\n",
-                   r.trace.c_str(), r.window_label.c_str(), mode_name(r).c_str(),
-                   r.mirror_disagreements);
-      return 1;
-    }
-    if (r.over_gcra_bound) {
-      std::fprintf(stderr, "error: a gcra row admitted more than its bound (see above)\n");
-      return 1;
-    }
-    if (r.concurrency && r.wrongly_allowed + r.wrongly_denied + r.wrong_other != 0) {
-      // Exact as well: any answer unlike the reference model's is a bug (described above).
-      std::fprintf(stderr,
-                   "error: leases %s M %" PRIu64 " bucket %" PRId64 " ms: %" PRIu64
-                   " answers unlike the reference model's\n",
-                   r.window_label.c_str(), r.limit, r.bucket_ms,
-                   r.wrongly_allowed + r.wrongly_denied + r.wrong_other);
-      return 1;
-    }
-    if (r.gcra && r.wrongly_allowed + r.wrongly_denied != 0) {
-      // GCRA is exact: any decision unlike the token bucket's is a bug, not an estimate's error.
-      std::fprintf(stderr, "error: %s %s gcra: %" PRIu64 " decisions unlike the token bucket's\n",
-                   r.trace.c_str(), r.window_label.c_str(), r.wrongly_allowed + r.wrongly_denied);
-      return 1;
-    }
-  }
-  return 0;
+  out.finish();
+  return failed ? 1 : 0;
 }

@@ -21,6 +21,7 @@
 #include <deque>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/json_rows.h"
@@ -79,21 +80,11 @@ int64_t bucket_for(const std::string& g, int64_t window_ms) {
 }
 
 enum class Strategy { kGreedy, kBucketEnd, kEdges, kEndThenGreedy };
-constexpr Strategy kStrategies[] = {Strategy::kGreedy, Strategy::kBucketEnd, Strategy::kEdges,
-                                    Strategy::kEndThenGreedy};
-const char* name_of(Strategy s) {
-  switch (s) {
-    case Strategy::kGreedy:
-      return "greedy";
-    case Strategy::kBucketEnd:
-      return "bucket-end";
-    case Strategy::kEdges:
-      return "edges";
-    case Strategy::kEndThenGreedy:
-      return "end-then-greedy";
-  }
-  return "?";
-}
+constexpr std::pair<Strategy, const char*> kStrategies[] = {
+    {Strategy::kGreedy, "greedy"},
+    {Strategy::kBucketEnd, "bucket-end"},
+    {Strategy::kEdges, "edges"},
+    {Strategy::kEndThenGreedy, "end-then-greedy"}};
 
 // The most admitted hits any true window (t - W, t] holds, given (time, count) in time order.
 uint64_t max_in_window(const std::vector<std::pair<int64_t, uint64_t>>& admitted, int64_t w) {
@@ -148,9 +139,7 @@ int bench_edges_main(int argc, char** argv) {
   Options o;
   if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
   const int64_t t0 = 28'333'333LL * 60'000;  // an epoch-aligned minute
-  nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-8s %-9s %9s %-8s %-16s %10s %10s\n", "window", "gran", "bucket_ms", "estim",
-              "strategy", "max_win", "max_win/L");
+  bench::Rows rows(o.json);
   for (const int64_t w : o.windows) {
     for (const std::string& g : o.granularities) {
       const int64_t b = bucket_for(g, w);
@@ -161,29 +150,25 @@ int bench_edges_main(int argc, char** argv) {
         continue;
       }
       for (const Estimator est : {Estimator::kWeighted, Estimator::kStrict}) {
-        for (const Strategy s : kStrategies) {
+        for (const auto& [s, name] : kStrategies) {
           uint64_t worst = 0;
           for (int phase = 0; phase < 20; ++phase) {
             const int64_t start = t0 + b * phase / 20;
             worst = std::max(worst, run(spec, est, s, o.limit, start, o.windows_run));
           }
-          const double ratio = static_cast<double>(worst) / static_cast<double>(o.limit);
-          std::printf("%-8s %-9s %9lld %-8s %-16s %10llu %10.4f\n",
-                      rules::format_duration(w).c_str(), g.c_str(), static_cast<long long>(b),
-                      std::string(window::to_string(est)).c_str(), name_of(s),
-                      static_cast<unsigned long long>(worst), ratio);
-          rows.push_back({{"window_ms", w},
-                          {"granularity", g},
-                          {"bucket_ms", b},
-                          {"estimator", std::string(window::to_string(est))},
-                          {"strategy", name_of(s)},
-                          {"limit", o.limit},
-                          {"max_window", worst},
-                          {"max_window_over_limit", ratio}});
+          rows.add({{"window_ms", w},
+                    {"granularity", g},
+                    {"bucket_ms", b},
+                    {"estimator", std::string(window::to_string(est))},
+                    {"strategy", name},
+                    {"limit", o.limit},
+                    {"max_window", worst},
+                    {"max_window_over_limit",
+                     static_cast<double>(worst) / static_cast<double>(o.limit)}});
         }
       }
     }
   }
-  if (o.json) bench::print_json_rows(rows);
+  rows.finish();
   return 0;
 }

@@ -25,7 +25,7 @@
 // The limit (default 1e9 per minute) is far above any key's traffic so every check is allowed and
 // counted: the figure is the cost of the counting path, not of early denials.
 //
-// The memory cap is set to 8 GiB so nothing is evicted; the evicted counts are printed to show it.
+// The memory cap is set to 8 GiB so nothing is evicted; the row's evicted counts show it.
 //
 // --scenario sync-cost: what one cluster sync pass (Engine::sync_step until
 // done) costs with --keys idle counters and --active of them touched between passes. Every key is
@@ -36,14 +36,8 @@
 // in three. Per pass, the thread's CPU time (CLOCK_THREAD_CPUTIME_ID) over its sync_step calls;
 // one row per kind of pass, p50/p99/max in ms and the counters it reported.
 //
-// Usage: sluice-bench-engine [--json] [--keys N[,N..]] [--dist uniform|zipf] [--seconds S]
-//          [--checks N] [--limit N] [--shards N] [--threads N[,N..]] [--batch N]
-//          [--granularity MS]   (the 1-minute limit's bucket; default the rules' default, 6 s)
-//          [--cluster]          (the engine of a cluster member, whose counter slots also hold
-//                                others' counts; default: of a node on its own, as sluiced
-//                                without a cluster section)
-//        sluice-bench-engine --scenario sync-cost [--json] [--keys N[,N..]] [--active N[,N..]]
-//          [--passes N] [--shards N]
+// --cluster: the engine of a cluster member, whose counter slots also hold others' counts
+// (default: of a node on its own, as sluiced without a cluster section).
 #include <malloc.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,7 +78,6 @@ constexpr int64_t kChecksPerMs = 1024;
 constexpr int64_t kStartMs = testing::kTraceStartMs + 45'000;
 
 struct Options {
-  bool json = false;
   std::string scenario = "throughput";
   std::vector<uint64_t> keys = {1'000'000, 10'000'000};
   std::vector<uint64_t> active = {0, 1'000, 10'000, 100'000};  // sync-cost: touched per pass
@@ -101,24 +94,8 @@ struct Options {
   size_t batch = 32;
 };
 
-struct Row {
-  uint64_t keys = 0;
-  std::string dist;
-  uint64_t threads = 1;
-  uint64_t checks = 0;
-  double seconds = 0;
-  double checks_per_sec = 0;
-  double bytes_per_key = 0;
-  double rss_bytes_per_key = 0;
-  double table_bytes_per_key = 0;
-  uint64_t allowed = 0;
-  uint64_t live_counters = 0;
-  uint64_t evicted_expired = 0;
-  uint64_t evicted_live = 0;
-};
-
 // nullopt: run with o. Otherwise the exit status (common/scenario.h).
-std::optional<int> parse_args(int argc, char** argv, Options& o) {
+std::optional<int> parse_args(int argc, char** argv, Options& o, bool& json) {
   sluice::bench::Cli cli("sluice-bench-engine");
   std::string dist;
   cli.word("--scenario", o.scenario, {"throughput", "sync-cost"},
@@ -139,7 +116,7 @@ std::optional<int> parse_args(int argc, char** argv, Options& o) {
   cli.number("--batch", o.batch, 1, 4096, "checks per call");
   cli.app().add_option("--seed", o.seed, "seed of the keys");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
-  o.json = cli.json;
+  json = cli.json;
   if (!dist.empty()) o.dists = {dist};
   if (const std::string why = window::validate(window::make_spec(60'000, o.bucket_ms));
       o.bucket_ms != 0 && !why.empty()) {
@@ -282,8 +259,8 @@ uint64_t run_checks(Engine& engine, size_t batch_size, uint64_t len, uint64_t fi
 
 // One row per --threads count for `keys` x `dist`: one engine, warmed once, then timed with each
 // thread count in turn (the simulated clock runs on from one to the next).
-std::vector<Row> run_rows(const Options& opt, const KeyArena& arena, uint64_t keys,
-                          const std::string& dist) {
+void run_rows(const Options& opt, const KeyArena& arena, uint64_t keys, const std::string& dist,
+              sluice::bench::Rows& rows) {
   const uint64_t max_threads = *std::max_element(opt.threads.begin(), opt.threads.end());
   std::vector<RequestStream> streams;
   for (uint64_t t = 0; t < max_threads; ++t)
@@ -312,13 +289,8 @@ std::vector<Row> run_rows(const Options& opt, const KeyArena& arena, uint64_t ke
                  warm_allowed, keys);
   }
 
-  std::vector<Row> rows;
   uint64_t clock_checks = keys;  // checks so far, for the simulated clock
   for (const uint64_t threads : opt.threads) {
-    Row row;
-    row.keys = keys;
-    row.dist = dist;
-    row.threads = threads;
     std::vector<uint64_t> done(threads, 0), allowed(threads, 0);
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -334,65 +306,38 @@ std::vector<Row> run_rows(const Options& opt, const KeyArena& arena, uint64_t ke
     }
     for (auto& w : workers)
       w.join();
-    row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    uint64_t checks = 0, allowed_all = 0;
     for (uint64_t t = 0; t < threads; ++t) {
-      row.checks += done[t];
-      row.allowed += allowed[t];
+      checks += done[t];
+      allowed_all += allowed[t];
     }
-    clock_checks += row.checks / threads;
+    clock_checks += checks / threads;
     const auto stats = engine->stats();
-    row.checks_per_sec = static_cast<double>(row.checks) / row.seconds;
-    row.bytes_per_key = per_key(after.allocator, before.allocator, keys);
-    row.rss_bytes_per_key = per_key(after.rss, before.rss, keys);
-    row.table_bytes_per_key =
-        static_cast<double>(warm_stats.table_bytes) / static_cast<double>(keys);
-    row.live_counters = stats.live_counters;
-    row.evicted_expired = stats.evicted_expired;
-    row.evicted_live = stats.evicted_live;
-    rows.push_back(row);
+    const double per_sec = static_cast<double>(checks) / seconds;
+    rows.add({{"keys", keys},
+              {"distribution", dist},
+              {"threads", threads},
+              {"batch", opt.batch},
+              {"bucket_ms", window::make_spec(60'000, opt.bucket_ms).bucket_ms},
+              {"cluster", opt.cluster},
+              {"shards", opt.shards},
+              {"checks", checks},
+              {"seconds", seconds},
+              {"checks_per_sec", per_sec},
+              {"checks_per_sec_per_thread", per_sec / static_cast<double>(threads)},
+              {"bytes_per_key", per_key(after.allocator, before.allocator, keys)},
+              {"rss_bytes_per_key", per_key(after.rss, before.rss, keys)},
+              {"table_bytes_per_key",
+               static_cast<double>(warm_stats.table_bytes) / static_cast<double>(keys)},
+              {"allowed_pct", checks == 0 ? 0.0
+                                          : 100.0 * static_cast<double>(allowed_all) /
+                                                static_cast<double>(checks)},
+              {"live_counters", stats.live_counters},
+              {"evicted_expired", stats.evicted_expired},
+              {"evicted_live", stats.evicted_live}});
   }
-  return rows;
-}
-
-void print_table(const Options& opt, const std::vector<Row>& rows) {
-  std::printf("# limit %" PRIu64 "/1m (%" PRId64
-              " ms buckets); %s; %u shards; batches of %zu;"
-              " memory cap 8 GiB; up to %" PRIu64 " checks per thread or %.1f s per row\n",
-              opt.limit, window::make_spec(60'000, opt.bucket_ms).bucket_ms,
-              opt.cluster ? "a cluster member's tables" : "a node on its own", opt.shards,
-              opt.batch, opt.checks, opt.seconds);
-  std::printf("%10s %-8s %3s %10s %7s %12s %12s %9s %9s %9s %8s %10s %8s %8s\n", "keys", "dist",
-              "thr", "checks", "secs", "checks/s", "per_thread", "B/key", "rssB/key", "tblB/key",
-              "allowed%", "live", "ev_exp", "ev_live");
-  for (const auto& r : rows) {
-    std::printf(
-        "%10" PRIu64 " %-8s %3" PRIu64 " %10" PRIu64
-        " %7.2f %12.0f %12.0f %9.1f %9.1f %9.1f %8.3f %10" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n",
-        r.keys, r.dist.c_str(), r.threads, r.checks, r.seconds, r.checks_per_sec,
-        r.checks_per_sec / static_cast<double>(r.threads), r.bytes_per_key, r.rss_bytes_per_key,
-        r.table_bytes_per_key,
-        r.checks == 0 ? 0.0
-                      : 100.0 * static_cast<double>(r.allowed) / static_cast<double>(r.checks),
-        r.live_counters, r.evicted_expired, r.evicted_live);
-  }
-}
-
-void print_json(const std::vector<Row>& rows, size_t batch, int64_t bucket_ms, bool cluster) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const Row& r : rows) {
-    out.push_back({{"keys", r.keys},
-                   {"distribution", r.dist},
-                   {"threads", r.threads},
-                   {"batch", batch},
-                   {"bucket_ms", bucket_ms},
-                   {"cluster", cluster},
-                   {"checks_per_sec", r.checks_per_sec},
-                   {"checks_per_sec_per_thread", r.checks_per_sec / static_cast<double>(r.threads)},
-                   {"bytes_per_key", r.bytes_per_key},
-                   {"rss_bytes_per_key", r.rss_bytes_per_key},
-                   {"table_bytes_per_key", r.table_bytes_per_key}});
-  }
-  sluice::bench::print_json_rows(out);
 }
 
 // ---- sync-cost ----------------------------------------------------------------------------------
@@ -405,15 +350,6 @@ struct CountingSink : sluice::engine::SyncSink {
     ++items;
     totals += it.totals.size();
   }
-};
-
-struct SyncRow {
-  uint64_t keys = 0;
-  uint64_t active = 0;
-  std::string pass;  // "changed" or "resend"
-  uint64_t passes = 0;
-  double cpu_ms_p50 = 0, cpu_ms_p99 = 0, cpu_ms_max = 0;
-  double items_per_pass = 0;  // counters reported, mean over the passes
 };
 
 double thread_cpu_ms() {
@@ -433,25 +369,27 @@ double timed_sync_pass(Engine& engine, bool resend, CountingSink& sink) {
   return thread_cpu_ms() - t0;
 }
 
-SyncRow summarize(uint64_t keys, uint64_t active, const char* pass, std::vector<double>& ms,
-                  uint64_t items) {
-  SyncRow r;
-  r.keys = keys;
-  r.active = active;
-  r.pass = pass;
-  r.passes = ms.size();
-  if (ms.empty()) return r;
+// The row of one kind of pass ("changed" or "resend"): CPU ms per pass, counters reported.
+void add_sync_row(sluice::bench::Rows& rows, uint64_t keys, uint64_t active, const char* pass,
+                  std::vector<double>& ms, uint64_t items) {
   std::sort(ms.begin(), ms.end());
-  const auto at = [&](double q) { return sluice::bench::percentile_sorted(ms, q); };
-  r.cpu_ms_p50 = at(0.50);
-  r.cpu_ms_p99 = at(0.99);
-  r.cpu_ms_max = ms.back();
-  r.items_per_pass = static_cast<double>(items) / static_cast<double>(ms.size());
-  return r;
+  const auto at = [&](double q) {
+    return ms.empty() ? 0 : sluice::bench::percentile_sorted(ms, q);
+  };
+  const auto n = static_cast<double>(ms.size());
+  rows.add({{"scenario", "sync-cost"},
+            {"keys", keys},
+            {"active", active},
+            {"pass", pass},
+            {"passes", ms.size()},
+            {"cpu_ms_p50", at(0.50)},
+            {"cpu_ms_p99", at(0.99)},
+            {"cpu_ms_max", ms.empty() ? 0 : ms.back()},
+            {"items_per_pass", ms.empty() ? 0 : static_cast<double>(items) / n}});
 }
 
 void run_sync_cost(const Options& opt, const KeyArena& arena, uint64_t keys, uint64_t active,
-                   std::vector<SyncRow>& rows) {
+                   sluice::bench::Rows& rows) {
   constexpr int64_t kPassMs = 100;       // the default sync interval
   constexpr uint64_t kResendEvery = 50;  // 5 s anti-entropy interval / 100 ms
   EngineOptions eo;
@@ -494,76 +432,27 @@ void run_sync_cost(const Options& opt, const KeyArena& arena, uint64_t keys, uin
                    sink.items, active);
     }
   }
-  rows.push_back(summarize(keys, active, "changed", changed_ms, changed_items));
-  rows.push_back(summarize(keys, active, "resend", resend_ms, resend_items));
-}
-
-void print_sync_table(const Options& opt, const std::vector<SyncRow>& rows) {
-  std::printf(
-      "# sync-cost: one thread; %u shards; steps of 256; a pass every 100 ms (simulated),"
-      " every 50th a resend; CPU ms per pass\n",
-      opt.shards);
-  std::printf("%-10s %10s %8s %-8s %7s %10s %10s %10s %12s\n", "scenario", "keys", "active", "pass",
-              "passes", "cpu_p50", "cpu_p99", "cpu_max", "items/pass");
-  for (const auto& r : rows) {
-    std::printf("%-10s %10" PRIu64 " %8" PRIu64 " %-8s %7" PRIu64 " %10.3f %10.3f %10.3f %12.1f\n",
-                "sync-cost", r.keys, r.active, r.pass.c_str(), r.passes, r.cpu_ms_p50, r.cpu_ms_p99,
-                r.cpu_ms_max, r.items_per_pass);
-  }
-}
-
-void print_sync_json(const std::vector<SyncRow>& rows) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const SyncRow& r : rows) {
-    out.push_back({{"scenario", "sync-cost"},
-                   {"keys", r.keys},
-                   {"active", r.active},
-                   {"pass", r.pass},
-                   {"passes", r.passes},
-                   {"cpu_ms_p50", r.cpu_ms_p50},
-                   {"cpu_ms_p99", r.cpu_ms_p99},
-                   {"cpu_ms_max", r.cpu_ms_max},
-                   {"items_per_pass", r.items_per_pass}});
-  }
-  sluice::bench::print_json_rows(out);
+  add_sync_row(rows, keys, active, "changed", changed_ms, changed_items);
+  add_sync_row(rows, keys, active, "resend", resend_ms, resend_items);
 }
 
 }  // namespace
 
 int bench_engine_main(int argc, char** argv) {
   Options opt;
-  if (const std::optional<int> exit = parse_args(argc, argv, opt)) return *exit;
-  if (opt.scenario == "sync-cost") {
-    std::vector<SyncRow> rows;
-    for (const uint64_t keys : opt.keys) {
-      const KeyArena arena = make_keys(keys);
-      for (const uint64_t active : opt.active) {
-        run_sync_cost(opt, arena, keys, active, rows);
-        std::fprintf(stderr, "done sync-cost %" PRIu64 " keys, %" PRIu64 " active\n", keys, active);
-      }
-    }
-    print_sync_table(opt, rows);
-    if (opt.json) print_sync_json(rows);
-    return 0;
-  }
-  std::vector<Row> rows;
+  bool json = false;
+  if (const std::optional<int> exit = parse_args(argc, argv, opt, json)) return *exit;
+  sluice::bench::Rows rows(json);
   for (const uint64_t keys : opt.keys) {
     const KeyArena arena = make_keys(keys);
-    for (const auto& dist : opt.dists) {
-      for (const Row& r : run_rows(opt, arena, keys, dist)) {
-        rows.push_back(r);
-        std::fprintf(stderr,
-                     "done %" PRIu64 " keys %s, %" PRIu64
-                     " threads: %.0f checks/s, %.1f B/key (allocator), "
-                     "evicted expired %" PRIu64 " live %" PRIu64 "\n",
-                     r.keys, r.dist.c_str(), r.threads, r.checks_per_sec, r.bytes_per_key,
-                     r.evicted_expired, r.evicted_live);
-      }
+    if (opt.scenario == "sync-cost") {
+      for (const uint64_t active : opt.active)
+        run_sync_cost(opt, arena, keys, active, rows);
+    } else {
+      for (const auto& dist : opt.dists)
+        run_rows(opt, arena, keys, dist, rows);
     }
   }
-  print_table(opt, rows);
-  if (opt.json) {
-    print_json(rows, opt.batch, window::make_spec(60'000, opt.bucket_ms).bucket_ms, opt.cluster);
-  }
+  rows.finish();
   return 0;
 }

@@ -32,7 +32,6 @@ int bench_gaps_main(int argc, char** argv) {
   sluice::bench::Cli cli("sluice-bench-gaps");
   cli.seconds(seconds, 1e-9, 3600, "how long to watch");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
-  const bool json = cli.json;
   // Gaps by upper bound (µs); the last bucket holds the rest.
   constexpr std::array<int64_t, 6> kBoundsUs = {50, 100, 200, 500, 1'000, 5'000};
   std::array<uint64_t, kBoundsUs.size() + 1> counts{};
@@ -56,37 +55,20 @@ int bench_gaps_main(int argc, char** argv) {
   uint64_t gaps = 0;
   for (const uint64_t c : counts)
     gaps += c;
-  std::printf("# one thread reading CLOCK_MONOTONIC for %.1f s; gaps over 20 us\n", seconds);
-  std::printf("gaps %llu (%.1f/s), %.3f %% of the time; max %.1f us\n",
-              static_cast<unsigned long long>(gaps), static_cast<double>(gaps) / seconds,
-              100.0 * static_cast<double>(total_gap) / (seconds * 1e9),
-              static_cast<double>(max_gap) / 1000.0);
+  sluice::bench::Row buckets = sluice::bench::Row::array();
   int64_t lo = 20;
   for (size_t b = 0; b < counts.size(); ++b) {
-    if (b < kBoundsUs.size()) {
-      std::printf("  %5lld-%-5lld us: %llu\n", static_cast<long long>(lo),
-                  static_cast<long long>(kBoundsUs[b]), static_cast<unsigned long long>(counts[b]));
-      lo = kBoundsUs[b];
-    } else {
-      std::printf("  >= %lld us: %llu\n", static_cast<long long>(lo),
-                  static_cast<unsigned long long>(counts[b]));
-    }
+    const int64_t hi = b < kBoundsUs.size() ? kBoundsUs[b] : -1;  // -1: no upper bound
+    buckets.push_back({{"from_us", lo}, {"to_us", hi}, {"gaps", counts[b]}});
+    lo = hi;
   }
-  if (json) {
-    nlohmann::json buckets = nlohmann::json::array();
-    lo = 20;
-    for (size_t b = 0; b < counts.size(); ++b) {
-      const int64_t hi = b < kBoundsUs.size() ? kBoundsUs[b] : -1;
-      buckets.push_back({{"from_us", lo}, {"to_us", hi}, {"gaps", counts[b]}});
-      if (b < kBoundsUs.size()) lo = kBoundsUs[b];
-    }
-    sluice::bench::print_json_rows(nlohmann::json::array(
-        {{{"seconds", seconds},
-          {"gaps", gaps},
-          {"gaps_per_sec", static_cast<double>(gaps) / seconds},
-          {"lost_pct", 100.0 * static_cast<double>(total_gap) / (seconds * 1e9)},
-          {"max_gap_us", static_cast<double>(max_gap) / 1000.0},
-          {"buckets", buckets}}}));
-  }
+  sluice::bench::Rows rows(cli.json);
+  rows.add({{"seconds", seconds},
+            {"gaps", gaps},
+            {"gaps_per_sec", static_cast<double>(gaps) / seconds},
+            {"lost_pct", 100.0 * static_cast<double>(total_gap) / (seconds * 1e9)},
+            {"max_gap_us", static_cast<double>(max_gap) / 1000.0},
+            {"buckets", buckets}});
+  rows.finish();
   return 0;
 }

@@ -15,8 +15,8 @@
 //      per datagram, 4 datagrams in flight per socket (closed loop: as fast as sluiced answers),
 //      while the hot keys go on being checked;
 //   4. checks the hot keys for --tail-seconds (5) more, then reads /metrics.
-// RSS (/proc/PID/status VmRSS) is sampled every second, sluice_evictions_total every 5 s; the
-// peak is the larger of the samples and the kernel's VmHWM.
+// RSS (/proc/PID/status VmRSS) is sampled every second, sluice_evictions_total every 5 s (the
+// row's "series", a progress line each); the peak is the larger of the samples and the VmHWM.
 //
 // Hot keys' counters: every key, hot or sprayed, has the same limit, --limit per minute (1000),
 // 6-second buckets (the default for a minute, written in the rules), weighted estimator
@@ -33,7 +33,7 @@
 // re-created counter), **over** when above hi + 2 (it counted hits that were never sent). This is
 // exact, not a tolerance on the estimator's error: the estimator is recomputed, not approximated.
 //
-// Goals, printed as PASS/FAIL lines (exit status 1 when one fails):
+// Goals, in the row's "goals" (exit status 1 when one fails):
 //   rss        peak RSS <= cap + the fixed overhead of step 2 (+ --rss-slack-mb, 0 but in CI:
 //              keyspray_short allows 2 MiB, because at 1M keys and 32 MiB its margin is the
 //              tables' last growth step, ~1.6 MiB, against ~1.3 MiB of other growth, allocator
@@ -46,10 +46,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
@@ -58,8 +54,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -72,6 +66,7 @@
 #include "common/scenario.h"
 #include "load/driver.h"
 #include "load/targets.h"
+#include "scenarios/solo_node.h"
 #include "wire/protocol.h"
 
 namespace {
@@ -84,16 +79,13 @@ struct Options {
   uint64_t keys = 10'000'000;
   uint32_t hot = 1000;
   uint32_t cap_mb = 256;
-  uint64_t limit = 1000;  // per minute, every key
   double hot_period_ms = 500;
   double warm_seconds = 10;
   double tail_seconds = 5;
   double max_seconds = 900;  // bound on the spray
   uint32_t spray_sockets = 4;
-  uint32_t server_threads = 1;
-  double rss_slack_mb = 0;   // CI only (keyspray_short): allocator slack on top of the RSS bound
-  bool memory_only = false;  // data_dir: "" (no snapshots), to tell the tables from RocksDB
-  std::string sluiced;
+  double rss_slack_mb = 0;  // CI only (keyspray_short): allocator slack on top of the RSS bound
+  bench::SoloNodeOptions node{1000};
 };
 
 // nullopt: run with o. Otherwise the exit status (common/scenario.h).
@@ -102,19 +94,15 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   cli.keys(o.keys, 1, 1e9, "distinct keys to spray, each once");
   cli.number("--hot", o.hot, 1, 100'000, "hot keys checked throughout");
   cli.number("--cap-mb", o.cap_mb, 1, 1 << 20, "sluiced memory_cap_mb");
-  cli.number("--limit", o.limit, 1, 1e12, "every key's limit per minute");
   cli.number("--hot-period-ms", o.hot_period_ms, 20, 60'000, "each hot key is checked every P ms");
   cli.number("--warm-seconds", o.warm_seconds, 0, 3600, "hot keys only, before the spray");
   cli.number("--tail-seconds", o.tail_seconds, 0, 3600, "hot keys only, after the spray");
   cli.number("--max-seconds", o.max_seconds, 1, 86'400, "the spray gives up after S seconds");
   cli.number("--spray-sockets", o.spray_sockets, 1, 64,
              "UDP sockets spraying, 4 datagrams of 64 checks in flight each");
-  cli.server_threads(o.server_threads);
-  cli.flag("--memory-only", o.memory_only,
-           "sluiced without a data directory (no snapshots to RocksDB)");
   cli.number("--rss-slack-mb", o.rss_slack_mb, 0, 1024,
              "add M MiB to the RSS bound (the CI test's 2, see the file comment)");
-  cli.sluiced(o.sluiced);
+  o.node.declare(cli);
   const std::optional<int> exit = cli.parse(argc, argv);
   o.json = cli.json;
   return exit;
@@ -130,38 +118,10 @@ constexpr int64_t kSprayTimeoutNs = 500'000'000;
 constexpr int64_t kHotTickMs = 10;
 constexpr int64_t kHotTimeoutNs = 5'000'000'000;  // a hot answer later than this is a failure
 
-int64_t epoch_ms_floor() {
-  return bench::epoch_ms();
-}
 int64_t epoch_ms_ceil() {
   timespec ts{};
   ::clock_gettime(CLOCK_REALTIME, &ts);
   return int64_t{ts.tv_sec} * 1000 + (ts.tv_nsec + 999'999) / 1'000'000;
-}
-
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  return a;
-}
-
-int connected_socket(int type, uint16_t port) {
-  const int fd = ::socket(AF_INET, type | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  const sockaddr_in a = loopback(port);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-    const std::string e = std::strerror(errno);
-    ::close(fd);
-    throw std::runtime_error("connect 127.0.0.1:" + std::to_string(port) + ": " + e);
-  }
-  if (type == SOCK_STREAM) {
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  return fd;
 }
 
 // ---- hot keys: the exact log and the estimate the node must hold
@@ -208,14 +168,6 @@ struct HotTotals {
 
 // ---- the run ------------------------------------------------------------------------------------
 
-struct Sample {
-  double t_s;
-  uint64_t rss_kb;
-  uint64_t sprayed;
-  double evictions_live = -1;  // -1: not read at this sample
-  double evictions_expired = -1;
-};
-
 class KeySpray {
  public:
   KeySpray(const Options& o, uint16_t port, uint16_t admin, pid_t pid)
@@ -227,9 +179,11 @@ class KeySpray {
       hot_[i].name = "h" + std::to_string(i);
       hot_[i].next_due_ms = start + period * i / o.hot;  // spread evenly over one period
     }
-    hot_fd_ = connected_socket(SOCK_STREAM, port);
+    std::string err;
+    hot_fd_ = bench::tcp_connect(port, 2'000, err);
+    if (hot_fd_ < 0) throw std::runtime_error("hot connection: " + err);
     for (uint32_t i = 0; i < o.spray_sockets; ++i)
-      spray_.push_back(SpraySocket{connected_socket(SOCK_DGRAM, port), {}});
+      spray_.push_back(SpraySocket{bench::udp_to_node(port, true), {}});
     recv_buf_.resize(wire::kMaxDatagramBytes);
   }
   ~KeySpray() {
@@ -242,46 +196,40 @@ class KeySpray {
   void run() {
     t0_ns_ = bench::now_ns();
     sample(true);
-    std::printf("phase warm: hot keys, %.0f s (the last 2 s also 64 warm keys over UDP)\n",
-                o_.warm_seconds);
     const int64_t warm_end = t0_ns_ + static_cast<int64_t>(o_.warm_seconds * 1e9);
     drive_until(warm_end - 2'000'000'000, false);
     warm_udp_ = true;
     drive_until(warm_end, true);
     warm_udp_ = false;
     drive_until(bench::now_ns() + 600'000'000, false);  // the warm datagrams' answers or timeouts
-    warm_checks_ = spray_answered_;                     // errors and losses stay counted
-    spray_answered_ = 0;
+    counts.warm_checks = counts.spray_answered;         // errors and losses stay counted
+    counts.spray_answered = 0;
     sample(true);
-    overhead_kb_ = samples_.back().rss_kb;
-    overhead_anon_kb_ = bench::proc_status_kb(pid_, "RssAnon");
-    overhead_file_kb_ = bench::proc_status_kb(pid_, "RssFile");
-    spray_start_ns_ = bench::now_ns();
-    std::printf("phase spray: %" PRIu64 " keys\n", o_.keys);
-    drive_until(spray_start_ns_ + static_cast<int64_t>(o_.max_seconds * 1e9), true);
-    spray_end_ns_ = bench::now_ns();
-    std::printf("phase tail: hot keys only, %.0f s\n", o_.tail_seconds);
-    drive_until(spray_end_ns_ + static_cast<int64_t>(o_.tail_seconds * 1e9), false);
+    counts.overhead_kb = bench::proc_status_kb(pid_);
+    counts.overhead_anon_kb = bench::proc_status_kb(pid_, "RssAnon");
+    counts.overhead_file_kb = bench::proc_status_kb(pid_, "RssFile");
+    const int64_t spray_start_ns = bench::now_ns();
+    drive_until(spray_start_ns + static_cast<int64_t>(o_.max_seconds * 1e9), true);
+    const int64_t spray_end_ns = bench::now_ns();
+    counts.spray_seconds = static_cast<double>(spray_end_ns - spray_start_ns) / 1e9;
+    drive_until(spray_end_ns + static_cast<int64_t>(o_.tail_seconds * 1e9), false);
     // Let the last hot answers arrive (bounded): their checks were counted by the node.
     drain_hot();
     sample(true);
   }
 
-  const HotTotals& hot() const { return totals_; }
-  uint64_t overhead_kb() const { return overhead_kb_; }
-  uint64_t warm_checks() const { return warm_checks_; }
-  uint64_t overhead_anon_kb() const { return overhead_anon_kb_; }
-  uint64_t overhead_file_kb() const { return overhead_file_kb_; }
-  const std::vector<Sample>& samples() const { return samples_; }
-  uint64_t sprayed() const { return next_key_; }
-  uint64_t spray_answered() const { return spray_answered_; }
-  uint64_t spray_lost() const { return spray_lost_; }
-  uint64_t spray_errors() const { return spray_errors_; }
-  uint64_t spray_no_room() const { return spray_no_room_; }
-  double spray_seconds() const {
-    return static_cast<double>(spray_end_ns_ - spray_start_ns_) / 1e9;
-  }
-  bool spray_done() const { return next_key_ >= o_.keys; }
+  // What the run counted, read after run().
+  struct Counts {
+    uint64_t sprayed = 0, spray_answered = 0, spray_lost = 0, spray_errors = 0, spray_no_room = 0;
+    uint64_t warm_checks = 0;
+    uint64_t overhead_kb = 0, overhead_anon_kb = 0, overhead_file_kb = 0;  // end of warm-up
+    uint64_t peak_kb = 0;                                                  // the largest RSS sample
+    double spray_seconds = 0;
+    HotTotals hot;
+    bench::Row series = bench::Row::array();
+  } counts;
+
+  bool spray_done() const { return counts.sprayed >= o_.keys; }
 
  private:
   struct SprayInFlight {
@@ -351,7 +299,7 @@ class KeySpray {
       if (k.next_due_ms > now_ms) continue;
       k.next_due_ms += period * ((now_ms - k.next_due_ms) / period + 1);
       if (k.in_flight) {
-        ++totals_.skipped;
+        ++counts.hot.skipped;
         continue;
       }
       due_.push_back(i);
@@ -367,7 +315,7 @@ class KeySpray {
     const uint64_t id = ++next_id_;
     wire::encode_request(id, checks_, 0, msg_);
     wire::append_frame(msg_, hot_out_);
-    hot_requests_.emplace(id, HotRequest{bench::now_ns(), epoch_ms_floor(), due_});
+    hot_requests_.emplace(id, HotRequest{bench::now_ns(), bench::epoch_ms(), due_});
     flush_hot();
   }
 
@@ -395,7 +343,7 @@ class KeySpray {
       const int64_t to_ms = epoch_ms_ceil();
       while (auto frame = reader_.next()) {
         if (wire::decode_answer(*frame, answer_) != wire::Code::kOk) {
-          ++totals_.failed;
+          ++counts.hot.failed;
           continue;
         }
         on_hot_answer(to_ms);
@@ -407,7 +355,7 @@ class KeySpray {
   void on_hot_answer(int64_t to_ms) {
     const auto it = hot_requests_.find(answer_.id);
     if (it == hot_requests_.end()) {
-      ++totals_.failed;
+      ++counts.hot.failed;
       return;
     }
     const HotRequest req = std::move(it->second);
@@ -417,10 +365,10 @@ class KeySpray {
     for (size_t j = 0; j < req.keys.size(); ++j) {
       HotKey& k = hot_[req.keys[j]];
       k.in_flight = false;
-      ++totals_.checks;
+      ++counts.hot.checks;
       if (!usable || answer_.decisions[j].code != wire::Code::kOk ||
           answer_.decisions[j].limits.empty()) {
-        ++totals_.failed;
+        ++counts.hot.failed;
         continue;
       }
       judge(k, answer_.decisions[j], req.from_ms, to_ms);
@@ -432,14 +380,14 @@ class KeySpray {
     if (d.allowed) {
       k.hits.push_back(Hit{from_ms, to_ms});
     } else {
-      ++totals_.denied;  // not counted (count_denied: false)
+      ++counts.hot.denied;  // not counted (count_denied: false)
     }
     // Hits that ended before bucket(now) - n weigh nothing at any later evaluation.
     const int64_t keep_from = (window_bucket(from_ms) - kBuckets) * kBucketMs;
     while (!k.hits.empty() && k.hits.front().to_ms < keep_from)
       k.hits.pop_front();
     if (window_bucket(from_ms) != window_bucket(to_ms)) {
-      ++totals_.straddling;
+      ++counts.hot.straddling;
       return;
     }
     double lo = 0, hi = 0;
@@ -448,22 +396,22 @@ class KeySpray {
       hi += weight(h.to_ms, from_ms);
     }
     const uint64_t remaining = d.limits.front().remaining;
-    const double node =
-        static_cast<double>(o_.limit) - static_cast<double>(std::min(remaining, o_.limit));
-    ++totals_.judged;
+    const double node = static_cast<double>(o_.node.limit) -
+                        static_cast<double>(std::min(remaining, o_.node.limit));
+    ++counts.hot.judged;
     if (node < lo - 1) {
-      ++totals_.resets;
-      totals_.max_deficit = std::max(totals_.max_deficit, lo - node);
-      if (totals_.first_reset.empty()) {
+      ++counts.hot.resets;
+      counts.hot.max_deficit = std::max(counts.hot.max_deficit, lo - node);
+      if (counts.hot.first_reset.empty()) {
         char buf[256];
         std::snprintf(buf, sizeof buf,
                       "%s at %.1f s: node count %.0f (remaining %" PRIu64 "), log says %.2f..%.2f",
                       k.name.c_str(), static_cast<double>(bench::now_ns() - t0_ns_) / 1e9, node,
                       remaining, lo, hi);
-        totals_.first_reset = buf;
+        counts.hot.first_reset = buf;
       }
     } else if (node > hi + 2) {
-      ++totals_.over;
+      ++counts.hot.over;
     }
   }
 
@@ -476,21 +424,22 @@ class KeySpray {
         if (p.revents & (POLLIN | POLLERR | POLLHUP)) read_hot();
       }
     }
-    totals_.failed += hot_requests_.size();  // never answered
+    counts.hot.failed += hot_requests_.size();  // never answered
   }
 
   // ---- spray ----
 
   void refill(SpraySocket& s) {
-    while (s.inflight.size() < kSprayWindow && (warm_udp_ || next_key_ < o_.keys)) {
+    while (s.inflight.size() < kSprayWindow && (warm_udp_ || counts.sprayed < o_.keys)) {
       const auto n =
-          warm_udp_ ? kSprayBatch
-                    : static_cast<uint32_t>(std::min<uint64_t>(kSprayBatch, o_.keys - next_key_));
+          warm_udp_
+              ? kSprayBatch
+              : static_cast<uint32_t>(std::min<uint64_t>(kSprayBatch, o_.keys - counts.sprayed));
       names_.resize(n);
       entries_.resize(n);
       checks_.resize(n);
       for (uint32_t j = 0; j < n; ++j) {
-        names_[j] = warm_udp_ ? "w" + std::to_string(j) : "s" + std::to_string(next_key_ + j);
+        names_[j] = warm_udp_ ? "w" + std::to_string(j) : "s" + std::to_string(counts.sprayed + j);
         entries_[j] = wire::Entry{bench::kSluiceEntryKey, names_[j]};
         checks_[j] = wire::Check{kDomain, std::span<const wire::Entry>(&entries_[j], 1), 1};
       }
@@ -501,7 +450,7 @@ class KeySpray {
         if (errno == EAGAIN || errno == ENOBUFS || errno == EINTR) return;  // retry next pass
         throw std::runtime_error(std::string("spray: send: ") + std::strerror(errno));
       }
-      if (!warm_udp_) next_key_ += n;
+      if (!warm_udp_) counts.sprayed += n;
       s.inflight.push_back(SprayInFlight{id, bench::now_ns()});
     }
   }
@@ -513,7 +462,7 @@ class KeySpray {
       if (n < 0) throw std::runtime_error(std::string("spray: recv: ") + std::strerror(errno));
       if (wire::decode_answer({recv_buf_.data(), static_cast<size_t>(n)}, answer_) !=
           wire::Code::kOk) {
-        ++spray_errors_;
+        ++counts.spray_errors;
         continue;
       }
       const auto it = std::find_if(s.inflight.begin(), s.inflight.end(),
@@ -521,15 +470,15 @@ class KeySpray {
       if (it == s.inflight.end()) continue;  // late: already counted as lost
       s.inflight.erase(it);
       if (answer_.code != wire::Code::kOk) {
-        ++spray_errors_;
+        ++counts.spray_errors;
         continue;
       }
       for (const wire::Decision& d : answer_.decisions) {
-        ++spray_answered_;
+        ++counts.spray_answered;
         if (d.code == wire::Code::kNoRoom)
-          ++spray_no_room_;
+          ++counts.spray_no_room;
         else if (d.code != wire::Code::kOk)
-          ++spray_errors_;
+          ++counts.spray_errors;
       }
     }
   }
@@ -539,7 +488,7 @@ class KeySpray {
       const auto old =
           std::remove_if(s.inflight.begin(), s.inflight.end(),
                          [&](const SprayInFlight& f) { return now - f.sent_ns > kSprayTimeoutNs; });
-      spray_lost_ += static_cast<uint64_t>(s.inflight.end() - old);
+      counts.spray_lost += static_cast<uint64_t>(s.inflight.end() - old);
       s.inflight.erase(old, s.inflight.end());
     }
     for (const auto& [id, r] : hot_requests_) {
@@ -554,26 +503,23 @@ class KeySpray {
   void sample(bool force_metrics) {
     const int64_t now = bench::now_ns();
     next_sample_ns_ = now + 1'000'000'000;
-    Sample s{static_cast<double>(now - t0_ns_) / 1e9, bench::proc_status_kb(pid_), next_key_};
-    if (force_metrics || samples_.size() % 5 == 0) {
-      std::string body;
-      if (bench::http_get(admin_, "/metrics", body).empty()) {
-        const auto m = bench::parse_metrics(body);
-        s.evictions_live = bench::metric_sum(m, "sluice_evictions_total", "kind=\"live\"");
-        s.evictions_expired = bench::metric_sum(m, "sluice_evictions_total", "kind=\"expired\"");
-      }
+    const uint64_t rss_kb = bench::proc_status_kb(pid_);
+    counts.peak_kb = std::max(counts.peak_kb, rss_kb);
+    bench::Row j = {{"t_s", static_cast<double>(now - t0_ns_) / 1e9},
+                    {"rss_kb", rss_kb},
+                    {"sprayed", counts.sprayed},
+                    {"hot_judged", counts.hot.judged},
+                    {"hot_resets", counts.hot.resets}};
+    std::string body;
+    if ((force_metrics || counts.series.size() % 5 == 0) &&
+        bench::http_get(admin_, "/metrics", body).empty()) {
+      const auto m = bench::parse_metrics(body);
+      j["evictions_live"] = bench::metric_sum(m, "sluice_evictions_total", "kind=\"live\"");
+      j["evictions_expired"] = bench::metric_sum(m, "sluice_evictions_total", "kind=\"expired\"");
     }
-    std::printf(
-        "%7.1f s  rss %8.1f MiB  sprayed %10" PRIu64 "  hot judged %8" PRIu64 " resets %" PRIu64
-        "%s\n",
-        s.t_s, static_cast<double>(s.rss_kb) / 1024.0, s.sprayed, totals_.judged, totals_.resets,
-        s.evictions_live >= 0
-            ? ("  evictions live " + std::to_string(static_cast<uint64_t>(s.evictions_live)) +
-               " expired " + std::to_string(static_cast<uint64_t>(s.evictions_expired)))
-                  .c_str()
-            : "");
+    bench::print_row_text(j);
     std::fflush(stdout);
-    samples_.push_back(s);
+    counts.series.push_back(std::move(j));
   }
 
   const Options& o_;
@@ -593,169 +539,93 @@ class KeySpray {
   std::vector<wire::Check> checks_;
   wire::Answer answer_;
   uint64_t next_id_ = 0;
-  uint64_t next_key_ = 0;
-  uint64_t spray_answered_ = 0, spray_lost_ = 0, spray_errors_ = 0, spray_no_room_ = 0;
-  HotTotals totals_;
-  std::vector<Sample> samples_;
-  uint64_t overhead_kb_ = 0;
-  uint64_t warm_checks_ = 0;
-  uint64_t overhead_anon_kb_ = 0, overhead_file_kb_ = 0;  // RSS of anonymous memory / of files
   bool warm_udp_ = false;  // the spray sockets send the 64 warm keys, not the spray's
-  int64_t t0_ns_ = 0, spray_start_ns_ = 0, spray_end_ns_ = 0, next_sample_ns_ = 0;
+  int64_t t0_ns_ = 0, next_sample_ns_ = 0;
 };
 
 int run(const Options& o) {
-  bench::TempDir dir;
-  bench::SluicedChild sluiced;
-  sluiced.exe = o.sluiced;
-  sluiced.written_by = "sluice-bench-keyspray";
-  sluiced.limits = std::to_string(o.limit) + "/1m";
-  sluiced.rule_extra = "        granularity: " + std::to_string(kBucketMs) + "ms\n";
-  sluiced.config_extra = "memory_cap_mb: " + std::to_string(o.cap_mb) + "\n";
-  sluiced.threads = o.server_threads;
-  sluiced.data = !o.memory_only;
-  sluiced.start(dir.path);
-  const uint16_t port = sluiced.port, admin = sluiced.admin_port;
+  bench::Rows rows(o.json);
+  bench::SoloNode node(o.node, "sluice-bench-keyspray",
+                       "        granularity: " + std::to_string(kBucketMs) + "ms\n",
+                       "memory_cap_mb: " + std::to_string(o.cap_mb) + "\n");
+  bench::SluicedChild& sluiced = node.child;
+  const pid_t pid = sluiced.process.pid();
   // sluice_probe made one counter (its own key), before the idle RSS is taken.
   std::this_thread::sleep_for(std::chrono::seconds(2));
-  const uint64_t idle_kb = bench::proc_status_kb(sluiced.process.pid());
-  std::printf(
-      "sluice-bench-keyspray: sluiced pid %d, memory_cap_mb %u, --threads %u, limit %" PRIu64
-      "/1m per key%s; idle RSS at start %.1f MiB\n",
-      static_cast<int>(sluiced.process.pid()), o.cap_mb, o.server_threads, o.limit,
-      o.memory_only ? ", no data directory" : ", snapshots to its data directory",
-      static_cast<double>(idle_kb) / 1024.0);
+  const uint64_t idle_kb = bench::proc_status_kb(pid);
 
-  KeySpray spray(o, port, admin, sluiced.process.pid());
+  KeySpray spray(o, sluiced.port, sluiced.admin_port, pid);
   std::string fatal;
   try {
     spray.run();
   } catch (const std::exception& e) {
     fatal = e.what();
+    std::fprintf(stderr, "sluice-bench-keyspray: run stopped: %s\n", fatal.c_str());
   }
   const bool alive = sluiced.process.running();
-  const uint64_t hwm_kb = bench::proc_status_kb(sluiced.process.pid(), "VmHWM");
-  const uint64_t end_anon_kb = bench::proc_status_kb(sluiced.process.pid(), "RssAnon");
-  const uint64_t end_file_kb = bench::proc_status_kb(sluiced.process.pid(), "RssFile");
+  const uint64_t hwm_kb = bench::proc_status_kb(pid, "VmHWM");
   std::string body;
-  const std::string metrics_err = bench::http_get(admin, "/metrics", body);
+  const std::string metrics_err = bench::http_get(sluiced.admin_port, "/metrics", body);
+  if (!metrics_err.empty()) std::fprintf(stderr, "/metrics: %s\n", metrics_err.c_str());
   const auto m = bench::parse_metrics(body);
   const double ev_live = bench::metric_sum(m, "sluice_evictions_total", "kind=\"live\"");
-  const double ev_expired = bench::metric_sum(m, "sluice_evictions_total", "kind=\"expired\"");
-  const double no_room = bench::metric_sum(m, "sluice_no_room_total");
-  const double table_bytes = bench::metric_sum(m, "sluice_table_bytes");
-  const double table_cap = bench::metric_sum(m, "sluice_memory_cap_bytes");
   if (bench::stop_requested()) return 1;
 
-  uint64_t peak_kb = hwm_kb;
-  for (const Sample& s : spray.samples())
-    peak_kb = std::max(peak_kb, s.rss_kb);
-  const uint64_t overhead_kb = spray.overhead_kb();
+  const KeySpray::Counts& c = spray.counts;
+  const uint64_t peak_kb = std::max(hwm_kb, c.peak_kb);
   const auto slack_kb = static_cast<uint64_t>(o.rss_slack_mb * 1024);
-  const uint64_t bound_kb = uint64_t{o.cap_mb} * 1024 + overhead_kb + slack_kb;
-  const HotTotals& h = spray.hot();
-  std::printf(
-      "\nspray: %" PRIu64 " of %" PRIu64 " keys sent in %.1f s (%.0f keys/s), %" PRIu64
-      " answered, %" PRIu64 " lost (UDP, no answer in 500 ms), %" PRIu64 " no_room, %" PRIu64
-      " errors\n",
-      spray.sprayed(), o.keys, spray.spray_seconds(),
-      spray.spray_seconds() > 0 ? static_cast<double>(spray.sprayed()) / spray.spray_seconds() : 0,
-      spray.spray_answered(), spray.spray_lost(), spray.spray_no_room(), spray.spray_errors());
-  std::printf("warm-up: %" PRIu64 " checks of the 64 warm keys over UDP\n", spray.warm_checks());
-  std::printf("hot keys: %" PRIu64 " checks, %" PRIu64 " judged against the log, %" PRIu64
-              " not judged (straddling a bucket boundary), %" PRIu64 " denied, %" PRIu64
-              " failed, %" PRIu64 " skipped (previous in flight); resets %" PRIu64
-              ", over-counts %" PRIu64 "%s%s\n",
-              h.checks, h.judged, h.straddling, h.denied, h.failed, h.skipped, h.resets, h.over,
-              h.first_reset.empty() ? "" : "; first: ", h.first_reset.c_str());
-  std::printf(
-      "metrics: sluice_evictions_total live %.0f, expired %.0f; sluice_no_room_total %.0f; "
-      "sluice_table_bytes %.1f MiB of sluice_memory_cap_bytes %.1f MiB%s\n",
-      ev_live, ev_expired, no_room, table_bytes / 1048576.0, table_cap / 1048576.0,
-      metrics_err.empty() ? "" : (" (" + metrics_err + ")").c_str());
-  std::printf(
-      "RSS: idle at start %.1f MiB, fixed overhead (end of warm-up) %.1f MiB, peak %.1f MiB "
-      "(VmHWM %.1f MiB), end %.1f MiB\n",
-      static_cast<double>(idle_kb) / 1024.0, static_cast<double>(overhead_kb) / 1024.0,
-      static_cast<double>(peak_kb) / 1024.0, static_cast<double>(hwm_kb) / 1024.0,
-      spray.samples().empty() ? 0.0 : static_cast<double>(spray.samples().back().rss_kb) / 1024.0);
-  std::printf(
-      "RSS parts (anonymous / file-backed): end of warm-up %.1f / %.1f MiB, end %.1f / %.1f MiB\n",
-      static_cast<double>(spray.overhead_anon_kb()) / 1024.0,
-      static_cast<double>(spray.overhead_file_kb()) / 1024.0,
-      static_cast<double>(end_anon_kb) / 1024.0, static_cast<double>(end_file_kb) / 1024.0);
-  if (!fatal.empty()) std::printf("run stopped: %s\n", fatal.c_str());
-
+  const uint64_t bound_kb = uint64_t{o.cap_mb} * 1024 + c.overhead_kb + slack_kb;
+  const HotTotals& h = c.hot;
   const bool rss_ok = peak_kb <= bound_kb;
   const bool ev_ok = ev_live > 0;
   const bool hot_ok = fatal.empty() && alive && spray.spray_done() && h.resets == 0 &&
                       h.over == 0 && h.failed == 0 && h.judged > 0;
-  std::printf(
-      "\n%s rss: peak %.1f MiB <= %u MiB cap + %.1f MiB fixed overhead%s = %.1f MiB\n",
-      rss_ok ? "PASS" : "FAIL", static_cast<double>(peak_kb) / 1024.0, o.cap_mb,
-      static_cast<double>(overhead_kb) / 1024.0,
-      slack_kb > 0 ? (" + " + std::to_string(slack_kb / 1024) + " MiB CI slack").c_str() : "",
-      static_cast<double>(bound_kb) / 1024.0);
-  std::printf("%s evictions: sluice_evictions_total{kind=\"live\"} = %.0f > 0\n",
-              ev_ok ? "PASS" : "FAIL", ev_live);
-  std::printf("%s hot keys: %" PRIu64 " resets, %" PRIu64 " over-counts, %" PRIu64
-              " failed checks in %" PRIu64 " judged answers%s%s\n",
-              hot_ok ? "PASS" : "FAIL", h.resets, h.over, h.failed, h.judged,
-              alive ? "" : "; sluiced EXITED", spray.spray_done() ? "" : "; spray unfinished");
-
-  if (o.json) {
-    nlohmann::json series = nlohmann::json::array();
-    for (const Sample& s : spray.samples()) {
-      nlohmann::json j = {{"t_s", s.t_s}, {"rss_kb", s.rss_kb}, {"sprayed", s.sprayed}};
-      if (s.evictions_live >= 0) {
-        j["evictions_live"] = s.evictions_live;
-        j["evictions_expired"] = s.evictions_expired;
-      }
-      series.push_back(std::move(j));
-    }
-    nlohmann::json row = {
-        {"target", "sluiced"},
-        {"keys", o.keys},
-        {"sprayed", spray.sprayed()},
-        {"hot", o.hot},
-        {"cap_mb", o.cap_mb},
-        {"limit_per_minute", o.limit},
-        {"spray_seconds", spray.spray_seconds()},
-        {"spray_answered", spray.spray_answered()},
-        {"spray_lost", spray.spray_lost()},
-        {"spray_no_room", spray.spray_no_room()},
-        {"spray_errors", spray.spray_errors()},
-        {"idle_rss_kb", idle_kb},
-        {"overhead_rss_kb", overhead_kb},
-        {"overhead_anon_kb", spray.overhead_anon_kb()},
-        {"overhead_file_kb", spray.overhead_file_kb()},
-        {"end_anon_kb", end_anon_kb},
-        {"end_file_kb", end_file_kb},
-        {"memory_only", o.memory_only},
-        {"peak_rss_kb", peak_kb},
-        {"vmhwm_kb", hwm_kb},
-        {"evictions_live", ev_live},
-        {"evictions_expired", ev_expired},
-        {"no_room", no_room},
-        {"table_bytes", table_bytes},
-        {"table_cap_bytes", table_cap},
-        {"hot_checks", h.checks},
-        {"hot_judged", h.judged},
-        {"hot_straddling", h.straddling},
-        {"hot_denied", h.denied},
-        {"hot_failed", h.failed},
-        {"hot_skipped", h.skipped},
-        {"hot_resets", h.resets},
-        {"hot_over", h.over},
-        {"hot_first_reset", h.first_reset},
-        {"series", series},
-        {"goals",
-         {{"rss", {{"pass", rss_ok}, {"bound_kb", bound_kb}, {"slack_kb", slack_kb}}},
-          {"evictions", {{"pass", ev_ok}}},
-          {"hot_keys", {{"pass", hot_ok}}},
-          {"sluiced_alive", alive}}}};
-    bench::print_json_rows(nlohmann::json::array({row}));
-  }
+  rows.add(
+      {{"target", "sluiced"},
+       {"keys", o.keys},
+       {"sprayed", c.sprayed},
+       {"hot", o.hot},
+       {"cap_mb", o.cap_mb},
+       {"limit_per_minute", o.node.limit},
+       {"spray_seconds", c.spray_seconds},
+       {"spray_answered", c.spray_answered},
+       {"spray_lost", c.spray_lost},
+       {"spray_no_room", c.spray_no_room},
+       {"spray_errors", c.spray_errors},
+       {"warm_checks", c.warm_checks},
+       {"idle_rss_kb", idle_kb},
+       {"overhead_rss_kb", c.overhead_kb},
+       {"overhead_anon_kb", c.overhead_anon_kb},
+       {"overhead_file_kb", c.overhead_file_kb},
+       {"end_anon_kb", bench::proc_status_kb(pid, "RssAnon")},
+       {"end_file_kb", bench::proc_status_kb(pid, "RssFile")},
+       {"memory_only", o.node.memory_only},
+       {"peak_rss_kb", peak_kb},
+       {"vmhwm_kb", hwm_kb},
+       {"evictions_live", ev_live},
+       {"evictions_expired", bench::metric_sum(m, "sluice_evictions_total", "kind=\"expired\"")},
+       {"no_room", bench::metric_sum(m, "sluice_no_room_total")},
+       {"table_bytes", bench::metric_sum(m, "sluice_table_bytes")},
+       {"table_cap_bytes", bench::metric_sum(m, "sluice_memory_cap_bytes")},
+       {"hot_checks", h.checks},
+       {"hot_judged", h.judged},
+       {"hot_straddling", h.straddling},
+       {"hot_denied", h.denied},
+       {"hot_failed", h.failed},
+       {"hot_skipped", h.skipped},
+       {"hot_resets", h.resets},
+       {"hot_over", h.over},
+       {"hot_max_deficit", h.max_deficit},
+       {"hot_first_reset", h.first_reset},
+       {"run_stopped", fatal},
+       {"sluiced_exit", alive ? "" : sluiced.process.exit_status()},
+       {"series", c.series},
+       {"goals",
+        {{"rss", {{"pass", rss_ok}, {"bound_kb", bound_kb}, {"slack_kb", slack_kb}}},
+         {"evictions", {{"pass", ev_ok}}},
+         {"hot_keys", {{"pass", hot_ok}}},
+         {"sluiced_alive", alive}}}});
+  rows.finish();
   return rss_ok && ev_ok && hot_ok ? 0 : 1;
 }
 
@@ -764,11 +634,5 @@ int run(const Options& o) {
 int bench_keyspray_main(int argc, char** argv) {
   Options o;
   if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
-  bench::install_stop_signals();
-  try {
-    return run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sluice-bench-keyspray: %s\n", e.what());
-    return 1;
-  }
+  return bench::run_stoppable("sluice-bench-keyspray", [&] { return run(o); });
 }

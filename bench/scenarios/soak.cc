@@ -12,15 +12,17 @@
 //      TCP (thread 1: --connections connections x 32 frames of 1 check), --keys (100k) keys drawn
 //      Zipf(0.99), every key limited to --limit per minute (so the hottest keys are denied and both
 //      decisions are exercised).
-// Every --interval (10 s) it prints sluiced's RSS (/proc/PID/status VmRSS) and the interval's
-// figures; every --window (60 s, "minute") p50/p99 latency, errors and decisions. Errors are
+// The row holds, every --interval (10 s), sluiced's RSS (/proc/PID/status VmRSS) and the
+// interval's figures (a progress line each as it ends); every --window (60 s, "minute") p50/p99
+// latency, errors, decisions and the window's highest RSS sample (not a goal: with snapshots on
+// RSS cycles as RocksDB memtables fill and are flushed; a leak raises the highs). Errors are
 // everything that is not a well-formed answer in time: error replies and malformed answers,
 // UDP requests unanswered within 200 ms, sends refused by the kernel, connections that failed.
 // Open-loop units still unsent when the run ends are reported apart as `unsent` (every window was
 // full: the server fell behind, or the generator overslept its last tick); they are not answers
 // that went wrong, so they are not errors, and a server that falls behind shows in p99 anyway.
 //
-// Goals, printed as PASS/FAIL lines (exit status 1 when one fails):
+// Goals, in the row's "goals" (exit status 1 when one fails):
 //   rss      every RSS sample after --rss-after (60 s) within +-5 % of the sample at --rss-after
 //   p99      p99 of the last window <= --p99-ratio (1.2) x p99 of the first window
 //   errors   0 over the whole soak
@@ -35,17 +37,13 @@
 //
 // Latency is answer time minus send time (load/driver.h); how late units left against their
 // schedule is the send lag, reported per window beside it.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -56,6 +54,7 @@
 #include "common/scenario.h"
 #include "load/driver.h"
 #include "load/targets.h"
+#include "scenarios/solo_node.h"
 #include "wire/protocol.h"
 
 namespace {
@@ -74,12 +73,9 @@ struct Options {
   double rss_band = 0.05;
   double p99_ratio = 1.2;
   uint32_t keys = 100'000;
-  uint64_t limit = 10'000;  // per key per minute
   uint32_t udp_sockets = 8;
   uint32_t connections = 8;
-  uint32_t server_threads = 1;
-  bool memory_only = false;  // no data directory: no snapshots, no RocksDB memtable
-  std::string sluiced;
+  bench::SoloNodeOptions node{10'000};
 };
 
 // nullopt: run with o. Otherwise the exit status (common/scenario.h).
@@ -100,15 +96,11 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   cli.number("--p99-ratio", o.p99_ratio, 1, 1000,
              "p99 goal: last window's p99 <= X x the first window's");
   cli.keys(o.keys, 1, 10'000'000, "keyspace, Zipf(0.99)");
-  cli.number("--limit", o.limit, 1, 1e12, "every key's limit per minute");
   cli.number("--udp-sockets", o.udp_sockets, 1, 256,
              "UDP sockets, 8 datagrams of 1 check in flight each at most");
   cli.number("--connections", o.connections, 1, 256,
              "TCP connections, 32 frames of 1 check in flight each at most");
-  cli.server_threads(o.server_threads);
-  cli.flag("--memory-only", o.memory_only,
-           "sluiced without a data directory (no snapshots to RocksDB)");
-  cli.sluiced(o.sluiced);
+  o.node.declare(cli);
   if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
   o.json = cli.json;
   // The goals compare whole windows of whole intervals.
@@ -162,18 +154,9 @@ Mix make_mix(const Options& o, uint16_t port, const bench::Keyspace& keys) {
 // unanswered within 1 s is sent again, at most 5 times). Throws when sluiced does not answer.
 void preload(uint16_t port, const bench::Keyspace& keys) {
   namespace wire = sluice::wire;
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error("preload: socket failed");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
+  const int fd = bench::udp_to_node(port, false);
   timeval tv{1, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    throw std::runtime_error("preload: connect failed");
-  }
   constexpr size_t kBatch = 64;
   std::vector<wire::Entry> entries(kBatch);
   std::vector<wire::Check> checks(kBatch);
@@ -239,7 +222,7 @@ struct Series {
   std::vector<Interval> intervals;
 };
 
-nlohmann::json stats_json(const bench::RowStats& s, double seconds) {
+bench::Row stats_json(const bench::RowStats& s, double seconds) {
   return {{"checks", s.checks},
           {"checks_per_sec", seconds > 0 ? static_cast<double>(s.checks) / seconds : 0},
           {"allowed", s.checks - std::min(s.checks, s.denied)},
@@ -260,52 +243,32 @@ nlohmann::json stats_json(const bench::RowStats& s, double seconds) {
 }
 
 int run(const Options& o) {
-  bench::TempDir dir;
-  bench::SluicedChild sluiced;
-  sluiced.exe = o.sluiced;
-  sluiced.written_by = "sluice-bench-soak";
-  sluiced.limits = std::to_string(o.limit) + "/1m";
-  sluiced.threads = o.server_threads;
-  sluiced.data = !o.memory_only;
-  sluiced.start(dir.path);
-  const uint16_t port = sluiced.port;
-  const uint64_t rss_start_kb = bench::proc_status_kb(sluiced.process.pid());
-
+  bench::Rows rows(o.json);
+  bench::SoloNode node(o.node, "sluice-bench-soak");
+  bench::SluicedChild& sluiced = node.child;
+  const pid_t pid = sluiced.process.pid();
+  const uint64_t rss_start_kb = bench::proc_status_kb(pid);
   const bench::Keyspace keys(o.keys);
-  preload(port, keys);
-  const uint64_t rss_preloaded_kb = bench::proc_status_kb(sluiced.process.pid());
-  Mix mix = make_mix(o, port, keys);
-  std::printf("sluice-bench-soak: sluiced pid %d, --threads %u, %u keys Zipf(0.99), limit %" PRIu64
-              "/1m per key; UDP %u sock x %u dgram, TCP %u conn x %u frames, 1 check each\n",
-              static_cast<int>(sluiced.process.pid()), o.server_threads, o.keys, o.limit,
-              mix.drive.conns / 2, kUdpWindow, mix.drive.conns / 2, kTcpWindow);
-  std::printf("RSS at start: %.1f MiB, after every key was checked once: %.1f MiB\n",
-              static_cast<double>(rss_start_kb) / 1024.0,
-              static_cast<double>(rss_preloaded_kb) / 1024.0);
+  preload(sluiced.port, keys);
+  const uint64_t rss_preloaded_kb = bench::proc_status_kb(pid);
+  Mix mix = make_mix(o, sluiced.port, keys);
 
   // 1. The maximum, closed loop, with the same mix.
   double max_rate = 0;
   double rate = o.rate;
-  bench::RowStats probe;
   if (rate <= 0) {
     bench::DriveOptions d = mix.drive;
     d.rate = 0;
     d.warmup_s = 1;
     d.seconds = o.probe_seconds;
     d.seed = 7;
-    probe = bench::drive(d, mix.factory);
+    const bench::RowStats probe = bench::drive(d, mix.factory);
     max_rate = static_cast<double>(probe.checks) / probe.seconds;
     rate = std::floor(max_rate * o.load);
-    std::printf("probe (closed loop, %.0f s): %.0f checks/s, p99 %.0f us, errors %" PRIu64
-                " -> soak at %.0f %% = %.0f checks/s\n",
-                o.probe_seconds, max_rate, us(probe.latency, 0.99), error_count(probe),
-                o.load * 100, rate);
-  } else {
-    std::printf("soak at the given rate: %.0f checks/s\n", rate);
   }
   if (bench::stop_requested()) return 1;
 
-  // 2. The soak, open loop, reported by interval.
+  // 2. The soak, open loop, reported by interval (a progress line each).
   Series series;
   const auto per_window = static_cast<size_t>(std::lround(o.window / o.interval));
   bench::DriveOptions d = mix.drive;
@@ -314,9 +277,6 @@ int run(const Options& o) {
   d.seconds = o.seconds;
   d.seed = 11;
   d.interval_s = o.interval;
-  const pid_t pid = sluiced.process.pid();
-  std::printf("%7s %9s %11s %9s %9s %9s %8s\n", "t_s", "rss_mib", "checks/s", "p50_us", "p99_us",
-              "errors", "denied");
   d.on_interval = [&](unsigned index, const std::vector<bench::RowStats>& by_thread) {
     Interval iv;
     iv.end_s = std::min(o.seconds, (index + 1) * o.interval);
@@ -324,10 +284,12 @@ int run(const Options& o) {
     iv.udp = by_thread[0];
     if (by_thread.size() > 1) iv.tcp = by_thread[1];
     const bench::RowStats s = iv.both();
-    const double len = iv.end_s - index * o.interval;
-    std::printf("%7.0f %9.1f %11.0f %9.0f %9.0f %9" PRIu64 " %8" PRIu64 "\n", iv.end_s,
-                static_cast<double>(iv.rss_kb) / 1024.0, static_cast<double>(s.checks) / len,
-                us(s.latency, 0.5), us(s.latency, 0.99), error_count(s), s.denied);
+    bench::print_row_text(
+        {{"t_s", iv.end_s},
+         {"rss_kb", iv.rss_kb},
+         {"checks_per_sec", static_cast<double>(s.checks) / (iv.end_s - index * o.interval)},
+         {"p99_us", us(s.latency, 0.99)},
+         {"errors", error_count(s)}});
     std::fflush(stdout);
     std::lock_guard<std::mutex> lock(series.mu);
     series.intervals.push_back(std::move(iv));
@@ -351,37 +313,12 @@ int run(const Options& o) {
     windows.push_back(std::move(win));
   }
 
-  std::printf("\nper window of %.0f s:\n%7s %11s %9s %9s %9s %9s %9s %11s %9s %9s\n", o.window,
-              "end_s", "checks/s", "p50_us", "p99_us", "p999_us", "lag99_us", "errors", "allowed",
-              "denied", "rss_mib");
-  for (const Window& w : windows) {
-    const Interval& last = iv[static_cast<size_t>(std::lround(w.end_s / o.interval)) - 1];
-    std::printf("%7.0f %11.0f %9.0f %9.0f %9.0f %9.0f %9" PRIu64 " %11" PRIu64 " %9" PRIu64
-                " %9.1f\n",
-                w.end_s, static_cast<double>(w.s.checks) / o.window, us(w.s.latency, 0.5),
-                us(w.s.latency, 0.99), us(w.s.latency, 0.999), us(w.s.send_lag, 0.99),
-                error_count(w.s), w.s.checks - std::min(w.s.checks, w.s.denied), w.s.denied,
-                static_cast<double>(last.rss_kb) / 1024.0);
-  }
-  std::printf("total: %" PRIu64 " checks (UDP and TCP), %" PRIu64 " denied, errors %" PRIu64
-              " (error replies or malformed %" PRIu64 ", timeouts %" PRIu64
-              ", send failures %" PRIu64 ", connection failures %" PRIu64 ", unsent %" PRIu64
-              ")%s%s\n",
-              total.checks, total.denied, error_count(total), total.errors, total.lost,
-              total.send_failures, total.conn_failures, total.unsent,
-              total.first_error.empty() ? "" : "; first: ", total.first_error.c_str());
-  std::printf("sluiced RSS: start %.1f MiB, end %.1f MiB, peak (VmHWM) %.1f MiB%s\n",
-              static_cast<double>(rss_start_kb) / 1024.0, static_cast<double>(rss_end_kb) / 1024.0,
-              static_cast<double>(hwm_kb) / 1024.0, alive ? "" : "; sluiced EXITED");
-
   // Goals.
-  bool ok = alive;
   const auto ref_index = static_cast<size_t>(std::lround(o.rss_after / o.interval)) - 1;
   double rss_ref = 0, rss_lo = 0, rss_hi = 0;
   bool rss_ok = ref_index + 1 < iv.size();
   if (rss_ok) {
-    rss_ref = static_cast<double>(iv[ref_index].rss_kb);
-    rss_lo = rss_hi = rss_ref;
+    rss_ref = rss_lo = rss_hi = static_cast<double>(iv[ref_index].rss_kb);
     for (size_t k = ref_index; k < iv.size(); ++k) {
       rss_lo = std::min(rss_lo, static_cast<double>(iv[k].rss_kb));
       rss_hi = std::max(rss_hi, static_cast<double>(iv[k].rss_kb));
@@ -394,92 +331,63 @@ int run(const Options& o) {
   const bool errors_ok = error_count(total) == 0;
   const double achieved = static_cast<double>(total.checks) / o.seconds;
   const bool rate_ok = achieved >= 0.95 * rate;
-  ok = ok && rss_ok && p99_ok && errors_ok && rate_ok;
-  std::printf(
-      "\n%s rss: after %.0f s within +-%.0f %% of %.1f MiB: min %.1f MiB (%+.2f %%), "
-      "max %.1f MiB (%+.2f %%)\n",
-      rss_ok ? "PASS" : "FAIL", o.rss_after, o.rss_band * 100, rss_ref / 1024.0, rss_lo / 1024.0,
-      rss_ref > 0 ? (rss_lo / rss_ref - 1) * 100 : 0, rss_hi / 1024.0,
-      rss_ref > 0 ? (rss_hi / rss_ref - 1) * 100 : 0);
-  // Not a goal: whether RSS trends. With snapshots on, it cycles as RocksDB memtables fill and
-  // are flushed (up to the write buffer share of memory_cap_mb); a leak raises the highs.
-  if (windows.size() >= 3) {
-    auto high = [&](size_t w) {
-      uint64_t m = 0;
-      for (size_t k = w * per_window; k < (w + 1) * per_window && k < iv.size(); ++k)
-        m = std::max(m, iv[k].rss_kb);
-      return static_cast<double>(m) / 1024.0;
-    };
-    std::printf(
-        "note rss trend: highest sample of window 2 %.1f MiB, of the last window %.1f MiB\n",
-        high(1), high(windows.size() - 1));
-  }
-  std::printf("%s p99: last window %.0f us <= %.2f x first window %.0f us (ratio %.2f)\n",
-              p99_ok ? "PASS" : "FAIL", p99_last, o.p99_ratio, p99_first,
-              p99_first > 0 ? p99_last / p99_first : 0);
-  std::printf("%s errors: %" PRIu64 "\n", errors_ok ? "PASS" : "FAIL", error_count(total));
-  std::printf("%s rate: answered %.0f checks/s of %.0f offered (%.1f %%; unsent at the end %" PRIu64
-              ", send lag p99 over the soak %.0f us)\n",
-              rate_ok ? "PASS" : "FAIL", achieved, rate, rate > 0 ? achieved / rate * 100 : 0,
-              total.unsent, us(total.send_lag, 0.99));
-  if (!alive)
-    std::printf("FAIL sluiced exited during the soak (%s)\n",
-                sluiced.process.exit_status().c_str());
 
-  if (o.json) {
-    nlohmann::json ivs = nlohmann::json::array(), wins = nlohmann::json::array();
-    for (size_t k = 0; k < iv.size(); ++k) {
-      const double len = iv[k].end_s - static_cast<double>(k) * o.interval;
-      nlohmann::json j = stats_json(iv[k].both(), len);
-      j["end_s"] = iv[k].end_s;
-      j["rss_kb"] = iv[k].rss_kb;
-      j["udp"] = stats_json(iv[k].udp, len);
-      j["tcp"] = stats_json(iv[k].tcp, len);
-      ivs.push_back(std::move(j));
-    }
-    for (const Window& w : windows) {
-      nlohmann::json j = stats_json(w.s, o.window);
-      j["end_s"] = w.end_s;
-      wins.push_back(std::move(j));
-    }
-    nlohmann::json row = {
-        {"target", "sluiced"},
-        {"transport", "udp+tcp"},
-        {"seconds", o.seconds},
-        {"keys", o.keys},
-        {"limit_per_minute", o.limit},
-        {"server_threads", o.server_threads},
-        {"memory_only", o.memory_only},
-        {"max_checks_per_sec", max_rate},
-        {"offered_checks_per_sec", rate},
-        {"interval_s", o.interval},
-        {"window_s", o.window},
-        {"rss_start_kb", rss_start_kb},
-        {"rss_preloaded_kb", rss_preloaded_kb},
-        {"rss_end_kb", rss_end_kb},
-        {"rss_peak_kb", hwm_kb},
-        {"intervals", ivs},
-        {"windows", wins},
-        {"total", stats_json(total, o.seconds)},
-        {"goals",
-         {{"rss",
-           {{"pass", rss_ok},
-            {"after_s", o.rss_after},
-            {"band", o.rss_band},
-            {"ref_kb", rss_ref},
-            {"min_kb", rss_lo},
-            {"max_kb", rss_hi}}},
-          {"p99",
-           {{"pass", p99_ok},
-            {"ratio_max", o.p99_ratio},
-            {"first_us", p99_first},
-            {"last_us", p99_last}}},
-          {"errors", {{"pass", errors_ok}, {"count", error_count(total)}}},
-          {"rate", {{"pass", rate_ok}, {"achieved", achieved}, {"offered", rate}}},
-          {"sluiced_alive", alive}}}};
-    bench::print_json_rows(nlohmann::json::array({row}));
+  bench::Row ivs = bench::Row::array(), wins = bench::Row::array();
+  for (size_t k = 0; k < iv.size(); ++k) {
+    const double len = iv[k].end_s - static_cast<double>(k) * o.interval;
+    bench::Row j = stats_json(iv[k].both(), len);
+    j["end_s"] = iv[k].end_s;
+    j["rss_kb"] = iv[k].rss_kb;
+    j["udp"] = stats_json(iv[k].udp, len);
+    j["tcp"] = stats_json(iv[k].tcp, len);
+    ivs.push_back(std::move(j));
   }
-  return ok ? 0 : 1;
+  for (const Window& w : windows) {
+    bench::Row j = stats_json(w.s, o.window);
+    j["end_s"] = w.end_s;
+    uint64_t high = 0;
+    for (const Interval& i : iv)
+      high = i.end_s > w.end_s - o.window && i.end_s <= w.end_s ? std::max(high, i.rss_kb) : high;
+    j["rss_high_kb"] = high;
+    wins.push_back(std::move(j));
+  }
+  rows.add({{"target", "sluiced"},
+            {"transport", "udp+tcp"},
+            {"seconds", o.seconds},
+            {"keys", o.keys},
+            {"limit_per_minute", o.node.limit},
+            {"server_threads", o.node.server_threads},
+            {"memory_only", o.node.memory_only},
+            {"max_checks_per_sec", max_rate},
+            {"offered_checks_per_sec", rate},
+            {"interval_s", o.interval},
+            {"window_s", o.window},
+            {"rss_start_kb", rss_start_kb},
+            {"rss_preloaded_kb", rss_preloaded_kb},
+            {"rss_end_kb", rss_end_kb},
+            {"rss_peak_kb", hwm_kb},
+            {"sluiced_exit", alive ? "" : sluiced.process.exit_status()},
+            {"intervals", ivs},
+            {"windows", wins},
+            {"total", stats_json(total, o.seconds)},
+            {"goals",
+             {{"rss",
+               {{"pass", rss_ok},
+                {"after_s", o.rss_after},
+                {"band", o.rss_band},
+                {"ref_kb", rss_ref},
+                {"min_kb", rss_lo},
+                {"max_kb", rss_hi}}},
+              {"p99",
+               {{"pass", p99_ok},
+                {"ratio_max", o.p99_ratio},
+                {"first_us", p99_first},
+                {"last_us", p99_last}}},
+              {"errors", {{"pass", errors_ok}, {"count", error_count(total)}}},
+              {"rate", {{"pass", rate_ok}, {"achieved", achieved}, {"offered", rate}}},
+              {"sluiced_alive", alive}}}});
+  rows.finish();
+  return alive && rss_ok && p99_ok && errors_ok && rate_ok ? 0 : 1;
 }
 
 }  // namespace
@@ -487,11 +395,5 @@ int run(const Options& o) {
 int bench_soak_main(int argc, char** argv) {
   Options o;
   if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
-  bench::install_stop_signals();
-  try {
-    return run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sluice-bench-soak: %s\n", e.what());
-    return 1;
-  }
+  return bench::run_stoppable("sluice-bench-soak", [&] { return run(o); });
 }
