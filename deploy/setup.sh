@@ -34,6 +34,7 @@ packages=(
   # (run by /usr/bin/python3), hiredis (a C test), redis-rb. The Node ones come from npm.
   python3-redis libhiredis-dev ruby-redis
   procps iproute2 curl python3
+  jq                      # bench/interleave.sh reads the engine rows of --json
   nftables                # partition faults in tests/cluster/partition_test.cc and the bench
   dnsmasq-base            # a real DNS server for the DNS seed tests (the binary only, no service)
   # The gRPC front (lib/rls): find_package(gRPC CONFIG) needs all four together. protoc also
