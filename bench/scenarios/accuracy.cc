@@ -716,7 +716,7 @@ int bench_accuracy_main(int argc, char** argv) {
                                       : wc.window_ms / static_cast<int64_t>(g);
         const window::WindowSpec spec{wc.window_ms, bucket};
         if (g != 0 &&
-            (wc.window_ms % static_cast<int64_t>(g) != 0 || !window::validate(spec).empty())) {
+            (wc.window_ms % static_cast<int64_t>(g) != 0 || !window::validate(spec).ok())) {
           const std::string note = std::string(wc.label) + " at granularity 1/" + std::to_string(g);
           if (std::find(noted.begin(), noted.end(), note) == noted.end()) {
             std::fprintf(stderr, "note: skipping %s: not a valid bucket\n", note.c_str());

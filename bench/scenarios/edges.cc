@@ -144,7 +144,7 @@ int bench_edges_main(int argc, char** argv) {
     for (const std::string& g : o.granularities) {
       const int64_t b = bucket_for(g, w);
       const WindowSpec spec = window::make_spec(w, b);
-      if (b == 0 || !window::validate(spec).empty()) {
+      if (b == 0 || !window::validate(spec).ok()) {
         std::fprintf(stderr, "note: skipping %s at granularity %s: not a valid bucket\n",
                      rules::format_duration(w).c_str(), g.c_str());
         continue;

@@ -118,9 +118,9 @@ std::optional<int> parse_args(int argc, char** argv, Options& o, bool& json) {
   if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
   json = cli.json;
   if (!dist.empty()) o.dists = {dist};
-  if (const std::string why = window::validate(window::make_spec(60'000, o.bucket_ms));
-      o.bucket_ms != 0 && !why.empty()) {
-    return cli.fail("--granularity: " + why);
+  if (const sluice::Status why = window::validate(window::make_spec(60'000, o.bucket_ms));
+      o.bucket_ms != 0 && !why.ok()) {
+    return cli.fail("--granularity: " + why.message());
   }
   if (o.scenario == "sync-cost" && keys->count() == 0) o.keys = {1'000'000};
   // --active is the sync-cost scenario's: the check rows take any number of keys.

@@ -151,7 +151,7 @@ PeerError check_membership(const MembershipMessage& m, const PeerLimits& limits)
 }
 
 PeerError check_spec(const window::WindowSpec& spec) {
-  return window::validate(spec).empty() ? PeerError::kOk : PeerError::kBadWindow;
+  return window::validate(spec).ok() ? PeerError::kOk : PeerError::kBadWindow;
 }
 
 PeerError check_sync(const SyncBatch& b, const PeerLimits& limits) {

@@ -1044,13 +1044,13 @@ void Engine::mark_all_changed() {
 std::optional<window::WindowSpec> Engine::record_spec(std::span<const uint8_t> key) {
   if (key.size() != kRecordKeyBytes) return std::nullopt;
   const window::WindowSpec spec = decode_spec(key.data());
-  if (!window::validate(spec).empty()) return std::nullopt;
+  if (!window::validate(spec).ok()) return std::nullopt;
   return spec;
 }
 
 void Engine::reserve(const window::WindowSpec& spec, size_t counters) {
   Impl& im = *impl_;
-  if (!window::validate(spec).empty()) return;
+  if (!window::validate(spec).ok()) return;
   const uint32_t spec_id = im.spec_id(spec);
   const size_t per_shard = counters / (im.shard_mask + 1) + 1;
   for (uint32_t n = 0; n <= im.shard_mask; ++n) {
@@ -1072,7 +1072,7 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
   if (key.size() != kRecordKeyBytes) return ImportResult::kMalformed;
   const uint64_t counter = __builtin_bswap64(get_be(key.data(), 8));
   const window::WindowSpec spec = decode_spec(key.data());
-  if (counter == 0 || !window::validate(spec).empty()) return ImportResult::kMalformed;
+  if (counter == 0 || !window::validate(spec).ok()) return ImportResult::kMalformed;
   const uint32_t ring = spec.ring_size();
 
   RecordReader r(value);

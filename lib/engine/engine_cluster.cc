@@ -128,7 +128,7 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
     if (k + kAhead < totals.size()) prefetch(totals[k + kAhead]);
     if (t.counter == 0 || t.spec.gcra) continue;  // a GCRA arrival time is never merged
     if (!have_last || !(t.spec == last_spec)) {
-      if (!window::validate(t.spec).empty()) continue;
+      if (!window::validate(t.spec).ok()) continue;
       last_spec = t.spec;
       last_spec_id = im.spec_id(t.spec);
       have_last = true;

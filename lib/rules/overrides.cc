@@ -64,8 +64,8 @@ Status Overrides::set(Override o) {
     // bucket_ms 0: no granularity given (the rule's, resolved when the policy is compiled).
     const window::WindowSpec spec =
         l.spec.bucket_ms == 0 ? window::make_spec(l.spec.window_ms) : l.spec;
-    if (std::string why = window::validate(spec); !why.empty()) {
-      return bad("limit " + std::to_string(i + 1) + ": window: " + why);
+    if (Status why = window::validate(spec); !why.ok()) {
+      return bad("limit " + std::to_string(i + 1) + ": window: " + why.message());
     }
     for (size_t j = 0; j < i; ++j) {
       if (o.limits[j].spec.window_ms == l.spec.window_ms) {

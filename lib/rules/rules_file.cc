@@ -685,8 +685,8 @@ bool RulesParser::parse_limit_node(const YAML::Node& n, int line, const std::str
   if (!ok) return false;
   out.spec = window::make_spec(window_ms, bucket_ms);
   out.default_bucket = bucket_ms == 0;
-  if (std::string why = window::validate(out.spec); !why.empty()) {
-    error(line, path, "window: " + why);
+  if (Status why = window::validate(out.spec); !why.ok()) {
+    error(line, path, "window: " + why.message());
     return false;
   }
   if (out.name.empty()) out.name = default_limit_name(owner, out);
@@ -897,8 +897,8 @@ Status parse_limit(std::string_view text, int64_t bucket_ms, Limit& out) {
                                    ": use a whole number and a unit, e.g. 1s, 10m, 1h, 1d");
   }
   const window::WindowSpec spec = window::make_spec(*window_ms, bucket_ms);
-  if (std::string why = window::validate(spec); !why.empty())
-    return Status::InvalidArgument("window: " + why);
+  if (Status why = window::validate(spec); !why.ok())
+    return Status::InvalidArgument("window: " + why.message());
   out.requests = *requests;
   out.spec = spec;
   out.default_bucket = bucket_ms == 0;
@@ -927,16 +927,14 @@ Status parse_gcra(std::string_view rate, uint64_t burst, Limit& out) {
                                    ticked(rate) +
                                    ": use a whole number and a unit, e.g. 1s, 10m, 1h");
   }
-  window::GcraSpec g;
-  if (std::string why = window::make_gcra(*requests, *period_ms, burst, g); !why.empty()) {
-    return Status::InvalidArgument(why);
-  }
+  StatusOr<window::GcraSpec> g = window::make_gcra(*requests, *period_ms, burst);
+  if (!g.ok()) return g.status();
   out.algorithm = Algorithm::kGcra;
   out.rate_requests = *requests;
   out.rate_period_ms = *period_ms;
-  out.gcra = g;
+  out.gcra = *g;
   out.requests = burst;
-  out.spec = window::gcra_window(g);
+  out.spec = window::gcra_window(*g);
   return {};
 }
 
@@ -952,8 +950,8 @@ Status parse_concurrency(uint64_t max_in_flight, int64_t lease_ttl_ms, int64_t b
   }
   if (bucket_ms == 0) bucket_ms = lease_ttl_ms % 10 == 0 ? lease_ttl_ms / 10 : lease_ttl_ms;
   const window::WindowSpec spec = window::make_spec(lease_ttl_ms, bucket_ms);
-  if (std::string why = window::validate(spec); !why.empty())
-    return Status::InvalidArgument("granularity: " + why);
+  if (Status why = window::validate(spec); !why.ok())
+    return Status::InvalidArgument("granularity: " + why.message());
   out.algorithm = Algorithm::kConcurrency;
   out.requests = max_in_flight;
   out.spec = spec;

@@ -28,21 +28,24 @@ int64_t ceil_ms(u128 ns) {
 
 }  // namespace
 
-std::string make_gcra(uint64_t requests, int64_t period_ms, uint64_t burst, GcraSpec& out) {
-  if (requests == 0) return "rate must admit at least 1 request per period";
-  if (period_ms <= 0) return "rate needs a period of at least 1ms";
+StatusOr<GcraSpec> make_gcra(uint64_t requests, int64_t period_ms, uint64_t burst) {
+  if (requests == 0)
+    return Status::InvalidArgument("rate must admit at least 1 request per period");
+  if (period_ms <= 0) return Status::InvalidArgument("rate needs a period of at least 1ms");
   const u128 period_ns = static_cast<u128>(period_ms) * kNsPerMs;
   const u128 interval = period_ns / requests;
-  if (interval == 0) return "rate is faster than one request per nanosecond";
-  if (burst == 0) return "burst must be at least 1";
+  if (interval == 0)
+    return Status::InvalidArgument("rate is faster than one request per nanosecond");
+  if (burst == 0) return Status::InvalidArgument("burst must be at least 1");
   const u128 refill = interval * burst;
   if (refill > static_cast<u128>(kGcraMaxPeriodMs) * kNsPerMs) {
-    return "burst " + std::to_string(burst) +
-           " takes longer than 24 days to refill at this rate; lower it";
+    return Status::InvalidArgument("burst " + std::to_string(burst) +
+                                   " takes longer than 24 days to refill at this rate; lower it");
   }
+  GcraSpec out;
   out.interval_ns = static_cast<int64_t>(interval);
   out.burst = burst;
-  return "";
+  return out;
 }
 
 WindowSpec gcra_window(const GcraSpec& g) {

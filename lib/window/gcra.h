@@ -33,10 +33,10 @@ struct GcraSpec {
 // fit the 31 bits a store record gives it (engine.h), about 24.8 days.
 inline constexpr int64_t kGcraMaxPeriodMs = (1ll << 31) - 1;
 
-// The spec for N requests per `period_ms` with `burst`; "" on success, else why not (a zero rate,
-// a rate faster than one request per nanosecond, a zero burst, or a refill longer than
-// kGcraMaxPeriodMs).
-std::string make_gcra(uint64_t requests, int64_t period_ms, uint64_t burst, GcraSpec& out);
+// The spec for N requests per `period_ms` with `burst`, or invalid_argument saying why not (a
+// zero rate, a rate faster than one request per nanosecond, a zero burst, or a refill longer
+// than kGcraMaxPeriodMs).
+StatusOr<GcraSpec> make_gcra(uint64_t requests, int64_t period_ms, uint64_t burst);
 
 // The window spec a GCRA limit's counters live under: window = bucket = the time a full
 // allowance takes to refill, rounded up to a millisecond, at least kMinWindowMs; flagged gcra.

@@ -134,26 +134,30 @@ int64_t legacy_default_bucket_ms(int64_t window_ms) {
   return window_ms;
 }
 
-std::string validate(const WindowSpec& spec) {
+Status validate(const WindowSpec& spec) {
   if (spec.window_ms < kMinWindowMs || spec.window_ms > kMaxWindowMs) {
-    return "window must be between 1s and 365d, got " + std::to_string(spec.window_ms) + "ms";
+    return Status::InvalidArgument("window must be between 1s and 365d, got " +
+                                   std::to_string(spec.window_ms) + "ms");
   }
   if (spec.bucket_ms < kMinBucketMs) {
-    return "granularity must be at least " + std::to_string(kMinBucketMs) + "ms, got " +
-           std::to_string(spec.bucket_ms) + "ms";
+    return Status::InvalidArgument("granularity must be at least " + std::to_string(kMinBucketMs) +
+                                   "ms, got " + std::to_string(spec.bucket_ms) + "ms");
   }
   if (spec.bucket_ms > spec.window_ms || spec.window_ms % spec.bucket_ms != 0) {
-    return "granularity " + std::to_string(spec.bucket_ms) + "ms must divide the window " +
-           std::to_string(spec.window_ms) + "ms";
+    return Status::InvalidArgument("granularity " + std::to_string(spec.bucket_ms) +
+                                   "ms must divide the window " + std::to_string(spec.window_ms) +
+                                   "ms");
   }
   if (spec.gcra && spec.bucket_ms != spec.window_ms) {
-    return "a GCRA limit's window is one bucket, got " + std::to_string(spec.window_ms) +
-           "ms at granularity " + std::to_string(spec.bucket_ms) + "ms";
+    return Status::InvalidArgument("a GCRA limit's window is one bucket, got " +
+                                   std::to_string(spec.window_ms) + "ms at granularity " +
+                                   std::to_string(spec.bucket_ms) + "ms");
   }
   if (spec.window_ms / spec.bucket_ms > kMaxBuckets) {
-    return "window " + std::to_string(spec.window_ms) + "ms at granularity " +
-           std::to_string(spec.bucket_ms) + "ms needs more than " + std::to_string(kMaxBuckets) +
-           " buckets; choose a coarser granularity";
+    return Status::InvalidArgument("window " + std::to_string(spec.window_ms) +
+                                   "ms at granularity " + std::to_string(spec.bucket_ms) +
+                                   "ms needs more than " + std::to_string(kMaxBuckets) +
+                                   " buckets; choose a coarser granularity");
   }
   return {};
 }

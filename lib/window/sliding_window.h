@@ -32,6 +32,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"
+
 namespace sluice::window {
 
 // Returned by retry_after_ms when no amount of waiting admits the request (cost above the limit).
@@ -85,9 +87,9 @@ int64_t default_bucket_ms(int64_t window_ms);
 // window. Rules carry counts from such counters for one window after a start (rules/policy.cc).
 int64_t legacy_default_bucket_ms(int64_t window_ms);
 
-// Checks a spec; returns an empty string when valid, else a sentence naming what is wrong
-// (suitable to follow "window: " in a rules-file error).
-std::string validate(const WindowSpec& spec);
+// Checks a spec: ok, or invalid_argument with a sentence naming what is wrong (suitable to
+// follow "window: " in a rules-file error).
+Status validate(const WindowSpec& spec);
 
 // The spec for `window_ms` with `bucket_ms`, or the default bucket when bucket_ms is 0.
 WindowSpec make_spec(int64_t window_ms, int64_t bucket_ms = 0);

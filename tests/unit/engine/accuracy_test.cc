@@ -238,7 +238,7 @@ TEST_CASE("strict admits at most the limit in every true window, any window size
 
   for (const Case& c : cases) {
     const WindowSpec spec{c.window_ms, c.bucket_ms};
-    REQUIRE(window::validate(spec).empty());
+    REQUIRE(window::validate(spec).ok());
     for (const std::string_view name : c.traces) {
       for (const uint64_t seed : c.seeds) {
         CAPTURE(c.window_ms);
@@ -415,7 +415,7 @@ TEST_CASE("engine decides exactly as SlidingWindow on the same trace, spec and e
   };
   for (const Case& c : cases) {
     const WindowSpec spec{c.window_ms, c.bucket_ms};
-    REQUIRE(window::validate(spec).empty());
+    REQUIRE(window::validate(spec).ok());
     for (const Estimator est : {Estimator::kWeighted, Estimator::kStrict}) {
       const std::string_view est_name = window::to_string(est);
       for (const std::string_view name : testing::kTraceNames) {

@@ -67,10 +67,9 @@ struct TokenBucket {
 };
 
 GcraSpec gcra_of(uint64_t n, int64_t period_ms, uint64_t burst) {
-  GcraSpec g;
-  const std::string why = window::make_gcra(n, period_ms, burst, g);
-  REQUIRE_MESSAGE(why.empty(), why);
-  return g;
+  const sluice::StatusOr<GcraSpec> g = window::make_gcra(n, period_ms, burst);
+  REQUIRE_MESSAGE(g.ok(), g.message());
+  return *g;
 }
 
 struct TraceCase {
@@ -176,12 +175,12 @@ TEST_CASE("GCRA admits its burst at once from idle, then one request per interva
 
 TEST_CASE(
     "GCRA specs refuse a zero rate, a zero burst, a rate under a nanosecond and a long refill") {
-  GcraSpec g;
-  CHECK(window::make_gcra(0, 1'000, 5, g).find("at least 1 request") != std::string::npos);
-  CHECK(window::make_gcra(10, 1'000, 0, g).find("burst must be at least 1") != std::string::npos);
-  CHECK(window::make_gcra(2'000'000, 1, 1, g).find("nanosecond") != std::string::npos);
-  CHECK(window::make_gcra(1, 86'400'000, 30, g).find("24 days") != std::string::npos);
-  CHECK(window::make_gcra(1, 86'400'000, 24, g).empty());
+  CHECK(window::make_gcra(0, 1'000, 5).message().find("at least 1 request") != std::string::npos);
+  CHECK(window::make_gcra(10, 1'000, 0).message().find("burst must be at least 1") !=
+        std::string::npos);
+  CHECK(window::make_gcra(2'000'000, 1, 1).message().find("nanosecond") != std::string::npos);
+  CHECK(window::make_gcra(1, 86'400'000, 30).message().find("24 days") != std::string::npos);
+  CHECK(window::make_gcra(1, 86'400'000, 24).ok());
   // Counted denials push the arrival time at most kGcraMaxDebtMs past now; it never wraps.
   const GcraSpec slow = gcra_of(1, 86'400'000, 1);
   const uint64_t debt_cap = static_cast<uint64_t>(kT0 + window::kGcraMaxDebtMs) * kNsPerMs;

@@ -138,7 +138,7 @@ TEST_CASE("the windows rules use (1s, 10s, 1min, 15min, 1h, 1d) are valid with d
     CHECK(s.bucket_ms == w.bucket);
     CHECK(s.buckets() == w.buckets);
     CHECK(s.ring_size() == w.buckets + 1);
-    CHECK(validate(s).empty());
+    CHECK(validate(s).ok());
   }
 }
 
@@ -146,34 +146,34 @@ TEST_CASE("make_spec keeps an explicit granularity and validate accepts it when 
   const WindowSpec ten_s_at_1s = make_spec(10 * kSec, 1 * kSec);
   CHECK(ten_s_at_1s == WindowSpec{10 * kSec, 1 * kSec});
   CHECK(ten_s_at_1s.buckets() == 10);
-  CHECK(validate(ten_s_at_1s).empty());
-  CHECK(validate(make_spec(1 * kSec, 10)).empty());         // finest bucket: 100 buckets
-  CHECK(validate(make_spec(1 * kDay, 1 * kDay)).empty());   // one bucket per day
-  CHECK(validate(make_spec(1 * kDay, 1 * kMin)).empty());   // exactly kMaxBuckets
-  CHECK(validate(make_spec(1 * kHour, 5 * kSec)).empty());  // 720 buckets
-  CHECK(validate(make_spec(24 * kMin, 1 * kSec)).empty());  // exactly 1440 buckets
+  CHECK(validate(ten_s_at_1s).ok());
+  CHECK(validate(make_spec(1 * kSec, 10)).ok());         // finest bucket: 100 buckets
+  CHECK(validate(make_spec(1 * kDay, 1 * kDay)).ok());   // one bucket per day
+  CHECK(validate(make_spec(1 * kDay, 1 * kMin)).ok());   // exactly kMaxBuckets
+  CHECK(validate(make_spec(1 * kHour, 5 * kSec)).ok());  // 720 buckets
+  CHECK(validate(make_spec(24 * kMin, 1 * kSec)).ok());  // exactly 1440 buckets
 }
 
 TEST_CASE(
     "validate rejects more than 1440 buckets (1h at 1s) and says to coarsen the granularity") {
-  const std::string err = validate(make_spec(1 * kHour, 1 * kSec));
+  const std::string err = validate(make_spec(1 * kHour, 1 * kSec)).message();
   CAPTURE(err);
   CHECK(contains(err, "3600000ms"));
   CHECK(contains(err, "1000ms"));
   CHECK(contains(err, "1440"));
   CHECK(contains(err, "granularity"));
-  CHECK_FALSE(validate(make_spec(1 * kDay, 30 * kSec)).empty());             // 2880 buckets
-  CHECK_FALSE(validate(make_spec(24 * kMin + 1 * kSec, 1 * kSec)).empty());  // 1441 buckets
+  CHECK_FALSE(validate(make_spec(1 * kDay, 30 * kSec)).ok());             // 2880 buckets
+  CHECK_FALSE(validate(make_spec(24 * kMin + 1 * kSec, 1 * kSec)).ok());  // 1441 buckets
 }
 
 TEST_CASE("validate rejects a granularity that does not divide the window, naming both") {
-  const std::string err = validate(make_spec(1 * kMin, 7 * kSec));
+  const std::string err = validate(make_spec(1 * kMin, 7 * kSec)).message();
   CAPTURE(err);
   CHECK(contains(err, "granularity 7000ms"));
   CHECK(contains(err, "divide"));
   CHECK(contains(err, "60000ms"));
   // A bucket longer than the window does not divide it either.
-  const std::string longer = validate(make_spec(1 * kSec, 2 * kSec));
+  const std::string longer = validate(make_spec(1 * kSec, 2 * kSec)).message();
   CAPTURE(longer);
   CHECK(contains(longer, "divide"));
 }
@@ -181,13 +181,13 @@ TEST_CASE("validate rejects a granularity that does not divide the window, namin
 TEST_CASE("validate rejects windows shorter than 1s or longer than 365d, naming the range") {
   for (int64_t w : {int64_t{999}, int64_t{0}, int64_t{-1000}, 365 * kDay + 1, 366 * kDay}) {
     CAPTURE(w);
-    const std::string err = validate(WindowSpec{w, 10});
+    const std::string err = validate(WindowSpec{w, 10}).message();
     CAPTURE(err);
     CHECK(contains(err, "window must be between 1s and 365d"));
     CHECK(contains(err, std::to_string(w) + "ms"));
   }
-  CHECK(validate(WindowSpec{kMinWindowMs, kMinWindowMs}).empty());
-  CHECK(validate(WindowSpec{kMaxWindowMs, kDay}).empty());
+  CHECK(validate(WindowSpec{kMinWindowMs, kMinWindowMs}).ok());
+  CHECK(validate(WindowSpec{kMaxWindowMs, kDay}).ok());
 }
 
 TEST_CASE("windows longer than a day default to coarse buckets that keep the ring within 1441") {
@@ -199,7 +199,7 @@ TEST_CASE("windows longer than a day default to coarse buckets that keep the rin
   for (int64_t w : {2 * kDay, 7 * kDay, 30 * kDay, 100 * kDay, 365 * kDay, kDay + kMin}) {
     CAPTURE(w);
     const WindowSpec s = make_spec(w);
-    CHECK(validate(s).empty());
+    CHECK(validate(s).ok());
     CHECK(s.ring_size() <= kMaxBuckets + 1);
   }
   // One minute over a day divides by none of 1 h, 6 h, 1 d; rather than one bucket (the older
@@ -208,13 +208,14 @@ TEST_CASE("windows longer than a day default to coarse buckets that keep the rin
   CHECK(legacy_default_bucket_ms(kDay + kMin) == kDay + kMin);
   CHECK(make_spec(kDay + kMin).bucket_ms == (kDay + kMin) / 10);
   // A year at one-minute buckets is refused, naming the bucket count.
-  CHECK(validate(WindowSpec{365 * kDay, kMin}).find("more than 1440 buckets") != std::string::npos);
+  CHECK(validate(WindowSpec{365 * kDay, kMin}).message().find("more than 1440 buckets") !=
+        std::string::npos);
 }
 
 TEST_CASE("validate rejects buckets under 10ms (and zero or negative ones) without dividing") {
   for (int64_t b : {int64_t{9}, int64_t{5}, int64_t{1}, int64_t{0}, int64_t{-60000}}) {
     CAPTURE(b);
-    const std::string err = validate(WindowSpec{1 * kSec, b});
+    const std::string err = validate(WindowSpec{1 * kSec, b}).message();
     CAPTURE(err);
     CHECK(contains(err, "granularity must be at least 10ms"));
     CHECK(contains(err, std::to_string(b) + "ms"));
@@ -687,7 +688,7 @@ TEST_CASE("retry_after_ms is exact: denied 1 ms before it, admitted at it (rando
   int delayed = 0;     // cases with 0 < retry_after < kNever, so the interesting branch ran
   int mid_bucket = 0;  // ... of which the weighted ones whose answer falls inside a bucket
   for (const WindowSpec& spec : specs) {
-    REQUIRE(validate(spec).empty());
+    REQUIRE(validate(spec).ok());
     const int iterations = spec.buckets() > 20 ? 400 : 1500;
     for (Estimator est : {Estimator::kWeighted, Estimator::kStrict}) {
       for (int i = 0; i < iterations; ++i) {
@@ -975,7 +976,7 @@ TEST_CASE("strict SlidingWindow never admits more than the limit in any true win
 TEST_CASE(
     "a limit near 2^40 with a one-day bucket decides exactly (scaled counts exceed 64 bits)") {
   const WindowSpec spec = make_spec(kDay, kDay);
-  REQUIRE(validate(spec).empty());
+  REQUIRE(validate(spec).ok());
   REQUIRE(spec.buckets() == 1);
   const int64_t d = bucket_of(kHourStart, kDay);
   std::vector<uint32_t> own(spec.ring_size(), 0u);
@@ -1030,7 +1031,7 @@ TEST_CASE("default_bucket_ms cuts windows under ten minutes into ten buckets or 
   for (int64_t w = kMinWindowMs; w <= 12 * kMin; w += 997) {
     CAPTURE(w);
     const WindowSpec s = make_spec(w);
-    CHECK(validate(s).empty());
+    CHECK(validate(s).ok());
     CHECK((s.buckets() >= kDefaultBuckets || s.bucket_ms == legacy_default_bucket_ms(w)));
   }
 }
