@@ -21,6 +21,7 @@
 #include <span>
 #include <stdexcept>
 
+#include "load/grpc_target.h"
 #include "load/stream_conn.h"
 #include "wire/protocol.h"
 
@@ -505,15 +506,19 @@ void SluicedChild::start(const std::string& dir) {
   }
   port = free_loopback_port();
   admin_port = free_loopback_port();
-  const std::string addr = "127.0.0.1:" + std::to_string(port);
+  if (grpc) grpc_port = free_loopback_port();
+  if (resp) resp_port = free_loopback_port();
+  auto addr_of = [](uint16_t p) { return p == 0 ? "\"\"" : "127.0.0.1:" + std::to_string(p); };
+  const std::string addr = addr_of(port);
   const std::string rules = dir + "/rules.yaml", config = dir + "/sluiced.yaml";
   std::ofstream(rules) << "# written by " << written_by << "\ndomains:\n  - name: " << kSluiceDomain
                        << "\n    rules:\n      - name: per-k\n        key: [" << kSluiceEntryKey
                        << "]\n        limits: [" << limits << "]\n"
                        << rule_extra;
   std::ofstream(config) << "# written by " << written_by << "\nudp: " << addr << "\ntcp: " << addr
-                        << "\nadmin: 127.0.0.1:" << admin_port
-                        << "\ngrpc: \"\"\nresp: \"\"\nthreads: " << threads << "\nrules: " << rules
+                        << "\nadmin: 127.0.0.1:" << admin_port << "\ngrpc: " << addr_of(grpc_port)
+                        << "\nresp: " << addr_of(resp_port) << "\nthreads: " << threads
+                        << "\nrules: " << rules
                         << (data ? "\ndata_dir: " + dir + "/sluiced-data\ninit_data: true\n"
                                  : "\ndata_dir: \"\"\n")
                         << "log_level: warn\n"
@@ -521,7 +526,14 @@ void SluicedChild::start(const std::string& dir) {
   if (std::string e = process.start({exe, "--config", config}, dir + "/sluiced.log"); !e.empty())
     throw std::runtime_error("sluiced: " + e);
   wait_ready(
-      process, [this] { return sluice_probe(port, 500); }, 15'000);
+      process,
+      [this] {
+        std::string e = sluice_probe(port, 500);
+        if (e.empty() && grpc_port != 0) e = grpc_probe(grpc_port, 500);
+        if (e.empty() && resp_port != 0) e = redis_probe(resp_port, 500);
+        return e;
+      },
+      15'000);
 }
 
 std::string sluice_probe(uint16_t port, int timeout_ms) {

@@ -58,10 +58,10 @@ std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext&
 std::string sluice_probe(uint16_t port, int timeout_ms);
 
 // One sluiced for a scenario: UDP and TCP on a free loopback port, the admin door on another,
-// gRPC and RESP off, its rules one limit on every key (domain kSluiceDomain, entry
-// kSluiceEntryKey), its config, log and data directory in `dir`. start() returns once it answers
-// (sluice_probe) and throws std::runtime_error when it is missing, fails or does not answer in 15
-// s.
+// gRPC and RESP on ports of their own when asked for (off otherwise), its rules one limit on every
+// key (domain kSluiceDomain, entry kSluiceEntryKey), its config, log and data directory in `dir`.
+// start() returns once every open door answers (sluice_probe, grpc_probe, redis_probe) and throws
+// std::runtime_error when it is missing, fails or does not answer in 15 s.
 struct SluicedChild {
   std::string exe;           // "" = the sluiced beside this program
   std::string written_by;    // the program, named in the first line of the files written
@@ -69,8 +69,9 @@ struct SluicedChild {
   std::string rule_extra;    // more lines under the rule, each "        name: value\n"
   std::string config_extra;  // more lines of sluiced.yaml, each "name: value\n"
   uint32_t threads = 1;
-  bool data = true;  // a fresh data directory (snapshots); false: none, no RocksDB
-  uint16_t port = 0, admin_port = 0;
+  bool data = true;                 // a fresh data directory (snapshots); false: none, no RocksDB
+  bool grpc = false, resp = false;  // open the gRPC / Redis-protocol door
+  uint16_t port = 0, admin_port = 0, grpc_port = 0, resp_port = 0;
   ChildProcess process;
 
   void start(const std::string& dir);
