@@ -596,12 +596,10 @@ std::string sluice_probe(uint16_t port, int timeout_ms) {
 
 std::string http_get(uint16_t port, const std::string& path, std::string& body) {
   SyncClient c;
-  if (std::string e = c.connect(port, 1000); !e.empty()) return e;
-  const std::string req =
-      "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  if (std::string e = c.send_all(req, 1000); !e.empty()) return e;
   bool eof = false;
-  const std::string e = c.read_until([&](std::string_view) { return eof; }, 3000, &eof);
+  const std::string e = c.exchange(
+      port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 3000,
+      [&](std::string_view) { return eof; }, &eof);
   if (!eof) return e.empty() ? "no end of response" : e;
   const size_t hdr_end = c.buf.find("\r\n\r\n");
   if (!c.buf.starts_with("HTTP/1.") || hdr_end == std::string::npos) return "not an HTTP answer";

@@ -131,7 +131,7 @@ struct MemcachedConnOptions {
 };
 std::unique_ptr<Conn> make_memcached(const MemcachedConnOptions& o, ThreadContext& ctx);
 
-std::string memcached_probe(uint16_t port, int timeout_ms, std::string* version = nullptr);
+std::string memcached_probe(uint16_t port, int timeout_ms);
 std::string memcached_flush_all(uint16_t port);
 // Steady state of the memcached two counters: every key's previous-minute bucket exists (count 1).
 std::string memcached_preload_previous(uint16_t port, const Keyspace& keys, int64_t now_ms);
