@@ -35,14 +35,20 @@ Keyspace::Keyspace(uint32_t n) {
     names.push_back("u" + std::to_string(i));
 }
 
+namespace {
+
+sockaddr_in loopback(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  return a;
+}
+
+}  // namespace
+
 int tcp_connect(uint16_t port, int timeout_ms, std::string& err) {
-  const sockaddr_in a = [&] {
-    sockaddr_in x{};
-    x.sin_family = AF_INET;
-    x.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    x.sin_port = htons(port);
-    return x;
-  }();
+  const sockaddr_in a = loopback(port);
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     err = std::string("socket: ") + std::strerror(errno);
@@ -74,16 +80,6 @@ namespace {
 
 using detail::StreamConn;
 using detail::SyncClient;
-
-// ---- sockets ----------------------------------------------------------------------------------
-
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  return a;
-}
 
 int udp_connect(uint16_t port, std::string& err) {
   const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

@@ -215,14 +215,9 @@ bool curve_has(const Options& o, const std::string& door) {
 std::optional<int> parse(int argc, char** argv, Options& o) {
   bench::Cli cli("sluice-bench-load");
   cli.app().footer(
-      R"(--json: last line {"rows":[{"row":..,"target":..,"transport":..,"batch":..,
-  "load":"max"|"half","checks_per_sec":..,"requests_per_sec":..,"bytes_per_sec":..,
-  "bytes_per_check":..,"server_cpu_us_per_check":..,"p50_us":..,"p99_us":..,"p999_us":..,
-  "max_us":..}]}; open-loop rows add "offered_checks_per_sec" and "histogram_us" ([us, checks]
-  pairs). --curve rows: {"row":"curve-<door>-<pinned|unpinned>-<max|pct>","target":"<door>",
-  "phase":"max"|"curve","load_pct":100|10|..,"pinned":..,"checks_per_sec":..,
-  "offered_per_sec":..,"p50_us":..,"p99_us":..,"p999_us":..,"server_cpu_us_per_check":..,
-  "errors":..,"lost":..,"unsent":..}; each point takes --warmup + --seconds.)");
+      "Each row is printed as a name=value line when measured; --json adds the last line "
+      "{\"rows\":[...]}, where open-loop rows also carry \"histogram_us\" ([us, checks] pairs). "
+      "Each --curve point takes --warmup + --seconds.");
   std::string dist = "uniform", pinning = "both";
   cli.app()
       .add_option("--only", o.only,
