@@ -35,8 +35,6 @@ Keyspace::Keyspace(uint32_t n) {
     names.push_back("u" + std::to_string(i));
 }
 
-namespace {
-
 sockaddr_in loopback(uint16_t port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -44,8 +42,6 @@ sockaddr_in loopback(uint16_t port) {
   a.sin_port = htons(port);
   return a;
 }
-
-}  // namespace
 
 int tcp_connect(uint16_t port, int timeout_ms, std::string& err) {
   const sockaddr_in a = loopback(port);

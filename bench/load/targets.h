@@ -13,6 +13,8 @@
 // non-blocking sockets) in targets_kv.cc.
 #pragma once
 
+#include <netinet/in.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,6 +25,9 @@
 #include "load/driver.h"
 
 namespace sluice::bench {
+
+// 127.0.0.1:port.
+sockaddr_in loopback(uint16_t port);
 
 // A TCP socket connected to 127.0.0.1:port (connect bounded by timeout_ms), non-blocking and
 // TCP_NODELAY; -1 with `err` set.
