@@ -528,62 +528,46 @@ void SluicedChild::start(const std::string& dir) {
       15'000);
 }
 
+std::string probe_conn(const ProbeFactory& make, int timeout_ms) {
+  Keyspace probe(1);
+  probe.names[0] = "probe";
+  RowStats stats;
+  Recorder rec{&stats, 0, INT64_MAX};
+  KeyStream keys(1, false, 0, 1);
+  ThreadContext ctx{0, &keys, &rec};
+  try {
+    const std::unique_ptr<Conn> conn = make(probe, ctx);
+    conn->send(now_ns());
+    conn->flush();
+    const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
+    // Bounded by the deadline (polls of at most 100 ms).
+    while (now_ns() < deadline && stats.checks == 0 && stats.errors == 0 && !conn->failed()) {
+      pollfd p{conn->fd(), static_cast<short>(POLLIN | (conn->wants_write() ? POLLOUT : 0)), 0};
+      ::poll(&p, 1, 100);
+      if (p.revents & POLLOUT) conn->flush();
+      if (p.revents & (POLLIN | POLLERR | POLLHUP)) conn->on_readable(now_ns());
+    }
+    if (stats.checks > 0) return "";
+    return stats.first_error.empty() ? "timed out waiting for the answer" : stats.first_error;
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 std::string sluice_probe(uint16_t port, int timeout_ms) {
-  const wire::Entry entry{kSluiceEntryKey, "probe"};
-  const wire::Check check{kSluiceDomain, std::span<const wire::Entry>(&entry, 1), 0};
-  std::vector<uint8_t> msg, frame;
-  wire::encode_request(1, std::span<const wire::Check>(&check, 1), 512, msg);
-  wire::Answer answer;
-
-  SyncClient tcp;
-  if (std::string e = tcp.connect(port, timeout_ms); !e.empty()) return "tcp: " + e;
-  wire::append_frame(msg, frame);
-  if (std::string e =
-          tcp.send_all({reinterpret_cast<const char*>(frame.data()), frame.size()}, timeout_ms);
-      !e.empty()) {
-    return "tcp: " + e;
+  SluiceConnOptions o;
+  o.port = port;
+  o.window = 1;
+  for (auto* make : {&make_sluice_tcp, &make_sluice_udp}) {
+    const std::string e = probe_conn(
+        [&](const Keyspace& keys, ThreadContext& ctx) {
+          o.keys = &keys;
+          return make(o, ctx);
+        },
+        timeout_ms);
+    if (!e.empty()) return (make == &make_sluice_tcp ? "tcp: " : "udp: ") + e;
   }
-  wire::FrameReader reader;
-  std::optional<std::span<const uint8_t>> got;
-  const std::string e = tcp.read_until(
-      [&](std::string_view b) {
-        if (b.empty()) return false;
-        reader.feed({reinterpret_cast<const uint8_t*>(b.data()), b.size()});
-        tcp.buf.clear();
-        got = reader.next();
-        return got.has_value();
-      },
-      timeout_ms);
-  if (!e.empty()) return "tcp: " + e;
-  if (wire::decode_answer(*got, answer) != wire::Code::kOk || answer.code != wire::Code::kOk ||
-      answer.decisions.size() != 1 || answer.decisions[0].code != wire::Code::kOk) {
-    return "tcp: unexpected answer to a probe check (is domain \"bench\" in the rules?)";
-  }
-
-  std::string err;
-  const int u = udp_connect(port, err);
-  if (u < 0) return err;
-  std::vector<uint8_t> buf(65'536);
-  const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
-  std::string result = "udp: no answer";
-  // Bounded: one datagram per 100 ms until the deadline.
-  while (now_ns() < deadline) {
-    if (::send(u, msg.data(), msg.size(), 0) < 0) {
-      result = std::string("udp send: ") + std::strerror(errno);
-    }
-    pollfd p{u, POLLIN, 0};
-    if (::poll(&p, 1, 100) == 1) {
-      const ssize_t n = ::recv(u, buf.data(), buf.size(), 0);
-      if (n > 0 &&
-          wire::decode_answer({buf.data(), static_cast<size_t>(n)}, answer) == wire::Code::kOk &&
-          answer.code == wire::Code::kOk) {
-        result.clear();
-        break;
-      }
-    }
-  }
-  ::close(u);
-  return result;
+  return "";
 }
 
 std::string http_get(uint16_t port, const std::string& path, std::string& body) {

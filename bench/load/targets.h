@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -59,8 +60,14 @@ struct SluiceConnOptions {
 std::unique_ptr<Conn> make_sluice_udp(const SluiceConnOptions& o, ThreadContext& ctx);
 std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext& ctx);
 
-// Sends one check over TCP and one over UDP and waits for both answers; "" when both came.
+// Sends one check (key "probe") over TCP and one over UDP and waits for both answers; "" when
+// both came.
 std::string sluice_probe(uint16_t port, int timeout_ms);
+
+// One check (key "probe") through a connection `make` opens, driven until it is answered: "" when
+// it was, else the first error or "timed out". The probes of every door are made of it.
+using ProbeFactory = std::function<std::unique_ptr<Conn>(const Keyspace&, ThreadContext&)>;
+std::string probe_conn(const ProbeFactory& make, int timeout_ms);
 
 // One sluiced for a scenario: UDP and TCP on a free loopback port, the admin door on another,
 // gRPC and RESP on ports of their own when asked for (off otherwise), its rules one limit on every
