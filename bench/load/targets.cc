@@ -459,38 +459,6 @@ std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext&
 
 // ---- probes and setup ---------------------------------------------------------------------------
 
-std::string echo_probe(const std::string& transport, uint16_t port, int timeout_ms) {
-  const std::string ping = "sluice-bench echo probe";
-  std::string err;
-  const int fd = transport == "udp" ? udp_connect(port, err) : tcp_connect(port, timeout_ms, err);
-  if (fd < 0) return err;
-  std::string got;
-  const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
-  bool sent = false;
-  // Bounded: UDP resends every 100 ms (a datagram may go before the server binds); TCP sends once.
-  while (now_ns() < deadline && got.size() < ping.size()) {
-    if (!sent || transport == "udp") {
-      if (::send(fd, ping.data(), ping.size(), MSG_NOSIGNAL) < 0 && transport == "tcp") {
-        err = std::string("send: ") + std::strerror(errno);
-        break;
-      }
-      sent = true;
-    }
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) != 1) continue;
-    char buf[256];
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0 && transport == "tcp") {
-      err = "connection closed";
-      break;
-    }
-    if (n > 0) got.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  if (got.substr(0, ping.size()) == ping) return "";
-  return err.empty() ? "no echo" : err;
-}
-
 void SluicedChild::start(const std::string& dir) {
   if (exe.empty()) exe = sibling_sluiced();
   if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
@@ -554,20 +522,35 @@ std::string probe_conn(const ProbeFactory& make, int timeout_ms) {
   }
 }
 
-std::string sluice_probe(uint16_t port, int timeout_ms) {
+namespace {
+
+// One check through the connection `make` opens to sluiced (echo: to the echo server).
+std::string probe_sluice(decltype(&make_sluice_tcp) make, uint16_t port, bool echo,
+                         int timeout_ms) {
   SluiceConnOptions o;
   o.port = port;
-  o.window = 1;
-  for (auto* make : {&make_sluice_tcp, &make_sluice_udp}) {
-    const std::string e = probe_conn(
-        [&](const Keyspace& keys, ThreadContext& ctx) {
-          o.keys = &keys;
-          return make(o, ctx);
-        },
-        timeout_ms);
-    if (!e.empty()) return (make == &make_sluice_tcp ? "tcp: " : "udp: ") + e;
-  }
+  o.echo = echo;
+  return probe_conn(
+      [&](const Keyspace& keys, ThreadContext& ctx) {
+        o.keys = &keys;
+        return make(o, ctx);
+      },
+      timeout_ms);
+}
+
+}  // namespace
+
+std::string sluice_probe(uint16_t port, int timeout_ms) {
+  if (std::string e = probe_sluice(&make_sluice_tcp, port, false, timeout_ms); !e.empty())
+    return "tcp: " + e;
+  if (std::string e = probe_sluice(&make_sluice_udp, port, false, timeout_ms); !e.empty())
+    return "udp: " + e;
   return "";
+}
+
+std::string echo_probe(const std::string& transport, uint16_t port, int timeout_ms) {
+  return probe_sluice(transport == "udp" ? &make_sluice_udp : &make_sluice_tcp, port, true,
+                      timeout_ms);
 }
 
 std::string http_get(uint16_t port, const std::string& path, std::string& body) {
