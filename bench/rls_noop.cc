@@ -12,10 +12,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/scenario.h"
 #include "rls/rls.h"
 #include "wire/protocol.h"
 
@@ -32,17 +33,11 @@ void on_signal(int) {
 int main(int argc, char** argv) {
   std::string listen;
   unsigned threads = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--grpc") == 0) {
-      listen = argv[i + 1];
-    } else if (std::strcmp(argv[i], "--threads") == 0) {
-      threads = static_cast<unsigned>(std::strtoul(argv[i + 1], nullptr, 10));
-    }
-  }
-  if (listen.empty() || threads == 0 || threads > 64 || argc % 2 == 0) {
-    std::fprintf(stderr, "usage: sluice-bench-rls-noop --grpc HOST:PORT [--threads 1..64]\n");
-    return 2;
-  }
+  sluice::bench::Cli cli("sluice-bench-rls-noop");
+  cli.app().remove_option(cli.app().get_option("--json"));  // a server: it prints no rows
+  cli.text("--grpc", listen, "HOST:PORT to serve gRPC on")->required();
+  cli.number("--threads", threads, 1, 64, "gRPC threads");
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);

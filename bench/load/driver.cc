@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/proc_stats.h"
 #include "common/process.h"
 
 namespace sluice::bench {
@@ -318,6 +319,40 @@ RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn) {
   }
   total.seconds = opt.seconds;
   return total;
+}
+
+RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn, pid_t server, Cores& cores) {
+  const double g0 = self_cpu_seconds(), s0 = process_cpu_seconds(server);
+  const double m0 = machine_busy_seconds();
+  const int64_t w0 = now_ns();
+  RowStats st = drive(opt, make_conn);
+  const double wall = static_cast<double>(now_ns() - w0) * 1e-9;
+  cores.generator = (self_cpu_seconds() - g0) / wall;
+  cores.server = (process_cpu_seconds(server) - s0) / wall;
+  cores.other =
+      std::max(0.0, (machine_busy_seconds() - m0) / wall - cores.generator - cores.server);
+  return st;
+}
+
+Row row_figures(const RowStats& st, const Cores& cores) {
+  const double cps = st.seconds > 0 ? static_cast<double>(st.checks) / st.seconds : 0;
+  auto us = [](const LatencyHistogram& h, double q) {
+    return static_cast<double>(h.quantile_ns(q)) / 1000.0;
+  };
+  return {{"checks_per_sec", cps},
+          {"p50_us", us(st.latency, 0.5)},
+          {"p99_us", us(st.latency, 0.99)},
+          {"p999_us", us(st.latency, 0.999)},
+          {"max_us", static_cast<double>(st.latency.max_ns()) / 1000.0},
+          {"server_cpu_us_per_check", cps > 0 ? cores.server / cps * 1e6 : 0},
+          {"server_cores", cores.server},
+          {"generator_cores", cores.generator},
+          {"other_cores", cores.other},
+          {"errors", st.errors},
+          {"lost", st.lost},
+          {"unsent", st.unsent},
+          {"conn_failures", st.conn_failures},
+          {"seconds", st.seconds}};
 }
 
 }  // namespace sluice::bench

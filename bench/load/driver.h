@@ -29,6 +29,8 @@
 // when the window does not divide evenly. drive() still returns the whole row's totals.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -36,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json_rows.h"
 #include "load/histogram.h"
 
 namespace sluice::bench {
@@ -177,5 +180,18 @@ struct DriveOptions {
 
 // Runs one row. Throws std::runtime_error when connections cannot be made at all.
 RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn);
+
+// The CPU each side used over a row, in cores: this process (the generator), the server under
+// test (every thread of `server`) and everything else on the machine, kernel included.
+struct Cores {
+  double generator = 0, server = 0, other = 0;
+};
+// drive(), and the cores each side used while it ran.
+RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn, pid_t server, Cores& cores);
+
+// The figures every scenario reports of a row, as JSON fields: checks_per_sec, p50_us, p99_us,
+// p999_us, max_us, server_cpu_us_per_check (the server's CPU per answered check), server_cores,
+// generator_cores, other_cores, errors, lost, unsent, conn_failures, seconds.
+Row row_figures(const RowStats& st, const Cores& cores);
 
 }  // namespace sluice::bench

@@ -340,37 +340,16 @@ std::unique_ptr<Conn> make_grpc(const GrpcConnOptions& o, ThreadContext& ctx) {
 
 std::string grpc_probe(uint16_t port, int timeout_ms, std::string_view domain,
                        std::string_view entry_key) {
-  Keyspace probe_key(1);
-  probe_key.names[0] = "probe";
   GrpcConnOptions o;
   o.port = port;
-  o.keys = &probe_key;
   o.domain = domain;
   o.entry_key = entry_key;
-  RowStats stats;
-  Recorder rec{&stats, 0, INT64_MAX};
-  KeyStream keys(1, false, 0, 1);
-  std::string err;
-  const int fd = tcp_connect(port, timeout_ms, err);
-  if (fd < 0) return err;
-  try {
-    GrpcConn conn(fd, o, &stats, &rec, &keys);
-    conn.send(now_ns());
-    conn.flush();
-    const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
-    // Bounded by the deadline (polls of at most 100 ms).
-    while (now_ns() < deadline && conn.answered() == 0 && stats.errors == 0 && !conn.failed()) {
-      pollfd p{conn.fd(), static_cast<short>(POLLIN | (conn.wants_write() ? POLLOUT : 0)), 0};
-      ::poll(&p, 1, 100);
-      if (p.revents & POLLOUT) conn.flush();
-      if (p.revents & (POLLIN | POLLERR | POLLHUP)) conn.on_readable(now_ns());
-    }
-    if (conn.answered() > 0) return "";
-    if (!stats.first_error.empty()) return stats.first_error;
-    return "timed out waiting for the answer";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  return probe_conn(
+      [&](const Keyspace& keys, ThreadContext& ctx) {
+        o.keys = &keys;
+        return make_grpc(o, ctx);
+      },
+      timeout_ms);
 }
 
 }  // namespace sluice::bench

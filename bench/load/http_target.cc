@@ -436,60 +436,23 @@ std::vector<std::string> nginx_limit_req_argv(const std::string& dir, uint16_t p
 }
 
 std::string nginx_probe(uint16_t port, int timeout_ms) {
-  std::string err;
-  const int fd = tcp_connect(port, timeout_ms, err);
-  if (fd < 0) return err;
-  const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
-  const std::string_view req =
-      "GET /check?k=probe HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  std::string in;
-  std::string result = "timed out waiting for the answer";
-  size_t sent = 0;
-  char buf[4096];
-  // Bounded by the deadline (polls of at most 100 ms).
-  while (now_ns() < deadline) {
-    if (sent < req.size()) {
-      const ssize_t n = ::send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
-      if (n > 0) {
-        sent += static_cast<size_t>(n);
-      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        result = std::string("send: ") + std::strerror(errno);
-        break;
-      }
-    }
-    pollfd p{fd, static_cast<short>(sent < req.size() ? POLLOUT : POLLIN), 0};
-    ::poll(&p, 1, 100);
-    if (sent < req.size()) continue;
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-    if (n < 0) {
-      result = std::string("recv: ") + std::strerror(errno);
-      break;
-    }
-    in.append(buf, static_cast<size_t>(n));
-    Response r;
-    const char* why = "";
-    Parse parsed = parse_response(in, r, why);
-    // Interim answers (1xx) come before the final one. Bounded by the input.
-    while (parsed == Parse::kComplete && r.status < 200) {
-      in.erase(0, r.size);
-      parsed = parse_response(in, r, why);
-    }
-    if (parsed == Parse::kComplete) {
-      result = r.status < 300 ? "" : "HTTP " + std::to_string(r.status) + ": " + snippet(r.body);
-      break;
-    }
-    if (parsed == Parse::kMalformed) {
-      result = std::string("malformed answer: ") + why;
-      break;
-    }
-    if (n == 0) {
-      result = "connection closed before a whole answer";
-      break;
-    }
-  }
-  ::close(fd);
-  return result;
+  detail::SyncClient c;
+  Response r;
+  const char* why = "";
+  Parse parsed = Parse::kIncomplete;
+  size_t skip = 0;  // interim answers (1xx) before the final one
+  auto done = [&](std::string_view in) {
+    // Bounded by the input.
+    while ((parsed = parse_response(in.substr(skip), r, why)) == Parse::kComplete && r.status < 200)
+      skip += r.size;
+    return parsed != Parse::kIncomplete;
+  };
+  const std::string e = c.exchange(
+      port, "GET /check?k=probe HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+      timeout_ms, done);
+  if (parsed == Parse::kMalformed) return std::string("malformed answer: ") + why;
+  if (parsed == Parse::kIncomplete) return e.empty() ? "no whole answer" : e;
+  return r.status < 300 ? "" : "HTTP " + std::to_string(r.status) + ": " + snippet(r.body);
 }
 
 }  // namespace sluice::bench

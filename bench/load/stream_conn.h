@@ -179,6 +179,17 @@ class SyncClient {
     }
     return "";
   }
+  // connect(), send_all(request), read_until(done), each bounded by timeout_ms: "" or the first
+  // error. A whole-line answer (memcached, PING) is done at its first "\r\n".
+  std::string exchange(uint16_t port, std::string_view request, int timeout_ms,
+                       const std::function<bool(std::string_view)>& done = line_done,
+                       bool* eof = nullptr) {
+    std::string e = connect(port, timeout_ms);
+    if (e.empty()) e = send_all(request, timeout_ms);
+    if (e.empty()) e = read_until(done, timeout_ms, eof);
+    return e;
+  }
+  static bool line_done(std::string_view b) { return b.find("\r\n") != b.npos; }
   int fd() const { return fd_; }
   std::string buf;
 

@@ -21,6 +21,7 @@
 #include <span>
 #include <stdexcept>
 
+#include "load/grpc_target.h"
 #include "load/stream_conn.h"
 #include "wire/protocol.h"
 
@@ -34,14 +35,16 @@ Keyspace::Keyspace(uint32_t n) {
     names.push_back("u" + std::to_string(i));
 }
 
+sockaddr_in loopback(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  return a;
+}
+
 int tcp_connect(uint16_t port, int timeout_ms, std::string& err) {
-  const sockaddr_in a = [&] {
-    sockaddr_in x{};
-    x.sin_family = AF_INET;
-    x.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    x.sin_port = htons(port);
-    return x;
-  }();
+  const sockaddr_in a = loopback(port);
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     err = std::string("socket: ") + std::strerror(errno);
@@ -73,16 +76,6 @@ namespace {
 
 using detail::StreamConn;
 using detail::SyncClient;
-
-// ---- sockets ----------------------------------------------------------------------------------
-
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  return a;
-}
 
 int udp_connect(uint16_t port, std::string& err) {
   const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -466,38 +459,6 @@ std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext&
 
 // ---- probes and setup ---------------------------------------------------------------------------
 
-std::string echo_probe(const std::string& transport, uint16_t port, int timeout_ms) {
-  const std::string ping = "sluice-bench echo probe";
-  std::string err;
-  const int fd = transport == "udp" ? udp_connect(port, err) : tcp_connect(port, timeout_ms, err);
-  if (fd < 0) return err;
-  std::string got;
-  const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
-  bool sent = false;
-  // Bounded: UDP resends every 100 ms (a datagram may go before the server binds); TCP sends once.
-  while (now_ns() < deadline && got.size() < ping.size()) {
-    if (!sent || transport == "udp") {
-      if (::send(fd, ping.data(), ping.size(), MSG_NOSIGNAL) < 0 && transport == "tcp") {
-        err = std::string("send: ") + std::strerror(errno);
-        break;
-      }
-      sent = true;
-    }
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) != 1) continue;
-    char buf[256];
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0 && transport == "tcp") {
-      err = "connection closed";
-      break;
-    }
-    if (n > 0) got.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  if (got.substr(0, ping.size()) == ping) return "";
-  return err.empty() ? "no echo" : err;
-}
-
 void SluicedChild::start(const std::string& dir) {
   if (exe.empty()) exe = sibling_sluiced();
   if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
@@ -505,15 +466,19 @@ void SluicedChild::start(const std::string& dir) {
   }
   port = free_loopback_port();
   admin_port = free_loopback_port();
-  const std::string addr = "127.0.0.1:" + std::to_string(port);
+  if (grpc) grpc_port = free_loopback_port();
+  if (resp) resp_port = free_loopback_port();
+  auto addr_of = [](uint16_t p) { return p == 0 ? "\"\"" : "127.0.0.1:" + std::to_string(p); };
+  const std::string addr = addr_of(port);
   const std::string rules = dir + "/rules.yaml", config = dir + "/sluiced.yaml";
   std::ofstream(rules) << "# written by " << written_by << "\ndomains:\n  - name: " << kSluiceDomain
                        << "\n    rules:\n      - name: per-k\n        key: [" << kSluiceEntryKey
                        << "]\n        limits: [" << limits << "]\n"
                        << rule_extra;
   std::ofstream(config) << "# written by " << written_by << "\nudp: " << addr << "\ntcp: " << addr
-                        << "\nadmin: 127.0.0.1:" << admin_port
-                        << "\ngrpc: \"\"\nresp: \"\"\nthreads: " << threads << "\nrules: " << rules
+                        << "\nadmin: 127.0.0.1:" << admin_port << "\ngrpc: " << addr_of(grpc_port)
+                        << "\nresp: " << addr_of(resp_port) << "\nthreads: " << threads
+                        << "\nrules: " << rules
                         << (data ? "\ndata_dir: " + dir + "/sluiced-data\ninit_data: true\n"
                                  : "\ndata_dir: \"\"\n")
                         << "log_level: warn\n"
@@ -521,75 +486,79 @@ void SluicedChild::start(const std::string& dir) {
   if (std::string e = process.start({exe, "--config", config}, dir + "/sluiced.log"); !e.empty())
     throw std::runtime_error("sluiced: " + e);
   wait_ready(
-      process, [this] { return sluice_probe(port, 500); }, 15'000);
+      process,
+      [this] {
+        std::string e = sluice_probe(port, 500);
+        if (e.empty() && grpc_port != 0) e = grpc_probe(grpc_port, 500);
+        if (e.empty() && resp_port != 0) e = redis_probe(resp_port, 500);
+        return e;
+      },
+      15'000);
 }
 
-std::string sluice_probe(uint16_t port, int timeout_ms) {
-  const wire::Entry entry{kSluiceEntryKey, "probe"};
-  const wire::Check check{kSluiceDomain, std::span<const wire::Entry>(&entry, 1), 0};
-  std::vector<uint8_t> msg, frame;
-  wire::encode_request(1, std::span<const wire::Check>(&check, 1), 512, msg);
-  wire::Answer answer;
-
-  SyncClient tcp;
-  if (std::string e = tcp.connect(port, timeout_ms); !e.empty()) return "tcp: " + e;
-  wire::append_frame(msg, frame);
-  if (std::string e =
-          tcp.send_all({reinterpret_cast<const char*>(frame.data()), frame.size()}, timeout_ms);
-      !e.empty()) {
-    return "tcp: " + e;
+std::string probe_conn(const ProbeFactory& make, int timeout_ms) {
+  Keyspace probe(1);
+  probe.names[0] = "probe";
+  RowStats stats;
+  Recorder rec{&stats, 0, INT64_MAX};
+  KeyStream keys(1, false, 0, 1);
+  ThreadContext ctx{0, &keys, &rec};
+  try {
+    const std::unique_ptr<Conn> conn = make(probe, ctx);
+    conn->send(now_ns());
+    conn->flush();
+    const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
+    // Bounded by the deadline (polls of at most 100 ms).
+    while (now_ns() < deadline && stats.checks == 0 && stats.errors == 0 && !conn->failed()) {
+      pollfd p{conn->fd(), static_cast<short>(POLLIN | (conn->wants_write() ? POLLOUT : 0)), 0};
+      ::poll(&p, 1, 100);
+      if (p.revents & POLLOUT) conn->flush();
+      if (p.revents & (POLLIN | POLLERR | POLLHUP)) conn->on_readable(now_ns());
+    }
+    if (stats.checks > 0) return "";
+    return stats.first_error.empty() ? "timed out waiting for the answer" : stats.first_error;
+  } catch (const std::exception& e) {
+    return e.what();
   }
-  wire::FrameReader reader;
-  std::optional<std::span<const uint8_t>> got;
-  const std::string e = tcp.read_until(
-      [&](std::string_view b) {
-        if (b.empty()) return false;
-        reader.feed({reinterpret_cast<const uint8_t*>(b.data()), b.size()});
-        tcp.buf.clear();
-        got = reader.next();
-        return got.has_value();
+}
+
+namespace {
+
+// One check through the connection `make` opens to sluiced (echo: to the echo server).
+std::string probe_sluice(decltype(&make_sluice_tcp) make, uint16_t port, bool echo,
+                         int timeout_ms) {
+  SluiceConnOptions o;
+  o.port = port;
+  o.echo = echo;
+  return probe_conn(
+      [&](const Keyspace& keys, ThreadContext& ctx) {
+        o.keys = &keys;
+        return make(o, ctx);
       },
       timeout_ms);
-  if (!e.empty()) return "tcp: " + e;
-  if (wire::decode_answer(*got, answer) != wire::Code::kOk || answer.code != wire::Code::kOk ||
-      answer.decisions.size() != 1 || answer.decisions[0].code != wire::Code::kOk) {
-    return "tcp: unexpected answer to a probe check (is domain \"bench\" in the rules?)";
-  }
+}
 
-  std::string err;
-  const int u = udp_connect(port, err);
-  if (u < 0) return err;
-  std::vector<uint8_t> buf(65'536);
-  const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
-  std::string result = "udp: no answer";
-  // Bounded: one datagram per 100 ms until the deadline.
-  while (now_ns() < deadline) {
-    if (::send(u, msg.data(), msg.size(), 0) < 0) {
-      result = std::string("udp send: ") + std::strerror(errno);
-    }
-    pollfd p{u, POLLIN, 0};
-    if (::poll(&p, 1, 100) == 1) {
-      const ssize_t n = ::recv(u, buf.data(), buf.size(), 0);
-      if (n > 0 &&
-          wire::decode_answer({buf.data(), static_cast<size_t>(n)}, answer) == wire::Code::kOk &&
-          answer.code == wire::Code::kOk) {
-        result.clear();
-        break;
-      }
-    }
-  }
-  ::close(u);
-  return result;
+}  // namespace
+
+std::string sluice_probe(uint16_t port, int timeout_ms) {
+  if (std::string e = probe_sluice(&make_sluice_tcp, port, false, timeout_ms); !e.empty())
+    return "tcp: " + e;
+  if (std::string e = probe_sluice(&make_sluice_udp, port, false, timeout_ms); !e.empty())
+    return "udp: " + e;
+  return "";
+}
+
+std::string echo_probe(const std::string& transport, uint16_t port, int timeout_ms) {
+  return probe_sluice(transport == "udp" ? &make_sluice_udp : &make_sluice_tcp, port, true,
+                      timeout_ms);
 }
 
 std::string http_get(uint16_t port, const std::string& path, std::string& body) {
   SyncClient c;
-  if (std::string e = c.connect(port, 1000); !e.empty()) return e;
-  const std::string req =
-      "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  if (std::string e = c.send_all(req, 1000); !e.empty()) return e;
   bool eof = false;
-  const std::string e = c.read_until([&](std::string_view) { return eof; }, 3000, &eof);
+  const std::string e = c.exchange(
+      port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 3000,
+      [&](std::string_view) { return eof; }, &eof);
   if (!eof) return e.empty() ? "no end of response" : e;
   const size_t hdr_end = c.buf.find("\r\n\r\n");
   if (!c.buf.starts_with("HTTP/1.") || hdr_end == std::string::npos) return "not an HTTP answer";

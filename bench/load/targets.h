@@ -13,7 +13,10 @@
 // non-blocking sockets) in targets_kv.cc.
 #pragma once
 
+#include <netinet/in.h>
+
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -23,6 +26,9 @@
 #include "load/driver.h"
 
 namespace sluice::bench {
+
+// 127.0.0.1:port.
+sockaddr_in loopback(uint16_t port);
 
 // A TCP socket connected to 127.0.0.1:port (connect bounded by timeout_ms), non-blocking and
 // TCP_NODELAY; -1 with `err` set.
@@ -54,14 +60,20 @@ struct SluiceConnOptions {
 std::unique_ptr<Conn> make_sluice_udp(const SluiceConnOptions& o, ThreadContext& ctx);
 std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext& ctx);
 
-// Sends one check over TCP and one over UDP and waits for both answers; "" when both came.
+// Sends one check (key "probe") over TCP and one over UDP and waits for both answers; "" when
+// both came.
 std::string sluice_probe(uint16_t port, int timeout_ms);
 
+// One check (key "probe") through a connection `make` opens, driven until it is answered: "" when
+// it was, else the first error or "timed out". The probes of every door are made of it.
+using ProbeFactory = std::function<std::unique_ptr<Conn>(const Keyspace&, ThreadContext&)>;
+std::string probe_conn(const ProbeFactory& make, int timeout_ms);
+
 // One sluiced for a scenario: UDP and TCP on a free loopback port, the admin door on another,
-// gRPC and RESP off, its rules one limit on every key (domain kSluiceDomain, entry
-// kSluiceEntryKey), its config, log and data directory in `dir`. start() returns once it answers
-// (sluice_probe) and throws std::runtime_error when it is missing, fails or does not answer in 15
-// s.
+// gRPC and RESP on ports of their own when asked for (off otherwise), its rules one limit on every
+// key (domain kSluiceDomain, entry kSluiceEntryKey), its config, log and data directory in `dir`.
+// start() returns once every open door answers (sluice_probe, grpc_probe, redis_probe) and throws
+// std::runtime_error when it is missing, fails or does not answer in 15 s.
 struct SluicedChild {
   std::string exe;           // "" = the sluiced beside this program
   std::string written_by;    // the program, named in the first line of the files written
@@ -69,8 +81,9 @@ struct SluicedChild {
   std::string rule_extra;    // more lines under the rule, each "        name: value\n"
   std::string config_extra;  // more lines of sluiced.yaml, each "name: value\n"
   uint32_t threads = 1;
-  bool data = true;  // a fresh data directory (snapshots); false: none, no RocksDB
-  uint16_t port = 0, admin_port = 0;
+  bool data = true;                 // a fresh data directory (snapshots); false: none, no RocksDB
+  bool grpc = false, resp = false;  // open the gRPC / Redis-protocol door
+  uint16_t port = 0, admin_port = 0, grpc_port = 0, resp_port = 0;
   ChildProcess process;
 
   void start(const std::string& dir);
@@ -130,7 +143,7 @@ struct MemcachedConnOptions {
 };
 std::unique_ptr<Conn> make_memcached(const MemcachedConnOptions& o, ThreadContext& ctx);
 
-std::string memcached_probe(uint16_t port, int timeout_ms, std::string* version = nullptr);
+std::string memcached_probe(uint16_t port, int timeout_ms);
 std::string memcached_flush_all(uint16_t port);
 // Steady state of the memcached two counters: every key's previous-minute bucket exists (count 1).
 std::string memcached_preload_previous(uint16_t port, const Keyspace& keys, int64_t now_ms);

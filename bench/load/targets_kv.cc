@@ -564,27 +564,19 @@ std::unique_ptr<Conn> make_memcached(const MemcachedConnOptions& o, ThreadContex
 
 std::string redis_probe(uint16_t port, int timeout_ms) {
   SyncClient c;
-  if (std::string e = c.connect(port, timeout_ms); !e.empty()) return e;
-  if (std::string e = c.send_all("PING\r\n", timeout_ms); !e.empty()) return e;
-  if (std::string e =
-          c.read_until([](std::string_view b) { return b.find("\r\n") != b.npos; }, timeout_ms);
-      !e.empty()) {
-    return e;
-  }
+  if (std::string e = c.exchange(port, "PING\r\n", timeout_ms); !e.empty()) return e;
   return c.buf.starts_with("+PONG") ? "" : "unexpected PING reply: " + c.buf;
 }
 
 std::string redis_command(uint16_t port, const std::vector<std::string>& args, std::string& reply) {
   SyncClient c;
-  if (std::string e = c.connect(port, 2000); !e.empty()) return e;
   std::string cmd;
   append_array_header(cmd, args.size());
   for (const std::string& a : args)
     append_bulk(cmd, a);
-  if (std::string e = c.send_all(cmd, 2000); !e.empty()) return e;
   RespReply r;
   if (std::string e =
-          c.read_until([&](std::string_view b) { return parse_resp(b, r) != 0; }, 10'000);
+          c.exchange(port, cmd, 10'000, [&](std::string_view b) { return parse_resp(b, r) != 0; });
       !e.empty()) {
     return e;
   }
@@ -642,35 +634,19 @@ std::string redis_preload_minutes(uint16_t port, const Keyspace& keys, int64_t n
   return "";
 }
 
-std::string memcached_probe(uint16_t port, int timeout_ms, std::string* version) {
+std::string memcached_probe(uint16_t port, int timeout_ms) {
   SyncClient c;
-  if (std::string e = c.connect(port, timeout_ms); !e.empty()) return e;
-  if (std::string e = c.send_all("version\r\n", timeout_ms); !e.empty()) return e;
-  if (std::string e =
-          c.read_until([](std::string_view b) { return b.find("\r\n") != b.npos; }, timeout_ms);
-      !e.empty()) {
-    return e;
-  }
-  if (!c.buf.starts_with("VERSION ")) return "unexpected version reply: " + c.buf;
-  if (version) *version = c.buf.substr(8, c.buf.find("\r\n") - 8);
-  return "";
+  if (std::string e = c.exchange(port, "version\r\n", timeout_ms); !e.empty()) return e;
+  return c.buf.starts_with("VERSION ") ? "" : "unexpected version reply: " + c.buf;
 }
 
 std::string memcached_flush_all(uint16_t port) {
   SyncClient c;
-  if (std::string e = c.connect(port, 2000); !e.empty()) return e;
-  if (std::string e = c.send_all("flush_all\r\n", 2000); !e.empty()) return e;
-  if (std::string e =
-          c.read_until([](std::string_view b) { return b.find("\r\n") != b.npos; }, 5000);
-      !e.empty()) {
-    return e;
-  }
+  if (std::string e = c.exchange(port, "flush_all\r\n", 5000); !e.empty()) return e;
   return c.buf.starts_with("OK") ? "" : "unexpected flush_all reply: " + c.buf;
 }
 
 std::string memcached_preload_previous(uint16_t port, const Keyspace& keys, int64_t now_ms) {
-  SyncClient c;
-  if (std::string e = c.connect(port, 2000); !e.empty()) return e;
   const std::string prev = std::to_string(now_ms / 60'000 - 1);
   std::string cmds;
   for (const std::string& name : keys.names) {
@@ -683,10 +659,10 @@ std::string memcached_preload_previous(uint16_t port, const Keyspace& keys, int6
         .append(" 1 noreply\r\n1\r\n");
   }
   cmds.append("version\r\n");  // the answer to this says every set before it was handled
-  if (std::string e = c.send_all(cmds, 10'000); !e.empty()) return e;
-  if (std::string e = c.read_until(
-          [](std::string_view b) { return b.find("VERSION") != b.npos && b.ends_with("\r\n"); },
-          10'000);
+  SyncClient c;
+  if (std::string e = c.exchange(
+          port, cmds, 10'000,
+          [](std::string_view b) { return b.find("VERSION") != b.npos && b.ends_with("\r\n"); });
       !e.empty()) {
     return e;
   }

@@ -1,11 +1,14 @@
 // sluice-bench-client-native: checks/s of the C++ client (sluice::Client) or of the C API
-// (libsluice.so) against a running node, one calling thread, blocking calls.
+// (libsluice.so) against a node, one calling thread, blocking calls.
 //
 //   sluice-bench-client-native --lang cpp|c --server 127.0.0.1:7350 --batch 1|N --seconds 2
 //
-// Prints one JSON object: {"lang":..,"batch":..,"checks":..,"seconds":..,"checks_per_s":..,
-// "undecided":..}. bench/client_bench.py runs it next to the Python and Go clients.
+// Without --server it starts a sluiced of its own (SluicedChild) and checks its domain. Prints
+// one JSON object: {"lang":..,"batch":..,"checks":..,"seconds":..,"checks_per_s":..,
+// "undecided":..}, and with --json the {"rows":[...]} line of it after. bench/client_bench.py runs
+// it next to the Python and Go clients, reading the object.
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +17,9 @@
 #include <vector>
 
 #include "client/client.h"
+#include "common/process.h"
+#include "common/scenario.h"
+#include "load/targets.h"
 #include "sluice/sluice.h"
 
 namespace {
@@ -23,7 +29,8 @@ constexpr uint64_t kMaxChecks = 20'000'000;  // a bound on the count, whatever t
 
 struct Args {
   std::string lang = "cpp";
-  std::string server = "127.0.0.1:7350";
+  std::string server;  // "": a sluiced of our own
+  std::string domain = "b", entry = "user";
   int batch = 1;
   double seconds = 2;
 };
@@ -52,8 +59,8 @@ int run_cpp(const Args& a, uint64_t& checks, uint64_t& undecided, double& took) 
   uint64_t n = 0;
   while (Clock::now() < until && checks < kMaxChecks) {
     for (size_t i = 0; i < batch.size(); ++i) {
-      entries[i] = {{"user", names[n++ % names.size()]}};
-      batch[i] = {"b", entries[i], 1};
+      entries[i] = {{a.entry, names[n++ % names.size()]}};
+      batch[i] = {a.domain, entries[i], 1};
     }
     client->check_batch(batch, results);
     for (const sluice::Result& r : results)
@@ -89,8 +96,8 @@ int run_c(const Args& a, uint64_t& checks, uint64_t& undecided, double& took) {
   uint64_t n = 0;
   while (Clock::now() < until && checks < kMaxChecks) {
     for (size_t i = 0; i < b; ++i) {
-      entries[i] = {"user", names[n++ % names.size()].c_str()};
-      batch[i] = {"b", &entries[i], 1, 1};
+      entries[i] = {a.entry.c_str(), names[n++ % names.size()].c_str()};
+      batch[i] = {a.domain.c_str(), &entries[i], 1, 1};
     }
     if (b == 1) {
       sluice_check_one(c, batch.data(), results.data());
@@ -109,37 +116,45 @@ int run_c(const Args& a, uint64_t& checks, uint64_t& undecided, double& took) {
 }  // namespace
 
 int bench_client_native_main(int argc, char** argv) {
+  namespace bench = sluice::bench;
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--lang") {
-      a.lang = v;
-    } else if (k == "--server") {
-      a.server = v;
-    } else if (k == "--batch") {
-      a.batch = std::atoi(v);
-    } else if (k == "--seconds") {
-      a.seconds = std::atof(v);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
-      return 2;
+  bool quick = false;
+  bench::Cli cli("sluice-bench-client-native");
+  cli.word("--lang", a.lang, {"cpp", "c"}, "the C++ client or the C API");
+  cli.text("--server", a.server, "HOST:PORT of the node (default: a sluiced of its own)");
+  cli.number("--batch", a.batch, 1, 1024, "checks per call");
+  cli.seconds(a.seconds, 0.001, 60, "seconds of calls");
+  cli.quick(quick, "0.2 s of calls");
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  if (quick) a.seconds = 0.2;
+  bench::TempDir dir;
+  bench::SluicedChild own;
+  try {
+    if (a.server.empty()) {
+      own.written_by = "sluice-bench-client-native";
+      own.limits = "1000000000/1m";
+      own.data = false;
+      own.start(dir.path);
+      a.server = "127.0.0.1:" + std::to_string(own.port);
+      a.domain = bench::kSluiceDomain;
+      a.entry = bench::kSluiceEntryKey;
     }
-  }
-  if (a.batch < 1 || a.batch > 1024 || a.seconds <= 0 || a.seconds > 60 ||
-      (a.lang != "cpp" && a.lang != "c")) {
-    std::fprintf(stderr, "usage: --lang cpp|c --server H:P --batch 1..1024 --seconds (0,60]\n");
-    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sluice-bench-client-native: %s\n", e.what());
+    return 1;
   }
   uint64_t checks = 0, undecided = 0;
   double took = 0;
   const int rc =
       a.lang == "cpp" ? run_cpp(a, checks, undecided, took) : run_c(a, checks, undecided, took);
   if (rc != 0) return rc;
-  std::printf(
-      "{\"lang\":\"%s\",\"batch\":%d,\"checks\":%llu,\"seconds\":%.3f,\"checks_per_s\":%.0f,"
-      "\"undecided\":%llu}\n",
-      a.lang.c_str(), a.batch, static_cast<unsigned long long>(checks), took,
-      static_cast<double>(checks) / took, static_cast<unsigned long long>(undecided));
+  const bench::Row row = {{"lang", a.lang},
+                          {"batch", a.batch},
+                          {"checks", checks},
+                          {"seconds", took},
+                          {"checks_per_s", std::llround(static_cast<double>(checks) / took)},
+                          {"undecided", undecided}};
+  std::printf("%s\n", row.dump().c_str());
+  cli.finish(nlohmann::json::array({row}));
   return 0;
 }

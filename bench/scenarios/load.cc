@@ -4,12 +4,12 @@
 //   memcached + the memcached sliding window's two counters, and plain Redis INCR as the floor of
 //   any Redis design.
 //
-// One run: starts sluiced, redis-server and memcached on free loopback ports (only those the
-// selected rows need), waits until each answers (bounded), drives the rows one after another with
-// the same generator settings, prints one table, the ratios and the issue's targets, and stops
-// every server (also on error or SIGINT/SIGTERM; children die with the benchmark even on kill -9).
+// One run: starts sluiced, redis-server, memcached, nginx and the echo servers on free loopback
+// ports (only those the selected rows need), waits until each answers (bounded), drives the rows
+// one after another with the same generator settings, one row line each, and stops every server
+// (also on error or SIGINT/SIGTERM; children die with the benchmark even on kill -9).
 //
-// Rows and what is in flight (defaults; the table prints it per row):
+// Rows and what is in flight (defaults; each row's in_flight says it):
 //   sluiced-udp-single   8 UDP sockets x 8 datagrams of 1 check
 //   sluiced-udp-batch32  8 UDP sockets x 2 datagrams of 32 checks          (512 checks)
 //   sluiced-tcp-single   16 connections x 32 frames of 1 check, pipelined (512 checks)
@@ -26,6 +26,8 @@
 //   redis-lua-gcra-single  16 connections x 1 EVALSHA of the same GCRA in Lua (kGcraScript)
 //   redis-incr-pipe16    16 connections x 1 group of 16 INCR: Redis's own pipelined ceiling
 //   nginx-limitreq-single  the same against nginx's limit_req on the same keys (load/http_target.h)
+//   sluiced-udp-single@half  (--half-rate) open loop at half of sluiced-udp-single's max, each
+//                        check timed from when it was due (no coordinated omission)
 // UDP keeps fewer datagrams in flight than TCP keeps frames: each one is a separate buffer in the
 // server's socket (default receive buffer), and more only queue there (measured: 64 and 256 in
 // flight give the same checks/s, 4x the latency). Before each Redis row: FLUSHALL (the script
@@ -35,26 +37,28 @@
 // holds every request of the last minute per key: too much to write), so its sorted sets stay
 // small during a row, which flatters that baseline.
 //
-// --curve: each door of the one sluiced (UDP, TCP, HTTP, gRPC, RESP) at its max and at 10-75 % of
-// it, open loop, pinned and unpinned (load_curve.h); instead of the rows unless --only names some.
+// --curve: the latency curve of each door of the one sluiced (UDP, TCP, HTTP, gRPC, RESP single
+// checks), rows curve-<door>-<pinned|unpinned>-<max|pct>, instead of the rows unless --only names
+// some. For each door and pinning: its max (closed loop), then open loop at each --curve-loads
+// percent of that max, every check timed from its scheduled send time. Pinned: every thread of
+// sluiced on --server-cpu, the generator's on --generator-cpu (sched_setaffinity); unpinned: both
+// where they could run at the start, so the two sets side by side show the machine's own jitter.
+// The max of each pinning is measured in that pinning, right before its open-loop points.
 //
-// Generator: load/driver.h (epoll, a window of requests in flight per connection, closed loop or
-// fixed offered rate). Protocol clients: load/targets.h (the check protocol of lib/wire, RESP and
-// memcached text, written here over plain sockets). Run with --help for the options.
+// Every figure includes the generator's own CPU use (it shares the machine's cores): the *_cores
+// fields say what the generator, the server under test and the rest used over the row. Generator:
+// load/driver.h; protocol clients: load/targets.h. The goals are judged from the rows by
+// bench/report.py (bench/goals.toml).
 #include <unistd.h>
 
 #include <algorithm>
-#include <cinttypes>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
-#include <memory>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -72,11 +76,11 @@
 #include "load/grpc_target.h"
 #include "load/http_target.h"
 #include "load/targets.h"
-#include "load_curve.h"
 
 namespace {
 
 namespace bench = sluice::bench;
+using bench::Row;
 
 // Far above any key's traffic in a row, so every check is allowed and counted everywhere: the
 // figures are the cost of the counting path.
@@ -108,14 +112,18 @@ struct Options {
   uint32_t server_threads = 1;
   uint32_t busy_poll_us = 0;  // sluiced's udp_busy_poll_us (docs/operations.md)
   std::string sluiced;
-  // --curve: every door's latency curve (load_curve.h); the rows run too only with --only.
+  // --curve
   bool curve = false;
-  bench::CurveOptions curve_opt;
+  std::vector<std::string> doors;
+  std::vector<uint64_t> curve_loads;
+  std::vector<bool> pinnings = {true, false};
+  int server_cpu = 0, generator_cpu = 1;
   uint32_t grpc_connections = 4;
   uint32_t grpc_window = 32;
 };
 
-enum class Server { kSluiced, kRedis, kMemcached, kEchoUdp, kEchoTcp, kNginx };
+// The servers, by index into Servers' arrays.
+enum Server { kSluiced, kRedis, kMemcached, kEchoUdp, kEchoTcp, kNginx, kServers };
 
 enum class Kind {
   kSluiceUdp,
@@ -130,6 +138,7 @@ enum class Kind {
   kNginxLimitReq,  // nginx's limit_req, the HTTP anchor
   kSluiceResp,     // CL.THROTTLE to sluiced's Redis-protocol door
   kRedisLuaGcra,   // the same GCRA as a Lua script on redis-server
+  kSluiceGrpc,     // ShouldRateLimit at sluiced's gRPC door (the curve only)
 };
 
 // The Redis-protocol rows' pipeline: commands written at once per connection (redis-benchmark -P).
@@ -141,8 +150,8 @@ constexpr int64_t kGcraBurst = 1'000'000, kGcraCount = 1'000'000, kGcraPeriodS =
 
 struct RowDef {
   std::string name;       // for --only
-  std::string target;     // table and JSON
-  std::string transport;  // "udp" | "tcp"
+  std::string target;     // "sluiced", "redis-lua", ...
+  std::string transport;  // "udp" | "tcp" | "http" | "resp"
   Kind kind;
   uint32_t batch;  // checks per datagram / frame / pipelined group
   Server server;
@@ -154,33 +163,39 @@ std::vector<RowDef> all_rows(const Options& o) {
   const uint32_t p = kRespPipeline;
   const std::string ps = std::to_string(p);
   std::vector<RowDef> rows = {
-      {"sluiced-udp-single", "sluiced", "udp", Kind::kSluiceUdp, 1, Server::kSluiced},
-      {"sluiced-udp-batch" + bs, "sluiced", "udp", Kind::kSluiceUdp, b, Server::kSluiced},
-      {"sluiced-tcp-single", "sluiced", "tcp", Kind::kSluiceTcp, 1, Server::kSluiced},
-      {"sluiced-tcp-batch" + bs, "sluiced", "tcp", Kind::kSluiceTcp, b, Server::kSluiced},
-      {"sluiced-http-single", "sluiced", "http", Kind::kSluiceHttp, 1, Server::kSluiced},
-      {"nginx-limitreq-single", "nginx-limit-req", "http", Kind::kNginxLimitReq, 1, Server::kNginx},
-      {"udp-echo-single", "udp-echo", "udp", Kind::kEchoUdp, 1, Server::kEchoUdp},
-      {"udp-echo-batch" + bs, "udp-echo", "udp", Kind::kEchoUdp, b, Server::kEchoUdp},
-      {"tcp-echo-single", "tcp-echo", "tcp", Kind::kEchoTcp, 1, Server::kEchoTcp},
-      {"tcp-echo-batch" + bs, "tcp-echo", "tcp", Kind::kEchoTcp, b, Server::kEchoTcp},
-      {"redis-lua-single", "redis-lua", "tcp", Kind::kRedisLua, 1, Server::kRedis},
-      {"redis-lua-pipe" + bs, "redis-lua", "tcp", Kind::kRedisLua, b, Server::kRedis},
-      {"redis-hash-single", "redis-hash", "tcp", Kind::kRedisHash, 1, Server::kRedis},
-      {"redis-hash-pipe" + bs, "redis-hash", "tcp", Kind::kRedisHash, b, Server::kRedis},
-      {"memcached-single", "memcached", "tcp", Kind::kMemcached, 1, Server::kMemcached},
-      {"redis-incr-single", "redis-incr", "tcp", Kind::kRedisIncr, 1, Server::kRedis},
-      {"redis-incr-pipe" + bs, "redis-incr", "tcp", Kind::kRedisIncr, b, Server::kRedis},
-      {"sluiced-resp-single", "sluiced", "resp", Kind::kSluiceResp, 1, Server::kSluiced},
-      {"sluiced-resp-pipe" + ps, "sluiced", "resp", Kind::kSluiceResp, p, Server::kSluiced},
-      {"redis-lua-gcra-single", "redis-lua-gcra", "tcp", Kind::kRedisLuaGcra, 1, Server::kRedis},
+      {"sluiced-udp-single", "sluiced", "udp", Kind::kSluiceUdp, 1, kSluiced},
+      {"sluiced-udp-batch" + bs, "sluiced", "udp", Kind::kSluiceUdp, b, kSluiced},
+      {"sluiced-tcp-single", "sluiced", "tcp", Kind::kSluiceTcp, 1, kSluiced},
+      {"sluiced-tcp-batch" + bs, "sluiced", "tcp", Kind::kSluiceTcp, b, kSluiced},
+      {"sluiced-http-single", "sluiced", "http", Kind::kSluiceHttp, 1, kSluiced},
+      {"nginx-limitreq-single", "nginx-limit-req", "http", Kind::kNginxLimitReq, 1, kNginx},
+      {"udp-echo-single", "udp-echo", "udp", Kind::kEchoUdp, 1, kEchoUdp},
+      {"udp-echo-batch" + bs, "udp-echo", "udp", Kind::kEchoUdp, b, kEchoUdp},
+      {"tcp-echo-single", "tcp-echo", "tcp", Kind::kEchoTcp, 1, kEchoTcp},
+      {"tcp-echo-batch" + bs, "tcp-echo", "tcp", Kind::kEchoTcp, b, kEchoTcp},
+      {"redis-lua-single", "redis-lua", "tcp", Kind::kRedisLua, 1, kRedis},
+      {"redis-lua-pipe" + bs, "redis-lua", "tcp", Kind::kRedisLua, b, kRedis},
+      {"redis-hash-single", "redis-hash", "tcp", Kind::kRedisHash, 1, kRedis},
+      {"redis-hash-pipe" + bs, "redis-hash", "tcp", Kind::kRedisHash, b, kRedis},
+      {"memcached-single", "memcached", "tcp", Kind::kMemcached, 1, kMemcached},
+      {"redis-incr-single", "redis-incr", "tcp", Kind::kRedisIncr, 1, kRedis},
+      {"redis-incr-pipe" + bs, "redis-incr", "tcp", Kind::kRedisIncr, b, kRedis},
+      {"sluiced-resp-single", "sluiced", "resp", Kind::kSluiceResp, 1, kSluiced},
+      {"sluiced-resp-pipe" + ps, "sluiced", "resp", Kind::kSluiceResp, p, kSluiced},
+      {"redis-lua-gcra-single", "redis-lua-gcra", "tcp", Kind::kRedisLuaGcra, 1, kRedis},
   };
   // With --batch 16 the batch rows already hold redis-incr-pipe16.
   if (b != p)
-    rows.push_back(
-        {"redis-incr-pipe" + ps, "redis-incr", "tcp", Kind::kRedisIncr, p, Server::kRedis});
+    rows.push_back({"redis-incr-pipe" + ps, "redis-incr", "tcp", Kind::kRedisIncr, p, kRedis});
   return rows;
 }
+
+// The doors of --curve and the kind of row each is driven as (single checks).
+const std::vector<std::pair<std::string, Kind>> kDoors = {{"udp", Kind::kSluiceUdp},
+                                                          {"tcp", Kind::kSluiceTcp},
+                                                          {"http", Kind::kSluiceHttp},
+                                                          {"grpc", Kind::kSluiceGrpc},
+                                                          {"redis", Kind::kSluiceResp}};
 
 bool selected(const Options& o, const std::string& name) {
   if (o.only.empty()) return true;
@@ -192,29 +207,18 @@ bool selected(const Options& o, const std::string& name) {
   return false;
 }
 
-// A comma-separated list, empty parts dropped.
-std::vector<std::string> split_commas(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream ss(list);
-  for (std::string n; std::getline(ss, n, ',');) {
-    if (!n.empty()) out.push_back(n);
-  }
-  return out;
+bool curve_has(const Options& o, const std::string& door) {
+  return o.curve && std::find(o.doors.begin(), o.doors.end(), door) != o.doors.end();
 }
 
 // nullopt: run with o. Otherwise the exit status (common/scenario.h).
 std::optional<int> parse(int argc, char** argv, Options& o) {
   bench::Cli cli("sluice-bench-load");
   cli.app().footer(
-      R"(--json: last line {"rows":[{"row":..,"target":..,"transport":..,"batch":..,
-  "load":"max"|"half","checks_per_sec":..,"requests_per_sec":..,"bytes_per_sec":..,
-  "bytes_per_check":..,"server_cpu_us_per_check":..,"p50_us":..,"p99_us":..,"p999_us":..,
-  "max_us":..}]}; open-loop rows add "offered_checks_per_sec" and "histogram_us" ([us, checks]
-  pairs). --curve rows: {"row":"curve-<door>-<pinned|unpinned>-<max|pct>","target":"<door>",
-  "phase":"max"|"curve","load_pct":100|10|..,"pinned":..,"checks_per_sec":..,
-  "offered_per_sec":..,"p50_us":..,"p99_us":..,"p999_us":..,"server_cpu_us_per_check":..,
-  "errors":..,"lost":..,"unsent":..}; each point takes --warmup + --seconds.)");
-  std::string dist = "uniform", doors, loads, pinning = "both";
+      "Each row is printed as a name=value line when measured; --json adds the last line "
+      "{\"rows\":[...]}, where open-loop rows also carry \"histogram_us\" ([us, checks] pairs). "
+      "Each --curve point takes --warmup + --seconds.");
+  std::string dist = "uniform", pinning = "both";
   cli.app()
       .add_option("--only", o.only,
                   "NAME[,NAME]: rows to run: a row name (--list) or a prefix of one ending at '-' "
@@ -254,18 +258,17 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
              "sluiced's udp_busy_poll_us: spin reading UDP this long after answering");
   cli.sluiced(o.sluiced);
   cli.flag("--curve", o.curve,
-           "latency curves (load_curve.h): for each door its max (closed loop), then open loop "
-           "at 10, 25, 50 and 75 % of it, pinned and unpinned; instead of the rows, unless "
-           "--only names rows too");
-  cli.text("--doors", doors,
-           "D[,D]: doors of the curve: udp, tcp, http, grpc, redis (default: every door this "
-           "build can drive)");
-  cli.text("--curve-loads", loads,
-           "P[,P]: open-loop points, percent of the door's max (10,25,50,75)");
+           "latency curves: for each door its max (closed loop), then open loop at 10, 25, 50 "
+           "and 75 % of it, pinned and unpinned; instead of the rows, unless --only names rows "
+           "too");
+  cli.words("--doors", o.doors, {"udp", "tcp", "http", "grpc", "redis"},
+            "D[,D]: doors of the curve: udp, tcp, http, grpc, redis (default: every door)");
+  cli.numbers("--curve-loads", o.curve_loads, 1, 99,
+              "P[,P]: open-loop points, percent of the door's max (10,25,50,75)");
   cli.word("--pinning", pinning, {"both", "pinned", "unpinned"}, "which sets of points");
-  cli.number("--server-cpu", o.curve_opt.server_cpu, 0, CPU_SETSIZE - 1,
+  cli.number("--server-cpu", o.server_cpu, 0, CPU_SETSIZE - 1,
              "pinned: the CPU of every sluiced thread");
-  cli.number("--generator-cpu", o.curve_opt.generator_cpu, 0, CPU_SETSIZE - 1,
+  cli.number("--generator-cpu", o.generator_cpu, 0, CPU_SETSIZE - 1,
              "pinned: the CPU of the generator's threads");
   cli.number("--grpc-connections", o.grpc_connections, 1, 1024, "gRPC door: HTTP/2 connections");
   cli.number("--grpc-window", o.grpc_window, 1, 4096, "gRPC door: calls in flight per connection");
@@ -273,226 +276,96 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   o.json = cli.json;
   std::erase(o.only, std::string());
   o.zipf = dist == "zipf";
-  if (pinning != "both") o.curve_opt.pinnings = {pinning == "pinned"};
-  for (const std::string& n : split_commas(doors)) {
-    const std::optional<bench::Door> d = bench::door_from_name(n);
-    if (!d) return cli.fail("--doors: no door '" + n + "' (udp, tcp, http, grpc, redis)");
-    o.curve_opt.doors.push_back(*d);
-  }
-  if (!loads.empty()) o.curve_opt.load_pct.clear();
-  for (const std::string& n : split_commas(loads)) {
-    const int pct = std::atoi(n.c_str());
-    if (pct < 1 || pct > 99) return cli.fail("--curve-loads: percents from 1 to 99");
-    o.curve_opt.load_pct.push_back(pct);
-  }
-  if (o.curve_opt.doors.empty()) {
-    // Every door this build can drive.
-    for (bench::Door d : {bench::Door::kUdp, bench::Door::kTcp, bench::Door::kHttp,
-                          bench::Door::kGrpc, bench::Door::kRedis}) {
-      std::string why;
-      if (bench::door_available(d, why)) o.curve_opt.doors.push_back(d);
-    }
-  }
-  for (bench::Door d : o.curve_opt.doors) {
-    std::string why;
-    if (o.curve && !bench::door_available(d, why)) return cli.fail("--doors: " + why);
-  }
-  // The curve drives each door as the rows of the same transport do.
-  bench::CurveOptions& c = o.curve_opt;
-  c.seconds = o.seconds;
-  c.warmup = o.warmup;
-  c.keys = o.keys;
-  c.zipf = o.zipf;
-  c.gen_threads = o.gen_threads;
-  c.udp_sockets = o.udp_sockets;
-  c.udp_window = o.udp_window;
-  c.udp_room = o.udp_room;
-  c.tcp_connections = o.connections;
-  c.tcp_window = o.depth;
-  c.http_connections = o.connections;
-  c.http_window = o.http_window;
-  c.grpc_connections = o.grpc_connections;
-  c.grpc_window = o.grpc_window;
-  c.resp_connections = o.connections;
-  c.resp_burst = kGcraBurst;
-  c.resp_count = kGcraCount;
-  c.resp_period_s = kGcraPeriodS;
+  if (pinning != "both") o.pinnings = {pinning == "pinned"};
+  if (o.doors.empty())
+    for (const auto& [door, kind] : kDoors)
+      o.doors.push_back(door);
+  if (o.curve_loads.empty()) o.curve_loads = {10, 25, 50, 75};
   return std::nullopt;
-}
-
-bool curve_has(const Options& o, bench::Door d) {
-  return o.curve && std::find(o.curve_opt.doors.begin(), o.curve_opt.doors.end(), d) !=
-                        o.curve_opt.doors.end();
 }
 
 // ---- servers ----------------------------------------------------------------------------------
 
 struct Servers {
   bench::TempDir dir;
-  bench::ChildProcess sluiced, redis, memcached, echo_udp, echo_tcp, nginx;
-  uint16_t sluice_port = 0, admin_port = 0, redis_port = 0, memcached_port = 0;
-  uint16_t echo_udp_port = 0, echo_tcp_port = 0, nginx_port = 0;
-  uint16_t grpc_port = 0;  // 0: sluiced's gRPC door is closed (only the curve opens it)
-  uint16_t resp_port = 0;  // 0: sluiced's Redis-protocol door is closed
-  std::string lua_sha;
-  std::string gcra_sha;  // SCRIPT LOAD of kGcraScript
-  std::string redis_version, memcached_version;
+  bench::SluicedChild sluiced;
+  bench::ChildProcess child[kServers];  // all but sluiced
+  uint16_t port[kServers] = {};         // kSluiced: the check port (UDP and TCP)
+  std::string lua_sha, gcra_sha;        // SCRIPT LOAD of kLuaSlidingLogScript, kGcraScript
+  pid_t pid(Server v) const { return v == kSluiced ? sluiced.process.pid() : child[v].pid(); }
 };
 
-using bench::wait_ready;
-
-// The echo servers: this program again (sluice-bench load --echo-server), with sluiced's
-// thread count.
-void start_echo(const Options& o, const std::string& transport, bench::ChildProcess& child,
-                uint16_t& port, const std::string& dir) {
-  port = bench::free_loopback_port();
-  const std::string err = child.start({bench::self_exe_path(), "load", "--echo-server", transport,
-                                       std::to_string(port), std::to_string(o.server_threads)},
-                                      dir + "/echo-" + transport + ".log");
-  if (!err.empty()) throw std::runtime_error(transport + " echo: " + err);
-  // Ready once a request comes back (bounded by wait_ready's timeout).
-  wait_ready(
-      child, [&] { return bench::echo_probe(transport, port, 500); }, 15'000);
-}
-
-void start_servers(const Options& o, bool need_sluiced, bool need_resp, bool need_redis,
-                   bool need_memcached, bool need_echo_udp, bool need_echo_tcp, bool need_nginx,
-                   Servers& s) {
-  constexpr int kReadyMs = 15'000;
-  if (need_nginx) {
-    const std::string dir = s.dir.path + "/nginx";
-    std::filesystem::create_directories(dir);
-    s.nginx_port = bench::free_loopback_port();
+// Starts the servers of `need` (and sluiced's Redis-protocol door with `resp`), each ready.
+void start_servers(const Options& o, const bool (&need)[kServers], bool resp, Servers& s) {
+  const std::string& dir = s.dir.path;
+  auto start = [&](Server v, const std::vector<std::string>& argv, const std::string& name,
+                   const std::function<std::string(uint16_t)>& probe, const std::string& as = "") {
+    if (std::string e = s.child[v].start(argv, dir + "/" + name + ".log", as); !e.empty())
+      throw std::runtime_error(name + ": " + e);
+    bench::wait_ready(
+        s.child[v], [&] { return probe(s.port[v]); }, 15'000);
+  };
+  for (int v = kRedis; v < kServers; ++v)
+    if (need[v]) s.port[v] = bench::free_loopback_port();
+  if (need[kNginx]) {
+    std::filesystem::create_directories(dir + "/nginx");
     std::string err;
-    const std::vector<std::string> argv = bench::nginx_limit_req_argv(dir, s.nginx_port, err);
+    const auto argv = bench::nginx_limit_req_argv(dir + "/nginx", s.port[kNginx], err);
     if (argv.empty()) throw std::runtime_error("nginx: " + err);
-    err = s.nginx.start(argv, dir + "/stdout.log");
-    if (!err.empty()) throw std::runtime_error("nginx: " + err);
-    wait_ready(
-        s.nginx, [&] { return bench::nginx_probe(s.nginx_port, 500); }, kReadyMs);
+    start(kNginx, argv, "nginx", [](uint16_t p) { return bench::nginx_probe(p, 500); });
   }
-  if (need_echo_udp) start_echo(o, "udp", s.echo_udp, s.echo_udp_port, s.dir.path);
-  if (need_echo_tcp) start_echo(o, "tcp", s.echo_tcp, s.echo_tcp_port, s.dir.path);
-  if (need_sluiced) {
-    const std::string exe = o.sluiced.empty() ? bench::sibling_sluiced() : o.sluiced;
-    if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) {
-      throw std::runtime_error("no sluiced at '" + exe + "' (build target sluiced, or --sluiced)");
-    }
-    const std::string rules = s.dir.path + "/rules.yaml";
-    std::ofstream(rules) << "# written by sluice-bench-load\n"
-                            "domains:\n"
-                            "  - name: bench\n"
-                            "    rules:\n"
-                            "      - name: per-k\n"
-                            "        key: [k]\n"
-                            "        limits: ["
-                         << kLimit << "/1m]\n";
-    s.sluice_port = bench::free_loopback_port();
-    s.admin_port = bench::free_loopback_port();
-    if (curve_has(o, bench::Door::kGrpc)) s.grpc_port = bench::free_loopback_port();
-    const std::string grpc = s.grpc_port == 0 ? "" : "127.0.0.1:" + std::to_string(s.grpc_port);
-    if (need_resp || curve_has(o, bench::Door::kRedis)) s.resp_port = bench::free_loopback_port();
-    const std::string resp = s.resp_port == 0 ? "" : "127.0.0.1:" + std::to_string(s.resp_port);
-    const std::string udp = "127.0.0.1:" + std::to_string(s.sluice_port);
-    const std::string config = s.dir.path + "/sluiced.yaml";
-    std::ofstream(config) << "# written by sluice-bench-load\ninit_data: true\nudp_busy_poll_us: "
-                          << o.busy_poll_us << "\n";
-    const std::string err = s.sluiced.start({exe,
-                                             "--config",
-                                             config,
-                                             "--udp",
-                                             udp,
-                                             "--tcp",
-                                             udp,
-                                             "--admin",
-                                             "127.0.0.1:" + std::to_string(s.admin_port),
-                                             "--grpc",
-                                             grpc,
-                                             "--resp",
-                                             resp,
-                                             "--rules",
-                                             rules,
-                                             "--threads",
-                                             std::to_string(o.server_threads),
-                                             "--log-level",
-                                             "warn",
-                                             "--data-dir",
-                                             s.dir.path + "/sluiced-data"},
-                                            s.dir.path + "/sluiced.log");
-    if (!err.empty()) throw std::runtime_error("sluiced: " + err);
+  // The echo servers: this program again (sluice-bench load --echo-server), with sluiced's
+  // thread count; ready once a request comes back.
+  for (const auto& [v, transport] : {std::pair{kEchoUdp, "udp"}, std::pair{kEchoTcp, "tcp"}}) {
+    if (!need[v]) continue;
+    const std::string t = transport;
+    start(v,
+          {bench::self_exe_path(), "load", "--echo-server", t, std::to_string(s.port[v]),
+           std::to_string(o.server_threads)},
+          "echo-" + t, [t](uint16_t p) { return bench::echo_probe(t, p, 500); });
   }
-  if (need_redis) {
-    s.redis_port = bench::free_loopback_port();
-    const std::string err = s.redis.start(
-        {"redis-server", "--port", std::to_string(s.redis_port), "--bind", "127.0.0.1", "--save",
-         "", "--appendonly", "no", "--daemonize", "no", "--dir", s.dir.path},
-        s.dir.path + "/redis.log");
-    if (!err.empty()) throw std::runtime_error("redis-server: " + err);
+  if (need[kSluiced]) {
+    bench::SluicedChild& c = s.sluiced;
+    c.exe = o.sluiced;
+    c.written_by = "sluice-bench-load";
+    c.limits = std::to_string(kLimit) + "/1m";
+    c.config_extra = "udp_busy_poll_us: " + std::to_string(o.busy_poll_us) + "\n";
+    c.threads = o.server_threads;
+    c.grpc = curve_has(o, "grpc");
+    c.resp = resp || curve_has(o, "redis");
+    c.start(dir);
+    s.port[kSluiced] = c.port;
   }
-  if (need_memcached) {
-    s.memcached_port = bench::free_loopback_port();
-    // memcached refuses to run as root; as root the benchmark starts it as "nobody" itself
-    // rather than with -u (see ChildProcess::start: the death signal must survive).
-    const std::string err =
-        s.memcached.start({"memcached", "-l", "127.0.0.1", "-p", std::to_string(s.memcached_port),
-                           "-U", "0", "-t", "2"},
-                          s.dir.path + "/memcached.log", "nobody");
-    if (!err.empty()) throw std::runtime_error("memcached: " + err);
-  }
-  if (need_sluiced) {
-    wait_ready(
-        s.sluiced, [&] { return bench::sluice_probe(s.sluice_port, 500); }, kReadyMs);
-    if (s.grpc_port != 0) {
-      wait_ready(
-          s.sluiced, [&] { return bench::grpc_probe(s.grpc_port, 500); }, kReadyMs);
-    }
-    if (s.resp_port != 0) {
-      wait_ready(
-          s.sluiced, [&] { return bench::redis_probe(s.resp_port, 500); }, kReadyMs);
+  if (need[kRedis]) {
+    start(kRedis,
+          {"redis-server", "--port", std::to_string(s.port[kRedis]), "--bind", "127.0.0.1",
+           "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", dir},
+          "redis", [](uint16_t p) { return bench::redis_probe(p, 500); });
+    for (auto [sha, script] : {std::pair{&s.lua_sha, bench::kLuaSlidingLogScript},
+                               std::pair{&s.gcra_sha, bench::kGcraScript}}) {
+      std::string reply;
+      const std::string e = bench::redis_command(s.port[kRedis], {"SCRIPT", "LOAD", script}, reply);
+      if (!e.empty() || reply.size() != 41)
+        throw std::runtime_error("redis SCRIPT LOAD: " + (e.empty() ? reply : e));
+      *sha = reply.substr(1);
     }
   }
-  if (need_redis) {
-    wait_ready(
-        s.redis, [&] { return bench::redis_probe(s.redis_port, 500); }, kReadyMs);
-    std::string reply;
-    if (std::string e = bench::redis_command(
-            s.redis_port, {"SCRIPT", "LOAD", bench::kLuaSlidingLogScript}, reply);
-        !e.empty() || reply.size() != 41) {
-      throw std::runtime_error("redis SCRIPT LOAD: " + (e.empty() ? reply : e));
-    }
-    s.lua_sha = reply.substr(1);
-    if (std::string e =
-            bench::redis_command(s.redis_port, {"SCRIPT", "LOAD", bench::kGcraScript}, reply);
-        !e.empty() || reply.size() != 41) {
-      throw std::runtime_error("redis SCRIPT LOAD (GCRA): " + (e.empty() ? reply : e));
-    }
-    s.gcra_sha = reply.substr(1);
-    if (bench::redis_command(s.redis_port, {"INFO", "server"}, reply).empty()) {
-      const size_t p = reply.find("redis_version:");
-      if (p != std::string::npos) {
-        s.redis_version = reply.substr(p + 14, reply.find_first_of("\r\n", p) - p - 14);
-      }
-    }
-  }
-  if (need_memcached) {
-    wait_ready(
-        s.memcached,
-        [&] { return bench::memcached_probe(s.memcached_port, 500, &s.memcached_version); },
-        kReadyMs);
+  // memcached refuses to run as root; as root the benchmark starts it as "nobody" itself rather
+  // than with -u (see ChildProcess::start: the death signal must survive).
+  if (need[kMemcached]) {
+    start(
+        kMemcached,
+        {"memcached", "-l", "127.0.0.1", "-p", std::to_string(s.port[kMemcached]), "-U", "0", "-t",
+         "2"},
+        "memcached", [](uint16_t p) { return bench::memcached_probe(p, 500); }, "nobody");
   }
 }
 
-std::string fmt_num(double v, int decimals) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
-
-// ---- sluiced and kernel counters around a row ---------------------------------------------------
+// ---- counters around a row ----------------------------------------------------------------------
 
 using Counters = std::map<std::string, double>;
 
-// The sluiced metrics this report cares about (sum over label sets where there are several).
+// The sluiced counters a row's notes name (summed over label sets).
 Counters sluiced_metrics(uint16_t admin_port) {
   Counters c;
   std::string body;
@@ -500,16 +373,8 @@ Counters sluiced_metrics(uint16_t admin_port) {
   const auto samples = bench::parse_metrics(body);
   for (const char* keep :
        {"sluice_dropped_datagrams_total", "sluice_rejected_requests_total",
-        "sluice_bad_frames_total", "sluice_rejected_checks_total", "sluice_no_room_total",
-        "sluice_checks_total", "sluice_requests_total{transport=\"udp\"}",
-        "sluice_requests_total{transport=\"tcp\"}", "sluice_evictions_total"}) {
-    const std::string_view k = keep;
-    const size_t brace = k.find('{');
-    const double v = brace == std::string_view::npos
-                         ? bench::metric_sum(samples, k)
-                         : bench::metric_sum(samples, k.substr(0, brace),
-                                             k.substr(brace + 1, k.size() - brace - 2));
-    if (v >= 0) c[keep] = v;
+        "sluice_bad_frames_total", "sluice_rejected_checks_total", "sluice_no_room_total"}) {
+    if (const double v = bench::metric_sum(samples, keep); v >= 0) c[keep] = v;
   }
   return c;
 }
@@ -518,17 +383,12 @@ Counters sluiced_metrics(uint16_t admin_port) {
 Counters udp_snmp() {
   Counters c;
   std::ifstream in("/proc/net/snmp");
-  std::string names, values;
-  for (std::string line; std::getline(in, line);) {
-    if (!line.starts_with("Udp: ")) continue;
-    if (names.empty()) {
-      names = line;
-    } else {
-      values = line;
-      break;
-    }
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line) && lines.size() < 2;) {
+    if (line.starts_with("Udp: ")) lines.push_back(line);
   }
-  std::istringstream n(names), v(values);
+  if (lines.size() < 2) return c;
+  std::istringstream n(lines[0]), v(lines[1]);
   std::string key, val;
   n >> key;
   v >> val;
@@ -545,94 +405,45 @@ double delta(const Counters& before, const Counters& after, const std::string& k
 
 // ---- rows -------------------------------------------------------------------------------------
 
-struct RowResult {
-  RowDef def;
-  std::string inflight;  // "16 conn x 32 frames" ...
-  double offered_rate = 0;
-  bench::RowStats stats;
-  std::string notes;
-  std::string error;         // the row could not run
-  double gen_cores = 0;      // CPU used by the generator over the row, in cores
-  double server_cores = 0;   // CPU used by the server under test over the row, in cores
-  double other_cores = 0;    // CPU used by everything else on the machine (other work, kernel)
-  std::string load = "max";  // "max" (closed loop) or "half" (open loop at half the max)
-  double checks_per_sec() const {
-    return stats.seconds > 0 ? static_cast<double>(stats.checks) / stats.seconds : 0;
-  }
-  // Requests (datagrams, frames, command groups) answered per second.
-  double units_per_sec() const {
-    return stats.seconds > 0 ? static_cast<double>(stats.units) / stats.seconds : 0;
-  }
-  // Payload bytes per second, both ways (requests and answers).
-  double bytes_per_sec() const {
-    return stats.seconds > 0
-               ? static_cast<double>(stats.bytes_sent + stats.bytes_received) / stats.seconds
-               : 0;
-  }
-  double bytes_per_check() const {
-    return stats.checks > 0 ? static_cast<double>(stats.bytes_sent + stats.bytes_received) /
-                                  static_cast<double>(stats.checks)
-                            : 0;
-  }
-  // The server's CPU per check, in microseconds (its cores over the row / checks per second).
-  double server_cpu_us_per_check() const {
-    const double cps = checks_per_sec();
-    return cps > 0 ? server_cores / cps * 1e6 : 0;
-  }
-  double us(double q) const { return static_cast<double>(stats.latency.quantile_ns(q)) / 1000.0; }
-  // UDP: send -> the answer's arrival at the generator's socket (kernel timestamp).
-  double arrival_us(double q) const {
-    return static_cast<double>(stats.arrival.quantile_ns(q)) / 1000.0;
-  }
+// How the generator drives a kind of row: its connections and what each keeps in flight.
+struct Load {
+  bench::ConnFactory factory;
+  unsigned conns = 0;
+  std::string in_flight;  // "16 conn x 32 frame of 1", ...
 };
 
-RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::Keyspace& keys,
-                  double rate, bool from_schedule = false) {
-  RowResult r;
-  r.def = def;
-  r.offered_rate = rate;
-  bench::DriveOptions d;
-  d.latency_from_schedule = from_schedule;
-  d.threads = o.gen_threads;
-  d.batch = def.batch;
-  d.rate = rate;
-  d.warmup_s = o.warmup;
-  d.seconds = o.seconds;
-  d.keys = o.keys;
-  d.zipf = o.zipf;
-  bench::ConnFactory factory;
-  std::string bs = std::to_string(def.batch);
-
-  switch (def.kind) {
+Load load_of(const Options& o, Kind kind, uint32_t batch, const Servers& s,
+             const bench::Keyspace& keys) {
+  Load l;
+  l.conns = o.connections;
+  const std::string of = " of " + std::to_string(batch);
+  auto inflight = [&](const char* conn, uint32_t window, const std::string& what) {
+    l.in_flight = std::to_string(l.conns) + conn + std::to_string(window) + what;
+  };
+  switch (kind) {
     case Kind::kEchoUdp:
-    case Kind::kSluiceUdp: {
-      bench::SluiceConnOptions so;
-      so.echo = def.kind == Kind::kEchoUdp;
-      so.port = so.echo ? s.echo_udp_port : s.sluice_port;
-      so.batch = def.batch;
-      so.window = def.batch == 1 ? o.udp_window : o.udp_batch_window;
-      so.udp_room_per_check = o.udp_room;
-      so.keys = &keys;
-      d.conns = o.udp_sockets;
-      r.inflight =
-          std::to_string(d.conns) + " sock x " + std::to_string(so.window) + " dgram of " + bs;
-      factory = [so](bench::ThreadContext& ctx) { return bench::make_sluice_udp(so, ctx); };
-      break;
-    }
+    case Kind::kSluiceUdp:
     case Kind::kEchoTcp:
     case Kind::kSluiceTcp: {
       bench::SluiceConnOptions so;
-      so.echo = def.kind == Kind::kEchoTcp;
-      so.port = so.echo ? s.echo_tcp_port : s.sluice_port;
-      so.batch = def.batch;
-      // Single checks: many frames in flight per connection. Batches: as many frames of `batch`
-      // checks per connection as Redis pipelined by `batch` has groups (--batch-depth).
-      so.window = def.batch == 1 ? o.depth : o.batch_depth;
+      so.echo = kind == Kind::kEchoUdp || kind == Kind::kEchoTcp;
+      const bool udp = kind == Kind::kEchoUdp || kind == Kind::kSluiceUdp;
+      so.port = s.port[so.echo ? (udp ? kEchoUdp : kEchoTcp) : kSluiced];
+      so.batch = batch;
       so.keys = &keys;
-      d.conns = o.connections;
-      r.inflight =
-          std::to_string(d.conns) + " conn x " + std::to_string(so.window) + " frame of " + bs;
-      factory = [so](bench::ThreadContext& ctx) { return bench::make_sluice_tcp(so, ctx); };
+      if (udp) {
+        so.window = batch == 1 ? o.udp_window : o.udp_batch_window;
+        so.udp_room_per_check = o.udp_room;
+        l.conns = o.udp_sockets;
+        inflight(" sock x ", so.window, " dgram" + of);
+        l.factory = [so](bench::ThreadContext& ctx) { return bench::make_sluice_udp(so, ctx); };
+      } else {
+        // Single checks: many frames in flight per connection. Batches: as many frames of
+        // `batch` checks per connection as Redis pipelined by `batch` has groups (--batch-depth).
+        so.window = batch == 1 ? o.depth : o.batch_depth;
+        inflight(" conn x ", so.window, " frame" + of);
+        l.factory = [so](bench::ThreadContext& ctx) { return bench::make_sluice_tcp(so, ctx); };
+      }
       break;
     }
     case Kind::kSluiceResp:
@@ -640,271 +451,234 @@ RowResult run_row(const Options& o, const RowDef& def, Servers& s, const bench::
     case Kind::kRedisLua:
     case Kind::kRedisHash:
     case Kind::kRedisIncr: {
-      const bool door = def.kind == Kind::kSluiceResp;
-      std::string reply;
-      if (door) {
-        if (s.resp_port == 0) throw std::runtime_error("sluiced's Redis-protocol door is closed");
-      } else if (std::string e = bench::redis_command(s.redis_port, {"FLUSHALL"}, reply);
-                 !e.empty()) {
-        throw std::runtime_error("redis FLUSHALL: " + e);
-      }
-      if (def.kind == Kind::kRedisHash) {
-        if (std::string e = bench::redis_preload_minutes(s.redis_port, keys, bench::epoch_ms());
-            !e.empty()) {
-          throw std::runtime_error("redis preload: " + e);
-        }
-      }
+      const bool door = kind == Kind::kSluiceResp;
+      if (door && s.sluiced.resp_port == 0)
+        throw std::runtime_error("sluiced's Redis-protocol door is closed");
       bench::RedisConnOptions ro;
-      ro.port = door ? s.resp_port : s.redis_port;
-      ro.batch = def.batch;
+      ro.port = door ? s.sluiced.resp_port : s.port[kRedis];
+      ro.batch = batch;
       // Unpipelined: one command (group) at a time; pipelined: --batch-depth groups of `batch`.
-      ro.window = def.batch == 1 ? 1 : o.batch_depth;
-      ro.scheme = door                              ? bench::RedisScheme::kClThrottle
-                  : def.kind == Kind::kRedisLuaGcra ? bench::RedisScheme::kLuaGcra
-                  : def.kind == Kind::kRedisLua     ? bench::RedisScheme::kLuaLog
-                  : def.kind == Kind::kRedisHash    ? bench::RedisScheme::kHashMinutes
-                                                    : bench::RedisScheme::kIncr;
-      ro.lua_sha = def.kind == Kind::kRedisLuaGcra ? s.gcra_sha : s.lua_sha;
+      ro.window = batch == 1 ? 1 : o.batch_depth;
+      ro.scheme = door                          ? bench::RedisScheme::kClThrottle
+                  : kind == Kind::kRedisLuaGcra ? bench::RedisScheme::kLuaGcra
+                  : kind == Kind::kRedisLua     ? bench::RedisScheme::kLuaLog
+                  : kind == Kind::kRedisHash    ? bench::RedisScheme::kHashMinutes
+                                                : bench::RedisScheme::kIncr;
+      ro.lua_sha = kind == Kind::kRedisLuaGcra ? s.gcra_sha : s.lua_sha;
       ro.limit = kLimit;
       ro.gcra_burst = kGcraBurst;
       ro.gcra_count = kGcraCount;
       ro.gcra_period_s = kGcraPeriodS;
       ro.keys = &keys;
-      d.conns = o.connections;
-      r.inflight = std::to_string(d.conns) + " conn x " + std::to_string(ro.window) + " group of " +
-                   bs + " check" + (def.batch == 1 ? "" : "s");
-      if (def.kind == Kind::kRedisHash) r.inflight += " (3 cmd each)";
-      factory = [ro](bench::ThreadContext& ctx) { return bench::make_redis(ro, ctx); };
+      inflight(" conn x ", ro.window,
+               " group" + of + (kind == Kind::kRedisHash ? " (3 cmd each)" : ""));
+      l.factory = [ro](bench::ThreadContext& ctx) { return bench::make_redis(ro, ctx); };
       break;
     }
     case Kind::kSluiceHttp:
     case Kind::kNginxLimitReq: {
       bench::HttpConnOptions ho;
-      const bool nginx = def.kind == Kind::kNginxLimitReq;
-      ho.port = nginx ? s.nginx_port : s.admin_port;
+      const bool nginx = kind == Kind::kNginxLimitReq;
+      ho.port = nginx ? s.port[kNginx] : s.sluiced.admin_port;
       ho.scheme = nginx ? bench::HttpScheme::kNginxLimitReq : bench::HttpScheme::kSluiceCheck;
       ho.window = o.http_window;
       ho.keys = &keys;
-      d.conns = o.connections;
-      r.inflight = std::to_string(d.conns) + " conn x " + std::to_string(ho.window) + " request";
-      factory = [ho](bench::ThreadContext& ctx) { return bench::make_http(ho, ctx); };
+      inflight(" conn x ", ho.window, " request");
+      l.factory = [ho](bench::ThreadContext& ctx) { return bench::make_http(ho, ctx); };
+      break;
+    }
+    case Kind::kSluiceGrpc: {
+      if (s.sluiced.grpc_port == 0) throw std::runtime_error("sluiced's gRPC door is closed");
+      bench::GrpcConnOptions go;
+      go.port = s.sluiced.grpc_port;
+      go.window = o.grpc_window;
+      go.keys = &keys;
+      l.conns = o.grpc_connections;
+      inflight(" h2 conn x ", go.window, " call");
+      l.factory = [go](bench::ThreadContext& ctx) { return bench::make_grpc(go, ctx); };
       break;
     }
     case Kind::kMemcached: {
-      if (std::string e = bench::memcached_flush_all(s.memcached_port); !e.empty()) {
-        throw std::runtime_error("memcached flush_all: " + e);
-      }
-      if (std::string e =
-              bench::memcached_preload_previous(s.memcached_port, keys, bench::epoch_ms());
-          !e.empty()) {
-        throw std::runtime_error("memcached preload: " + e);
-      }
       bench::MemcachedConnOptions mo;
-      mo.port = s.memcached_port;
+      mo.port = s.port[kMemcached];
       mo.limit = kLimit;
       mo.keys = &keys;
-      d.conns = o.connections;
-      r.inflight = std::to_string(d.conns) + " conn x 1 check (2 round trips)";
-      factory = [mo](bench::ThreadContext& ctx) { return bench::make_memcached(mo, ctx); };
+      l.in_flight = std::to_string(l.conns) + " conn x 1 check (2 round trips)";
+      l.factory = [mo](bench::ThreadContext& ctx) { return bench::make_memcached(mo, ctx); };
       break;
     }
   }
+  return l;
+}
 
-  const bool sluiced = def.server == Server::kSluiced;
-  const Counters m0 = sluiced ? sluiced_metrics(s.admin_port) : Counters{};
-  const pid_t server_pid = def.server == Server::kSluiced   ? s.sluiced.pid()
-                           : def.server == Server::kRedis   ? s.redis.pid()
-                           : def.server == Server::kEchoUdp ? s.echo_udp.pid()
-                           : def.server == Server::kEchoTcp ? s.echo_tcp.pid()
-                           : def.server == Server::kNginx   ? s.nginx.pid()
-                                                            : s.memcached.pid();
+bench::DriveOptions drive_options(const Options& o, const Load& l, uint32_t batch, double rate,
+                                  bool from_schedule) {
+  bench::DriveOptions d;
+  d.latency_from_schedule = from_schedule;
+  d.threads = o.gen_threads;
+  d.conns = l.conns;
+  d.batch = batch;
+  d.rate = rate;
+  d.warmup_s = o.warmup;
+  d.seconds = o.seconds;
+  d.keys = o.keys;
+  d.zipf = o.zipf;
+  return d;
+}
+
+// The steady state each baseline starts a row from (see the file comment).
+void prepare(const RowDef& def, const Servers& s, const bench::Keyspace& keys) {
+  std::string reply, e;
+  if (def.server == kRedis) e = bench::redis_command(s.port[kRedis], {"FLUSHALL"}, reply);
+  if (e.empty() && def.kind == Kind::kRedisHash)
+    e = bench::redis_preload_minutes(s.port[kRedis], keys, bench::epoch_ms());
+  if (def.kind == Kind::kMemcached) {
+    e = bench::memcached_flush_all(s.port[kMemcached]);
+    if (e.empty())
+      e = bench::memcached_preload_previous(s.port[kMemcached], keys, bench::epoch_ms());
+  }
+  if (!e.empty()) throw std::runtime_error(def.target + " preload: " + e);
+}
+
+// Measures one row and adds it to `out`, with "notes" naming what went wrong or was dropped.
+// from_schedule: open loop, each check timed from when it was due to leave (load "half").
+const Row& run_row(const Options& o, const RowDef& def, Servers& s, const bench::Keyspace& keys,
+                   double rate, bool from_schedule, bench::Rows& out) {
+  prepare(def, s, keys);
+  const Load l = load_of(o, def.kind, def.batch, s, keys);
+  const bool sluiced = def.server == kSluiced;
+  const Counters m0 = sluiced ? sluiced_metrics(s.sluiced.admin_port) : Counters{};
   const Counters k0 = udp_snmp();
-  const double g0 = bench::self_cpu_seconds(), c0 = bench::process_cpu_seconds(server_pid),
-               m0b = bench::machine_busy_seconds();
-  const int64_t w0 = bench::now_ns();
-  r.stats = bench::drive(d, factory);
-  const double wall = static_cast<double>(bench::now_ns() - w0) * 1e-9;
-  r.gen_cores = (bench::self_cpu_seconds() - g0) / wall;
-  r.server_cores = (bench::process_cpu_seconds(server_pid) - c0) / wall;
-  r.other_cores =
-      std::max(0.0, (bench::machine_busy_seconds() - m0b) / wall - r.gen_cores - r.server_cores);
+  bench::Cores cores;
+  const bench::RowStats st = bench::drive(drive_options(o, l, def.batch, rate, from_schedule),
+                                          l.factory, s.pid(def.server), cores);
   const Counters k1 = udp_snmp();
-  const Counters m1 = sluiced ? sluiced_metrics(s.admin_port) : Counters{};
+  const Counters m1 = sluiced ? sluiced_metrics(s.sluiced.admin_port) : Counters{};
 
   std::string notes;
   auto add = [&](const std::string& what, double v) {
-    if (v <= 0) return;
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "%s%s %.0f", notes.empty() ? "" : ", ", what.c_str(), v);
-    notes += buf;
+    if (v > 0) notes += (notes.empty() ? "" : ", ") + what + " " + std::to_string(std::llround(v));
   };
-  const bench::RowStats& st = r.stats;
-  add("errors", static_cast<double>(st.errors));
+  auto us = [](const bench::LatencyHistogram& h, double q) {
+    return std::llround(static_cast<double>(h.quantile_ns(q)) / 1000.0);
+  };
   add("denied", static_cast<double>(st.denied));
-  add("lost", static_cast<double>(st.lost));
   add("late", static_cast<double>(st.late_answers));
   add("send-EAGAIN", static_cast<double>(st.send_failures));
-  add("conn-failures", static_cast<double>(st.conn_failures));
-  add("unsent", static_cast<double>(st.unsent));
   if (st.arrival.count() > 0) {
-    notes += std::string(notes.empty() ? "" : ", ") + "at-socket p50/p99/p99.9 us " +
-             fmt_num(r.arrival_us(0.5), 1) + "/" + fmt_num(r.arrival_us(0.99), 1) + "/" +
-             fmt_num(r.arrival_us(0.999), 1);
+    notes += (notes.empty() ? "" : ", ") + std::string("at-socket p50/p99/p99.9 us ") +
+             std::to_string(us(st.arrival, 0.5)) + "/" + std::to_string(us(st.arrival, 0.99)) +
+             "/" + std::to_string(us(st.arrival, 0.999));
   }
-  if (rate > 0 && st.send_lag.count() > 0) {
-    add("send-lag-p99-us", static_cast<double>(st.send_lag.quantile_ns(0.99)) / 1000.0);
-  }
+  if (rate > 0 && st.send_lag.count() > 0)
+    add("send-lag-p99-us", static_cast<double>(us(st.send_lag, 0.99)));
   if (def.transport == "udp") {
     add("kernel-udp-rcvbuf-drops", delta(k0, k1, "RcvbufErrors"));
     add("kernel-udp-sndbuf-drops", delta(k0, k1, "SndbufErrors"));
   }
-  if (sluiced) {
-    add("sluiced-dropped", delta(m0, m1, "sluice_dropped_datagrams_total"));
-    add("sluiced-rejected-req", delta(m0, m1, "sluice_rejected_requests_total"));
-    add("sluiced-rejected-checks", delta(m0, m1, "sluice_rejected_checks_total"));
-    add("sluiced-bad-frames", delta(m0, m1, "sluice_bad_frames_total"));
-    add("sluiced-no-room", delta(m0, m1, "sluice_no_room_total"));
+  for (const auto& [name, metric] : {std::pair{"dropped", "sluice_dropped_datagrams_total"},
+                                     {"rejected-req", "sluice_rejected_requests_total"},
+                                     {"rejected-checks", "sluice_rejected_checks_total"},
+                                     {"bad-frames", "sluice_bad_frames_total"},
+                                     {"no-room", "sluice_no_room_total"}}) {
+    add(std::string("sluiced-") + name, delta(m0, m1, metric));
   }
   if (!st.first_error.empty())
     notes += (notes.empty() ? "" : "; ") + ("first error: " + st.first_error);
-  r.notes = notes;
-  return r;
+
+  const double secs = st.seconds > 0 ? st.seconds : 1;
+  const double bytes = static_cast<double>(st.bytes_sent + st.bytes_received);
+  Row row = {{"row", def.name},
+             {"target", def.target},
+             {"transport", def.transport},
+             {"batch", def.batch},
+             {"load", from_schedule ? "half" : "max"},
+             {"in_flight", l.in_flight}};
+  row.update(bench::row_figures(st, cores));
+  row["requests_per_sec"] = static_cast<double>(st.units) / secs;
+  row["bytes_per_sec"] = bytes / secs;
+  row["bytes_per_check"] = st.checks > 0 ? bytes / static_cast<double>(st.checks) : 0;
+  if (rate > 0) row["offered_checks_per_sec"] = rate;
+  row["notes"] = notes;
+  Row& added = out.add(std::move(row));
+  if (rate > 0) {
+    // The whole latency histogram, not in the text line: [bucket midpoint in us, checks] for
+    // every non-empty bucket (log-linear buckets, within 0.8 % of the value).
+    Row hist = Row::array();
+    st.latency.for_each_bucket([&](uint64_t ns, uint64_t n) {
+      hist.push_back({static_cast<double>(ns) / 1000.0, n});
+    });
+    added["histogram_us"] = std::move(hist);
+  }
+  return added;
 }
 
-// ---- output -----------------------------------------------------------------------------------
-
-using bench::cpu_model;
-
-const RowResult* find_row(const std::vector<RowResult>& rows, const std::string& name) {
-  for (const RowResult& r : rows) {
-    if (r.def.name == name && r.error.empty()) return &r;
-  }
-  return nullptr;
+// Lets every thread of sluiced run only on `server` and this thread (so the generator's threads,
+// which it starts) only on `generator`; empty: anywhere.
+std::string pin(pid_t sluiced, const std::vector<int>& server, const std::vector<int>& generator) {
+  if (std::string e = bench::pin_process(sluiced, server); !e.empty()) return "sluiced: " + e;
+  if (std::string e = bench::pin_this_thread(generator); !e.empty()) return "generator: " + e;
+  return "";
 }
 
-// The rows' table, Sluice against its baselines, and the issue's targets judged on this run.
-void print_rows_report(const Options& o, const std::vector<RowResult>& results,
-                       const std::vector<const RowResult*>& table,
-                       const std::optional<RowResult>& half) {
-  const std::string udp_single = "sluiced-udp-single";
-  std::printf(
-      "| row | target | transport | batch | in flight | checks/s | requests/s | MB/s | "
-      "B/check | srv us/check | p50 us | p99 us | p99.9 us | cpu gen/srv/other | notes |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const RowResult* r : table) {
-    if (!r->error.empty()) {
-      std::printf("| %s | %s | %s | %u | | failed | | | | | | | | | %s |\n", r->def.name.c_str(),
-                  r->def.target.c_str(), r->def.transport.c_str(), r->def.batch, r->error.c_str());
-      continue;
-    }
-    std::string inflight = r->inflight;
-    if (r->offered_rate > 0) inflight += ", offered " + fmt_num(r->offered_rate, 0) + "/s";
-    const std::string cpu = fmt_num(r->gen_cores, 2) + "/" + fmt_num(r->server_cores, 2) + "/" +
-                            fmt_num(r->other_cores, 2);
-    std::printf(
-        "| %s | %s | %s | %u | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-        r->def.name.c_str(), r->def.target.c_str(), r->def.transport.c_str(), r->def.batch,
-        inflight.c_str(), fmt_num(r->checks_per_sec(), 0).c_str(),
-        fmt_num(r->units_per_sec(), 0).c_str(), fmt_num(r->bytes_per_sec() / 1e6, 1).c_str(),
-        fmt_num(r->bytes_per_check(), 0).c_str(), fmt_num(r->server_cpu_us_per_check(), 2).c_str(),
-        fmt_num(r->us(0.5), 1).c_str(), fmt_num(r->us(0.99), 1).c_str(),
-        fmt_num(r->us(0.999), 1).c_str(), cpu.c_str(), r->notes.empty() ? "" : r->notes.c_str());
-  }
-
-  // Ratios: each Sluice row against the baselines of the same shape.
-  const std::string b = std::to_string(o.batch);
-  const std::string p = std::to_string(kRespPipeline);
-  const std::vector<std::pair<std::string, std::vector<std::string>>> pairs = {
-      {"sluiced-udp-single",
-       {"redis-lua-single", "redis-hash-single", "memcached-single", "redis-incr-single"}},
-      {"sluiced-tcp-single",
-       {"redis-lua-single", "redis-hash-single", "memcached-single", "redis-incr-single"}},
-      {"sluiced-udp-batch" + b,
-       {"redis-lua-pipe" + b, "redis-hash-pipe" + b, "redis-incr-pipe" + b}},
-      {"sluiced-tcp-batch" + b,
-       {"redis-lua-pipe" + b, "redis-hash-pipe" + b, "redis-incr-pipe" + b}},
-      {"sluiced-http-single", {"nginx-limitreq-single"}},
-      {"sluiced-resp-single", {"redis-lua-gcra-single", "redis-incr-single"}},
-      {"sluiced-resp-pipe" + p, {"redis-incr-pipe" + p}},
-  };
-  std::printf("\n## Sluice vs baselines (checks/s)\n\n");
-  bool any = false;
-  for (const auto& [mine, theirs] : pairs) {
-    const RowResult* a = find_row(results, mine);
-    if (a == nullptr) continue;
-    for (const std::string& other : theirs) {
-      const RowResult* c = find_row(results, other);
-      if (c == nullptr || c->checks_per_sec() <= 0) continue;
-      std::printf("%s vs %s: %.2fx\n", mine.c_str(), other.c_str(),
-                  a->checks_per_sec() / c->checks_per_sec());
-      any = true;
+// The latency curves (see the file comment), one row per point; a point that fails is named on
+// stderr and left out (and a door whose max failed gets no open-loop points).
+void run_curves(const Options& o, Servers& s, const bench::Keyspace& keys, bench::Rows& out) {
+  const pid_t pid = s.sluiced.process.pid();
+  const std::vector<int> any_server = bench::cpus_allowed(pid), any_gen = bench::cpus_allowed(0);
+  for (const std::string& door : o.doors) {
+    const Kind kind = std::find_if(kDoors.begin(), kDoors.end(), [&](const auto& d) {
+                        return d.first == door;
+                      })->second;
+    const Load l = load_of(o, kind, 1, s, keys);
+    for (bool pinned : o.pinnings) {
+      double max = 0;
+      std::vector<uint64_t> points = {100};
+      points.insert(points.end(), o.curve_loads.begin(), o.curve_loads.end());
+      for (const uint64_t pct : points) {
+        const bool is_max = pct == 100;
+        const std::string name = "curve-" + door + (pinned ? "-pinned-" : "-unpinned-") +
+                                 (is_max ? "max" : std::to_string(pct));
+        if (bench::stop_requested() || (!is_max && max <= 0)) break;
+        std::string err = pinned && o.server_cpu == o.generator_cpu
+                              ? "--server-cpu and --generator-cpu are the same CPU"
+                              : pin(pid, pinned ? std::vector{o.server_cpu} : any_server,
+                                    pinned ? std::vector{o.generator_cpu} : any_gen);
+        const double rate = is_max ? 0 : max * static_cast<double>(pct) / 100.0;
+        bench::Cores cores;
+        bench::RowStats st;
+        try {
+          if (err.empty())
+            st = bench::drive(drive_options(o, l, 1, rate, !is_max), l.factory, pid, cores);
+        } catch (const std::exception& e) {
+          err = e.what();
+        }
+        if (!err.empty()) {
+          std::fprintf(stderr, "sluice-bench-load: %s failed: %s\n", name.c_str(), err.c_str());
+          break;
+        }
+        Row row = {{"row", name},
+                   {"target", door},
+                   {"phase", is_max ? "max" : "curve"},
+                   {"load_pct", pct},
+                   {"pinned", pinned},
+                   {"offered_per_sec", rate},
+                   {"latency_from", is_max ? "send" : "schedule"},
+                   {"in_flight", l.in_flight}};
+        row.update(bench::row_figures(st, cores));
+        row["send_lag_p99_us"] = static_cast<double>(st.send_lag.quantile_ns(0.99)) / 1000.0;
+        if (is_max) max = row["checks_per_sec"].get<double>();
+        out.add(std::move(row));
+      }
     }
   }
-  if (!any) std::printf("(no pair of rows ran)\n");
-
-  // The issue's targets, judged on this run only.
-  std::printf("\n## Targets (this run)\n\n");
-  auto judge_ratio = [&](const std::string& mine, const std::string& other, double want) {
-    const RowResult* a = find_row(results, mine);
-    const RowResult* c = find_row(results, other);
-    if (a == nullptr || c == nullptr || c->checks_per_sec() <= 0) {
-      std::printf("- %s >= %.1fx %s: not measured\n", mine.c_str(), want, other.c_str());
-      return;
-    }
-    const double ratio = a->checks_per_sec() / c->checks_per_sec();
-    std::printf("- %s >= %.1fx %s: %.2fx, %s\n", mine.c_str(), want, other.c_str(), ratio,
-                ratio >= want ? "MET" : "NOT MET");
-  };
-  judge_ratio(udp_single, "redis-lua-single", 3.0);
-  judge_ratio(udp_single, "redis-incr-single", 1.5);
-  // The network paths against their bare echo (the same requests, threads and cores).
-  auto judge_ceiling = [&](const std::string& mine, const std::string& echo, bool by_bytes) {
-    const RowResult* a = find_row(results, mine);
-    const RowResult* c = find_row(results, echo);
-    const char* what = by_bytes ? "bytes/s" : "requests/s";
-    if (a == nullptr || c == nullptr) {
-      std::printf("- %s >= 0.8x %s's %s: not measured\n", mine.c_str(), echo.c_str(), what);
-      return;
-    }
-    const double mv = by_bytes ? a->bytes_per_sec() : a->units_per_sec();
-    const double ev = by_bytes ? c->bytes_per_sec() : c->units_per_sec();
-    const double ratio = ev > 0 ? mv / ev : 0;
-    std::printf("- %s >= 0.8x %s's %s: %.0f / %.0f = %.2fx, %s\n", mine.c_str(), echo.c_str(), what,
-                mv, ev, ratio, ratio >= 0.8 ? "MET" : "NOT MET");
-  };
-  judge_ceiling(udp_single, "udp-echo-single", false);
-  judge_ceiling("sluiced-udp-batch" + b, "udp-echo-batch" + b, true);
-  judge_ceiling("sluiced-tcp-single", "tcp-echo-single", false);
-  judge_ceiling("sluiced-tcp-batch" + b, "tcp-echo-batch" + b, true);
-  judge_ratio("sluiced-tcp-batch" + b, "redis-incr-pipe" + b, 1.5);
-  judge_ratio("sluiced-resp-single", "redis-lua-gcra-single", 2.0);
-  judge_ratio("sluiced-resp-pipe" + p, "redis-incr-pipe" + p, 1.0);
-  if (half) {
-    const double p99 = half->us(0.99), p999 = half->us(0.999);
-    std::printf(
-        "- single UDP checks at half the max rate (%.0f checks/s offered, %.0f answered/s, "
-        "open loop, timed from each check's due time): p99 %.1f us <= 100: %s; p99.9 %.1f us "
-        "<= 300: %s (answers' arrival at the generator's socket: p99 %.1f us)\n",
-        half->offered_rate, half->checks_per_sec(), p99, p99 <= 100 ? "MET" : "NOT MET", p999,
-        p999 <= 300 ? "MET" : "NOT MET", half->arrival_us(0.99));
-  } else {
-    std::printf("- p99 at half the max rate: not measured (run with --half-rate)\n");
-  }
-  for (const std::string& row : {"sluiced-udp-batch" + b, "sluiced-tcp-batch" + b}) {
-    const RowResult* a = find_row(results, row);
-    if (a == nullptr) {
-      std::printf("- %s >= 1M checks/s: not measured\n", row.c_str());
-    } else {
-      std::printf("- %s >= 1M checks/s: %.0f, %s\n", row.c_str(), a->checks_per_sec(),
-                  a->checks_per_sec() >= 1e6 ? "MET" : "NOT MET");
-    }
-  }
+  pin(pid, any_server, any_gen);  // best effort: sluiced may be gone
 }
 
 }  // namespace
 
 int bench_load_main(int argc, char** argv) {
-  // The echo servers are this program run again (see start_echo).
+  // The echo servers are this program run again (see start_servers).
   if (argc == 5 && std::string_view(argv[1]) == "--echo-server") {
     const unsigned long port = std::strtoul(argv[3], nullptr, 10);
     const unsigned long threads = std::strtoul(argv[4], nullptr, 10);
@@ -917,209 +691,81 @@ int bench_load_main(int argc, char** argv) {
   }
   Options o;
   if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
+  if (o.list) {
+    for (const RowDef& r : all_rows(o))
+      std::printf("%s\n", r.name.c_str());
+    return 0;
+  }
   bench::install_stop_signals();
   std::vector<RowDef> rows;
   for (const RowDef& r : all_rows(o)) {
     // --curve alone runs the curves only; rows named with --only run beside them.
     if (selected(o, r.name) && !(o.curve && o.only.empty())) rows.push_back(r);
   }
-  if (o.list) {
-    for (const RowDef& r : all_rows(o))
-      std::printf("%s\n", r.name.c_str());
-    return 0;
-  }
-  const std::string udp_single = "sluiced-udp-single";
   if (rows.empty() && !o.half_rate && !o.curve) {
     std::fprintf(stderr, "sluice-bench-load: --only selects no row (see --list)\n");
     return 2;
   }
-
-  bool need_sluiced = o.half_rate || o.curve, need_redis = false, need_memcached = false;
-  bool need_echo_udp = false, need_echo_tcp = false, need_nginx = false, need_resp = false;
+  bool need[kServers] = {}, resp = false;
+  need[kSluiced] = o.half_rate || o.curve;
   for (const RowDef& r : rows) {
-    need_sluiced |= r.server == Server::kSluiced;
-    need_resp |= r.kind == Kind::kSluiceResp;
-    need_redis |= r.server == Server::kRedis;
-    need_memcached |= r.server == Server::kMemcached;
-    need_echo_udp |= r.server == Server::kEchoUdp;
-    need_echo_tcp |= r.server == Server::kEchoTcp;
-    need_nginx |= r.server == Server::kNginx;
+    need[r.server] = true;
+    resp |= r.kind == Kind::kSluiceResp;
   }
 
-  std::vector<RowResult> results;
-  std::optional<RowResult> half;
-  std::vector<bench::CurvePoint> curve;
-  std::string sluiced_report;
-  bool interrupted = false;
+  char date[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M", std::localtime(&t));
+  std::printf(
+      "# sluice-bench-load, %s: %u CPUs (%s) shared by the generator (%u thread(s)) and "
+      "the server under test; sluiced --threads %u; %u keys %s, %.1f s per row after "
+      "%.1f s warm-up\n",
+      date, std::thread::hardware_concurrency(), bench::cpu_model().c_str(), o.gen_threads,
+      o.server_threads, o.keys, o.zipf ? "zipf(0.99)" : "uniform", o.seconds, o.warmup);
+  bench::Rows out(o.json);
   try {
     Servers s;
-    start_servers(o, need_sluiced, need_resp, need_redis, need_memcached, need_echo_udp,
-                  need_echo_tcp, need_nginx, s);
+    start_servers(o, need, resp, s);
     const bench::Keyspace keys(o.keys);
-
-    std::fprintf(stderr, "sluice-bench-load: servers up (%s%s%s), %zu row(s) of %.1f s\n",
-                 need_sluiced ? "sluiced " : "", need_redis ? "redis " : "",
-                 need_memcached ? "memcached" : "", rows.size() + (o.half_rate ? 1 : 0),
-                 o.seconds + o.warmup);
+    auto run = [&](const RowDef& def, double rate, bool from_schedule) -> double {
+      try {
+        return run_row(o, def, s, keys, rate, from_schedule, out)["checks_per_sec"].get<double>();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "sluice-bench-load: %s failed: %s\n", def.name.c_str(), e.what());
+        return 0;
+      }
+    };
     for (const RowDef& def : rows) {
       if (bench::stop_requested()) break;
-      std::fprintf(stderr, "  %-22s ...", def.name.c_str());
-      std::fflush(stderr);
-      RowResult r;
-      try {
-        r = run_row(o, def, s, keys, o.rate);
-      } catch (const std::exception& e) {
-        r.def = def;
-        r.error = e.what();
-      }
-      if (bench::stop_requested()) {
-        std::fprintf(stderr, " interrupted\n");
-      } else if (r.error.empty()) {
-        std::fprintf(stderr, " %.0f checks/s, p99 %.0f us\n", r.checks_per_sec(), r.us(0.99));
-      } else {
-        std::fprintf(stderr, " failed: %s\n", r.error.c_str());
-      }
-      results.push_back(std::move(r));
+      run(def, o.rate, false);
     }
     if (o.half_rate && !bench::stop_requested()) {
-      const RowResult* max = find_row(results, udp_single);
-      RowResult measured;
-      if (max == nullptr) {
-        std::fprintf(stderr, "  %-22s ...", "sluiced-udp-single (max)");
-        measured = run_row(o, all_rows(o)[0], s, keys, 0);
-        std::fprintf(stderr, " %.0f checks/s\n", measured.checks_per_sec());
-        results.push_back(measured);
-        max = &results.back();
-      }
-      const double rate = max->checks_per_sec() / 2;
-      std::fprintf(stderr, "  %-22s ... at %.0f checks/s", "sluiced-udp-single@half", rate);
+      double max = 0;
+      for (const Row& r : out.all())
+        if (r["row"] == "sluiced-udp-single") max = r["checks_per_sec"].get<double>();
       RowDef def = all_rows(o)[0];
-      def.name = "sluiced-udp-single@half";
-      // Open loop, each check timed from when it was due to leave: a check held back by a full
-      // window is charged the wait (no coordinated omission).
-      half = run_row(o, def, s, keys, rate, /*from_schedule=*/true);
-      half->load = "half";
-      std::fprintf(stderr, " p99 %.0f us\n", half->us(0.99));
+      if (max <= 0) max = run(def, 0, false);
+      def.name += "@half";
+      if (max > 0) run(def, max / 2, true);
     }
-    if (o.curve && !bench::stop_requested()) {
-      bench::DoorEndpoints at;
-      at.sluiced = s.sluiced.pid();
-      at.check_port = s.sluice_port;
-      at.admin_port = s.admin_port;
-      at.grpc_port = s.grpc_port;
-      at.redis_port = s.resp_port;
-      std::fprintf(stderr, "  curves: %zu door(s) x %zu pinning(s) x %zu points of %.1f s\n",
-                   o.curve_opt.doors.size(), o.curve_opt.pinnings.size(),
-                   o.curve_opt.load_pct.size() + 1, o.seconds + o.warmup);
-      curve = bench::run_curves(o.curve_opt, at, keys, [](const bench::CurvePoint& p) {
-        std::fprintf(stderr, "  %s\n", bench::describe_point(p).c_str());
-      });
+    if (o.curve && !bench::stop_requested()) run_curves(o, s, keys, out);
+    if (s.sluiced.process.pid() > 0 && !s.sluiced.process.running()) {
+      std::fprintf(stderr, "sluice-bench-load: sluiced exited during the run (%s)\n",
+                   s.sluiced.process.exit_status().c_str());
     }
-    interrupted = bench::stop_requested();
-    if (s.sluiced.pid() > 0 && !s.sluiced.running()) {
-      sluiced_report = "sluiced exited during the run (" + s.sluiced.exit_status() + "); log:\n" +
-                       bench::file_tail(s.sluiced.log_path());
+    if (s.sluiced.process.pid() > 0) {
+      s.sluiced.process.stop();
+      const std::string tail = bench::file_tail(s.sluiced.process.log_path(), 1500);
+      if (!tail.empty()) std::fprintf(stderr, "sluiced log (warn and above):\n%s\n", tail.c_str());
     }
-    // Servers stop here (destructors), before printing.
-    std::string log = s.sluiced.pid() > 0 ? s.sluiced.log_path() : "";
-    s.sluiced.stop();
-    if (!log.empty()) {
-      const std::string tail = bench::file_tail(log, 1500);
-      if (!tail.empty()) sluiced_report += "sluiced log (warn and above):\n" + tail;
-    }
-    s.redis.stop();
-    s.memcached.stop();
-    s.echo_udp.stop();
-    s.echo_tcp.stop();
-    s.nginx.stop();
-    std::fprintf(stderr, "sluice-bench-load: servers stopped (redis %s, memcached %s)\n",
-                 s.redis_version.empty() ? "-" : s.redis_version.c_str(),
-                 s.memcached_version.empty() ? "-" : s.memcached_version.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sluice-bench-load: %s\n", e.what());
     return 1;
   }
-  if (interrupted) {
+  if (bench::stop_requested()) {
     std::fprintf(stderr, "sluice-bench-load: interrupted; servers stopped\n");
     return 130;
   }
-
-  // ---- the report ----
-  char date[32];
-  const std::time_t t = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M", std::localtime(&t));
-  const unsigned cpus = std::thread::hardware_concurrency();
-  std::printf("# sluice-bench-load, %s\n\n", date);
-  std::printf(
-      "machine: %u CPUs (%s). Generator (%u thread%s) and the server under test share them:\n"
-      "every figure includes the generator's own CPU use. One target at a time.\n",
-      cpus, cpu_model().c_str(), o.gen_threads, o.gen_threads == 1 ? "" : "s");
-  std::printf(
-      "servers: sluiced --threads %u, udp_busy_poll_us %u; redis-server (single-threaded); "
-      "memcached -t 2.\n"
-      "load: %u keys %s, %s, %.1f s per row after %.1f s warm-up; every check allowed "
-      "(limit %" PRIu64
-      "/min).\n"
-      "sluiced UDP requests padded as libsluice does (64 + %u bytes per check).\n\n",
-      o.server_threads, o.busy_poll_us, o.keys, o.zipf ? "zipf(0.99)" : "uniform",
-      o.rate > 0 ? ("open loop at " + fmt_num(o.rate, 0) + " checks/s").c_str()
-                 : "closed loop (as fast as answers come back)",
-      o.seconds, o.warmup, kLimit, o.udp_room);
-
-  std::vector<const RowResult*> table;
-  for (const RowResult& r : results)
-    table.push_back(&r);
-  if (half) table.push_back(&*half);
-  if (!table.empty()) print_rows_report(o, results, table, half);
-  if (!curve.empty()) {
-    std::printf(
-        "\n## Latency curves\n\n"
-        "Each door of the one sluiced: its max (closed loop), then open loop at a share of that\n"
-        "max, latency from each check's scheduled send time. Pinned: sluiced on CPU %d, the\n"
-        "generator on CPU %d; unpinned: both anywhere. errors counts error answers and failed\n"
-        "connections, lost unanswered UDP checks, unsent checks due but never sent.\n\n",
-        o.curve_opt.server_cpu, o.curve_opt.generator_cpu);
-    bench::print_curve_table(curve, stdout);
-  }
-  if (!sluiced_report.empty())
-    std::printf("\n## sluiced\n\n```\n%s\n```\n", sluiced_report.c_str());
-
-  if (o.json) {
-    nlohmann::json json_rows = nlohmann::json::array();
-    for (const RowResult* r : table) {
-      if (!r->error.empty()) continue;
-      nlohmann::json row = {{"row", r->def.name},
-                            {"target", r->def.target},
-                            {"transport", r->def.transport},
-                            {"batch", r->def.batch},
-                            {"load", r->load},
-                            {"checks_per_sec", r->checks_per_sec()},
-                            {"requests_per_sec", r->units_per_sec()},
-                            {"bytes_per_sec", r->bytes_per_sec()},
-                            {"bytes_per_check", r->bytes_per_check()},
-                            {"server_cpu_us_per_check", r->server_cpu_us_per_check()},
-                            {"server_cores", r->server_cores},
-                            {"generator_cores", r->gen_cores},
-                            {"p50_us", r->us(0.5)},
-                            {"p99_us", r->us(0.99)},
-                            {"p999_us", r->us(0.999)},
-                            {"max_us", static_cast<double>(r->stats.latency.max_ns()) / 1000.0},
-                            {"errors", r->stats.errors},
-                            {"lost", r->stats.lost}};
-      if (r->offered_rate > 0) {
-        // The whole latency histogram: [bucket midpoint in us, checks] for every non-empty bucket
-        // (log-linear buckets, within 0.8 % of the value).
-        nlohmann::json hist = nlohmann::json::array();
-        r->stats.latency.for_each_bucket([&](uint64_t ns, uint64_t n) {
-          hist.push_back({static_cast<double>(ns) / 1000.0, n});
-        });
-        row["offered_checks_per_sec"] = r->offered_rate;
-        row["histogram_us"] = std::move(hist);
-      }
-      json_rows.push_back(std::move(row));
-    }
-    bench::append_curve_json(curve, json_rows);
-    bench::print_json_rows(json_rows);
-  }
+  out.finish();
   return 0;
 }
