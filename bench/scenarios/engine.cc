@@ -56,7 +56,9 @@
 #include <vector>
 
 #include "common/json_rows.h"
+#include "common/key_arena.h"
 #include "common/percentile.h"
+#include "common/proc_stats.h"
 #include "common/scenario.h"
 #include "engine/engine.h"
 #include "one_rule_policy.h"
@@ -66,6 +68,8 @@
 
 namespace {
 
+using sluice::bench::KeyArena;
+using sluice::bench::thread_cpu_ms;
 using sluice::engine::BatchResult;
 using sluice::engine::Engine;
 using sluice::engine::EngineOptions;
@@ -130,30 +134,6 @@ std::optional<int> parse_args(int argc, char** argv, Options& o, bool& json) {
     }
   }
   return std::nullopt;
-}
-
-// Every key string back to back in one allocation; key i is [offset[i], offset[i+1]). A vector
-// of std::string would cost 32 B of object per key on top, and that is request-side memory the
-// measurement must keep small and out of the deltas anyway.
-struct KeyArena {
-  std::string bytes;
-  std::vector<uint64_t> offset;
-  std::string_view operator[](uint64_t i) const {
-    return {bytes.data() + offset[i], static_cast<size_t>(offset[i + 1] - offset[i])};
-  }
-};
-
-KeyArena make_keys(uint64_t n) {
-  KeyArena a;
-  a.offset.reserve(n + 1);
-  a.bytes.reserve(n * 12);
-  for (uint64_t i = 0; i < n; ++i) {
-    a.offset.push_back(a.bytes.size());
-    a.bytes += "user-";
-    a.bytes += std::to_string(i);
-  }
-  a.offset.push_back(a.bytes.size());
-  return a;
 }
 
 // The timed requests laid out in arrival order, one fixed 16-byte slot per request, the way a
@@ -352,12 +332,6 @@ struct CountingSink : sluice::engine::SyncSink {
   }
 };
 
-double thread_cpu_ms() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
-}
-
 // One pass as DeltaSync::pass runs it; returns the thread's CPU ms over its sync_step calls.
 double timed_sync_pass(Engine& engine, bool resend, CountingSink& sink) {
   static const std::function<bool(uint64_t)> owns = [](uint64_t c) { return c % 3 == 0; };
@@ -444,7 +418,7 @@ int bench_engine_main(int argc, char** argv) {
   if (const std::optional<int> exit = parse_args(argc, argv, opt, json)) return *exit;
   sluice::bench::Rows rows(json);
   for (const uint64_t keys : opt.keys) {
-    const KeyArena arena = make_keys(keys);
+    const KeyArena arena(keys, "user-");
     if (opt.scenario == "sync-cost") {
       for (const uint64_t active : opt.active)
         run_sync_cost(opt, arena, keys, active, rows);

@@ -35,6 +35,7 @@
 #include "cluster/hash_ring.h"
 #include "cluster/peer_codec.h"
 #include "common/json_rows.h"
+#include "common/key_arena.h"
 #include "common/percentile.h"
 #include "common/proc_stats.h"
 #include "common/scenario.h"
@@ -48,6 +49,7 @@ namespace cluster = sluice::cluster;
 namespace engine = sluice::engine;
 namespace rules = sluice::rules;
 namespace testing = sluice::testing;
+using sluice::bench::KeyArena;
 using sluice::bench::thread_cpu_ms;
 
 constexpr int64_t kStartMs = 1'800'000'000'000;  // a fixed wall-clock time (2027)
@@ -55,23 +57,6 @@ constexpr int64_t kPassMs = 100;
 constexpr uint64_t kResendEvery = 50;
 constexpr size_t kBatch = 32;
 constexpr const char* kSecret = "bench-secret-bench-secret-bench-secret";
-
-// Keys "key-0", "key-1", ... in one block.
-struct KeyArena {
-  std::string bytes;
-  std::vector<uint64_t> offset;
-  explicit KeyArena(uint64_t n) {
-    offset.reserve(n + 1);
-    for (uint64_t i = 0; i < n; ++i) {
-      offset.push_back(bytes.size());
-      bytes += "key-" + std::to_string(i);
-    }
-    offset.push_back(bytes.size());
-  }
-  std::string_view operator[](uint64_t i) const {
-    return {bytes.data() + offset[i], static_cast<size_t>(offset[i + 1] - offset[i])};
-  }
-};
 
 struct Options {
   bool json = false;
@@ -217,7 +202,7 @@ struct Row {
 int bench_sync_main(int argc, char** argv) {
   Options o;
   if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
-  const KeyArena keys(o.keys);
+  const KeyArena keys(o.keys, "key-");
   std::mt19937_64 rng(42);
   std::vector<uint32_t> idle(o.keys), active;
   for (uint32_t i = 0; i < o.keys; ++i)
