@@ -481,16 +481,16 @@ void Engine::Impl::pin_counters(ManyCounters& mc) {
     sc.pinned.push_back(mc.lims[k].counter);
     sc.spec_of.push_back(mc.st.spec_ids[mc.lims[k].spec_index]);
   }
-  const auto add_twin = [&sc](uint32_t k, uint64_t counter) {
+  const auto add_twin = [&sc](uint32_t k, uint64_t counter, uint32_t spec_id) {
     sc.twin[k] = static_cast<uint32_t>(sc.pinned.size());
     sc.pinned.push_back(counter);
-    sc.spec_of.push_back(sc.spec_of[k]);
+    sc.spec_of.push_back(spec_id);
   };
   for (uint32_t k = 0; k < mc.num_limits; ++k) {
     if (mc.lims[k].limit->algorithm != rules::Algorithm::kConcurrency) [[likely]]
       continue;
     mc.leases = true;
-    add_twin(k, mc.lims[k].counter ^ kReleaseBit);
+    add_twin(k, mc.lims[k].counter ^ kReleaseBit, sc.spec_of[k]);
   }
   if (opt.node_id == 0) return;  // no cluster: no demand twins, no slices
   uint32_t k = 0;
@@ -505,7 +505,7 @@ void Engine::Impl::pin_counters(ManyCounters& mc) {
       if (ar.rule->consistency != rules::Consistency::kGossip) continue;
       // No demand quota for a GCRA limit (a split rate instead) nor a concurrency limit.
       if (mc.lims[k].limit->algorithm != rules::Algorithm::kWindow) continue;
-      add_twin(k, mc.lims[k].counter ^ kDemandBit);
+      add_twin(k, mc.lims[k].counter ^ kDemandBit, demand_spec_id(sc.spec_of[k]));
     }
   }
 }
@@ -644,8 +644,9 @@ bool Engine::Impl::evaluate_limit(const ManyCounters& mc, const rules::AppliedRu
     // may hold only its quota (gossip_quota), so the nodes' admissions add up to the limit even
     // though none has seen the others' latest.
     const size_t tw = sc.twin[k];
-    const uint64_t quota = gossip_quota(shards[al.counter & shard_mask], *sc.tables[tw],
-                                        sc.slots[tw], sc.spec_of[tw], limit, mc.cap, hits);
+    const uint64_t quota =
+        gossip_quota(shards[al.counter & shard_mask], *sc.tables[tw], sc.slots[tw], sc.spec_of[tw],
+                     limit, t.spec().window_ms, mc.cap, hits);
     ok = window::admits(window::RingView{t.own(i), {}, t.head_at(i)}, t.spec(), ar.rule->estimator,
                         m, hits, quota);
   }

@@ -11,8 +11,8 @@ namespace sluice::engine {
 using rules::CheckError;
 
 uint64_t Engine::Impl::gossip_quota(const Shard& sh, const CounterTable& dt, size_t di,
-                                    uint32_t spec_id, uint64_t limit, uint64_t cap,
-                                    uint64_t hits) const {
+                                    uint32_t spec_id, uint64_t limit, int64_t window_ms,
+                                    uint64_t cap, uint64_t hits) const {
   __extension__ typedef unsigned __int128 u128;
   const auto r = static_cast<int64_t>(dt.ring());
   const int64_t bms = dt.spec().bucket_ms;
@@ -76,7 +76,7 @@ uint64_t Engine::Impl::gossip_quota(const Shard& sh, const CounterTable& dt, siz
       const int64_t first = head - end_lag - horizon + 1;
       s = sums(first, head);
       const u128 span_ms = static_cast<u128>(head - first + 1) * static_cast<u128>(bms);
-      if (s.total * static_cast<u128>(dt.spec().window_ms) < static_cast<u128>(limit) * span_ms) {
+      if (s.total * static_cast<u128>(window_ms) < static_cast<u128>(limit) * span_ms) {
         s.mine += hits;
         s.total += hits;
       }
@@ -235,6 +235,8 @@ std::optional<uint64_t> Engine::owner_routing_key(const rules::CheckRequest& req
 
 void Engine::set_gossip_lag(int64_t ms) {
   impl_->gossip_lag_ms.store(std::max<int64_t>(ms, 0), std::memory_order_relaxed);
+  for (auto& id : impl_->demand_spec_ids)  // the twins' spec follows the lag
+    id.store(0, std::memory_order_release);
 }
 
 void Engine::set_capacity(uint32_t reachable, uint32_t expected) {

@@ -37,7 +37,8 @@ struct State {
 };
 
 // Gossip mode in a cluster (docs/architecture.md, "Gossip quotas"): every limit's counter has a
-// twin that counts demand (every check's hits, admitted or not) in the same buckets. It syncs like
+// twin that counts demand (every check's hits, admitted or not), in a window of its own
+// (Impl::demand_spec: long enough for the quota's lag). It syncs like
 // any counter, so every node learns how much traffic each node sees for the key, and each node
 // admits, of its own hits in the window, only its demand-weighted quota of the limit. The twin
 // keeps the routing half (high 32 bits: same owner) and the shard bits of its counter.
@@ -89,6 +90,10 @@ struct Engine::Impl {
   // intervals: a node's report to the owner, the owner's push to the others).
   std::atomic<int64_t> gossip_lag_ms{200};
   static constexpr int64_t kDemandHorizonMs = 200;  // demand summed over this much time
+  static constexpr int64_t kDemandBuckets = 48;     // a demand twin's ring holds at most ~this
+  // The demand twin's spec id per limit spec id, plus one (0: not worked out yet, or the lag
+  // changed since): demand_spec_id().
+  std::array<std::atomic<uint32_t>, kMaxSpecs> demand_spec_ids{};
   // credit(): the hits credited per (counter, spec, node) in its latest bucket.
   struct Credit {
     int64_t bucket = INT64_MIN;
@@ -176,6 +181,30 @@ struct Engine::Impl {
     }
     std::lock_guard g(state_mu);
     return spec_id_locked(spec);
+  }
+
+  // The spec of a gossip limit's demand twin (docs/architecture.md, "Gossip quotas"): gossip_quota
+  // reads demand from up to twice the lag plus the horizon ago. The limit's own spec where its
+  // window reaches that far back (a window of a minute at any sync interval the config takes);
+  // else a window that does, in the limit's buckets, coarsened (to whole 10 ms) where it would
+  // take more of them than the limit has and than kDemandBuckets: what the quota needs is each
+  // node's share of the demand, not its timing within 200 ms. Every node with the same sync
+  // interval works out the same spec, so their twins are one counter.
+  static window::WindowSpec demand_spec(const window::WindowSpec& limit, int64_t lag_ms) {
+    const int64_t need = 2 * lag_ms + 2 * kDemandHorizonMs;
+    if (limit.window_ms >= need) return limit;
+    const int64_t most = std::max<int64_t>(kDemandBuckets, limit.buckets());
+    int64_t bucket = limit.bucket_ms;
+    if (need / bucket > most) bucket = std::max(bucket, ((need + most - 1) / most + 9) / 10 * 10);
+    return {(need + bucket - 1) / bucket * bucket, bucket};
+  }
+  uint32_t demand_spec_id(uint32_t limit_spec_id) {
+    std::atomic<uint32_t>& cached = demand_spec_ids[limit_spec_id];
+    if (const uint32_t id = cached.load(std::memory_order_acquire); id != 0) return id - 1;
+    const uint32_t id = spec_id(
+        demand_spec(spec_by_id[limit_spec_id], gossip_lag_ms.load(std::memory_order_relaxed)));
+    cached.store(id + 1, std::memory_order_release);
+    return id;
   }
 
   // The policy snapshot this thread last used, re-read only when the version moved (engine.cc).
@@ -572,7 +601,7 @@ struct Engine::Impl {
   // decided, not yet in its demand twin) as its own, until its own show there; when no node's
   // demand is old enough to be known everywhere, an equal part of the limit per member.
   uint64_t gossip_quota(const Shard& sh, const CounterTable& dt, size_t di, uint32_t spec_id,
-                        uint64_t limit, uint64_t cap, uint64_t hits) const;
+                        uint64_t limit, int64_t window_ms, uint64_t cap, uint64_t hits) const;
 };
 
 }  // namespace sluice::engine

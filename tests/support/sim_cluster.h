@@ -165,7 +165,8 @@ inline std::string addr_of(NodeId id) {
 
 struct SimNode {
   SimNode(SimPeerNet& net, boost::asio::io_context& io, const std::string& rules_file, NodeId id,
-          std::vector<std::string> seeds, const std::string& secret = kSecret) {
+          std::vector<std::string> seeds, const std::string& secret = kSecret,
+          int64_t sync_interval_ms = 100) {
     node::NodeOptions o;
     o.rules_file = rules_file;
     o.data_dir = "";  // no snapshots: the engine alone
@@ -176,6 +177,7 @@ struct SimNode {
     o.cluster.listen = addr_of(id);
     o.cluster.seeds = std::move(seeds);
     o.cluster.secret = secret;
+    o.cluster.sync_interval_ms = sync_interval_ms;
     state = std::make_unique<node::NodeState>(o);
     if (Status s = state->load(); !s.ok()) throw std::runtime_error(s.message());
     cluster = std::make_unique<node::ClusterNode>(io, *state, net.io());
@@ -252,8 +254,12 @@ struct SimNode {
 
 // A cluster of ClusterNodes on one SimPeerNet; node 1 is everyone's seed.
 struct SimCluster {
-  explicit SimCluster(size_t n, uint64_t seed = 1) : net(kT0, seed) {
-    std::ofstream(dir.sub("rules.yaml")) << kRules;
+  // `rules`: a policy whose first rule is domain d's, keyed by k (SimNode::check's); every node
+  // syncs every `sync_interval_ms`.
+  explicit SimCluster(size_t n, uint64_t seed = 1, const std::string& rules = kRules,
+                      int64_t sync_interval_ms = 100)
+      : net(kT0, seed), sync_ms(sync_interval_ms) {
+    std::ofstream(dir.sub("rules.yaml")) << rules;
     net.between = [this] {
       io.restart();
       io.poll();
@@ -271,7 +277,7 @@ struct SimCluster {
     std::vector<std::string> seeds;
     if (id != 1) seeds.push_back(addr_of(1));
     auto [it, fresh] = nodes.emplace(
-        id, std::make_unique<SimNode>(net, io, dir.sub("rules.yaml"), id, seeds, secret));
+        id, std::make_unique<SimNode>(net, io, dir.sub("rules.yaml"), id, seeds, secret, sync_ms));
     if (!fresh) throw std::logic_error("node " + std::to_string(id) + " is already running");
     return *it->second;
   }
@@ -306,6 +312,7 @@ struct SimCluster {
   testing::TempDir dir{"cluster-node-test"};
   boost::asio::io_context io;
   SimPeerNet net;
+  int64_t sync_ms;
   std::map<NodeId, std::unique_ptr<SimNode>> nodes;
 };
 
