@@ -103,6 +103,26 @@ def target_text(target: str, unit: str) -> str:
     return f"{op.replace('>=', '≥').replace('<=', '≤')} {fmt(float(limit), unit)}"
 
 
+def curve(c: dict, runs: dict) -> list:
+    """A `[[curve]]` of goals.toml as a table: one line per value of `x`, one column per value of
+    `column`, each cell the `fields` of the matching row joined by " / "."""
+    run = runs.get(c["run"])
+    rows = [r for r in (run or {}).get("rows", []) if matches(r, c.get("row", {}))]
+    if not rows:
+        return [f"{c['what']}: (run `{c['run']}` has no such rows)", ""]
+    xs = sorted({r[c["x"]] for r in rows})
+    cols = list(dict.fromkeys(r[c["column"]] for r in rows))
+    cell = {(r[c["x"]], r[c["column"]]): r for r in rows}
+    unit = c.get("unit", "f")
+    out = [c["what"] + ":", "", f"| {c['x']} | " + " | ".join(cols) + " |",
+           "| ---: |" + " ---: |" * len(cols)]
+    for x in xs:
+        cells = [" / ".join(fmt(cell[(x, col)].get(f), unit) for f in c["fields"])
+                 if (x, col) in cell else "-" for col in cols]
+        out.append(f"| {x} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
 def render() -> str:
     spec = tomllib.loads(GOALS.read_text())
     runs = {}
@@ -133,6 +153,11 @@ def render() -> str:
             today = fmt(value, unit) if err is None else f"({err})"
             out.append(f"| {goal['what']} | {target_text(goal.get('target', ''), unit)} | {today} | "
                        f"{verdict(value, goal.get('target', ''), unit)} | `{goal['run']}` |")
+        out.append("")
+        for c in [c for c in spec.get("curve", []) if c["group"] == gid]:
+            out += curve(c, runs)
+        if out[-1] == "":
+            out.pop()
         notes = [g for g in spec["goal"] if g["group"] == gid and g.get("note")]
         if notes:
             out.append("")
