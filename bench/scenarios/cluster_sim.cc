@@ -56,6 +56,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -141,17 +142,27 @@ void put_spread(Row& r, const std::string& prefix, const std::vector<double>& sa
     r[prefix + name] = samples.empty() ? Row() : Row(sluice::bench::percentile(samples, q));
 }
 
+// The membership load of a window: per node per second, mean over the live nodes and the busiest;
+// swim_*: probing and piggybacked gossip only (kPing, kAck, kPingReq, kNack), what is left without
+// the joins and the anti-entropy pulls.
 void put_load(Row& r, const Load& l, size_t n) {
   r["msgs_per_node_s"] = l.msgs_mean;
   r["msgs_per_node_s_max"] = l.msgs_max;
   r["bytes_per_node_s"] = l.bytes_mean;
   r["bytes_per_node_s_max"] = l.bytes_max;
-  r["bytes_per_msg"] = l.bytes_per_msg;
-  r["swim_msgs_per_node_s"] = l.swim_msgs_mean;
-  r["swim_bytes_per_node_s"] = l.swim_bytes_mean;
-  Row& share = r["bytes_share_by_kind"] = Row::object();
-  for (size_t k = 0; k < kKinds; ++k)
-    share[kKindNames[k]] = l.bytes_share[k];
+  const auto sum = [](const std::vector<uint64_t>& v, size_t kinds) {
+    return static_cast<double>(
+        std::accumulate(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(kinds), uint64_t{0}));
+  };
+  const double msgs = sum(l.msgs, kKindNames.size()), bytes = sum(l.bytes, kKindNames.size());
+  r["bytes_per_msg"] = msgs > 0 ? bytes / msgs : 0;
+  const double live = l.seconds > 0 ? static_cast<double>(l.nodes) : 0;
+  static_assert(static_cast<size_t>(sluice::cluster::MembershipKind::kNack) == 3);
+  r["swim_msgs_per_node_s"] = live > 0 ? sum(l.msgs, 4) / live / l.seconds : 0;
+  r["swim_bytes_per_node_s"] = live > 0 ? sum(l.bytes, 4) / live / l.seconds : 0;
+  Row& share = r["bytes_share_by_kind"] = Row::object();  // of all bytes
+  for (size_t k = 0; k < kKindNames.size(); ++k)
+    share[kKindNames[k]] = bytes > 0 ? static_cast<double>(l.bytes[k]) / bytes : 0;
   r["window_s"] = l.seconds;
   r["anti_entropy_interval_s"] = anti_entropy_s(n);
 }
@@ -162,7 +173,7 @@ void put_load(Row& r, const Load& l, size_t n) {
 class Run {
  public:
   Run(const Settings& st, size_t n, uint64_t seed)
-      : sim(n, seed, NetOptions{}, st.encode_every, st.max_events), st_(st), n_(n) {}
+      : sim(n, seed, st.encode_every, st.max_events), st_(st), n_(n) {}
 
   // Pre-seeds the cluster and lets it run `settle_us` after the last join; false (and, with
   // `rows`, a row `scenario` saying so) if the views were not all Alive after the joins.
@@ -184,7 +195,7 @@ class Run {
     sim.set_loss(loss);
     sim.reset_load();
     sim.reset_false_deaths();
-    suspicions_ = sim.suspicions_raised();
+    suspicions_ = sim.summed(&MembershipStats::suspicions_raised);
     start_us_ = since_us >= 0 ? since_us : sim.now_us();
   }
   Row row(const char* scenario, double loss) const {
@@ -194,7 +205,9 @@ class Run {
     r["suspicions"] = suspicions();
     return r;
   }
-  uint64_t suspicions() const { return sim.suspicions_raised() - suspicions_; }
+  uint64_t suspicions() const {
+    return sim.summed(&MembershipStats::suspicions_raised) - suspicions_;
+  }
   void add(Row& r, Rows& rows) {
     if (sim.overrides_refused() > 0)
       add_note(r, std::to_string(sim.overrides_refused()) + " records refused");
@@ -266,7 +279,6 @@ void run_detect(const Settings& st, size_t n, Run& run, Rows& rows) {
     if (live.size() < 3) break;
     const size_t victim = live[static_cast<size_t>(sim.rng()() % live.size())];
     const int64_t killed_at = sim.now_us();
-    sim.watch_victim(victim);
     sim.kill(victim);
     ++kills;
     sim.run_until(killed_at + kDetectLimitUs,
@@ -328,14 +340,14 @@ void run_loss_bursts(const Settings& st, size_t n, bool into, Rows& rows) {
       r["note"] = "run " + std::to_string(runs) + ": not converged after the pre-seeded start";
       break;
     }
-    const uint64_t deaths_before = sim.deaths_declared();
-    const uint64_t refutations_before = sim.refutations();
+    const uint64_t deaths_before = sim.summed(&MembershipStats::deaths_declared);
+    const uint64_t refutations_before = sim.summed(&MembershipStats::refutations);
     run.start(into ? 0 : st.burst_loss);
     if (into) sim.set_loss_into(into_node, st.burst_loss);
     sim.run_for(us_of(st.burst_s));
     msgs += sim.load().msgs_mean;
     bytes += sim.load().bytes_mean;
-    const uint64_t deaths_at_heal = sim.deaths_declared();
+    const uint64_t deaths_at_heal = sim.summed(&MembershipStats::deaths_declared);
     for (size_t m = 0; m < n; ++m) {
       if (sim.suspected_by(m) + 1 == n) {
         ++runs_all_suspect;
@@ -346,7 +358,7 @@ void run_loss_bursts(const Settings& st, size_t n, bool into, Rows& rows) {
     sim.set_loss_into(into_node, 0);
     sim.run_for(us_of(st.after_s));
     const uint64_t during = deaths_at_heal - deaths_before;
-    const uint64_t after = sim.deaths_declared() - deaths_at_heal;
+    const uint64_t after = sim.summed(&MembershipStats::deaths_declared) - deaths_at_heal;
     deaths_during += during;
     deaths_after += after;
     runs_dead_during += during > 0;
@@ -354,7 +366,7 @@ void run_loss_bursts(const Settings& st, size_t n, bool into, Rows& rows) {
     if (during + after > 0) dead_seeds.push_back(seed);
     false_dead_views += sim.false_dead_views();
     suspicions += run.suspicions();
-    refutations += sim.refutations() - refutations_before;
+    refutations += sim.summed(&MembershipStats::refutations) - refutations_before;
     sim_s += s_of(sim.now_us() - kStartUs);
     if (sim.out_of_events()) r["note"] = "stopped at the event bound";
   }
@@ -413,7 +425,7 @@ void run_overrides(const Settings& st, size_t n, Rows& rows) {
     for (size_t w = first; w < sim.writes(); ++w)
       if (sim.reached_all_us(w) >= 0)
         reach.push_back(s_of(sim.reached_all_us(w) - sim.write_at_us(w)));
-    const OverrideLoad l = sim.override_load();
+    const Load l = sim.override_load();
     const auto per = [](uint64_t v, auto of) {
       return of > 0 ? static_cast<double>(v) / static_cast<double>(of) : 0.0;
     };
@@ -437,7 +449,7 @@ void run_overrides(const Settings& st, size_t n, Rows& rows) {
               {"override_msgs_by_kind", Row::object()},
               {"override_bytes_by_kind", Row::object()},
               {"window_s", l.seconds}});
-    for (size_t k = 0; k < kOverrideKinds; ++k) {
+    for (size_t k = 0; k < kOverrideKindNames.size(); ++k) {
       r["override_msgs_by_kind"][kOverrideKindNames[k]] = l.msgs[k];
       r["override_bytes_by_kind"][kOverrideKindNames[k]] = l.bytes[k];
     }
