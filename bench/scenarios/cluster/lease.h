@@ -52,8 +52,7 @@ inline std::string run_lease_case(const Settings& st, const std::string& name, s
     if (std::string err = steady(c, domain, key, rate, st.seconds, r); !err.empty())
       return mode + ": " + err;
     const Totals after = metric_totals(c, metrics);
-    Row row = table_row(name, mode, nodes, rate, limit);
-    row["skew"] = "even";
+    Row row = table_row(name, mode, nodes, rate, limit, 100, "even");
     load_figures(row, r, limit, "", true);
     std::vector<int64_t> latencies;  // of decided checks
     uint64_t at_non_owners = 0;
@@ -89,14 +88,12 @@ inline std::string run_lease_case(const Settings& st, const std::string& name, s
     out.push_back(std::move(row));
   }
   // The latency pass: keys <case>-lat-<mode> interleaved (check k names key k % 3).
-  LoadOptions lo;
+  std::vector<std::string> keys, domains;
   for (const std::string& mode : modes) {
-    lo.keys.push_back(name + "-lat-" + mode);
-    lo.key_domains.emplace_back(1, mode[0]);
+    keys.push_back(name + "-lat-" + mode);
+    domains.emplace_back(1, mode[0]);
   }
-  lo.rate_per_s = rate * 3;
-  lo.duration = ms_of(st.seconds);
-  lo.failover = false;
+  const LoadOptions lo = load_of(keys, domains, rate * 3, st.seconds);
   LoadRun pass;
   if (std::string err = drive(c, lo, {}, pass); !err.empty()) return "latency pass: " + err;
   const auto p = [&](int key, double q) { return latency_percentile_us(pass.records, q, -1, key); };
@@ -114,7 +111,7 @@ inline std::string run_lease_case(const Settings& st, const std::string& name, s
   return "";
 }
 
-inline std::string run_lease(const Settings& st, Rows& rows) {
+inline std::string run_lease(const Settings& st, const std::string&, Rows& rows) {
   struct Case {
     const char* name;
     size_t nodes;
