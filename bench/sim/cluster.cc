@@ -109,9 +109,11 @@ void Cluster::observe(size_t observer, const Member& m) {
   }
 }
 
-void Cluster::reset_false_deaths() {
+void Cluster::start_window() {
+  reset(membership_);
   false_dead_views_ = 0;
   false_dead_subjects_.assign(n_, false);
+  suspicions_ = summed(&MembershipStats::suspicions_raised);
 }
 
 uint64_t Cluster::false_dead_members() const {

@@ -92,18 +92,19 @@ class Cluster : public Network {
   int64_t dead_seen_us(size_t observer) const { return dead_seen_us_[observer]; }
   // Every live node has listed the last victim Dead.
   bool all_survivors_saw_victim_dead() const { return dead_seen_count_ == up_count_; }
-  // False deaths: a live member listed Dead by a live observer, since the last reset.
-  void reset_false_deaths();
+  // From now: the membership load, false deaths (a live member listed Dead by a live observer)
+  // and the suspicions raised (summed over the nodes).
+  void start_window();
   uint64_t false_dead_views() const { return false_dead_views_; }
   uint64_t false_dead_members() const;
+  uint64_t suspicions() const { return summed(&MembershipStats::suspicions_raised) - suspicions_; }
   // A MembershipStats counter summed over every node, live or not (deaths_declared: suspicion
   // timeouts that ended on a node, what partition_test sums over /v1/cluster).
   uint64_t summed(uint64_t MembershipStats::*stat) const;
   // Live observers that list live member `subject` Suspect.
   size_t suspected_by(size_t subject) const;
 
-  // ---- load: membership messages and override messages ----
-  void reset_load() { reset(membership_); }
+  // ---- load: membership messages (from start_window()) and override messages ----
   Load load() const { return load_of(membership_); }
   void reset_override_load() { reset(overrides_); }
   Load override_load() const { return load_of(overrides_); }
@@ -172,6 +173,7 @@ class Cluster : public Network {
   std::vector<int64_t> dead_seen_us_;  // per observer: when it first listed victim_ Dead
   size_t dead_seen_count_ = 0;
   uint64_t false_dead_views_ = 0;
+  uint64_t suspicions_ = 0;  // raised before the window
   std::vector<bool> false_dead_subjects_;
 
   std::vector<std::unique_ptr<cluster::OverrideSpread>> spreads_;  // from start_overrides()
