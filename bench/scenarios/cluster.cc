@@ -1,31 +1,19 @@
 // sluice-bench cluster: the cluster scenarios with real sluiced processes on loopback, on one
 // harness (cluster/harness.h: start the nodes, drive checks over them, measure, one row each).
+// Each case's function below says what its rows measure; cluster/*.h hold the larger ones:
 //
-//   stable-3, stable-5  owner and gossip rules, stable membership, 3x the limit offered
-//   sync-sweep          (alias seed000; its rows keep the name seed000) 10 nodes, 50/s limit,
-//                       500/s offered; owner mode, and gossip at sync 10, 25, 50, 100, 250, 500,
-//                       1000, 2000 ms (over-admission against the sync interval); from 100 ms on
-//                       also with skewed traffic (`skew`: all on one node, on three, or on one
-//                       node moving every 2 s). fine_rules: 10 ms buckets
-//   kill9               kill -9 of the key's owner, one of 5 nodes, under traffic; restarted once
-//                       every survivor lists it dead (detect_s = kill until then)
-//   restart             the same, restarted at once with its data directory (no restart delay)
-//   join                a 4th node joins 3 under traffic and then takes its share of it
-//   drain               the key's owner, one of 4 nodes, drains under traffic (POST /v1/drain)
-//   forwarding          p50 (and p99) latency of an owner-mode check sent to a non-owner, minus the
-//                       p50 (p99) of a gossip-mode check sent to the same nodes (decided locally)
-//   overrides           cluster-wide overrides: 20 writes (sets and deletes, each on the next node
-//                       in turn) on 5 nodes (--quick: 3), each timed from just before its admin
-//                       POST until every other node reports it (POST /v1/overrides/get polled
-//                       every ~5 ms): override_p50_ms, override_p99_ms, override_max_ms
+//   stable-3, stable-5  owner and gossip rule, stable membership, 3x the limit offered
+//   sync-sweep          (alias seed000; its rows keep the name seed000) over-admission against
+//                       the sync interval, even and skewed traffic (kSweep)
+//   kill9, restart, join, drain   membership changes under traffic
+//   forwarding          latency an owner-mode check pays for being forwarded
+//   overrides           how fast a cluster-wide override reaches every node
 //   sync-cost           CPU ms of a running node's sync passes with 1M idle keys and 1k active
-//   partition           5 nodes in network namespaces (tests/support/netns_cluster.h; root, ip and
-//                       nft, else skipped): a 2|3 split, a one-way fault, 30 % loss, each 10 s
-//                       under traffic, then healed
+//   partition           faults between nodes in network namespaces (root, ip and nft, else skipped)
 //   peer-traffic        peer UDP payload bytes per node per second (cluster/peer_traffic.h)
 //   gcra                3 nodes, a GCRA limit on 4 keys at 2x its rate (cluster/gcra.h)
-//   concurrency         5 nodes, max_in_flight 20 on 3 keys, stable, then key 0's owner killed -9;
-//                       max/limit = leases held at once / 20 (cluster/concurrency.h)
+//   concurrency         max_in_flight 20 on 3 keys, stable, then key 0's owner killed -9
+//                       (cluster/concurrency.h)
 //   lease               leased quotas beside owner and gossip mode (cluster/lease.h)
 //
 // admitted_over_limit = the largest number of checks admitted in any true 1 s window (exact, over
@@ -55,58 +43,68 @@ using namespace sluice::bench::cluster;
 using sluice::bench::Row;
 using sluice::bench::Rows;
 
-// stable-N: owner and gossip rule in turn, 100/s limit, 300/s offered, two_mode_rules.
-// sync-sweep (stable_nodes 0): 10 nodes, 50/s limit, 500/s offered, fine_rules; owner mode at
-// 100 ms; gossip at every interval with even traffic, and with skewed traffic from 100 ms on.
-// Runs at a sync of 500 ms or more last 3 intervals + 4 s at least, so that the quotas leave the
-// even split of a new key (which lasts 3 intervals) while measured. Each run a key of its own:
-// none starts on counts another left.
-std::string run_steady(const Settings& st, size_t stable_nodes, Rows& rows) {
-  const bool sweep = stable_nodes == 0;
-  const size_t n = sweep ? 10 : stable_nodes;
+// sync-sweep: 10 nodes, 50/s limit, 500/s offered, fine_rules. Per sync interval (ms): a cluster,
+// on which the owner rule runs (at 100 ms only), then the gossip rule with each skew (harness.h
+// steady(); --quick: 100 ms, even, alone); `goal` is the note of its gossip rows.
+struct SweepCase {
+  int64_t sync_ms;
+  std::vector<std::string> skews;
+  const char* goal = "";
+};
+const std::vector<SweepCase> kSweep = {
+    {10, {"even"}},
+    {25, {"even"}},
+    {50, {"even"}},
+    {100, {"even", "one-node", "three-nodes", "moving"}, "goal: max <= 1.05, min >= 0.95"},
+    {250, {"even", "one-node", "three-nodes", "moving"}, "goal: max <= 1.10, min >= 0.95"},
+    {500, {"even", "one-node", "three-nodes", "moving"}, "goal: max <= 1.10"},
+    {1000, {"even", "one-node", "three-nodes", "moving"}, "goal: max <= 1.10"},
+    {2000, {"even", "one-node", "three-nodes", "moving"}, "goal: max <= 1.10"},
+};
+
+// stable-N: the owner and the gossip rule in turn at sync 100 ms, 100/s limit, 300/s offered,
+// two_mode_rules; sync-sweep: kSweep. Runs at a sync of 500 ms or more last 3 intervals + 4 s
+// at least, so that the quotas leave the even split of a new key (about 3 intervals long) while
+// measured. Each run a key of its own: none starts on counts another left.
+std::string run_steady(const Settings& st, const std::string& name, Rows& rows) {
+  const bool sweep = name == "sync-sweep";
+  const size_t n = sweep ? 10 : static_cast<size_t>(name.back() - '0');
   const uint64_t limit = sweep ? 50 : 100;
   const double rate = sweep ? 500 : 300;
-  std::vector<int64_t> syncs = {100};
-  if (sweep && !st.quick) syncs = {10, 25, 50, 100, 250, 500, 1000, 2000};
-  for (int64_t sync : syncs) {
-    LocalCluster c(spec_of(st, n, sweep ? fine_rules(limit) : two_mode_rules(limit), sync));
+  for (const SweepCase& sc : kSweep) {
+    if (sc.sync_ms != 100 && (!sweep || st.quick)) continue;
+    LocalCluster c(spec_of(st, n, sweep ? fine_rules(limit) : two_mode_rules(limit), sc.sync_ms));
     if (std::string err = c.start(milliseconds(30000)); !err.empty()) return err;
     std::vector<std::pair<std::string, std::string>> runs;  // mode, skew
-    if (sync == 100) runs.emplace_back("owner", "even");
-    runs.emplace_back("gossip", "even");
-    if (sweep && sync >= 100 && !st.quick) {
-      for (const char* skew : {"one-node", "three-nodes", "moving"})
-        runs.emplace_back("gossip", skew);
-    }
+    if (sc.sync_ms == 100) runs.emplace_back("owner", "even");
+    for (size_t i = 0; i < (sweep && !st.quick ? sc.skews.size() : 1); ++i)
+      runs.emplace_back("gossip", sc.skews[i]);
     int round = 0;
     for (const auto& [mode, skew] : runs) {
       const std::string key = (sweep ? "seed000-" : "stable-") + mode + std::to_string(round++);
       LoadRun r;
-      double seconds = sync >= 500
-                           ? std::max(st.seconds, 3.0 * static_cast<double>(sync) / 1000 + 4)
-                           : st.seconds;
+      double seconds = st.seconds;
+      if (sc.sync_ms >= 500)
+        seconds = std::max(seconds, 3.0 * static_cast<double>(sc.sync_ms) / 1000 + 4);
       if (skew == "moving") seconds = std::max(seconds, 8.0);
       if (std::string err = steady(c, mode.substr(0, 1), key, rate, seconds, r, skew); !err.empty())
         return err;
-      Row row =
-          table_row(sweep ? "seed000" : "stable-" + std::to_string(n), mode, n, rate, limit, sync);
-      row["skew"] = skew;
+      Row row = table_row(sweep ? "seed000" : name, mode, n, rate, limit, sc.sync_ms, skew);
       load_figures(row, r, limit, "", true);
-      if (sweep && mode == "gossip" && sync >= 100)
-        row["note"] = sync == 100   ? "goal: max <= 1.05, min >= 0.95"
-                      : sync == 250 ? "goal: max <= 1.10, min >= 0.95"
-                                    : "goal: max <= 1.10";
+      if (sweep && mode == "gossip" && *sc.goal != '\0') row["note"] = sc.goal;
       add(rows, std::move(row));
     }
   }
   return "";
 }
 
-// kill9: the owner of both keys killed with -9 under traffic, declared dead, then restarted.
-// restart: the same owner restarted at once with its data directory (what a supervisor without a
-// restart delay does), before anyone has declared it dead. join: a 4th node joins 3 under
-// traffic of 6 keys. drain: the owner of both keys, one of 4, drains. Each 2 s into the traffic;
-// a row per mode over the whole run.
+// kill9: the owner of both keys (one gossip, one owner), one of 5 nodes, killed -9 under traffic
+// and restarted once every survivor lists it dead (detect_s = kill until then; alive_again_s =
+// kill until alive everywhere). restart: the same, restarted at once with its data directory
+// (what a supervisor without a restart delay does), before anyone has declared it dead. join: a
+// 4th node joins 3 under traffic of 6 keys and then takes its share of it. drain: the owner of
+// both keys, one of 4, drains (POST /v1/drain). Each 2 s into the traffic; a row per mode over
+// the whole run.
 std::string run_membership(const Settings& st, const std::string& name, Rows& rows) {
   const bool join = name == "join", drain = name == "drain";
   const size_t n = join ? 3 : drain ? 4 : 5;
@@ -136,9 +134,13 @@ std::string run_membership(const Settings& st, const std::string& name, Rows& ro
   }
   lo.rate_per_s = rate * static_cast<double>(lo.keys.size());
   lo.duration = ms_of(std::max(st.seconds, join ? 8.0 : drain ? 7.0 : 10.0));
-  lo.failover = true;
   std::optional<double> detect, alive_again;
   std::string note;
+  const auto until = [&](const std::vector<size_t>& observers, const char* state, int timeout_ms,
+                         int every_ms) {
+    return wait_until([&] { return c.all_see(observers, id, state); }, milliseconds(timeout_ms),
+                      milliseconds(every_ms));
+  };
   const auto event = [&](LoadDriver& load) -> std::string {
     std::this_thread::sleep_for(milliseconds(2000));
     const auto t0 = SteadyClock::now();
@@ -155,10 +157,7 @@ std::string run_membership(const Settings& st, const std::string& name, Rows& ro
              " of 6 keys moved to it";
     } else if (drain) {
       if (c.drain(node).status != 200) return "POST /v1/drain failed";
-      if (wait_until([&] { return c.all_see(indices(n, node), id, "left"); }, milliseconds(10000),
-                     milliseconds(50))) {
-        detect = secs_since(t0);
-      }
+      if (until(indices(n, node), "left", 10000, 50)) detect = secs_since(t0);
       const int status = c.wait_exit(node, milliseconds(10000));
       const bool ok = status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
       note = "detect_s = drain until all see it left; exit " +
@@ -166,19 +165,14 @@ std::string run_membership(const Settings& st, const std::string& name, Rows& ro
     } else {
       const bool at_once = name == "restart";
       c.kill9(node);
-      if (!at_once && wait_until([&] { return c.all_see(indices(n, node), id, "dead"); },
-                                 milliseconds(20000), milliseconds(50))) {
-        detect = secs_since(t0);
-      }
+      if (!at_once && until(indices(n, node), "dead", 20000, 50)) detect = secs_since(t0);
       note = at_once ? "victim owned both keys, restarted at once" : "victim owned both keys";
-      if (std::string err = c.start_node(node); !err.empty()) {
+      if (std::string err = c.start_node(node); !err.empty())
         note += "; restart failed";
-      } else if (wait_until([&] { return c.all_see(indices(n), id, "alive"); }, milliseconds(15000),
-                            milliseconds(100))) {
+      else if (until(indices(n), "alive", 15000, 100))
         alive_again = secs_since(t0);
-      } else {
+      else
         note += "; not alive everywhere 15 s after its restart";
-      }
     }
     return "";
   };
@@ -188,20 +182,21 @@ std::string run_membership(const Settings& st, const std::string& name, Rows& ro
     Row row = table_row(name, mode, join ? n + 1 : n, rate, limit);
     load_figures(row, r, limit, std::string(1, mode[0]));
     set(row, "detect_s", detect);
-    set(row, "alive_again_s", alive_again);  // kill9, restart: kill until alive everywhere
+    set(row, "alive_again_s", alive_again);
     row["note"] = note;
     add(rows, std::move(row));
   }
   return "";
 }
 
-// Phases of one kind of traffic each, in rounds (gossip rule at the non-owners, owner rule at the
-// non-owners: forwarded, owner rule at the owner: decided there), so slow drift of the machine
-// hits every kind alike; p50 over each kind's pooled checks. A gossip check is decided where it
-// lands, so its p50 at the same nodes is the baseline forwarding adds to. A last phase
-// interleaves gossip and owner checks at the non-owners: whether forwarded checks delay the local
-// ones behind them. Latencies include the client and loopback.
-std::string run_forwarding(const Settings& st, Rows& rows) {
+// forwarding: p50 (and p99) latency of an owner-mode check sent to a non-owner (forwarded), minus
+// the p50 (p99) of a gossip-mode check sent to the same nodes (decided where it lands: the
+// baseline). 3 nodes, 250/s. Phases of one kind of traffic each, in rounds (gossip rule at the
+// non-owners, owner rule there, owner rule at the owner), so slow drift of the machine hits every
+// kind alike; percentiles over each kind's pooled checks. A last phase interleaves gossip and
+// owner checks at the non-owners: whether forwarded checks delay the local ones behind them.
+// Latencies include the client and loopback.
+std::string run_forwarding(const Settings& st, const std::string&, Rows& rows) {
   const size_t n = 3;
   const uint64_t limit = 1'000'000'000;  // never reached: every check is admitted
   const double rate = 250;
@@ -215,18 +210,14 @@ std::string run_forwarding(const Settings& st, Rows& rows) {
   uint64_t failed = 0;
   const auto run = [&](std::vector<std::string> domains, std::vector<size_t> targets,
                        const std::string& kind, double seconds) {
-    LoadOptions lo;
-    lo.keys.assign(domains.size(), "fw");
-    lo.key_domains = domains;
-    lo.rate_per_s = rate * static_cast<double>(domains.size());
-    lo.duration = ms_of(seconds);
-    lo.failover = false;
+    const LoadOptions lo = load_of(std::vector<std::string>(domains.size(), "fw"), domains,
+                                   rate * static_cast<double>(domains.size()), seconds);
     LoadRun r;
     const std::string err = drive(c, lo, std::move(targets), r);
     failed += r.failed();
     for (const CheckRecord& x : r.records) {
       if (x.outcome == CheckOutcome::kFailed || kind.empty()) continue;  // "": warm-up
-      lat[kind + (domains.size() > 1 ? "/" + domains[x.key] : "")].push_back(x.latency_us);
+      lat[kind + (domains.size() > 1 ? "_" + domains[x.key] : "")].push_back(x.latency_us);
     }
     return err;
   };
@@ -244,21 +235,18 @@ std::string run_forwarding(const Settings& st, Rows& rows) {
   row["failed_checks"] = failed;
   row["added_p50_us"] = static_cast<double>(pct("forwarded", 0.5) - pct("local", 0.5));
   row["added_p99_us"] = static_cast<double>(pct("forwarded", 0.99) - pct("local", 0.99));
-  // p50 us: owner rule at the non-owners, gossip rule there, owner rule at the owner, and the
-  // interleaved phase's gossip and owner checks.
-  for (const char* kind : {"forwarded", "local", "at_owner", "mixed/g", "mixed/o"}) {
-    std::string field = std::string(kind) + "_p50_us";
-    std::replace(field.begin(), field.end(), '/', '_');
-    row[field] = pct(kind, 0.5);
-  }
+  for (const char* kind : {"forwarded", "local", "at_owner", "mixed_g", "mixed_o"})
+    row[std::string(kind) + "_p50_us"] = pct(kind, 0.5);
   row["note"] = "p50 us, client and loopback included";
   add(rows, std::move(row));
   return "";
 }
 
-// Cluster-wide overrides: how long a set (or delete) made on one node takes to be in force on
-// every node, as an operator would see it: each node's admin API asked every ~5 ms.
-std::string run_overrides(const Settings& st, Rows& rows) {
+// overrides: 20 writes (sets and deletes, each on the next node in turn) on 5 nodes (--quick: 3),
+// each timed from just before its admin POST until every other node reports it (POST
+// /v1/overrides/get polled every ~5 ms), as an operator would see it: override_p50_ms,
+// override_p99_ms, override_max_ms; post_p50_ms: the writer's POST alone.
+std::string run_overrides(const Settings& st, const std::string&, Rows& rows) {
   const size_t n = st.quick ? 3 : 5;
   const size_t writes = 20;
   LocalCluster c(spec_of(st, n, two_mode_rules(100)));
@@ -295,7 +283,7 @@ std::string run_overrides(const Settings& st, Rows& rows) {
   row["override_p99_ms"] = percentile(took_ms, 0.99);
   row["override_max_ms"] = percentile(took_ms, 1.0);
   row["writes"] = writes;
-  row["post_p50_ms"] = percentile(post_ms, 0.5);  // the writer's POST alone
+  row["post_p50_ms"] = percentile(post_ms, 0.5);
   row["note"] = "writes (set, delete) until every node reports them";
   add(rows, std::move(row));
   return "";
@@ -308,7 +296,7 @@ std::string run_overrides(const Settings& st, Rows& rows) {
 // each changed pass has about `active` counters (and their demand twins) to report among idle +
 // active. Measured on node 1 between two reads of its counters, after a warm-up: the mean CPU ms
 // of a changed pass, and its p50 and p99 as the upper bound of their power-of-two bucket.
-std::string run_sync_cost(const Settings& st, Rows& rows) {
+std::string run_sync_cost(const Settings& st, const std::string&, Rows& rows) {
   const uint64_t idle = st.quick ? 100'000 : 1'000'000;
   const uint64_t active = 1'000;
   LocalCluster c(spec_of(st, 3, one_rule_domains({{"g", "gossip"}}, "1000000000/1m")));
@@ -426,7 +414,7 @@ std::string run_sync_cost(const Settings& st, Rows& rows) {
 // from 1 s after the heal, the deaths declared (membership.deaths_declared summed over the nodes:
 // every one is false, all processes run throughout) during the fault and after the heal, the
 // failed checks per phase, and what the fault rules dropped.
-std::string run_partition(const Settings& st, Rows& rows) {
+std::string run_partition(const Settings& st, const std::string&, Rows& rows) {
   if (const std::string why = netns_unavailable(); !why.empty()) {
     std::fprintf(stderr, "  partition skipped: %s\n", why.c_str());
     return "";
@@ -436,12 +424,12 @@ std::string run_partition(const Settings& st, Rows& rows) {
   const double rate = 300;  // per key
   const sluice::ClientOptions client_defaults;
   const char* only = std::getenv("SLUICE_BENCH_FAULT");
-  const std::map<std::string, std::string> what = {
+  const std::pair<std::string, std::string> faults[] = {
       {"split-2-3", "nodes 1,2 | 3,4,5"},
       {"one-way", "the owner key's owner receives nothing"},
       {"loss-30", "30 % of packets between nodes dropped"},
       {"one-way-loss-30", "node 3 drops 30 % of the packets the others send it"}};
-  for (const std::string fault : {"split-2-3", "one-way", "loss-30", "one-way-loss-30"}) {
+  for (const auto& [fault, what] : faults) {
     if (only != nullptr && fault != only) continue;
     NetnsCluster net(spec_of(st, n, fine_rules(limit)));
     if (std::string err = net.start(milliseconds(30000)); !err.empty()) return fault + ": " + err;
@@ -475,8 +463,7 @@ std::string run_partition(const Settings& st, Rows& rows) {
     }
     for (const char* mode : {"owner", "gossip"}) {
       const int key = mode[0] == 'o' ? 1 : 0;
-      Row row = table_row("partition", mode, n, rate, limit);
-      row["skew"] = "even";
+      Row row = table_row("partition", mode, n, rate, limit, 100, "even");
       row["admitted_over_limit"] = r.during_fault(key, limit);
       row["failed_checks"] = r.failed(key);
       set(row, "detect_s", r.merged_s);  // null: not merged within 15 s of the heal
@@ -494,8 +481,7 @@ std::string run_partition(const Settings& st, Rows& rows) {
       row["dropped"] = r.counters.dropped;
       row["packets"] = r.counters.seen;
       row["all_running"] = r.all_running;
-      row["note"] =
-          what.at(fault) + (fault == "one-way" ? " (node " + std::to_string(victim + 1) + ")" : "");
+      row["note"] = what + (fault == "one-way" ? " (node " + std::to_string(victim + 1) + ")" : "");
       add(rows, std::move(row));
     }
     if (!r.all_running) return fault + ": a node exited";
@@ -520,35 +506,26 @@ int bench_cluster_main(int argc, char** argv) {
   cli.sluiced(st.sluiced);
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
   if (st.quick && !cli.app().count("--seconds")) st.seconds = 3;
+  if (only == "seed000") only = "sync-sweep";  // the scenario's old name
 
+  using Run = std::string (*)(const Settings&, const std::string& name, Rows&);
   struct Scenario {
     const char* name;
-    bool quick;
-    std::function<std::string(Rows&)> run;
+    bool quick;  // in --quick
+    Run run;
   };
-  const auto membership = [&](const char* name) {
-    return [&st, name](Rows& r) { return run_membership(st, name, r); };
+  const Scenario scenarios[] = {
+      {"stable-3", true, run_steady},      {"stable-5", false, run_steady},
+      {"sync-sweep", true, run_steady},    {"kill9", false, run_membership},
+      {"restart", false, run_membership},  {"join", false, run_membership},
+      {"drain", false, run_membership},    {"forwarding", true, run_forwarding},
+      {"overrides", true, run_overrides},  {"partition", false, run_partition},
+      {"sync-cost", false, run_sync_cost}, {"peer-traffic", false, run_peer_traffic},
+      {"gcra", false, run_gcra},           {"concurrency", false, run_concurrency},
+      {"lease", true, run_lease},
   };
-  const std::vector<Scenario> scenarios = {
-      {"stable-3", true, [&](Rows& r) { return run_steady(st, 3, r); }},
-      {"stable-5", false, [&](Rows& r) { return run_steady(st, 5, r); }},
-      {"sync-sweep", true, [&](Rows& r) { return run_steady(st, 0, r); }},
-      {"kill9", false, membership("kill9")},
-      {"restart", false, membership("restart")},
-      {"join", false, membership("join")},
-      {"drain", false, membership("drain")},
-      {"forwarding", true, [&](Rows& r) { return run_forwarding(st, r); }},
-      {"overrides", true, [&](Rows& r) { return run_overrides(st, r); }},
-      {"partition", false, [&](Rows& r) { return run_partition(st, r); }},
-      {"sync-cost", false, [&](Rows& r) { return run_sync_cost(st, r); }},
-      {"peer-traffic", false, [&](Rows& r) { return run_peer_traffic(st, r); }},
-      {"gcra", false, [&](Rows& r) { return run_gcra(st, r); }},
-      {"concurrency", false, [&](Rows& r) { return run_concurrency(st, r); }},
-      {"lease", true, [&](Rows& r) { return run_lease(st, r); }},
-  };
-  if (only == "seed000") only = "sync-sweep";  // the scenario's old name
   const auto named = [&](const Scenario& s) { return only == s.name; };
-  if (!only.empty() && std::none_of(scenarios.begin(), scenarios.end(), named))
+  if (!only.empty() && std::none_of(std::begin(scenarios), std::end(scenarios), named))
     return cli.fail("unknown scenario '" + only + "'");
 
   Rows rows(cli.json);
@@ -557,7 +534,7 @@ int bench_cluster_main(int argc, char** argv) {
     if (only.empty() ? st.quick && !s.quick : !named(s)) continue;
     std::fprintf(stderr, "%s ...\n", s.name);
     const auto t0 = SteadyClock::now();
-    if (std::string err = s.run(rows); !err.empty()) {
+    if (std::string err = s.run(st, s.name, rows); !err.empty()) {
       std::fprintf(stderr, "sluice-bench-cluster: %s: %s\n", s.name, err.c_str());
       ++failures;
     }

@@ -38,12 +38,12 @@
 //               pushes included); digests are counted per node per second.
 //   loss-burst  only when named in --scenario, for small N (5: partition_test's loss cases). --runs
 //               pre-seeded clusters, seeds --seed upwards: each 10 s without loss, --burst-seconds
-//               at --burst-loss on every message, then --after-seconds without. Per row: the runs
-//               in which some node declared a live member Dead (MembershipStats::deaths_declared,
-//               what partition_test sums) during the burst and after it, those deaths summed,
-//               false-dead views, the runs in which at the end of the burst every other node listed
-//               one member Suspect, suspicions and refutations (summed), the membership load during
-//               the burst (mean over runs), and the seeds of the runs with a death.
+//               at --burst-loss on every message, then --after-seconds without. Per row, over the
+//               runs: those in which some node declared a live member Dead (deaths_declared, what
+//               partition_test sums) during the burst and after it, those deaths summed, false-dead
+//               views, the runs in which at the end of the burst every other node listed one member
+//               Suspect, suspicions and refutations, the mean membership load during the burst,
+//               and the seeds of the runs with a death.
 //   loss-burst-into   the same with the loss only on what node --burst-into receives.
 //
 // Wall time: Membership walks its whole member map several times per call and sorts its gossip
@@ -56,6 +56,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -93,10 +94,6 @@ struct Settings {
   uint64_t encode_every = 1;
   uint64_t max_events = 400'000'000;
 };
-
-constexpr int64_t kConvergeLimitUs = 600 * kUsPerS;
-constexpr int64_t kDetectLimitUs = 120 * kUsPerS;
-constexpr int64_t kReachLimitUs = 60 * kUsPerS;
 
 int64_t us_of(double seconds) {
   return static_cast<int64_t>(std::llround(seconds * static_cast<double>(kUsPerS)));
@@ -141,28 +138,38 @@ void put_spread(Row& r, const std::string& prefix, const std::vector<double>& sa
     r[prefix + name] = samples.empty() ? Row() : Row(sluice::bench::percentile(samples, q));
 }
 
+// The membership load of a window: per node per second, mean over the live nodes and the busiest;
+// swim_*: probing and piggybacked gossip only (kPing, kAck, kPingReq, kNack), what is left without
+// the joins and the anti-entropy pulls.
 void put_load(Row& r, const Load& l, size_t n) {
   r["msgs_per_node_s"] = l.msgs_mean;
   r["msgs_per_node_s_max"] = l.msgs_max;
   r["bytes_per_node_s"] = l.bytes_mean;
   r["bytes_per_node_s_max"] = l.bytes_max;
-  r["bytes_per_msg"] = l.bytes_per_msg;
-  r["swim_msgs_per_node_s"] = l.swim_msgs_mean;
-  r["swim_bytes_per_node_s"] = l.swim_bytes_mean;
-  Row& share = r["bytes_share_by_kind"] = Row::object();
-  for (size_t k = 0; k < kKinds; ++k)
-    share[kKindNames[k]] = l.bytes_share[k];
+  const auto sum = [](const std::vector<uint64_t>& v, size_t kinds) {
+    return static_cast<double>(
+        std::accumulate(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(kinds), uint64_t{0}));
+  };
+  const double msgs = sum(l.msgs, kKindNames.size()), bytes = sum(l.bytes, kKindNames.size());
+  r["bytes_per_msg"] = msgs > 0 ? bytes / msgs : 0;
+  const double live = l.seconds > 0 ? static_cast<double>(l.nodes) : 0;
+  static_assert(static_cast<size_t>(sluice::cluster::MembershipKind::kNack) == 3);
+  r["swim_msgs_per_node_s"] = live > 0 ? sum(l.msgs, 4) / live / l.seconds : 0;
+  r["swim_bytes_per_node_s"] = live > 0 ? sum(l.bytes, 4) / live / l.seconds : 0;
+  Row& share = r["bytes_share_by_kind"] = Row::object();  // of all bytes
+  for (size_t k = 0; k < kKindNames.size(); ++k)
+    share[kKindNames[k]] = bytes > 0 ? static_cast<double>(l.bytes[k]) / bytes : 0;
   r["window_s"] = l.seconds;
   r["anti_entropy_interval_s"] = anti_entropy_s(n);
 }
 
 // One simulated cluster of the scenario and the steps every measured phase on it shares: start()
-// sets the loss and counts the membership load, false deaths and suspicions from now; row() is
-// the phase's row with those; add() adds it with the simulated and wall time of the phase.
+// sets the loss and starts the cluster's window (sim/cluster.h); row() is the phase's row with its
+// false deaths and suspicions; add() adds it with the simulated and wall time of the phase.
 class Run {
  public:
   Run(const Settings& st, size_t n, uint64_t seed)
-      : sim(n, seed, NetOptions{}, st.encode_every, st.max_events), st_(st), n_(n) {}
+      : sim(n, seed, st.encode_every, st.max_events), st_(st), n_(n) {}
 
   // Pre-seeds the cluster and lets it run `settle_us` after the last join; false (and, with
   // `rows`, a row `scenario` saying so) if the views were not all Alive after the joins.
@@ -182,26 +189,21 @@ class Run {
   }
   void start(double loss, int64_t since_us = -1) {
     sim.set_loss(loss);
-    sim.reset_load();
-    sim.reset_false_deaths();
-    suspicions_ = sim.suspicions_raised();
+    sim.start_window();
     start_us_ = since_us >= 0 ? since_us : sim.now_us();
   }
   Row row(const char* scenario, double loss) const {
     Row r = base_row(st_, scenario, n_, loss);
     r["false_dead"] = sim.false_dead_members();
     r["false_dead_views"] = sim.false_dead_views();
-    r["suspicions"] = suspicions();
+    r["suspicions"] = sim.suspicions();
     return r;
   }
-  uint64_t suspicions() const { return sim.suspicions_raised() - suspicions_; }
   void add(Row& r, Rows& rows) {
-    if (sim.overrides_refused() > 0)
-      add_note(r, std::to_string(sim.overrides_refused()) + " records refused");
-    if (sim.overrides_unfit() > 0)
-      add_note(r, std::to_string(sim.overrides_unfit()) + " records did not fit");
-    if (sim.encode_errors() > 0)
-      add_note(r, std::to_string(sim.encode_errors()) + " messages failed to seal");
+    for (const auto& [count, what] : {std::pair{sim.overrides_refused(), " records refused"},
+                                      {sim.overrides_unfit(), " records did not fit"},
+                                      {sim.encode_errors(), " messages failed to seal"}})
+      if (count > 0) add_note(r, std::to_string(count) + what);
     if (sim.out_of_events()) add_note(r, "stopped at the event bound");
     r["events"] = sim.events();
     r["sim_s"] = s_of(sim.now_us() - start_us_);
@@ -216,17 +218,15 @@ class Run {
   const Settings& st_;
   size_t n_;
   int64_t start_us_ = kStartUs;
-  uint64_t suspicions_ = 0;
   WallClock::time_point wall_ = WallClock::now();
 };
 
-uint64_t cluster_seed(const Settings& st, size_t n, uint64_t which) {
-  return st.seed * 1'000'003 + n * 4 + which;
+uint64_t cluster_seed(uint64_t seed, size_t n, uint64_t which) {
+  return seed * 1'000'003 + n * 4 + which;
 }
 
-// A join burst of `n` nodes: the converge row.
 void run_converge(const Settings& st, size_t n, Rows& rows) {
-  Run run(st, n, cluster_seed(st, n, 0));
+  Run run(st, n, cluster_seed(st.seed, n, 0));
   Cluster& sim = run.sim;
   sim.join(0, 0);  // the first node: alone until someone joins it
   for (size_t i = 1; i < n; ++i) {
@@ -235,8 +235,8 @@ void run_converge(const Settings& st, size_t n, Rows& rows) {
   }
   const int64_t last_join = sim.now_us();
   const auto seconds_until = [&](auto done) {
-    return sim.run_until(last_join + kConvergeLimitUs, done) ? Row(s_of(sim.now_us() - last_join))
-                                                             : Row();
+    return sim.run_until(last_join + 600 * kUsPerS, done) ? Row(s_of(sim.now_us() - last_join))
+                                                          : Row();
   };
   Row r = base_row(st, "converge", n, 0);
   r["converge_99_s"] = seconds_until([&sim] { return sim.alive_share() >= 0.99; });
@@ -245,11 +245,10 @@ void run_converge(const Settings& st, size_t n, Rows& rows) {
   run.add(r, rows);
 }
 
-// The detect phase: --kills random live nodes, one at a time.
 void run_detect(const Settings& st, size_t n, Run& run, Rows& rows) {
   Cluster& sim = run.sim;
   const auto converged = [&sim] {
-    return sim.run_until(sim.now_us() + kConvergeLimitUs, [&sim] { return sim.converged(); });
+    return sim.run_until(sim.now_us() + 600 * kUsPerS, [&sim] { return sim.converged(); });
   };
   const int64_t phase_start = sim.now_us();
   std::string note;
@@ -266,10 +265,9 @@ void run_detect(const Settings& st, size_t n, Run& run, Rows& rows) {
     if (live.size() < 3) break;
     const size_t victim = live[static_cast<size_t>(sim.rng()() % live.size())];
     const int64_t killed_at = sim.now_us();
-    sim.watch_victim(victim);
     sim.kill(victim);
     ++kills;
-    sim.run_until(killed_at + kDetectLimitUs,
+    sim.run_until(killed_at + 120 * kUsPerS,
                   [&sim] { return sim.all_survivors_saw_victim_dead(); });
     for (size_t o = 0; o < n; ++o) {
       if (!sim.up(o)) continue;
@@ -292,7 +290,7 @@ void run_detect(const Settings& st, size_t n, Run& run, Rows& rows) {
 
 // A pre-seeded cluster of `n` nodes through steady, false-dead and detect.
 void run_phases(const Settings& st, size_t n, Rows& rows) {
-  Run run(st, n, cluster_seed(st, n, 1));
+  Run run(st, n, cluster_seed(st.seed, n, 1));
   // The windows start after every node's first anti-entropy pull (30 to 60 s after its start).
   if (!run.preseed("steady", 60 * kUsPerS, &rows)) return;
   const auto window = [&](const char* scenario, double loss, double seconds) {
@@ -308,9 +306,6 @@ void run_phases(const Settings& st, size_t n, Rows& rows) {
   if (wanted(st, "detect")) run_detect(st, n, run, rows);
 }
 
-// --runs pre-seeded clusters of `n` nodes, each: 10 s without loss, --burst-seconds at
-// --burst-loss (every message, or with `into` only the messages to node --burst-into), then
-// --after-seconds without loss. One row.
 void run_loss_bursts(const Settings& st, size_t n, bool into, Rows& rows) {
   const auto wall = WallClock::now();
   Row r = base_row(st, into ? "loss-burst-into" : "loss-burst", n, st.burst_loss);
@@ -321,21 +316,21 @@ void run_loss_bursts(const Settings& st, size_t n, bool into, Rows& rows) {
   double msgs = 0, bytes = 0, sim_s = 0;
   const size_t into_node = std::min(st.burst_into, n - 1);
   for (; runs < st.runs; ++runs) {
-    const uint64_t seed = st.seed + runs;
-    Run run(st, n, seed * 1'000'003 + n * 4 + 3);
+    Run run(st, n, cluster_seed(st.seed + runs, n, 3));
     Cluster& sim = run.sim;
     if (!run.preseed("loss-burst", 10 * kUsPerS, nullptr)) {
       r["note"] = "run " + std::to_string(runs) + ": not converged after the pre-seeded start";
       break;
     }
-    const uint64_t deaths_before = sim.deaths_declared();
-    const uint64_t refutations_before = sim.refutations();
+    const auto deaths = [&sim] { return sim.summed(&MembershipStats::deaths_declared); };
+    const uint64_t deaths_before = deaths();
+    const uint64_t refutations_before = sim.summed(&MembershipStats::refutations);
     run.start(into ? 0 : st.burst_loss);
     if (into) sim.set_loss_into(into_node, st.burst_loss);
     sim.run_for(us_of(st.burst_s));
     msgs += sim.load().msgs_mean;
     bytes += sim.load().bytes_mean;
-    const uint64_t deaths_at_heal = sim.deaths_declared();
+    const uint64_t deaths_at_heal = deaths();
     for (size_t m = 0; m < n; ++m) {
       if (sim.suspected_by(m) + 1 == n) {
         ++runs_all_suspect;
@@ -345,16 +340,15 @@ void run_loss_bursts(const Settings& st, size_t n, bool into, Rows& rows) {
     sim.set_loss(0);
     sim.set_loss_into(into_node, 0);
     sim.run_for(us_of(st.after_s));
-    const uint64_t during = deaths_at_heal - deaths_before;
-    const uint64_t after = sim.deaths_declared() - deaths_at_heal;
+    const uint64_t during = deaths_at_heal - deaths_before, after = deaths() - deaths_at_heal;
     deaths_during += during;
     deaths_after += after;
     runs_dead_during += during > 0;
     runs_dead_after += after > 0;
-    if (during + after > 0) dead_seeds.push_back(seed);
+    if (during + after > 0) dead_seeds.push_back(st.seed + runs);
     false_dead_views += sim.false_dead_views();
-    suspicions += run.suspicions();
-    refutations += sim.refutations() - refutations_before;
+    suspicions += sim.suspicions();
+    refutations += sim.summed(&MembershipStats::refutations) - refutations_before;
     sim_s += s_of(sim.now_us() - kStartUs);
     if (sim.out_of_events()) r["note"] = "stopped at the event bound";
   }
@@ -381,14 +375,10 @@ void run_loss_bursts(const Settings& st, size_t n, bool into, Rows& rows) {
   rows.add(r);
 }
 
-// A pre-seeded cluster of `n` nodes with the override layer on: --writes overrides written from
-// random nodes at 0 loss, then as many at --loss; a row per loss.
 void run_overrides(const Settings& st, size_t n, Rows& rows) {
-  Run run(st, n, cluster_seed(st, n, 2));
+  Run run(st, n, cluster_seed(st.seed, n, 2));
   Cluster& sim = run.sim;
   if (!run.preseed("overrides", 30 * kUsPerS, &rows)) return;
-  // Every node's first tick sends its digest to every member (all new to it); then one digest a
-  // second to a random member. 10 s of that with no writes: what the layer costs when idle.
   sim.start_overrides();
   sim.run_for(5 * kUsPerS);
   sim.reset_override_load();
@@ -407,13 +397,13 @@ void run_overrides(const Settings& st, size_t n, Rows& rows) {
       std::snprintf(user, sizeof user, "w%zu-loss%.3f", k, loss);
       sim.write_override(writer, user);
     }
-    sim.run_until(sim.now_us() + kReachLimitUs, [&sim] { return sim.all_writes_reached(); });
+    sim.run_until(sim.now_us() + 60 * kUsPerS, [&sim] { return sim.all_writes_reached(); });
     const size_t writes = sim.writes() - first;
     std::vector<double> reach;
     for (size_t w = first; w < sim.writes(); ++w)
       if (sim.reached_all_us(w) >= 0)
         reach.push_back(s_of(sim.reached_all_us(w) - sim.write_at_us(w)));
-    const OverrideLoad l = sim.override_load();
+    const Load l = sim.override_load();
     const auto per = [](uint64_t v, auto of) {
       return of > 0 ? static_cast<double>(v) / static_cast<double>(of) : 0.0;
     };
@@ -437,7 +427,7 @@ void run_overrides(const Settings& st, size_t n, Rows& rows) {
               {"override_msgs_by_kind", Row::object()},
               {"override_bytes_by_kind", Row::object()},
               {"window_s", l.seconds}});
-    for (size_t k = 0; k < kOverrideKinds; ++k) {
+    for (size_t k = 0; k < kOverrideKindNames.size(); ++k) {
       r["override_msgs_by_kind"][kOverrideKindNames[k]] = l.msgs[k];
       r["override_bytes_by_kind"][kOverrideKindNames[k]] = l.bytes[k];
     }
@@ -460,40 +450,33 @@ int bench_cluster_sim_main(int argc, char** argv) {
   Settings st;
   app.add_option("--nodes", st.nodes, "cluster sizes, e.g. 10,100,1000")->delimiter(',');
   app.add_option("--seed", st.seed, "every random choice derives from it");
-  app.add_flag("--quick", st.quick, "N = 10 and 100 only, shorter phases");
-  app.add_option("--steady-seconds", st.steady_s,
-                 "simulated seconds of the steady load window (rounded up to whole anti-entropy "
-                 "intervals)")
-      ->check(CLI::Range(1.0, 3600.0));
-  app.add_option("--loss-seconds", st.loss_s,
-                 "simulated seconds of the lossy run (rounded up to whole anti-entropy intervals)")
-      ->check(CLI::Range(1.0, 36000.0));
-  app.add_option("--loss", st.loss,
-                 "loss probability of every message in the lossy run and the lossy override row")
-      ->check(CLI::Range(0.0, 0.5));
+  cli.quick(st.quick, "N = 10 and 100 only, shorter phases");
+  cli.number("--steady-seconds", st.steady_s, 1, 3600,
+             "simulated seconds of the steady load window (rounded up to whole anti-entropy "
+             "intervals)");
+  cli.number("--loss-seconds", st.loss_s, 1, 36000,
+             "simulated seconds of the lossy run (rounded up to whole anti-entropy intervals)");
+  cli.number("--loss", st.loss, 0, 0.5,
+             "loss probability of every message in the lossy run and the lossy override row");
   app.add_option("--kills", st.kills, "nodes killed one at a time in the detect phase");
   app.add_option("--writes", st.writes, "overrides written per override row");
   app.add_option("--converge-max-nodes", st.converge_max_nodes,
                  "simulate the join burst (converge row) only up to this N");
-  app.add_option("--scenario", st.scenarios,
-                 "any of converge, steady, false-dead, detect, overrides, loss-burst, "
-                 "loss-burst-into (the last two only when named)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"converge", "steady", "false-dead", "detect", "overrides",
-                             "loss-burst", "loss-burst-into"}));
-  app.add_option("--encode-every", st.encode_every,
-                 "seal every K-th membership message and count K times its size (1: every "
-                 "message; override messages are all sealed)")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000}));
+  cli.words(
+      "--scenario", st.scenarios,
+      {"converge", "steady", "false-dead", "detect", "overrides", "loss-burst", "loss-burst-into"},
+      "any of converge, steady, false-dead, detect, overrides, loss-burst, loss-burst-into "
+      "(the last two only when named)");
+  cli.number("--encode-every", st.encode_every, 1, 1e6,
+             "seal every K-th membership message and count K times its size (1: every message; "
+             "override messages are all sealed)");
   app.add_option("--max-events", st.max_events, "bound on simulated events per cluster");
   app.add_option("--runs", st.runs, "loss-burst: runs (one cluster each), seeds --seed upwards");
-  app.add_option("--burst-loss", st.burst_loss, "loss-burst: loss probability during the burst")
-      ->check(CLI::Range(0.0, 0.9));
-  app.add_option("--burst-seconds", st.burst_s, "loss-burst: simulated seconds of loss")
-      ->check(CLI::Range(1.0, 3600.0));
-  app.add_option("--after-seconds", st.after_s,
-                 "loss-burst: simulated seconds watched after the loss stopped")
-      ->check(CLI::Range(1.0, 3600.0));
+  cli.number("--burst-loss", st.burst_loss, 0, 0.9,
+             "loss-burst: loss probability during the burst");
+  cli.number("--burst-seconds", st.burst_s, 1, 3600, "loss-burst: simulated seconds of loss");
+  cli.number("--after-seconds", st.after_s, 1, 3600,
+             "loss-burst: simulated seconds watched after the loss stopped");
   app.add_option("--burst-into", st.burst_into,
                  "loss-burst-into: the node (0-based) that loses what the others send it");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <numeric>
 #include <span>
 
 namespace sluice::sim {
@@ -13,16 +12,7 @@ using namespace sluice::cluster;
 
 namespace {
 
-constexpr uint16_t kPeerPort = 7946;
 constexpr uint8_t kUnknown = 0xff;  // a member an observer has not heard of
-
-NodeId member_of_id(size_t index) {
-  return static_cast<NodeId>(index + 1);
-}
-
-size_t kind_index(OverrideSyncKind k) {
-  return std::min(static_cast<size_t>(k), kOverrideKinds - 1);
-}
 
 }  // namespace
 
@@ -35,34 +25,37 @@ Member member_of(size_t index) {
   char name[32];
   std::snprintf(name, sizeof name, "node-%04zu", index);
   m.name = name;
-  m.peer_port = kPeerPort;
+  m.peer_port = 7946;
   m.check_port = 7947;
   m.admin_port = 7948;
   return m;
 }
 
-Cluster::Cluster(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every,
-                 uint64_t max_events)
-    : Network(seed, kStartUs, net),
+Cluster::Cluster(size_t n, uint64_t seed, uint64_t encode_every, uint64_t max_events)
+    : Network(seed, kStartUs, Delays{}),
       n_(n),
       members_(*this, n, member_of),
       encode_every_(encode_every),
       codec_("sluice-bench-cluster-sim-secret", 0, 1),
-      nodes_(n),
       view_(n * n, kUnknown),
-      load_start_us_(kStartUs),
-      override_load_start_us_(kStartUs) {
+      up_count_(n),
+      alive_pairs_(n),
+      dead_seen_us_(n, -1),
+      false_dead_subjects_(n),
+      spreads_(n),
+      tables_(n) {
   set_max_events(max_events);
+  membership_.kinds = kKindNames.size();
+  overrides_.kinds = kOverrideKindNames.size();
+  reset(membership_);
+  reset(overrides_);
   members_.on_send = [this](size_t from, const Endpoint&, const MembershipMessage& m) {
-    count(from, m);
+    const size_t kind = std::min<size_t>(static_cast<size_t>(m.kind), membership_.kinds - 1);
+    count(membership_, from, kind, m, ++sent_ % encode_every_ == 0 ? encode_every_ : 0);
   };
   members_.on_change = [this](size_t i, const Member& m) { observe(i, m); };
   for (size_t i = 0; i < n; ++i)
     view_[i * n + i] = static_cast<uint8_t>(MemberState::kAlive);  // itself, from the start
-  up_count_ = n;
-  alive_pairs_ = n;
-  reset_false_deaths();
-  watch_victim(kNoVictim);
 }
 
 void Cluster::join_preseeded(size_t i, size_t seed) {
@@ -82,6 +75,9 @@ void Cluster::join_preseeded(size_t i, size_t seed) {
 }
 
 void Cluster::kill(size_t v) {
+  victim_ = v;
+  dead_seen_us_.assign(n_, -1);
+  dead_seen_count_ = 0;
   for (size_t s = 0; s < n_; ++s)
     if (up(s) && view(v, s) == MemberState::kAlive) --alive_pairs_;
   for (size_t o = 0; o < n_; ++o)
@@ -113,15 +109,11 @@ void Cluster::observe(size_t observer, const Member& m) {
   }
 }
 
-void Cluster::watch_victim(size_t v) {
-  victim_ = v;
-  dead_seen_us_.assign(n_, -1);
-  dead_seen_count_ = 0;
-}
-
-void Cluster::reset_false_deaths() {
+void Cluster::start_window() {
+  reset(membership_);
   false_dead_views_ = 0;
   false_dead_subjects_.assign(n_, false);
+  suspicions_ = summed(&MembershipStats::suspicions_raised);
 }
 
 uint64_t Cluster::false_dead_members() const {
@@ -143,55 +135,49 @@ size_t Cluster::suspected_by(size_t subject) const {
   return count;
 }
 
-// ---- membership messages and load ----
+// ---- load ----
 
-void Cluster::count(size_t from, const MembershipMessage& m) {
-  Node& sender = nodes_[from];
-  const size_t kind = std::min(static_cast<size_t>(m.kind), kKinds - 1);
-  ++sender.msgs[kind];
-  if (++sent_ % encode_every_ != 0) return;
+template <class Message>
+void Cluster::count(Tally& t, size_t from, size_t kind, const Message& m, uint64_t scale) {
+  ++t.msgs[from * t.kinds + kind];
+  if (scale == 0) return;
   if (codec_.seal(m, now_ms(), datagram_) == PeerError::kOk)
-    sender.bytes[kind] += datagram_.size() * encode_every_;
+    t.bytes[from * t.kinds + kind] += datagram_.size() * scale;
   else
     ++encode_errors_;
 }
 
-void Cluster::reset_load() {
-  load_start_us_ = now_us();
-  for (Node& node : nodes_)
-    node.msgs = node.bytes = {};
+void Cluster::reset(Tally& t) {
+  t.start_us = now_us();
+  t.msgs.assign(n_ * t.kinds, 0);
+  t.bytes.assign(n_ * t.kinds, 0);
 }
 
-Load Cluster::load() const {
+Load Cluster::load_of(const Tally& t) const {
   Load l;
-  l.seconds = static_cast<double>(now_us() - load_start_us_) / static_cast<double>(kUsPerS);
+  l.seconds = static_cast<double>(now_us() - t.start_us) / static_cast<double>(kUsPerS);
+  l.msgs.assign(t.kinds, 0);
+  l.bytes.assign(t.kinds, 0);
+  l.nodes = up_count_;
   if (l.seconds <= 0) return l;
-  using Kinds = std::array<uint64_t, kKinds>;
-  const auto sum = [](const Kinds& by_kind, size_t kinds = kKinds) {
-    return static_cast<double>(std::accumulate(by_kind.begin(), by_kind.begin() + kinds, 0ull));
-  };
   // Over the nodes live at the end of the window (a node killed in it is left out).
-  Kinds msgs{}, bytes{};
+  uint64_t msgs = 0, bytes = 0;
   for (size_t i = 0; i < n_; ++i) {
     if (!up(i)) continue;
-    const Node& node = nodes_[i];
-    for (size_t k = 0; k < kKinds; ++k) {
-      msgs[k] += node.msgs[k];
-      bytes[k] += node.bytes[k];
+    uint64_t node_msgs = 0, node_bytes = 0;
+    for (size_t k = 0; k < t.kinds; ++k) {
+      l.msgs[k] += t.msgs[i * t.kinds + k];
+      l.bytes[k] += t.bytes[i * t.kinds + k];
+      node_msgs += t.msgs[i * t.kinds + k];
+      node_bytes += t.bytes[i * t.kinds + k];
     }
-    l.msgs_max = std::max(l.msgs_max, sum(node.msgs) / l.seconds);
-    l.bytes_max = std::max(l.bytes_max, sum(node.bytes) / l.seconds);
+    msgs += node_msgs;
+    bytes += node_bytes;
+    l.msgs_max = std::max(l.msgs_max, static_cast<double>(node_msgs) / l.seconds);
+    l.bytes_max = std::max(l.bytes_max, static_cast<double>(node_bytes) / l.seconds);
   }
-  const double live = static_cast<double>(up_count_);
-  l.msgs_mean = sum(msgs) / live / l.seconds;
-  l.bytes_mean = sum(bytes) / live / l.seconds;
-  for (size_t k = 0; k < kKinds; ++k)
-    l.bytes_share[k] = sum(bytes) > 0 ? static_cast<double>(bytes[k]) / sum(bytes) : 0;
-  l.bytes_per_msg = sum(msgs) > 0 ? sum(bytes) / sum(msgs) : 0;
-  // The first four kinds: kPing, kAck, kPingReq, kNack.
-  static_assert(static_cast<size_t>(MembershipKind::kNack) == 3);
-  l.swim_msgs_mean = sum(msgs, 4) / live / l.seconds;
-  l.swim_bytes_mean = sum(bytes, 4) / live / l.seconds;
+  l.msgs_mean = static_cast<double>(msgs) / static_cast<double>(l.nodes) / l.seconds;
+  l.bytes_mean = static_cast<double>(bytes) / static_cast<double>(l.nodes) / l.seconds;
   return l;
 }
 
@@ -200,47 +186,39 @@ Load Cluster::load() const {
 void Cluster::start_overrides() {
   const int64_t now = now_ms();
   for (size_t i = 0; i < n_; ++i) {
-    Node& node = nodes_[i];
-    if (!up(i) || node.spread) continue;
-    node.spread = std::make_unique<OverrideSpread>(
+    if (!up(i) || spreads_[i]) continue;
+    spreads_[i] = std::make_unique<OverrideSpread>(
         OverrideSpreadOptions{},
         [this, i](NodeId to, const OverrideSyncMessage& m) {
           send_override(i, to, m);
           return true;
         },
         rng()());
-    node.spread->start(now);
-    const auto phase =
-        static_cast<int64_t>(rng()() % static_cast<uint64_t>(kOverrideTickMs * kUsPerMs));
+    spreads_[i]->start(now);
+    const auto phase = static_cast<int64_t>(rng()() % static_cast<uint64_t>(100 * kUsPerMs));
     after(phase, [this, index = static_cast<uint32_t>(i)] { tick_overrides(index); });
   }
 }
 
 std::vector<NodeId> Cluster::live_of(size_t i) const {
   std::vector<NodeId> ids;
-  const uint8_t* row = &view_[i * n_];
   for (size_t s = 0; s < n_; ++s) {
-    if (s == i) continue;
-    if (row[s] == static_cast<uint8_t>(MemberState::kAlive) ||
-        row[s] == static_cast<uint8_t>(MemberState::kSuspect))
-      ids.push_back(member_of_id(s));
+    if (s != i && (view(i, s) == MemberState::kAlive || view(i, s) == MemberState::kSuspect))
+      ids.push_back(member_of(s).id);
   }
   return ids;
 }
 
+// Every 100 ms (OverrideSync::kTickMs).
 void Cluster::tick_overrides(size_t i) {
   if (!up(i)) return;
-  Node& node = nodes_[i];
   const int64_t now = now_ms();
-  const std::vector<NodeId> live = live_of(i);
-  for (const NodeId to : node.spread->digest_targets(now, live))
-    node.spread->send(digest_message(to, node.table.digest(now)), now);
-  after(kOverrideTickMs * kUsPerMs,
-        [this, index = static_cast<uint32_t>(i)] { tick_overrides(index); });
+  for (const NodeId to : spreads_[i]->digest_targets(now, live_of(i)))
+    spreads_[i]->send(digest_message(to, tables_[i].digest(now)), now);
+  after(100 * kUsPerMs, [this, index = static_cast<uint32_t>(i)] { tick_overrides(index); });
 }
 
 size_t Cluster::write_override(size_t i, const std::string& user) {
-  Node& node = nodes_[i];
   const int64_t now = now_ms();
   OverrideRecord r;
   r.value.domain = "api";
@@ -249,31 +227,18 @@ size_t Cluster::write_override(size_t i, const std::string& user) {
   if (!rules::parse_limit("100/1m", 0, limit).ok()) std::abort();  // a constant: a bug
   r.value.limits.push_back(limit);
   const std::string id = record_id(r);
-  r.version = node.table.next_version(id, member_of(i).id, now);
-  Write w;
-  w.id = id;
-  w.version = r.version;
-  w.at_us = now_us();
-  const size_t index = writes_.size();
-  writes_.push_back(w);
-  write_by_id_[id] = index;
+  r.version = tables_[i].next_version(id, member_of(i).id, now);
+  write_by_id_[id] = writes_.size();
+  writes_.push_back({id, r.version, now_us()});
   ++writes_unreached_;
   merge_override(i, r, now);  // the writer holds it first
-  node.spread->on_local_write(r, live_of(i));
-  return index;
+  spreads_[i]->on_local_write(r, live_of(i));
+  return writes_.size() - 1;
 }
 
 void Cluster::send_override(size_t from, NodeId to, const OverrideSyncMessage& m) {
-  Node& sender = nodes_[from];
-  const size_t kind = kind_index(m.kind);
-  ++sender.override_msgs;
-  ++override_counts_.msgs[kind];
-  if (codec_.seal(m, now_ms(), datagram_) == PeerError::kOk) {
-    sender.override_bytes += datagram_.size();
-    override_counts_.bytes[kind] += datagram_.size();
-  } else {
-    ++encode_errors_;
-  }
+  const size_t kind = std::min<size_t>(static_cast<size_t>(m.kind), overrides_.kinds - 1);
+  count(overrides_, from, kind, m, 1);
   const size_t dest = static_cast<size_t>(to) - 1;
   if (to == 0 || dest >= n_) return;
   const int64_t arrives = route(from, dest);
@@ -281,7 +246,7 @@ void Cluster::send_override(size_t from, NodeId to, const OverrideSyncMessage& m
   const uint32_t slot = overrides_in_flight_.take();
   overrides_in_flight_[slot] = m;
   // The receiver takes the sender from the envelope (PeerCodec::open).
-  overrides_in_flight_[slot].from = member_of_id(from);
+  overrides_in_flight_[slot].from = member_of(from).id;
   const auto to_node = static_cast<uint32_t>(dest);
   at(arrives, [this, to_node, slot] {
     const OverrideSyncMessage& got = overrides_in_flight_[slot];
@@ -292,16 +257,15 @@ void Cluster::send_override(size_t from, NodeId to, const OverrideSyncMessage& m
 
 // OverrideSync's merge-thread half: merge the records, then answer as override_spread.h says.
 void Cluster::receive_override(size_t i, const OverrideSyncMessage& m) {
-  Node& node = nodes_[i];
-  if (!node.spread) return;  // its override layer has not started (a node not yet running)
+  if (!spreads_[i]) return;  // its override layer has not started (a node not yet running)
   const int64_t now = now_ms();
   for (const OverrideRecord& r : m.records)
     merge_override(i, r, now);
-  const OverrideDigest own = node.table.digest(now);
+  const OverrideDigest own = tables_[i].digest(now);
   const OverrideAnswer a = answer_to(m, own);
   if (a == OverrideAnswer::kNothing) return;
   size_t unfit = 0;
-  node.spread->send(full_table(m.from, node.table.records(now), own,
+  spreads_[i]->send(full_table(m.from, tables_[i].records(now), own,
                                a == OverrideAnswer::kFullWantBack, codec_.limits(), &unfit),
                     now);
   overrides_unfit_ += unfit;
@@ -312,7 +276,7 @@ void Cluster::merge_override(size_t i, const OverrideRecord& r, int64_t now) {
     ++overrides_refused_;
     return;
   }
-  if (nodes_[i].table.merge(r, now) != OverrideTable::Offer::kNewer) return;
+  if (tables_[i].merge(r, now) != OverrideTable::Offer::kNewer) return;
   const auto it = write_by_id_.find(record_id(r));
   if (it == write_by_id_.end()) return;
   Write& w = writes_[it->second];
@@ -321,35 +285,6 @@ void Cluster::merge_override(size_t i, const OverrideRecord& r, int64_t now) {
     w.reached_us = now_us();
     --writes_unreached_;
   }
-}
-
-void Cluster::reset_override_load() {
-  override_load_start_us_ = now_us();
-  for (Node& node : nodes_) {
-    node.override_msgs = 0;
-    node.override_bytes = 0;
-  }
-  override_counts_ = {};
-}
-
-OverrideLoad Cluster::override_load() const {
-  OverrideLoad l = override_counts_;
-  l.seconds =
-      static_cast<double>(now_us() - override_load_start_us_) / static_cast<double>(kUsPerS);
-  if (l.seconds <= 0) return l;
-  uint64_t msgs = 0;
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < n_; ++i) {
-    if (!up(i)) continue;
-    const Node& node = nodes_[i];
-    msgs += node.override_msgs;
-    bytes += node.override_bytes;
-    l.bytes_max = std::max(l.bytes_max, static_cast<double>(node.override_bytes) / l.seconds);
-  }
-  const double live = static_cast<double>(up_count_);
-  l.msgs_mean = static_cast<double>(msgs) / live / l.seconds;
-  l.bytes_mean = static_cast<double>(bytes) / live / l.seconds;
-  return l;
 }
 
 }  // namespace sluice::sim

@@ -18,9 +18,7 @@
 // Single-threaded, like the nodes.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -37,56 +35,37 @@ namespace sluice::sim {
 
 using cluster::anti_entropy_interval_ms;
 using cluster::Member;
-using cluster::MembershipMessage;
+using cluster::MembershipStats;
 using cluster::MemberState;
-using cluster::NodeId;
-using cluster::OverrideSyncMessage;
 
 inline constexpr int64_t kUsPerMs = 1'000;
 inline constexpr int64_t kUsPerS = 1'000'000;
 inline constexpr int64_t kStartUs = 1'000'000 * kUsPerMs;  // any origin; the tests use 1'000'000 ms
-inline constexpr size_t kKinds = 6;                        // MembershipKind values
-inline constexpr const char* kKindNames[kKinds] = {"ping", "ack",  "ping_req",
-                                                   "nack", "join", "join_reply"};
-inline constexpr size_t kOverrideKinds = 3;  // OverrideSyncKind values
-inline constexpr const char* kOverrideKindNames[kOverrideKinds] = {"push", "digest", "full"};
-inline constexpr int64_t kOverrideTickMs = 100;  // OverrideSync::kTickMs
+// MembershipKind and OverrideSyncKind values.
+inline const std::vector<std::string> kKindNames = {"ping", "ack",  "ping_req",
+                                                    "nack", "join", "join_reply"};
+inline const std::vector<std::string> kOverrideKindNames = {"push", "digest", "full"};
 
 Member member_of(size_t index);  // id index + 1, name node-0000, host 10.a.b.c
 
-using NetOptions = Delays;
-
-// Membership messages sent by the nodes during a measurement window.
+// Messages of one layer (membership or overrides) sent by the nodes live at the end of a
+// measurement window, from its reset to now.
 struct Load {
   double seconds = 0;
-  double msgs_mean = 0;  // per node per second, over the live nodes
+  size_t nodes = 0;      // live
+  double msgs_mean = 0;  // per live node per second
   double msgs_max = 0;   // the busiest node
   double bytes_mean = 0;
   double bytes_max = 0;
-  std::array<double, kKinds> bytes_share{};  // of all bytes, by kind
-  double bytes_per_msg = 0;
-  // Per node per second, probing and piggybacked gossip only (kPing, kAck, kPingReq, kNack): what
-  // is left without the joins and the anti-entropy pulls (kJoin, kJoinReply).
-  double swim_msgs_mean = 0;
-  double swim_bytes_mean = 0;
-};
-
-// Override messages sent by the nodes during a measurement window.
-struct OverrideLoad {
-  double seconds = 0;
-  double msgs_mean = 0;  // per node per second, over the live nodes, every kind
-  double bytes_mean = 0;
-  double bytes_max = 0;                         // the busiest node
-  std::array<uint64_t, kOverrideKinds> msgs{};  // datagrams sent (before loss), in all, by kind
-  std::array<uint64_t, kOverrideKinds> bytes{};
+  std::vector<uint64_t> msgs;  // datagrams sent (before loss) by kind, summed over the nodes
+  std::vector<uint64_t> bytes;
 };
 
 // The network (the clock, the generator, loss, up(), run_until()) and its nodes.
 class Cluster : public Network {
  public:
-  Cluster(size_t n, uint64_t seed, NetOptions net, uint64_t encode_every, uint64_t max_events);
+  Cluster(size_t n, uint64_t seed, uint64_t encode_every, uint64_t max_events);
 
-  size_t size() const { return n_; }
   uint64_t encode_errors() const { return encode_errors_; }
 
   // Every live node lists every live node Alive.
@@ -101,7 +80,8 @@ class Cluster : public Network {
   // is Alive at incarnation 0: every member, in kJoinReply messages of max_join_reply_entries.
   // Not sent through the network, so not counted as load.
   void join_preseeded(size_t i, size_t seed);
-  // The node stops: no more ticks, and what reaches it is dropped.
+  // The node stops: no more ticks, and what reaches it is dropped. Survivors' first Dead time of
+  // it is recorded (dead_seen_us) until the next kill.
   void kill(size_t v);
 
   // ---- what the observers saw ----
@@ -109,29 +89,25 @@ class Cluster : public Network {
   MemberState view(size_t observer, size_t subject) const {
     return static_cast<MemberState>(view_[observer * n_ + subject]);
   }
-  // The victim of the current kill: survivors' first Dead time is recorded.
-  void watch_victim(size_t v);
   int64_t dead_seen_us(size_t observer) const { return dead_seen_us_[observer]; }
-  // Call after kill(victim): every live node has listed it Dead.
+  // Every live node has listed the last victim Dead.
   bool all_survivors_saw_victim_dead() const { return dead_seen_count_ == up_count_; }
-  // False deaths: a live member listed Dead by a live observer, since the last reset.
-  void reset_false_deaths();
+  // From now: the membership load, false deaths (a live member listed Dead by a live observer)
+  // and the suspicions raised (summed over the nodes).
+  void start_window();
   uint64_t false_dead_views() const { return false_dead_views_; }
   uint64_t false_dead_members() const;
-  // Summed over every node, live or not: MembershipStats::suspicions_raised, ::deaths_declared
-  // (suspicion timeouts that ended on a node, what partition_test sums over /v1/cluster) and
-  // ::refutations.
-  uint64_t suspicions_raised() const {
-    return summed(&cluster::MembershipStats::suspicions_raised);
-  }
-  uint64_t deaths_declared() const { return summed(&cluster::MembershipStats::deaths_declared); }
-  uint64_t refutations() const { return summed(&cluster::MembershipStats::refutations); }
+  uint64_t suspicions() const { return summed(&MembershipStats::suspicions_raised) - suspicions_; }
+  // A MembershipStats counter summed over every node, live or not (deaths_declared: suspicion
+  // timeouts that ended on a node, what partition_test sums over /v1/cluster).
+  uint64_t summed(uint64_t MembershipStats::*stat) const;
   // Live observers that list live member `subject` Suspect.
   size_t suspected_by(size_t subject) const;
 
-  // ---- membership load ----
-  void reset_load();
-  Load load() const;
+  // ---- load: membership messages (from start_window()) and override messages ----
+  Load load() const { return load_of(membership_); }
+  void reset_override_load() { reset(overrides_); }
+  Load override_load() const { return load_of(overrides_); }
 
   // ---- overrides ----
 
@@ -147,21 +123,17 @@ class Cluster : public Network {
   // When the last live node came to hold write w (its version or a newer one); -1 until then.
   int64_t reached_all_us(size_t w) const { return writes_[w].reached_us; }
   bool all_writes_reached() const { return writes_unreached_ == 0; }
-  // Received records check_record refused (none expected: one clock).
+  // Received records check_record refused (none expected: one clock), and records that did not
+  // fit a full table's datagrams.
   uint64_t overrides_refused() const { return overrides_refused_; }
   uint64_t overrides_unfit() const { return overrides_unfit_; }
-  void reset_override_load();
-  OverrideLoad override_load() const;
 
  private:
-  // What the bench counts of node i, and its override layer.
-  struct Node {
-    std::array<uint64_t, kKinds> msgs{};  // membership messages sent in the load window, by kind
-    std::array<uint64_t, kKinds> bytes{};
-    uint64_t override_msgs = 0;  // override messages sent in the current override load window
-    uint64_t override_bytes = 0;
-    std::unique_ptr<cluster::OverrideSpread> spread;  // from start_overrides()
-    cluster::OverrideTable table;
+  // Messages and bytes sent per node and kind since start_us.
+  struct Tally {
+    size_t kinds = 0;
+    int64_t start_us = kStartUs;
+    std::vector<uint64_t> msgs, bytes;  // [node * kinds + kind]
   };
   struct Write {
     std::string id;
@@ -171,16 +143,18 @@ class Cluster : public Network {
     int64_t reached_us = -1;
   };
 
-  static constexpr size_t kNoVictim = std::numeric_limits<size_t>::max();
-
   void observe(size_t observer, const Member& m);
-  void count(size_t from, const MembershipMessage& m);
-  uint64_t summed(uint64_t cluster::MembershipStats::*stat) const;
+  void reset(Tally& t);
+  Load load_of(const Tally& t) const;
+  // Counts a message of `kind` from node `from`; seals it to count its bytes times `scale` (0:
+  // not sealed, a membership message left out of the sample).
+  template <class Message>
+  void count(Tally& t, size_t from, size_t kind, const Message& m, uint64_t scale);
 
-  std::vector<NodeId> live_of(size_t i) const;  // members i lists Alive or Suspect, not itself
+  std::vector<cluster::NodeId> live_of(size_t i) const;  // listed Alive or Suspect, not itself
   void tick_overrides(size_t i);
-  void send_override(size_t from, NodeId to, const OverrideSyncMessage& m);
-  void receive_override(size_t i, const OverrideSyncMessage& m);
+  void send_override(size_t from, cluster::NodeId to, const cluster::OverrideSyncMessage& m);
+  void receive_override(size_t i, const cluster::OverrideSyncMessage& m);
   void merge_override(size_t i, const cluster::OverrideRecord& r, int64_t now);
 
   size_t n_;
@@ -190,27 +164,26 @@ class Cluster : public Network {
   std::vector<uint8_t> datagram_;
   uint64_t sent_ = 0;
   uint64_t encode_errors_ = 0;
-  std::vector<Node> nodes_;
+  Tally membership_, overrides_;
 
   std::vector<uint8_t> view_;  // [observer * n + subject]: MemberState, or kUnknown
   size_t up_count_ = 0;
   size_t alive_pairs_ = 0;  // (live observer, live subject) with the subject seen Alive
-  size_t victim_ = kNoVictim;
+  size_t victim_ = SIZE_MAX;
   std::vector<int64_t> dead_seen_us_;  // per observer: when it first listed victim_ Dead
   size_t dead_seen_count_ = 0;
   uint64_t false_dead_views_ = 0;
+  uint64_t suspicions_ = 0;  // raised before the window
   std::vector<bool> false_dead_subjects_;
 
-  int64_t load_start_us_ = 0;
-
+  std::vector<std::unique_ptr<cluster::OverrideSpread>> spreads_;  // from start_overrides()
+  std::vector<cluster::OverrideTable> tables_;
   std::vector<Write> writes_;
   std::unordered_map<std::string, size_t> write_by_id_;
   size_t writes_unreached_ = 0;
   uint64_t overrides_refused_ = 0;
   uint64_t overrides_unfit_ = 0;
-  int64_t override_load_start_us_ = 0;
-  OverrideLoad override_counts_;  // msgs, bytes, datagrams by kind since the reset
-  Slots<OverrideSyncMessage> overrides_in_flight_;
+  Slots<cluster::OverrideSyncMessage> overrides_in_flight_;
 };
 
 }  // namespace sluice::sim

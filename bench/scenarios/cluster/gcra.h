@@ -69,7 +69,7 @@ inline double gcra_bracketed(std::vector<std::pair<int64_t, int64_t>> sa, double
   return worst;
 }
 
-inline std::string run_gcra(const Settings& st, Rows& rows) {
+inline std::string run_gcra(const Settings& st, const std::string&, Rows& rows) {
   const size_t nodes = 3, nkeys = 4;
   const uint64_t rate = 50, burst = 10;
   const double seconds = std::max(st.seconds, st.quick ? 6. : 15.), interval_us = 1e6 / rate;
@@ -84,16 +84,14 @@ inline std::string run_gcra(const Settings& st, Rows& rows) {
     const auto any = [](uint16_t) { return true; };
     if (std::string err = owned_keys(c, "o", "gcra-", nkeys, in_turn, keys, any); !err.empty())
       return err;
-    LoadOptions lo;
-    lo.domain = "o";
+    std::vector<std::string> names;
     std::string owners;
     for (const OwnedKey& k : keys) {
-      lo.keys.push_back(k.key);
+      names.push_back(k.key);
       owners += (owners.empty() ? "" : " ") + k.key + "@" + std::to_string(k.owner);
     }
-    lo.rate_per_s = 2.0 * rate * static_cast<double>(keys.size());
-    lo.duration = ms_of(seconds);
-    lo.failover = false;  // a check goes to its node only, which forwards it to the owner
+    // A check goes to its node only, which forwards it to the owner.
+    const LoadOptions lo = load_of(names, {"o"}, 2.0 * rate * static_cast<double>(nkeys), seconds);
     // Every node has just met the others: for 3 sync intervals after that (joining) each keeps
     // the keys it owns with their previous owner (under the ring without it), then decides them
     // itself; a GCRA arrival time is not handed over, so that move starts the key afresh
@@ -129,8 +127,7 @@ inline std::string run_gcra(const Settings& st, Rows& rows) {
                                    (static_cast<double>(burst) + seconds * 1e6 / interval_us));
     }
     const LoadSummary s = summarize(run.records);
-    Row row = table_row("gcra", "gcra-" + consistency, nodes, 2.0 * rate, rate);
-    row["skew"] = "even";
+    Row row = table_row("gcra", "gcra-" + consistency, nodes, 2.0 * rate, rate, 100, "even");
     row["admitted_over_limit"] = over_limit;
     row["admitted_over_bound"] = over_bound;
     row["skew_free_over_bound"] = bracketed;

@@ -173,6 +173,20 @@ struct LoadRun {
   }
 };
 
+// A load of `keys` (round-robin) of `domains` (one per key, or one for all) at `rate_per_s` over
+// all keys for `seconds`, each check to its node only.
+inline LoadOptions load_of(std::vector<std::string> keys, const std::vector<std::string>& domains,
+                           double rate_per_s, double seconds) {
+  LoadOptions lo;
+  lo.domain = domains.at(0);
+  if (domains.size() > 1) lo.key_domains = domains;
+  lo.keys = std::move(keys);
+  lo.rate_per_s = rate_per_s;
+  lo.duration = ms_of(seconds);
+  lo.failover = false;
+  return lo;
+}
+
 // Drives `lo` over `targets` (every node when empty) until its duration has passed, running
 // `during` (if any) on this thread meanwhile; "" or the error.
 inline std::string drive(LocalCluster& c, LoadOptions lo, std::vector<size_t> targets, LoadRun& out,
@@ -198,12 +212,7 @@ inline std::string drive(LocalCluster& c, LoadOptions lo, std::vector<size_t> ta
 inline std::string steady(LocalCluster& c, const std::string& domain, const std::string& key,
                           double rate, double seconds, LoadRun& out,
                           const std::string& skew = "even") {
-  LoadOptions lo;
-  lo.domain = domain;
-  lo.keys = {key};
-  lo.rate_per_s = rate;
-  lo.duration = ms_of(seconds);
-  lo.failover = false;
+  const LoadOptions lo = load_of({key}, {domain}, rate, seconds);
   std::vector<size_t> targets = skew == "even" ? indices(c.size()) : std::vector<size_t>{0};
   if (skew == "three-nodes") targets = {0, 1, 2};
   std::function<std::string(LoadDriver&)> moving = [&](LoadDriver& load) {
@@ -237,11 +246,15 @@ inline const char* const kRowFields =
     "peer_bytes_out_max_node_s peer_bytes_in_per_node_s peer_datagrams_out_per_node_s "
     "checks_per_s counters_per_check admitted_over_bound note";
 
-// The fields every row starts with (offered_per_s: per key).
+// The fields every row starts with (offered_per_s: per key; skew "": none).
 inline Row table_row(const std::string& scenario, const std::string& mode, size_t nodes,
-                     double offered, uint64_t limit, int64_t sync_ms = 100) {
-  return {{"scenario", scenario},     {"mode", mode},        {"nodes", nodes}, {"sync_ms", sync_ms},
-          {"offered_per_s", offered}, {"limit_per_s", limit}};
+                     double offered, uint64_t limit, int64_t sync_ms = 100,
+                     const std::string& skew = "") {
+  Row r = {{"scenario", scenario},     {"mode", mode},
+           {"nodes", nodes},           {"sync_ms", sync_ms},
+           {"offered_per_s", offered}, {"limit_per_s", limit}};
+  if (!skew.empty()) r["skew"] = skew;
+  return r;
 }
 // Sets `field` when `v` has a value.
 inline void set(Row& r, const char* field, const std::optional<double>& v) {

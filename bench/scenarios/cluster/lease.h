@@ -3,17 +3,14 @@
 // asks for more before it runs out and forwards a check to the owner only when its slice cannot
 // cover it) measured beside owner and gossip mode on the same traffic.
 //
-// Cases (a cluster each, rows lease-3x, lease-2x, lease-10x; --quick: lease-3x alone): 3 nodes,
-// 100/s offered 300/s; 3 nodes, 100/s offered 200/s; sync-sweep's shape, 10 nodes, 50/s offered
-// 500/s. Domains `o`, `g` and `l`, one rule each keyed by `k` with the same 1 s limit, weighted
-// estimator, 10 ms buckets (as sync-sweep: the estimator's own error stays near 1 %), consistency
-// owner, gossip and lease. From 1 s after the cluster converged (gcra.h: a new member keeps its
-// keys with their previous owner for a few sync intervals), each mode in turn gets a key of its
-// own for --seconds of steady() traffic (harness.h). Then a latency pass: one run of --seconds
-// with a fresh key per mode, the three interleaved check by check (o, g, l, o, ...) round-robin
-// over every node, each check to its node only, at 3 x the offered rate (each key still gets the
-// case's rate). The modes then share the same seconds of machine noise: on a busy 2-core box,
-// drift between sequential runs moved their p50s further apart than the 10 us the goal judges.
+// Cases (a cluster each; --quick: lease-3x alone): lease-3x, 3 nodes, 100/s offered 300/s;
+// lease-2x, the same offered 200/s; lease-10x, sync-sweep's shape, 10 nodes, 50/s offered 500/s.
+// Domains `o`, `g` and `l` (consistency owner, gossip, lease), one rule each keyed by `k` with the
+// same 1 s limit, weighted, 10 ms buckets (as fine_rules). From 1 s after convergence (gcra.h:
+// why), each mode in turn gets a key of its own for --seconds of steady() traffic. Then a latency
+// pass: --seconds with a fresh key per mode, the three interleaved check by check round-robin over
+// every node at 3 x the case's rate, so the modes share the same seconds of machine noise (on a
+// busy 2-core box, drift between sequential runs moved p50s further apart than the goal's 10 us).
 // Per mode:
 //   admitted_over_limit, admitted_min_over_limit  of the mode's steady run
 //   added_p50_us     from the latency pass: p50 latency of the mode's decided checks minus the
@@ -52,8 +49,7 @@ inline std::string run_lease_case(const Settings& st, const std::string& name, s
     if (std::string err = steady(c, domain, key, rate, st.seconds, r); !err.empty())
       return mode + ": " + err;
     const Totals after = metric_totals(c, metrics);
-    Row row = table_row(name, mode, nodes, rate, limit);
-    row["skew"] = "even";
+    Row row = table_row(name, mode, nodes, rate, limit, 100, "even");
     load_figures(row, r, limit, "", true);
     std::vector<int64_t> latencies;  // of decided checks
     uint64_t at_non_owners = 0;
@@ -89,14 +85,12 @@ inline std::string run_lease_case(const Settings& st, const std::string& name, s
     out.push_back(std::move(row));
   }
   // The latency pass: keys <case>-lat-<mode> interleaved (check k names key k % 3).
-  LoadOptions lo;
+  std::vector<std::string> keys, domains;
   for (const std::string& mode : modes) {
-    lo.keys.push_back(name + "-lat-" + mode);
-    lo.key_domains.emplace_back(1, mode[0]);
+    keys.push_back(name + "-lat-" + mode);
+    domains.emplace_back(1, mode[0]);
   }
-  lo.rate_per_s = rate * 3;
-  lo.duration = ms_of(st.seconds);
-  lo.failover = false;
+  const LoadOptions lo = load_of(keys, domains, rate * 3, st.seconds);
   LoadRun pass;
   if (std::string err = drive(c, lo, {}, pass); !err.empty()) return "latency pass: " + err;
   const auto p = [&](int key, double q) { return latency_percentile_us(pass.records, q, -1, key); };
@@ -114,19 +108,13 @@ inline std::string run_lease_case(const Settings& st, const std::string& name, s
   return "";
 }
 
-inline std::string run_lease(const Settings& st, Rows& rows) {
-  struct Case {
-    const char* name;
-    size_t nodes;
-    uint64_t limit;
-    double rate;
-  };
-  for (const Case& lc : {Case{"lease-3x", 3, 100, 300}, Case{"lease-2x", 3, 100, 200},
-                         Case{"lease-10x", 10, 50, 500}}) {
-    if (std::string err = run_lease_case(st, lc.name, lc.nodes, lc.limit, lc.rate, rows);
-        !err.empty()) {
-      return std::string(lc.name) + ": " + err;
-    }
+inline std::string run_lease(const Settings& st, const std::string&, Rows& rows) {
+  using Case = std::tuple<const char*, size_t, uint64_t, double>;  // name, nodes, limit, rate
+  for (const auto& [name, nodes, limit, rate] :
+       {Case{"lease-3x", 3, 100, 300}, Case{"lease-2x", 3, 100, 200},
+        Case{"lease-10x", 10, 50, 500}}) {
+    if (std::string err = run_lease_case(st, name, nodes, limit, rate, rows); !err.empty())
+      return std::string(name) + ": " + err;
     if (st.quick) break;
   }
   return "";

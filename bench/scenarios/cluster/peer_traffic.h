@@ -1,28 +1,28 @@
 // sluice-bench cluster's peer-traffic scenario: what the nodes send each other over the peer port,
 // per node per second (GET /v1/cluster bytes_out, bytes_in, datagrams_out: UDP payload bytes,
-// dropped datagrams included), at 3, 5 and 10 nodes (--quick: 3; SLUICE_BENCH_PEER_NODES=3,10
-// picks the sizes) with the node defaults (sync 100 ms, so an empty batch to every member each
-// 50 ms as a heartbeat; replicas 2; anti-entropy 5 s; probes 1 s). Per N: idle (no checks at all)
-// for --seconds, 2 s after the cluster converged; then, each on a fresh cluster (no counters of an
-// earlier run left for anti-entropy to resend), the gossip rule and the owner rule under load,
-// with the rules of two_mode_rules (each check counts in the key's 1 s limit, never reached here,
-// and in the hourly `total`: counters_per_check 2), and again with the 1 s limit alone (1). The
-// load: 10,000 keys checked in sweeps at 10,000 checks/s (SLUICE_BENCH_PEER_RATE=R: R), each key
-// about once a second (offered_per_s is per key: times active_keys is the cluster's rate),
-// measured for --seconds after a warm-up of N sweeps (every key checked at every node; 2 s at
-// least). Every node's counters are read at the start and the end of the measured interval, each
-// node's rates over its own interval. Owner-rule checks that land on a non-owner go to the owner's
-// check port, which is not peer traffic: forwarded_parts_per_node_s gives those
-// (sluice_forwarded_parts_total). failed_checks counts the warm-up too.
+// dropped datagrams included), at 3, 5 and 10 nodes (--quick: 3) with the node defaults (sync
+// 100 ms, so an empty batch to every member each 50 ms as a heartbeat; replicas 2; anti-entropy
+// 5 s; probes 1 s). Per N: idle (no checks at all) for --seconds, 2 s after the cluster converged;
+// then, each on a fresh cluster (no counters of an earlier run left for anti-entropy to resend),
+// the gossip rule and the owner rule under load, with the rules of two_mode_rules (each check
+// counts in the key's 1 s limit, never reached here, and in the hourly `total`:
+// counters_per_check 2), and again with the 1 s limit alone (1). The load: 10,000 keys checked in
+// sweeps at 10,000 checks/s, each key about once a second (offered_per_s is per key: times
+// active_keys is the cluster's rate), measured for --seconds after a warm-up of N sweeps (every
+// key checked at every node; 2 s at least). Every node's counters are read at the start and the
+// end of the measured interval, each node's rates over its own interval. Owner-rule checks that
+// land on a non-owner go to the owner's check port, which is not peer traffic:
+// forwarded_parts_per_node_s gives those (sluice_forwarded_parts_total). failed_checks counts the
+// warm-up too.
 //
 // KeySweepLoad: open-loop checks over many distinct keys through libsluice, handed over in bursts
-// every few milliseconds so each node's Client packs them into few requests; it wakes once per
-// burst and only counts outcomes (LoadDriver wakes and keeps a record per check, and sends a
-// whole round over its keys to one node). Check k names key k % keys and goes to node
-// (k + k / keys) % nodes: consecutive checks go round-robin over the nodes, and every sweep over
-// the keys shifts by one node, so each key is checked at every node in turn (as behind a
-// round-robin load balancer). Its public functions are called from one thread; its pacing thread
-// and the Clients' I/O threads touch only atomics.
+// every 5 ms so each node's Client packs them into few requests; it wakes once per burst and only
+// counts outcomes (LoadDriver wakes and keeps a record per check, and sends a whole round over its
+// keys to one node). Check k names key k % keys and goes to node (k + k / keys) % nodes:
+// consecutive checks go round-robin over the nodes, and every sweep over the keys shifts by one
+// node, so each key is checked at every node in turn (as behind a round-robin load balancer). Its
+// public functions are called from one thread; its pacing thread and the Clients' I/O threads
+// touch only atomics.
 #pragma once
 
 #include "harness.h"
@@ -44,29 +44,21 @@ class KeySweepLoad {
   // check the node does not answer fails) and waits 500 us for the rest of a burst to share a
   // request.
   KeySweepLoad(std::string domain, const std::string& prefix, size_t keys, double rate,
-               milliseconds duration, std::vector<std::string> addresses)
-      : domain_(std::move(domain)),
-        rate_(rate),
-        duration_(duration),
-        addresses_(std::move(addresses)) {
+               milliseconds duration)
+      : domain_(std::move(domain)), rate_(rate), duration_(duration) {
     for (size_t i = 0; i < keys; ++i)
       keys_.push_back(prefix + std::to_string(i));
   }
   ~KeySweepLoad() {
-    stop_.store(true);
-    if (pacer_.joinable()) pacer_.join();
+    stop_and_wait();
     clients_.clear();  // completes pending checks (their callbacks count) first
   }
 
   // Creates the clients and starts sending. "" or the error.
-  std::string start() {
-    if (std::string err = node_clients(addresses_, false, std::chrono::microseconds(500), clients_);
-        !err.empty()) {
-      return err;
-    }
-    start_ = SteadyClock::now();
-    pacer_ = std::thread([this] { pace(); });
-    return "";
+  std::string start(const std::vector<std::string>& addresses) {
+    std::string err = node_clients(addresses, false, std::chrono::microseconds(500), clients_);
+    if (err.empty()) pacer_ = std::thread([this] { pace(); });
+    return err;
   }
 
   Counts counts() const {
@@ -85,14 +77,14 @@ class KeySweepLoad {
  private:
   // Every 5 ms, hands over the checks due since the last time, all at once.
   void pace() {
+    const auto start = SteadyClock::now();
     const double duration_s = std::chrono::duration<double>(duration_).count();
     const auto total = static_cast<uint64_t>(std::llround(rate_ * duration_s));
     const uint64_t nkeys = keys_.size();
     uint64_t k = 0;
-    for (auto next = start_ + milliseconds(5); k < total && !stop_.load();
-         next += milliseconds(5)) {
+    for (auto next = start + milliseconds(5); k < total && !stop_.load(); next += milliseconds(5)) {
       std::this_thread::sleep_until(next);
-      const double elapsed = secs_since(start_);
+      const double elapsed = secs_since(start);
       if (elapsed > duration_s + 1.0) break;  // fell far behind: stop rather than run on
       for (const uint64_t due = std::min(total, static_cast<uint64_t>(elapsed * rate_)); k < due;
            ++k) {
@@ -111,11 +103,9 @@ class KeySweepLoad {
   std::string domain_;
   double rate_;
   milliseconds duration_;
-  std::vector<std::string> addresses_;
   std::vector<std::string> keys_;
   std::atomic<uint64_t> sent_{0}, decided_{0}, denied_{0}, failed_{0};
   std::atomic<bool> stop_{false};
-  SteadyClock::time_point start_{};
   std::vector<std::unique_ptr<Client>> clients_;  // after the counters: destroyed first
   std::thread pacer_;
 };
@@ -126,29 +116,29 @@ class KeySweepLoad {
 inline std::string measure_peer_window(const LocalCluster& c, const KeySweepLoad* load,
                                        SteadyClock::time_point from, double seconds, Row& row) {
   const char* names[] = {"bytes_out", "bytes_in", "datagrams_out", "datagrams_in"};
-  std::vector<std::vector<double>> at(2, std::vector<double>(c.size() * 5));  // 4 + time per node
+  const size_t n = c.size();
+  std::vector<std::array<double, 5>> at[2];  // per node: its 4 counters, then when read
   KeySweepLoad::Counts counts[2];
   for (size_t r = 0; r < 2; ++r) {
-    std::this_thread::sleep_until(
-        from + std::chrono::duration_cast<SteadyClock::duration>(
-                   std::chrono::duration<double>(static_cast<double>(r) * seconds)));
+    std::this_thread::sleep_until(from + ms_of(static_cast<double>(r) * seconds));
     if (load != nullptr) counts[r] = load->counts();
-    for (size_t i = 0; i < c.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       const auto t0 = SteadyClock::now();
       const auto j = c.cluster_json(i);
       if (!j || !j->contains("bytes_out")) return c.node(i).name + ": no peer counters";
+      at[r].emplace_back();
       for (size_t f = 0; f < 4; ++f)
-        at[r][i * 5 + f] = j->value(names[f], 0.0);
-      at[r][i * 5 + 4] = secs_since(from) - secs_since(t0) / 2;  // the request's middle
+        at[r][i][f] = j->value(names[f], 0.0);
+      at[r][i][4] = secs_since(from) - secs_since(t0) / 2;  // the request's middle
     }
   }
   double mean[4] = {}, max_out = 0;
   size_t busiest = 0;
-  for (size_t i = 0; i < c.size(); ++i) {
-    const double s = at[1][i * 5 + 4] - at[0][i * 5 + 4];
+  for (size_t i = 0; i < n; ++i) {
+    const double s = at[1][i][4] - at[0][i][4];
     for (size_t f = 0; f < 4; ++f) {
-      const double v = s > 0 ? (at[1][i * 5 + f] - at[0][i * 5 + f]) / s : 0;
-      mean[f] += v / static_cast<double>(c.size());
+      const double v = s > 0 ? (at[1][i][f] - at[0][i][f]) / s : 0;
+      mean[f] += v / static_cast<double>(n);
       if (f == 0 && v > max_out) max_out = v, busiest = i;
     }
   }
@@ -160,24 +150,23 @@ inline std::string measure_peer_window(const LocalCluster& c, const KeySweepLoad
   row["busiest_node"] = busiest + 1;
   row["peer_bytes_per_datagram"] = mean[2] > 0 ? mean[0] / mean[2] : 0.0;
   row["received_pct"] = mean[0] > 0 ? 100.0 * mean[1] / mean[0] : 100.0;
-  if (load != nullptr) {
-    const double s = std::chrono::duration<double>(counts[1].at - counts[0].at).count();
-    row["checks_per_s"] = static_cast<double>(counts[1].decided - counts[0].decided) / s;
-    row["sent_per_s"] = static_cast<double>(counts[1].sent - counts[0].sent) / s;
-    row["failed_in_interval"] = counts[1].failed - counts[0].failed;
-    row["peer_bytes_per_check"] =
-        counts[1].decided > counts[0].decided
-            ? mean[0] * static_cast<double>(c.size()) / row["checks_per_s"].get<double>()
-            : 0.0;
-  }
+  if (load == nullptr) return "";
+  const double s = std::chrono::duration<double>(counts[1].at - counts[0].at).count();
+  const double checks_per_s = static_cast<double>(counts[1].decided - counts[0].decided) / s;
+  row["checks_per_s"] = checks_per_s;
+  row["sent_per_s"] = static_cast<double>(counts[1].sent - counts[0].sent) / s;
+  row["failed_in_interval"] = counts[1].failed - counts[0].failed;
+  row["peer_bytes_per_check"] =
+      checks_per_s > 0 ? mean[0] * static_cast<double>(n) / checks_per_s : 0.0;
   return "";
 }
 
 // One N, one rule set: `mode`'s rule under load on a fresh cluster (idle first when asked).
 inline std::string peer_traffic_run(const Settings& st, size_t n, const std::string& mode,
-                                    bool with_total, bool idle_first, double rate, Rows& rows) {
+                                    bool with_total, bool idle_first, Rows& rows) {
   const uint64_t limit = 1000;  // per key per second: never reached, every check is counted
   const size_t keys = 10'000;
+  const double rate = 10'000;
   // After N sweeps every node has checked every key, so its owner and replica push its merged
   // state to every node (what a round-robin load balancer leads to): the warm-up lasts that long,
   // 2 s at least, so the rows show that steady state rather than its ramp.
@@ -196,18 +185,19 @@ inline std::string peer_traffic_run(const Settings& st, size_t n, const std::str
   // Until stopped after the measured interval, which may end late (the admin ports of busy nodes
   // answer slowly); at most a minute more than planned.
   KeySweepLoad load(mode.substr(0, 1), "pt-" + mode + "-", keys, rate,
-                    warmup + ms_of(st.seconds) + milliseconds(60000), c.check_addresses());
-  const Totals before = metric_totals(c, {"sluice_forward_fallbacks_total"});
+                    warmup + ms_of(st.seconds) + milliseconds(60000));
+  const std::vector<std::string> metrics = {"sluice_forward_fallbacks_total",
+                                            "sluice_forwarded_parts_total"};
+  const Totals before = metric_totals(c, metrics);
   const auto started = SteadyClock::now();
-  if (std::string err = load.start(); !err.empty()) return err;
+  if (std::string err = load.start(c.check_addresses()); !err.empty()) return err;
   std::this_thread::sleep_until(started + warmup);
-  const std::vector<std::string> parts = {"sluice_forwarded_parts_total"};
-  const Totals fw0 = metric_totals(c, parts);
+  const Totals fw0 = metric_totals(c, metrics);
   const auto t0 = SteadyClock::now();
-  Row row = table_row("peer-traffic", mode, n, rate / static_cast<double>(keys), limit);
-  row["skew"] = "even";
+  Row row =
+      table_row("peer-traffic", mode, n, rate / static_cast<double>(keys), limit, 100, "even");
   std::string err = measure_peer_window(c, &load, t0, st.seconds, row);
-  const Totals fw1 = metric_totals(c, parts);
+  const Totals fw1 = metric_totals(c, metrics);
   const double forwarded_s = secs_since(t0);
   if (!load.stop_and_wait() && err.empty()) err = "some checks never completed";
   if (!err.empty()) return err;
@@ -218,33 +208,20 @@ inline std::string peer_traffic_run(const Settings& st, size_t n, const std::str
   row["counters_per_check"] = with_total ? 2 : 1;
   row["note"] = with_total ? "1 s limit + hourly total" : "1 s limit alone";
   if (mode == "owner") {
-    set(row, "fallbacks", delta(before, metric_totals(c, {"sluice_forward_fallbacks_total"})));
-    if (const auto d = delta(fw0, fw1))  // to owners' check ports, not peer bytes
+    set(row, "fallbacks", delta(before, metric_totals(c, metrics)));
+    if (const auto d = delta(fw0, fw1, 1))  // to owners' check ports, not peer bytes
       row["forwarded_parts_per_node_s"] = *d / forwarded_s / static_cast<double>(n);
   }
   add(rows, std::move(row));
   return "";
 }
 
-inline std::string run_peer_traffic(const Settings& st, Rows& rows) {
-  double rate = 10'000;
-  if (const char* r = std::getenv("SLUICE_BENCH_PEER_RATE")) rate = std::strtod(r, nullptr);
-  if (!(rate >= 1 && rate <= 1e6)) return "SLUICE_BENCH_PEER_RATE must be 1..1000000";
-  std::vector<size_t> sizes = {3, 5, 10};
-  if (st.quick) sizes = {3};
-  if (const char* only = std::getenv("SLUICE_BENCH_PEER_NODES")) {
-    sizes.clear();
-    for (char* p = const_cast<char*>(only); *p != '\0'; p += *p == ',') {
-      const unsigned long v = std::strtoul(p, &p, 10);
-      if (v < 2 || v > 10) return "SLUICE_BENCH_PEER_NODES: sizes 2..10, by commas";
-      sizes.push_back(v);
-    }
-  }
-  for (const size_t n : sizes) {
+inline std::string run_peer_traffic(const Settings& st, const std::string&, Rows& rows) {
+  for (const size_t n : st.quick ? std::vector<size_t>{3} : std::vector<size_t>{3, 5, 10}) {
     for (const bool with_total : {true, false}) {
       for (const std::string mode : {"gossip", "owner"}) {
         const bool idle_first = with_total && mode == "gossip";
-        if (std::string err = peer_traffic_run(st, n, mode, with_total, idle_first, rate, rows);
+        if (std::string err = peer_traffic_run(st, n, mode, with_total, idle_first, rows);
             !err.empty()) {
           return std::to_string(n) + " nodes, " + mode + ": " + err;
         }
