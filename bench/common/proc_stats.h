@@ -1,6 +1,7 @@
 // CPU accounting and pinning for the benchmarks: what a process, this process and the whole
 // machine have spent on the CPU so far (read before and after a row; the difference over the
-// row's wall time is in cores), and which CPUs a process or a thread may run on.
+// row's wall time is in cores), a process's memory, and which CPUs a process or a thread may run
+// on.
 //
 // The readers return 0 when the process or the file is gone (a row then reports 0 cores rather
 // than failing). Pinning returns "" or why it failed (a CPU the machine does not have, a process
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -130,6 +132,14 @@ inline std::string pin_process(pid_t pid, const std::vector<int>& cpus) {
     ++pinned;
   }
   return pinned == 0 ? "process " + std::to_string(pid) + " has no threads" : "";
+}
+
+// A memory figure of a process in KiB from /proc/<pid>/status ("VmRSS", "VmHWM": the peak RSS),
+// or 0 when the process or the field is gone.
+inline uint64_t proc_status_kb(pid_t pid, const char* field = "VmRSS") {
+  if (pid <= 0) return 0;
+  const std::string path = "/proc/" + std::to_string(pid) + "/status";
+  return std::strtoull(proc_field(path, std::string(field) + ":").c_str(), nullptr, 10);
 }
 
 // The machine's CPU model (/proc/cpuinfo "model name"), for the report's header.

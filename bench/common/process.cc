@@ -1,7 +1,5 @@
 #include "common/process.h"
 
-#include "common/proc_stats.h"
-
 #include "free_port.h"
 
 #include <fcntl.h>
@@ -135,8 +133,6 @@ void ChildProcess::stop(std::chrono::milliseconds grace) {
 }
 
 uint16_t free_loopback_port() {
-  // Below the ephemeral range, never the same port twice (tests/support/free_port.h says why a
-  // port the kernel picks for a bind to port 0 is not safe to hand to a child).
   const uint16_t port = testing::free_loopback_port();
   if (port == 0) throw std::runtime_error("no free loopback port");
   return port;
@@ -175,12 +171,6 @@ void wait_ready(ChildProcess& child, const std::function<std::string()>& probe, 
   }
   throw std::runtime_error(child.name() + " did not answer within " + std::to_string(timeout_ms) +
                            " ms (" + last + "); log:\n" + file_tail(child.log_path()));
-}
-
-uint64_t proc_status_kb(pid_t pid, const char* field) {
-  if (pid <= 0) return 0;
-  const std::string path = "/proc/" + std::to_string(pid) + "/status";
-  return std::strtoull(proc_field(path, std::string(field) + ":").c_str(), nullptr, 10);
 }
 
 TempDir::TempDir() : testing::TempDir("sluice-bench-load") {

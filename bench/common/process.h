@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/proc_stats.h"
 #include "temp_dir.h"
 
 namespace sluice::bench {
@@ -63,7 +64,7 @@ class ChildProcess {
   std::string exit_status_;
 };
 
-// A loopback port that is free for both TCP and UDP at the time of the call (bound and released).
+// A loopback port for a child, free for TCP and UDP (tests/support/free_port.h); throws if none.
 uint16_t free_loopback_port();
 
 // The last `max_bytes` of a file, for error messages.
@@ -77,10 +78,6 @@ std::string sibling_sluiced();
 // Waits until probe() returns "" (bounded by timeout_ms, polled every 20 ms). Throws
 // std::runtime_error with the child's log tail when it exits first or does not answer in time.
 void wait_ready(ChildProcess& child, const std::function<std::string()>& probe, int timeout_ms);
-
-// A memory figure of a process in KiB from /proc/<pid>/status ("VmRSS", "VmHWM": the peak RSS),
-// or 0 when the process or the field is gone.
-uint64_t proc_status_kb(pid_t pid, const char* field = "VmRSS");
 
 // The tests' TempDir (tests/support/temp_dir.h), named sluice-bench-load-*, with a file "pid"
 // naming the benchmark's process; the constructor also removes directories of earlier runs whose

@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "common/json_rows.h"
@@ -37,12 +36,9 @@ class Cli {
                       const std::string& help) {
     CLI::Option* opt = app_.add_option_function<double>(
         name, [&target](double v) { target = static_cast<T>(v); }, help);
-    opt->check(CLI::Range(lo, hi))->type_name("N");
-    if constexpr (std::is_floating_point_v<T>)
-      opt->default_str(CLI::detail::to_string(target));
-    else
-      opt->default_str(std::to_string(target));
-    return opt;
+    return opt->check(CLI::Range(lo, hi))
+        ->type_name("N")
+        ->default_str(CLI::detail::to_string(target));
   }
   // A comma list of whole numbers in [lo, hi] ("1000,100000"), repeatable: the lists add up.
   CLI::Option* numbers(const std::string& name, std::vector<uint64_t>& target, double lo, double hi,

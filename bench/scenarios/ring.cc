@@ -64,9 +64,7 @@ class VnodeRing {
     size_t got = 0;
     for (size_t i = first(key), seen = 0; got < want && seen < points_.size(); ++seen) {
       const NodeId id = points_[i].id;
-      if (std::find(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(got), id) ==
-          out.begin() + static_cast<std::ptrdiff_t>(got))
-        out[got++] = id;
+      if (std::ranges::count(out.first(got), id) == 0) out[got++] = id;
       if (++i == points_.size()) i = 0;
     }
     return got;

@@ -14,8 +14,6 @@
 // Keys are "user-<n>" in one domain with a 1e9-per-minute limit (every check counted); simulated
 // time stays inside one minute so nothing expires. The data directory is a fresh temporary one,
 // removed at exit. The generator and the engine share this machine's cores.
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>

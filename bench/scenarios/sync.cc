@@ -60,12 +60,9 @@ struct Node {
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<cluster::DeltaSync> delta;
   std::unique_ptr<cluster::PeerCodec> codec;
-  cluster::PeerMessage msg;  // reused by open()
-};
-
-struct Datagram {
-  cluster::NodeId to = 0;
-  std::vector<uint8_t> bytes;
+  cluster::PeerMessage msg;                // reused by open()
+  std::deque<std::vector<uint8_t>> inbox;  // [0, in_flight) sent to this node; the rest reused
+  size_t in_flight = 0;
 };
 
 // Three nodes on one ring, and the datagrams in flight between them.
@@ -106,30 +103,30 @@ class Cluster {
     Node& n = node(id);
     const double t0 = thread_cpu_ms();
     n.delta->pass(ring_, mode, false, [&](cluster::NodeId to, cluster::SyncBatch& b) {
-      Datagram& d = next_slot();
-      d.to = to;
-      if (n.codec->seal(b, now, d.bytes) != cluster::PeerError::kOk) std::abort();
-      bytes += d.bytes.size();
+      Node& dest = node(to);
+      if (dest.in_flight == dest.inbox.size()) dest.inbox.emplace_back();
+      std::vector<uint8_t>& d = dest.inbox[dest.in_flight++];
+      if (n.codec->seal(b, now, d) != cluster::PeerError::kOk) std::abort();
+      bytes += d.size();
     });
     return thread_cpu_ms() - t0;
   }
 
-  // Opens and merges what is in flight to `id` (or to anyone, id 0); the CPU ms it took.
-  double deliver(int64_t now, cluster::NodeId only = 0) {
+  // Opens and merges what is in flight to `id`; the CPU ms it took.
+  double deliver(cluster::NodeId id, int64_t now) {
+    Node& n = node(id);
     const double t0 = thread_cpu_ms();
-    size_t kept = 0;
-    for (size_t i = 0; i < used_; ++i) {
-      Datagram& d = flight_[i];
-      if (only != 0 && d.to != only) {
-        std::swap(flight_[kept++], d);
-        continue;
-      }
-      Node& n = node(d.to);
-      if (n.codec->open(d.bytes, now, n.msg) != cluster::PeerError::kOk) std::abort();
+    for (size_t i = 0; i < n.in_flight; ++i) {
+      if (n.codec->open(n.inbox[i], now, n.msg) != cluster::PeerError::kOk) std::abort();
       n.engine->merge(n.msg.sync.totals, now);
     }
-    used_ = kept;
+    n.in_flight = 0;
     return thread_cpu_ms() - t0;
+  }
+
+  void deliver_all(int64_t now) {
+    for (cluster::NodeId id = 1; id <= 3; ++id)
+      deliver(id, now);
   }
 
   void check(cluster::NodeId id, const KeyArena& keys, const std::vector<uint32_t>& which,
@@ -148,15 +145,8 @@ class Cluster {
   }
 
  private:
-  Datagram& next_slot() {
-    if (used_ == flight_.size()) flight_.emplace_back();
-    return flight_[used_++];
-  }
-
   std::array<Node, 3> nodes_;
   cluster::HashRing ring_;
-  std::deque<Datagram> flight_;  // [0, used_) in flight; the rest reused buffers
-  size_t used_ = 0;
 };
 
 }  // namespace
@@ -200,7 +190,7 @@ int bench_sync_main(int argc, char** argv) {
       now += kPassMs;
       for (cluster::NodeId id = 1; id <= 3; ++id) {
         c.pass(id, round == 2 ? Mode::kResend : Mode::kChanged, now, ignored);
-        c.deliver(now);
+        c.deliver_all(now);
       }
     }
     if (node_pass == 0) {
@@ -226,13 +216,13 @@ int bench_sync_main(int argc, char** argv) {
       } else {
         row[1].ms.push_back(c.pass(1, mode, now, row[1].bytes));
       }
-      c.deliver(now);  // nodes 2 and 3 merge what node 1 sent
+      c.deliver_all(now);  // nodes 2 and 3 merge what node 1 sent
       uint64_t back = 0;
       c.pass(2, mode, now, back);
       c.pass(3, mode, now, back);
-      const double merge_ms = c.deliver(now, 1);
+      const double merge_ms = c.deliver(1, now);
       if (node_pass == 1) row[2].ms.push_back(merge_ms);
-      c.deliver(now);
+      c.deliver_all(now);
     }
   }
 
