@@ -29,8 +29,6 @@ extern "C" void on_stop_signal(int) {
   g_stop = 1;
 }
 
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
-
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
@@ -44,7 +42,7 @@ void install_stop_signals() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;  // no SA_RESTART: a blocking call returns EINTR and the loop sees the flag
-  for (const int sig : kStopSignals)
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP})
     sigaction(sig, &sa, nullptr);
   // A peer that closes while we write must be an error value, not a dead benchmark.
   signal(SIGPIPE, SIG_IGN);
@@ -147,9 +145,8 @@ std::string file_tail(const std::string& path, size_t max_bytes) {
 }
 
 std::string self_exe_path() {
-  std::error_code ec;
-  const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.string();
+  std::error_code ec;  // on error: an empty path
+  return std::filesystem::read_symlink("/proc/self/exe", ec).string();
 }
 
 std::string sibling_sluiced() {

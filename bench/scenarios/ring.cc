@@ -102,27 +102,22 @@ int bench_ring_main(int argc, char** argv) {
   std::vector<uint64_t> keys(key_count);
   for (auto& k : keys)
     k = rng();
-  std::fprintf(stderr,
-               "# %" PRIu64 " keys (seed %" PRIu64 "), R = %" PRIu64 ", best of %" PRIu64
-               " timed passes\n",
-               key_count, seed, replicas, repeat);
-
   // Best of `repeat` passes over every key, in ns per lookup. The answers add up in `sink`, so
   // the compiler cannot drop the lookups.
   uint64_t sink = 0;
   const auto ns_per = [&](auto lookup) {
-    double best = 1e300;
+    using Clock = std::chrono::steady_clock;
+    Clock::duration best = Clock::duration::max();
     for (uint64_t r = 0; r < repeat; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       uint64_t sum = 0;
       for (uint64_t k : keys)
         sum += lookup(k);
+      best = std::min(best, Clock::now() - t0);
       sink += sum;
-      best = std::min(
-          best,
-          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
     }
-    return best / static_cast<double>(keys.size());
+    return std::chrono::duration<double, std::nano>(best).count() /
+           static_cast<double>(keys.size());
   };
   sluice::bench::Rows rows(cli.json);
   // One row: `make` builds the scheme's ring of some members.
@@ -173,7 +168,10 @@ int bench_ring_main(int argc, char** argv) {
               [&](const std::vector<RingMember>& ms) { return VnodeRing(ms, v, replicas); });
     }
   }
-  std::fprintf(stderr, "# checksum %" PRIu64 "\n", sink % 1000);
+  std::fprintf(stderr,
+               "# %" PRIu64 " keys (seed %" PRIu64 "), R = %" PRIu64 ", best of %" PRIu64
+               " timed passes; checksum %" PRIu64 "\n",
+               key_count, seed, replicas, repeat, sink % 1000);
   rows.finish();
   return 0;
 }
