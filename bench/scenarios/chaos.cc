@@ -40,7 +40,7 @@ int bench_chaos_main(int argc, char** argv) {
              "how long a node killed with -9 stays down (0: restarted at once; the systemd unit "
              "waits 2000)");
   cli.app().add_option("--seed", o.seed, "seed of the action and node choices");
-  cli.text("--sluiced", o.sluiced_bin, "the sluiced binary");
+  cli.sluiced(o.sluiced_bin);
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
   o.client_timeout = std::chrono::milliseconds(timeout_ms);
   o.restart_delay_after_kill = std::chrono::milliseconds(restart_delay_ms);

@@ -26,7 +26,7 @@ int bench_crash_main(int argc, char** argv) {
              "snapshot_interval_ms of the node");
   cli.app().add_option("--seed", o.seed);
   cli.flag("--no-overrides", no_overrides, "checks only, no override writes");
-  cli.text("--sluiced", o.sluiced_bin, "the sluiced binary");
+  cli.sluiced(o.sluiced_bin);
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
   o.override_writes = !no_overrides;
   o.log = [](const std::string& s) { std::fprintf(stderr, "crash: %s\n", s.c_str()); };
