@@ -4,17 +4,35 @@
 //   sluice-bench --list
 //   sluice-bench-<scenario> [flags]        (a link to this program: the name picks the scenario)
 //
-// Each scenario lives in a file of its own under scenarios/ and takes the flags of the program it
-// once was; --help after the scenario prints them. With --json the last line of stdout is exactly
-// one object {"rows":[...]} (common/json_rows.h). --quick asks for a short run: a scenario that
-// has no --quick of its own gets the flags listed in its `quick` entry below instead.
+// Each scenario lives in a file of its own under scenarios/, entered through its main with the
+// command line of the program it once was; --help after the scenario prints its flags. With
+// --json the last line of stdout is exactly one object {"rows":[...]} (common/json_rows.h).
+// --quick asks for a short run: a scenario that has no --quick of its own gets the flags listed
+// in its `quick` entry below instead.
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "scenarios/scenarios.h"
+int bench_accuracy_main(int argc, char** argv);
+int bench_chaos_main(int argc, char** argv);
+int bench_client_native_main(int argc, char** argv);
+int bench_cluster_main(int argc, char** argv);
+int bench_cluster_sim_main(int argc, char** argv);
+int bench_crash_main(int argc, char** argv);
+int bench_detect_main(int argc, char** argv);
+int bench_edges_main(int argc, char** argv);
+int bench_engine_main(int argc, char** argv);
+int bench_gaps_main(int argc, char** argv);
+int bench_keyspray_main(int argc, char** argv);
+int bench_load_main(int argc, char** argv);
+int bench_ring_main(int argc, char** argv);
+int bench_rls_main(int argc, char** argv);
+int bench_soak_main(int argc, char** argv);
+int bench_store_main(int argc, char** argv);
+int bench_sync_main(int argc, char** argv);
 
 namespace {
 
@@ -72,62 +90,43 @@ const Scenario* find(std::string_view name) {
   return nullptr;
 }
 
-void list(std::FILE* out) {
-  for (const Scenario& s : kScenarios)
-    std::fprintf(out, "  %-14s %s\n", s.name, s.summary);
-}
-
-// Runs s with args (args[0] is the program name the scenario prints), --quick expanded.
-int run(const Scenario& s, std::vector<std::string> args) {
-  if (s.quick != nullptr) {
-    std::vector<std::string> expanded;
-    for (std::string& a : args) {
-      if (a != "--quick") {
-        expanded.push_back(std::move(a));
-        continue;
-      }
-      std::istringstream words(s.quick);
-      for (std::string w; words >> w;)
-        expanded.push_back(std::move(w));
-    }
-    args = std::move(expanded);
-  }
-  std::vector<char*> argv;
-  for (std::string& a : args)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  return s.run(static_cast<int>(args.size()), argv.data());
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string_view self = argv[0];
-  if (const auto slash = self.rfind('/'); slash != std::string_view::npos)
-    self.remove_prefix(slash + 1);
-  if (self.starts_with(kPrefix)) {
-    if (const Scenario* s = find(self.substr(kPrefix.size())))
-      return run(*s, std::vector<std::string>(argv, argv + argc));
+  std::vector<std::string> args(argv, argv + argc);
+  const std::string self = std::filesystem::path(args[0]).filename();
+  const Scenario* s = self.starts_with(kPrefix) ? find(self.substr(kPrefix.size())) : nullptr;
+  if (s == nullptr && argc > 1 && (s = find(args[1])) != nullptr) {
+    args.erase(args.begin());  // the scenario sees the command line of its own program
+    args[0] = std::string(kPrefix) + s->name;
   }
-  const std::string_view first = argc > 1 ? argv[1] : "";
-  if (first == "--list") {
-    list(stdout);
-    return 0;
-  }
-  const Scenario* s = find(first);
   if (s == nullptr) {
-    std::FILE* out = first == "--help" || first == "-h" ? stdout : stderr;
-    if (out == stderr && !first.empty())
-      std::fprintf(stderr, "sluice-bench: unknown scenario '%s'\n", argv[1]);
-    std::fprintf(out,
-                 "usage: sluice-bench <scenario> [--json] [--quick] [scenario flags]\n"
-                 "       sluice-bench --list\n"
-                 "       sluice-bench <scenario> --help   (the scenario's flags)\n"
-                 "scenarios:\n");
-    list(out);
-    return out == stdout ? 0 : 2;
+    const std::string first = argc > 1 ? args[1] : "";
+    const bool asked = first == "--help" || first == "-h" || first == "--list";
+    std::FILE* out = asked ? stdout : stderr;
+    if (!asked && !first.empty())
+      std::fprintf(stderr, "sluice-bench: unknown scenario '%s'\n", first.c_str());
+    if (first != "--list") {
+      std::fprintf(out,
+                   "usage: sluice-bench <scenario> [--json] [--quick] [scenario flags]\n"
+                   "       sluice-bench --list\n"
+                   "       sluice-bench <scenario> --help   (the scenario's flags)\n"
+                   "scenarios:\n");
+    }
+    for (const Scenario& each : kScenarios)
+      std::fprintf(out, "  %-14s %s\n", each.name, each.summary);
+    return asked ? 0 : 2;
   }
-  std::vector<std::string> args{std::string(kPrefix) + s->name};
-  args.insert(args.end(), argv + 2, argv + argc);
-  return run(*s, std::move(args));
+  std::vector<std::string> expanded;  // --quick stands for s->quick, when it has one
+  for (std::string& a : args) {
+    std::istringstream quick(a == "--quick" && s->quick != nullptr ? s->quick : "");
+    if (quick.str().empty()) expanded.push_back(std::move(a));
+    for (std::string w; quick >> w;)
+      expanded.push_back(std::move(w));
+  }
+  std::vector<char*> cargv;
+  for (std::string& a : expanded)
+    cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  return s->run(static_cast<int>(expanded.size()), cargv.data());
 }

@@ -18,36 +18,25 @@ namespace sluice::bench {
 
 using Row = nlohmann::ordered_json;
 
-inline void print_json_rows(const nlohmann::json& rows) {
-  std::printf("%s\n", nlohmann::json{{"rows", rows}}.dump().c_str());
-}
-inline void print_json_rows(const nlohmann::ordered_json& rows) {
-  std::printf("%s\n", nlohmann::ordered_json{{"rows", rows}}.dump().c_str());
-}
-
-// One value of a row as text.
-inline std::string row_value_text(const Row& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_number_float()) {
-    const double d = v.get<double>();
-    char buf[64];
-    if (std::isfinite(d) && std::fabs(d) >= 10'000)
-      std::snprintf(buf, sizeof buf, "%.0f", d);
-    else
-      std::snprintf(buf, sizeof buf, "%.4g", d);
-    return buf;
-  }
-  return v.dump();
+// The --json line; Json is nlohmann::json or Row.
+template <class Json>
+void print_json_rows(const Json& rows) {
+  std::printf("%s\n", Json{{"rows", rows}}.dump().c_str());
 }
 
 // Prints a row as one text line: name=value for each field, in order.
 inline void print_row_text(const Row& row) {
   std::string line;
   for (auto it = row.begin(); it != row.end(); ++it) {
-    if (!line.empty()) line += ' ';
-    line += it.key();
-    line += '=';
-    line += row_value_text(it.value());
+    const Row& v = it.value();
+    char num[64];
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      std::snprintf(num, sizeof num, std::isfinite(d) && std::fabs(d) >= 10'000 ? "%.0f" : "%.4g",
+                    d);
+    }
+    line += (line.empty() ? "" : " ") + it.key() + '=';
+    line += v.is_string() ? v.get<std::string>() : v.is_number_float() ? num : v.dump();
   }
   std::printf("%s\n", line.c_str());
 }

@@ -21,21 +21,14 @@ inline std::vector<MetricSample> parse_metrics(const std::string& body) {
   std::vector<MetricSample> out;
   std::istringstream in(body);
   for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
     const size_t sp = line.rfind(' ');
-    if (sp == std::string::npos) continue;
-    MetricSample s;
-    const size_t brace = line.find('{');
-    if (brace != std::string::npos && brace < sp) {
-      const size_t close = line.rfind('}', sp);
-      if (close == std::string::npos) continue;
-      s.name = line.substr(0, brace);
-      s.labels = line.substr(brace + 1, close - brace - 1);
-    } else {
-      s.name = line.substr(0, sp);
-    }
-    s.value = std::strtod(line.c_str() + sp + 1, nullptr);
-    out.push_back(std::move(s));
+    if (line.empty() || line[0] == '#' || sp == std::string::npos) continue;
+    const size_t brace = line.find('{'), close = line.rfind('}', sp);
+    const bool labelled = brace < sp;
+    if (labelled && close == std::string::npos) continue;
+    out.push_back({line.substr(0, labelled ? brace : sp),
+                   labelled ? line.substr(brace + 1, close - brace - 1) : "",
+                   std::strtod(line.c_str() + sp + 1, nullptr)});
   }
   return out;
 }

@@ -3,13 +3,8 @@
 //   percentile(v, q) = the ceil(q * n)-th smallest of the n samples (1-based; q = 0 gives the
 //   smallest, q = 1 the largest), or NaN when there are none.
 //
-// Every sample reported is one that was measured; nothing is interpolated. Scenarios that used
-// another definition before may move: engine's and sync's sync-cost rows and detect's p50/p99
-// took round(q * (n - 1)), store's latencies floor(q * (n - 1)), so their p99 may now be a rank
-// lower or higher (on a few hundred samples or fewer, e.g. detect's 200 runs or 20 sync passes,
-// one rank can be a visible step; on thousands it is a neighbour); cluster concurrency's
-// acquire_p50/p99_us took floor(q * n), one rank above nearest rank whenever q * n is whole. The
-// load generator's histogram (load/histogram.h) keeps its buckets: it never holds the samples.
+// Every sample reported is one that was measured; nothing is interpolated. The load generator's
+// histogram (load/histogram.h) keeps its buckets: it never holds the samples.
 #pragma once
 
 #include <algorithm>

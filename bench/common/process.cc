@@ -4,17 +4,12 @@
 
 #include <fcntl.h>
 #include <grp.h>
-#include <netinet/in.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
-
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -22,7 +17,6 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
-#include <string_view>
 #include <thread>
 
 namespace sluice::bench {
@@ -48,9 +42,8 @@ void install_stop_signals() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;  // no SA_RESTART: a blocking call returns EINTR and the loop sees the flag
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP})
+    sigaction(sig, &sa, nullptr);
   // A peer that closes while we write must be an error value, not a dead benchmark.
   signal(SIGPIPE, SIG_IGN);
 }
@@ -62,20 +55,12 @@ bool stop_requested() {
 std::string ChildProcess::start(const std::vector<std::string>& argv, const std::string& log_path,
                                 const std::string& run_as) {
   if (argv.empty()) return "empty command";
-  bool switch_user = false;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  if (!run_as.empty() && ::geteuid() == 0) {
-    const passwd* pw = ::getpwnam(run_as.c_str());  // before fork: not async-signal-safe
-    if (pw == nullptr) return "no user " + run_as;
-    switch_user = true;
-    uid = pw->pw_uid;
-    gid = pw->pw_gid;
-  }
+  const passwd* pw = nullptr;  // looked up before fork: getpwnam is not async-signal-safe
+  if (!run_as.empty() && ::geteuid() == 0 && (pw = ::getpwnam(run_as.c_str())) == nullptr)
+    return "no user " + run_as;
   name_ = argv[0];
   log_path_ = log_path;
   std::vector<char*> args;
-  args.reserve(argv.size() + 1);
   for (const std::string& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -91,17 +76,13 @@ std::string ChildProcess::start(const std::vector<std::string>& argv, const std:
   if (pid == 0) {
     // Child: only async-signal-safe calls until exec. Credentials first: changing them clears
     // the death signal.
-    if (switch_user && (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0)) {
+    if (pw != nullptr &&
+        (::setgroups(0, nullptr) != 0 || ::setgid(pw->pw_gid) != 0 || ::setuid(pw->pw_uid) != 0))
       ::_exit(126);
-    }
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    ::sigaction(SIGINT, &dfl, nullptr);
-    ::sigaction(SIGTERM, &dfl, nullptr);
-    ::sigaction(SIGHUP, &dfl, nullptr);
-    ::sigaction(SIGPIPE, &dfl, nullptr);
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE})
+      ::signal(sig, SIG_DFL);
     ::setpgid(0, 0);  // a terminal's Ctrl-C reaches the benchmark only; it stops the children
     const int devnull = ::open("/dev/null", O_RDONLY);
     if (devnull >= 0) ::dup2(devnull, 0);
@@ -118,16 +99,19 @@ std::string ChildProcess::start(const std::vector<std::string>& argv, const std:
   return "";
 }
 
-bool ChildProcess::running() {
-  if (pid_ <= 0) return false;
+bool ChildProcess::reap(bool block) {
   int status = 0;
-  const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-  if (r == pid_) {
+  const pid_t r = ::waitpid(pid_, &status, block ? 0 : WNOHANG);
+  if (r == pid_)
     exit_status_ = describe_status(status);
-    pid_ = -1;
+  else if (r == 0 || errno != ECHILD)
     return false;
-  }
+  pid_ = -1;
   return true;
+}
+
+bool ChildProcess::running() {
+  return pid_ > 0 && !reap(false);
 }
 
 void ChildProcess::stop(std::chrono::milliseconds grace) {
@@ -135,25 +119,18 @@ void ChildProcess::stop(std::chrono::milliseconds grace) {
   ::kill(pid_, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + grace;
   // Bounded: at most grace / 10 ms polls.
-  while (std::chrono::steady_clock::now() < deadline) {
-    int status = 0;
-    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_ || (r < 0 && errno == ECHILD)) {
-      if (r == pid_) exit_status_ = describe_status(status);
+  while (!reap(false)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid_, SIGKILL);
+      reap(true);
       pid_ = -1;
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ::kill(pid_, SIGKILL);
-  int status = 0;
-  if (::waitpid(pid_, &status, 0) == pid_) exit_status_ = describe_status(status);
-  pid_ = -1;
 }
 
 uint16_t free_loopback_port() {
-  // Below the ephemeral range, never the same port twice (tests/support/free_port.h says why a
-  // port the kernel picks for a bind to port 0 is not safe to hand to a child).
   const uint16_t port = testing::free_loopback_port();
   if (port == 0) throw std::runtime_error("no free loopback port");
   return port;
@@ -168,15 +145,13 @@ std::string file_tail(const std::string& path, size_t max_bytes) {
 }
 
 std::string self_exe_path() {
-  std::error_code ec;
-  const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.string();
+  std::error_code ec;  // on error: an empty path
+  return std::filesystem::read_symlink("/proc/self/exe", ec).string();
 }
 
 std::string sibling_sluiced() {
   const std::filesystem::path self = self_exe_path();
-  if (self.empty()) return "";
-  return (self.parent_path().parent_path() / "daemon" / "sluiced").string();
+  return self.empty() ? "" : (self.parent_path().parent_path() / "daemon" / "sluiced").string();
 }
 
 void wait_ready(ChildProcess& child, const std::function<std::string()>& probe, int timeout_ms) {
@@ -195,39 +170,19 @@ void wait_ready(ChildProcess& child, const std::function<std::string()>& probe, 
                            " ms (" + last + "); log:\n" + file_tail(child.log_path()));
 }
 
-uint64_t proc_status_kb(pid_t pid, const char* field) {
-  if (pid <= 0) return 0;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  const std::string want = std::string(field) + ":";
-  for (std::string line; std::getline(in, line);) {
-    if (line.starts_with(want)) return std::strtoull(line.c_str() + want.size(), nullptr, 10);
-  }
-  return 0;
-}
-
-namespace {
-
-constexpr std::string_view kTempPrefix = "sluice-bench-load-";
-
-void remove_stale_temp_dirs(const std::filesystem::path& base) {
+TempDir::TempDir() : testing::TempDir("sluice-bench-load") {
+  std::ofstream(path + "/pid") << ::getpid() << "\n";
+  // Directories of earlier runs whose process is gone; bounded by the directory's entries.
   std::error_code ec;
-  // Bounded by the directory's entries.
-  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
-    if (!e.path().filename().string().starts_with(kTempPrefix)) continue;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::filesystem::path(path).parent_path(), ec)) {
     std::ifstream in(e.path() / "pid");
     long pid = 0;
-    if (!(in >> pid) || pid <= 0) continue;  // not ours, or still being set up
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // still running
-    std::error_code rm;
-    std::filesystem::remove_all(e.path(), rm);
+    if (!e.path().filename().string().starts_with("sluice-bench-load-") || !(in >> pid) || pid <= 0)
+      continue;  // not ours, or still being set up
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM)
+      std::filesystem::remove_all(e.path(), ec);
   }
-}
-
-}  // namespace
-
-TempDir::TempDir() : testing::TempDir(std::string(kTempPrefix.substr(0, kTempPrefix.size() - 1))) {
-  std::ofstream(path + "/pid") << ::getpid() << "\n";
-  remove_stale_temp_dirs(std::filesystem::path(path).parent_path());
 }
 
 int run_stoppable(const char* program, const std::function<int()>& run) {

@@ -1,4 +1,4 @@
-// Child servers of the load benchmark: start, wait until they answer, stop. Nothing is left
+// Child processes of the benchmarks: start, wait until they answer, stop. Nothing is left
 // running when the benchmark ends, fails or is interrupted:
 //   - every child gets PR_SET_PDEATHSIG(SIGKILL), so it dies even if the benchmark is killed -9;
 //   - ChildProcess's destructor stops it (SIGTERM, then SIGKILL after a grace period);
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/proc_stats.h"
 #include "temp_dir.h"
 
 namespace sluice::bench {
@@ -54,36 +55,33 @@ class ChildProcess {
   const std::string& exit_status() const { return exit_status_; }
 
  private:
+  // Reaps the child if it has exited (block: waits until it has); true when it is gone.
+  bool reap(bool block);
+
   pid_t pid_ = -1;
   std::string name_;
   std::string log_path_;
   std::string exit_status_;
 };
 
-// A loopback port that is free for both TCP and UDP at the time of the call (bound and released).
+// A loopback port for a child, free for TCP and UDP (tests/support/free_port.h); throws if none.
 uint16_t free_loopback_port();
 
 // The last `max_bytes` of a file, for error messages.
 std::string file_tail(const std::string& path, size_t max_bytes = 2000);
 
-// Path of the running executable (/proc/self/exe), "" if unknown.
+// Path of the running executable (/proc/self/exe), "" if unknown; the sluiced of the same build
+// tree (<build>/bench/<this program> -> <build>/daemon/sluiced).
 std::string self_exe_path();
-
-// The sluiced of the same build tree: <build>/bench/<this program> -> <build>/daemon/sluiced.
 std::string sibling_sluiced();
 
 // Waits until probe() returns "" (bounded by timeout_ms, polled every 20 ms). Throws
 // std::runtime_error with the child's log tail when it exits first or does not answer in time.
 void wait_ready(ChildProcess& child, const std::function<std::string()>& probe, int timeout_ms);
 
-// A memory figure of a process in KiB from /proc/<pid>/status ("VmRSS", "VmHWM": the peak RSS),
-// or 0 when the process or the field is gone.
-uint64_t proc_status_kb(pid_t pid, const char* field = "VmRSS");
-
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents by the destructor: the
-// tests' TempDir (tests/support/temp_dir.h), named sluice-bench-load-*. It holds a file "pid"
-// naming the benchmark's process; the constructor first removes directories of earlier runs
-// whose process is gone (killed -9, so their destructor never ran).
+// The tests' TempDir (tests/support/temp_dir.h), named sluice-bench-load-*, with a file "pid"
+// naming the benchmark's process; the constructor also removes directories of earlier runs whose
+// process is gone (killed -9, so their destructor never ran).
 struct TempDir : testing::TempDir {
   TempDir();
 };

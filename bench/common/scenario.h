@@ -1,17 +1,11 @@
-// The command line and the output every scenario of sluice-bench shares, on CLI11.
+// The command line every scenario of sluice-bench shares, on CLI11.
 //
 // A scenario makes one Cli with its program name (sluice-bench-<scenario>, what its messages and
-// --help name), declares its own options on it beside the shared ones (--json, --quick) and calls
-// parse(): nullopt to run, or the exit status to leave with (0 after --help, 2 on a mistake,
-// with the message and the help on stderr, as every program did before it was a scenario).
-//
-// Numbers are read as the programs always read them, as a double (so 1e6 is a key count) checked
-// against [lo, hi], then converted to the option's type. An option given twice takes the last
-// value. Repeated options name the figure the same way in every scenario: seconds(), keys(),
-// seed(), server_threads(), sluiced().
-//
-// Rows: with --json the last line of stdout is exactly one object {"rows":[...]}
-// (common/json_rows.h); Cli::finish(rows) prints it when --json was given.
+// --help name), declares its own options beside the shared --json and calls parse(): nullopt to
+// run, or the exit status to leave with (0 after --help; 2 on a mistake, with the message and the
+// help on stderr). Numbers are read as a double (so 1e6 is a key count) checked against [lo, hi],
+// then converted to the option's type; an option given twice takes the last value. Options many
+// scenarios have are named alike everywhere: seconds(), keys(), server_threads(), sluiced().
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -19,7 +13,6 @@
 #include <cstdio>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "common/json_rows.h"
@@ -43,28 +36,19 @@ class Cli {
                       const std::string& help) {
     CLI::Option* opt = app_.add_option_function<double>(
         name, [&target](double v) { target = static_cast<T>(v); }, help);
-    opt->check(CLI::Range(lo, hi))->type_name("N");
-    if constexpr (std::is_floating_point_v<T>)
-      opt->default_str(CLI::detail::to_string(target));
-    else
-      opt->default_str(std::to_string(target));
-    return opt;
+    return opt->check(CLI::Range(lo, hi))
+        ->type_name("N")
+        ->default_str(CLI::detail::to_string(target));
   }
   // A comma list of whole numbers in [lo, hi] ("1000,100000"), repeatable: the lists add up.
   CLI::Option* numbers(const std::string& name, std::vector<uint64_t>& target, double lo, double hi,
                        const std::string& help) {
-    return app_.add_option(name, target, help)
-        ->delimiter(',')
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-        ->check(CLI::Range(lo, hi));
+    return list(name, target, help)->check(CLI::Range(lo, hi));
   }
   // A comma list of words of a fixed set ("1s,1m"), repeatable: the lists add up.
   CLI::Option* words(const std::string& name, std::vector<std::string>& target,
                      std::vector<std::string> allowed, const std::string& help) {
-    return app_.add_option(name, target, help)
-        ->delimiter(',')
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-        ->check(CLI::IsMember(std::move(allowed)));
+    return list(name, target, help)->check(CLI::IsMember(std::move(allowed)));
   }
   CLI::Option* text(const std::string& name, std::string& target, const std::string& help) {
     return app_.add_option(name, target, help)->type_name("TEXT");
@@ -78,7 +62,6 @@ class Cli {
     return text(name, target, help)->check(CLI::IsMember(std::move(words)));
   }
 
-  // The options most scenarios have, named alike everywhere.
   template <class T>
   CLI::Option* seconds(T& target, double lo, double hi, const std::string& help) {
     return number("--seconds", target, lo, hi, help);
@@ -98,7 +81,6 @@ class Cli {
     return flag("--quick", target, help);
   }
 
-  // nullopt: run. Otherwise the exit status: 0 after --help, 2 on a mistake.
   std::optional<int> parse(int argc, char** argv) {
     try {
       app_.parse(argc, argv);
@@ -107,8 +89,7 @@ class Cli {
       std::fputs(app_.help().c_str(), stdout);
       return 0;
     } catch (const CLI::ParseError& e) {
-      std::fprintf(stderr, "%s: %s\n%s", program_.c_str(), e.what(), app_.help().c_str());
-      return 2;
+      return fail(e.what());
     }
   }
 
@@ -124,9 +105,23 @@ class Cli {
     if (json) print_json_rows(rows);
   }
 
+  // The output of a scenario that measures one row: its text line, then the --json line.
+  void one_row(Row row) const {
+    Rows rows(json);
+    rows.add(std::move(row));
+    rows.finish();
+  }
+
   bool json = false;
 
  private:
+  template <class T>
+  CLI::Option* list(const std::string& name, std::vector<T>& target, const std::string& help) {
+    return app_.add_option(name, target, help)
+        ->delimiter(',')
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  }
+
   std::string program_;
   CLI::App app_;
 };

@@ -9,17 +9,11 @@
 // limit plus the estimator's error, none with the strict estimator); gossip mode <= limit + offered
 // rate x sync interval (100 ms) + 2, the gossip bound of docs/architecture.md (as
 // tests/cluster/cluster_test.cc).
-//
-//   sluice-bench-chaos [--json] [--seconds 300] [--nodes 5] [--limit 50] [--keys 4] [--rate 100]
-//                      [--timeout-ms 20] [--attempts 2] [--seed N] [--sluiced PATH] [--quiet]
-#include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <random>
 #include <string>
 
 #include "chaos.h"
-#include "common/json_rows.h"
 #include "common/scenario.h"
 
 int bench_chaos_main(int argc, char** argv) {
@@ -27,31 +21,26 @@ int bench_chaos_main(int argc, char** argv) {
   sluice::bench::Cli cli(
       "sluice-bench-chaos",
       "sluice-bench-chaos: a cluster under load while nodes are killed, drained, restarted");
-  CLI::App& app = cli.app();
   ChaosOptions o;
   o.sluiced_bin = SLUICED_BIN;
   o.seed = std::random_device{}();
   bool quiet = false;
   int64_t timeout_ms = 20;
   int64_t restart_delay_ms = 0;
-  app.add_flag("--quiet", quiet, "no event lines on stderr");
-  app.add_option("--seconds", o.seconds, "length of the load")->check(CLI::Range(20.0, 3600.0));
-  app.add_option("--nodes", o.nodes, "cluster size")->check(CLI::Range(3, 11));
-  app.add_option("--limit", o.limit, "per key per 1 s window")->check(CLI::Range(1, 100000));
-  app.add_option("--keys", o.keys_per_mode, "keys per mode (gossip, owner)")
-      ->check(CLI::Range(1, 1000));
-  app.add_option("--rate", o.rate_per_key, "offered checks per second per key")
-      ->check(CLI::Range(1.0, 10000.0));
-  app.add_option("--timeout-ms", timeout_ms, "libsluice timeout of a check, retries included")
-      ->check(CLI::Range(1, 10000));
-  app.add_option("--attempts", o.client_attempts, "libsluice sends per check")
-      ->check(CLI::Range(1, 10));
-  app.add_option("--restart-delay-ms", restart_delay_ms,
-                 "how long a node killed with -9 stays down (0: restarted at once; the systemd "
-                 "unit waits 2000)")
-      ->check(CLI::Range(0, 60000));
-  app.add_option("--seed", o.seed, "seed of the action and node choices");
-  app.add_option("--sluiced", o.sluiced_bin, "the sluiced binary");
+  cli.flag("--quiet", quiet, "no event lines on stderr");
+  cli.seconds(o.seconds, 20, 3600, "length of the load");
+  cli.number("--nodes", o.nodes, 3, 11, "cluster size");
+  cli.number("--limit", o.limit, 1, 100'000, "per key per 1 s window");
+  cli.keys(o.keys_per_mode, 1, 1000, "keys per mode (gossip, owner)");
+  cli.number("--rate", o.rate_per_key, 1, 10'000, "offered checks per second per key");
+  cli.number("--timeout-ms", timeout_ms, 1, 10'000,
+             "libsluice timeout of a check, retries included");
+  cli.number("--attempts", o.client_attempts, 1, 10, "libsluice sends per check");
+  cli.number("--restart-delay-ms", restart_delay_ms, 0, 60'000,
+             "how long a node killed with -9 stays down (0: restarted at once; the systemd unit "
+             "waits 2000)");
+  cli.app().add_option("--seed", o.seed, "seed of the action and node choices");
+  cli.sluiced(o.sluiced_bin);
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
   o.client_timeout = std::chrono::milliseconds(timeout_ms);
   o.restart_delay_after_kill = std::chrono::milliseconds(restart_delay_ms);
@@ -104,9 +93,7 @@ int bench_chaos_main(int argc, char** argv) {
                              {"keys_checked", e.keys_checked},
                              {"keys_reset", e.keys_reset}});
   }
-  sluice::bench::Rows rows(cli.json);
-  rows.add(row);
-  rows.finish();
+  cli.one_row(std::move(row));
   const bool met = r.failed == 0 && r.crashes == 0 && r.not_ready_in_goal == 0 &&
                    r.worst_owner_ratio <= 1.05 && r.worst_gossip_ratio <= gossip_bound &&
                    r.counters_reset == 0;

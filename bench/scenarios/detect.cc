@@ -6,13 +6,9 @@
 // the kill falls at every point of the probe rounds), then the highest-numbered node goes silent
 // for good (kill -9); the figure is the simulated time until every survivor lists it Dead, polled
 // every 10 ms. One row: min / p50 / p99 / max over the runs; each run with --verbose on stderr.
-//
-//   sluice-bench-detect [--nodes 5] [--runs 200] [--first-seed 1] [--json] [--verbose]
-//
 // Bounded: at most 20 s of simulated time per run; a run whose node was never declared dead
 // counts as "undetected" and fails the program (exit 1).
 #include <spdlog/spdlog.h>
-#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -20,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "common/json_rows.h"
 #include "common/percentile.h"
 #include "common/scenario.h"
 #include "sim_cluster.h"
@@ -55,15 +50,13 @@ int64_t one_run(size_t nodes, uint64_t seed) {
 int bench_detect_main(int argc, char** argv) {
   sluice::bench::Cli cli("sluice-bench-detect",
                          "time to declare a silent member dead, simulated ClusterNodes");
-  CLI::App& app = cli.app();
-  size_t nodes = 5;
-  size_t runs = 200;
+  size_t nodes = 5, runs = 200;
   uint64_t first_seed = 1;
   bool verbose = false;
-  app.add_option("--nodes", nodes, "cluster size (2 to 32)")->check(CLI::Range(2, 32));
-  app.add_option("--runs", runs, "runs, one network seed each")->check(CLI::Range(1, 100'000));
-  app.add_option("--first-seed", first_seed, "seed of the first run");
-  app.add_flag("--verbose", verbose, "each run's figure on stderr");
+  cli.number("--nodes", nodes, 2, 32, "cluster size");
+  cli.number("--runs", runs, 1, 100'000, "runs, one network seed each");
+  cli.app().add_option("--first-seed", first_seed, "seed of the first run");
+  cli.flag("--verbose", verbose, "each run's figure on stderr");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
   spdlog::set_level(spdlog::level::off);  // thousands of membership lines otherwise
 
@@ -92,8 +85,6 @@ int bench_detect_main(int argc, char** argv) {
     row["over_5s"] = std::count_if(took.begin(), took.end(), [](double s) { return s > 5; });
   }
   row["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  sluice::bench::Rows out(cli.json);
-  out.add(row);
-  out.finish();
+  cli.one_row(std::move(row));
   return undetected == 0 && unformed == 0 ? 0 : 1;
 }

@@ -11,11 +11,7 @@
 //     timed with std::chrono::steady_clock over all K keys, best of --repeat passes.
 // With --vnodes V[,V..] (e.g. 100,1000) rows of scheme vnodes-<V> show a classic ring of V virtual
 // nodes per member (binary search, then a walk to R distinct nodes), built here only for
-// comparison. The default run (5 nodes first, then 3, 10 and 50; 1M keys) takes about 3 s on one
-// core.
-//
-// Usage: sluice-bench-ring [--json] [--nodes N[,N..]] [--keys K] [--replicas R] [--repeat P]
-//          [--vnodes V[,V..]] [--seed S]
+// comparison.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -24,15 +20,13 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <cstdlib>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "cluster/hash_ring.h"
-#include "common/json_rows.h"
 #include "common/scenario.h"
 
 namespace {
@@ -40,43 +34,16 @@ namespace {
 using sluice::cluster::HashRing;
 using sluice::cluster::NodeId;
 using sluice::cluster::RingMember;
-using Clock = std::chrono::steady_clock;
-using sluice::bench::Row;
 
-struct Options {
-  bool json = false;
-  std::vector<uint64_t> nodes = {5, 3, 10, 50};
-  uint64_t keys = 1'000'000;
-  uint64_t replicas = 2;
-  uint64_t repeat = 3;
-  std::vector<uint64_t> vnodes;  // none: the comparison is opt-in
-  uint64_t seed = 42;
-};
-
-// nullopt: run with o. Otherwise the exit status (common/scenario.h).
-std::optional<int> parse_args(int argc, char** argv, Options& o) {
-  sluice::bench::Cli cli("sluice-bench-ring");
-  cli.numbers("--nodes", o.nodes, 2, 1'000, "ring sizes, N[,N..]");
-  cli.keys(o.keys, 1, 100'000'000, "keys placed on the ring");
-  cli.number("--replicas", o.replicas, 1, HashRing::kMaxReplicas, "owners per key");
-  cli.number("--repeat", o.repeat, 1, 1e9, "rings measured per size");
-  cli.numbers("--vnodes", o.vnodes, 0, 1e9, "virtual nodes compared, V[,V..] (0s dropped)");
-  cli.app().add_option("--seed", o.seed, "seed of the keys and node names");
-  const std::optional<int> exit = cli.parse(argc, argv);
-  o.json = cli.json;
-  std::erase(o.vnodes, 0);
-  return exit;
-}
-
-std::vector<RingMember> members(uint64_t n) {
+// Nodes first..last, ids and names alike (node-<id>).
+std::vector<RingMember> members(uint64_t first, uint64_t last) {
   std::vector<RingMember> out;
-  for (uint64_t i = 1; i <= n; ++i)
+  for (uint64_t i = first; i <= last; ++i)
     out.push_back({static_cast<NodeId>(i), "node-" + std::to_string(i)});
   return out;
 }
 
-// ---- the comparison: a ring of virtual nodes ------------------------------------------------
-
+// The comparison: a ring of virtual nodes, with HashRing's lookups.
 class VnodeRing {
  public:
   VnodeRing(const std::vector<RingMember>& ms, uint64_t vnodes, size_t replicas)
@@ -91,15 +58,13 @@ class VnodeRing {
       return a.hash < b.hash || (a.hash == b.hash && a.id < b.id);
     });
   }
-  NodeId owner(uint64_t key) const { return points_[first(key)].id; }
+  std::optional<NodeId> owner(uint64_t key) const { return points_[first(key)].id; }
   size_t owners(uint64_t key, std::span<NodeId> out) const {
     const size_t want = std::min(replicas_, out.size());
     size_t got = 0;
     for (size_t i = first(key), seen = 0; got < want && seen < points_.size(); ++seen) {
       const NodeId id = points_[i].id;
-      if (std::find(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(got), id) ==
-          out.begin() + static_cast<std::ptrdiff_t>(got))
-        out[got++] = id;
+      if (std::ranges::count(out.first(got), id) == 0) out[got++] = id;
       if (++i == points_.size()) i = 0;
     }
     return got;
@@ -119,131 +84,94 @@ class VnodeRing {
   std::vector<Point> points_;
 };
 
-// ---- measurements ----------------------------------------------------------------------------
-
-// max/mean and min/mean of the primary load over the nodes.
-template <typename Ring>
-std::pair<double, double> balance(const Ring& ring, const std::vector<uint64_t>& keys,
-                                  uint64_t nodes) {
-  std::vector<uint64_t> load(nodes + 1, 0);
-  for (uint64_t k : keys)
-    ++load[ring.owner(k)];
-  const double mean = static_cast<double>(keys.size()) / static_cast<double>(nodes);
-  const auto [lo, hi] = std::minmax_element(load.begin() + 1, load.end());
-  return {static_cast<double>(*hi) / mean, static_cast<double>(*lo) / mean};
-}
-
-// The fraction of keys whose primary differs between `before` and `after`; `stray` counts those
-// where neither side is `node` (the one that joined or left).
-template <typename Ring>
-double moved(const Ring& before, const Ring& after, const std::vector<uint64_t>& keys, NodeId node,
-             uint64_t& stray) {
-  uint64_t n = 0;
-  for (uint64_t k : keys) {
-    const NodeId b = before.owner(k);
-    const NodeId a = after.owner(k);
-    if (a != b) {
-      ++n;
-      if (a != node && b != node) ++stray;
-    }
-  }
-  return static_cast<double>(n) / static_cast<double>(keys.size());
-}
-
-// Best of `repeat` passes over every key, in ns per lookup. The sum of the answers is returned
-// through `sink` so the compiler cannot drop the lookups.
-template <typename Fn>
-double time_lookups(const std::vector<uint64_t>& keys, uint64_t repeat, Fn lookup, uint64_t& sink) {
-  double best = 1e300;
-  for (uint64_t r = 0; r < repeat; ++r) {
-    const auto t0 = Clock::now();
-    uint64_t sum = 0;
-    for (uint64_t k : keys)
-      sum += lookup(k);
-    const auto t1 = Clock::now();
-    sink += sum;
-    const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
-    best = std::min(best, ns / static_cast<double>(keys.size()));
-  }
-  return best;
-}
-
-template <typename Ring, typename MakeRing>
-Row measure(const std::string& scheme, uint64_t n, const Options& opt,
-            const std::vector<uint64_t>& keys, MakeRing make, uint64_t& sink) {
-  const Ring ring = make(members(n));
-  const auto [max_mean, min_mean] = balance(ring, keys, n);
-  // Join: node n+1. Leave: node 1.
-  const Ring grown = make(members(n + 1));
-  auto fewer = members(n);
-  fewer.erase(fewer.begin());
-  const Ring shrunk = make(fewer);
-  uint64_t stray = 0;
-  const double moved_add = moved(ring, grown, keys, static_cast<NodeId>(n + 1), stray);
-  const double moved_remove = moved(ring, shrunk, keys, NodeId{1}, stray);
-  std::array<NodeId, HashRing::kMaxReplicas> out{};
-  const std::span<NodeId> span(out.data(), opt.replicas);
-  const double ns_owners = time_lookups(
-      keys, opt.repeat,
-      [&](uint64_t k) {
-        ring.owners(k, span);
-        return uint64_t{out[0]} + out[opt.replicas - 1];
-      },
-      sink);
-  const double ns_owner = time_lookups(
-      keys, opt.repeat, [&](uint64_t k) { return uint64_t{ring.owner(k)}; }, sink);
-  return {{"scheme", scheme},
-          {"nodes", n},
-          {"keys", keys.size()},
-          {"max_mean", max_mean},
-          {"min_mean", min_mean},
-          {"moved_add", moved_add},
-          {"ideal_add", 1.0 / static_cast<double>(n + 1)},
-          {"moved_remove", moved_remove},
-          {"ideal_remove", 1.0 / static_cast<double>(n)},
-          {"stray", stray},
-          {"ns_per_owners", ns_owners},
-          {"ns_per_owner", ns_owner}};
-}
-
-// HashRing::owner returns an optional: the comparison helpers want a NodeId.
-struct Rendezvous {
-  HashRing ring;
-  NodeId owner(uint64_t k) const { return *ring.owner(k); }
-  size_t owners(uint64_t k, std::span<NodeId> out) const { return ring.owners(k, out); }
-};
-
 }  // namespace
 
 int bench_ring_main(int argc, char** argv) {
-  Options opt;
-  if (const std::optional<int> exit = parse_args(argc, argv, opt)) return *exit;
-  std::mt19937_64 rng(opt.seed);
-  std::vector<uint64_t> keys(opt.keys);
+  std::vector<uint64_t> sizes = {5, 3, 10, 50}, vnodes;  // no vnodes: the comparison is opt-in
+  uint64_t key_count = 1'000'000, replicas = 2, repeat = 3, seed = 42;
+  sluice::bench::Cli cli("sluice-bench-ring");
+  cli.numbers("--nodes", sizes, 2, 1'000, "ring sizes, N[,N..]");
+  cli.keys(key_count, 1, 100'000'000, "keys placed on the ring");
+  cli.number("--replicas", replicas, 1, HashRing::kMaxReplicas, "owners per key");
+  cli.number("--repeat", repeat, 1, 1e9, "rings measured per size");
+  cli.numbers("--vnodes", vnodes, 0, 1e9, "virtual nodes compared, V[,V..] (0s dropped)");
+  cli.app().add_option("--seed", seed, "seed of the keys and node names");
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  std::erase(vnodes, 0);
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> keys(key_count);
   for (auto& k : keys)
     k = rng();
-  const size_t replicas = opt.replicas;
+  // Best of `repeat` passes over every key, in ns per lookup. The answers add up in `sink`, so
+  // the compiler cannot drop the lookups.
   uint64_t sink = 0;
-
-  std::fprintf(stderr,
-               "# %" PRIu64 " keys (seed %" PRIu64 "), R = %zu, best of %" PRIu64 " timed passes\n",
-               opt.keys, opt.seed, replicas, opt.repeat);
-  sluice::bench::Rows rows(opt.json);
-  for (uint64_t n : opt.nodes) {
-    rows.add(measure<Rendezvous>(
-        "rendezvous", n, opt, keys,
-        [&](const std::vector<RingMember>& ms) { return Rendezvous{HashRing(ms, replicas)}; },
-        sink));
-  }
-  // For comparison: a ring of virtual nodes.
-  for (uint64_t v : opt.vnodes) {
-    for (uint64_t n : opt.nodes) {
-      rows.add(measure<VnodeRing>(
-          "vnodes-" + std::to_string(v), n, opt, keys,
-          [&](const std::vector<RingMember>& ms) { return VnodeRing(ms, v, replicas); }, sink));
+  const auto ns_per = [&](auto lookup) {
+    using Clock = std::chrono::steady_clock;
+    Clock::duration best = Clock::duration::max();
+    for (uint64_t r = 0; r < repeat; ++r) {
+      const auto t0 = Clock::now();
+      uint64_t sum = 0;
+      for (uint64_t k : keys)
+        sum += lookup(k);
+      best = std::min(best, Clock::now() - t0);
+      sink += sum;
+    }
+    return std::chrono::duration<double, std::nano>(best).count() /
+           static_cast<double>(keys.size());
+  };
+  sluice::bench::Rows rows(cli.json);
+  // One row: `make` builds the scheme's ring of some members.
+  const auto measure = [&](const std::string& scheme, uint64_t n, auto make) {
+    const auto ring = make(members(1, n));
+    const auto grown = make(members(1, n + 1));  // node n+1 joins
+    const auto shrunk = make(members(2, n));     // node 1 leaves
+    std::vector<uint64_t> load(n + 1, 0);
+    uint64_t moved_add = 0, moved_remove = 0, stray = 0;
+    for (uint64_t k : keys) {
+      const NodeId o = *ring.owner(k), a = *grown.owner(k), r = *shrunk.owner(k);
+      ++load[o];
+      moved_add += a != o;
+      moved_remove += r != o;
+      stray += (a != o && a != n + 1) + (r != o && o != 1);
+    }
+    std::array<NodeId, HashRing::kMaxReplicas> out{};
+    const std::span<NodeId> span(out.data(), replicas);
+    const double ns_owners = ns_per([&](uint64_t k) {
+      ring.owners(k, span);
+      return uint64_t{out[0]} + out[replicas - 1];
+    });
+    const double ns_owner = ns_per([&](uint64_t k) { return uint64_t{*ring.owner(k)}; });
+    const auto [lo, hi] = std::minmax_element(load.begin() + 1, load.end());
+    const double mean = static_cast<double>(keys.size()) / static_cast<double>(n);
+    const auto frac = [&](uint64_t x) {
+      return static_cast<double>(x) / static_cast<double>(keys.size());
+    };
+    rows.add({{"scheme", scheme},
+              {"nodes", n},
+              {"keys", keys.size()},
+              {"max_mean", static_cast<double>(*hi) / mean},
+              {"min_mean", static_cast<double>(*lo) / mean},
+              {"moved_add", frac(moved_add)},
+              {"ideal_add", 1.0 / static_cast<double>(n + 1)},
+              {"moved_remove", frac(moved_remove)},
+              {"ideal_remove", 1.0 / static_cast<double>(n)},
+              {"stray", stray},
+              {"ns_per_owners", ns_owners},
+              {"ns_per_owner", ns_owner}});
+  };
+  for (uint64_t n : sizes)
+    measure("rendezvous", n,
+            [&](const std::vector<RingMember>& ms) { return HashRing(ms, replicas); });
+  for (uint64_t v : vnodes) {
+    for (uint64_t n : sizes) {
+      measure("vnodes-" + std::to_string(v), n,
+              [&](const std::vector<RingMember>& ms) { return VnodeRing(ms, v, replicas); });
     }
   }
-  std::fprintf(stderr, "# checksum %" PRIu64 "\n", sink % 1000);
+  std::fprintf(stderr,
+               "# %" PRIu64 " keys (seed %" PRIu64 "), R = %" PRIu64 ", best of %" PRIu64
+               " timed passes; checksum %" PRIu64 "\n",
+               key_count, seed, replicas, repeat, sink % 1000);
   rows.finish();
   return 0;
 }

@@ -13,11 +13,7 @@
 //              (target: 10M keys <= 5 s) and restored count.
 // Keys are "user-<n>" in one domain with a 1e9-per-minute limit (every check counted); simulated
 // time stays inside one minute so nothing expires. The data directory is a fresh temporary one,
-// removed at exit. The generator and the engine share this machine's cores (2 here).
-//
-// Usage: sluice-bench-store [--json] [--snapshot-keys N] [--restore-keys M] [--latency-checks C]
-#include <sys/stat.h>
-#include <unistd.h>
+// removed at exit. The generator and the engine share this machine's cores.
 
 #include <algorithm>
 #include <array>
@@ -32,7 +28,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/json_rows.h"
 #include "common/percentile.h"
 #include "common/scenario.h"
 #include "engine/engine.h"
@@ -48,12 +43,6 @@ using namespace sluice;
 using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kNowMs = testing::kTraceStartMs + 1'000;
-
-struct Options {
-  uint64_t snapshot_keys = 1'000'000;
-  uint64_t restore_keys = 10'000'000;
-  uint64_t latency_checks = 3'000'000;  // idle samples; the snapshot phase takes what it lasts
-};
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -79,65 +68,51 @@ T or_exit(StatusOr<T> r) {
 }
 
 std::shared_ptr<const rules::Policy> policy() {
-  testing::OneRule o;
-  o.domain = "bench";
-  o.key = "user";
-  o.limit = 1'000'000'000;
-  return testing::one_rule_policy(o, 1);
+  return testing::one_rule_policy({.key = "user", .limit = 1'000'000'000}, 1);
+}
+
+// One check of user-<i>; the ns the check took.
+uint32_t check_user(engine::Engine& e, uint64_t i, engine::BatchResult& out) {
+  char buf[32] = "user-";
+  const auto end = std::to_chars(buf + 5, buf + sizeof buf, i).ptr;
+  const rules::Descriptor d[] = {{"user", std::string_view(buf, static_cast<size_t>(end - buf))}};
+  const rules::CheckRequest req{"bench", d, 1};
+  const auto t0 = Clock::now();
+  e.check({&req, 1}, kNowMs, out);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  return static_cast<uint32_t>(std::min<int64_t>(ns, UINT32_MAX));
 }
 
 // Checks user-<i> once for every i in [0, n): every key live and changed.
 void fill(engine::Engine& e, uint64_t n) {
   engine::BatchResult out;
-  char buf[32] = "user-";
-  for (uint64_t i = 0; i < n; ++i) {
-    const auto r = std::to_chars(buf + 5, buf + sizeof buf, i);
-    const rules::Descriptor d[] = {
-        {"user", std::string_view(buf, static_cast<size_t>(r.ptr - buf))}};
-    const rules::CheckRequest req{"bench", d, 1};
-    e.check({&req, 1}, kNowMs, out);
-  }
+  for (uint64_t i = 0; i < n; ++i)
+    check_user(e, i, out);
 }
 
-struct Percentiles {
-  double p50 = 0, p99 = 0, p999 = 0;
-  size_t samples = 0;
-};
-
-Percentiles percentiles(std::vector<uint32_t>& ns) {
-  Percentiles p;
-  p.samples = ns.size();
-  if (ns.empty()) return p;
-  std::sort(ns.begin(), ns.end());
-  const auto at = [&](double q) { return sluice::bench::percentile_sorted(ns, q) / 1000.0; };
-  p.p50 = at(0.50);
-  p.p99 = at(0.99);
-  p.p999 = at(0.999);
-  return p;
-}
-
-// Times single checks of random keys in [0, n) until `stop` (or `max` samples).
+// Times single checks of random keys in [0, n) until `stop` (or `max` samples); sorted.
 void time_checks(engine::Engine& e, uint64_t n, const std::atomic<bool>& stop, size_t max,
                  std::vector<uint32_t>& out) {
   engine::BatchResult res;
   std::mt19937_64 rng(7);
-  char buf[32] = "user-";
-  while (!stop.load(std::memory_order_relaxed) && out.size() < max) {
-    const auto r = std::to_chars(buf + 5, buf + sizeof buf, rng() % n);
-    const rules::Descriptor d[] = {
-        {"user", std::string_view(buf, static_cast<size_t>(r.ptr - buf))}};
-    const rules::CheckRequest req{"bench", d, 1};
-    const auto t0 = Clock::now();
-    e.check({&req, 1}, kNowMs, res);
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-    out.push_back(static_cast<uint32_t>(std::min<int64_t>(ns, UINT32_MAX)));
-  }
+  while (!stop.load(std::memory_order_relaxed) && out.size() < max)
+    out.push_back(check_user(e, rng() % n, res));
+  std::sort(out.begin(), out.end());
+}
+
+// The quantile q of sorted samples in ns, in µs (0 without samples).
+double us(const std::vector<uint32_t>& ns, double q) {
+  return ns.empty() ? 0 : sluice::bench::percentile_sorted(ns, q) / 1000.0;
 }
 
 }  // namespace
 
 int bench_store_main(int argc, char** argv) {
-  Options o;
+  struct {
+    uint64_t snapshot_keys = 1'000'000;
+    uint64_t restore_keys = 10'000'000;
+    uint64_t latency_checks = 3'000'000;  // idle samples; the snapshot phase takes what it lasts
+  } o;
   sluice::bench::Cli cli("sluice-bench-store");
   cli.app().add_option("--snapshot-keys", o.snapshot_keys, "keys in the snapshot measured");
   cli.app().add_option("--restore-keys", o.restore_keys, "keys in the restore measured");
@@ -181,8 +156,6 @@ int bench_store_main(int argc, char** argv) {
     const store::SnapshotResult quiet = store->snapshot(e);
     const double quiet_secs = seconds_since(t1);
 
-    const Percentiles pi = percentiles(idle);
-    const Percentiles pd = percentiles(during);
     rows.add({{"row", "snapshot"},
               {"keys", o.snapshot_keys},
               {"ok", r.ok},
@@ -193,14 +166,14 @@ int bench_store_main(int argc, char** argv) {
               {"unchanged_pass_ms", quiet_secs * 1000.0}});
     rows.add({{"row", "latency"},
               {"keys", o.snapshot_keys},
-              {"idle_p50_us", pi.p50},
-              {"idle_p99_us", pi.p99},
-              {"idle_p999_us", pi.p999},
-              {"snapshot_p50_us", pd.p50},
-              {"snapshot_p99_us", pd.p99},
-              {"snapshot_p999_us", pd.p999},
-              {"snapshot_samples", pd.samples},
-              {"p99_ratio", pd.p99 / pi.p99}});
+              {"idle_p50_us", us(idle, 0.5)},
+              {"idle_p99_us", us(idle, 0.99)},
+              {"idle_p999_us", us(idle, 0.999)},
+              {"snapshot_p50_us", us(during, 0.5)},
+              {"snapshot_p99_us", us(during, 0.99)},
+              {"snapshot_p999_us", us(during, 0.999)},
+              {"snapshot_samples", during.size()},
+              {"p99_ratio", us(during, 0.99) / us(idle, 0.99)}});
   }
 
   // ---- restore of M keys ----

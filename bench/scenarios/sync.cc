@@ -16,8 +16,6 @@
 //   merge   opening and merging, on node 1, what nodes 2 and 3 send it after their own passes
 // and the peer bytes node 1 sealed per pass. The engine and node rows run on two copies of the
 // same cluster state, one after the other, so each pass has the same work.
-//
-// Usage: sluice-bench-sync [--json] [--keys N] [--active N] [--passes N] [--shards N]
 #include <algorithm>
 #include <array>
 #include <cinttypes>
@@ -28,13 +26,13 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "cluster/delta_sync.h"
 #include "cluster/hash_ring.h"
 #include "cluster/peer_codec.h"
-#include "common/json_rows.h"
 #include "common/key_arena.h"
 #include "common/percentile.h"
 #include "common/proc_stats.h"
@@ -58,59 +56,29 @@ constexpr uint64_t kResendEvery = 50;
 constexpr size_t kBatch = 32;
 constexpr const char* kSecret = "bench-secret-bench-secret-bench-secret";
 
-struct Options {
-  bool json = false;
-  uint64_t keys = 1'000'000;
-  uint64_t active = 1'000;
-  uint64_t passes = 300;
-  uint32_t shards = 64;
-};
-
-// nullopt: run with o. Otherwise the exit status (common/scenario.h).
-std::optional<int> parse(int argc, char** argv, Options& o) {
-  sluice::bench::Cli cli("sluice-bench-sync");
-  cli.keys(o.keys, 1, 1e9, "counters held by the node");
-  cli.number("--active", o.active, 1, 1e9, "counters that changed since the last pass");
-  cli.number("--passes", o.passes, 1, 1e6, "sync passes measured");
-  cli.number("--shards", o.shards, 1, 4096, "shards of the counter table");
-  if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
-  o.json = cli.json;
-  if (o.active > o.keys) return cli.fail("--active is at most --keys");
-  return std::nullopt;
-}
-
 struct Node {
-  cluster::NodeId id = 0;
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<cluster::DeltaSync> delta;
   std::unique_ptr<cluster::PeerCodec> codec;
-  cluster::PeerMessage msg;  // reused by open()
-};
-
-struct Datagram {
-  cluster::NodeId to = 0;
-  std::vector<uint8_t> bytes;
+  cluster::PeerMessage msg;                // reused by open()
+  std::deque<std::vector<uint8_t>> inbox;  // [0, in_flight) sent to this node; the rest reused
+  size_t in_flight = 0;
 };
 
 // Three nodes on one ring, and the datagrams in flight between them.
 class Cluster {
  public:
-  Cluster(const Options& o, uint64_t seed) {
-    testing::OneRule r;
-    r.domain = "g";
-    r.rule = "per-key";
-    r.key = "k";
-    r.limit = 1'000'000'000;
+  Cluster(uint32_t shards, uint64_t seed) {
+    testing::OneRule r{.domain = "g", .rule = "per-key", .limit = 1'000'000'000};
     r.consistency = rules::Consistency::kGossip;
     const auto policy = testing::one_rule_policy(r, seed);
     std::vector<cluster::RingMember> members;
     for (cluster::NodeId id = 1; id <= 3; ++id) {
       members.push_back({id, "node-" + std::to_string(id)});
       auto& n = nodes_[id - 1];
-      n.id = id;
       engine::EngineOptions eo;
       eo.memory_cap_bytes = 8ull << 30;
-      eo.shards = o.shards;
+      eo.shards = shards;
       eo.node_id = id;
       n.engine = std::make_unique<engine::Engine>(policy, eo);
       n.delta = std::make_unique<cluster::DeltaSync>(*n.engine, id);
@@ -126,8 +94,7 @@ class Cluster {
     return [this, id](uint64_t counter) {
       std::array<cluster::NodeId, cluster::HashRing::kMaxReplicas> owners{};
       const size_t n = ring_.owners(rules::routing_key(counter), owners);
-      return std::find(owners.begin(), owners.begin() + static_cast<std::ptrdiff_t>(n), id) !=
-             owners.begin() + static_cast<std::ptrdiff_t>(n);
+      return std::ranges::count(std::span(owners).first(n), id) > 0;
     };
   }
 
@@ -136,30 +103,30 @@ class Cluster {
     Node& n = node(id);
     const double t0 = thread_cpu_ms();
     n.delta->pass(ring_, mode, false, [&](cluster::NodeId to, cluster::SyncBatch& b) {
-      Datagram& d = next_slot();
-      d.to = to;
-      if (n.codec->seal(b, now, d.bytes) != cluster::PeerError::kOk) std::abort();
-      bytes += d.bytes.size();
+      Node& dest = node(to);
+      if (dest.in_flight == dest.inbox.size()) dest.inbox.emplace_back();
+      std::vector<uint8_t>& d = dest.inbox[dest.in_flight++];
+      if (n.codec->seal(b, now, d) != cluster::PeerError::kOk) std::abort();
+      bytes += d.size();
     });
     return thread_cpu_ms() - t0;
   }
 
-  // Opens and merges what is in flight to `id` (or to anyone, id 0); the CPU ms it took.
-  double deliver(int64_t now, cluster::NodeId only = 0) {
+  // Opens and merges what is in flight to `id`; the CPU ms it took.
+  double deliver(cluster::NodeId id, int64_t now) {
+    Node& n = node(id);
     const double t0 = thread_cpu_ms();
-    size_t kept = 0;
-    for (size_t i = 0; i < used_; ++i) {
-      Datagram& d = flight_[i];
-      if (only != 0 && d.to != only) {
-        std::swap(flight_[kept++], d);
-        continue;
-      }
-      Node& n = node(d.to);
-      if (n.codec->open(d.bytes, now, n.msg) != cluster::PeerError::kOk) std::abort();
+    for (size_t i = 0; i < n.in_flight; ++i) {
+      if (n.codec->open(n.inbox[i], now, n.msg) != cluster::PeerError::kOk) std::abort();
       n.engine->merge(n.msg.sync.totals, now);
     }
-    used_ = kept;
+    n.in_flight = 0;
     return thread_cpu_ms() - t0;
+  }
+
+  void deliver_all(int64_t now) {
+    for (cluster::NodeId id = 1; id <= 3; ++id)
+      deliver(id, now);
   }
 
   void check(cluster::NodeId id, const KeyArena& keys, const std::vector<uint32_t>& which,
@@ -178,50 +145,42 @@ class Cluster {
   }
 
  private:
-  Datagram& next_slot() {
-    if (used_ == flight_.size()) flight_.emplace_back();
-    return flight_[used_++];
-  }
-
   std::array<Node, 3> nodes_;
   cluster::HashRing ring_;
-  std::deque<Datagram> flight_;  // [0, used_) in flight; the rest reused buffers
-  size_t used_ = 0;
-};
-
-// One row: a part's CPU ms per pass, and what node 1 sealed (node rows).
-struct Row {
-  const char* part;  // engine, node, merge
-  const char* pass;  // changed, resend
-  std::vector<double> ms;
-  uint64_t bytes = 0;
 };
 
 }  // namespace
 
 int bench_sync_main(int argc, char** argv) {
-  Options o;
-  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
-  const KeyArena keys(o.keys, "key-");
-  std::mt19937_64 rng(42);
-  std::vector<uint32_t> idle(o.keys), active;
-  for (uint32_t i = 0; i < o.keys; ++i)
-    idle[i] = i;
+  uint64_t key_count = 1'000'000, active_count = 1'000, passes = 300;
+  uint32_t shards = 64;
+  sluice::bench::Cli cli("sluice-bench-sync");
+  cli.keys(key_count, 1, 1e9, "counters held by the node");
+  cli.number("--active", active_count, 1, 1e9, "counters that changed since the last pass");
+  cli.number("--passes", passes, 1, 1e6, "sync passes measured");
+  cli.number("--shards", shards, 1, 4096, "shards of the counter table");
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  if (active_count > key_count) return cli.fail("--active is at most --keys");
+  const KeyArena keys(key_count, "key-");
+  std::vector<uint32_t> idle(key_count);
+  std::iota(idle.begin(), idle.end(), 0u);
   // `active` keys among the idle ones, as a node sees them: checked before, now busy again.
-  std::vector<uint32_t> pick = idle;
-  for (uint64_t i = 0; i < o.active; ++i)
-    std::swap(pick[i], pick[i + rng() % (o.keys - i)]);
-  active.assign(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(o.active));
+  std::vector<uint32_t> active = idle;
+  std::mt19937_64 rng(42);
+  for (uint64_t i = 0; i < active_count; ++i)
+    std::swap(active[i], active[i + rng() % (key_count - i)]);
+  active.resize(active_count);
 
   using Mode = cluster::DeltaSync::Mode;
-  std::vector<Row> rows;  // [resend * 3 + part]
-  for (const char* pass : {"changed", "resend"})
-    for (const char* part : {"engine", "node", "merge"})
-      rows.push_back({part, pass, {}, 0});
+  struct Samples {
+    std::vector<double> ms;  // CPU ms per pass
+    uint64_t bytes = 0;      // what node 1 sealed (node rows)
+  };
+  std::array<Samples, 6> parts;  // [resend * 3 + part], part: engine, node, merge
   // Two identical clusters: one measures the engine's part, the other the whole node pass (a
   // pass clears the flags it reports, so the two cannot share one).
-  for (int part = 0; part < 2; ++part) {
-    Cluster c(o, 7);
+  for (size_t node_pass = 0; node_pass < 2; ++node_pass) {
+    Cluster c(shards, 7);
     int64_t now = kStartMs;
     const double t_load = thread_cpu_ms();
     c.check(1, keys, idle, now);
@@ -231,20 +190,20 @@ int bench_sync_main(int argc, char** argv) {
       now += kPassMs;
       for (cluster::NodeId id = 1; id <= 3; ++id) {
         c.pass(id, round == 2 ? Mode::kResend : Mode::kChanged, now, ignored);
-        c.deliver(now);
+        c.deliver_all(now);
       }
     }
-    if (part == 0) {
+    if (node_pass == 0) {
       std::fprintf(stderr, "# %" PRIu64 " keys checked on node 1 and synced in %.1f s of CPU\n",
-                   o.keys, (thread_cpu_ms() - t_load) / 1e3);
+                   key_count, (thread_cpu_ms() - t_load) / 1e3);
     }
-    for (uint64_t p = 1; p <= o.passes; ++p) {
+    for (uint64_t p = 1; p <= passes; ++p) {
       now += kPassMs;
       c.check(1, keys, active, now);
       const bool resend = p % kResendEvery == 0;
       const Mode mode = resend ? Mode::kResend : Mode::kChanged;
-      Row& pr = rows[(resend ? 3 : 0) + static_cast<size_t>(part)];
-      if (part == 0) {
+      Samples* row = &parts[resend ? 3 : 0];
+      if (node_pass == 0) {
         struct : engine::SyncSink {
           void item(const engine::SyncItem&) override {}
         } sink;
@@ -253,37 +212,36 @@ int bench_sync_main(int argc, char** argv) {
         const double t0 = thread_cpu_ms();
         while (!c.node(1).engine->sync_step(cursor, 256, c.holds(1), sink)) {
         }
-        pr.ms.push_back(thread_cpu_ms() - t0);
+        row[0].ms.push_back(thread_cpu_ms() - t0);
       } else {
-        pr.ms.push_back(c.pass(1, mode, now, pr.bytes));
+        row[1].ms.push_back(c.pass(1, mode, now, row[1].bytes));
       }
-      c.deliver(now);  // nodes 2 and 3 merge what node 1 sent
+      c.deliver_all(now);  // nodes 2 and 3 merge what node 1 sent
       uint64_t back = 0;
       c.pass(2, mode, now, back);
       c.pass(3, mode, now, back);
-      const double merge_ms = c.deliver(now, 1);
-      if (part == 1) rows[resend ? 5 : 2].ms.push_back(merge_ms);
-      c.deliver(now);
+      const double merge_ms = c.deliver(1, now);
+      if (node_pass == 1) row[2].ms.push_back(merge_ms);
+      c.deliver_all(now);
     }
   }
 
-  sluice::bench::Rows out(o.json);
-  for (const Row& r : rows) {
-    const auto n = static_cast<double>(r.ms.size());
-    const auto at = [&r](double q) {
-      return r.ms.empty() ? 0 : sluice::bench::percentile(r.ms, q);
-    };
+  sluice::bench::Rows out(cli.json);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::vector<double>& ms = parts[i].ms;
+    const auto n = static_cast<double>(ms.size());
+    const auto at = [&ms](double q) { return ms.empty() ? 0 : sluice::bench::percentile(ms, q); };
     out.add({{"scenario", "sync-cost"},
-             {"part", r.part},
-             {"pass", r.pass},
-             {"idle_keys", o.keys},
-             {"active_keys", o.active},
-             {"passes", r.ms.size()},
-             {"cpu_ms_mean", n > 0 ? std::accumulate(r.ms.begin(), r.ms.end(), 0.0) / n : 0},
+             {"part", std::array{"engine", "node", "merge"}[i % 3]},
+             {"pass", i < 3 ? "changed" : "resend"},
+             {"idle_keys", key_count},
+             {"active_keys", active_count},
+             {"passes", ms.size()},
+             {"cpu_ms_mean", n > 0 ? std::accumulate(ms.begin(), ms.end(), 0.0) / n : 0},
              {"cpu_ms_p50", at(0.5)},
              {"cpu_ms_p99", at(0.99)},
              {"cpu_ms_max", at(1.0)},
-             {"bytes_per_pass", n > 0 ? static_cast<double>(r.bytes) / n : 0}});
+             {"bytes_per_pass", n > 0 ? static_cast<double>(parts[i].bytes) / n : 0}});
   }
   out.finish();
   return 0;
