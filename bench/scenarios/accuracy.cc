@@ -57,34 +57,25 @@
 // max_window_over_limit exceeds gcra_bound = (burst + L) / L. avg_rate_error_pct is null.
 //
 // Concurrency rows (--mode concurrency, trace "leases"): a concurrency limit
-// (parse_concurrency(M, lease_ttl, granularity)) on 3 keys, judged operation by operation with
-// shared history against the exact reference model (tests/support/concurrency_reference.h,
-// written from the contract, sharing no code with lib/window/concurrency.*). The operations are
-// randomized lease traces (tests/support/concurrency_trace.h): checks of mostly 1 hit (some 0,
-// 2..M and M + 1) at 0.5x to 4x of what keeps M leases busy, releases within the ttl, clients
-// that crash (their leases must expire at E = (floor(t/B) + n + 1) * B, probed at E - 1 and E),
-// releases at E - 1, E and around it, second releases, releases with another key's entries, long
-// after E, and forged ids; --lease-ops operations per row (default 100,000), --seed names them.
-// Engine::sweep runs every second of the trace's time, as the daemon's sweep timer does.
-// One row per (M, lease_ttl, granularity) case of kLeaseCases and counting ("all" sets
-// count_denied, which must change nothing). Their figures:
+// (parse_concurrency(M, lease_ttl, granularity)) on 3 keys, one row per case of kLeaseCases and
+// counting ("all" sets count_denied, which must change nothing), replayed and judged operation by
+// operation with shared history against the exact reference model: the randomized lease traces of
+// tests/support/concurrency_trace.h (what they hold and what counts as wrong is written there),
+// --lease-ops operations per row, --seed names them, Engine::sweep every second of trace time as
+// the daemon's sweep timer does. Their figures:
 //   requests             every operation sent: checks and releases; allowed_pct is checks
 //                        admitted plus releases answered ok, over all operations;
 //   wrongly_allowed_pct  checks admitted that the reference denies, of all operations;
 //   wrongly_denied_pct   checks denied that the reference admits;
-//   wrong_other_pct      the other wrong answers: a release answered with another code than the
-//                        reference's (lease_expired, lease_released, lease_unknown or ok), an
-//                        admitted check without a lease or with an id unlike the contract's
-//                        (floor(E / 1000) in the high 32 bits, new for its key), a lease on a
-//                        denied check or a check of 0 hits, an error on a check;
+//   wrong_other_pct      the other wrong answers: releases answered unlike the reference, leases
+//                        unlike the contract, errors on a check;
 //   max_window_over_limit  the most hits any key held in leases at once, as the reference counts
 //                        the leases the engine granted, over M (above 1: the limit was exceeded);
 //   avg_rate_error_pct   null: a concurrency limit counts leases exactly and estimates nothing.
 // Any wrong answer fails the program (exit 1) after the rows, with the first one described and
-// the smallest trace found that still shows one. `remaining` and `exceeded` are compared too
-// (remaining_mismatches) but only warned about: the contract does not fix them. --trace, --window
-// and --granularity do not select among these rows, except that --trace without "leases" leaves
-// them out.
+// the smallest trace found that still shows one; remaining_mismatches (`remaining`, `exceeded`)
+// are only warned about. --trace, --window and --granularity do not select among these rows,
+// except that --trace without "leases" leaves them out.
 //
 // Build Release. --trace cloudflare alone (18 rows at the default granularity, ~0.55 GB peak RSS
 // in its counting "all" rows) takes about half a minute on one core; the default run includes it.
@@ -174,43 +165,41 @@ struct Options {
   size_t lease_ops = 100'000;  // operations per concurrency row
 };
 
-// One row's figures; row_json() prints them.
+// One row: its JSON as printed, its name for messages, and why it fails the program (exit 1),
+// "" when it is sound.
 struct Row {
-  Row(std::string_view trace_name, const WindowCase& wc, std::string_view mode_name, bool all,
-      int64_t bucket)
-      : trace(trace_name),
-        window_label(wc.label),
-        window_ms(wc.window_ms),
-        mode(mode_name),
-        count_all(all),
-        bucket_ms(bucket),
-        limit(wc.limit) {}
+  Row(std::string_view trace, const WindowCase& wc, std::string_view mode, bool count_all,
+      int64_t bucket_ms)
+      : json({{"trace", trace},
+              {"window_s", wc.window_ms / 1000},
+              {"mode", mode},
+              {"counting", count_all ? "all" : "admitted"},
+              {"bucket_ms", bucket_ms},  // 0 for gcra rows
+              {"limit", wc.limit}}),
+        name(std::string(trace) + " " + wc.label + " " + std::string(mode) + " " +
+             (count_all ? "all" : "admitted")) {}
 
-  std::string trace;
-  std::string window_label;
-  int64_t window_ms;
-  std::string mode;   // weighted, strict, gcra or concurrency
-  bool count_all;     // counting "all" (count_denied) rather than "admitted"
-  int64_t bucket_ms;  // 0 for gcra rows
-  uint64_t limit;
-  uint64_t requests = 0;
-  uint64_t allowed = 0;
-  uint64_t wrongly_allowed = 0;
-  uint64_t wrongly_denied = 0;
-  uint64_t errors = 0;
-  double max_window_over_limit = 0;
-  std::optional<double> avg_rate_error_pct;  // window rows that judged a counted key only
-  sluice::bench::Row extra = sluice::bench::Row::object();  // the gcra or concurrency fields
-  std::string failure;  // why the row fails the program (exit 1), "" when it is sound
-
-  std::string name() const {
-    return trace + " " + window_label + " " + mode + " " + (count_all ? "all" : "admitted");
+  // The counts, as percentages of the requests; avg_rate_error_pct null unless given.
+  void set(uint64_t requests, uint64_t allowed, uint64_t wrongly_allowed, uint64_t wrongly_denied,
+           double max_window_over_limit, std::optional<double> avg_rate_error_pct = {}) {
+    json["requests"] = requests;
+    json["allowed_pct"] = pct(allowed, requests);
+    json["wrongly_allowed_pct"] = pct(wrongly_allowed, requests);
+    json["wrongly_denied_pct"] = pct(wrongly_denied, requests);
+    json["max_window_over_limit"] = max_window_over_limit;
+    json["avg_rate_error_pct"] = nullptr;
+    if (avg_rate_error_pct) json["avg_rate_error_pct"] = *avg_rate_error_pct;
+    json["seconds"] = 0;  // the replay's, set when it is done
   }
-};
 
-double pct(uint64_t part, uint64_t whole) {
-  return whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
-}
+  static double pct(uint64_t part, uint64_t whole) {
+    return whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
+  }
+
+  sluice::bench::Row json;
+  std::string name;
+  std::string failure;
+};
 
 bool contains(const std::vector<std::string>& v, std::string_view s) {
   return v.empty() || std::find(v.begin(), v.end(), s) != v.end();
@@ -258,16 +247,12 @@ EngineOptions engine_options() {
   return opts;
 }
 
-void warn_after(const Engine& engine, const Row& row) {
+void warn_evicted(const Engine& engine, const Row& row) {
   if (const uint64_t evicted = engine.stats().evicted_live; evicted != 0) {
     std::fprintf(stderr,
                  "warning: %s: engine evicted %" PRIu64
                  " live counters; the row is not a pure accuracy figure\n",
-                 row.name().c_str(), evicted);
-  }
-  if (row.errors != 0) {
-    std::fprintf(stderr, "warning: %s: %" PRIu64 " requests were rejected with an error\n",
-                 row.name().c_str(), row.errors);
+                 row.name.c_str(), evicted);
   }
 }
 
@@ -395,12 +380,13 @@ Row replay(std::string_view trace_name, const std::vector<Event>& trace, const W
            const window::WindowSpec& spec, std::string_view mode, bool count_all, uint64_t seed) {
   const bool gcra = mode == "gcra";
   Row row(trace_name, wc, mode, count_all, gcra ? 0 : spec.bucket_ms);
+  sluice::bench::Row extra = sluice::bench::Row::object();  // gcra's fields
   std::shared_ptr<const rules::Policy> policy;
   const uint64_t burst = std::max<uint64_t>(1, wc.limit / 10);
   if (gcra) {
     const std::string rate = std::to_string(wc.limit) + "/" + wc.label;
     const double bound = static_cast<double>(burst + wc.limit) / static_cast<double>(wc.limit);
-    row.extra = {{"burst", burst}, {"rate", rate}, {"gcra_bound", bound}};
+    extra = {{"burst", burst}, {"rate", rate}, {"gcra_bound", bound}};
     rules::Limit lim;
     if (const sluice::Status why = rules::parse_gcra(rate, burst, lim); !why.ok()) {
       std::fprintf(stderr, "error: parse_gcra(%s, %" PRIu64 "): %s\n", rate.c_str(), burst,
@@ -415,7 +401,7 @@ Row replay(std::string_view trace_name, const std::vector<Event>& trace, const W
   }
   Engine engine(policy, engine_options());
   const uint32_t keys = testing::trace_keys(trace_name);
-  Judge judge(wc, spec, mode, count_all, keys, row.name());
+  Judge judge(wc, spec, mode, count_all, keys, row.name);
 
   std::vector<std::string> values(keys);
   for (uint32_t k = 0; k < keys; ++k)
@@ -423,6 +409,7 @@ Row replay(std::string_view trace_name, const std::vector<Event>& trace, const W
   std::vector<rules::Descriptor> descs(kMaxBatch);
   std::vector<rules::CheckRequest> batch(kMaxBatch);
   BatchResult out;
+  uint64_t requests = 0, errors = 0, allowed = 0, wrongly_allowed = 0, wrongly_denied = 0;
   // Requests of one millisecond go in one batch (up to kMaxBatch): the engine decides a batch in
   // order, each request seeing the hits of the earlier ones, and the reference is walked in the
   // same order below, so batching changes no decision.
@@ -434,38 +421,43 @@ Row replay(std::string_view trace_name, const std::vector<Event>& trace, const W
       batch[n] = {"bench", {&descs[n], 1}, trace[i + n].hits};
     }
     engine.check({batch.data(), n}, now, out);
-    for (size_t j = 0; j < n; ++j, ++row.requests) {
+    for (size_t j = 0; j < n; ++j, ++requests) {
       const Event& e = trace[i + j];
       const auto& d = out.decisions[j];
       if (d.error != rules::CheckError::kNone) {
-        ++row.errors;
+        ++errors;
         continue;
       }
       const bool exact_allows = judge.allows(e);
-      row.wrongly_allowed += d.allowed && !exact_allows ? 1 : 0;
-      row.wrongly_denied += !d.allowed && exact_allows ? 1 : 0;
-      row.allowed += d.allowed ? 1 : 0;
+      wrongly_allowed += d.allowed && !exact_allows ? 1 : 0;
+      wrongly_denied += !d.allowed && exact_allows ? 1 : 0;
+      allowed += d.allowed ? 1 : 0;
       judge.record(e, d.allowed);
     }
     i += n;
   }
 
-  row.max_window_over_limit = judge.max_window_over_limit();
-  if (judge.rate_error_checks != 0) {
-    row.avg_rate_error_pct =
-        100.0 * judge.rate_error_sum / static_cast<double>(judge.rate_error_checks);
-  }
-  const uint64_t wrong = row.wrongly_allowed + row.wrongly_denied;
+  const double over = judge.max_window_over_limit();
+  row.set(requests, allowed, wrongly_allowed, wrongly_denied, over,
+          judge.rate_error_checks == 0
+              ? std::optional<double>()
+              : 100.0 * judge.rate_error_sum / static_cast<double>(judge.rate_error_checks));
+  row.json.update(extra);
   if (!gcra && judge.disagreements != 0) {
     row.failure = "SlidingWindow decided " + std::to_string(judge.disagreements) +
                   " requests unlike the engine (the first above)";
-  } else if (gcra && wrong != 0) {
+  } else if (gcra && wrongly_allowed + wrongly_denied != 0) {
     // GCRA is exact: any decision unlike the token bucket's is a bug, not an estimate's error.
-    row.failure = std::to_string(wrong) + " decisions unlike the token bucket's (the first above)";
-  } else if (gcra && row.max_window_over_limit > row.extra["gcra_bound"].get<double>()) {
+    row.failure = std::to_string(wrongly_allowed + wrongly_denied) +
+                  " decisions unlike the token bucket's (the first above)";
+  } else if (gcra && over > extra["gcra_bound"].get<double>()) {
     row.failure = "max_window_over_limit over the GCRA bound (burst + L) / L";
   }
-  warn_after(engine, row);
+  if (errors != 0) {
+    std::fprintf(stderr, "warning: %s: %" PRIu64 " requests were rejected with an error\n",
+                 row.name.c_str(), errors);
+  }
+  warn_evicted(engine, row);
   return row;
 }
 
@@ -494,16 +486,12 @@ Row replay_concurrency(const LeaseCase& lc, bool count_all, const Options& opt) 
   const std::vector<testing::LeaseOp> ops = testing::make_lease_trace(p);
   Engine engine(policy, engine_options());
   const testing::LeaseTally t = testing::replay_lease_trace(engine, p, ops);
-  row.requests = t.operations;
-  row.allowed = t.admitted + t.release_ok;
-  row.wrongly_allowed = t.wrongly_allowed;
-  row.wrongly_denied = t.wrongly_denied;
-  row.max_window_over_limit =
-      static_cast<double>(t.max_held) / static_cast<double>(lc.max_in_flight);
-  row.extra = {
+  row.set(t.operations, t.admitted + t.release_ok, t.wrongly_allowed, t.wrongly_denied,
+          static_cast<double>(t.max_held) / static_cast<double>(lc.max_in_flight));
+  row.json.update(sluice::bench::Row{
       {"max_in_flight", lc.max_in_flight},
       {"lease_ttl_ms", lc.lease_ttl_ms},
-      {"wrong_other_pct", pct(t.check_errors + t.bad_leases + t.wrong_releases, row.requests)},
+      {"wrong_other_pct", Row::pct(t.check_errors + t.bad_leases + t.wrong_releases, t.operations)},
       {"checks", t.checks},
       {"admitted", t.admitted},
       {"releases", t.releases},
@@ -515,9 +503,9 @@ Row replay_concurrency(const LeaseCase& lc, bool count_all, const Options& opt) 
       {"wrong_releases", t.wrong_releases},
       {"bad_leases", t.bad_leases},
       {"check_errors", t.check_errors},
-      {"remaining_mismatches", t.report_mismatches}};
-  const std::string where = row.name() + " M " + std::to_string(lc.max_in_flight) + " bucket " +
-                            std::to_string(row.bucket_ms) + " ms";
+      {"remaining_mismatches", t.report_mismatches}});
+  const std::string where = row.name + " M " + std::to_string(lc.max_in_flight) + " bucket " +
+                            row.json["bucket_ms"].dump() + " ms";
   if (t.report_mismatches != 0) {
     std::fprintf(stderr,
                  "warning: %s: %" PRIu64
@@ -536,27 +524,7 @@ Row replay_concurrency(const LeaseCase& lc, bool count_all, const Options& opt) 
                  where.c_str(), t.first_wrong.c_str(), shrunk.size(),
                  testing::lease_trace_text(fresh, p, shrunk).c_str());
   }
-  warn_after(engine, row);
-  return row;
-}
-
-// The row as printed and in the --json line.
-sluice::bench::Row row_json(const Row& r, double seconds) {
-  sluice::bench::Row row = {{"trace", r.trace},
-                            {"window_s", r.window_ms / 1000},
-                            {"mode", r.mode},
-                            {"counting", r.count_all ? "all" : "admitted"},
-                            {"bucket_ms", r.bucket_ms},
-                            {"limit", r.limit},
-                            {"requests", r.requests},
-                            {"allowed_pct", pct(r.allowed, r.requests)},
-                            {"wrongly_allowed_pct", pct(r.wrongly_allowed, r.requests)},
-                            {"wrongly_denied_pct", pct(r.wrongly_denied, r.requests)},
-                            {"max_window_over_limit", r.max_window_over_limit},
-                            {"avg_rate_error_pct", nullptr},
-                            {"seconds", seconds}};
-  if (r.avg_rate_error_pct) row["avg_rate_error_pct"] = *r.avg_rate_error_pct;
-  row.update(r.extra);
+  warn_evicted(engine, row);
   return row;
 }
 
@@ -578,7 +546,7 @@ void note_cloudflare(const WindowCase& wc, const testing::TraceParams& p,
                "cloudflare %s: limit %" PRIu64 ", %" PRId64 " windows; %zu requests from %" PRIu64
                " sources, %" PRIu64 " of them abusive sending %" PRIu64 " requests (%.2f%%)%s\n",
                wc.label, p.limit, p.windows, trace.size(), sources, abusive_sources,
-               abusive_requests, pct(abusive_requests, trace.size()),
+               abusive_requests, Row::pct(abusive_requests, trace.size()),
                trace.size() >= p.max_events ? "; cut at --max-events" : "");
 }
 
@@ -592,11 +560,12 @@ int bench_accuracy_main(int argc, char** argv) {
   // Runs one row's replay, prints the row, and its failure if it has one.
   const auto add = [&](const auto& replay_row) {
     const auto started = std::chrono::steady_clock::now();
-    const Row r = replay_row();
-    const std::chrono::duration<double> secs = std::chrono::steady_clock::now() - started;
-    out.add(row_json(r, secs.count()));
+    Row r = replay_row();
+    r.json["seconds"] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    out.add(std::move(r.json));
     if (!r.failure.empty())
-      std::fprintf(stderr, "error: %s: %s\n", r.name().c_str(), r.failure.c_str());
+      std::fprintf(stderr, "error: %s: %s\n", r.name.c_str(), r.failure.c_str());
     failed = failed || !r.failure.empty();
   };
   const auto countings = [&] {
@@ -606,41 +575,41 @@ int bench_accuracy_main(int argc, char** argv) {
     }
     return c;
   }();
-  std::vector<std::string> noted;  // invalid window/granularity pairs already reported
+  // The rows of each window case: each valid bucket's window modes, then gcra (no buckets: one
+  // row per counting, whatever --granularity says).
+  std::vector<std::pair<std::string_view, window::WindowSpec>> modes[std::size(kWindows)];
+  for (size_t w = 0; w < std::size(kWindows); ++w) {
+    const int64_t window_ms = kWindows[w].window_ms;
+    for (const uint32_t g : opt.granularities) {
+      const window::WindowSpec spec{window_ms, g == 0 ? window::default_bucket_ms(window_ms)
+                                                      : window_ms / static_cast<int64_t>(g)};
+      if (g != 0 && (window_ms % static_cast<int64_t>(g) != 0 || !window::validate(spec).ok())) {
+        std::fprintf(stderr, "note: skipping %s at granularity 1/%" PRIu32 ": not a valid bucket\n",
+                     kWindows[w].label, g);
+        continue;
+      }
+      // 1/60 of 1 h is its default: one row, not two.
+      const bool done = std::any_of(modes[w].begin(), modes[w].end(), [&](const auto& m) {
+        return m.second.bucket_ms == spec.bucket_ms;
+      });
+      for (const std::string_view mode : {"weighted", "strict"}) {
+        if (!done && contains(opt.modes, mode)) modes[w].emplace_back(mode, spec);
+      }
+    }
+    if (contains(opt.modes, "gcra")) modes[w].emplace_back("gcra", window::WindowSpec{});
+  }
   // The request traces serve the window and gcra rows only.
   for (const std::string_view name : testing::kTraceNames) {
-    if (!contains(opt.traces, name)) continue;
-    for (WindowCase wc : kWindows) {
-      if (!contains(opt.windows, wc.label)) continue;
+    for (size_t w = 0; w < std::size(kWindows); ++w) {
+      if (!contains(opt.traces, name) || !contains(opt.windows, kWindows[w].label) ||
+          modes[w].empty()) {
+        continue;
+      }
+      WindowCase wc = kWindows[w];
       if (name == "cloudflare") {
         wc.limit = kCloudflareLimit;
         wc.windows = kCloudflareWindows;
       }
-      // The rows of this trace and window: each valid bucket's window modes, then gcra (no
-      // buckets: one row per counting, whatever --granularity says).
-      std::vector<std::pair<std::string_view, window::WindowSpec>> modes;
-      for (const uint32_t g : opt.granularities) {
-        const int64_t bucket = g == 0 ? window::default_bucket_ms(wc.window_ms)
-                                      : wc.window_ms / static_cast<int64_t>(g);
-        const window::WindowSpec spec{wc.window_ms, bucket};
-        if (g != 0 &&
-            (wc.window_ms % static_cast<int64_t>(g) != 0 || !window::validate(spec).ok())) {
-          const std::string note = std::string(wc.label) + " at granularity 1/" + std::to_string(g);
-          if (std::find(noted.begin(), noted.end(), note) == noted.end()) {
-            std::fprintf(stderr, "note: skipping %s: not a valid bucket\n", note.c_str());
-            noted.push_back(note);
-          }
-          continue;
-        }
-        // 1/60 of 1 h is its default: one row, not two.
-        const bool done = std::any_of(modes.begin(), modes.end(),
-                                      [&](const auto& m) { return m.second.bucket_ms == bucket; });
-        for (const std::string_view mode : {"weighted", "strict"}) {
-          if (!done && contains(opt.modes, mode)) modes.emplace_back(mode, spec);
-        }
-      }
-      if (contains(opt.modes, "gcra")) modes.emplace_back("gcra", window::WindowSpec{});
-      if (modes.empty()) continue;
       testing::TraceParams p;
       p.window_ms = wc.window_ms;
       p.limit = wc.limit;
@@ -649,7 +618,7 @@ int bench_accuracy_main(int argc, char** argv) {
       p.max_events = opt.max_events;
       const std::vector<Event> trace = *testing::make_trace(name, p);
       if (name == "cloudflare") note_cloudflare(wc, p, trace);
-      for (const auto& [mode, spec] : modes) {
+      for (const auto& [mode, spec] : modes[w]) {
         for (const bool all : countings)
           add([&] { return replay(name, trace, wc, spec, mode, all, opt.seed); });
       }
