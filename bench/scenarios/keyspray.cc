@@ -9,8 +9,8 @@
 //      --hot-period-ms (500), over one TCP connection, frames of the keys due every 10 ms; in its
 //      last 2 s the spray sockets also send, as the spray will, but only 64 "warm" keys, so the
 //      node's UDP path (receive buffers, batches of 64) has run. The RSS at the end of this phase
-//      is the fixed overhead: the node having served both transports, its 1,066 counters (33 KiB)
-//      the only tables;
+//      is the fixed overhead: the node having served both transports, its few counters the only
+//      tables;
 //   3. sprays --keys (10M) distinct keys, each once, over --spray-sockets UDP sockets, 64 checks
 //      per datagram, 4 datagrams in flight per socket (closed loop: as fast as sluiced answers),
 //      while the hot keys go on being checked;
@@ -28,17 +28,14 @@
 // intervals (the estimate only grows with a hit's time and only falls with the time of evaluation
 // inside a bucket; an answer whose own interval straddles a bucket boundary is not judged). The
 // node's count is limit - remaining, and remaining = floor(limit - estimate), so it lies in
-// [estimate, estimate + 1). A hot key is
-// **reset** when that count is below lo - 1 (the node forgot hits it had counted: an evicted or
-// re-created counter), **over** when above hi + 2 (it counted hits that were never sent). This is
-// exact, not a tolerance on the estimator's error: the estimator is recomputed, not approximated.
+// [estimate, estimate + 1). A hot key is **reset** when that count is below lo - 1 (the node
+// forgot hits it had counted: an evicted or re-created counter), **over** when above hi + 2 (it
+// counted hits that were never sent): the estimator is recomputed, not approximated.
 //
 // Goals, in the row's "goals" (exit status 1 when one fails):
 //   rss        peak RSS <= cap + the fixed overhead of step 2 (+ --rss-slack-mb, 0 but in CI:
-//              keyspray_short allows 2 MiB, because at 1M keys and 32 MiB its margin is the
-//              tables' last growth step, ~1.6 MiB, against ~1.3 MiB of other growth, allocator
-//              slack of table rehashes included: it failed 2 runs in 4 by 0.2-0.3 MiB. The long
-//              run has no slack)
+//              keyspray_short allows 2 MiB, because at 1M keys and 32 MiB the tables' last growth
+//              step leaves a margin that allocator slack of table rehashes can eat)
 //   evictions  sluice_evictions_total{kind="live"} > 0 in /metrics (the cap was reached and the
 //              node said so)
 //   hot keys   0 resets (and 0 over-counts), no hot check failed or unanswered, sluiced alive

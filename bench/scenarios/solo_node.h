@@ -1,5 +1,6 @@
 // The one sluiced of the single-node scenarios (soak, keyspray): its options, named alike in both,
-// and the node started in a fresh directory, one rule limiting every key per minute.
+// the node started in a fresh directory, one rule limiting every key per minute, and the UDP
+// socket and request encoding both use to check keys of their own choosing.
 #pragma once
 
 #include <sys/socket.h>
