@@ -233,7 +233,7 @@ std::optional<int> parse_args(int argc, char** argv, Options& o) {
       ->transform([](const std::string& g) {
         const unsigned long n = g.starts_with("1/") ? std::strtoul(g.c_str() + 2, nullptr, 10) : 0;
         if (g != "default" && (n < 1 || n > window::kMaxBuckets))
-          throw CLI::ValidationError("--granularity takes default or 1/N, 1 <= N <= 1440");
+          throw CLI::ValidationError("takes default or 1/N, 1 <= N <= 1440");
         return std::to_string(n);
       });
   const std::optional<int> exit = cli.parse(argc, argv);
