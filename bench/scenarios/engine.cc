@@ -3,43 +3,38 @@
 // docs/benchmarks.md).
 //
 // Per row (keys x distribution):
-//   1. Generate every key string ("user-<n>", in one arena) and the whole stream of requests the
-//      timed phase will send (keys drawn uniform, or Zipf(s = 0.99)), laid out in arrival order
-//      like a receive buffer, so neither string building nor sampling is timed, and their memory
-//      is allocated before the "before" reading.
+//   1. Generate every key string ("user-<n>", in one arena) and each thread's stream of requests
+//      (keys drawn uniform, or Zipf(s = 0.99); its own seed), laid out in arrival order like a
+//      receive buffer, so neither string building nor sampling is timed, and their memory is
+//      allocated before the "before" reading.
 //   2. Read the allocator (mallinfo2: uordblks + hblkhd, since glibc serves big blocks with mmap
-//      and counts those only in hblkhd; plus the tables the engine maps itself,
-//      engine::mapped_table_bytes) and RSS (/proc/self/statm), after malloc_trim so memory
-//      an earlier row freed does not hide this row's growth.
-//   3. Build the engine and touch every key once, so all are live. Read both again: the deltas
-//      over the number of keys are the measured bytes per live key. EngineStats::table_bytes per
-//      key is reported beside them as the engine's own account.
-//   4. Time Engine::check on batches of --batch requests (default 32) with a reused BatchResult,
-//      up to --checks checks or --seconds, whichever comes first, with std::chrono::steady_clock;
-//      once per --threads count (default 1 and 2), each thread with a stream of its own (its own
-//      seed) over the same keys and engine. checks_per_sec is every thread's together over the
-//      wall time; per_thread divides it by the threads (on this machine's 2 cores, one thread per
-//      core: the per-core figure).
+//      and counts those only in hblkhd; plus engine::mapped_table_bytes, the tables the engine
+//      maps itself) and RSS (VmRSS), after malloc_trim so memory an earlier row freed does not
+//      hide this row's growth.
+//   3. Build the engine (memory cap 8 GiB: nothing is evicted, the evicted counts show it) and
+//      touch every key once, so all are live. Read both again: the deltas over the keys are
+//      bytes_per_key and rss_bytes_per_key; table_bytes_per_key is the engine's own account.
+//   4. Time Engine::check on batches of --batch requests with a reused BatchResult, up to --checks
+//      checks or --seconds, once per --threads count, every thread on the same engine.
+//      checks_per_sec is every thread's together over the wall time; checks_per_sec_per_thread
+//      divides it by the threads (one thread per core: the per-core figure).
 // Simulated time advances 1 ms per 1024 checks (about the pace of a busy node), starting 45 s into
 // a minute so the timed phase crosses a bucket boundary and ring advances are part of the cost.
 // The limit (default 1e9 per minute) is far above any key's traffic so every check is allowed and
 // counted: the figure is the cost of the counting path, not of early denials.
 //
-// The memory cap is set to 8 GiB so nothing is evicted; the row's evicted counts show it.
-//
-// --scenario sync-cost: what one cluster sync pass (Engine::sync_step until
-// done) costs with --keys idle counters and --active of them touched between passes. Every key is
-// checked once, then one pass and one resend pass leave all of them synced; then --passes passes
-// run as a node runs them (lib/node, DeltaSync::pass): 100 simulated ms apart, every 50th one a
-// resend pass (the 5 s anti-entropy interval), each after one check of every active key (a fixed
-// random set). Steps of 256 (DeltaSync's), a sink that only counts, owns() true for one counter
-// in three. Per pass, the thread's CPU time (CLOCK_THREAD_CPUTIME_ID) over its sync_step calls;
-// one row per kind of pass, p50/p99/max in ms and the counters it reported.
+// --scenario sync-cost: what one cluster sync pass (Engine::sync_step until done) costs with
+// --keys idle counters and --active of them touched between passes. Every key is checked once,
+// then one pass and one resend pass leave all of them synced; then --passes passes run as a node
+// runs them (DeltaSync::pass): 100 simulated ms apart, every 50th one a resend pass (the 5 s
+// anti-entropy interval), each after one check of every active key (a fixed random set). Steps of
+// 256 (DeltaSync's), a sink that only counts, owns() true for one counter in three. One row per
+// kind of pass: the thread's CPU time (CLOCK_THREAD_CPUTIME_ID) over its sync_step calls,
+// p50/p99/max in ms, and the counters it reported per pass.
 //
 // --cluster: the engine of a cluster member, whose counter slots also hold others' counts
 // (default: of a node on its own, as sluiced without a cluster section).
 #include <malloc.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,6 +44,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <string_view>
@@ -59,6 +55,7 @@
 #include "common/key_arena.h"
 #include "common/percentile.h"
 #include "common/proc_stats.h"
+#include "common/process.h"
 #include "common/scenario.h"
 #include "engine/engine.h"
 #include "one_rule_policy.h"
@@ -128,10 +125,10 @@ std::optional<int> parse_args(int argc, char** argv, Options& o, bool& json) {
   }
   if (o.scenario == "sync-cost" && keys->count() == 0) o.keys = {1'000'000};
   // --active is the sync-cost scenario's: the check rows take any number of keys.
-  for (const uint64_t k : o.keys) {
-    for (const uint64_t n : o.active) {
-      if (o.scenario == "sync-cost" && n > k) return cli.fail("--active must not exceed --keys");
-    }
+  if (o.scenario == "sync-cost" && !o.active.empty() &&
+      *std::max_element(o.active.begin(), o.active.end()) >
+          *std::min_element(o.keys.begin(), o.keys.end())) {
+    return cli.fail("--active must not exceed --keys");
   }
   return std::nullopt;
 }
@@ -146,95 +143,90 @@ struct RequestStream {
   std::string_view operator[](uint64_t i) const { return {bytes.data() + i * kSlot, len[i]}; }
 };
 
-RequestStream make_stream(const KeyArena& arena, const std::vector<uint32_t>& seq) {
+// `len` requests drawn uniform or Zipf(kZipfS) over the first `keys` keys of `arena`.
+RequestStream make_stream(const KeyArena& arena, uint64_t keys, uint64_t len, std::string_view dist,
+                          uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const testing::ZipfSampler zipf(dist == "zipf" ? keys : 1, kZipfS);
   RequestStream st;
-  st.bytes.resize(seq.size() * RequestStream::kSlot);
-  st.len.resize(seq.size());
-  for (size_t i = 0; i < seq.size(); ++i) {
-    const std::string_view k = arena[seq[i]];
-    std::copy(k.begin(), k.end(),
-              st.bytes.begin() + static_cast<std::ptrdiff_t>(i * RequestStream::kSlot));
+  st.bytes.resize(len * RequestStream::kSlot);
+  st.len.resize(len);
+  for (uint64_t i = 0; i < len; ++i) {
+    const std::string_view k = arena[dist == "zipf" ? zipf(rng) : rng() % keys];
+    std::copy(k.begin(), k.end(), st.bytes.begin() + static_cast<std::ptrdiff_t>(i * st.kSlot));
     st.len[i] = static_cast<uint8_t>(k.size());
   }
   return st;
 }
 
-std::vector<uint32_t> make_sequence(uint64_t keys, uint64_t len, std::string_view dist,
-                                    uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint32_t> seq(len);
-  if (dist == "uniform") {
-    for (auto& k : seq)
-      k = static_cast<uint32_t>(rng() % keys);
-  } else {
-    const testing::ZipfSampler zipf(keys, kZipfS);  // freed before the "before" reading
-    for (auto& k : seq)
-      k = static_cast<uint32_t>(zipf(rng));
-  }
-  return seq;
-}
-
+// Bytes in use: the allocator's (heap chunks + mmapped chunks, mallinfo2) with the tables the
+// engine maps itself, and resident memory.
 struct MemReading {
-  uint64_t allocator = 0;  // bytes in use: heap chunks + mmapped chunks
+  uint64_t allocator = 0;
   uint64_t rss = 0;
 };
 
 MemReading read_memory() {
-  MemReading m;
   const struct mallinfo2 mi = mallinfo2();
-  m.allocator = mi.uordblks + mi.hblkhd + sluice::engine::mapped_table_bytes();
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    unsigned long long size = 0, resident = 0;
-    if (std::fscanf(f, "%llu %llu", &size, &resident) == 2) {
-      m.rss = resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    }
-    std::fclose(f);
-  }
-  return m;
+  return {mi.uordblks + mi.hblkhd + sluice::engine::mapped_table_bytes(),
+          sluice::bench::proc_status_kb(::getpid()) * 1024};
 }
 
 double per_key(uint64_t after, uint64_t before, uint64_t keys) {
   return (static_cast<double>(after) - static_cast<double>(before)) / static_cast<double>(keys);
 }
 
-std::shared_ptr<const rules::Policy> make_policy(uint64_t limit, int64_t bucket_ms, uint64_t seed) {
-  return testing::one_rule_policy(
-      {"bench", "per-user", "user", limit, window::make_spec(60'000, bucket_ms),
-       window::Estimator::kWeighted, false},
-      seed);
-}
+struct Checked {
+  uint64_t checks = 0;
+  uint64_t allowed = 0;
+};
 
-// Checks keys[seq[i]] for i in [0, len) in batches of batch_size, time starting at `first_check`
-// (in checks, for the simulated clock). Stops early at `deadline` when given. Returns how many
-// checks ran; adds the allowed ones to *allowed.
+// Checks key_of(i) for i in [0, len) in batches of opt.batch, time starting at `first_check` (in
+// checks, for the simulated clock). Stops early at `deadline` when given.
 template <typename KeyOf>
-uint64_t run_checks(Engine& engine, size_t batch_size, uint64_t len, uint64_t first_check,
-                    KeyOf key_of, const std::chrono::steady_clock::time_point* deadline,
-                    uint64_t* allowed) {
-  const size_t kBatch = batch_size;
-  std::vector<rules::Descriptor> descs(kBatch);
-  std::vector<rules::CheckRequest> batch(kBatch);
+Checked run_checks(Engine& engine, const Options& opt, uint64_t len, uint64_t first_check,
+                   KeyOf key_of, const std::chrono::steady_clock::time_point* deadline = nullptr) {
+  std::vector<rules::Descriptor> descs(opt.batch);
+  std::vector<rules::CheckRequest> batch(opt.batch);
   BatchResult out;
-  uint64_t done = 0;
-  uint64_t ok = 0;
-  while (done < len) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBatch, len - done));
+  Checked c;
+  while (c.checks < len) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(opt.batch, len - c.checks));
     for (size_t j = 0; j < n; ++j) {
-      descs[j] = {"user", key_of(done + j)};
+      descs[j] = {"user", key_of(c.checks + j)};
       batch[j] = {"bench", {&descs[j], 1}, 1};
     }
-    const int64_t now = kStartMs + static_cast<int64_t>((first_check + done) / kChecksPerMs);
+    const int64_t now = kStartMs + static_cast<int64_t>((first_check + c.checks) / kChecksPerMs);
     engine.check({batch.data(), n}, now, out);
     for (size_t j = 0; j < n; ++j)
-      ok += out.decisions[j].allowed ? 1u : 0u;
-    done += n;
+      c.allowed += out.decisions[j].allowed ? 1u : 0u;
+    c.checks += n;
     // The clock is read about every 1024 checks: cheap next to them, fine-grained enough.
-    if (deadline != nullptr && done % 1024 < n && std::chrono::steady_clock::now() >= *deadline) {
+    if (deadline != nullptr && c.checks % 1024 < n &&
+        std::chrono::steady_clock::now() >= *deadline) {
       break;
     }
   }
-  *allowed += ok;
-  return done;
+  return c;
+}
+
+// The engine of the one rule (8 GiB cap: nothing is evicted) with every key checked once.
+std::unique_ptr<Engine> warm_engine(const Options& opt, const KeyArena& arena, uint64_t keys,
+                                    EngineOptions eo) {
+  eo.memory_cap_bytes = 8ull << 30;
+  eo.shards = opt.shards;
+  auto engine =
+      std::make_unique<Engine>(testing::one_rule_policy({"bench", "per-user", "user", opt.limit,
+                                                         window::make_spec(60'000, opt.bucket_ms),
+                                                         window::Estimator::kWeighted, false},
+                                                        opt.seed),
+                               eo);
+  const Checked warm = run_checks(*engine, opt, keys, 0, [&](uint64_t i) { return arena[i]; });
+  if (warm.allowed != keys) {
+    std::fprintf(stderr, "warning: only %" PRIu64 " of %" PRIu64 " warm-up checks allowed\n",
+                 warm.allowed, keys);
+  }
+  return engine;
 }
 
 // One row per --threads count for `keys` x `dist`: one engine, warmed once, then timed with each
@@ -244,19 +236,14 @@ void run_rows(const Options& opt, const KeyArena& arena, uint64_t keys, const st
   const uint64_t max_threads = *std::max_element(opt.threads.begin(), opt.threads.end());
   std::vector<RequestStream> streams;
   for (uint64_t t = 0; t < max_threads; ++t)
-    streams.push_back(make_stream(arena, make_sequence(keys, opt.checks, dist, opt.seed + t)));
+    streams.push_back(make_stream(arena, keys, opt.checks, dist, opt.seed + t));
 
   // Give memory freed by the previous row back to the system, so the RSS delta is this engine's.
   malloc_trim(0);
   const MemReading before = read_memory();
   EngineOptions eo;
-  eo.memory_cap_bytes = 8ull << 30;
-  eo.shards = opt.shards;
   eo.single_node = !opt.cluster;  // as sluiced runs without a cluster, unless --cluster
-  auto engine = std::make_unique<Engine>(make_policy(opt.limit, opt.bucket_ms, opt.seed), eo);
-  uint64_t warm_allowed = 0;
-  run_checks(
-      *engine, opt.batch, keys, 0, [&](uint64_t i) { return arena[i]; }, nullptr, &warm_allowed);
+  const std::unique_ptr<Engine> engine = warm_engine(opt, arena, keys, eo);
   const MemReading after = read_memory();
   const auto warm_stats = engine->stats();
   if (warm_stats.live_counters != keys) {
@@ -264,14 +251,10 @@ void run_rows(const Options& opt, const KeyArena& arena, uint64_t keys, const st
                  "warning: %" PRIu64 " keys touched but %" PRIu64 " live counters after warm-up\n",
                  keys, warm_stats.live_counters);
   }
-  if (warm_allowed != keys) {
-    std::fprintf(stderr, "warning: only %" PRIu64 " of %" PRIu64 " warm-up checks allowed\n",
-                 warm_allowed, keys);
-  }
 
   uint64_t clock_checks = keys;  // checks so far, for the simulated clock
   for (const uint64_t threads : opt.threads) {
-    std::vector<uint64_t> done(threads, 0), allowed(threads, 0);
+    std::vector<Checked> done(threads);
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                       std::chrono::duration<double>(opt.seconds));
@@ -280,22 +263,22 @@ void run_rows(const Options& opt, const KeyArena& arena, uint64_t keys, const st
       workers.emplace_back([&, t] {
         const RequestStream& stream = streams[t];
         done[t] = run_checks(
-            *engine, opt.batch, stream.len.size(), clock_checks,
-            [&](uint64_t i) { return stream[i]; }, &deadline, &allowed[t]);
+            *engine, opt, stream.len.size(), clock_checks, [&](uint64_t i) { return stream[i]; },
+            &deadline);
       });
     }
     for (auto& w : workers)
       w.join();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    uint64_t checks = 0, allowed_all = 0;
-    for (uint64_t t = 0; t < threads; ++t) {
-      checks += done[t];
-      allowed_all += allowed[t];
+    Checked all;
+    for (const Checked& c : done) {
+      all.checks += c.checks;
+      all.allowed += c.allowed;
     }
-    clock_checks += checks / threads;
+    clock_checks += all.checks / threads;
     const auto stats = engine->stats();
-    const double per_sec = static_cast<double>(checks) / seconds;
+    const double per_sec = static_cast<double>(all.checks) / seconds;
     rows.add({{"keys", keys},
               {"distribution", dist},
               {"threads", threads},
@@ -303,7 +286,7 @@ void run_rows(const Options& opt, const KeyArena& arena, uint64_t keys, const st
               {"bucket_ms", window::make_spec(60'000, opt.bucket_ms).bucket_ms},
               {"cluster", opt.cluster},
               {"shards", opt.shards},
-              {"checks", checks},
+              {"checks", all.checks},
               {"seconds", seconds},
               {"checks_per_sec", per_sec},
               {"checks_per_sec_per_thread", per_sec / static_cast<double>(threads)},
@@ -311,9 +294,9 @@ void run_rows(const Options& opt, const KeyArena& arena, uint64_t keys, const st
               {"rss_bytes_per_key", per_key(after.rss, before.rss, keys)},
               {"table_bytes_per_key",
                static_cast<double>(warm_stats.table_bytes) / static_cast<double>(keys)},
-              {"allowed_pct", checks == 0 ? 0.0
-                                          : 100.0 * static_cast<double>(allowed_all) /
-                                                static_cast<double>(checks)},
+              {"allowed_pct", all.checks == 0 ? 0.0
+                                              : 100.0 * static_cast<double>(all.allowed) /
+                                                    static_cast<double>(all.checks)},
               {"live_counters", stats.live_counters},
               {"evicted_expired", stats.evicted_expired},
               {"evicted_live", stats.evicted_live}});
@@ -325,11 +308,7 @@ void run_rows(const Options& opt, const KeyArena& arena, uint64_t keys, const st
 // Counts what a pass reports, and nothing else: the figure is the engine's side of a pass.
 struct CountingSink : sluice::engine::SyncSink {
   uint64_t items = 0;
-  uint64_t totals = 0;
-  void item(const sluice::engine::SyncItem& it) override {
-    ++items;
-    totals += it.totals.size();
-  }
+  void item(const sluice::engine::SyncItem&) override { ++items; }
 };
 
 // One pass as DeltaSync::pass runs it; returns the thread's CPU ms over its sync_step calls.
@@ -343,71 +322,59 @@ double timed_sync_pass(Engine& engine, bool resend, CountingSink& sink) {
   return thread_cpu_ms() - t0;
 }
 
-// The row of one kind of pass ("changed" or "resend"): CPU ms per pass, counters reported.
-void add_sync_row(sluice::bench::Rows& rows, uint64_t keys, uint64_t active, const char* pass,
-                  std::vector<double>& ms, uint64_t items) {
-  std::sort(ms.begin(), ms.end());
-  const auto at = [&](double q) {
-    return ms.empty() ? 0 : sluice::bench::percentile_sorted(ms, q);
-  };
-  const auto n = static_cast<double>(ms.size());
-  rows.add({{"scenario", "sync-cost"},
-            {"keys", keys},
-            {"active", active},
-            {"pass", pass},
-            {"passes", ms.size()},
-            {"cpu_ms_p50", at(0.50)},
-            {"cpu_ms_p99", at(0.99)},
-            {"cpu_ms_max", ms.empty() ? 0 : ms.back()},
-            {"items_per_pass", ms.empty() ? 0 : static_cast<double>(items) / n}});
-}
-
 void run_sync_cost(const Options& opt, const KeyArena& arena, uint64_t keys, uint64_t active,
                    sluice::bench::Rows& rows) {
   constexpr int64_t kPassMs = 100;       // the default sync interval
   constexpr uint64_t kResendEvery = 50;  // 5 s anti-entropy interval / 100 ms
   EngineOptions eo;
-  eo.memory_cap_bytes = 8ull << 30;
-  eo.shards = opt.shards;
   eo.node_id = 1;
-  auto engine = std::make_unique<Engine>(make_policy(opt.limit, opt.bucket_ms, opt.seed), eo);
   // Every key once (run_checks' clock: kStartMs + 1 ms per 1024 checks). Passes then run 100 ms
   // apart: 500 of them cross one minute boundary, and nothing expires (1-minute limit).
-  uint64_t allowed = 0;
-  run_checks(
-      *engine, opt.batch, keys, 0, [&](uint64_t i) { return arena[i]; }, nullptr, &allowed);
+  const std::unique_ptr<Engine> engine = warm_engine(opt, arena, keys, eo);
   int64_t now = kStartMs + static_cast<int64_t>(keys / kChecksPerMs) + 1;
   CountingSink sink;
   timed_sync_pass(*engine, false, sink);  // all of them go out once: the table is clean
   timed_sync_pass(*engine, true, sink);
-  std::mt19937_64 rng(opt.seed);
-  std::vector<uint32_t> set(keys);
-  for (uint32_t i = 0; i < keys; ++i)
-    set[i] = i;
-  for (uint64_t i = 0; i < active; ++i)  // a partial Fisher-Yates: `active` distinct keys
-    std::swap(set[i], set[i + rng() % (keys - i)]);
+  std::vector<uint32_t> set(keys);  // `active` distinct keys
+  std::iota(set.begin(), set.end(), 0);
+  std::shuffle(set.begin(), set.end(), std::mt19937_64(opt.seed));
   set.resize(active);
 
-  std::vector<double> changed_ms, resend_ms;
-  uint64_t changed_items = 0, resend_items = 0;
+  // The CPU ms of each pass and the counters reported, by kind of pass: changed, resend.
+  std::vector<double> ms[2];
+  uint64_t items[2] = {0, 0};
   for (uint64_t p = 1; p <= opt.passes; ++p) {
     now += kPassMs;
-    run_checks(
-        *engine, opt.batch, active, static_cast<uint64_t>(now - kStartMs) * kChecksPerMs,
-        [&](uint64_t i) { return arena[set[i]]; }, nullptr, &allowed);
+    run_checks(*engine, opt, active, static_cast<uint64_t>(now - kStartMs) * kChecksPerMs,
+               [&](uint64_t i) { return arena[set[i]]; });
     const bool resend = p % kResendEvery == 0;
     sink.items = 0;
-    const double ms = timed_sync_pass(*engine, resend, sink);
-    (resend ? resend_ms : changed_ms).push_back(ms);
-    (resend ? resend_items : changed_items) += sink.items;
+    ms[resend].push_back(timed_sync_pass(*engine, resend, sink));
+    items[resend] += sink.items;
     if (!resend && sink.items != active) {
       std::fprintf(stderr,
                    "warning: pass %" PRIu64 " reported %" PRIu64 " counters, not %" PRIu64 "\n", p,
                    sink.items, active);
     }
   }
-  add_sync_row(rows, keys, active, "changed", changed_ms, changed_items);
-  add_sync_row(rows, keys, active, "resend", resend_ms, resend_items);
+  for (const bool resend : {false, true}) {
+    std::vector<double>& v = ms[resend];
+    std::sort(v.begin(), v.end());
+    const auto at = [&](double q) {
+      return v.empty() ? 0 : sluice::bench::percentile_sorted(v, q);
+    };
+    rows.add(
+        {{"scenario", "sync-cost"},
+         {"keys", keys},
+         {"active", active},
+         {"pass", resend ? "resend" : "changed"},
+         {"passes", v.size()},
+         {"cpu_ms_p50", at(0.50)},
+         {"cpu_ms_p99", at(0.99)},
+         {"cpu_ms_max", at(1)},
+         {"items_per_pass",
+          v.empty() ? 0 : static_cast<double>(items[resend]) / static_cast<double>(v.size())}});
+  }
 }
 
 }  // namespace

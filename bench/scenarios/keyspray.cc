@@ -9,8 +9,8 @@
 //      --hot-period-ms (500), over one TCP connection, frames of the keys due every 10 ms; in its
 //      last 2 s the spray sockets also send, as the spray will, but only 64 "warm" keys, so the
 //      node's UDP path (receive buffers, batches of 64) has run. The RSS at the end of this phase
-//      is the fixed overhead: the node having served both transports, its 1,066 counters (33 KiB)
-//      the only tables;
+//      is the fixed overhead: the node having served both transports, its few counters the only
+//      tables;
 //   3. sprays --keys (10M) distinct keys, each once, over --spray-sockets UDP sockets, 64 checks
 //      per datagram, 4 datagrams in flight per socket (closed loop: as fast as sluiced answers),
 //      while the hot keys go on being checked;
@@ -28,17 +28,14 @@
 // intervals (the estimate only grows with a hit's time and only falls with the time of evaluation
 // inside a bucket; an answer whose own interval straddles a bucket boundary is not judged). The
 // node's count is limit - remaining, and remaining = floor(limit - estimate), so it lies in
-// [estimate, estimate + 1). A hot key is
-// **reset** when that count is below lo - 1 (the node forgot hits it had counted: an evicted or
-// re-created counter), **over** when above hi + 2 (it counted hits that were never sent). This is
-// exact, not a tolerance on the estimator's error: the estimator is recomputed, not approximated.
+// [estimate, estimate + 1). A hot key is **reset** when that count is below lo - 1 (the node
+// forgot hits it had counted: an evicted or re-created counter), **over** when above hi + 2 (it
+// counted hits that were never sent): the estimator is recomputed, not approximated.
 //
 // Goals, in the row's "goals" (exit status 1 when one fails):
 //   rss        peak RSS <= cap + the fixed overhead of step 2 (+ --rss-slack-mb, 0 but in CI:
-//              keyspray_short allows 2 MiB, because at 1M keys and 32 MiB its margin is the
-//              tables' last growth step, ~1.6 MiB, against ~1.3 MiB of other growth, allocator
-//              slack of table rehashes included: it failed 2 runs in 4 by 0.2-0.3 MiB. The long
-//              run has no slack)
+//              keyspray_short allows 2 MiB, because at 1M keys and 32 MiB the tables' last growth
+//              step leaves a margin that allocator slack of table rehashes can eat)
 //   evictions  sluice_evictions_total{kind="live"} > 0 in /metrics (the cap was reached and the
 //              node said so)
 //   hot keys   0 resets (and 0 over-counts), no hot check failed or unanswered, sluiced alive
@@ -48,10 +45,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <stdexcept>
@@ -108,8 +104,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   return exit;
 }
 
-constexpr std::string_view kDomain = bench::kSluiceDomain;  // sluice_probe checks it too
-constexpr int64_t kWindowMs = 60'000;                       // the limit's window
+constexpr int64_t kWindowMs = 60'000;  // the limit's window
 constexpr int64_t kBucketMs = 6'000;  // and its bucket (the default for a minute), set in the rules
 constexpr int64_t kBuckets = kWindowMs / kBucketMs;
 constexpr uint32_t kSprayBatch = 64;
@@ -118,14 +113,7 @@ constexpr int64_t kSprayTimeoutNs = 500'000'000;
 constexpr int64_t kHotTickMs = 10;
 constexpr int64_t kHotTimeoutNs = 5'000'000'000;  // a hot answer later than this is a failure
 
-int64_t epoch_ms_ceil() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  return int64_t{ts.tv_sec} * 1000 + (ts.tv_nsec + 999'999) / 1'000'000;
-}
-
-// ---- hot keys: the exact log and the estimate the node must hold
-// ---------------------------------
+// ---- hot keys: the exact log and the estimate the node must hold ---------------------------
 
 struct Hit {
   int64_t from_ms;  // sent (floor): the node counted it at or after this
@@ -140,10 +128,10 @@ struct HotKey {
 };
 
 int64_t window_bucket(int64_t t) {
-  return t / kBucketMs;
-}  // epoch ms are positive
+  return t / kBucketMs;  // epoch ms are positive
+}
 
-// The weighted estimate at `now` (one-minute window of n = kBuckets buckets) of hits at times `t`:
+// The weighted estimate at `now` (one-minute window of n = kBuckets buckets) of a hit at time `t`:
 // the hits of the n buckets up to bucket(now) count 1, bucket(now) - n's count (B - elapsed) / B.
 double weight(int64_t t, int64_t now) {
   const int64_t c = window_bucket(now);
@@ -166,13 +154,35 @@ struct HotTotals {
   std::string first_reset;  // the first reset, for the report
 };
 
+// sluiced's /metrics, or no samples when it cannot be read.
+std::vector<bench::MetricSample> scrape(uint16_t admin) {
+  std::string body;
+  if (const std::string err = bench::http_get(admin, "/metrics", body); !err.empty()) {
+    std::fprintf(stderr, "/metrics: %s\n", err.c_str());
+    return {};
+  }
+  return bench::parse_metrics(body);
+}
+
+double evictions(const std::vector<bench::MetricSample>& m, const char* kind) {
+  return bench::metric_sum(m, "sluice_evictions_total", std::string("kind=\"") + kind + "\"");
+}
+
 // ---- the run ------------------------------------------------------------------------------------
+
+// What the loop does besides reading answers and sampling: the hot keys are checked in every
+// phase but the last, which only waits (bounded) for their last answers.
+enum class Phase {
+  kHot,      // hot keys only
+  kWarmUdp,  // the spray sockets send the 64 warm keys
+  kSpray,    // the spray sockets send the spray's keys, until all are sent and answered
+  kDrain,
+};
 
 class KeySpray {
  public:
   KeySpray(const Options& o, uint16_t port, uint16_t admin, pid_t pid)
-      : o_(o), admin_(admin), pid_(pid) {
-    hot_.resize(o.hot);
+      : o_(o), admin_(admin), pid_(pid), hot_(o.hot) {
     const auto period = static_cast<int64_t>(o.hot_period_ms);
     const int64_t start = bench::epoch_ms() + 20;
     for (uint32_t i = 0; i < o.hot; ++i) {
@@ -184,7 +194,6 @@ class KeySpray {
     if (hot_fd_ < 0) throw std::runtime_error("hot connection: " + err);
     for (uint32_t i = 0; i < o.spray_sockets; ++i)
       spray_.push_back(SpraySocket{bench::udp_to_node(port, true), {}});
-    recv_buf_.resize(wire::kMaxDatagramBytes);
   }
   ~KeySpray() {
     ::close(hot_fd_);
@@ -192,29 +201,28 @@ class KeySpray {
       ::close(s.fd);
   }
 
-  // Runs the three phases; every loop is bounded in time (and by the iteration guard).
+  // Runs the phases; every loop is bounded in time (and by the iteration guard).
   void run() {
     t0_ns_ = bench::now_ns();
     sample(true);
     const int64_t warm_end = t0_ns_ + static_cast<int64_t>(o_.warm_seconds * 1e9);
-    drive_until(warm_end - 2'000'000'000, false);
-    warm_udp_ = true;
-    drive_until(warm_end, true);
-    warm_udp_ = false;
-    drive_until(bench::now_ns() + 600'000'000, false);  // the warm datagrams' answers or timeouts
-    counts.warm_checks = counts.spray_answered;         // errors and losses stay counted
+    drive_until(warm_end - 2'000'000'000, Phase::kHot);
+    drive_until(warm_end, Phase::kWarmUdp);
+    drive_until(bench::now_ns() + 600'000'000, Phase::kHot);  // the warm datagrams' answers
+    counts.warm_checks = counts.spray_answered;               // errors and losses stay counted
     counts.spray_answered = 0;
     sample(true);
     counts.overhead_kb = bench::proc_status_kb(pid_);
     counts.overhead_anon_kb = bench::proc_status_kb(pid_, "RssAnon");
     counts.overhead_file_kb = bench::proc_status_kb(pid_, "RssFile");
     const int64_t spray_start_ns = bench::now_ns();
-    drive_until(spray_start_ns + static_cast<int64_t>(o_.max_seconds * 1e9), true);
+    drive_until(spray_start_ns + static_cast<int64_t>(o_.max_seconds * 1e9), Phase::kSpray);
     const int64_t spray_end_ns = bench::now_ns();
     counts.spray_seconds = static_cast<double>(spray_end_ns - spray_start_ns) / 1e9;
-    drive_until(spray_end_ns + static_cast<int64_t>(o_.tail_seconds * 1e9), false);
+    drive_until(spray_end_ns + static_cast<int64_t>(o_.tail_seconds * 1e9), Phase::kHot);
     // Let the last hot answers arrive (bounded): their checks were counted by the node.
-    drain_hot();
+    drive_until(bench::now_ns() + 2'000'000'000, Phase::kDrain);
+    counts.hot.failed += hot_requests_.size();  // never answered
     sample(true);
   }
 
@@ -246,31 +254,30 @@ class KeySpray {
     std::vector<uint32_t> keys;
   };
 
-  void drive_until(int64_t end_ns, bool spraying) {
+  void drive_until(int64_t end_ns, Phase phase) {
+    phase_ = phase;
     std::vector<pollfd> fds;
     int64_t next_tick_ms = 0;
     const uint64_t guard =
         static_cast<uint64_t>(std::max<int64_t>(end_ns - bench::now_ns(), 0) / 100) + 1000;
     for (uint64_t iter = 0; iter < guard && !bench::stop_requested(); ++iter) {
-      const int64_t now = bench::now_ns();
-      if (now >= end_ns) break;
-      if (spraying && !warm_udp_ && spray_done() && spray_idle()) break;
+      if (bench::now_ns() >= end_ns) break;
+      const bool spray_idle = std::all_of(spray_.begin(), spray_.end(),
+                                          [](const SpraySocket& s) { return s.inflight.empty(); });
+      if (phase == Phase::kSpray && spray_done() && spray_idle) break;
+      if (phase == Phase::kDrain && hot_requests_.empty()) break;
       const int64_t now_ms = bench::epoch_ms();
-      if (now_ms >= next_tick_ms) {
+      if (phase != Phase::kDrain && now_ms >= next_tick_ms) {
         send_hot_due(now_ms);
         next_tick_ms = now_ms + kHotTickMs;
       }
-      if (spraying) {
-        for (SpraySocket& s : spray_)
-          refill(s);
-      }
-      fds.clear();
-      fds.push_back(
-          pollfd{hot_fd_, static_cast<short>(POLLIN | (hot_out_.empty() ? 0 : POLLOUT)), 0});
-      for (SpraySocket& s : spray_)
+      fds.assign(1,
+                 pollfd{hot_fd_, static_cast<short>(POLLIN | (hot_out_.empty() ? 0 : POLLOUT)), 0});
+      for (SpraySocket& s : spray_) {
+        if (phase == Phase::kWarmUdp || phase == Phase::kSpray) refill(s);
         fds.push_back(pollfd{s.fd, POLLIN, 0});
-      const int n = ::poll(fds.data(), fds.size(), 1);
-      if (n > 0) {
+      }
+      if (::poll(fds.data(), fds.size(), 1) > 0) {
         if (fds[0].revents & POLLOUT) flush_hot();
         if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) read_hot();
         for (size_t i = 0; i < spray_.size(); ++i) {
@@ -282,18 +289,11 @@ class KeySpray {
     }
   }
 
-  bool spray_idle() const {
-    for (const SpraySocket& s : spray_) {
-      if (!s.inflight.empty()) return false;
-    }
-    return true;
-  }
-
   // ---- hot keys ----
 
   void send_hot_due(int64_t now_ms) {
     const auto period = static_cast<int64_t>(o_.hot_period_ms);
-    due_.clear();
+    std::vector<uint32_t> due;
     for (uint32_t i = 0; i < hot_.size(); ++i) {
       HotKey& k = hot_[i];
       if (k.next_due_ms > now_ms) continue;
@@ -302,20 +302,15 @@ class KeySpray {
         ++counts.hot.skipped;
         continue;
       }
-      due_.push_back(i);
+      k.in_flight = true;
+      due.push_back(i);
     }
-    if (due_.empty()) return;
-    entries_.resize(due_.size());
-    checks_.resize(due_.size());
-    for (size_t j = 0; j < due_.size(); ++j) {
-      entries_[j] = wire::Entry{bench::kSluiceEntryKey, hot_[due_[j]].name};
-      checks_[j] = wire::Check{kDomain, std::span<const wire::Entry>(&entries_[j], 1), 1};
-      hot_[due_[j]].in_flight = true;
-    }
+    if (due.empty()) return;
     const uint64_t id = ++next_id_;
-    wire::encode_request(id, checks_, 0, msg_);
+    bench::encode_checks(
+        id, due.size(), [&](size_t j) { return std::string_view(hot_[due[j]].name); }, msg_);
     wire::append_frame(msg_, hot_out_);
-    hot_requests_.emplace(id, HotRequest{bench::now_ns(), bench::epoch_ms(), due_});
+    hot_requests_.emplace(id, HotRequest{bench::now_ns(), bench::epoch_ms(), std::move(due)});
     flush_hot();
   }
 
@@ -340,48 +335,43 @@ class KeySpray {
                                  (n < 0 ? std::string(": ") + std::strerror(errno) : ""));
       }
       reader_.feed({recv_buf_.data(), static_cast<size_t>(n)});
-      const int64_t to_ms = epoch_ms_ceil();
+      const int64_t to_ms = std::chrono::ceil<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
       while (auto frame = reader_.next()) {
-        if (wire::decode_answer(*frame, answer_) != wire::Code::kOk) {
+        const auto it = wire::decode_answer(*frame, answer_) == wire::Code::kOk
+                            ? hot_requests_.find(answer_.id)
+                            : hot_requests_.end();
+        if (it == hot_requests_.end()) {
           ++counts.hot.failed;
           continue;
         }
-        on_hot_answer(to_ms);
+        const HotRequest req = std::move(it->second);
+        hot_requests_.erase(it);
+        const bool usable =
+            answer_.code == wire::Code::kOk && answer_.decisions.size() == req.keys.size();
+        for (size_t j = 0; j < req.keys.size(); ++j) {
+          HotKey& k = hot_[req.keys[j]];
+          k.in_flight = false;
+          ++counts.hot.checks;
+          if (!usable || answer_.decisions[j].code != wire::Code::kOk ||
+              answer_.decisions[j].limits.empty()) {
+            ++counts.hot.failed;
+            continue;
+          }
+          judge(k, answer_.decisions[j], req.from_ms, to_ms);
+        }
       }
       if (reader_.failed()) throw std::runtime_error("hot connection: bad frame from sluiced");
     }
   }
 
-  void on_hot_answer(int64_t to_ms) {
-    const auto it = hot_requests_.find(answer_.id);
-    if (it == hot_requests_.end()) {
-      ++counts.hot.failed;
-      return;
-    }
-    const HotRequest req = std::move(it->second);
-    hot_requests_.erase(it);
-    const bool usable =
-        answer_.code == wire::Code::kOk && answer_.decisions.size() == req.keys.size();
-    for (size_t j = 0; j < req.keys.size(); ++j) {
-      HotKey& k = hot_[req.keys[j]];
-      k.in_flight = false;
-      ++counts.hot.checks;
-      if (!usable || answer_.decisions[j].code != wire::Code::kOk ||
-          answer_.decisions[j].limits.empty()) {
-        ++counts.hot.failed;
-        continue;
-      }
-      judge(k, answer_.decisions[j], req.from_ms, to_ms);
-    }
-  }
-
   // Compares the node's count for one hot key with the log (see the file comment).
   void judge(HotKey& k, const wire::Decision& d, int64_t from_ms, int64_t to_ms) {
-    if (d.allowed) {
+    if (d.allowed)
       k.hits.push_back(Hit{from_ms, to_ms});
-    } else {
+    else
       ++counts.hot.denied;  // not counted (count_denied: false)
-    }
     // Hits that ended before bucket(now) - n weigh nothing at any later evaluation.
     const int64_t keep_from = (window_bucket(from_ms) - kBuckets) * kBucketMs;
     while (!k.hits.empty() && k.hits.front().to_ms < keep_from)
@@ -399,58 +389,38 @@ class KeySpray {
     const double node = static_cast<double>(o_.node.limit) -
                         static_cast<double>(std::min(remaining, o_.node.limit));
     ++counts.hot.judged;
-    if (node < lo - 1) {
-      ++counts.hot.resets;
-      counts.hot.max_deficit = std::max(counts.hot.max_deficit, lo - node);
-      if (counts.hot.first_reset.empty()) {
-        char buf[256];
-        std::snprintf(buf, sizeof buf,
-                      "%s at %.1f s: node count %.0f (remaining %" PRIu64 "), log says %.2f..%.2f",
-                      k.name.c_str(), static_cast<double>(bench::now_ns() - t0_ns_) / 1e9, node,
-                      remaining, lo, hi);
-        counts.hot.first_reset = buf;
-      }
-    } else if (node > hi + 2) {
-      ++counts.hot.over;
+    if (node > hi + 2) ++counts.hot.over;
+    if (node >= lo - 1) return;
+    ++counts.hot.resets;
+    counts.hot.max_deficit = std::max(counts.hot.max_deficit, lo - node);
+    if (counts.hot.first_reset.empty()) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "%s at %.1f s: node count %.0f (remaining %" PRIu64 "), log says %.2f..%.2f",
+                    k.name.c_str(), static_cast<double>(bench::now_ns() - t0_ns_) / 1e9, node,
+                    remaining, lo, hi);
+      counts.hot.first_reset = buf;
     }
-  }
-
-  void drain_hot() {
-    const int64_t end = bench::now_ns() + 2'000'000'000;
-    for (int iter = 0; iter < 4000 && !hot_requests_.empty() && bench::now_ns() < end; ++iter) {
-      pollfd p{hot_fd_, static_cast<short>(POLLIN | (hot_out_.empty() ? 0 : POLLOUT)), 0};
-      if (::poll(&p, 1, 1) > 0) {
-        if (p.revents & POLLOUT) flush_hot();
-        if (p.revents & (POLLIN | POLLERR | POLLHUP)) read_hot();
-      }
-    }
-    counts.hot.failed += hot_requests_.size();  // never answered
   }
 
   // ---- spray ----
 
   void refill(SpraySocket& s) {
-    while (s.inflight.size() < kSprayWindow && (warm_udp_ || counts.sprayed < o_.keys)) {
-      const auto n =
-          warm_udp_
-              ? kSprayBatch
-              : static_cast<uint32_t>(std::min<uint64_t>(kSprayBatch, o_.keys - counts.sprayed));
+    const bool warm = phase_ == Phase::kWarmUdp;
+    while (s.inflight.size() < kSprayWindow && (warm || counts.sprayed < o_.keys)) {
+      const uint64_t n =
+          warm ? kSprayBatch : std::min<uint64_t>(kSprayBatch, o_.keys - counts.sprayed);
       names_.resize(n);
-      entries_.resize(n);
-      checks_.resize(n);
-      for (uint32_t j = 0; j < n; ++j) {
-        names_[j] = warm_udp_ ? "w" + std::to_string(j) : "s" + std::to_string(counts.sprayed + j);
-        entries_[j] = wire::Entry{bench::kSluiceEntryKey, names_[j]};
-        checks_[j] = wire::Check{kDomain, std::span<const wire::Entry>(&entries_[j], 1), 1};
-      }
+      for (uint64_t j = 0; j < n; ++j)
+        names_[j] = warm ? "w" + std::to_string(j) : "s" + std::to_string(counts.sprayed + j);
       const uint64_t id = ++next_id_;
-      wire::encode_request(id, std::span<const wire::Check>(checks_.data(), n), 0, msg_);
-      const ssize_t sent = ::send(s.fd, msg_.data(), msg_.size(), 0);
-      if (sent < 0) {
+      bench::encode_checks(
+          id, n, [&](size_t j) { return std::string_view(names_[j]); }, msg_);
+      if (::send(s.fd, msg_.data(), msg_.size(), 0) < 0) {
         if (errno == EAGAIN || errno == ENOBUFS || errno == EINTR) return;  // retry next pass
         throw std::runtime_error(std::string("spray: send: ") + std::strerror(errno));
       }
-      if (!warm_udp_) counts.sprayed += n;
+      if (!warm) counts.sprayed += n;
       s.inflight.push_back(SprayInFlight{id, bench::now_ns()});
     }
   }
@@ -475,10 +445,8 @@ class KeySpray {
       }
       for (const wire::Decision& d : answer_.decisions) {
         ++counts.spray_answered;
-        if (d.code == wire::Code::kNoRoom)
-          ++counts.spray_no_room;
-        else if (d.code != wire::Code::kOk)
-          ++counts.spray_errors;
+        counts.spray_no_room += d.code == wire::Code::kNoRoom ? 1 : 0;
+        counts.spray_errors += d.code != wire::Code::kOk && d.code != wire::Code::kNoRoom ? 1 : 0;
       }
     }
   }
@@ -492,14 +460,12 @@ class KeySpray {
       s.inflight.erase(old, s.inflight.end());
     }
     for (const auto& [id, r] : hot_requests_) {
-      if (now - r.sent_ns > kHotTimeoutNs) {
+      if (now - r.sent_ns > kHotTimeoutNs)
         throw std::runtime_error("a hot check went unanswered for 5 s over TCP (sluiced stuck?)");
-      }
     }
   }
 
-  // ---- samples ----
-
+  // One RSS sample of the series (and a progress line); the evictions every 5th, or when forced.
   void sample(bool force_metrics) {
     const int64_t now = bench::now_ns();
     next_sample_ns_ = now + 1'000'000'000;
@@ -510,12 +476,11 @@ class KeySpray {
                     {"sprayed", counts.sprayed},
                     {"hot_judged", counts.hot.judged},
                     {"hot_resets", counts.hot.resets}};
-    std::string body;
-    if ((force_metrics || counts.series.size() % 5 == 0) &&
-        bench::http_get(admin_, "/metrics", body).empty()) {
-      const auto m = bench::parse_metrics(body);
-      j["evictions_live"] = bench::metric_sum(m, "sluice_evictions_total", "kind=\"live\"");
-      j["evictions_expired"] = bench::metric_sum(m, "sluice_evictions_total", "kind=\"expired\"");
+    if (force_metrics || counts.series.size() % 5 == 0) {
+      if (const auto m = scrape(admin_); !m.empty()) {
+        j["evictions_live"] = evictions(m, "live");
+        j["evictions_expired"] = evictions(m, "expired");
+      }
     }
     bench::print_row_text(j);
     std::fflush(stdout);
@@ -531,15 +496,12 @@ class KeySpray {
   std::vector<uint8_t> hot_out_;
   wire::FrameReader reader_;
   std::unordered_map<uint64_t, HotRequest> hot_requests_;
-  std::vector<uint8_t> recv_buf_;
+  std::vector<uint8_t> recv_buf_ = std::vector<uint8_t>(wire::kMaxDatagramBytes);
   std::vector<uint8_t> msg_;
-  std::vector<uint32_t> due_;
   std::vector<std::string> names_;
-  std::vector<wire::Entry> entries_;
-  std::vector<wire::Check> checks_;
   wire::Answer answer_;
   uint64_t next_id_ = 0;
-  bool warm_udp_ = false;  // the spray sockets send the 64 warm keys, not the spray's
+  Phase phase_ = Phase::kHot;
   int64_t t0_ns_ = 0, next_sample_ns_ = 0;
 };
 
@@ -549,7 +511,7 @@ int run(const Options& o) {
                        "        granularity: " + std::to_string(kBucketMs) + "ms\n",
                        "memory_cap_mb: " + std::to_string(o.cap_mb) + "\n");
   bench::SluicedChild& sluiced = node.child;
-  const pid_t pid = sluiced.process.pid();
+  const pid_t pid = node.pid();
   // sluice_probe made one counter (its own key), before the idle RSS is taken.
   std::this_thread::sleep_for(std::chrono::seconds(2));
   const uint64_t idle_kb = bench::proc_status_kb(pid);
@@ -564,11 +526,8 @@ int run(const Options& o) {
   }
   const bool alive = sluiced.process.running();
   const uint64_t hwm_kb = bench::proc_status_kb(pid, "VmHWM");
-  std::string body;
-  const std::string metrics_err = bench::http_get(sluiced.admin_port, "/metrics", body);
-  if (!metrics_err.empty()) std::fprintf(stderr, "/metrics: %s\n", metrics_err.c_str());
-  const auto m = bench::parse_metrics(body);
-  const double ev_live = bench::metric_sum(m, "sluice_evictions_total", "kind=\"live\"");
+  const std::vector<bench::MetricSample> m = scrape(sluiced.admin_port);
+  const double ev_live = evictions(m, "live");
   if (bench::stop_requested()) return 1;
 
   const KeySpray::Counts& c = spray.counts;
@@ -580,51 +539,50 @@ int run(const Options& o) {
   const bool ev_ok = ev_live > 0;
   const bool hot_ok = fatal.empty() && alive && spray.spray_done() && h.resets == 0 &&
                       h.over == 0 && h.failed == 0 && h.judged > 0;
-  rows.add(
-      {{"target", "sluiced"},
-       {"keys", o.keys},
-       {"sprayed", c.sprayed},
-       {"hot", o.hot},
-       {"cap_mb", o.cap_mb},
-       {"limit_per_minute", o.node.limit},
-       {"spray_seconds", c.spray_seconds},
-       {"spray_answered", c.spray_answered},
-       {"spray_lost", c.spray_lost},
-       {"spray_no_room", c.spray_no_room},
-       {"spray_errors", c.spray_errors},
-       {"warm_checks", c.warm_checks},
-       {"idle_rss_kb", idle_kb},
-       {"overhead_rss_kb", c.overhead_kb},
-       {"overhead_anon_kb", c.overhead_anon_kb},
-       {"overhead_file_kb", c.overhead_file_kb},
-       {"end_anon_kb", bench::proc_status_kb(pid, "RssAnon")},
-       {"end_file_kb", bench::proc_status_kb(pid, "RssFile")},
-       {"memory_only", o.node.memory_only},
-       {"peak_rss_kb", peak_kb},
-       {"vmhwm_kb", hwm_kb},
-       {"evictions_live", ev_live},
-       {"evictions_expired", bench::metric_sum(m, "sluice_evictions_total", "kind=\"expired\"")},
-       {"no_room", bench::metric_sum(m, "sluice_no_room_total")},
-       {"table_bytes", bench::metric_sum(m, "sluice_table_bytes")},
-       {"table_cap_bytes", bench::metric_sum(m, "sluice_memory_cap_bytes")},
-       {"hot_checks", h.checks},
-       {"hot_judged", h.judged},
-       {"hot_straddling", h.straddling},
-       {"hot_denied", h.denied},
-       {"hot_failed", h.failed},
-       {"hot_skipped", h.skipped},
-       {"hot_resets", h.resets},
-       {"hot_over", h.over},
-       {"hot_max_deficit", h.max_deficit},
-       {"hot_first_reset", h.first_reset},
-       {"run_stopped", fatal},
-       {"sluiced_exit", alive ? "" : sluiced.process.exit_status()},
-       {"series", c.series},
-       {"goals",
-        {{"rss", {{"pass", rss_ok}, {"bound_kb", bound_kb}, {"slack_kb", slack_kb}}},
-         {"evictions", {{"pass", ev_ok}}},
-         {"hot_keys", {{"pass", hot_ok}}},
-         {"sluiced_alive", alive}}}});
+  rows.add({{"target", "sluiced"},
+            {"keys", o.keys},
+            {"sprayed", c.sprayed},
+            {"hot", o.hot},
+            {"cap_mb", o.cap_mb},
+            {"limit_per_minute", o.node.limit},
+            {"spray_seconds", c.spray_seconds},
+            {"spray_answered", c.spray_answered},
+            {"spray_lost", c.spray_lost},
+            {"spray_no_room", c.spray_no_room},
+            {"spray_errors", c.spray_errors},
+            {"warm_checks", c.warm_checks},
+            {"idle_rss_kb", idle_kb},
+            {"overhead_rss_kb", c.overhead_kb},
+            {"overhead_anon_kb", c.overhead_anon_kb},
+            {"overhead_file_kb", c.overhead_file_kb},
+            {"end_anon_kb", bench::proc_status_kb(pid, "RssAnon")},
+            {"end_file_kb", bench::proc_status_kb(pid, "RssFile")},
+            {"memory_only", o.node.memory_only},
+            {"peak_rss_kb", peak_kb},
+            {"vmhwm_kb", hwm_kb},
+            {"evictions_live", ev_live},
+            {"evictions_expired", evictions(m, "expired")},
+            {"no_room", bench::metric_sum(m, "sluice_no_room_total")},
+            {"table_bytes", bench::metric_sum(m, "sluice_table_bytes")},
+            {"table_cap_bytes", bench::metric_sum(m, "sluice_memory_cap_bytes")},
+            {"hot_checks", h.checks},
+            {"hot_judged", h.judged},
+            {"hot_straddling", h.straddling},
+            {"hot_denied", h.denied},
+            {"hot_failed", h.failed},
+            {"hot_skipped", h.skipped},
+            {"hot_resets", h.resets},
+            {"hot_over", h.over},
+            {"hot_max_deficit", h.max_deficit},
+            {"hot_first_reset", h.first_reset},
+            {"run_stopped", fatal},
+            {"sluiced_exit", alive ? "" : sluiced.process.exit_status()},
+            {"series", c.series},
+            {"goals",
+             {{"rss", {{"pass", rss_ok}, {"bound_kb", bound_kb}, {"slack_kb", slack_kb}}},
+              {"evictions", {{"pass", ev_ok}}},
+              {"hot_keys", {{"pass", hot_ok}}},
+              {"sluiced_alive", alive}}}});
   rows.finish();
   return rss_ok && ev_ok && hot_ok ? 0 : 1;
 }

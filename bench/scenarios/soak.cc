@@ -44,7 +44,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -104,81 +103,38 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
   o.json = cli.json;
   // The goals compare whole windows of whole intervals.
-  const double per_window = o.window / o.interval;
-  if (std::abs(per_window - std::round(per_window)) > 1e-9)
-    return cli.fail("--window must be a multiple of --interval");
-  const double rss_at = o.rss_after / o.interval;
-  if (std::abs(rss_at - std::round(rss_at)) > 1e-9)
-    return cli.fail("--rss-after must be a multiple of --interval");
+  const auto whole = [&](double s) {
+    return std::abs(s / o.interval - std::round(s / o.interval)) <= 1e-9;
+  };
+  if (!whole(o.window)) return cli.fail("--window must be a multiple of --interval");
+  if (!whole(o.rss_after)) return cli.fail("--rss-after must be a multiple of --interval");
   if (o.seconds < o.rss_after + o.interval)
     return cli.fail("--seconds must exceed --rss-after by an interval");
   if (o.seconds < 2 * o.window) return cli.fail("--seconds must hold at least two windows");
   return std::nullopt;
 }
 
-// ---- the load: thread 0 speaks UDP, thread 1 TCP
-// --------------------------------------------------
-
-constexpr uint32_t kUdpWindow = 8;   // datagrams of 1 check in flight per socket
-constexpr uint32_t kTcpWindow = 32;  // frames of 1 check in flight per connection
-
-struct Mix {
-  bench::SluiceConnOptions udp, tcp;
-  bench::DriveOptions drive;
-  bench::ConnFactory factory;
-};
-
-// Thread 0 gets the UDP sockets, thread 1 the TCP connections: drive() spreads conns evenly, so
-// both get max(udp_sockets, connections) and the smaller side is raised to match.
-Mix make_mix(const Options& o, uint16_t port, const bench::Keyspace& keys) {
-  Mix m;
-  m.udp.port = m.tcp.port = port;
-  m.udp.batch = m.tcp.batch = 1;
-  m.udp.window = kUdpWindow;
-  m.tcp.window = kTcpWindow;
-  m.udp.udp_room_per_check = 288;  // libsluice's default udp_answer_room_per_check
-  m.udp.keys = m.tcp.keys = &keys;
-  m.drive.threads = 2;
-  m.drive.conns = 2 * std::max(o.udp_sockets, o.connections);
-  m.drive.batch = 1;
-  m.drive.keys = o.keys;
-  m.drive.zipf = true;
-  m.factory = [udp = m.udp, tcp = m.tcp](bench::ThreadContext& ctx) {
-    return ctx.thread_index == 0 ? bench::make_sluice_udp(udp, ctx)
-                                 : bench::make_sluice_tcp(tcp, ctx);
-  };
-  return m;
-}
-
 // Checks every key once over UDP, one datagram of up to 64 checks at a time (bounded: a datagram
 // unanswered within 1 s is sent again, at most 5 times). Throws when sluiced does not answer.
 void preload(uint16_t port, const bench::Keyspace& keys) {
-  namespace wire = sluice::wire;
   const int fd = bench::udp_to_node(port, false);
   timeval tv{1, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  constexpr size_t kBatch = 64;
-  std::vector<wire::Entry> entries(kBatch);
-  std::vector<wire::Check> checks(kBatch);
-  std::vector<uint8_t> msg, buf(wire::kMaxDatagramBytes);
-  wire::Answer answer;
+  std::vector<uint8_t> msg, buf(sluice::wire::kMaxDatagramBytes);
+  sluice::wire::Answer answer;
   uint64_t id = 0;
-  for (size_t from = 0; from < keys.names.size() && !bench::stop_requested(); from += kBatch) {
-    const size_t n = std::min(kBatch, keys.names.size() - from);
-    for (size_t j = 0; j < n; ++j) {
-      entries[j] = wire::Entry{bench::kSluiceEntryKey, keys.names[from + j]};
-      checks[j] =
-          wire::Check{bench::kSluiceDomain, std::span<const wire::Entry>(&entries[j], 1), 1};
-    }
-    wire::encode_request(++id, std::span<const wire::Check>(checks.data(), n), 0, msg);
+  for (size_t from = 0; from < keys.names.size() && !bench::stop_requested(); from += 64) {
+    bench::encode_checks(
+        ++id, std::min<size_t>(64, keys.names.size() - from),
+        [&](size_t j) { return std::string_view(keys.names[from + j]); }, msg);
     bool answered = false;
     for (int attempt = 0; attempt < 5 && !answered; ++attempt) {
       if (::send(fd, msg.data(), msg.size(), 0) < 0) continue;
       for (int r = 0; r < 8 && !answered; ++r) {  // skip answers to earlier attempts
         const ssize_t got = ::recv(fd, buf.data(), buf.size(), 0);
         if (got < 0) break;  // timed out: send again
-        answered = wire::decode_answer({buf.data(), static_cast<size_t>(got)}, answer) ==
-                       wire::Code::kOk &&
+        answered = sluice::wire::decode_answer({buf.data(), static_cast<size_t>(got)}, answer) ==
+                       sluice::wire::Code::kOk &&
                    answer.id == id;
       }
     }
@@ -197,30 +153,6 @@ uint64_t error_count(const bench::RowStats& s) {
 double us(const bench::LatencyHistogram& h, double q) {
   return static_cast<double>(h.quantile_ns(q)) / 1000.0;
 }
-
-// ---- the series -------------------------------------------------------------------------------
-
-struct Interval {
-  double end_s = 0;  // seconds since the soak started
-  uint64_t rss_kb = 0;
-  bench::RowStats udp, tcp;
-  bench::RowStats both() const {
-    bench::RowStats s = udp;
-    s.merge(tcp);
-    return s;
-  }
-};
-
-struct Window {
-  double end_s = 0;
-  bench::RowStats s;
-};
-
-// Written by the generator thread that closes an interval; read by main after drive() returns.
-struct Series {
-  std::mutex mu;  // guards intervals
-  std::vector<Interval> intervals;
-};
 
 bench::Row stats_json(const bench::RowStats& s, double seconds) {
   return {{"checks", s.checks},
@@ -242,75 +174,110 @@ bench::Row stats_json(const bench::RowStats& s, double seconds) {
           {"first_error", s.first_error}};
 }
 
+// One interval of the soak as the driver reports it: generator thread 0 spoke UDP, thread 1 TCP.
+struct Interval {
+  double end_s = 0;  // seconds since the soak started
+  double seconds = 0;
+  uint64_t rss_kb = 0;
+  bench::RowStats udp, tcp, both;
+};
+
 int run(const Options& o) {
   bench::Rows rows(o.json);
   bench::SoloNode node(o.node, "sluice-bench-soak");
   bench::SluicedChild& sluiced = node.child;
-  const pid_t pid = sluiced.process.pid();
+  const pid_t pid = node.pid();
   const uint64_t rss_start_kb = bench::proc_status_kb(pid);
   const bench::Keyspace keys(o.keys);
   preload(sluiced.port, keys);
   const uint64_t rss_preloaded_kb = bench::proc_status_kb(pid);
-  Mix mix = make_mix(o, sluiced.port, keys);
+
+  // The mix: thread 0 gets the UDP sockets (datagrams of 1 check, 8 in flight each), thread 1 the
+  // TCP connections (frames of 1 check, 32 in flight each); drive() spreads conns evenly, so both
+  // get max(udp_sockets, connections).
+  bench::SluiceConnOptions udp, tcp;
+  udp.port = tcp.port = sluiced.port;
+  udp.keys = tcp.keys = &keys;
+  udp.window = 8;
+  tcp.window = 32;
+  udp.udp_room_per_check = 288;  // libsluice's default udp_answer_room_per_check
+  const bench::ConnFactory factory = [&](bench::ThreadContext& ctx) {
+    return ctx.thread_index == 0 ? bench::make_sluice_udp(udp, ctx)
+                                 : bench::make_sluice_tcp(tcp, ctx);
+  };
+  bench::DriveOptions d;
+  d.threads = 2;
+  d.conns = 2 * std::max(o.udp_sockets, o.connections);
+  d.keys = o.keys;
+  d.zipf = true;
 
   // 1. The maximum, closed loop, with the same mix.
   double max_rate = 0;
   double rate = o.rate;
   if (rate <= 0) {
-    bench::DriveOptions d = mix.drive;
-    d.rate = 0;
     d.warmup_s = 1;
     d.seconds = o.probe_seconds;
     d.seed = 7;
-    const bench::RowStats probe = bench::drive(d, mix.factory);
+    const bench::RowStats probe = bench::drive(d, factory);
     max_rate = static_cast<double>(probe.checks) / probe.seconds;
     rate = std::floor(max_rate * o.load);
   }
   if (bench::stop_requested()) return 1;
 
-  // 2. The soak, open loop, reported by interval (a progress line each).
-  Series series;
-  const auto per_window = static_cast<size_t>(std::lround(o.window / o.interval));
-  bench::DriveOptions d = mix.drive;
+  // 2. The soak, open loop, reported by interval (a progress line each). The driver calls
+  // on_interval once per interval, in order, under its own lock.
+  std::vector<Interval> iv;
   d.rate = rate;
   d.warmup_s = 0;  // every answer counts; the first window is the warm-up the RSS goal skips
   d.seconds = o.seconds;
   d.seed = 11;
   d.interval_s = o.interval;
   d.on_interval = [&](unsigned index, const std::vector<bench::RowStats>& by_thread) {
-    Interval iv;
-    iv.end_s = std::min(o.seconds, (index + 1) * o.interval);
-    iv.rss_kb = bench::proc_status_kb(pid);
-    iv.udp = by_thread[0];
-    if (by_thread.size() > 1) iv.tcp = by_thread[1];
-    const bench::RowStats s = iv.both();
-    bench::print_row_text(
-        {{"t_s", iv.end_s},
-         {"rss_kb", iv.rss_kb},
-         {"checks_per_sec", static_cast<double>(s.checks) / (iv.end_s - index * o.interval)},
-         {"p99_us", us(s.latency, 0.99)},
-         {"errors", error_count(s)}});
+    Interval& i = iv.emplace_back();
+    i.end_s = std::min(o.seconds, (index + 1) * o.interval);
+    i.seconds = i.end_s - index * o.interval;
+    i.rss_kb = bench::proc_status_kb(pid);
+    i.udp = i.both = by_thread[0];
+    if (by_thread.size() > 1) i.tcp = by_thread[1];
+    i.both.merge(i.tcp);
+    bench::print_row_text({{"t_s", i.end_s},
+                           {"rss_kb", i.rss_kb},
+                           {"checks_per_sec", static_cast<double>(i.both.checks) / i.seconds},
+                           {"p99_us", us(i.both.latency, 0.99)},
+                           {"errors", error_count(i.both)}});
     std::fflush(stdout);
-    std::lock_guard<std::mutex> lock(series.mu);
-    series.intervals.push_back(std::move(iv));
   };
-  const bench::RowStats total = bench::drive(d, mix.factory);
+  const bench::RowStats total = bench::drive(d, factory);
   const uint64_t rss_end_kb = bench::proc_status_kb(pid);
   const uint64_t hwm_kb = bench::proc_status_kb(pid, "VmHWM");
   const bool alive = sluiced.process.running();
   if (bench::stop_requested()) return 1;
 
-  std::vector<Interval>& iv = series.intervals;
-  std::sort(iv.begin(), iv.end(),
-            [](const Interval& a, const Interval& b) { return a.end_s < b.end_s; });
-  // Whole windows only.
-  std::vector<Window> windows;
+  bench::Row ivs = bench::Row::array(), wins = bench::Row::array();
+  for (const Interval& i : iv) {
+    bench::Row j = stats_json(i.both, i.seconds);
+    j["end_s"] = i.end_s;
+    j["rss_kb"] = i.rss_kb;
+    j["udp"] = stats_json(i.udp, i.seconds);
+    j["tcp"] = stats_json(i.tcp, i.seconds);
+    ivs.push_back(std::move(j));
+  }
+  // Whole windows only, each with its highest RSS sample.
+  const auto per_window = static_cast<size_t>(std::lround(o.window / o.interval));
+  double p99_first = 0, p99_last = 0;
   for (size_t w = 0; (w + 1) * per_window <= iv.size(); ++w) {
-    Window win;
-    win.end_s = iv[(w + 1) * per_window - 1].end_s;
-    for (size_t k = w * per_window; k < (w + 1) * per_window; ++k)
-      win.s.merge(iv[k].both());
-    windows.push_back(std::move(win));
+    bench::RowStats s;
+    uint64_t high = 0;
+    for (size_t k = w * per_window; k < (w + 1) * per_window; ++k) {
+      s.merge(iv[k].both);
+      high = std::max(high, iv[k].rss_kb);
+    }
+    bench::Row j = stats_json(s, o.window);
+    j["end_s"] = iv[(w + 1) * per_window - 1].end_s;
+    j["rss_high_kb"] = high;
+    wins.push_back(std::move(j));
+    p99_last = us(s.latency, 0.99);
+    if (w == 0) p99_first = p99_last;
   }
 
   // Goals.
@@ -325,32 +292,11 @@ int run(const Options& o) {
     }
     rss_ok = rss_hi <= rss_ref * (1 + o.rss_band) && rss_lo >= rss_ref * (1 - o.rss_band);
   }
-  const double p99_first = windows.empty() ? 0 : us(windows.front().s.latency, 0.99);
-  const double p99_last = windows.empty() ? 0 : us(windows.back().s.latency, 0.99);
-  const bool p99_ok = windows.size() >= 2 && p99_last <= o.p99_ratio * p99_first;
+  const bool p99_ok = wins.size() >= 2 && p99_last <= o.p99_ratio * p99_first;
   const bool errors_ok = error_count(total) == 0;
   const double achieved = static_cast<double>(total.checks) / o.seconds;
   const bool rate_ok = achieved >= 0.95 * rate;
 
-  bench::Row ivs = bench::Row::array(), wins = bench::Row::array();
-  for (size_t k = 0; k < iv.size(); ++k) {
-    const double len = iv[k].end_s - static_cast<double>(k) * o.interval;
-    bench::Row j = stats_json(iv[k].both(), len);
-    j["end_s"] = iv[k].end_s;
-    j["rss_kb"] = iv[k].rss_kb;
-    j["udp"] = stats_json(iv[k].udp, len);
-    j["tcp"] = stats_json(iv[k].tcp, len);
-    ivs.push_back(std::move(j));
-  }
-  for (const Window& w : windows) {
-    bench::Row j = stats_json(w.s, o.window);
-    j["end_s"] = w.end_s;
-    uint64_t high = 0;
-    for (const Interval& i : iv)
-      high = i.end_s > w.end_s - o.window && i.end_s <= w.end_s ? std::max(high, i.rss_kb) : high;
-    j["rss_high_kb"] = high;
-    wins.push_back(std::move(j));
-  }
   rows.add({{"target", "sluiced"},
             {"transport", "udp+tcp"},
             {"seconds", o.seconds},

@@ -1,9 +1,8 @@
 // The one sluiced of the single-node scenarios (soak, keyspray): its options, named alike in both,
-// and the node started in a fresh directory, one rule limiting every key per minute.
+// the node started in a fresh directory, one rule limiting every key per minute, and the UDP
+// socket and request encoding both use to check keys of their own choosing.
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,10 +11,12 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common/process.h"
 #include "common/scenario.h"
 #include "load/targets.h"
+#include "wire/protocol.h"
 
 namespace sluice::bench {
 
@@ -60,16 +61,28 @@ struct SoloNode {
 inline int udp_to_node(uint16_t port, bool nonblocking) {
   const int fd =
       ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0), 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
+  const sockaddr_in a = loopback(port);
   if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
     const std::string e = std::strerror(errno);
     if (fd >= 0) ::close(fd);
     throw std::runtime_error("udp 127.0.0.1:" + std::to_string(port) + ": " + e);
   }
   return fd;
+}
+
+// Encodes into `msg` request `id` of one check of 1 hit per key name_of(0) .. name_of(n - 1), each
+// keyed kSluiceEntryKey=<name> in kSluiceDomain.
+template <class NameOf>
+void encode_checks(uint64_t id, size_t n, NameOf name_of, std::vector<uint8_t>& msg) {
+  thread_local std::vector<wire::Entry> entries;
+  thread_local std::vector<wire::Check> checks;
+  entries.resize(n);
+  checks.resize(n);
+  for (size_t j = 0; j < n; ++j) {
+    entries[j] = wire::Entry{kSluiceEntryKey, name_of(j)};
+    checks[j] = wire::Check{kSluiceDomain, std::span<const wire::Entry>(&entries[j], 1), 1};
+  }
+  wire::encode_request(id, checks, 0, msg);
 }
 
 }  // namespace sluice::bench
