@@ -1,7 +1,5 @@
 #include "load/echo_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -17,6 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "load/targets.h"
+
 namespace sluice::bench {
 namespace {
 
@@ -27,14 +27,6 @@ std::atomic<bool> stop_flag{false};
 
 void on_signal(int) {
   stop_flag.store(true);
-}
-
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
 }
 
 // A socket bound to 127.0.0.1:port with SO_REUSEPORT (one per thread), non-blocking; -1 on error.

@@ -7,8 +7,8 @@
 //   kNginxLimitReq   GET /check?k=<key> on an nginx started with nginx_limit_req_argv(): one
 //                    limit_req_zone keyed by $arg_k; 200 (a 43-byte GIF) allowed, 429 refused.
 //
-// Both answer with Content-Length bodies (checked: neither sends chunked answers); the client
-// also reads chunked ones. With a window above 1 the requests are pipelined (HTTP/1.1, answered
+// Both answer with Content-Length bodies (checked: neither sends chunked answers), the only
+// framing the client reads. With a window above 1 the requests are pipelined (HTTP/1.1, answered
 // in order); both servers take pipelined requests.
 //
 // Thread safety: a Conn belongs to the generator thread that made it (driver.h); the functions
@@ -34,9 +34,7 @@ struct HttpConnOptions {
   uint16_t port = 0;
   HttpScheme scheme = HttpScheme::kSluiceCheck;
   uint32_t window = 1;  // requests in flight per connection (HTTP/1.1 pipelining when > 1)
-  // Key i is keys->names[i]. Not owned; must outlive the connections. Every name must be made of
-  // [A-Za-z0-9._~:-] (it goes into a JSON string and a query string unescaped); make_http throws
-  // otherwise.
+  // Key i is keys->names[i] (sent unescaped). Not owned; must outlive the connections.
   const Keyspace* keys = nullptr;
 };
 
@@ -44,7 +42,7 @@ struct HttpConnOptions {
 // check: 2xx completes it, 429 completes it and counts it in RowStats::denied, any other status
 // is an error (not completed). A malformed answer, `Connection: close` or the server closing the
 // connection are errors that end the connection (RowStats::conn_failures). Throws
-// std::runtime_error when it cannot connect or the options are unusable.
+// std::runtime_error when it cannot connect.
 std::unique_ptr<Conn> make_http(const HttpConnOptions& o, ThreadContext& ctx);
 
 // nginx with limit_req, for ChildProcess::start: writes `dir`/nginx.conf and returns the argv that
@@ -75,8 +73,7 @@ std::unique_ptr<Conn> make_http(const HttpConnOptions& o, ThreadContext& ctx);
 std::vector<std::string> nginx_limit_req_argv(const std::string& dir, uint16_t port,
                                               std::string& err);
 
-// GET http://127.0.0.1:port/check?k=probe over a fresh connection; "" when it answered 2xx, else
-// what went wrong (for wait_ready).
+// GET http://127.0.0.1:port/check?k=probe over a fresh connection; "" when it answered 2xx.
 std::string nginx_probe(uint16_t port, int timeout_ms);
 
 }  // namespace sluice::bench
