@@ -24,11 +24,7 @@ constexpr size_t kMaxAnswerBytes = 64 * 1024;
 class GrpcConn final : public detail::StreamConn {
  public:
   GrpcConn(int fd, const GrpcConnOptions& o, ThreadContext& ctx)
-      : StreamConn(fd, ctx.recorder->stats, {64 * 1024, SIZE_MAX, "grpc: "}),
-        o_(o),
-        rec_(*ctx.recorder),
-        keys_(*ctx.keys),
-        calls_(o.window) {
+      : StreamConn(fd, ctx, {64 * 1024, SIZE_MAX, "grpc: "}), o_(o), calls_(o.window) {
     for (Call& c : calls_)
       free_.push_back(&c);
     authority_ = "127.0.0.1:" + std::to_string(o.port);
@@ -218,8 +214,6 @@ class GrpcConn final : public detail::StreamConn {
   }
 
   GrpcConnOptions o_;
-  Recorder& rec_;
-  KeyStream& keys_;
   std::string authority_;
   rlspb::RateLimitRequest request_;  // the same every call but for the entry's value
   envoy::extensions::common::ratelimit::v3::RateLimitDescriptor::Entry* entry_ = nullptr;
@@ -240,12 +234,7 @@ std::unique_ptr<Conn> make_grpc(const GrpcConnOptions& o, ThreadContext& ctx) {
 std::string grpc_probe(uint16_t port, int timeout_ms) {
   GrpcConnOptions o;
   o.port = port;
-  return probe_conn(
-      [&](const Keyspace& keys, ThreadContext& ctx) {
-        o.keys = &keys;
-        return make_grpc(o, ctx);
-      },
-      timeout_ms);
+  return probe_conn(o, &make_grpc, timeout_ms);
 }
 
 }  // namespace sluice::bench

@@ -117,13 +117,11 @@ std::string snippet(std::string_view body) {
 class HttpConn final : public detail::StreamConn {
  public:
   HttpConn(int fd, const HttpConnOptions& o, ThreadContext& ctx)
-      : StreamConn(fd, ctx.recorder->stats,
+      : StreamConn(fd, ctx,
                    {.in_initial_bytes = 64 * 1024,
                     .in_grow_below_bytes = 2 * (kMaxResponseHeaderBytes + kMaxResponseBodyBytes),
                     .error_prefix = "http "}),
         o_(o),
-        rec_(*ctx.recorder),
-        stream_(*ctx.keys),
         inflight_(o.window) {
     if (o.scheme == HttpScheme::kSluiceCheck) {
       target_ = "POST /v1/check";
@@ -144,7 +142,7 @@ class HttpConn final : public detail::StreamConn {
   bool has_room() const override { return !inflight_.full(); }
 
   void send(int64_t start) override {
-    const std::string& key = o_.keys->names[stream_.next()];
+    const std::string& key = o_.keys->names[keys_.next()];
     const size_t before = out_.size();
     out_.append(head_);
     if (o_.scheme == HttpScheme::kSluiceCheck) {
@@ -207,8 +205,6 @@ class HttpConn final : public detail::StreamConn {
   };
 
   HttpConnOptions o_;
-  Recorder& rec_;
-  KeyStream& stream_;
   std::string target_;  // for messages: "POST /v1/check"
   // A request is head_ [Content-Length "\r\n\r\n" body_prefix_] key body_suffix_.
   std::string head_, body_prefix_, body_suffix_;

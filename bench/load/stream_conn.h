@@ -71,8 +71,8 @@ class StreamConn : public Conn {
   }
 
  protected:
-  StreamConn(int fd, RowStats* stats, StreamConnOptions o = {})
-      : Conn(fd), stats_(stats), o_(std::move(o)) {
+  StreamConn(int fd, ThreadContext& ctx, StreamConnOptions o = {})
+      : Conn(fd), rec_(*ctx.recorder), keys_(*ctx.keys), stats_(rec_.stats), o_(std::move(o)) {
     in_.resize(o_.in_initial_bytes);
   }
 
@@ -81,6 +81,8 @@ class StreamConn : public Conn {
   virtual size_t parse(std::string_view in, int64_t now) = 0;
   virtual std::string closed_message() const { return "connection closed by the server"; }
 
+  Recorder& rec_;
+  KeyStream& keys_;  // the thread's key draws
   RowStats* stats_;
   std::string out_;
   size_t out_pos_ = 0;

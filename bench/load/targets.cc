@@ -224,6 +224,13 @@ class SluiceUdpConn final : public Conn {
     recv_buf_.resize(kRecvBatch * answer_max);
     for (size_t i = 0; i < kRecvBatch; ++i) {
       recv_iov_[i] = iovec{recv_buf_.data() + i * answer_max, answer_max};
+      recv_hdr_[i].msg_hdr.msg_iov = &recv_iov_[i];
+      recv_hdr_[i].msg_hdr.msg_iovlen = 1;
+      recv_hdr_[i].msg_hdr.msg_control = recv_ctl_[i].data();
+    }
+    for (size_t i = 0; i < o.window; ++i) {
+      send_hdr_[i].msg_hdr.msg_iov = &send_iov_[i];
+      send_hdr_[i].msg_hdr.msg_iovlen = 1;
     }
     const int one = 1;
     timestamps_ = ::setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one) == 0;
@@ -233,23 +240,18 @@ class SluiceUdpConn final : public Conn {
     timespec rt{};
     ::clock_gettime(CLOCK_REALTIME, &rt);
     const uint64_t id = inflight_.take(start, int64_t{rt.tv_sec} * 1'000'000'000 + rt.tv_nsec, 0);
-    builder_.build(id, pad_to_, pending_[npending_]);
-    inflight_.set_bytes(id, pending_[npending_].size());
+    std::vector<uint8_t>& m = pending_[npending_];
+    builder_.build(id, pad_to_, m);
+    inflight_.set_bytes(id, m.size());
+    send_iov_[npending_] = iovec{m.data(), m.size()};
     pending_ids_[npending_++] = id;
   }
   void flush() override {
     size_t done = 0;
     // Bounded: each pass sends at least one datagram or stops.
     while (done < npending_) {
-      const size_t n = npending_ - done;
-      for (size_t i = 0; i < n; ++i) {
-        std::vector<uint8_t>& m = pending_[done + i];
-        send_iov_[i] = iovec{m.data(), m.size()};
-        send_hdr_[i] = mmsghdr{};
-        send_hdr_[i].msg_hdr.msg_iov = &send_iov_[i];
-        send_hdr_[i].msg_hdr.msg_iovlen = 1;
-      }
-      const int sent = ::sendmmsg(fd_, send_hdr_.data(), static_cast<unsigned>(n), 0);
+      const auto n = static_cast<unsigned>(npending_ - done);
+      const int sent = ::sendmmsg(fd_, send_hdr_.data() + done, n, 0);
       if (sent > 0) {
         done += static_cast<size_t>(sent);
         continue;
@@ -269,13 +271,8 @@ class SluiceUdpConn final : public Conn {
   }
   void on_readable(int64_t now) override {
     for (int pass = 0; pass < 64; ++pass) {
-      for (size_t i = 0; i < kRecvBatch; ++i) {
-        recv_hdr_[i] = mmsghdr{};
-        recv_hdr_[i].msg_hdr.msg_iov = &recv_iov_[i];
-        recv_hdr_[i].msg_hdr.msg_iovlen = 1;
-        recv_hdr_[i].msg_hdr.msg_control = recv_ctl_[i].data();
+      for (size_t i = 0; i < kRecvBatch; ++i)
         recv_hdr_[i].msg_hdr.msg_controllen = recv_ctl_[i].size();
-      }
       const int n = ::recvmmsg(fd_, recv_hdr_.data(), kRecvBatch, MSG_DONTWAIT, nullptr);
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -331,8 +328,8 @@ class SluiceUdpConn final : public Conn {
   std::vector<std::vector<uint8_t>> pending_;  // encoded, not yet sent
   std::vector<uint64_t> pending_ids_;
   size_t npending_ = 0;
-  std::vector<iovec> send_iov_;
-  std::vector<mmsghdr> send_hdr_;
+  std::vector<iovec> send_iov_;    // pending_'s
+  std::vector<mmsghdr> send_hdr_;  // one per send_iov_
   std::vector<uint8_t> recv_buf_;
   std::array<iovec, kRecvBatch> recv_iov_{};
   std::array<mmsghdr, kRecvBatch> recv_hdr_{};
@@ -345,9 +342,8 @@ class SluiceUdpConn final : public Conn {
 class SluiceTcpConn final : public detail::StreamConn {
  public:
   SluiceTcpConn(int fd, const SluiceConnOptions& o, ThreadContext& ctx)
-      : StreamConn(fd, ctx.recorder->stats),
+      : StreamConn(fd, ctx),
         o_(o),
-        rec_(*ctx.recorder),
         inflight_(o.window, o.echo),
         builder_(o.batch, *o.keys, *ctx.keys) {}
   bool has_room() const override { return inflight_.has_room(); }
@@ -392,7 +388,6 @@ class SluiceTcpConn final : public detail::StreamConn {
   }
 
   SluiceConnOptions o_;
-  Recorder& rec_;
   InFlight inflight_;
   SluiceRequestBuilder builder_;
   std::vector<uint8_t> msg_, frame_;
@@ -451,7 +446,9 @@ void SluicedChild::start(const std::string& dir) {
       15'000);
 }
 
-std::string probe_conn(const ProbeFactory& make, int timeout_ms) {
+std::string probe_conn(
+    const std::function<std::unique_ptr<Conn>(const Keyspace&, ThreadContext&)>& make,
+    int timeout_ms) {
   Keyspace probe(1);
   probe.names[0] = "probe";
   RowStats stats;
@@ -477,35 +474,19 @@ std::string probe_conn(const ProbeFactory& make, int timeout_ms) {
   }
 }
 
-namespace {
-
-// One check through the connection `make` opens to sluiced (echo: to the echo server).
-std::string probe_sluice(decltype(&make_sluice_tcp) make, uint16_t port, bool echo,
-                         int timeout_ms) {
+std::string sluice_probe(uint16_t port, int timeout_ms) {
   SluiceConnOptions o;
   o.port = port;
-  o.echo = echo;
-  return probe_conn(
-      [&](const Keyspace& keys, ThreadContext& ctx) {
-        o.keys = &keys;
-        return make(o, ctx);
-      },
-      timeout_ms);
-}
-
-}  // namespace
-
-std::string sluice_probe(uint16_t port, int timeout_ms) {
-  if (std::string e = probe_sluice(&make_sluice_tcp, port, false, timeout_ms); !e.empty())
-    return "tcp: " + e;
-  if (std::string e = probe_sluice(&make_sluice_udp, port, false, timeout_ms); !e.empty())
-    return "udp: " + e;
+  if (std::string e = probe_conn(o, &make_sluice_tcp, timeout_ms); !e.empty()) return "tcp: " + e;
+  if (std::string e = probe_conn(o, &make_sluice_udp, timeout_ms); !e.empty()) return "udp: " + e;
   return "";
 }
 
 std::string echo_probe(const std::string& transport, uint16_t port, int timeout_ms) {
-  return probe_sluice(transport == "udp" ? &make_sluice_udp : &make_sluice_tcp, port, true,
-                      timeout_ms);
+  SluiceConnOptions o;
+  o.port = port;
+  o.echo = true;
+  return probe_conn(o, transport == "udp" ? &make_sluice_udp : &make_sluice_tcp, timeout_ms);
 }
 
 std::string http_get(uint16_t port, const std::string& path, std::string& body) {

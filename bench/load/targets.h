@@ -62,10 +62,22 @@ std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext&
 // both came.
 std::string sluice_probe(uint16_t port, int timeout_ms);
 
-// One check (key "probe") through a connection `make` opens, driven until it is answered: "" when
-// it was, else the first error or "timed out". The probes of every door are made of it.
-using ProbeFactory = std::function<std::unique_ptr<Conn>(const Keyspace&, ThreadContext&)>;
-std::string probe_conn(const ProbeFactory& make, int timeout_ms);
+// One check (key "probe") through a connection `make` opens (with `o`, its keys the probe's),
+// driven until it is answered: "" when it was, else the first error or "timed out". The probes of
+// every door are made of it.
+std::string probe_conn(
+    const std::function<std::unique_ptr<Conn>(const Keyspace&, ThreadContext&)>& make,
+    int timeout_ms);
+template <typename O>
+std::string probe_conn(O o, std::unique_ptr<Conn> (*make)(const O&, ThreadContext&),
+                       int timeout_ms) {
+  return probe_conn(
+      [&](const Keyspace& keys, ThreadContext& ctx) {
+        o.keys = &keys;
+        return make(o, ctx);
+      },
+      timeout_ms);
+}
 
 // One sluiced for a scenario: UDP and TCP on a free loopback port, the admin door on another,
 // gRPC and RESP on ports of their own when asked for (off otherwise), its rules one limit on every

@@ -171,10 +171,8 @@ constexpr size_t kStaleFieldsBeforeCleanup = 8;
 class RedisConn final : public detail::StreamConn {
  public:
   RedisConn(int fd, const RedisConnOptions& o, ThreadContext& ctx)
-      : StreamConn(fd, ctx.recorder->stats),
+      : StreamConn(fd, ctx),
         o_(o),
-        rec_(*ctx.recorder),
-        stream_(*ctx.keys),
         units_(o.window),
         per_check_(o.scheme == RedisScheme::kHashMinutes ? 3 : 1),
         limit_text_(std::to_string(o.limit)),
@@ -191,7 +189,7 @@ class RedisConn final : public detail::StreamConn {
     const int64_t now_ms = epoch_ms();
     const std::string now_text = std::to_string(now_ms);  // short: no allocation
     for (uint32_t i = 0; i < o_.batch; ++i) {
-      u.keys[i] = stream_.next();
+      u.keys[i] = keys_.next();
       const std::string& name = o_.keys->names[u.keys[i]];
       switch (o_.scheme) {
         case RedisScheme::kIncr:
@@ -315,8 +313,6 @@ class RedisConn final : public detail::StreamConn {
   }
 
   RedisConnOptions o_;
-  Recorder& rec_;
-  KeyStream& stream_;
   detail::InOrder<Unit> units_;
   uint32_t per_check_;
   std::string limit_text_, burst_text_, count_text_, period_text_;
@@ -338,13 +334,13 @@ class RedisConn final : public detail::StreamConn {
 class MemcachedConn final : public detail::StreamConn {
  public:
   MemcachedConn(int fd, const MemcachedConnOptions& o, ThreadContext& ctx)
-      : StreamConn(fd, ctx.recorder->stats), o_(o), rec_(*ctx.recorder), stream_(*ctx.keys) {}
+      : StreamConn(fd, ctx), o_(o) {}
   bool has_room() const override { return state_ == State::kIdle; }
   void send(int64_t start) override {
     start_ = start;
     now_ms_ = epoch_ms();
     const int64_t bucket = now_ms_ / 60'000;
-    const std::string& name = o_.keys->names[stream_.next()];
+    const std::string& name = o_.keys->names[keys_.next()];
     cur_key_.assign(name).append(":").append(std::to_string(bucket));
     prev_key_.assign(name).append(":").append(std::to_string(bucket - 1));
     cur_ = prev_ = 0;
@@ -410,8 +406,6 @@ class MemcachedConn final : public detail::StreamConn {
   }
 
   MemcachedConnOptions o_;
-  Recorder& rec_;
-  KeyStream& stream_;
   State state_ = State::kIdle;
   int64_t start_ = 0;
   int64_t now_ms_ = 0;
@@ -421,53 +415,41 @@ class MemcachedConn final : public detail::StreamConn {
 
 // ---- blocking helpers for setup -----------------------------------------------------------------
 
-// A blocking connection whose every send and receive waits at most timeout_ms.
-class SyncClient {
- public:
-  ~SyncClient() {
-    if (fd_ >= 0) ::close(fd_);
+// `request` to 127.0.0.1:port on a fresh blocking connection, then the answer read into `reply`
+// until done(reply), every send and receive bounded by timeout_ms: "" or the first error.
+std::string exchange(uint16_t port, std::string_view request, int timeout_ms,
+                     const std::function<bool(std::string_view)>& done, std::string& reply) {
+  std::string e;
+  const int fd = tcp_connect(port, timeout_ms, e);
+  if (fd < 0) return e;
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  const timeval tv{timeout_ms / 1000, timeout_ms % 1000 * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  for (size_t off = 0; off < request.size() && e.empty();) {
+    const ssize_t n = ::send(fd, request.data() + off, request.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno != EINTR) e = std::string("send: ") + std::strerror(errno);
+    off += static_cast<size_t>(std::max<ssize_t>(n, 0));
   }
-  std::string connect(uint16_t port, int timeout_ms) {
-    std::string err;
-    fd_ = tcp_connect(port, timeout_ms, err);
-    if (fd_ < 0) return err;
-    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
-    const timeval tv{timeout_ms / 1000, timeout_ms % 1000 * 1000};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    return "";
+  char buf[65'536];
+  while (e.empty() && !done(reply)) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n == 0) e = "connection closed";
+    if (n < 0 && errno != EINTR) e = std::string("recv: ") + std::strerror(errno);
+    reply.append(buf, static_cast<size_t>(std::max<ssize_t>(n, 0)));
   }
-  // Sends `request`, then reads into `buf` until done(buf): "" or the first error.
-  std::string exchange(std::string_view request,
-                       const std::function<bool(std::string_view)>& done) {
-    for (size_t off = 0; off < request.size();) {
-      const ssize_t n = ::send(fd_, request.data() + off, request.size() - off, MSG_NOSIGNAL);
-      if (n < 0 && errno != EINTR) return std::string("send: ") + std::strerror(errno);
-      off += static_cast<size_t>(std::max<ssize_t>(n, 0));
-    }
-    char tmp[65'536];
-    while (!done(buf)) {
-      const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
-      if (n == 0) return "connection closed";
-      if (n < 0 && errno != EINTR) return std::string("recv: ") + std::strerror(errno);
-      buf.append(tmp, static_cast<size_t>(std::max<ssize_t>(n, 0)));
-    }
-    return "";
-  }
-  std::string buf;
+  ::close(fd);
+  return e;
+}
 
- private:
-  int fd_ = -1;
-};
-
-// `request` on a fresh connection, then one reply line: "" when it starts with `expect`.
+// exchange() of `request` for one reply line: "" when it starts with `expect`.
 std::string line_exchange(uint16_t port, std::string_view request, std::string_view expect,
                           int timeout_ms) {
-  SyncClient c;
-  std::string e = c.connect(port, timeout_ms);
-  if (e.empty())
-    e = c.exchange(request, [](std::string_view b) { return b.find("\r\n") != b.npos; });
-  if (e.empty() && !c.buf.starts_with(expect)) e = "unexpected reply: " + c.buf.substr(0, 200);
+  std::string reply;
+  std::string e = exchange(
+      port, request, timeout_ms, [](std::string_view b) { return b.find("\r\n") != b.npos; },
+      reply);
+  if (e.empty() && !reply.starts_with(expect)) e = "unexpected reply: " + reply.substr(0, 200);
   return e;
 }
 
@@ -486,59 +468,37 @@ std::string redis_probe(uint16_t port, int timeout_ms) {
 }
 
 std::string redis_command(uint16_t port, const std::vector<std::string>& args, std::string& reply) {
-  std::string cmd;
+  std::string cmd, in;
   append_array_header(cmd, args.size());
   for (const std::string& a : args)
     append_bulk(cmd, a);
-  SyncClient c;
   RespReply r;
-  std::string e = c.connect(port, 10'000);
-  if (e.empty()) e = c.exchange(cmd, [&](std::string_view b) { return parse_resp(b, r) != 0; });
-  if (!e.empty()) return e;
-  if (parse_resp(c.buf, r) <= 0) return "malformed reply";
+  if (std::string e = exchange(
+          port, cmd, 10'000, [&](std::string_view b) { return parse_resp(b, r) != 0; }, in);
+      !e.empty()) {
+    return e;
+  }
+  if (parse_resp(in, r) <= 0) return "malformed reply";
   reply = r.type == '*' ? "*" + std::to_string(r.elems.size()) : r.type + std::string(r.text);
   return r.type == '-' ? "redis: " + std::string(r.text) : "";
 }
 
+// A script writes the hashes, a chunk of keys a call: on each, HSET of the 60 minutes before now's
+// (1 each) and EXPIRE 3600.
 std::string redis_preload_minutes(uint16_t port, const Keyspace& keys, int64_t now_ms) {
-  SyncClient c;
-  if (std::string e = c.connect(port, 10'000); !e.empty()) return e;
-  const int64_t minute = now_ms / 60'000;
-  constexpr size_t kChunk = 500;
-  // Bounded: keys / kChunk round trips.
+  constexpr size_t kChunk = 1000;
+  // Bounded: keys / kChunk calls.
   for (size_t first = 0; first < keys.names.size(); first += kChunk) {
     const size_t last = std::min(keys.names.size(), first + kChunk);
-    std::string cmds;
-    for (size_t i = first; i < last; ++i) {
-      const std::string key = "rl:" + keys.names[i];
-      append_array_header(cmds, 2 + 2 * kHashWindowMinutes);
-      append_bulk(cmds, "HSET");
-      append_bulk(cmds, key);
-      for (int64_t m = minute - kHashWindowMinutes; m < minute; ++m) {
-        append_bulk(cmds, std::to_string(m));
-        append_bulk(cmds, "1");
-      }
-      append_command(cmds, {"EXPIRE", key, "3600"});
-    }
-    // Two replies a key; an error reply or a malformed one ends the preload.
-    const size_t want = 2 * (last - first);
-    size_t at = 0, got = 0;
-    bool bad = false;
-    RespReply r;
-    auto done = [&](std::string_view b) {
-      // Bounded by the input: each pass takes one reply.
-      while (!bad && got < want) {
-        const long n = parse_resp(b.substr(at), r);
-        if (n == 0) break;
-        bad = n < 0 || r.type == '-';
-        at += static_cast<size_t>(std::max(n, 0L));
-        ++got;
-      }
-      return bad || got == want;
-    };
-    if (std::string e = c.exchange(cmds, done); !e.empty()) return e;
-    if (bad) return "malformed or error reply while preloading: " + c.buf.substr(0, 200);
-    c.buf.clear();
+    std::vector<std::string> args = {"EVAL", R"lua(for _, key in ipairs(KEYS) do
+  for m = ARGV[1] - 60, ARGV[1] - 1 do redis.call('HSET', 'rl:' .. key, m, 1) end
+  redis.call('EXPIRE', 'rl:' .. key, 3600)
+end)lua",
+                                     std::to_string(last - first)};
+    args.insert(args.end(), keys.names.data() + first, keys.names.data() + last);
+    args.push_back(std::to_string(now_ms / 60'000));
+    std::string reply;
+    if (std::string e = redis_command(port, args, reply); !e.empty()) return "preloading: " + e;
   }
   return "";
 }
