@@ -3,6 +3,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -24,10 +25,16 @@ constexpr size_t kMaxAnswerBytes = 64 * 1024;
 class GrpcConn final : public detail::StreamConn {
  public:
   GrpcConn(int fd, const GrpcConnOptions& o, ThreadContext& ctx)
-      : StreamConn(fd, ctx, {64 * 1024, SIZE_MAX, "grpc: "}), o_(o), calls_(o.window) {
+      : StreamConn(fd, ctx, "grpc: "), o_(o), calls_(o.window) {
     for (Call& c : calls_)
       free_.push_back(&c);
     authority_ = "127.0.0.1:" + std::to_string(o.port);
+    headers_ = {nv(":method", "POST"),
+                nv(":scheme", "http"),
+                nv(":path", kPath),
+                nv(":authority", authority_),
+                nv("content-type", "application/grpc"),
+                nv("te", "trailers")};
     request_.set_domain(std::string(kSluiceDomain));
     entry_ = request_.add_descriptors()->add_entries();
     entry_->set_key(std::string(kSluiceEntryKey));
@@ -67,18 +74,11 @@ class GrpcConn final : public detail::StreamConn {
     const auto n = static_cast<uint32_t>(c->body.size() - 5);
     for (int i = 0; i < 4; ++i)
       c->body[static_cast<size_t>(1 + i)] = static_cast<char>(n >> (24 - 8 * i));
-    const nghttp2_nv hdrs[] = {
-        nv(":method", "POST"),
-        nv(":scheme", "http"),
-        nv(":path", kPath),
-        nv(":authority", authority_),
-        nv("content-type", "application/grpc"),
-        nv("te", "trailers"),
-    };
     nghttp2_data_provider data{};
     data.source.ptr = c;
     data.read_callback = &GrpcConn::read_body;
-    const int32_t id = nghttp2_submit_request(session_, nullptr, hdrs, std::size(hdrs), &data, c);
+    const int32_t id =
+        nghttp2_submit_request(session_, nullptr, headers_.data(), headers_.size(), &data, c);
     if (id < 0) {
       stats_->note_error(std::string("grpc: submit: ") + nghttp2_strerror(id));
       free_.push_back(c);
@@ -215,7 +215,8 @@ class GrpcConn final : public detail::StreamConn {
 
   GrpcConnOptions o_;
   std::string authority_;
-  rlspb::RateLimitRequest request_;  // the same every call but for the entry's value
+  std::array<nghttp2_nv, 6> headers_{};  // of every call
+  rlspb::RateLimitRequest request_;      // the same every call but for the entry's value
   envoy::extensions::common::ratelimit::v3::RateLimitDescriptor::Entry* entry_ = nullptr;
   rlspb::RateLimitResponse answer_;
   nghttp2_session* session_ = nullptr;

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -52,15 +51,11 @@ size_t parse_response(std::string_view in, Response& r, const char*& why) {
   // "HTTP/1.x SSS[ reason]"
   const std::string_view status_line = in.substr(0, in.find("\r\n"));
   if (status_line.size() < 12 || !status_line.starts_with("HTTP/1.") || status_line[8] != ' ' ||
-      (status_line.size() > 12 && status_line[12] != ' ')) {
+      (status_line.size() > 12 && status_line[12] != ' ') ||
+      !detail::parse_int(status_line.substr(9, 3), r.status) || r.status < 100) {
     return bad("bad status line");
   }
-  const auto sr = std::from_chars(status_line.data() + 9, status_line.data() + 12, r.status);
-  if (sr.ec != std::errc() || sr.ptr != status_line.data() + 12 || r.status < 100) {
-    return bad("bad status code");
-  }
-  bool have_length = false;
-  size_t length = 0;
+  size_t length = SIZE_MAX;  // none
   // Bounded by the header's length: each pass takes one line.
   for (size_t pos = status_line.size() + 2, eol = 0; pos < head_end + 2; pos = eol + 2) {
     eol = in.find("\r\n", pos);
@@ -74,14 +69,7 @@ size_t parse_response(std::string_view in, Response& r, const char*& why) {
     value.remove_prefix(std::min(value.find_first_not_of(" \t"), value.size()));
     value = value.substr(0, value.find_last_not_of(" \t") + 1);
     if (iequals(name, "content-length")) {
-      size_t n = 0;
-      const auto cr = std::from_chars(value.data(), value.data() + value.size(), n);
-      if (value.empty() || cr.ec != std::errc() || cr.ptr != value.data() + value.size() ||
-          (have_length && n != length)) {
-        return bad("bad Content-Length");
-      }
-      have_length = true;
-      length = n;
+      if (!detail::parse_int(value, length)) return bad("bad Content-Length");
     } else if (iequals(name, "transfer-encoding")) {
       return bad("Transfer-Encoding (only Content-Length bodies are read)");
     } else if (iequals(name, "connection")) {
@@ -93,7 +81,7 @@ size_t parse_response(std::string_view in, Response& r, const char*& why) {
   }
   const size_t body_at = head_end + 4;
   if (r.status < 200 || r.status == 204 || r.status == 304) return body_at;
-  if (!have_length) return bad("answer without Content-Length");
+  if (length == SIZE_MAX) return bad("answer without Content-Length");
   if (length > kMaxResponseBodyBytes) return bad("answer body over 1 MiB");
   if (in.size() - body_at < length) return 0;
   r.body = in.substr(body_at, length);
@@ -111,18 +99,11 @@ std::string snippet(std::string_view body) {
 }
 
 // Requests are appended to `out_` by send(); their start times and sizes wait in a ring (answers
-// come back in request order). The input buffer stops growing once it could hold two of the
-// largest answers the parser accepts (an answer that fills it is malformed, and the parser says
-// so). Nothing is allocated per request once the buffers have grown to the row's needs.
+// come back in request order). Nothing is allocated per request once the buffers have grown.
 class HttpConn final : public detail::StreamConn {
  public:
   HttpConn(int fd, const HttpConnOptions& o, ThreadContext& ctx)
-      : StreamConn(fd, ctx,
-                   {.in_initial_bytes = 64 * 1024,
-                    .in_grow_below_bytes = 2 * (kMaxResponseHeaderBytes + kMaxResponseBodyBytes),
-                    .error_prefix = "http "}),
-        o_(o),
-        inflight_(o.window) {
+      : StreamConn(fd, ctx, "http "), o_(o), inflight_(o.window) {
     if (o.scheme == HttpScheme::kSluiceCheck) {
       target_ = "POST /v1/check";
       head_ =
@@ -164,13 +145,7 @@ class HttpConn final : public detail::StreamConn {
       fail();
     }
     if (size == 0) return 0;
-    if (r.status < 200) {
-      if (r.status == 101) {
-        stats_->note_error("HTTP 101 (protocol switch) from " + target_);
-        fail();
-      }
-      return size;  // an interim answer (100 Continue): the final one follows
-    }
+    if (r.status < 200) return size;  // an interim answer (100 Continue): the final one follows
     if (inflight_.empty()) {
       stats_->note_error("HTTP answer with no request in flight from " + target_);
       fail();

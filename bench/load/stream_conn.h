@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "load/driver.h"
@@ -20,15 +22,12 @@
 
 namespace sluice::bench::detail {
 
-// How a StreamConn sizes its input buffer and names its socket errors. The defaults are the TCP
-// targets'.
-struct StreamConnOptions {
-  size_t in_initial_bytes = 256 * 1024;
-  // A full input buffer doubles only while it is smaller than this; past it, reading stops until
-  // the owner consumes (so its parser must call an answer that large malformed, or it stalls).
-  size_t in_grow_below_bytes = SIZE_MAX;
-  std::string error_prefix;  // before "send: ", "recv: " and "connection closed by the server"
-};
+// A whole decimal number.
+template <typename Int>
+bool parse_int(std::string_view s, Int& out) {
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
 
 class StreamConn : public Conn {
  public:
@@ -42,7 +41,7 @@ class StreamConn : public Conn {
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n < 0 && errno == EINTR) continue;
-      stats_->note_error(o_.error_prefix + "send: " + std::strerror(errno));
+      stats_->note_error(error_prefix_ + "send: " + std::strerror(errno));
       fail();
       return;
     }
@@ -64,17 +63,20 @@ class StreamConn : public Conn {
       if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
     }
     if (r == ReadResult::kPeerClosed && !failed_) {
-      stats_->note_error(o_.error_prefix + closed_message());
+      stats_->note_error(error_prefix_ + closed_message());
       fail();
     }
     if (!failed_ && wants_write()) flush();
   }
 
  protected:
-  StreamConn(int fd, ThreadContext& ctx, StreamConnOptions o = {})
-      : Conn(fd), rec_(*ctx.recorder), keys_(*ctx.keys), stats_(rec_.stats), o_(std::move(o)) {
-    in_.resize(o_.in_initial_bytes);
-  }
+  // error_prefix: before "send: ", "recv: " and "connection closed by the server".
+  StreamConn(int fd, ThreadContext& ctx, std::string error_prefix = "")
+      : Conn(fd),
+        rec_(*ctx.recorder),
+        keys_(*ctx.keys),
+        stats_(rec_.stats),
+        error_prefix_(std::move(error_prefix)) {}
 
   // The answer at the front of `in`: its bytes, 0 when it is incomplete or the connection failed
   // (a malformed answer: noted and fail()ed).
@@ -89,7 +91,8 @@ class StreamConn : public Conn {
 
  private:
   enum class ReadResult { kOpen, kPeerClosed, kFailed };
-  // Reads what is available (at most a few buffers full) into the input buffer.
+  // Reads what is available (at most a few buffers full) into the input buffer, which doubles
+  // when full (the parsers bound an answer's size).
   ReadResult read_some() {
     for (int i = 0; i < 8; ++i) {
       if (in_end_ == in_.size()) {
@@ -97,10 +100,8 @@ class StreamConn : public Conn {
           std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
           in_end_ -= in_begin_;
           in_begin_ = 0;
-        } else if (in_.size() < o_.in_grow_below_bytes) {
-          in_.resize(in_.size() * 2);
         } else {
-          return ReadResult::kOpen;  // full at the limit: the owner's parser has to decide
+          in_.resize(in_.size() * 2);
         }
       }
       const ssize_t n = ::recv(fd_, in_.data() + in_end_, in_.size() - in_end_, 0);
@@ -112,15 +113,15 @@ class StreamConn : public Conn {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ReadResult::kOpen;
       if (n < 0 && errno == EINTR) continue;
       if (n == 0) return ReadResult::kPeerClosed;
-      stats_->note_error(o_.error_prefix + "recv: " + std::strerror(errno));
+      stats_->note_error(error_prefix_ + "recv: " + std::strerror(errno));
       fail();
       return ReadResult::kFailed;
     }
     return ReadResult::kOpen;
   }
 
-  StreamConnOptions o_;
-  std::vector<char> in_;
+  std::string error_prefix_;
+  std::vector<char> in_ = std::vector<char>(256 * 1024);
   size_t in_begin_ = 0, in_end_ = 0;
 };
 

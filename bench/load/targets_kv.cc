@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -24,11 +23,7 @@ namespace sluice::bench {
 
 namespace {
 
-template <typename Int>
-bool parse_int(std::string_view s, Int& out) {
-  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
-  return r.ec == std::errc() && r.ptr == s.data() + s.size();
-}
+using detail::parse_int;
 
 // ---- RESP -------------------------------------------------------------------------------------
 
