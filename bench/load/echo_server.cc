@@ -1,21 +1,23 @@
 #include "load/echo_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include "load/targets.h"
 
 namespace sluice::bench {
 namespace {
@@ -27,14 +29,6 @@ std::atomic<bool> stop_flag{false};
 
 void on_signal(int) {
   stop_flag.store(true);
-}
-
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
 }
 
 // A socket bound to 127.0.0.1:port with SO_REUSEPORT (one per thread), non-blocking; -1 on error.
@@ -53,15 +47,21 @@ int bound_socket(int type, uint16_t port) {
   return fd;
 }
 
+// Adds fd to the epoll set `ep`.
+void watch(int ep, int fd, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  ::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
 void udp_loop(int fd) {
   std::vector<uint8_t> buf(kBurst * kSlot);
   std::array<iovec, kBurst> iov{};
-  std::array<mmsghdr, kBurst> in{}, out{};
+  std::array<mmsghdr, kBurst> msgs{};
   std::array<sockaddr_storage, kBurst> peers{};
   const int ep = ::epoll_create1(EPOLL_CLOEXEC);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+  watch(ep, fd, EPOLLIN);
   while (!stop_flag.load(std::memory_order_relaxed)) {
     epoll_event ready{};
     if (::epoll_wait(ep, &ready, 1, kWaitMs) <= 0) continue;
@@ -69,28 +69,22 @@ void udp_loop(int fd) {
     for (int round = 0; round < 8; ++round) {
       for (size_t i = 0; i < kBurst; ++i) {
         iov[i] = {buf.data() + i * kSlot, kSlot};
-        in[i] = {};
-        in[i].msg_hdr.msg_name = &peers[i];
-        in[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
-        in[i].msg_hdr.msg_iov = &iov[i];
-        in[i].msg_hdr.msg_iovlen = 1;
+        msgs[i] = {};
+        msgs[i].msg_hdr.msg_name = &peers[i];
+        msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
       }
-      const int got = ::recvmmsg(fd, in.data(), kBurst, MSG_DONTWAIT, nullptr);
+      const int got = ::recvmmsg(fd, msgs.data(), kBurst, MSG_DONTWAIT, nullptr);
       if (got <= 0) break;
-      for (size_t i = 0; i < static_cast<size_t>(got); ++i) {
-        iov[i].iov_len = in[i].msg_len;  // the same bytes back
-        out[i] = {};
-        out[i].msg_hdr.msg_name = &peers[i];
-        out[i].msg_hdr.msg_namelen = in[i].msg_hdr.msg_namelen;
-        out[i].msg_hdr.msg_iov = &iov[i];
-        out[i].msg_hdr.msg_iovlen = 1;
-      }
-      for (size_t sent = 0; sent < static_cast<size_t>(got);) {
+      // The same bytes back to the same peers: the messages just received, each as long as it came.
+      for (size_t i = 0; i < static_cast<size_t>(got); ++i)
+        iov[i].iov_len = msgs[i].msg_len;
+      for (int sent = 0; sent < got;) {
         const int k =
-            ::sendmmsg(fd, out.data() + sent,
-                       static_cast<unsigned>(got) - static_cast<unsigned>(sent), MSG_DONTWAIT);
+            ::sendmmsg(fd, msgs.data() + sent, static_cast<unsigned>(got - sent), MSG_DONTWAIT);
         if (k <= 0) break;  // socket buffer full: those are lost, as sluiced's would be
-        sent += static_cast<size_t>(k);
+        sent += k;
       }
       if (static_cast<size_t>(got) < kBurst) break;
     }
@@ -98,41 +92,26 @@ void udp_loop(int fd) {
   ::close(ep);
 }
 
-// TCP: what a connection has read and not yet written back.
-struct Pending {
-  std::vector<uint8_t> out;
-  size_t pos = 0;
-};
+// Writes what waits in `out` as far as the socket takes it; false when the connection failed.
+bool drain(int fd, std::string& out) {
+  while (!out.empty()) {
+    const ssize_t n = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      out.erase(0, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+  return true;
+}
 
 void tcp_loop(int listener) {
   const int ep = ::epoll_create1(EPOLL_CLOEXEC);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = listener;
-  ::epoll_ctl(ep, EPOLL_CTL_ADD, listener, &ev);
-  std::unordered_map<int, Pending> conns;
-  std::vector<uint8_t> buf(256 * 1024);
+  watch(ep, listener, EPOLLIN);
+  std::unordered_map<int, std::string> unsent;  // by connection: read, not yet written back
+  std::vector<char> buf(256 * 1024);
   std::array<epoll_event, 64> ready{};
-  auto close_conn = [&](int fd) {
-    ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
-    ::close(fd);
-    conns.erase(fd);
-  };
-  // Writes what is pending; false when the connection failed.
-  auto drain = [&](int fd, Pending& p) {
-    while (p.pos < p.out.size()) {
-      const ssize_t n = ::send(fd, p.out.data() + p.pos, p.out.size() - p.pos, MSG_NOSIGNAL);
-      if (n > 0) {
-        p.pos += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-    }
-    p.out.clear();
-    p.pos = 0;
-    return true;
-  };
   while (!stop_flag.load(std::memory_order_relaxed)) {
     const int n = ::epoll_wait(ep, ready.data(), static_cast<int>(ready.size()), kWaitMs);
     for (int i = 0; i < n; ++i) {
@@ -143,46 +122,39 @@ void tcp_loop(int listener) {
           if (c < 0) break;
           const int one = 1;
           ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-          epoll_event cev{};
-          cev.events = EPOLLIN | EPOLLOUT | EPOLLET;
-          cev.data.fd = c;
-          ::epoll_ctl(ep, EPOLL_CTL_ADD, c, &cev);
-          conns[c];
+          watch(ep, c, EPOLLIN | EPOLLOUT | EPOLLET);
+          unsent[c];
         }
         continue;
       }
-      auto it = conns.find(fd);
-      if (it == conns.end()) continue;
-      Pending& p = it->second;
-      bool ok = drain(fd, p);
+      auto it = unsent.find(fd);
+      if (it == unsent.end()) continue;
+      std::string& out = it->second;
+      bool ok = drain(fd, out);
       // Edge-triggered: read until the socket is empty (bounded by a few buffers a wake-up).
       for (int k = 0; ok && k < 64; ++k) {
         const ssize_t r = ::recv(fd, buf.data(), buf.size(), 0);
         if (r > 0) {
-          if (p.out.empty()) {
-            // The usual case: write the bytes straight back; keep only what did not go.
-            ssize_t w = ::send(fd, buf.data(), static_cast<size_t>(r), MSG_NOSIGNAL);
-            if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-              ok = false;
-              break;
-            }
-            w = std::max<ssize_t>(w, 0);
-            p.out.assign(buf.begin() + w, buf.begin() + r);
-          } else {
-            p.out.insert(p.out.end(), buf.begin(), buf.begin() + r);
-          }
-          ok = drain(fd, p);
+          // The usual case: nothing waits, the bytes go straight back; what does not go waits.
+          const ssize_t w =
+              out.empty() ? ::send(fd, buf.data(), static_cast<size_t>(r), MSG_NOSIGNAL) : 0;
+          if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ok = false;
+          out.append(buf.data() + std::max<ssize_t>(w, 0), buf.data() + r);
+          ok = ok && drain(fd, out);
           continue;
         }
-        if (r == 0) ok = false;
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ok = false;
+        ok = r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
         break;
       }
-      if (!ok) close_conn(fd);
+      if (!ok) {
+        ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+        ::close(fd);
+        unsent.erase(fd);
+      }
     }
   }
-  for (auto& [fd, p] : conns)
+  for (auto& [fd, out] : unsent)
     ::close(fd);
   ::close(ep);
 }

@@ -4,11 +4,10 @@
 //
 // The client is libnghttp2 driven by the generator's epoll loop (driver.h): no threads of its own,
 // no gRPC runtime, so the generator costs a few microseconds per call and the server, not the
-// generator, is what a row measures. Each call carries one descriptor with the one entry
-// {entry_key: key}, hits unset (1); the request's protobuf is written by hand (the message has
-// three fields), and the answer is read just far enough to check it: HTTP status 200, grpc-status
-// 0, a length-prefixed RateLimitResponse whose overall_code is OK (1) or OVER_LIMIT (2, counted
-// as denied) with exactly one status.
+// generator, is what a row measures. Each call carries domain kSluiceDomain and one descriptor
+// with the one entry {kSluiceEntryKey: key}, hits unset (1); the answer must be HTTP status 200,
+// grpc-status 0, a length-prefixed RateLimitResponse whose overall_code is OK (1) or OVER_LIMIT
+// (2, counted as denied) with exactly one status.
 //
 // Thread safety: a Conn belongs to the generator thread that made it; grpc_probe is a blocking
 // helper for the main thread.
@@ -17,7 +16,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <string_view>
 
 #include "load/driver.h"
 #include "load/targets.h"
@@ -29,8 +27,6 @@ struct GrpcConnOptions {
   uint32_t window = 1;  // calls (HTTP/2 streams) in flight per connection
   // Key i is keys->names[i]. Not owned; must outlive the connections.
   const Keyspace* keys = nullptr;
-  std::string_view domain = kSluiceDomain;
-  std::string_view entry_key = kSluiceEntryKey;
 };
 
 // A connection to 127.0.0.1:o.port (non-blocking, TCP_NODELAY) that has sent the HTTP/2 preface.
@@ -40,7 +36,6 @@ struct GrpcConnOptions {
 std::unique_ptr<Conn> make_grpc(const GrpcConnOptions& o, ThreadContext& ctx);
 
 // One call (key "probe") on a fresh connection; "" when it was answered OK, else what went wrong.
-std::string grpc_probe(uint16_t port, int timeout_ms, std::string_view domain = kSluiceDomain,
-                       std::string_view entry_key = kSluiceEntryKey);
+std::string grpc_probe(uint16_t port, int timeout_ms);
 
 }  // namespace sluice::bench

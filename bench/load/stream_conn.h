@@ -1,21 +1,20 @@
-// Private to bench/load: what targets.cc (sluiced), targets_kv.cc (Redis, memcached) and
-// http_target.cc (sluiced's /v1/check, nginx) share. StreamConn is the byte-stream connection base
-// (buffered output, an input buffer) of the TCP and HTTP targets; SyncClient is the blocking
-// client of the probes and setup helpers of targets.cc and targets_kv.cc.
+// Private to bench/load: the byte-stream connection every TCP target (sluiced's frames, RESP,
+// memcached, HTTP, gRPC) is made of. StreamConn keeps the output buffer send() appends to and the
+// input buffer, and runs the read loop; a target only encodes requests and parses answers.
 #pragma once
 
-#include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <functional>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "load/driver.h"
@@ -23,17 +22,12 @@
 
 namespace sluice::bench::detail {
 
-// ---- a byte-stream connection: buffered output, input buffer ------------------------------------
-
-// How a StreamConn sizes its input buffer and names its socket errors. The defaults are the TCP
-// targets'.
-struct StreamConnOptions {
-  size_t in_initial_bytes = 256 * 1024;
-  // A full input buffer doubles only while it is smaller than this; past it, reading stops until
-  // the owner consumes (so its parser must call an answer that large malformed, or it stalls).
-  size_t in_grow_below_bytes = SIZE_MAX;
-  const char* error_prefix = "";  // before "send: " and "recv: " in error messages
-};
+// A whole decimal number.
+template <typename Int>
+bool parse_int(std::string_view s, Int& out) {
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
 
 class StreamConn : public Conn {
  public:
@@ -47,7 +41,7 @@ class StreamConn : public Conn {
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n < 0 && errno == EINTR) continue;
-      stats_->note_error(std::string(error_prefix_) + "send: " + std::strerror(errno));
+      stats_->note_error(error_prefix_ + "send: " + std::strerror(errno));
       fail();
       return;
     }
@@ -56,22 +50,49 @@ class StreamConn : public Conn {
   }
   bool wants_write() const override { return out_pos_ < out_.size(); }
 
- protected:
-  StreamConn(int fd, RowStats* stats, const StreamConnOptions& o = {})
-      : Conn(fd),
-        stats_(stats),
-        in_grow_below_(o.in_grow_below_bytes),
-        error_prefix_(o.error_prefix) {
-    in_.resize(o.in_initial_bytes);
+  // Reads what is available and hands it to parse() answer by answer; then, when the server has
+  // closed its side, notes that (after the answers that came before it) and fails. Writes what
+  // parse() queued (a follow-up request).
+  void on_readable(int64_t now) override {
+    const ReadResult r = read_some();
+    // Bounded: each pass consumes one answer or stops.
+    for (size_t guard = 0; guard < 1'000'000 && !failed_ && in_begin_ < in_end_; ++guard) {
+      const size_t used = parse({in_.data() + in_begin_, in_end_ - in_begin_}, now);
+      if (used == 0) break;
+      in_begin_ += used;
+      if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+    }
+    if (r == ReadResult::kPeerClosed && !failed_) {
+      stats_->note_error(error_prefix_ + closed_message());
+      fail();
+    }
+    if (!failed_ && wants_write()) flush();
   }
 
-  enum class ReadResult {
-    kOpen,        // read what there was (maybe nothing)
-    kPeerClosed,  // the peer closed its side; nothing noted, the connection not failed
-    kFailed,      // recv failed: noted in the stats, the connection failed
-  };
-  // Reads what is available (at most a few buffers full). Whatever it returns, what was read
-  // stays in the input buffer to be parsed.
+ protected:
+  // error_prefix: before "send: ", "recv: " and "connection closed by the server".
+  StreamConn(int fd, ThreadContext& ctx, std::string error_prefix = "")
+      : Conn(fd),
+        rec_(*ctx.recorder),
+        keys_(*ctx.keys),
+        stats_(rec_.stats),
+        error_prefix_(std::move(error_prefix)) {}
+
+  // The answer at the front of `in`: its bytes, 0 when it is incomplete or the connection failed
+  // (a malformed answer: noted and fail()ed).
+  virtual size_t parse(std::string_view in, int64_t now) = 0;
+  virtual std::string closed_message() const { return "connection closed by the server"; }
+
+  Recorder& rec_;
+  KeyStream& keys_;  // the thread's key draws
+  RowStats* stats_;
+  std::string out_;
+  size_t out_pos_ = 0;
+
+ private:
+  enum class ReadResult { kOpen, kPeerClosed, kFailed };
+  // Reads what is available (at most a few buffers full) into the input buffer, which doubles
+  // when full (the parsers bound an answer's size).
   ReadResult read_some() {
     for (int i = 0; i < 8; ++i) {
       if (in_end_ == in_.size()) {
@@ -79,10 +100,8 @@ class StreamConn : public Conn {
           std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
           in_end_ -= in_begin_;
           in_begin_ = 0;
-        } else if (in_.size() < in_grow_below_) {
-          in_.resize(in_.size() * 2);
         } else {
-          return ReadResult::kOpen;  // full at the limit: the owner's parser has to decide
+          in_.resize(in_.size() * 2);
         }
       }
       const ssize_t n = ::recv(fd_, in_.data() + in_end_, in_.size() - in_end_, 0);
@@ -94,107 +113,46 @@ class StreamConn : public Conn {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ReadResult::kOpen;
       if (n < 0 && errno == EINTR) continue;
       if (n == 0) return ReadResult::kPeerClosed;
-      stats_->note_error(std::string(error_prefix_) + "recv: " + std::strerror(errno));
+      stats_->note_error(error_prefix_ + "recv: " + std::strerror(errno));
       fail();
       return ReadResult::kFailed;
     }
     return ReadResult::kOpen;
   }
-  // read_some(), the peer closing being an error too (noted, the connection failed). False when
-  // the peer closed or failed.
-  bool read_available() {
-    const ReadResult r = read_some();
-    if (r == ReadResult::kPeerClosed) {
-      stats_->note_error("connection closed by the server");
-      fail();
-    }
-    return r == ReadResult::kOpen;
-  }
-  std::string_view pending_input() const { return {in_.data() + in_begin_, in_end_ - in_begin_}; }
-  void consume(size_t n) {
-    in_begin_ += n;
-    if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
-  }
 
-  RowStats* stats_;
-  std::string out_;
-  size_t out_pos_ = 0;
-  std::vector<char> in_;
+  std::string error_prefix_;
+  std::vector<char> in_ = std::vector<char>(256 * 1024);
   size_t in_begin_ = 0, in_end_ = 0;
-
- private:
-  size_t in_grow_below_;
-  const char* error_prefix_;
 };
 
-// ---- blocking helpers for setup -----------------------------------------------------------------
+// A connection of type C (a StreamConn taking (fd, o, ctx)) to 127.0.0.1:o.port; throws
+// std::runtime_error when it cannot connect.
+template <typename C, typename O>
+std::unique_ptr<Conn> connect_stream(const O& o, ThreadContext& ctx) {
+  std::string err;
+  const int fd = tcp_connect(o.port, 2000, err);
+  if (fd < 0) throw std::runtime_error(err);
+  return std::make_unique<C>(fd, o, ctx);
+}
 
-class SyncClient {
+// Requests answered in the order they were sent (pipelined): a ring of at most `window`.
+template <typename T>
+class InOrder {
  public:
-  ~SyncClient() {
-    if (fd_ >= 0) ::close(fd_);
+  explicit InOrder(size_t window) : items_(window) {}
+  bool full() const { return count_ == items_.size(); }
+  bool empty() const { return count_ == 0; }
+  T& push() { return items_[(head_ + count_++) % items_.size()]; }
+  T& front() { return items_[head_]; }
+  void pop() {
+    head_ = (head_ + 1) % items_.size();
+    --count_;
   }
-  std::string connect(uint16_t port, int timeout_ms) {
-    std::string err;
-    fd_ = tcp_connect(port, timeout_ms, err);
-    return err;
-  }
-  std::string send_all(std::string_view data, int timeout_ms) {
-    size_t off = 0;
-    const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
-    while (off < data.size()) {
-      const ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-      if (n > 0) {
-        off += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        return std::string("send: ") + std::strerror(errno);
-      }
-      if (now_ns() > deadline) return "send timed out";
-      pollfd p{fd_, POLLOUT, 0};
-      ::poll(&p, 1, 10);
-    }
-    return "";
-  }
-  // Reads until done(buf) is true, EOF (then `eof` is set) or the timeout.
-  std::string read_until(const std::function<bool(std::string_view)>& done, int timeout_ms,
-                         bool* eof = nullptr) {
-    const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
-    char tmp[65'536];
-    while (!done(buf)) {
-      const int64_t left_ms = (deadline - now_ns()) / 1'000'000;
-      if (left_ms <= 0) return "timed out waiting for a reply";
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 100))) <= 0) continue;
-      const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
-      if (n > 0) {
-        buf.append(tmp, static_cast<size_t>(n));
-      } else if (n == 0) {
-        if (eof) *eof = true;
-        return done(buf) ? "" : "connection closed";
-      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        return std::string("recv: ") + std::strerror(errno);
-      }
-    }
-    return "";
-  }
-  // connect(), send_all(request), read_until(done), each bounded by timeout_ms: "" or the first
-  // error. A whole-line answer (memcached, PING) is done at its first "\r\n".
-  std::string exchange(uint16_t port, std::string_view request, int timeout_ms,
-                       const std::function<bool(std::string_view)>& done = line_done,
-                       bool* eof = nullptr) {
-    std::string e = connect(port, timeout_ms);
-    if (e.empty()) e = send_all(request, timeout_ms);
-    if (e.empty()) e = read_until(done, timeout_ms, eof);
-    return e;
-  }
-  static bool line_done(std::string_view b) { return b.find("\r\n") != b.npos; }
-  int fd() const { return fd_; }
-  std::string buf;
+  size_t size() const { return count_; }
 
  private:
-  int fd_ = -1;
+  std::vector<T> items_;
+  size_t head_ = 0, count_ = 0;
 };
 
 }  // namespace sluice::bench::detail

@@ -1,11 +1,8 @@
-// sluiced's targets: the keyspace, tcp_connect, the UDP and TCP check connections and their
-// factories, and the probes that go with them (echo_probe, sluice_probe, http_get). Redis and
-// memcached are in targets_kv.cc; the shared StreamConn and SyncClient in stream_conn.h.
+// sluiced's targets: the keyspace, tcp_connect, the UDP and TCP check connections, the sluiced
+// child and the probes. Redis and memcached are in targets_kv.cc.
 #include "load/targets.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -14,13 +11,14 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <fstream>
-#include <optional>
 #include <span>
 #include <stdexcept>
 
+#include "http_client.h"
 #include "load/grpc_target.h"
 #include "load/stream_conn.h"
 #include "wire/protocol.h"
@@ -43,82 +41,91 @@ sockaddr_in loopback(uint16_t port) {
   return a;
 }
 
-int tcp_connect(uint16_t port, int timeout_ms, std::string& err) {
+namespace {
+
+// A non-blocking socket of `type` connected to 127.0.0.1:port (TCP: within timeout_ms, and
+// TCP_NODELAY); -1 with `err` set.
+int connect_loopback(int type, uint16_t port, int timeout_ms, std::string& err) {
   const sockaddr_in a = loopback(port);
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int fd = ::socket(AF_INET, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     err = std::string("socket: ") + std::strerror(errno);
     return -1;
   }
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-    if (errno != EINPROGRESS) {
-      err = "connect 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno);
-      ::close(fd);
-      return -1;
-    }
+  int soerr = 0;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) soerr = errno;
+  if (soerr == EINPROGRESS) {
     pollfd p{fd, POLLOUT, 0};
-    int soerr = 0;
     socklen_t len = sizeof soerr;
-    if (::poll(&p, 1, timeout_ms) != 1 ||
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0 || soerr != 0) {
-      err = "connect 127.0.0.1:" + std::to_string(port) + ": " +
-            (soerr ? std::strerror(soerr) : "timed out");
-      ::close(fd);
-      return -1;
+    if (::poll(&p, 1, timeout_ms) != 1) {
+      soerr = ETIMEDOUT;
+    } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0) {
+      soerr = errno;
     }
   }
+  if (soerr != 0) {
+    err = std::string(type == SOCK_DGRAM ? "udp " : "") +
+          "connect 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(soerr);
+    ::close(fd);
+    return -1;
+  }
   const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (type == SOCK_STREAM) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return fd;
+}
+
+}  // namespace
+
+int tcp_connect(uint16_t port, int timeout_ms, std::string& err) {
+  return connect_loopback(SOCK_STREAM, port, timeout_ms, err);
 }
 
 namespace {
 
-using detail::StreamConn;
-using detail::SyncClient;
+constexpr int64_t kUdpTimeoutNs = 200'000'000;
 
-int udp_connect(uint16_t port, std::string& err) {
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    err = std::string("socket: ") + std::strerror(errno);
-    return -1;
-  }
-  const sockaddr_in a = loopback(port);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
-    err = std::string("udp connect: ") + std::strerror(errno);
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// ---- sluiced ----------------------------------------------------------------------------------
-
-// Slots for requests in flight, matched by id: id = (sequence << 16) | slot, never 0.
+// Requests in flight, matched by id: id = (sequence << 16) | slot, never 0.
 class InFlight {
  public:
-  explicit InFlight(uint32_t window) : slots_(window) {
+  struct Slot {
+    uint64_t seq = 0;
+    int64_t start = 0;     // steady clock
+    int64_t start_rt = 0;  // CLOCK_REALTIME, to compare with kernel receive timestamps
+    size_t bytes = 0;      // the request's, as sent
+    bool busy = false;
+  };
+
+  // keep_order: remember the order requests were sent in, for oldest() (echo).
+  InFlight(uint32_t window, bool keep_order) : slots_(window), keep_order_(keep_order) {
     for (uint32_t i = window; i > 0; --i)
       free_.push_back(static_cast<uint16_t>(i - 1));
   }
   bool has_room() const { return !free_.empty(); }
-  // start: steady clock; start_rt: CLOCK_REALTIME, to compare with kernel receive timestamps.
-  uint64_t take(int64_t start, int64_t start_rt = 0) {
+  uint64_t take(int64_t start, int64_t start_rt, size_t bytes) {
     const uint16_t s = free_.back();
     free_.pop_back();
-    slots_[s] = Slot{++seq_, start, start_rt, true};
-    return (slots_[s].seq << 16) | s;
+    slots_[s] = Slot{++seq_, start, start_rt, bytes, true};
+    const uint64_t id = (seq_ << 16) | s;
+    if (keep_order_) order_.push_back(id);
+    return id;
+  }
+  void set_bytes(uint64_t id, size_t bytes) { slots_[id & 0xffff].bytes = bytes; }
+  // Frees the request's slot and returns it (valid until the next take()); nullptr when the id is
+  // unknown or stale.
+  const Slot* finish(uint64_t id) {
+    const auto s = static_cast<size_t>(id & 0xffff);
+    if (s >= slots_.size() || !slots_[s].busy || slots_[s].seq != (id >> 16)) return nullptr;
+    release(static_cast<uint16_t>(s));
+    return &slots_[s];
   }
   void put_back(uint64_t id) { release(static_cast<uint16_t>(id & 0xffff)); }
-  // The start time of the request with this id and frees its slot; false when unknown or stale.
-  bool finish(uint64_t id, int64_t& start, int64_t* start_rt = nullptr) {
-    const auto s = static_cast<size_t>(id & 0xffff);
-    if (s >= slots_.size() || !slots_[s].busy || slots_[s].seq != (id >> 16)) return false;
-    start = slots_[s].start;
-    if (start_rt) *start_rt = slots_[s].start_rt;
-    release(static_cast<uint16_t>(s));
-    return true;
+  // The oldest request still in flight (those given up on are skipped); 0 when none.
+  uint64_t oldest() {
+    while (!order_.empty() && !busy(order_.front()))
+      order_.pop_front();
+    return order_.empty() ? 0 : order_.front();
   }
+  const Slot& slot(uint64_t id) const { return slots_[id & 0xffff]; }
   // Frees the slots of requests started before `cutoff`; returns how many.
   uint32_t expire(int64_t cutoff) {
     uint32_t n = 0;
@@ -132,12 +139,10 @@ class InFlight {
   }
 
  private:
-  struct Slot {
-    uint64_t seq = 0;
-    int64_t start = 0;
-    int64_t start_rt = 0;
-    bool busy = false;
-  };
+  bool busy(uint64_t id) const {
+    const Slot& s = slots_[id & 0xffff];
+    return s.busy && s.seq == (id >> 16);
+  }
   void release(uint16_t s) {
     slots_[s].busy = false;
     free_.push_back(s);
@@ -145,24 +150,24 @@ class InFlight {
   std::vector<Slot> slots_;
   std::vector<uint16_t> free_;
   uint64_t seq_ = 0;
+  bool keep_order_;
+  std::deque<uint64_t> order_;  // keep_order: ids in the order they were sent
 };
 
 // Builds a request of `batch` checks on the next keys (domain "bench", entry k=<key>).
 class SluiceRequestBuilder {
  public:
-  SluiceRequestBuilder(uint32_t batch, std::string_view entry_key, const Keyspace& keys,
-                       KeyStream& stream)
-      : entry_key_(entry_key), keys_(keys), stream_(stream), entries_(batch), checks_(batch) {}
+  SluiceRequestBuilder(uint32_t batch, const Keyspace& keys, KeyStream& stream)
+      : keys_(keys), stream_(stream), entries_(batch), checks_(batch) {}
   void build(uint64_t id, size_t pad_to, std::vector<uint8_t>& out) {
     for (size_t i = 0; i < checks_.size(); ++i) {
-      entries_[i] = wire::Entry{entry_key_, keys_.names[stream_.next()]};
+      entries_[i] = wire::Entry{kSluiceEntryKey, keys_.names[stream_.next()]};
       checks_[i] = wire::Check{kSluiceDomain, std::span<const wire::Entry>(&entries_[i], 1), 1};
     }
     wire::encode_request(id, checks_, pad_to, out);
   }
 
  private:
-  std::string_view entry_key_;
   const Keyspace& keys_;
   KeyStream& stream_;
   std::vector<wire::Entry> entries_;
@@ -203,8 +208,8 @@ class SluiceUdpConn final : public Conn {
       : Conn(fd),
         o_(o),
         rec_(*ctx.recorder),
-        inflight_(o.window),
-        builder_(o.batch, o.entry_key, *o.keys, *ctx.keys),
+        inflight_(o.window, o.echo),
+        builder_(o.batch, *o.keys, *ctx.keys),
         pending_(o.window),
         pending_ids_(o.window),
         send_iov_(o.window),
@@ -219,6 +224,13 @@ class SluiceUdpConn final : public Conn {
     recv_buf_.resize(kRecvBatch * answer_max);
     for (size_t i = 0; i < kRecvBatch; ++i) {
       recv_iov_[i] = iovec{recv_buf_.data() + i * answer_max, answer_max};
+      recv_hdr_[i].msg_hdr.msg_iov = &recv_iov_[i];
+      recv_hdr_[i].msg_hdr.msg_iovlen = 1;
+      recv_hdr_[i].msg_hdr.msg_control = recv_ctl_[i].data();
+    }
+    for (size_t i = 0; i < o.window; ++i) {
+      send_hdr_[i].msg_hdr.msg_iov = &send_iov_[i];
+      send_hdr_[i].msg_hdr.msg_iovlen = 1;
     }
     const int one = 1;
     timestamps_ = ::setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one) == 0;
@@ -227,26 +239,19 @@ class SluiceUdpConn final : public Conn {
   void send(int64_t start) override {
     timespec rt{};
     ::clock_gettime(CLOCK_REALTIME, &rt);
-    const uint64_t id = inflight_.take(start, int64_t{rt.tv_sec} * 1'000'000'000 + rt.tv_nsec);
-    builder_.build(id, pad_to_, pending_[npending_]);
-    pending_ids_[npending_] = id;
-    request_bytes_[id & 0xffff] = pending_[npending_].size();
-    if (o_.echo) echo_order_.push_back(id);
-    ++npending_;
+    const uint64_t id = inflight_.take(start, int64_t{rt.tv_sec} * 1'000'000'000 + rt.tv_nsec, 0);
+    std::vector<uint8_t>& m = pending_[npending_];
+    builder_.build(id, pad_to_, m);
+    inflight_.set_bytes(id, m.size());
+    send_iov_[npending_] = iovec{m.data(), m.size()};
+    pending_ids_[npending_++] = id;
   }
   void flush() override {
     size_t done = 0;
     // Bounded: each pass sends at least one datagram or stops.
     while (done < npending_) {
-      const size_t n = npending_ - done;
-      for (size_t i = 0; i < n; ++i) {
-        std::vector<uint8_t>& m = pending_[done + i];
-        send_iov_[i] = iovec{m.data(), m.size()};
-        send_hdr_[i] = mmsghdr{};
-        send_hdr_[i].msg_hdr.msg_iov = &send_iov_[i];
-        send_hdr_[i].msg_hdr.msg_iovlen = 1;
-      }
-      const int sent = ::sendmmsg(fd_, send_hdr_.data(), static_cast<unsigned>(n), 0);
+      const auto n = static_cast<unsigned>(npending_ - done);
+      const int sent = ::sendmmsg(fd_, send_hdr_.data() + done, n, 0);
       if (sent > 0) {
         done += static_cast<size_t>(sent);
         continue;
@@ -266,13 +271,8 @@ class SluiceUdpConn final : public Conn {
   }
   void on_readable(int64_t now) override {
     for (int pass = 0; pass < 64; ++pass) {
-      for (size_t i = 0; i < kRecvBatch; ++i) {
-        recv_hdr_[i] = mmsghdr{};
-        recv_hdr_[i].msg_hdr.msg_iov = &recv_iov_[i];
-        recv_hdr_[i].msg_hdr.msg_iovlen = 1;
-        recv_hdr_[i].msg_hdr.msg_control = recv_ctl_[i].data();
+      for (size_t i = 0; i < kRecvBatch; ++i)
         recv_hdr_[i].msg_hdr.msg_controllen = recv_ctl_[i].size();
-      }
       const int n = ::recvmmsg(fd_, recv_hdr_.data(), kRecvBatch, MSG_DONTWAIT, nullptr);
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -286,52 +286,36 @@ class SluiceUdpConn final : public Conn {
       if (static_cast<size_t>(n) < kRecvBatch) return;
     }
   }
-  void expire(int64_t now) override {
-    rec_.stats->lost += inflight_.expire(now - o_.udp_timeout_ns);
-  }
+  void expire(int64_t now) override { rec_.stats->lost += inflight_.expire(now - kUdpTimeoutNs); }
 
  private:
-  void handle(const mmsghdr& h, int64_t now) {
+  void handle(mmsghdr& h, int64_t now) {
     if (h.msg_hdr.msg_flags & MSG_TRUNC) {
-      rec_.stats->note_error("udp answer larger than the receive buffer");
-      return;
+      return rec_.stats->note_error("udp answer larger than the receive buffer");
     }
-    int64_t start = 0, start_rt = 0;
-    uint64_t id = 0;
-    if (o_.echo) {
-      // The oldest request still in flight (requests given up on, whose echo was lost, go).
-      bool found = false;
-      while (!echo_order_.empty() && !found) {
-        id = echo_order_.front();
-        echo_order_.pop_front();
-        found = inflight_.finish(id, start, &start_rt);
-      }
-      if (!found) {
-        ++rec_.stats->late_answers;
-        return;
-      }
-    } else {
-      const auto* data = static_cast<const uint8_t*>(h.msg_hdr.msg_iov->iov_base);
+    // Echo: the answer is the oldest request still in flight.
+    uint64_t id = o_.echo ? inflight_.oldest() : 0;
+    const auto* data = static_cast<const uint8_t*>(h.msg_hdr.msg_iov->iov_base);
+    if (!o_.echo) {
       if (wire::decode_answer({data, h.msg_len}, answer_) != wire::Code::kOk) {
-        rec_.stats->note_error("undecodable udp answer");
-        return;
+        return rec_.stats->note_error("undecodable udp answer");
       }
       id = answer_.id;
-      if (!inflight_.finish(id, start, &start_rt)) {
-        ++rec_.stats->late_answers;
-        return;
-      }
-      if (!judge_answer(answer_, o_.batch, *rec_.stats)) return;
     }
-    rec_.complete(start, now, o_.batch, request_bytes_[id & 0xffff], h.msg_len);
+    const InFlight::Slot* s = inflight_.finish(id);
+    if (s == nullptr) {
+      ++rec_.stats->late_answers;
+      return;
+    }
+    if (!o_.echo && !judge_answer(answer_, o_.batch, *rec_.stats)) return;
+    rec_.complete(s->start, now, o_.batch, s->bytes, h.msg_len);
     if (!timestamps_ || !rec_.in_window(now)) return;
-    msghdr& mh = const_cast<msghdr&>(h.msg_hdr);
-    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&h.msg_hdr); c != nullptr; c = CMSG_NXTHDR(&h.msg_hdr, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
       timespec ts{};
       std::memcpy(&ts, CMSG_DATA(c), sizeof ts);
       const int64_t rx = int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-      rec_.stats->arrival.record(static_cast<uint64_t>(std::max<int64_t>(rx - start_rt, 0)),
+      rec_.stats->arrival.record(static_cast<uint64_t>(std::max<int64_t>(rx - s->start_rt, 0)),
                                  o_.batch);
     }
   }
@@ -344,117 +328,83 @@ class SluiceUdpConn final : public Conn {
   std::vector<std::vector<uint8_t>> pending_;  // encoded, not yet sent
   std::vector<uint64_t> pending_ids_;
   size_t npending_ = 0;
-  std::vector<iovec> send_iov_;
-  std::vector<mmsghdr> send_hdr_;
+  std::vector<iovec> send_iov_;    // pending_'s
+  std::vector<mmsghdr> send_hdr_;  // one per send_iov_
   std::vector<uint8_t> recv_buf_;
   std::array<iovec, kRecvBatch> recv_iov_{};
   std::array<mmsghdr, kRecvBatch> recv_hdr_{};
   std::array<std::array<char, CMSG_SPACE(sizeof(timespec))>, kRecvBatch> recv_ctl_{};
   bool timestamps_ = false;
   wire::Answer answer_;
-  std::vector<size_t> request_bytes_ = std::vector<size_t>(o_.window);  // by in-flight slot
-  std::deque<uint64_t> echo_order_;  // echo: ids in the order they were sent
 };
 
-class SluiceTcpConn final : public StreamConn {
+// TCP: each request one frame ([u32 little-endian length][message], lib/wire).
+class SluiceTcpConn final : public detail::StreamConn {
  public:
   SluiceTcpConn(int fd, const SluiceConnOptions& o, ThreadContext& ctx)
-      : StreamConn(fd, ctx.recorder->stats),
+      : StreamConn(fd, ctx),
         o_(o),
-        rec_(*ctx.recorder),
-        inflight_(o.window),
-        builder_(o.batch, o.entry_key, *o.keys, *ctx.keys) {}
+        inflight_(o.window, o.echo),
+        builder_(o.batch, *o.keys, *ctx.keys) {}
   bool has_room() const override { return inflight_.has_room(); }
   void send(int64_t start) override {
-    const uint64_t id = inflight_.take(start);
+    const uint64_t id = inflight_.take(start, 0, 0);
     builder_.build(id, 0, msg_);
     frame_.clear();
     wire::append_frame(msg_, frame_);
     out_.append(reinterpret_cast<const char*>(frame_.data()), frame_.size());
-    request_bytes_[id & 0xffff] = frame_.size();
-    if (o_.echo) echo_order_.push_back(id);
-  }
-  void on_readable(int64_t now) override {
-    const bool ok = read_available();
-    if (o_.echo) {
-      on_echo(now);
-      if (!ok) fail();
-      return;
-    }
-    const std::string_view in = pending_input();
-    reader_.feed({reinterpret_cast<const uint8_t*>(in.data()), in.size()});
-    consume(in.size());
-    for (size_t i = 0; i < 1'000'000; ++i) {
-      const auto frame = reader_.next();
-      if (!frame) break;
-      if (wire::decode_answer(*frame, answer_) != wire::Code::kOk) {
-        stats_->note_error("undecodable tcp answer");
-        continue;
-      }
-      int64_t start = 0;
-      const uint64_t id = answer_.id;
-      if (!inflight_.finish(id, start)) {
-        stats_->note_error("tcp answer with an unknown id");
-        continue;
-      }
-      if (judge_answer(answer_, o_.batch, *stats_)) {
-        rec_.complete(start, now, o_.batch, request_bytes_[id & 0xffff],
-                      frame->size() + kFrameHeader);
-      }
-    }
-    if (reader_.failed()) {
-      stats_->note_error("bad frame length from the server");
-      fail();
-    }
-    if (!ok) fail();
+    inflight_.set_bytes(id, frame_.size());
   }
 
  private:
-  static constexpr size_t kFrameHeader = wire::kFrameHeaderBytes;
-
-  // Echo: the bytes come back as sent; each request is done when all of its frame has.
-  void on_echo(int64_t now) {
-    std::string_view in = pending_input();
-    size_t used = 0;
-    while (!echo_order_.empty()) {
-      const uint64_t id = echo_order_.front();
-      const size_t size = request_bytes_[id & 0xffff];
-      if (in.size() - used < size) break;
-      used += size;
-      echo_order_.pop_front();
-      int64_t start = 0;
-      if (inflight_.finish(id, start)) rec_.complete(start, now, o_.batch, size, size);
+  size_t parse(std::string_view in, int64_t now) override {
+    if (o_.echo) {
+      // The bytes come back as sent: the oldest request is done when all of its frame has.
+      const uint64_t id = inflight_.oldest();
+      if (id == 0 || in.size() < inflight_.slot(id).bytes) return 0;
+      const size_t size = inflight_.slot(id).bytes;
+      const InFlight::Slot* s = inflight_.finish(id);
+      rec_.complete(s->start, now, o_.batch, size, size);
+      return size;
     }
-    consume(used);
+    const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+    if (in.size() < wire::kFrameHeaderBytes) return 0;
+    const size_t n = size_t{p[0]} | size_t{p[1]} << 8 | size_t{p[2]} << 16 | size_t{p[3]} << 24;
+    if (n == 0 || n > wire::kMaxFrameBytes) {
+      stats_->note_error("bad frame length from the server");
+      fail();
+      return 0;
+    }
+    const size_t size = wire::kFrameHeaderBytes + n;
+    if (in.size() < size) return 0;
+    if (wire::decode_answer({p + wire::kFrameHeaderBytes, n}, answer_) != wire::Code::kOk) {
+      stats_->note_error("undecodable tcp answer");
+    } else if (const InFlight::Slot* s = inflight_.finish(answer_.id); s == nullptr) {
+      stats_->note_error("tcp answer with an unknown id");
+    } else if (judge_answer(answer_, o_.batch, *stats_)) {
+      rec_.complete(s->start, now, o_.batch, s->bytes, size);
+    }
+    return size;
   }
 
   SluiceConnOptions o_;
-  Recorder& rec_;
   InFlight inflight_;
   SluiceRequestBuilder builder_;
   std::vector<uint8_t> msg_, frame_;
-  wire::FrameReader reader_;
   wire::Answer answer_;
-  std::vector<size_t> request_bytes_ = std::vector<size_t>(o_.window);  // by in-flight slot
-  std::deque<uint64_t> echo_order_;  // echo: ids in the order they were sent
 };
 
 }  // namespace
 
-// ---- factories ---------------------------------------------------------------------------------
-
 std::unique_ptr<Conn> make_sluice_udp(const SluiceConnOptions& o, ThreadContext& ctx) {
   std::string err;
-  const int fd = udp_connect(o.port, err);
+  const int fd = connect_loopback(SOCK_DGRAM, o.port, 0, err);
   if (fd < 0) throw std::runtime_error(err);
   return std::make_unique<SluiceUdpConn>(fd, o, ctx);
 }
 
 std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext& ctx) {
-  std::string err;
-  const int fd = tcp_connect(o.port, 2000, err);
-  if (fd < 0) throw std::runtime_error(err);
-  return std::make_unique<SluiceTcpConn>(fd, o, ctx);
+  return detail::connect_stream<SluiceTcpConn>(o, ctx);
 }
 
 // ---- probes and setup ---------------------------------------------------------------------------
@@ -496,7 +446,9 @@ void SluicedChild::start(const std::string& dir) {
       15'000);
 }
 
-std::string probe_conn(const ProbeFactory& make, int timeout_ms) {
+std::string probe_conn(
+    const std::function<std::unique_ptr<Conn>(const Keyspace&, ThreadContext&)>& make,
+    int timeout_ms) {
   Keyspace probe(1);
   probe.names[0] = "probe";
   RowStats stats;
@@ -522,47 +474,26 @@ std::string probe_conn(const ProbeFactory& make, int timeout_ms) {
   }
 }
 
-namespace {
-
-// One check through the connection `make` opens to sluiced (echo: to the echo server).
-std::string probe_sluice(decltype(&make_sluice_tcp) make, uint16_t port, bool echo,
-                         int timeout_ms) {
+std::string sluice_probe(uint16_t port, int timeout_ms) {
   SluiceConnOptions o;
   o.port = port;
-  o.echo = echo;
-  return probe_conn(
-      [&](const Keyspace& keys, ThreadContext& ctx) {
-        o.keys = &keys;
-        return make(o, ctx);
-      },
-      timeout_ms);
-}
-
-}  // namespace
-
-std::string sluice_probe(uint16_t port, int timeout_ms) {
-  if (std::string e = probe_sluice(&make_sluice_tcp, port, false, timeout_ms); !e.empty())
-    return "tcp: " + e;
-  if (std::string e = probe_sluice(&make_sluice_udp, port, false, timeout_ms); !e.empty())
-    return "udp: " + e;
+  if (std::string e = probe_conn(o, &make_sluice_tcp, timeout_ms); !e.empty()) return "tcp: " + e;
+  if (std::string e = probe_conn(o, &make_sluice_udp, timeout_ms); !e.empty()) return "udp: " + e;
   return "";
 }
 
 std::string echo_probe(const std::string& transport, uint16_t port, int timeout_ms) {
-  return probe_sluice(transport == "udp" ? &make_sluice_udp : &make_sluice_tcp, port, true,
-                      timeout_ms);
+  SluiceConnOptions o;
+  o.port = port;
+  o.echo = true;
+  return probe_conn(o, transport == "udp" ? &make_sluice_udp : &make_sluice_tcp, timeout_ms);
 }
 
 std::string http_get(uint16_t port, const std::string& path, std::string& body) {
-  SyncClient c;
-  bool eof = false;
-  const std::string e = c.exchange(
-      port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 3000,
-      [&](std::string_view) { return eof; }, &eof);
-  if (!eof) return e.empty() ? "no end of response" : e;
-  const size_t hdr_end = c.buf.find("\r\n\r\n");
-  if (!c.buf.starts_with("HTTP/1.") || hdr_end == std::string::npos) return "not an HTTP answer";
-  body = c.buf.substr(hdr_end + 4);
+  const testing::HttpReply r =
+      testing::http_request(port, "GET", path, "", std::chrono::milliseconds(3000));
+  if (r.status == 0) return "no HTTP answer from 127.0.0.1:" + std::to_string(port) + path;
+  body = r.body;
   return "";
 }
 

@@ -3,14 +3,13 @@
 //
 //   sluiced UDP / TCP   the check protocol of lib/wire (one check domain "bench", entry k=<key>)
 //   Redis               the Lua sliding log (a sorted set per key), Figma's hash of minute
-//   counters, plain INCR,
-//                       GCRA as a Lua script (kGcraScript); the same RESP client drives sluiced's
-//                       Redis-protocol door with CL.THROTTLE
-//   memcached           the memcached sliding window's two counters (get of both buckets, then incr
-//   or add)
+//                       counters, plain INCR, GCRA as a Lua script (kGcraScript); the same RESP
+//                       client drives sluiced's Redis-protocol door with CL.THROTTLE
+//   memcached           the memcached sliding window's two counters (get of both buckets, then
+//                       incr or add)
 //
-// sluiced's connections are in targets.cc, the RESP and memcached text clients (over plain
-// non-blocking sockets) in targets_kv.cc.
+// sluiced's connections are in targets.cc, the RESP and memcached clients in targets_kv.cc, all
+// on the StreamConn of stream_conn.h (HTTP and gRPC: http_target.h, grpc_target.h).
 #pragma once
 
 #include <netinet/in.h>
@@ -43,20 +42,19 @@ struct Keyspace {
 // ---- sluiced ----------------------------------------------------------------------------------
 
 inline constexpr std::string_view kSluiceDomain = "bench";
-inline constexpr std::string_view kSluiceEntryKey = "k";
+inline constexpr std::string_view kSluiceEntryKey = "k";  // each check's one entry: k=<key>
 
 struct SluiceConnOptions {
   uint16_t port = 0;
   uint32_t batch = 1;               // checks per datagram / frame
   uint32_t window = 1;              // datagrams or frames in flight per socket / connection
   uint32_t udp_room_per_check = 0;  // UDP padding, as libsluice: 64 + this many bytes per check
-  int64_t udp_timeout_ns = 200'000'000;
   const Keyspace* keys = nullptr;
-  std::string_view entry_key = kSluiceEntryKey;  // the one entry of each check: <entry_key>=<key>
   // The server is the bare echo (load/echo_server.h): an "answer" is the request itself, matched
   // to the requests in the order they were sent.
   bool echo = false;
 };
+// UDP requests unanswered after 200 ms count as lost.
 std::unique_ptr<Conn> make_sluice_udp(const SluiceConnOptions& o, ThreadContext& ctx);
 std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext& ctx);
 
@@ -64,10 +62,22 @@ std::unique_ptr<Conn> make_sluice_tcp(const SluiceConnOptions& o, ThreadContext&
 // both came.
 std::string sluice_probe(uint16_t port, int timeout_ms);
 
-// One check (key "probe") through a connection `make` opens, driven until it is answered: "" when
-// it was, else the first error or "timed out". The probes of every door are made of it.
-using ProbeFactory = std::function<std::unique_ptr<Conn>(const Keyspace&, ThreadContext&)>;
-std::string probe_conn(const ProbeFactory& make, int timeout_ms);
+// One check (key "probe") through a connection `make` opens (with `o`, its keys the probe's),
+// driven until it is answered: "" when it was, else the first error or "timed out". The probes of
+// every door are made of it.
+std::string probe_conn(
+    const std::function<std::unique_ptr<Conn>(const Keyspace&, ThreadContext&)>& make,
+    int timeout_ms);
+template <typename O>
+std::string probe_conn(O o, std::unique_ptr<Conn> (*make)(const O&, ThreadContext&),
+                       int timeout_ms) {
+  return probe_conn(
+      [&](const Keyspace& keys, ThreadContext& ctx) {
+        o.keys = &keys;
+        return make(o, ctx);
+      },
+      timeout_ms);
+}
 
 // One sluiced for a scenario: UDP and TCP on a free loopback port, the admin door on another,
 // gRPC and RESP on ports of their own when asked for (off otherwise), its rules one limit on every
@@ -89,8 +99,8 @@ struct SluicedChild {
   void start(const std::string& dir);
 };
 
-// Sends a few bytes to the echo server (load/echo_server.h) over `transport` ("udp" or "tcp")
-// and waits for them back; "" when they came.
+// Sends a request to the echo server (load/echo_server.h) over `transport` ("udp" or "tcp") and
+// waits for it back; "" when it came.
 std::string echo_probe(const std::string& transport, uint16_t port, int timeout_ms);
 
 // GET `path` from an HTTP port (HTTP/1.1, Connection: close); "" or the error. Body in `body`.

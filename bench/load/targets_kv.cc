@@ -1,126 +1,81 @@
-// The targets sluiced is compared against, the common designs: Redis (a RESP client, RedisConn
-// for INCR, the Lua sliding log (a sorted set per key), Figma's hash of minute counters, GCRA in
-// Lua, and CL.THROTTLE, which also drives sluiced's Redis-protocol door) and memcached
-// (MemcachedConn, the memcached sliding window's two counters), with their factories, probes and
-// preloads. sluiced's own targets are in targets.cc; the shared StreamConn and SyncClient in
-// stream_conn.h.
-#include "load/targets.h"
+// The targets sluiced is compared against: Redis (a RESP client: INCR, the Lua sliding log,
+// Figma's hash of minute counters, GCRA in Lua, and CL.THROTTLE, which also drives sluiced's
+// Redis-protocol door) and memcached (the memcached sliding window's two counters), with their
+// factories, probes and preloads.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <initializer_list>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "load/stream_conn.h"
+#include "load/targets.h"
 
 namespace sluice::bench {
 
 namespace {
 
-using detail::StreamConn;
-using detail::SyncClient;
-
-template <typename Int>
-bool parse_int(std::string_view s, Int& out) {
-  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
-  return r.ec == std::errc() && r.ptr == s.data() + s.size();
-}
+using detail::parse_int;
 
 // ---- RESP -------------------------------------------------------------------------------------
 
 struct RespReply {
-  char type = 0;          // '+', '-', ':', '$', '*'
-  int64_t integer = 0;    // ':'
-  std::string_view text;  // '+', '-', '$' (empty and null = true for a null bulk)
-  bool null = false;
-  std::vector<std::string_view> elems;  // '*': elements (bulk, simple or integer text)
+  char type = 0;                        // '+', '-', ':', '$', '*'
+  int64_t integer = 0;                  // ':' (and '*': the element count)
+  std::string_view text;                // '+', '-', ':', '$' (empty for a null bulk)
+  std::vector<std::string_view> elems;  // '*': the elements' text (bulk, simple or integer)
 };
 
 // One reply from the front of `in`: bytes consumed, 0 when incomplete, -1 when malformed or
 // nested deeper than one array (no command used here answers that way).
 long parse_resp(std::string_view in, RespReply& r) {
-  r.elems.clear();
-  r.null = false;
-  r.text = {};
   size_t pos = 0;
-  // Reads a CRLF-terminated line after pos; 1 ok, 0 incomplete, -1 malformed.
-  auto line = [&](std::string_view& out) -> int {
+  // The element at pos: its type, its text, and the number on its line (':', '$', '*'). 1 when
+  // whole, 0 when incomplete, -1 when malformed.
+  auto element = [&](char& type, std::string_view& text, int64_t& n) -> int {
     const size_t cr = in.find('\r', pos);
     if (cr == std::string_view::npos || cr + 1 >= in.size()) return 0;
-    if (in[cr + 1] != '\n') return -1;
-    out = in.substr(pos, cr - pos);
+    if (cr == pos || in[cr + 1] != '\n') return -1;
+    type = in[pos];
+    text = in.substr(pos + 1, cr - pos - 1);
     pos = cr + 2;
-    return 1;
-  };
-  // One scalar element at pos (type byte included) into `out`; same returns as line().
-  auto scalar = [&](char& type, std::string_view& out, bool& is_null) -> int {
-    if (pos >= in.size()) return 0;
-    type = in[pos++];
-    std::string_view l;
-    if (const int s = line(l); s <= 0) return s;
-    if (type == '+' || type == '-' || type == ':') {
-      out = l;
-      return 1;
-    }
+    if (type == '+' || type == '-') return 1;
+    if (!parse_int(text, n)) return -1;
+    if (type == ':' || type == '*') return 1;
     if (type != '$') return -1;
-    int64_t len = 0;
-    if (!parse_int(l, len)) return -1;
-    if (len < 0) {
-      is_null = true;
-      out = {};
-      return 1;
-    }
-    const auto ulen = static_cast<size_t>(len);
-    if (in.size() - pos < ulen + 2) return 0;
-    out = in.substr(pos, ulen);
-    pos += ulen + 2;
+    text = {};
+    if (n < 0) return 1;  // null bulk
+    if (in.size() - pos < static_cast<size_t>(n) + 2) return 0;
+    text = in.substr(pos, static_cast<size_t>(n));
+    pos += static_cast<size_t>(n) + 2;
     return 1;
   };
-  if (in.empty()) return 0;
-  if (in[0] != '*') {
-    const int s = scalar(r.type, r.text, r.null);
-    if (s <= 0) return s;
-    if (r.type == ':' && !parse_int(r.text, r.integer)) return -1;
-    return static_cast<long>(pos);
-  }
-  r.type = '*';
-  ++pos;
-  std::string_view l;
-  if (const int s = line(l); s <= 0) return s;
-  int64_t count = 0;
-  if (!parse_int(l, count)) return -1;
-  if (count < 0) {
-    r.null = true;
-    return static_cast<long>(pos);
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    char t = 0;
-    std::string_view e;
-    bool en = false;
-    if (pos < in.size() && in[pos] == '*') return -1;
-    const int s = scalar(t, e, en);
-    if (s <= 0) return s;
-    r.elems.push_back(e);
+  r.elems.clear();
+  if (const int s = element(r.type, r.text, r.integer); s <= 0) return s;
+  for (int64_t i = 0; r.type == '*' && i < r.integer; ++i) {
+    char type = 0;
+    std::string_view text;
+    int64_t n = 0;
+    if (const int s = element(type, text, n); s <= 0 || type == '*') return s <= 0 ? s : -1;
+    r.elems.push_back(text);
   }
   return static_cast<long>(pos);
 }
 
 void append_bulk(std::string& out, std::string_view s) {
-  out += '$';
-  out += std::to_string(s.size());
-  out += "\r\n";
-  out.append(s);
-  out += "\r\n";
+  out.append("$").append(std::to_string(s.size())).append("\r\n").append(s).append("\r\n");
 }
 
 void append_array_header(std::string& out, size_t n) {
-  out += '*';
-  out += std::to_string(n);
-  out += "\r\n";
+  out.append("*").append(std::to_string(n)).append("\r\n");
 }
 
 void append_command(std::string& out, std::initializer_list<std::string_view> args) {
@@ -208,55 +163,43 @@ namespace {
 constexpr int64_t kHashWindowMinutes = 60;
 constexpr size_t kStaleFieldsBeforeCleanup = 8;
 
-class RedisConn final : public StreamConn {
+class RedisConn final : public detail::StreamConn {
  public:
   RedisConn(int fd, const RedisConnOptions& o, ThreadContext& ctx)
-      : StreamConn(fd, ctx.recorder->stats),
+      : StreamConn(fd, ctx),
         o_(o),
-        rec_(*ctx.recorder),
-        stream_(*ctx.keys),
-        units_(o.window) {
-    for (Unit& u : units_)
-      u.keys.resize(o.batch);
-    limit_text_ = std::to_string(o.limit);
-    burst_text_ = std::to_string(o.gcra_burst);
-    count_text_ = std::to_string(o.gcra_count);
-    period_text_ = std::to_string(o.gcra_period_s);
-    per_check_ = o.scheme == RedisScheme::kHashMinutes ? 3 : 1;
-  }
-  bool has_room() const override { return count_ < units_.size(); }
+        units_(o.window),
+        per_check_(o.scheme == RedisScheme::kHashMinutes ? 3 : 1),
+        limit_text_(std::to_string(o.limit)),
+        burst_text_(std::to_string(o.gcra_burst)),
+        count_text_(std::to_string(o.gcra_count)),
+        period_text_(std::to_string(o.gcra_period_s)) {}
+  bool has_room() const override { return !units_.full(); }
   void send(int64_t start) override {
-    Unit& u = units_[(head_ + count_) % units_.size()];
-    ++count_;
+    Unit& u = units_.push();
     u.start = start;
     u.replies_total = o_.batch * per_check_;
     u.replies_seen = 0;
+    u.keys.resize(o_.batch);
     const int64_t now_ms = epoch_ms();
-    char now_text[24];
-    const auto now_end = std::to_chars(now_text, now_text + sizeof now_text, now_ms).ptr;
-    const std::string_view now_sv(now_text, static_cast<size_t>(now_end - now_text));
+    const std::string now_text = std::to_string(now_ms);  // short: no allocation
     for (uint32_t i = 0; i < o_.batch; ++i) {
-      const uint32_t k = stream_.next();
-      u.keys[i] = k;
-      const std::string& name = o_.keys->names[k];
+      u.keys[i] = keys_.next();
+      const std::string& name = o_.keys->names[u.keys[i]];
       switch (o_.scheme) {
         case RedisScheme::kIncr:
           append_command(out_, {"INCR", name});
           break;
         case RedisScheme::kLuaLog:
           key_.assign(name).append("-rate-limit-v1");  // the Lua sliding log's key
-          append_command(out_, {"EVALSHA", o_.lua_sha, "1", key_, limit_text_, "60000", now_sv});
+          append_command(out_, {"EVALSHA", o_.lua_sha, "1", key_, limit_text_, "60000", now_text});
           break;
-        case RedisScheme::kHashMinutes: {
+        case RedisScheme::kHashMinutes:
           key_.assign("rl:").append(name);
-          char minute[24];
-          const auto mend = std::to_chars(minute, minute + sizeof minute, now_ms / 60'000).ptr;
-          append_command(out_, {"HINCRBY", key_,
-                                std::string_view(minute, static_cast<size_t>(mend - minute)), "1"});
+          append_command(out_, {"HINCRBY", key_, std::to_string(now_ms / 60'000), "1"});
           append_command(out_, {"EXPIRE", key_, "3600"});
           append_command(out_, {"HGETALL", key_});
           break;
-        }
         case RedisScheme::kLuaGcra:
           append_command(out_, {"EVALSHA", o_.lua_sha, "1", name, burst_text_, count_text_,
                                 period_text_, "1"});
@@ -272,24 +215,6 @@ class RedisConn final : public StreamConn {
       ++u.replies_total;  // the HDEL's reply comes after this unit's own
     }
   }
-  void on_readable(int64_t now) override {
-    const bool ok = read_available();
-    // Bounded: each pass consumes one reply or stops.
-    for (size_t guard = 0; guard < 1'000'000; ++guard) {
-      const std::string_view in = pending_input();
-      if (in.empty()) break;
-      const long used = parse_resp(in, reply_);
-      if (used == 0) break;
-      if (used < 0) {
-        stats_->note_error("malformed RESP reply");
-        fail();
-        return;
-      }
-      handle_reply(now);
-      consume(static_cast<size_t>(used));
-    }
-    if (!ok) fail();
-  }
 
  private:
   struct Unit {
@@ -299,12 +224,18 @@ class RedisConn final : public StreamConn {
     std::vector<uint32_t> keys;  // the key of each check, in order
   };
 
-  void handle_reply(int64_t now) {
-    if (count_ == 0) {
-      stats_->note_error("RESP reply with nothing in flight");
-      return;
+  size_t parse(std::string_view in, int64_t now) override {
+    const long used = parse_resp(in, reply_);
+    if (used < 0) {
+      stats_->note_error("malformed RESP reply");
+      fail();
     }
-    Unit& u = units_[head_];
+    if (used <= 0) return 0;
+    if (units_.empty()) {
+      stats_->note_error("RESP reply with nothing in flight");
+      return static_cast<size_t>(used);
+    }
+    Unit& u = units_.front();
     const uint32_t idx = u.replies_seen++;
     if (reply_.type == '-') {
       stats_->note_error("redis: " + std::string(reply_.text));
@@ -313,9 +244,9 @@ class RedisConn final : public StreamConn {
     }
     if (u.replies_seen == u.replies_total) {
       rec_.complete(u.start, now, o_.batch);
-      head_ = (head_ + 1) % units_.size();
-      --count_;
+      units_.pop();
     }
+    return static_cast<size_t>(used);
   }
 
   void judge(uint32_t cmd, uint32_t key) {
@@ -337,8 +268,7 @@ class RedisConn final : public StreamConn {
         if (reply_.type != '*' || reply_.elems.size() % 2 != 0) {
           return stats_->note_error("HGETALL: unexpected reply");
         }
-        judge_minutes(key);
-        return;
+        return judge_minutes(key);
       case RedisScheme::kLuaGcra:
       case RedisScheme::kClThrottle:
         // [limited, limit, remaining, retry_after, reset_after]
@@ -352,8 +282,7 @@ class RedisConn final : public StreamConn {
 
   void judge_minutes(uint32_t key) {
     const int64_t now_s = epoch_ms() / 1000;
-    const int64_t minute = now_s / 60;
-    const int64_t oldest = minute - kHashWindowMinutes + (now_s % 60 == 0 ? 1 : 0);
+    const int64_t oldest = now_s / 60 - kHashWindowMinutes + (now_s % 60 == 0 ? 1 : 0);
     uint64_t sum = 0;
     size_t stale = 0;
     for (size_t i = 0; i + 1 < reply_.elems.size(); i += 2) {
@@ -362,42 +291,32 @@ class RedisConn final : public StreamConn {
       if (!parse_int(reply_.elems[i], field) || !parse_int(reply_.elems[i + 1], value)) {
         return stats_->note_error("HGETALL: non-numeric field");
       }
-      if (field >= oldest) {
-        sum += value;
-      } else {
-        ++stale;
-      }
+      sum += field >= oldest ? value : 0;
+      stale += field >= oldest ? 0 : 1;
     }
     if (sum > o_.limit) ++stats_->denied;
-    if (stale > kStaleFieldsBeforeCleanup && cleanup_.empty()) {
-      key_.assign("rl:").append(o_.keys->names[key]);
-      append_array_header(cleanup_, 2 + stale);
-      append_bulk(cleanup_, "HDEL");
-      append_bulk(cleanup_, key_);
-      for (size_t i = 0; i + 1 < reply_.elems.size(); i += 2) {
-        int64_t field = 0;
-        if (parse_int(reply_.elems[i], field) && field < oldest) {
-          append_bulk(cleanup_, reply_.elems[i]);
-        }
-      }
+    if (stale <= kStaleFieldsBeforeCleanup || !cleanup_.empty()) return;
+    key_.assign("rl:").append(o_.keys->names[key]);
+    append_array_header(cleanup_, 2 + stale);
+    append_bulk(cleanup_, "HDEL");
+    append_bulk(cleanup_, key_);
+    for (size_t i = 0; i + 1 < reply_.elems.size(); i += 2) {
+      int64_t field = 0;
+      if (parse_int(reply_.elems[i], field) && field < oldest)
+        append_bulk(cleanup_, reply_.elems[i]);
     }
   }
 
   RedisConnOptions o_;
-  Recorder& rec_;
-  KeyStream& stream_;
-  std::vector<Unit> units_;
-  size_t head_ = 0, count_ = 0;
-  uint32_t per_check_ = 1;
-  std::string limit_text_;
-  std::string burst_text_, count_text_, period_text_;
+  detail::InOrder<Unit> units_;
+  uint32_t per_check_;
+  std::string limit_text_, burst_text_, count_text_, period_text_;
   std::string key_;
   RespReply reply_;
   std::string cleanup_;  // an HDEL to send with the next request
 };
 
-// ---- memcached (two-counter sliding window)
-// ----------------------------------------------------------
+// ---- memcached --------------------------------------------------------------------------------
 
 // The memcached sliding window (fixed rate), as its library does it per check:
 //   1. get <key>:<bucket> <key>:<bucket-1>            one multi-get of both buckets
@@ -407,115 +326,81 @@ class RedisConn final : public StreamConn {
 //      windows; if the add loses a race (NOT_STORED), incr again.
 // Buckets are one minute (the window). Steps 1 and 3 depend on each other (the decision comes
 // between them), so a check costs two round trips, three on a bucket's first hit.
-class MemcachedConn final : public StreamConn {
+class MemcachedConn final : public detail::StreamConn {
  public:
   MemcachedConn(int fd, const MemcachedConnOptions& o, ThreadContext& ctx)
-      : StreamConn(fd, ctx.recorder->stats), o_(o), rec_(*ctx.recorder), stream_(*ctx.keys) {}
+      : StreamConn(fd, ctx), o_(o) {}
   bool has_room() const override { return state_ == State::kIdle; }
   void send(int64_t start) override {
     start_ = start;
     now_ms_ = epoch_ms();
     const int64_t bucket = now_ms_ / 60'000;
-    const std::string& name = o_.keys->names[stream_.next()];
+    const std::string& name = o_.keys->names[keys_.next()];
     cur_key_.assign(name).append(":").append(std::to_string(bucket));
     prev_key_.assign(name).append(":").append(std::to_string(bucket - 1));
     cur_ = prev_ = 0;
     out_.append("get ").append(cur_key_).append(" ").append(prev_key_).append("\r\n");
     state_ = State::kGet;
   }
-  void on_readable(int64_t now) override {
-    const bool ok = read_available();
-    for (size_t guard = 0; guard < 1'000'000 && state_ != State::kIdle; ++guard) {
-      const std::string_view in = pending_input();
-      const size_t eol = in.find("\r\n");
-      if (eol == std::string_view::npos) break;
-      const std::string_view line = in.substr(0, eol);
-      size_t used = eol + 2;
-      if (state_ == State::kGet && line.starts_with("VALUE ")) {
-        // VALUE <key> <flags> <bytes>\r\n<data>\r\n
-        const size_t sp3 = line.rfind(' ');
-        size_t bytes = 0;
-        if (!parse_int(line.substr(sp3 + 1), bytes)) {
-          stats_->note_error("memcached: bad VALUE line");
-          fail();
-          return;
-        }
-        if (in.size() < used + bytes + 2) break;  // data not complete yet
-        const std::string_view key = line.substr(6, line.find(' ', 6) - 6);
-        uint64_t v = 0;
-        if (!parse_int(in.substr(used, bytes), v)) stats_->note_error("memcached: bad value");
-        (key == cur_key_ ? cur_ : prev_) = v;
-        used += bytes + 2;
-      } else {
-        handle_line(line, now);
-      }
-      consume(used);
-    }
-    flush();
-    if (!ok) fail();
-  }
 
  private:
   enum class State { kIdle, kGet, kIncr, kAdd, kIncrAgain };
 
+  size_t parse(std::string_view in, int64_t now) override {
+    const size_t eol = in.find("\r\n");
+    if (state_ == State::kIdle || eol == std::string_view::npos) return 0;
+    const std::string_view line = in.substr(0, eol);
+    if (state_ != State::kGet || !line.starts_with("VALUE ")) {
+      handle_line(line, now);
+      return eol + 2;
+    }
+    // VALUE <key> <flags> <bytes>\r\n<data>\r\n
+    size_t bytes = 0;
+    if (!parse_int(line.substr(line.rfind(' ') + 1), bytes)) {
+      stats_->note_error("memcached: bad VALUE line");
+      fail();
+      return 0;
+    }
+    if (in.size() < eol + bytes + 4) return 0;  // data not complete yet
+    uint64_t v = 0;
+    if (!parse_int(in.substr(eol + 2, bytes), v)) stats_->note_error("memcached: bad value");
+    (line.substr(6, line.find(' ', 6) - 6) == cur_key_ ? cur_ : prev_) = v;
+    return eol + bytes + 4;
+  }
+
+  // A reply line: the next request of this check, or the check's end.
   void handle_line(std::string_view line, int64_t now) {
+    uint64_t v = 0;
     if (line == "ERROR" || line.starts_with("CLIENT_ERROR") || line.starts_with("SERVER_ERROR")) {
       stats_->note_error("memcached: " + std::string(line));
-      finish(now);
-      return;
-    }
-    uint64_t v = 0;
-    switch (state_) {
-      case State::kGet: {
-        if (line != "END") return stats_->note_error("memcached: unexpected get reply");
-        const double into = static_cast<double>(now_ms_ % 60'000) / 60'000.0;
-        const double estimate =
-            static_cast<double>(prev_) * (1.0 - into) + static_cast<double>(cur_);
-        if (estimate + 1 > static_cast<double>(o_.limit)) {
-          ++stats_->denied;
-          finish(now);
-          return;
-        }
-        out_.append("incr ").append(cur_key_).append(" 1\r\n");
-        state_ = State::kIncr;
+    } else if (state_ == State::kGet) {
+      if (line != "END") return stats_->note_error("memcached: unexpected get reply");
+      const double into = static_cast<double>(now_ms_ % 60'000) / 60'000.0;
+      const double estimate = static_cast<double>(prev_) * (1.0 - into) + static_cast<double>(cur_);
+      if (estimate + 1 <= static_cast<double>(o_.limit)) return incr(State::kIncr);
+      ++stats_->denied;
+    } else if (state_ == State::kAdd) {
+      if (line == "NOT_STORED") return incr(State::kIncrAgain);
+      if (line != "STORED")
+        stats_->note_error("memcached: unexpected add reply " + std::string(line));
+    } else if (!parse_int(line, v)) {  // kIncr, kIncrAgain
+      if (line == "NOT_FOUND" && state_ == State::kIncr) {
+        out_.append("add ").append(cur_key_).append(" 0 ");
+        out_.append(std::to_string(kMemcachedBucketTtlS)).append(" 1\r\n1\r\n");
+        state_ = State::kAdd;
         return;
       }
-      case State::kIncr:
-      case State::kIncrAgain:
-        if (parse_int(line, v)) return finish(now);
-        if (line == "NOT_FOUND" && state_ == State::kIncr) {
-          out_.append("add ")
-              .append(cur_key_)
-              .append(" 0 ")
-              .append(std::to_string(kMemcachedBucketTtlS))
-              .append(" 1\r\n1\r\n");
-          state_ = State::kAdd;
-          return;
-        }
-        stats_->note_error("memcached: unexpected incr reply " + std::string(line));
-        return finish(now);
-      case State::kAdd:
-        if (line == "STORED") return finish(now);
-        if (line == "NOT_STORED") {
-          out_.append("incr ").append(cur_key_).append(" 1\r\n");
-          state_ = State::kIncrAgain;
-          return;
-        }
-        stats_->note_error("memcached: unexpected add reply " + std::string(line));
-        return finish(now);
-      case State::kIdle:
-        stats_->note_error("memcached: reply with nothing in flight");
-        return;
+      stats_->note_error("memcached: unexpected incr reply " + std::string(line));
     }
-  }
-  void finish(int64_t now) {
     rec_.complete(start_, now, 1);
     state_ = State::kIdle;
   }
+  void incr(State next) {
+    out_.append("incr ").append(cur_key_).append(" 1\r\n");
+    state_ = next;
+  }
 
   MemcachedConnOptions o_;
-  Recorder& rec_;
-  KeyStream& stream_;
   State state_ = State::kIdle;
   int64_t start_ = 0;
   int64_t now_ms_ = 0;
@@ -523,150 +408,114 @@ class MemcachedConn final : public StreamConn {
   uint64_t cur_ = 0, prev_ = 0;
 };
 
-// Counts complete RESP replies at the front of `in` (stops at the first incomplete one); sets
-// `bad` on a malformed or error reply.
-size_t count_resp_replies(std::string_view in, bool& bad) {
-  RespReply r;
-  size_t n = 0;
-  bad = false;
-  while (!in.empty()) {
-    const long used = parse_resp(in, r);
-    if (used < 0 || (used > 0 && r.type == '-')) {
-      bad = true;
-      break;
-    }
-    if (used == 0) break;
-    in.remove_prefix(static_cast<size_t>(used));
-    ++n;
+// ---- blocking helpers for setup -----------------------------------------------------------------
+
+// `request` to 127.0.0.1:port on a fresh blocking connection, then the answer read into `reply`
+// until done(reply), every send and receive bounded by timeout_ms: "" or the first error.
+std::string exchange(uint16_t port, std::string_view request, int timeout_ms,
+                     const std::function<bool(std::string_view)>& done, std::string& reply) {
+  std::string e;
+  const int fd = tcp_connect(port, timeout_ms, e);
+  if (fd < 0) return e;
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  const timeval tv{timeout_ms / 1000, timeout_ms % 1000 * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  for (size_t off = 0; off < request.size() && e.empty();) {
+    const ssize_t n = ::send(fd, request.data() + off, request.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno != EINTR) e = std::string("send: ") + std::strerror(errno);
+    off += static_cast<size_t>(std::max<ssize_t>(n, 0));
   }
-  return n;
+  char buf[65'536];
+  while (e.empty() && !done(reply)) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n == 0) e = "connection closed";
+    if (n < 0 && errno != EINTR) e = std::string("recv: ") + std::strerror(errno);
+    reply.append(buf, static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  }
+  ::close(fd);
+  return e;
+}
+
+// exchange() of `request` for one reply line: "" when it starts with `expect`.
+std::string line_exchange(uint16_t port, std::string_view request, std::string_view expect,
+                          int timeout_ms) {
+  std::string reply;
+  std::string e = exchange(
+      port, request, timeout_ms, [](std::string_view b) { return b.find("\r\n") != b.npos; },
+      reply);
+  if (e.empty() && !reply.starts_with(expect)) e = "unexpected reply: " + reply.substr(0, 200);
+  return e;
 }
 
 }  // namespace
 
-// ---- factories ---------------------------------------------------------------------------------
-
 std::unique_ptr<Conn> make_redis(const RedisConnOptions& o, ThreadContext& ctx) {
-  std::string err;
-  const int fd = tcp_connect(o.port, 2000, err);
-  if (fd < 0) throw std::runtime_error(err);
-  return std::make_unique<RedisConn>(fd, o, ctx);
+  return detail::connect_stream<RedisConn>(o, ctx);
 }
 
 std::unique_ptr<Conn> make_memcached(const MemcachedConnOptions& o, ThreadContext& ctx) {
-  std::string err;
-  const int fd = tcp_connect(o.port, 2000, err);
-  if (fd < 0) throw std::runtime_error(err);
-  return std::make_unique<MemcachedConn>(fd, o, ctx);
+  return detail::connect_stream<MemcachedConn>(o, ctx);
 }
 
-// ---- probes and setup ---------------------------------------------------------------------------
-
 std::string redis_probe(uint16_t port, int timeout_ms) {
-  SyncClient c;
-  if (std::string e = c.exchange(port, "PING\r\n", timeout_ms); !e.empty()) return e;
-  return c.buf.starts_with("+PONG") ? "" : "unexpected PING reply: " + c.buf;
+  return line_exchange(port, "PING\r\n", "+PONG", timeout_ms);
 }
 
 std::string redis_command(uint16_t port, const std::vector<std::string>& args, std::string& reply) {
-  SyncClient c;
-  std::string cmd;
+  std::string cmd, in;
   append_array_header(cmd, args.size());
   for (const std::string& a : args)
     append_bulk(cmd, a);
   RespReply r;
-  if (std::string e =
-          c.exchange(port, cmd, 10'000, [&](std::string_view b) { return parse_resp(b, r) != 0; });
+  if (std::string e = exchange(
+          port, cmd, 10'000, [&](std::string_view b) { return parse_resp(b, r) != 0; }, in);
       !e.empty()) {
     return e;
   }
-  if (parse_resp(c.buf, r) <= 0) return "malformed reply";
-  switch (r.type) {
-    case ':':
-      reply = ":" + std::to_string(r.integer);
-      break;
-    case '$':
-      reply = "$" + std::string(r.text);
-      break;
-    case '*':
-      reply = "*" + std::to_string(r.elems.size());
-      break;
-    default:
-      reply = std::string(1, r.type) + std::string(r.text);
-  }
+  if (parse_resp(in, r) <= 0) return "malformed reply";
+  reply = r.type == '*' ? "*" + std::to_string(r.elems.size()) : r.type + std::string(r.text);
   return r.type == '-' ? "redis: " + std::string(r.text) : "";
 }
 
+// A script writes the hashes, a chunk of keys a call: on each, HSET of the 60 minutes before now's
+// (1 each) and EXPIRE 3600.
 std::string redis_preload_minutes(uint16_t port, const Keyspace& keys, int64_t now_ms) {
-  SyncClient c;
-  if (std::string e = c.connect(port, 2000); !e.empty()) return e;
-  const int64_t minute = now_ms / 60'000;
-  std::vector<std::string> fields;
-  for (int64_t m = minute - kHashWindowMinutes; m < minute; ++m)
-    fields.push_back(std::to_string(m));
-  constexpr size_t kChunk = 500;
-  // Bounded: keys / kChunk round trips.
+  constexpr size_t kChunk = 1000;
+  // Bounded: keys / kChunk calls.
   for (size_t first = 0; first < keys.names.size(); first += kChunk) {
     const size_t last = std::min(keys.names.size(), first + kChunk);
-    std::string cmds;
-    for (size_t i = first; i < last; ++i) {
-      const std::string key = "rl:" + keys.names[i];
-      append_array_header(cmds, 2 + 2 * fields.size());
-      append_bulk(cmds, "HSET");
-      append_bulk(cmds, key);
-      for (const std::string& f : fields) {
-        append_bulk(cmds, f);
-        append_bulk(cmds, "1");
-      }
-      append_command(cmds, {"EXPIRE", key, "3600"});
-    }
-    if (std::string e = c.send_all(cmds, 10'000); !e.empty()) return e;
-    const size_t want = 2 * (last - first);
-    bool bad = false;
-    if (std::string e = c.read_until(
-            [&](std::string_view b) { return count_resp_replies(b, bad) >= want || bad; }, 10'000);
-        !e.empty()) {
-      return e;
-    }
-    if (bad) return "malformed or error reply while preloading: " + c.buf.substr(0, 200);
-    c.buf.clear();
+    std::vector<std::string> args = {"EVAL", R"lua(for _, key in ipairs(KEYS) do
+  for m = ARGV[1] - 60, ARGV[1] - 1 do redis.call('HSET', 'rl:' .. key, m, 1) end
+  redis.call('EXPIRE', 'rl:' .. key, 3600)
+end)lua",
+                                     std::to_string(last - first)};
+    args.insert(args.end(), keys.names.data() + first, keys.names.data() + last);
+    args.push_back(std::to_string(now_ms / 60'000));
+    std::string reply;
+    if (std::string e = redis_command(port, args, reply); !e.empty()) return "preloading: " + e;
   }
   return "";
 }
 
 std::string memcached_probe(uint16_t port, int timeout_ms) {
-  SyncClient c;
-  if (std::string e = c.exchange(port, "version\r\n", timeout_ms); !e.empty()) return e;
-  return c.buf.starts_with("VERSION ") ? "" : "unexpected version reply: " + c.buf;
+  return line_exchange(port, "version\r\n", "VERSION ", timeout_ms);
 }
 
 std::string memcached_flush_all(uint16_t port) {
-  SyncClient c;
-  if (std::string e = c.exchange(port, "flush_all\r\n", 5000); !e.empty()) return e;
-  return c.buf.starts_with("OK") ? "" : "unexpected flush_all reply: " + c.buf;
+  return line_exchange(port, "flush_all\r\n", "OK", 5000);
 }
 
 std::string memcached_preload_previous(uint16_t port, const Keyspace& keys, int64_t now_ms) {
   const std::string prev = std::to_string(now_ms / 60'000 - 1);
+  const std::string ttl = std::to_string(kMemcachedBucketTtlS);
   std::string cmds;
-  for (const std::string& name : keys.names) {
-    cmds.append("set ")
-        .append(name)
-        .append(":")
-        .append(prev)
-        .append(" 0 ")
-        .append(std::to_string(kMemcachedBucketTtlS))
-        .append(" 1 noreply\r\n1\r\n");
-  }
-  cmds.append("version\r\n");  // the answer to this says every set before it was handled
-  SyncClient c;
-  if (std::string e = c.exchange(
-          port, cmds, 10'000,
-          [](std::string_view b) { return b.find("VERSION") != b.npos && b.ends_with("\r\n"); });
-      !e.empty()) {
-    return e;
-  }
-  return c.buf.starts_with("VERSION") ? "" : "unexpected reply while preloading: " + c.buf;
+  for (const std::string& name : keys.names)
+    cmds.append("set ").append(name).append(":").append(prev).append(" 0 ").append(ttl).append(
+        " 1 noreply\r\n1\r\n");
+  // The sets answer nothing; the answer to this says every set before it was handled (the first
+  // line is an error instead when one failed).
+  return line_exchange(port, cmds + "version\r\n", "VERSION", 10'000);
 }
 
 }  // namespace sluice::bench
