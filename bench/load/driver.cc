@@ -316,6 +316,17 @@ RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn, pid_t serv
   return st;
 }
 
+void stop_server(ChildProcess& p, const std::string& program, const std::string& name) {
+  if (p.pid() <= 0) return;
+  if (!p.running()) {
+    std::fprintf(stderr, "%s: %s exited during the run (%s)\n", program.c_str(), name.c_str(),
+                 p.exit_status().c_str());
+  }
+  p.stop();
+  const std::string tail = file_tail(p.log_path(), 1500);
+  if (!tail.empty()) std::fprintf(stderr, "%s log:\n%s\n", name.c_str(), tail.c_str());
+}
+
 void print_run_header(const std::string& program, const DriveOptions& d,
                       const std::string& server) {
   char date[32];

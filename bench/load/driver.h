@@ -44,6 +44,8 @@
 
 namespace sluice::bench {
 
+class ChildProcess;
+
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -186,6 +188,10 @@ struct Cores {
 };
 // drive(), and the cores each side used while it ran.
 RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn, pid_t server, Cores& cores);
+
+// Stops a server after its rows: says on stderr when it exited during them, and prints the tail of
+// its log (what it logged at warn and above).
+void stop_server(ChildProcess& p, const std::string& program, const std::string& name);
 
 // The first line of a run, on stdout: "# <program>, <date>: the machine, who shares it, what the
 // rows drive (from d), and `server` (the server under test's settings).

@@ -4,10 +4,9 @@
 //   memcached + the memcached sliding window's two counters, and plain Redis INCR as the floor of
 //   any Redis design.
 //
-// One run: starts sluiced, redis-server, memcached, nginx and the echo servers on free loopback
-// ports (only those the selected rows need), waits until each answers (bounded), drives the rows
-// one after another with the same generator settings, one row line each, and stops every server
-// (also on error or SIGINT/SIGTERM; children die with the benchmark even on kill -9).
+// One run starts the servers the selected rows need on free loopback ports, waits until each
+// answers (bounded), drives the rows one after another with the same generator settings and stops
+// every server (also on error, SIGINT/SIGTERM, or kill -9 of the benchmark: common/process.h).
 //
 // Rows and what is in flight (defaults; each row's in_flight says it):
 //   sluiced-udp-single   8 UDP sockets x 8 datagrams of 1 check
@@ -45,10 +44,9 @@
 // where they could run at the start, so the two sets side by side show the machine's own jitter.
 // The max of each pinning is measured in that pinning, right before its open-loop points.
 //
-// Every figure includes the generator's own CPU use (it shares the machine's cores): the *_cores
-// fields say what the generator, the server under test and the rest used over the row. Generator:
-// load/driver.h; protocol clients: load/targets.h. The goals are judged from the rows by
-// bench/report.py (bench/goals.toml).
+// The generator (load/driver.h; protocol clients: load/targets.h) shares the machine's cores: the
+// *_cores fields say what it, the server under test and the rest used over the row. bench/report.py
+// judges the goals from the rows (bench/goals.toml).
 #include <unistd.h>
 
 #include <algorithm>
@@ -214,36 +212,24 @@ std::optional<int> parse(bench::Cli& cli, int argc, char** argv, Options& o) {
       ->delimiter(',')
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cli.flag("--list", o.list, "print the row names and exit");
-  cli.flag("--half-rate", o.half_rate,
-           "also measure sluiced-udp-single at its max rate, then at half that rate (open loop) "
-           "for the p99 target");
+  cli.flag("--half-rate", o.half_rate, "also sluiced-udp-single at half its max rate (open loop)");
   cli.seconds(o.drive.seconds, 0.1, 600, "measured seconds per row");
   cli.number("--warmup", o.drive.warmup_s, 0, 60, "unmeasured seconds before each row");
   cli.keys(o.drive.keys, 1, 10'000'000, "keyspace, the same for every target");
   cli.word("--dist", dist, {"uniform", "zipf"}, "key popularity (zipf: s = 0.99)");
-  cli.number("--rate", o.drive.rate, 0, 1e9,
-             "offered checks/s, open loop, for every row; 0 = closed loop");
+  cli.number("--rate", o.drive.rate, 0, 1e9, "offered checks/s of every row; 0 = closed loop");
   cli.number("--connections", o.connections, 1, 1024, "TCP connections per row");
-  cli.number("--depth", o.depth, 1, 4096,
-             "sluiced TCP single checks: frames in flight per connection");
-  cli.number("--batch", o.batch, 2, 1024,
-             "checks per datagram / frame / pipelined group in batch rows");
-  cli.number("--batch-depth", o.batch_depth, 1, 1024,
-             "batch rows over TCP: frames / groups in flight per connection");
+  cli.number("--depth", o.depth, 1, 4096, "sluiced TCP single checks: frames in flight per conn");
+  cli.number("--batch", o.batch, 2, 1024, "checks per datagram / frame / group in batch rows");
+  cli.number("--batch-depth", o.batch_depth, 1, 1024, "TCP batch rows: frames / groups per conn");
   cli.number("--udp-sockets", o.udp_sockets, 1, 1024, "UDP sockets");
-  cli.number("--udp-window", o.udp_window, 1, 4096,
-             "UDP single checks: datagrams in flight per socket");
-  cli.number("--udp-batch-window", o.udp_batch_window, 1, 4096,
-             "UDP batches: datagrams in flight per socket");
-  cli.number("--udp-room", o.udp_room, 0, 2048,
-             "UDP padding per check, as libsluice's udp_answer_room_per_check");
-  cli.number("--http-window", o.http_window, 1, 1024,
-             "HTTP rows: requests in flight per connection, pipelined when > 1");
-  cli.number("--gen-threads", o.drive.threads, 1, 2,
-             "generator threads (1: the machine has 2 cores for generator and server)");
+  cli.number("--udp-window", o.udp_window, 1, 4096, "UDP single checks: datagrams per socket");
+  cli.number("--udp-batch-window", o.udp_batch_window, 1, 4096, "UDP batches: dgrams per socket");
+  cli.number("--udp-room", o.udp_room, 0, 2048, "UDP padding per check, as libsluice");
+  cli.number("--http-window", o.http_window, 1, 1024, "HTTP rows: requests in flight per conn");
+  cli.number("--gen-threads", o.drive.threads, 1, 2, "generator threads");
   cli.server_threads(o.server_threads);
-  cli.number("--busy-poll-us", o.busy_poll_us, 0, 10'000,
-             "sluiced's udp_busy_poll_us: spin reading UDP this long after answering");
+  cli.number("--busy-poll-us", o.busy_poll_us, 0, 10'000, "sluiced's udp_busy_poll_us");
   cli.sluiced(o.sluiced);
   cli.flag("--curve", o.curve,
            "latency curves: for each door its max (closed loop), then open loop at 10, 25, 50 "
@@ -254,10 +240,8 @@ std::optional<int> parse(bench::Cli& cli, int argc, char** argv, Options& o) {
   cli.numbers("--curve-loads", o.curve_loads, 1, 99,
               "P[,P]: open-loop points, percent of the door's max (10,25,50,75)");
   cli.word("--pinning", pinning, {"both", "pinned", "unpinned"}, "which sets of points");
-  cli.number("--server-cpu", o.server_cpu, 0, CPU_SETSIZE - 1,
-             "pinned: the CPU of every sluiced thread");
-  cli.number("--generator-cpu", o.generator_cpu, 0, CPU_SETSIZE - 1,
-             "pinned: the CPU of the generator's threads");
+  cli.number("--server-cpu", o.server_cpu, 0, CPU_SETSIZE - 1, "pinned: sluiced's CPU");
+  cli.number("--generator-cpu", o.generator_cpu, 0, CPU_SETSIZE - 1, "pinned: the generator's CPU");
   cli.number("--grpc-connections", o.grpc_connections, 1, 1024, "gRPC door: HTTP/2 connections");
   cli.number("--grpc-window", o.grpc_window, 1, 4096, "gRPC door: calls in flight per connection");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
@@ -648,15 +632,7 @@ int run(const Options& o, bool json) {
     if (max > 0) row(def, max / 2, true);
   }
   if (o.curve && !bench::stop_requested()) run_curves(o, s, keys, out);
-  if (s.sluiced.process.pid() > 0 && !s.sluiced.process.running()) {
-    std::fprintf(stderr, "sluice-bench-load: sluiced exited during the run (%s)\n",
-                 s.sluiced.process.exit_status().c_str());
-  }
-  if (s.sluiced.process.pid() > 0) {
-    s.sluiced.process.stop();
-    const std::string tail = bench::file_tail(s.sluiced.process.log_path(), 1500);
-    if (!tail.empty()) std::fprintf(stderr, "sluiced log (warn and above):\n%s\n", tail.c_str());
-  }
+  bench::stop_server(s.sluiced.process, "sluice-bench-load", "sluiced");
   if (bench::stop_requested()) {
     std::fprintf(stderr, "sluice-bench-load: interrupted; servers stopped\n");
     return 130;

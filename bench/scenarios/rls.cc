@@ -2,10 +2,8 @@
 // RateLimitService/ShouldRateLimit) against single UDP checks, on one sluiced, in one run
 // (docs/benchmarks.md, "Envoy RLS over gRPC").
 //
-// One run: starts sluiced (UDP, TCP, admin and gRPC on free loopback ports, rules with one domain
-// `bench` and a rule keyed by `k` whose limit no run reaches, in memory only), waits until both
-// fronts answer (bounded), then measures its rows one after another and stops sluiced (also on
-// error or SIGINT/SIGTERM; the child dies with the benchmark even on kill -9):
+// One run starts sluiced (rules with one domain `bench`, a rule keyed by `k` whose limit no run
+// reaches, in memory only), measures its rows one after another and stops it (common/process.h):
 //   rls max    closed loop: --channels HTTP/2 connections x --inflight unary calls outstanding
 //              on each; a call is restarted as soon as it ends
 //   rls half   open loop at half of `rls max`'s checks/s: a fixed schedule of send times
@@ -23,10 +21,8 @@
 // scheduled send time (a request that waited for a free slot is charged the wait), so a server
 // that falls behind cannot hide it (no coordinated omission).
 //
-// The RLS generator is bench/load's gRPC target (load/grpc_target.h: HTTP/2 through libnghttp2 on
-// the driver's epoll loop, one thread), so it costs a few microseconds per call and leaves the
-// cores to the server. It shares the machine's cores with sluiced: the *_cores fields say what
-// each used over the row.
+// The RLS generator is bench/load's gRPC target (load/grpc_target.h, on the driver's epoll loop,
+// one thread): a few microseconds per call. The *_cores fields say what each side used.
 //
 // Errors are counted, never dropped: any non-OK gRPC status, a response other than OK, a wrong
 // number of statuses, a connection lost; for UDP, error answers and requests unanswered within
@@ -198,12 +194,7 @@ int run(const Options& o, bool json) {
       // A fixed, moderate load: what an Envoy fleet sending that many checks costs the server.
       if (rls && o.low_rate > 0) one(o.low_rate, "low");
     }
-    if (!s.process().running()) {
-      std::fprintf(stderr, "sluice-bench-rls: %s exited during the run (%s)\n",
-                   noop ? "sluice-bench-rls-noop" : "sluiced", s.process().exit_status().c_str());
-    }
-    s.process().stop();
-    std::fprintf(stderr, "%s", bench::file_tail(s.process().log_path(), 1500).c_str());
+    bench::stop_server(s.process(), "sluice-bench-rls", noop ? "sluice-bench-rls-noop" : "sluiced");
     if (bench::stop_requested()) break;
   }
   if (bench::stop_requested()) {
