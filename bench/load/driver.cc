@@ -327,6 +327,15 @@ void stop_server(ChildProcess& p, const std::string& program, const std::string&
   if (!tail.empty()) std::fprintf(stderr, "%s log:\n%s\n", name.c_str(), tail.c_str());
 }
 
+int finish_run(const Rows& out, const std::string& program) {
+  if (stop_requested()) {
+    std::fprintf(stderr, "%s: interrupted; servers stopped\n", program.c_str());
+    return 130;
+  }
+  out.finish();
+  return 0;
+}
+
 void print_run_header(const std::string& program, const DriveOptions& d,
                       const std::string& server) {
   char date[32];

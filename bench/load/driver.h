@@ -193,6 +193,10 @@ RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn, pid_t serv
 // its log (what it logged at warn and above).
 void stop_server(ChildProcess& p, const std::string& program, const std::string& name);
 
+// The end of a run whose servers are stopped: 130 after SIGINT/SIGTERM (saying so on stderr),
+// else 0 after the --json line of `out`.
+int finish_run(const Rows& out, const std::string& program);
+
 // The first line of a run, on stdout: "# <program>, <date>: the machine, who shares it, what the
 // rows drive (from d), and `server` (the server under test's settings).
 void print_run_header(const std::string& program, const DriveOptions& d, const std::string& server);

@@ -633,12 +633,7 @@ int run(const Options& o, bool json) {
   }
   if (o.curve && !bench::stop_requested()) run_curves(o, s, keys, out);
   bench::stop_server(s.sluiced.process, "sluice-bench-load", "sluiced");
-  if (bench::stop_requested()) {
-    std::fprintf(stderr, "sluice-bench-load: interrupted; servers stopped\n");
-    return 130;
-  }
-  out.finish();
-  return 0;
+  return bench::finish_run(out, "sluice-bench-load");
 }
 
 }  // namespace

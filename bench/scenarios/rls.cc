@@ -197,12 +197,7 @@ int run(const Options& o, bool json) {
     bench::stop_server(s.process(), "sluice-bench-rls", noop ? "sluice-bench-rls-noop" : "sluiced");
     if (bench::stop_requested()) break;
   }
-  if (bench::stop_requested()) {
-    std::fprintf(stderr, "sluice-bench-rls: interrupted; sluiced stopped\n");
-    return 130;
-  }
-  out.finish();
-  return 0;
+  return bench::finish_run(out, "sluice-bench-rls");
 }
 
 }  // namespace
