@@ -99,10 +99,8 @@ struct IntervalMerge {
 void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned t, unsigned nconns,
                 int64_t t0, ThreadResult& out, IntervalMerge* intervals) {
   KeyStream keys(opt.keys, opt.zipf, opt.zipf_s, opt.seed * 1'000'003u + t);
-  Recorder rec;
-  rec.stats = &out.stats;
-  rec.measure_from_ns = t0 + static_cast<int64_t>(opt.warmup_s * 1e9);
-  rec.measure_to_ns = rec.measure_from_ns + static_cast<int64_t>(opt.seconds * 1e9);
+  const int64_t from = t0 + static_cast<int64_t>(opt.warmup_s * 1e9);  // the measured window
+  Recorder rec{&out.stats, from, from + static_cast<int64_t>(opt.seconds * 1e9)};
   ThreadContext ctx{t, &keys, &rec};
 
   struct Slot {
