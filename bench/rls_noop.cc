@@ -6,29 +6,20 @@
 //
 //   sluice-bench-rls-noop --grpc 127.0.0.1:PORT [--threads N]
 //
-// Runs until SIGTERM or SIGINT (or its parent dies: PR_SET_PDEATHSIG).
+// Runs until SIGTERM, SIGINT or SIGHUP (or its parent dies: PR_SET_PDEATHSIG).
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "common/scenario.h"
 #include "rls/rls.h"
 #include "wire/protocol.h"
-
-namespace {
-
-volatile std::sig_atomic_t stop = 0;
-
-void on_signal(int) {
-  stop = 1;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::string listen;
@@ -39,8 +30,7 @@ int main(int argc, char** argv) {
   cli.number("--threads", threads, 1, 64, "gRPC threads");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  std::signal(SIGTERM, on_signal);
-  std::signal(SIGINT, on_signal);
+  sluice::bench::install_stop_signals();
 
   // One allowed decision per check, no limit details, handed over as sluiced's node hands its
   // decisions (Backend::decide_here): the front's whole path but the engine.
@@ -71,7 +61,7 @@ int main(int argc, char** argv) {
   server.set_serving(true);
   std::fprintf(stderr, "sluice-bench-rls-noop: serving on port %u\n", server.port());
   // Bounded by the signal: checked every 50 ms.
-  while (stop == 0)
+  while (!sluice::bench::stop_requested())
     ::usleep(50'000);
   server.shutdown(0);
   return 0;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <exception>
 #include <map>
@@ -77,39 +78,29 @@ struct ThreadResult {
   std::string fatal;
 };
 
-// Collects each thread's stats of an interval; the last thread to hand interval i in calls the
-// callback. `mu` guards `pending`.
-class IntervalMerge {
- public:
-  IntervalMerge(const DriveOptions& opt, unsigned threads) : opt_(opt), threads_(threads) {}
-  void hand_in(unsigned index, unsigned thread, const RowStats& s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Pending& p = pending_[index];
-    if (p.by_thread.empty()) p.by_thread.resize(threads_);
-    p.by_thread[thread] = s;
-    if (++p.handed < threads_) return;
-    if (opt_.on_interval) opt_.on_interval(index, p.by_thread);
-    pending_.erase(index);
-  }
+// Collects each thread's stats of an interval; the last thread to hand interval i in calls
+// on_interval. `mu` guards `pending` (by interval: the stats by thread, and how many handed in).
+struct IntervalMerge {
+  const DriveOptions& opt;
+  std::mutex mu;
+  std::map<unsigned, std::pair<std::vector<RowStats>, unsigned>> pending;
 
- private:
-  struct Pending {
-    std::vector<RowStats> by_thread;
-    unsigned handed = 0;
-  };
-  const DriveOptions& opt_;
-  const unsigned threads_;
-  std::mutex mu_;
-  std::map<unsigned, Pending> pending_;
+  void hand_in(unsigned index, unsigned thread, const RowStats& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& [by_thread, handed] = pending[index];
+    by_thread.resize(opt.threads);
+    by_thread[thread] = s;
+    if (++handed < opt.threads) return;
+    if (opt.on_interval) opt.on_interval(index, by_thread);
+    pending.erase(index);
+  }
 };
 
 void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned t, unsigned nconns,
                 int64_t t0, ThreadResult& out, IntervalMerge* intervals) {
   KeyStream keys(opt.keys, opt.zipf, opt.zipf_s, opt.seed * 1'000'003u + t);
-  Recorder rec;
-  rec.stats = &out.stats;
-  rec.measure_from_ns = t0 + static_cast<int64_t>(opt.warmup_s * 1e9);
-  rec.measure_to_ns = rec.measure_from_ns + static_cast<int64_t>(opt.seconds * 1e9);
+  const int64_t from = t0 + static_cast<int64_t>(opt.warmup_s * 1e9);  // the measured window
+  Recorder rec{&out.stats, from, from + static_cast<int64_t>(opt.seconds * 1e9)};
   ThreadContext ctx{t, &keys, &rec};
 
   struct Slot {
@@ -131,45 +122,50 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
     return;
   }
   for (Slot& s : conns) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = &s;
+    epoll_event ev{EPOLLIN, {.ptr = &s}};
     ::epoll_ctl(ep, EPOLL_CTL_ADD, s.conn->fd(), &ev);
   }
-  auto set_out = [ep](Slot& s) {
+  // After any I/O on a connection: retires it when it failed, else watches EPOLLOUT while it has
+  // output waiting.
+  auto settle = [&](Slot& s) {
+    if (s.dead) return;
+    if (s.conn->failed()) {
+      s.dead = true;
+      ++out.stats.conn_failures;
+      ::epoll_ctl(ep, EPOLL_CTL_DEL, s.conn->fd(), nullptr);
+      return;
+    }
     const bool want = s.conn->wants_write();
-    if (want == s.out_registered || s.dead) return;
-    epoll_event ev{};
-    ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
-    ev.data.ptr = &s;
+    if (want == s.out_registered) return;
+    epoll_event ev{EPOLLIN | (want ? EPOLLOUT : 0u), {.ptr = &s}};
     ::epoll_ctl(ep, EPOLL_CTL_MOD, s.conn->fd(), &ev);
     s.out_registered = want;
   };
-  auto retire_if_failed = [&](Slot& s) {
-    if (s.dead || !s.conn->failed()) return;
-    s.dead = true;
-    ++out.stats.conn_failures;
-    ::epoll_ctl(ep, EPOLL_CTL_DEL, s.conn->fd(), nullptr);
+  // Closed loop: sends until the connection's window is full.
+  auto refill = [&](Slot& s, int64_t now) {
+    settle(s);
+    if (s.dead) return;
+    for (int guard = 0; guard < 4096 && s.conn->has_room(); ++guard)
+      s.conn->send(now);
+    s.conn->flush();
+    settle(s);
   };
 
   const bool open_loop = opt.rate > 0;
-  // Units per second this thread owes in open loop.
+  // Open loop: unit k (from 0) is due at sched(k); units 0 .. due_by(t)-1 are due by t.
   const double unit_rate = open_loop ? opt.rate / opt.threads / opt.batch : 0;
+  auto sched = [&](uint64_t k) {
+    return t0 + static_cast<int64_t>(static_cast<double>(k) / unit_rate * 1e9);
+  };
+  auto due_by = [&](int64_t time) -> uint64_t {
+    return time < t0 ? 0
+                     : static_cast<uint64_t>(static_cast<double>(time - t0) * 1e-9 * unit_rate) + 1;
+  };
   const int64_t end = rec.measure_to_ns;
   uint64_t sent_units = 0;
   size_t rr = 0;
   std::vector<Slot*> touched;  // open loop: connections written to in this pass
   touched.reserve(conns.size());
-
-  auto refill = [&](Slot& s, int64_t now) {
-    if (s.dead) return;
-    // Bounded by the connection's window.
-    for (int guard = 0; guard < 4096 && s.conn->has_room(); ++guard)
-      s.conn->send(now);
-    s.conn->flush();
-    retire_if_failed(s);
-    set_out(s);
-  };
 
   int64_t now = now_ns();
   if (!open_loop) {
@@ -203,42 +199,29 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
 
     int64_t wait_ns = 1'000'000;
     if (open_loop) {
-      // Unit k is due at t0 + k / unit_rate: units 0 .. due-1 are due by now.
-      const uint64_t due =
-          now < t0 ? 0
-                   : static_cast<uint64_t>(static_cast<double>(now - t0) * 1e-9 * unit_rate) + 1;
       touched.clear();
-      while (sent_units < due) {
+      for (const uint64_t due = due_by(now); sent_units < due; ++sent_units) {
         Slot* pick = nullptr;
-        for (size_t k = 0; k < conns.size(); ++k) {
+        for (size_t k = 0; k < conns.size() && pick == nullptr; ++k) {
           Slot& s = conns[(rr + k) % conns.size()];
           if (!s.dead && s.conn->has_room()) {
             pick = &s;
             rr = (rr + k + 1) % conns.size();
-            break;
           }
         }
         if (pick == nullptr) break;  // every window is full: the backlog waits (and ages)
-        const auto sched =
-            t0 + static_cast<int64_t>(static_cast<double>(sent_units) / unit_rate * 1e9);
-        if (rec.in_window(now)) {
-          out.stats.send_lag.record(static_cast<uint64_t>(std::max<int64_t>(now - sched, 0)));
-        }
-        pick->conn->send(opt.latency_from_schedule ? sched : now);
-        ++sent_units;
-        if (std::find(touched.begin(), touched.end(), pick) == touched.end()) {
+        const int64_t due_at = sched(sent_units);
+        if (rec.in_window(now))
+          out.stats.send_lag.record(static_cast<uint64_t>(std::max<int64_t>(now - due_at, 0)));
+        pick->conn->send(opt.latency_from_schedule ? due_at : now);
+        if (std::find(touched.begin(), touched.end(), pick) == touched.end())
           touched.push_back(pick);
-        }
       }
       for (Slot* s : touched) {
         s->conn->flush();
-        retire_if_failed(*s);
-        set_out(*s);
+        settle(*s);
       }
-      // The next unsent unit's schedule (units are numbered from 0).
-      const auto next_due =
-          t0 + static_cast<int64_t>(static_cast<double>(sent_units) / unit_rate * 1e9);
-      wait_ns = std::clamp<int64_t>(next_due - now_ns(), kOpenLoopTickNs, 1'000'000);
+      wait_ns = std::clamp<int64_t>(sched(sent_units) - now_ns(), kOpenLoopTickNs, 1'000'000);
     }
 
     timespec ts{0, static_cast<long>(wait_ns)};
@@ -249,11 +232,10 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
       if (s.dead) continue;
       if (events[i].events & EPOLLOUT) s.conn->flush();
       if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) s.conn->on_readable(now);
-      retire_if_failed(s);
-      if (!open_loop) {
-        refill(s, now);
+      if (open_loop) {
+        settle(s);
       } else {
-        set_out(s);
+        refill(s, now);
       }
     }
     if (now >= next_expire) {
@@ -272,13 +254,10 @@ void run_thread(const DriveOptions& opt, const ConnFactory& make_conn, unsigned 
       }
     }
   }
-  if (open_loop) {
-    // Units due up to one tick before the end: later ones were not late, the row just ended.
-    const auto due_at_end =
-        static_cast<uint64_t>(static_cast<double>(end - kOpenLoopTickNs - t0) * 1e-9 * unit_rate) +
-        1;
-    out.stats.unsent = due_at_end > sent_units ? due_at_end - sent_units : 0;
-  }
+  // Open loop: units due up to one tick before the end were late; later ones were not, the row
+  // just ended.
+  if (open_loop)
+    out.stats.unsent = std::max(due_by(end - kOpenLoopTickNs), sent_units) - sent_units;
   ::close(ep);
   if (intervals != nullptr) {
     // The last interval, shorter when the window does not divide evenly; a stop or a fatal error
@@ -298,12 +277,13 @@ RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn) {
   const unsigned threads = std::max(1u, std::min(opt.threads, opt.conns));
   std::vector<ThreadResult> results(threads);
   std::vector<std::thread> pool;
-  // Start every thread on the same clock so open-loop pacing and the windows line up.
-  const int64_t t0 = opt.start_ns > 0 ? opt.start_ns : now_ns() + 50'000'000;  // time to connect
+  // Every thread starts on the same clock (after time to connect), so open-loop pacing and the
+  // windows line up.
+  const int64_t t0 = now_ns() + 50'000'000;
   DriveOptions o = opt;
   o.threads = threads;
   std::unique_ptr<IntervalMerge> intervals;
-  if (o.interval_s > 0) intervals = std::make_unique<IntervalMerge>(o, threads);
+  if (o.interval_s > 0) intervals = std::make_unique<IntervalMerge>(o);
   for (unsigned t = 0; t < threads; ++t) {
     const unsigned n = opt.conns / threads + (t < opt.conns % threads ? 1 : 0);
     pool.emplace_back([&o, &make_conn, t, n, t0, &results, &intervals] {
@@ -332,6 +312,60 @@ RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn, pid_t serv
   cores.other =
       std::max(0.0, (machine_busy_seconds() - m0) / wall - cores.generator - cores.server);
   return st;
+}
+
+void stop_server(ChildProcess& p, const std::string& program, const std::string& name) {
+  if (p.pid() <= 0) return;
+  if (!p.running()) {
+    std::fprintf(stderr, "%s: %s exited during the run (%s)\n", program.c_str(), name.c_str(),
+                 p.exit_status().c_str());
+  }
+  p.stop();
+  const std::string tail = file_tail(p.log_path(), 1500);
+  if (!tail.empty()) std::fprintf(stderr, "%s log:\n%s\n", name.c_str(), tail.c_str());
+}
+
+int finish_run(const Rows& out, const std::string& program) {
+  if (stop_requested()) {
+    std::fprintf(stderr, "%s: interrupted; servers stopped\n", program.c_str());
+    return 130;
+  }
+  out.finish();
+  return 0;
+}
+
+void print_run_header(const std::string& program, const DriveOptions& d,
+                      const std::string& server) {
+  char date[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M %Z", std::localtime(&t));
+  std::printf(
+      "# %s, %s: %u CPUs (%s) shared by the generator (%u thread(s)) and the server under test, "
+      "%s; %u keys %s, %.1f s per row after %.1f s warm-up\n",
+      program.c_str(), date, std::thread::hardware_concurrency(), cpu_model().c_str(), d.threads,
+      server.c_str(), d.keys, d.zipf ? "zipf(0.99)" : "uniform", d.seconds, d.warmup_s);
+}
+
+std::string row_notes(const RowStats& st, const std::vector<std::pair<std::string, double>>& more) {
+  std::string notes;
+  auto add = [&](const std::string& what, const std::string& value) {
+    notes += (notes.empty() ? "" : ", ") + what + " " + value;
+  };
+  std::vector<std::pair<std::string, double>> counts = {
+      {"denied", static_cast<double>(st.denied)},
+      {"late", static_cast<double>(st.late_answers)},
+      {"send-EAGAIN", static_cast<double>(st.send_failures)}};
+  counts.insert(counts.end(), more.begin(), more.end());
+  for (const auto& [what, v] : counts)
+    if (v > 0) add(what, std::to_string(std::llround(v)));
+  if (st.arrival.count() > 0) {
+    auto us = [&](double q) {
+      return std::to_string(std::llround(static_cast<double>(st.arrival.quantile_ns(q)) / 1e3));
+    };
+    add("at-socket p50/p99/p99.9 us", us(0.5) + "/" + us(0.99) + "/" + us(0.999));
+  }
+  if (!st.first_error.empty()) add("first error:", st.first_error);
+  return notes;
 }
 
 Row row_figures(const RowStats& st, const Cores& cores) {

@@ -36,12 +36,15 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/json_rows.h"
 #include "load/histogram.h"
 
 namespace sluice::bench {
+
+class ChildProcess;
 
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -173,9 +176,6 @@ struct DriveOptions {
   // > 0: report the stats of every interval of this many seconds to on_interval (see above).
   double interval_s = 0;
   std::function<void(unsigned index, const std::vector<RowStats>& by_thread)> on_interval;
-  // Start of the row (now_ns() clock); 0: 50 ms after drive() is called. Two drive() calls in
-  // parallel threads line their intervals up by passing the same start.
-  int64_t start_ns = 0;
 };
 
 // Runs one row. Throws std::runtime_error when connections cannot be made at all.
@@ -188,6 +188,22 @@ struct Cores {
 };
 // drive(), and the cores each side used while it ran.
 RowStats drive(const DriveOptions& opt, const ConnFactory& make_conn, pid_t server, Cores& cores);
+
+// Stops a server after its rows: says on stderr when it exited during them, and prints the tail of
+// its log (what it logged at warn and above).
+void stop_server(ChildProcess& p, const std::string& program, const std::string& name);
+
+// The end of a run whose servers are stopped: 130 after SIGINT/SIGTERM (saying so on stderr),
+// else 0 after the --json line of `out`.
+int finish_run(const Rows& out, const std::string& program);
+
+// The first line of a run, on stdout: "# <program>, <date>: the machine, who shares it, what the
+// rows drive (from d), and `server` (the server under test's settings).
+void print_run_header(const std::string& program, const DriveOptions& d, const std::string& server);
+
+// A row's "notes": "what N" for each count above 0 of the driver's (denied, late, send-EAGAIN)
+// and then of `more` (the scenario's own), the UDP answers' latency at the socket, the first error.
+std::string row_notes(const RowStats& st, const std::vector<std::pair<std::string, double>>& more);
 
 // The figures every scenario reports of a row, as JSON fields: checks_per_sec, p50_us, p99_us,
 // p999_us, max_us, server_cpu_us_per_check (the server's CPU per answered check), server_cores,

@@ -8,8 +8,9 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cmath>
 #include <cstdint>
+
+#include "common/percentile.h"
 
 namespace sluice::bench {
 
@@ -43,16 +44,15 @@ class LatencyHistogram {
   }
   uint64_t max_ns() const { return max_; }
 
-  // The value at quantile q (0 < q <= 1): the midpoint of the bucket holding the ceil(q * n)-th
-  // smallest value, or 0 when nothing was recorded.
+  // The value at quantile q (0 < q <= 1): the midpoint of the bucket holding the nearest-rank
+  // value (common/percentile.h), or 0 when nothing was recorded.
   uint64_t quantile_ns(double q) const {
     if (total_ == 0) return 0;
-    auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(total_)));
-    rank = std::clamp<uint64_t>(rank, 1, total_);
+    const uint64_t rank = nearest_rank(total_, q);  // 0-based
     uint64_t seen = 0;
     for (size_t i = 0; i < kBuckets; ++i) {
       seen += counts_[i];
-      if (seen >= rank) return std::min(midpoint(i), max_);
+      if (seen > rank) return std::min(midpoint(i), max_);
     }
     return max_;
   }

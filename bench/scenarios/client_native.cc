@@ -7,12 +7,12 @@
 // one JSON object: {"lang":..,"batch":..,"checks":..,"seconds":..,"checks_per_s":..,
 // "undecided":..}, and with --json the {"rows":[...]} line of it after. bench/client_bench.py runs
 // it next to the Python and Go clients, reading the object.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,43 +35,49 @@ struct Args {
   double seconds = 2;
 };
 
-std::vector<std::string> users(int n) {
-  std::vector<std::string> u;
-  for (int i = 0; i < n; ++i)
-    u.push_back("u" + std::to_string(i));
-  return u;
+// Repeats call(n) (one call of a.batch checks on keys n, n+1, ... of the names; it returns how
+// many came back undecided) for a.seconds, and the row of it. Only this loop is timed, not
+// creating the client.
+template <class Call>
+sluice::bench::Row timed_calls(const Args& a, Call call) {
+  uint64_t checks = 0, undecided = 0;
+  const auto start = Clock::now();
+  const auto until = start + std::chrono::duration<double>(a.seconds);
+  while (Clock::now() < until && checks < kMaxChecks) {
+    undecided += static_cast<uint64_t>(call(checks));
+    checks += static_cast<uint64_t>(a.batch);
+  }
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  return {{"lang", a.lang},
+          {"batch", a.batch},
+          {"checks", checks},
+          {"seconds", took},
+          {"checks_per_s", std::llround(static_cast<double>(checks) / took)},
+          {"undecided", undecided}};
 }
 
-int run_cpp(const Args& a, uint64_t& checks, uint64_t& undecided, double& took) {
+std::optional<sluice::bench::Row> run_cpp(const Args& a, const std::vector<std::string>& names) {
   std::string error;
   auto client = sluice::Client::create(
       {.nodes = {a.server}, .timeout = std::chrono::milliseconds(200)}, &error);
   if (!client) {
     std::fprintf(stderr, "create: %s\n", error.c_str());
-    return 2;
+    return std::nullopt;
   }
-  const auto names = users(1000);
   std::vector<std::vector<sluice::Entry>> entries(static_cast<size_t>(a.batch));
   std::vector<sluice::Check> batch(static_cast<size_t>(a.batch));
   std::vector<sluice::Result> results;
-  const auto start = Clock::now();  // the loop only: creating the client is not timed
-  const auto until = start + std::chrono::duration<double>(a.seconds);
-  uint64_t n = 0;
-  while (Clock::now() < until && checks < kMaxChecks) {
+  return timed_calls(a, [&](uint64_t n) {
     for (size_t i = 0; i < batch.size(); ++i) {
       entries[i] = {{a.entry, names[n++ % names.size()]}};
       batch[i] = {a.domain, entries[i], 1};
     }
     client->check_batch(batch, results);
-    for (const sluice::Result& r : results)
-      undecided += r.decided() ? 0u : 1u;
-    checks += batch.size();
-  }
-  took = std::chrono::duration<double>(Clock::now() - start).count();
-  return 0;
+    return std::count_if(results.begin(), results.end(), [](auto& r) { return !r.decided(); });
+  });
 }
 
-int run_c(const Args& a, uint64_t& checks, uint64_t& undecided, double& took) {
+std::optional<sluice::bench::Row> run_c(const Args& a, const std::vector<std::string>& names) {
   sluice_options o;
   sluice_options_init(&o);
   const char* nodes[] = {a.server.c_str()};
@@ -82,19 +88,15 @@ int run_c(const Args& a, uint64_t& checks, uint64_t& undecided, double& took) {
   char why[256];
   if (sluice_client_create(&o, &c, why, sizeof why) != SLUICE_OK) {
     std::fprintf(stderr, "create: %s\n", why);
-    return 2;
+    return std::nullopt;
   }
-  const auto names = users(1000);
   const size_t b = static_cast<size_t>(a.batch);
   std::vector<sluice_entry> entries(b);
   std::vector<sluice_check> batch(b);
   std::vector<sluice_result> results(b);
   for (sluice_result& r : results)
     sluice_result_init(&r);
-  const auto start = Clock::now();  // the loop only: creating the client is not timed
-  const auto until = start + std::chrono::duration<double>(a.seconds);
-  uint64_t n = 0;
-  while (Clock::now() < until && checks < kMaxChecks) {
+  const sluice::bench::Row row = timed_calls(a, [&](uint64_t n) {
     for (size_t i = 0; i < b; ++i) {
       entries[i] = {a.entry.c_str(), names[n++ % names.size()].c_str()};
       batch[i] = {a.domain.c_str(), &entries[i], 1, 1};
@@ -104,13 +106,11 @@ int run_c(const Args& a, uint64_t& checks, uint64_t& undecided, double& took) {
     } else {
       sluice_check_batch(c, batch.data(), b, results.data());
     }
-    for (const sluice_result& r : results)
-      undecided += r.outcome == SLUICE_DECIDED ? 0u : 1u;
-    checks += b;
-  }
-  took = std::chrono::duration<double>(Clock::now() - start).count();
+    return std::count_if(results.begin(), results.end(),
+                         [](auto& r) { return r.outcome != SLUICE_DECIDED; });
+  });
   sluice_client_destroy(&c);
-  return 0;
+  return row;
 }
 
 }  // namespace
@@ -129,32 +129,24 @@ int bench_client_native_main(int argc, char** argv) {
   if (quick) a.seconds = 0.2;
   bench::TempDir dir;
   bench::SluicedChild own;
-  try {
-    if (a.server.empty()) {
-      own.written_by = "sluice-bench-client-native";
-      own.limits = "1000000000/1m";
-      own.data = false;
+  if (a.server.empty()) {
+    own.written_by = "sluice-bench-client-native";
+    own.limits = "1000000000/1m";
+    own.data = false;
+    try {
       own.start(dir.path);
-      a.server = "127.0.0.1:" + std::to_string(own.port);
-      a.domain = bench::kSluiceDomain;
-      a.entry = bench::kSluiceEntryKey;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "sluice-bench-client-native: %s\n", e.what());
+      return 1;
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sluice-bench-client-native: %s\n", e.what());
-    return 1;
+    a.server = "127.0.0.1:" + std::to_string(own.port);
+    a.domain = bench::kSluiceDomain;
+    a.entry = bench::kSluiceEntryKey;
   }
-  uint64_t checks = 0, undecided = 0;
-  double took = 0;
-  const int rc =
-      a.lang == "cpp" ? run_cpp(a, checks, undecided, took) : run_c(a, checks, undecided, took);
-  if (rc != 0) return rc;
-  const bench::Row row = {{"lang", a.lang},
-                          {"batch", a.batch},
-                          {"checks", checks},
-                          {"seconds", took},
-                          {"checks_per_s", std::llround(static_cast<double>(checks) / took)},
-                          {"undecided", undecided}};
-  std::printf("%s\n", row.dump().c_str());
-  cli.finish(nlohmann::json::array({row}));
+  const bench::Keyspace keys(1000);
+  const auto row = a.lang == "cpp" ? run_cpp(a, keys.names) : run_c(a, keys.names);
+  if (!row) return 2;
+  std::printf("%s\n", row->dump().c_str());
+  cli.finish(nlohmann::json::array({*row}));
   return 0;
 }

@@ -4,10 +4,9 @@
 //   memcached + the memcached sliding window's two counters, and plain Redis INCR as the floor of
 //   any Redis design.
 //
-// One run: starts sluiced, redis-server, memcached, nginx and the echo servers on free loopback
-// ports (only those the selected rows need), waits until each answers (bounded), drives the rows
-// one after another with the same generator settings, one row line each, and stops every server
-// (also on error or SIGINT/SIGTERM; children die with the benchmark even on kill -9).
+// One run starts the servers the selected rows need on free loopback ports, waits until each
+// answers (bounded), drives the rows one after another with the same generator settings and stops
+// every server (also on error, SIGINT/SIGTERM, or kill -9 of the benchmark: common/process.h).
 //
 // Rows and what is in flight (defaults; each row's in_flight says it):
 //   sluiced-udp-single   8 UDP sockets x 8 datagrams of 1 check
@@ -45,16 +44,14 @@
 // where they could run at the start, so the two sets side by side show the machine's own jitter.
 // The max of each pinning is measured in that pinning, right before its open-loop points.
 //
-// Every figure includes the generator's own CPU use (it shares the machine's cores): the *_cores
-// fields say what the generator, the server under test and the rest used over the row. Generator:
-// load/driver.h; protocol clients: load/targets.h. The goals are judged from the rows by
-// bench/report.py (bench/goals.toml).
+// The generator (load/driver.h; protocol clients: load/targets.h) shares the machine's cores: the
+// *_cores fields say what it, the server under test and the rest used over the row. bench/report.py
+// judges the goals from the rows (bench/goals.toml).
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -63,7 +60,6 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/json_rows.h"
@@ -87,15 +83,10 @@ using bench::Row;
 constexpr uint64_t kLimit = 1'000'000'000;
 
 struct Options {
-  bool json = false;
   bool half_rate = false;
   bool list = false;
   std::vector<std::string> only;
-  double seconds = 5;
-  double warmup = 0.5;
-  uint32_t keys = 10'000;
-  bool zipf = false;
-  double rate = 0;
+  bench::DriveOptions drive;  // seconds, warm-up, keys, distribution, --rate, generator threads
   uint32_t connections = 16;
   uint32_t depth = 32;       // sluiced TCP single checks: frames in flight per connection
   uint32_t batch_depth = 1;  // batch rows (sluiced TCP, Redis pipelined): groups per connection
@@ -105,7 +96,6 @@ struct Options {
   uint32_t udp_batch_window = 2;
   uint32_t udp_room = 288;   // libsluice's default udp_answer_room_per_check
   uint32_t http_window = 1;  // HTTP rows: requests in flight per connection (pipelined if > 1)
-  uint32_t gen_threads = 1;
   // The generator takes one core; Redis serves on one thread. Giving sluiced the one core left
   // keeps three busy threads off two cores (measured: 2 threads on this 2-core machine cost
   // scheduler time slices, p99.9 ~4 ms).
@@ -191,20 +181,17 @@ std::vector<RowDef> all_rows(const Options& o) {
 }
 
 // The doors of --curve and the kind of row each is driven as (single checks).
-const std::vector<std::pair<std::string, Kind>> kDoors = {{"udp", Kind::kSluiceUdp},
-                                                          {"tcp", Kind::kSluiceTcp},
-                                                          {"http", Kind::kSluiceHttp},
-                                                          {"grpc", Kind::kSluiceGrpc},
-                                                          {"redis", Kind::kSluiceResp}};
+const std::map<std::string, Kind> kDoors = {{"udp", Kind::kSluiceUdp},
+                                            {"tcp", Kind::kSluiceTcp},
+                                            {"http", Kind::kSluiceHttp},
+                                            {"grpc", Kind::kSluiceGrpc},
+                                            {"redis", Kind::kSluiceResp}};
 
 bool selected(const Options& o, const std::string& name) {
-  if (o.only.empty()) return true;
-  for (const std::string& n : o.only) {
-    if (name == n || (name.size() > n.size() && name.starts_with(n) && name[n.size()] == '-')) {
-      return true;
-    }
-  }
-  return false;
+  return o.only.empty() || std::any_of(o.only.begin(), o.only.end(), [&](const std::string& n) {
+           return name == n ||
+                  (name.starts_with(n) && name.size() > n.size() && name[n.size()] == '-');
+         });
 }
 
 bool curve_has(const Options& o, const std::string& door) {
@@ -212,8 +199,7 @@ bool curve_has(const Options& o, const std::string& door) {
 }
 
 // nullopt: run with o. Otherwise the exit status (common/scenario.h).
-std::optional<int> parse(int argc, char** argv, Options& o) {
-  bench::Cli cli("sluice-bench-load");
+std::optional<int> parse(bench::Cli& cli, int argc, char** argv, Options& o) {
   cli.app().footer(
       "Each row is printed as a name=value line when measured; --json adds the last line "
       "{\"rows\":[...]}, where open-loop rows also carry \"histogram_us\" ([us, checks] pairs). "
@@ -226,36 +212,24 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
       ->delimiter(',')
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cli.flag("--list", o.list, "print the row names and exit");
-  cli.flag("--half-rate", o.half_rate,
-           "also measure sluiced-udp-single at its max rate, then at half that rate (open loop) "
-           "for the p99 target");
-  cli.seconds(o.seconds, 0.1, 600, "measured seconds per row");
-  cli.number("--warmup", o.warmup, 0, 60, "unmeasured seconds before each row");
-  cli.keys(o.keys, 1, 10'000'000, "keyspace, the same for every target");
+  cli.flag("--half-rate", o.half_rate, "also sluiced-udp-single at half its max rate (open loop)");
+  cli.seconds(o.drive.seconds, 0.1, 600, "measured seconds per row");
+  cli.number("--warmup", o.drive.warmup_s, 0, 60, "unmeasured seconds before each row");
+  cli.keys(o.drive.keys, 1, 10'000'000, "keyspace, the same for every target");
   cli.word("--dist", dist, {"uniform", "zipf"}, "key popularity (zipf: s = 0.99)");
-  cli.number("--rate", o.rate, 0, 1e9,
-             "offered checks/s, open loop, for every row; 0 = closed loop");
+  cli.number("--rate", o.drive.rate, 0, 1e9, "offered checks/s of every row; 0 = closed loop");
   cli.number("--connections", o.connections, 1, 1024, "TCP connections per row");
-  cli.number("--depth", o.depth, 1, 4096,
-             "sluiced TCP single checks: frames in flight per connection");
-  cli.number("--batch", o.batch, 2, 1024,
-             "checks per datagram / frame / pipelined group in batch rows");
-  cli.number("--batch-depth", o.batch_depth, 1, 1024,
-             "batch rows over TCP: frames / groups in flight per connection");
+  cli.number("--depth", o.depth, 1, 4096, "sluiced TCP single checks: frames in flight per conn");
+  cli.number("--batch", o.batch, 2, 1024, "checks per datagram / frame / group in batch rows");
+  cli.number("--batch-depth", o.batch_depth, 1, 1024, "TCP batch rows: frames / groups per conn");
   cli.number("--udp-sockets", o.udp_sockets, 1, 1024, "UDP sockets");
-  cli.number("--udp-window", o.udp_window, 1, 4096,
-             "UDP single checks: datagrams in flight per socket");
-  cli.number("--udp-batch-window", o.udp_batch_window, 1, 4096,
-             "UDP batches: datagrams in flight per socket");
-  cli.number("--udp-room", o.udp_room, 0, 2048,
-             "UDP padding per check, as libsluice's udp_answer_room_per_check");
-  cli.number("--http-window", o.http_window, 1, 1024,
-             "HTTP rows: requests in flight per connection, pipelined when > 1");
-  cli.number("--gen-threads", o.gen_threads, 1, 2,
-             "generator threads (1: the machine has 2 cores for generator and server)");
+  cli.number("--udp-window", o.udp_window, 1, 4096, "UDP single checks: datagrams per socket");
+  cli.number("--udp-batch-window", o.udp_batch_window, 1, 4096, "UDP batches: dgrams per socket");
+  cli.number("--udp-room", o.udp_room, 0, 2048, "UDP padding per check, as libsluice");
+  cli.number("--http-window", o.http_window, 1, 1024, "HTTP rows: requests in flight per conn");
+  cli.number("--gen-threads", o.drive.threads, 1, 2, "generator threads");
   cli.server_threads(o.server_threads);
-  cli.number("--busy-poll-us", o.busy_poll_us, 0, 10'000,
-             "sluiced's udp_busy_poll_us: spin reading UDP this long after answering");
+  cli.number("--busy-poll-us", o.busy_poll_us, 0, 10'000, "sluiced's udp_busy_poll_us");
   cli.sluiced(o.sluiced);
   cli.flag("--curve", o.curve,
            "latency curves: for each door its max (closed loop), then open loop at 10, 25, 50 "
@@ -266,20 +240,15 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   cli.numbers("--curve-loads", o.curve_loads, 1, 99,
               "P[,P]: open-loop points, percent of the door's max (10,25,50,75)");
   cli.word("--pinning", pinning, {"both", "pinned", "unpinned"}, "which sets of points");
-  cli.number("--server-cpu", o.server_cpu, 0, CPU_SETSIZE - 1,
-             "pinned: the CPU of every sluiced thread");
-  cli.number("--generator-cpu", o.generator_cpu, 0, CPU_SETSIZE - 1,
-             "pinned: the CPU of the generator's threads");
+  cli.number("--server-cpu", o.server_cpu, 0, CPU_SETSIZE - 1, "pinned: sluiced's CPU");
+  cli.number("--generator-cpu", o.generator_cpu, 0, CPU_SETSIZE - 1, "pinned: the generator's CPU");
   cli.number("--grpc-connections", o.grpc_connections, 1, 1024, "gRPC door: HTTP/2 connections");
   cli.number("--grpc-window", o.grpc_window, 1, 4096, "gRPC door: calls in flight per connection");
   if (const std::optional<int> exit = cli.parse(argc, argv)) return exit;
-  o.json = cli.json;
   std::erase(o.only, std::string());
-  o.zipf = dist == "zipf";
+  o.drive.zipf = dist == "zipf";
   if (pinning != "both") o.pinnings = {pinning == "pinned"};
-  if (o.doors.empty())
-    for (const auto& [door, kind] : kDoors)
-      o.doors.push_back(door);
+  if (o.doors.empty()) o.doors = {"udp", "tcp", "http", "grpc", "redis"};
   if (o.curve_loads.empty()) o.curve_loads = {10, 25, 50, 75};
   return std::nullopt;
 }
@@ -363,62 +332,55 @@ void start_servers(const Options& o, const bool (&need)[kServers], bool resp, Se
 
 // ---- counters around a row ----------------------------------------------------------------------
 
-using Counters = std::map<std::string, double>;
-
-// The sluiced counters a row's notes name (summed over label sets).
-Counters sluiced_metrics(uint16_t admin_port) {
-  Counters c;
+// What a row's notes count around it, by the note's name: sluiced's counters (summed over label
+// sets) and, for UDP rows, the kernel's UDP drops (/proc/net/snmp: receive-buffer overflows).
+std::map<std::string, double> counters(uint16_t admin_port, bool udp) {
+  std::map<std::string, double> c;
   std::string body;
-  if (!bench::http_get(admin_port, "/metrics", body).empty()) return c;
-  const auto samples = bench::parse_metrics(body);
-  for (const char* keep :
-       {"sluice_dropped_datagrams_total", "sluice_rejected_requests_total",
-        "sluice_bad_frames_total", "sluice_rejected_checks_total", "sluice_no_room_total"}) {
-    if (const double v = bench::metric_sum(samples, keep); v >= 0) c[keep] = v;
+  if (admin_port != 0 && bench::http_get(admin_port, "/metrics", body).empty()) {
+    const auto samples = bench::parse_metrics(body);
+    for (const auto& [note, metric] : {std::pair{"dropped", "sluice_dropped_datagrams_total"},
+                                       {"rejected-req", "sluice_rejected_requests_total"},
+                                       {"rejected-checks", "sluice_rejected_checks_total"},
+                                       {"bad-frames", "sluice_bad_frames_total"},
+                                       {"no-room", "sluice_no_room_total"}}) {
+      if (const double v = bench::metric_sum(samples, metric); v >= 0)
+        c[std::string("sluiced-") + note] = v;
+    }
   }
-  return c;
-}
-
-// Kernel-wide UDP counters from /proc/net/snmp (receive-buffer overflows drop datagrams).
-Counters udp_snmp() {
-  Counters c;
   std::ifstream in("/proc/net/snmp");
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line) && lines.size() < 2;) {
+  std::vector<std::string> lines;  // the names, then the values
+  for (std::string line; udp && std::getline(in, line) && lines.size() < 2;) {
     if (line.starts_with("Udp: ")) lines.push_back(line);
   }
   if (lines.size() < 2) return c;
-  std::istringstream n(lines[0]), v(lines[1]);
-  std::string key, val;
-  n >> key;
-  v >> val;
-  while (n >> key && v >> val)
-    c[key] = std::strtod(val.c_str(), nullptr);
+  std::istringstream names(lines[0]), values(lines[1]);
+  for (std::string name, value; names >> name && values >> value;) {
+    if (name == "RcvbufErrors") c["kernel-udp-rcvbuf-drops"] = std::strtod(value.c_str(), nullptr);
+    if (name == "SndbufErrors") c["kernel-udp-sndbuf-drops"] = std::strtod(value.c_str(), nullptr);
+  }
   return c;
-}
-
-double delta(const Counters& before, const Counters& after, const std::string& k) {
-  const auto a = after.find(k);
-  const auto b = before.find(k);
-  return (a == after.end() ? 0 : a->second) - (b == before.end() ? 0 : b->second);
 }
 
 // ---- rows -------------------------------------------------------------------------------------
 
-// How the generator drives a kind of row: its connections and what each keeps in flight.
+// How the generator drives a kind of row: o.drive with its connections, what each keeps in flight.
 struct Load {
+  bench::DriveOptions drive;
   bench::ConnFactory factory;
-  unsigned conns = 0;
   std::string in_flight;  // "16 conn x 32 frame of 1", ...
 };
 
 Load load_of(const Options& o, Kind kind, uint32_t batch, const Servers& s,
              const bench::Keyspace& keys) {
-  Load l;
-  l.conns = o.connections;
+  Load l{o.drive, {}, {}};
+  l.drive.conns = o.connections;
+  l.drive.batch = batch;
   const std::string of = " of " + std::to_string(batch);
-  auto inflight = [&](const char* conn, uint32_t window, const std::string& what) {
-    l.in_flight = std::to_string(l.conns) + conn + std::to_string(window) + what;
+  // Connections made by make(opts), each keeping `window` of `what` in flight.
+  auto use = [&](const char* conn, uint32_t window, const std::string& what, auto make, auto opts) {
+    l.in_flight = std::to_string(l.drive.conns) + conn + std::to_string(window) + what;
+    l.factory = [make, opts](bench::ThreadContext& ctx) { return make(opts, ctx); };
   };
   switch (kind) {
     case Kind::kEchoUdp:
@@ -434,15 +396,13 @@ Load load_of(const Options& o, Kind kind, uint32_t batch, const Servers& s,
       if (udp) {
         so.window = batch == 1 ? o.udp_window : o.udp_batch_window;
         so.udp_room_per_check = o.udp_room;
-        l.conns = o.udp_sockets;
-        inflight(" sock x ", so.window, " dgram" + of);
-        l.factory = [so](bench::ThreadContext& ctx) { return bench::make_sluice_udp(so, ctx); };
+        l.drive.conns = o.udp_sockets;
+        use(" sock x ", so.window, " dgram" + of, bench::make_sluice_udp, so);
       } else {
         // Single checks: many frames in flight per connection. Batches: as many frames of
         // `batch` checks per connection as Redis pipelined by `batch` has groups (--batch-depth).
         so.window = batch == 1 ? o.depth : o.batch_depth;
-        inflight(" conn x ", so.window, " frame" + of);
-        l.factory = [so](bench::ThreadContext& ctx) { return bench::make_sluice_tcp(so, ctx); };
+        use(" conn x ", so.window, " frame" + of, bench::make_sluice_tcp, so);
       }
       break;
     }
@@ -470,9 +430,8 @@ Load load_of(const Options& o, Kind kind, uint32_t batch, const Servers& s,
       ro.gcra_count = kGcraCount;
       ro.gcra_period_s = kGcraPeriodS;
       ro.keys = &keys;
-      inflight(" conn x ", ro.window,
-               " group" + of + (kind == Kind::kRedisHash ? " (3 cmd each)" : ""));
-      l.factory = [ro](bench::ThreadContext& ctx) { return bench::make_redis(ro, ctx); };
+      const std::string what = " group" + of + (kind == Kind::kRedisHash ? " (3 cmd each)" : "");
+      use(" conn x ", ro.window, what, bench::make_redis, ro);
       break;
     }
     case Kind::kSluiceHttp:
@@ -483,8 +442,7 @@ Load load_of(const Options& o, Kind kind, uint32_t batch, const Servers& s,
       ho.scheme = nginx ? bench::HttpScheme::kNginxLimitReq : bench::HttpScheme::kSluiceCheck;
       ho.window = o.http_window;
       ho.keys = &keys;
-      inflight(" conn x ", ho.window, " request");
-      l.factory = [ho](bench::ThreadContext& ctx) { return bench::make_http(ho, ctx); };
+      use(" conn x ", ho.window, " request", bench::make_http, ho);
       break;
     }
     case Kind::kSluiceGrpc: {
@@ -493,9 +451,8 @@ Load load_of(const Options& o, Kind kind, uint32_t batch, const Servers& s,
       go.port = s.sluiced.grpc_port;
       go.window = o.grpc_window;
       go.keys = &keys;
-      l.conns = o.grpc_connections;
-      inflight(" h2 conn x ", go.window, " call");
-      l.factory = [go](bench::ThreadContext& ctx) { return bench::make_grpc(go, ctx); };
+      l.drive.conns = o.grpc_connections;
+      use(" h2 conn x ", go.window, " call", bench::make_grpc, go);
       break;
     }
     case Kind::kMemcached: {
@@ -503,27 +460,11 @@ Load load_of(const Options& o, Kind kind, uint32_t batch, const Servers& s,
       mo.port = s.port[kMemcached];
       mo.limit = kLimit;
       mo.keys = &keys;
-      l.in_flight = std::to_string(l.conns) + " conn x 1 check (2 round trips)";
-      l.factory = [mo](bench::ThreadContext& ctx) { return bench::make_memcached(mo, ctx); };
+      use(" conn x ", 1, " check (2 round trips)", bench::make_memcached, mo);
       break;
     }
   }
   return l;
-}
-
-bench::DriveOptions drive_options(const Options& o, const Load& l, uint32_t batch, double rate,
-                                  bool from_schedule) {
-  bench::DriveOptions d;
-  d.latency_from_schedule = from_schedule;
-  d.threads = o.gen_threads;
-  d.conns = l.conns;
-  d.batch = batch;
-  d.rate = rate;
-  d.warmup_s = o.warmup;
-  d.seconds = o.seconds;
-  d.keys = o.keys;
-  d.zipf = o.zipf;
-  return d;
 }
 
 // The steady state each baseline starts a row from (see the file comment).
@@ -546,45 +487,19 @@ const Row& run_row(const Options& o, const RowDef& def, Servers& s, const bench:
                    double rate, bool from_schedule, bench::Rows& out) {
   prepare(def, s, keys);
   const Load l = load_of(o, def.kind, def.batch, s, keys);
-  const bool sluiced = def.server == kSluiced;
-  const Counters m0 = sluiced ? sluiced_metrics(s.sluiced.admin_port) : Counters{};
-  const Counters k0 = udp_snmp();
+  const uint16_t admin = def.server == kSluiced ? s.sluiced.admin_port : 0;
+  const bool udp = def.transport == "udp";
+  const auto c0 = counters(admin, udp);
+  bench::DriveOptions d = l.drive;
+  d.rate = rate;
+  d.latency_from_schedule = from_schedule;
   bench::Cores cores;
-  const bench::RowStats st = bench::drive(drive_options(o, l, def.batch, rate, from_schedule),
-                                          l.factory, s.pid(def.server), cores);
-  const Counters k1 = udp_snmp();
-  const Counters m1 = sluiced ? sluiced_metrics(s.sluiced.admin_port) : Counters{};
-
-  std::string notes;
-  auto add = [&](const std::string& what, double v) {
-    if (v > 0) notes += (notes.empty() ? "" : ", ") + what + " " + std::to_string(std::llround(v));
-  };
-  auto us = [](const bench::LatencyHistogram& h, double q) {
-    return std::llround(static_cast<double>(h.quantile_ns(q)) / 1000.0);
-  };
-  add("denied", static_cast<double>(st.denied));
-  add("late", static_cast<double>(st.late_answers));
-  add("send-EAGAIN", static_cast<double>(st.send_failures));
-  if (st.arrival.count() > 0) {
-    notes += (notes.empty() ? "" : ", ") + std::string("at-socket p50/p99/p99.9 us ") +
-             std::to_string(us(st.arrival, 0.5)) + "/" + std::to_string(us(st.arrival, 0.99)) +
-             "/" + std::to_string(us(st.arrival, 0.999));
-  }
+  const bench::RowStats st = bench::drive(d, l.factory, s.pid(def.server), cores);
+  std::vector<std::pair<std::string, double>> more;
   if (rate > 0 && st.send_lag.count() > 0)
-    add("send-lag-p99-us", static_cast<double>(us(st.send_lag, 0.99)));
-  if (def.transport == "udp") {
-    add("kernel-udp-rcvbuf-drops", delta(k0, k1, "RcvbufErrors"));
-    add("kernel-udp-sndbuf-drops", delta(k0, k1, "SndbufErrors"));
-  }
-  for (const auto& [name, metric] : {std::pair{"dropped", "sluice_dropped_datagrams_total"},
-                                     {"rejected-req", "sluice_rejected_requests_total"},
-                                     {"rejected-checks", "sluice_rejected_checks_total"},
-                                     {"bad-frames", "sluice_bad_frames_total"},
-                                     {"no-room", "sluice_no_room_total"}}) {
-    add(std::string("sluiced-") + name, delta(m0, m1, metric));
-  }
-  if (!st.first_error.empty())
-    notes += (notes.empty() ? "" : "; ") + ("first error: " + st.first_error);
+    more.emplace_back("send-lag-p99-us", static_cast<double>(st.send_lag.quantile_ns(0.99)) / 1e3);
+  for (const auto& [note, v] : counters(admin, udp))
+    more.emplace_back(note, v - (c0.contains(note) ? c0.at(note) : 0));
 
   const double secs = st.seconds > 0 ? st.seconds : 1;
   const double bytes = static_cast<double>(st.bytes_sent + st.bytes_received);
@@ -599,7 +514,7 @@ const Row& run_row(const Options& o, const RowDef& def, Servers& s, const bench:
   row["bytes_per_sec"] = bytes / secs;
   row["bytes_per_check"] = st.checks > 0 ? bytes / static_cast<double>(st.checks) : 0;
   if (rate > 0) row["offered_checks_per_sec"] = rate;
-  row["notes"] = notes;
+  row["notes"] = bench::row_notes(st, more);
   Row& added = out.add(std::move(row));
   if (rate > 0) {
     // The whole latency histogram, not in the text line: [bucket midpoint in us, checks] for
@@ -626,15 +541,12 @@ std::string pin(pid_t sluiced, const std::vector<int>& server, const std::vector
 void run_curves(const Options& o, Servers& s, const bench::Keyspace& keys, bench::Rows& out) {
   const pid_t pid = s.sluiced.process.pid();
   const std::vector<int> any_server = bench::cpus_allowed(pid), any_gen = bench::cpus_allowed(0);
+  std::vector<uint64_t> points = {100};  // the max, then the open-loop points
+  points.insert(points.end(), o.curve_loads.begin(), o.curve_loads.end());
   for (const std::string& door : o.doors) {
-    const Kind kind = std::find_if(kDoors.begin(), kDoors.end(), [&](const auto& d) {
-                        return d.first == door;
-                      })->second;
-    const Load l = load_of(o, kind, 1, s, keys);
+    const Load l = load_of(o, kDoors.at(door), 1, s, keys);
     for (bool pinned : o.pinnings) {
       double max = 0;
-      std::vector<uint64_t> points = {100};
-      points.insert(points.end(), o.curve_loads.begin(), o.curve_loads.end());
       for (const uint64_t pct : points) {
         const bool is_max = pct == 100;
         const std::string name = "curve-" + door + (pinned ? "-pinned-" : "-unpinned-") +
@@ -644,12 +556,13 @@ void run_curves(const Options& o, Servers& s, const bench::Keyspace& keys, bench
                               ? "--server-cpu and --generator-cpu are the same CPU"
                               : pin(pid, pinned ? std::vector{o.server_cpu} : any_server,
                                     pinned ? std::vector{o.generator_cpu} : any_gen);
-        const double rate = is_max ? 0 : max * static_cast<double>(pct) / 100.0;
+        bench::DriveOptions d = l.drive;
+        d.rate = is_max ? 0 : max * static_cast<double>(pct) / 100.0;
+        d.latency_from_schedule = !is_max;
         bench::Cores cores;
         bench::RowStats st;
         try {
-          if (err.empty())
-            st = bench::drive(drive_options(o, l, 1, rate, !is_max), l.factory, pid, cores);
+          if (err.empty()) st = bench::drive(d, l.factory, pid, cores);
         } catch (const std::exception& e) {
           err = e.what();
         }
@@ -662,7 +575,7 @@ void run_curves(const Options& o, Servers& s, const bench::Keyspace& keys, bench
                    {"phase", is_max ? "max" : "curve"},
                    {"load_pct", pct},
                    {"pinned", pinned},
-                   {"offered_per_sec", rate},
+                   {"offered_per_sec", d.rate},
                    {"latency_from", is_max ? "send" : "schedule"},
                    {"in_flight", l.in_flight}};
         row.update(bench::row_figures(st, cores));
@@ -673,6 +586,54 @@ void run_curves(const Options& o, Servers& s, const bench::Keyspace& keys, bench
     }
   }
   pin(pid, any_server, any_gen);  // best effort: sluiced may be gone
+}
+
+int run(const Options& o, bool json) {
+  std::vector<RowDef> rows;
+  for (const RowDef& r : all_rows(o)) {
+    // --curve alone runs the curves only; rows named with --only run beside them.
+    if (selected(o, r.name) && !(o.curve && o.only.empty())) rows.push_back(r);
+  }
+  if (rows.empty() && !o.half_rate && !o.curve) {
+    std::fprintf(stderr, "sluice-bench-load: --only selects no row (see --list)\n");
+    return 2;
+  }
+  bool need[kServers] = {}, resp = false;
+  need[kSluiced] = o.half_rate || o.curve;
+  for (const RowDef& r : rows) {
+    need[r.server] = true;
+    resp |= r.kind == Kind::kSluiceResp;
+  }
+  bench::print_run_header("sluice-bench-load", o.drive,
+                          "sluiced --threads " + std::to_string(o.server_threads));
+  bench::Rows out(json);
+  Servers s;
+  start_servers(o, need, resp, s);
+  const bench::Keyspace keys(o.drive.keys);
+  auto row = [&](const RowDef& def, double rate, bool from_schedule) -> double {
+    try {
+      return run_row(o, def, s, keys, rate, from_schedule, out)["checks_per_sec"].get<double>();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "sluice-bench-load: %s failed: %s\n", def.name.c_str(), e.what());
+      return 0;
+    }
+  };
+  for (const RowDef& def : rows) {
+    if (bench::stop_requested()) break;
+    row(def, o.drive.rate, false);
+  }
+  if (o.half_rate && !bench::stop_requested()) {
+    double max = 0;
+    for (const Row& r : out.all())
+      if (r["row"] == "sluiced-udp-single") max = r["checks_per_sec"].get<double>();
+    RowDef def = all_rows(o)[0];
+    if (max <= 0) max = row(def, 0, false);
+    def.name += "@half";
+    if (max > 0) row(def, max / 2, true);
+  }
+  if (o.curve && !bench::stop_requested()) run_curves(o, s, keys, out);
+  bench::stop_server(s.sluiced.process, "sluice-bench-load", "sluiced");
+  return bench::finish_run(out, "sluice-bench-load");
 }
 
 }  // namespace
@@ -690,82 +651,12 @@ int bench_load_main(int argc, char** argv) {
                                   static_cast<unsigned>(threads));
   }
   Options o;
-  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
+  bench::Cli cli("sluice-bench-load");
+  if (const std::optional<int> exit = parse(cli, argc, argv, o)) return *exit;
   if (o.list) {
     for (const RowDef& r : all_rows(o))
       std::printf("%s\n", r.name.c_str());
     return 0;
   }
-  bench::install_stop_signals();
-  std::vector<RowDef> rows;
-  for (const RowDef& r : all_rows(o)) {
-    // --curve alone runs the curves only; rows named with --only run beside them.
-    if (selected(o, r.name) && !(o.curve && o.only.empty())) rows.push_back(r);
-  }
-  if (rows.empty() && !o.half_rate && !o.curve) {
-    std::fprintf(stderr, "sluice-bench-load: --only selects no row (see --list)\n");
-    return 2;
-  }
-  bool need[kServers] = {}, resp = false;
-  need[kSluiced] = o.half_rate || o.curve;
-  for (const RowDef& r : rows) {
-    need[r.server] = true;
-    resp |= r.kind == Kind::kSluiceResp;
-  }
-
-  char date[32];
-  const std::time_t t = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M", std::localtime(&t));
-  std::printf(
-      "# sluice-bench-load, %s: %u CPUs (%s) shared by the generator (%u thread(s)) and "
-      "the server under test; sluiced --threads %u; %u keys %s, %.1f s per row after "
-      "%.1f s warm-up\n",
-      date, std::thread::hardware_concurrency(), bench::cpu_model().c_str(), o.gen_threads,
-      o.server_threads, o.keys, o.zipf ? "zipf(0.99)" : "uniform", o.seconds, o.warmup);
-  bench::Rows out(o.json);
-  try {
-    Servers s;
-    start_servers(o, need, resp, s);
-    const bench::Keyspace keys(o.keys);
-    auto run = [&](const RowDef& def, double rate, bool from_schedule) -> double {
-      try {
-        return run_row(o, def, s, keys, rate, from_schedule, out)["checks_per_sec"].get<double>();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "sluice-bench-load: %s failed: %s\n", def.name.c_str(), e.what());
-        return 0;
-      }
-    };
-    for (const RowDef& def : rows) {
-      if (bench::stop_requested()) break;
-      run(def, o.rate, false);
-    }
-    if (o.half_rate && !bench::stop_requested()) {
-      double max = 0;
-      for (const Row& r : out.all())
-        if (r["row"] == "sluiced-udp-single") max = r["checks_per_sec"].get<double>();
-      RowDef def = all_rows(o)[0];
-      if (max <= 0) max = run(def, 0, false);
-      def.name += "@half";
-      if (max > 0) run(def, max / 2, true);
-    }
-    if (o.curve && !bench::stop_requested()) run_curves(o, s, keys, out);
-    if (s.sluiced.process.pid() > 0 && !s.sluiced.process.running()) {
-      std::fprintf(stderr, "sluice-bench-load: sluiced exited during the run (%s)\n",
-                   s.sluiced.process.exit_status().c_str());
-    }
-    if (s.sluiced.process.pid() > 0) {
-      s.sluiced.process.stop();
-      const std::string tail = bench::file_tail(s.sluiced.process.log_path(), 1500);
-      if (!tail.empty()) std::fprintf(stderr, "sluiced log (warn and above):\n%s\n", tail.c_str());
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sluice-bench-load: %s\n", e.what());
-    return 1;
-  }
-  if (bench::stop_requested()) {
-    std::fprintf(stderr, "sluice-bench-load: interrupted; servers stopped\n");
-    return 130;
-  }
-  out.finish();
-  return 0;
+  return bench::run_stoppable("sluice-bench-load", [&] { return run(o, cli.json); });
 }

@@ -2,10 +2,8 @@
 // RateLimitService/ShouldRateLimit) against single UDP checks, on one sluiced, in one run
 // (docs/benchmarks.md, "Envoy RLS over gRPC").
 //
-// One run: starts sluiced (UDP, TCP, admin and gRPC on free loopback ports, rules with one domain
-// `bench` and a rule keyed by `k` whose limit no run reaches, in memory only), waits until both
-// fronts answer (bounded), then measures its rows one after another and stops sluiced (also on
-// error or SIGINT/SIGTERM; the child dies with the benchmark even on kill -9):
+// One run starts sluiced (rules with one domain `bench`, a rule keyed by `k` whose limit no run
+// reaches, in memory only), measures its rows one after another and stops it (common/process.h):
 //   rls max    closed loop: --channels HTTP/2 connections x --inflight unary calls outstanding
 //              on each; a call is restarted as soon as it ends
 //   rls half   open loop at half of `rls max`'s checks/s: a fixed schedule of send times
@@ -23,10 +21,8 @@
 // scheduled send time (a request that waited for a free slot is charged the wait), so a server
 // that falls behind cannot hide it (no coordinated omission).
 //
-// The RLS generator is bench/load's gRPC target (load/grpc_target.h: HTTP/2 through libnghttp2 on
-// the driver's epoll loop, one thread), so it costs a few microseconds per call and leaves the
-// cores to the server. It shares the machine's cores with sluiced: the *_cores fields say what
-// each used over the row.
+// The RLS generator is bench/load's gRPC target (load/grpc_target.h, on the driver's epoll loop,
+// one thread): a few microseconds per call. The *_cores fields say what each side used.
 //
 // Errors are counted, never dropped: any non-OK gRPC status, a response other than OK, a wrong
 // number of statuses, a connection lost; for UDP, error answers and requests unanswered within
@@ -35,17 +31,12 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
-#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "common/json_rows.h"
 #include "common/metrics.h"
-#include "common/proc_stats.h"
 #include "common/process.h"
 #include "common/scenario.h"
 #include "load/driver.h"
@@ -60,51 +51,19 @@ using bench::Row;
 constexpr uint64_t kLimit = 1'000'000'000;  // per key and minute: every check is allowed
 
 struct Options {
-  bool json = false;
-  std::string only;  // "", "rls" or "udp"
-  double seconds = 10;
-  double warmup = 2;
-  uint32_t keys = 10'000;
+  bench::DriveOptions drive;  // one generator thread; see bench_rls_main for the defaults
+  std::string only;           // "", "rls" or "udp"
   uint32_t channels = 4;
   uint32_t inflight = 32;  // calls outstanding per channel
   uint32_t server_threads = 2;
   uint32_t udp_sockets = 8;
   uint32_t udp_window = 8;  // as sluice-bench-load's sluiced-udp-single
-  uint32_t udp_room = 288;  // libsluice's default udp_answer_room_per_check
   std::string sluiced = SLUICED_BIN;
   std::string compare;       // another sluiced: its RLS rows first, labelled "before"
   double rate = 0;           // open-loop rows at this rate instead of half the max
   double low_rate = 10'000;  // the "low" row's rate (0: no such row)
   bool no_noop = false;      // skip the rls-noop rows
 };
-
-// nullopt: run with o. Otherwise the exit status (common/scenario.h).
-std::optional<int> parse(int argc, char** argv, Options& o) {
-  bench::Cli cli("sluice-bench-rls");
-  cli.word("--only", o.only, {"rls", "udp"}, "measure one transport only (default both)");
-  cli.seconds(o.seconds, 0.1, 600, "measured seconds per row");
-  cli.number("--warmup", o.warmup, 0, 60, "unmeasured seconds before each row");
-  cli.keys(o.keys, 1, 10'000'000, "keys, uniform");
-  cli.number("--channels", o.channels, 1, 256, "gRPC channels, one HTTP/2 connection each");
-  cli.number("--inflight", o.inflight, 1, 4096, "calls outstanding per channel");
-  cli.server_threads(o.server_threads);
-  cli.number("--udp-sockets", o.udp_sockets, 1, 1024, "UDP sockets");
-  cli.number("--udp-window", o.udp_window, 1, 4096, "UDP datagrams in flight per socket");
-  cli.sluiced(o.sluiced);
-  cli.number("--rate", o.rate, 1, 1e8,
-             "the open-loop row at R checks/s instead of half the measured max (the same load "
-             "for both sluiced binaries with --compare)");
-  cli.text("--compare", o.compare,
-           "first measure the rls rows against this sluiced too (rows \"rls@before\"), on its "
-           "own fresh process, so a server change is judged within one run");
-  cli.number("--low-rate", o.low_rate, 0, 1e8, "the rls \"low\" rows at R checks/s (0: none)");
-  cli.flag("--no-noop", o.no_noop,
-           "skip the rls-noop rows (the gRPC front answering without deciding, "
-           "sluice-bench-rls-noop: the ceiling the rls rows are read against)");
-  const std::optional<int> exit = cli.parse(argc, argv);
-  o.json = cli.json;
-  return exit;
-}
 
 std::string load_average() {
   double l[3] = {};
@@ -114,14 +73,16 @@ std::string load_average() {
   return buf;
 }
 
-// The sluice_rls_requests_total counters of sluiced, by result.
-std::map<std::string, double> rls_server_counters(uint16_t admin_port) {
-  std::map<std::string, double> c;
+// sluiced's sluice_rls_requests_total of every result but "ok" (0 without an admin port).
+double rls_refused(uint16_t admin_port) {
+  double n = 0;
   std::string body;
-  if (admin_port == 0 || !bench::http_get(admin_port, "/metrics", body).empty()) return c;
-  for (const bench::MetricSample& m : bench::parse_metrics(body))
-    if (m.name == "sluice_rls_requests_total") c[bench::label_value(m, "result")] = m.value;
-  return c;
+  if (admin_port == 0 || !bench::http_get(admin_port, "/metrics", body).empty()) return n;
+  for (const bench::MetricSample& m : bench::parse_metrics(body)) {
+    if (m.name == "sluice_rls_requests_total" && bench::label_value(m, "result") != "ok")
+      n += m.value;
+  }
+  return n;
 }
 
 // The server under test: sluice-bench-rls-noop (gRPC only, answering without deciding) or
@@ -158,17 +119,11 @@ void start_server(const Options& o, const std::string& variant, Server& s) {
   s.sluiced.start(s.dir.path);
 }
 
-// One row: rls (the gRPC door) or udp, closed loop (rate 0) or open loop at `rate`, one
-// generator thread, latency from the schedule. Its JSON row, with the notes.
+// One row: rls (the gRPC door) or udp, closed loop (rate 0) or open loop at `rate`.
 Row run_row(const Options& o, Server& s, bool rls, const bench::Keyspace& names, double rate) {
-  bench::DriveOptions d;
-  d.threads = 1;
+  bench::DriveOptions d = o.drive;
   d.conns = rls ? o.channels : o.udp_sockets;
   d.rate = rate;
-  d.warmup_s = o.warmup;
-  d.seconds = o.seconds;
-  d.keys = o.keys;
-  d.latency_from_schedule = true;
   bench::ConnFactory factory;
   std::string in_flight = std::to_string(d.conns);
   if (rls) {
@@ -182,35 +137,16 @@ Row run_row(const Options& o, Server& s, bool rls, const bench::Keyspace& names,
     bench::SluiceConnOptions so;
     so.port = s.sluiced.port;
     so.window = o.udp_window;
-    so.udp_room_per_check = o.udp_room;
+    so.udp_room_per_check = 288;  // libsluice's default udp_answer_room_per_check
     so.keys = &names;
     factory = [so](bench::ThreadContext& ctx) { return bench::make_sluice_udp(so, ctx); };
     in_flight += " sock x " + std::to_string(o.udp_window) + " dgram";
   }
   const std::string load_avg = load_average();
-  const auto c0 = rls_server_counters(s.sluiced.admin_port);
+  const double refused0 = rls_refused(s.sluiced.admin_port);
   bench::Cores cores;
   const bench::RowStats st = bench::drive(d, factory, s.process().pid(), cores);
-  const auto c1 = rls_server_counters(s.sluiced.admin_port);
-  double refused = 0;
-  for (const auto& [result, v] : c1) {
-    const auto b = c0.find(result);
-    if (result != "ok") refused += v - (b == c0.end() ? 0 : b->second);
-  }
-  std::string notes;
-  auto note = [&](const char* what, double v) {
-    if (v > 0)
-      notes += (notes.empty() ? "" : ", ") + (what + (" " + std::to_string(std::llround(v))));
-  };
-  note("denied", static_cast<double>(st.denied));
-  note("server non-ok", refused);
-  note("send-EAGAIN", static_cast<double>(st.send_failures));
-  note("late", static_cast<double>(st.late_answers));
-  if (st.arrival.count() > 0)
-    note("at-socket p99 us", static_cast<double>(st.arrival.quantile_ns(0.99)) / 1e3);
-  if (!st.first_error.empty())
-    notes += (notes.empty() ? "" : ", ") + ("first error: " + st.first_error);
-
+  const double refused = rls_refused(s.sluiced.admin_port) - refused0;
   Row row = {{"target", rls ? "rls" : "udp"},
              {"phase", rate > 0 ? "half" : "max"},
              {"in_flight", in_flight},
@@ -221,72 +157,77 @@ Row run_row(const Options& o, Server& s, bool rls, const bench::Keyspace& names,
   row["gen_cores"] = cores.generator;
   row["server_us_per_check"] = row["server_cpu_us_per_check"];
   row["load_avg"] = load_avg;
-  row["notes"] = notes;
+  row["notes"] = bench::row_notes(st, {{"server non-ok", refused}});
   return row;
+}
+
+int run(const Options& o, bool json) {
+  // Open-loop pacing sleeps ~50 us at a time; the default 50 us timer slack would double that.
+  // Threads started from here (the UDP driver's, gRPC's) inherit the value.
+  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  bench::print_run_header("sluice-bench-rls", o.drive,
+                          "--threads " + std::to_string(o.server_threads));
+  bench::Rows out(json);
+  const bench::Keyspace names(o.drive.keys);
+  // The no-op front first (rows rls-noop), then one sluiced per binary: the --compare one (RLS
+  // rows only), then the one under test.
+  for (const std::string& variant : {std::string("noop"), std::string("before"), std::string()}) {
+    if (variant == "before" && (o.compare.empty() || o.only == "udp")) continue;
+    if (variant == "noop" && (o.no_noop || o.only == "udp")) continue;
+    const bool noop = variant == "noop";
+    Server s;
+    start_server(o, variant, s);
+    for (const bool rls : {true, false}) {
+      if (!o.only.empty() && o.only != (rls ? "rls" : "udp")) continue;
+      if (!rls && !variant.empty()) continue;
+      auto one = [&](double rate, const char* phase) -> double {
+        if (bench::stop_requested()) return 0;
+        Row row = run_row(o, s, rls, names, rate);
+        if (noop) row["target"] = "rls-noop";
+        row["phase"] = phase;
+        row["sluiced"] = variant.empty() || noop ? "under test" : variant;
+        return out.add(std::move(row))["checks_per_sec"].get<double>();
+      };
+      const double max = one(0, "max");
+      if (max <= 0) continue;
+      one(o.rate > 0 ? o.rate : max / 2, "half");
+      // A fixed, moderate load: what an Envoy fleet sending that many checks costs the server.
+      if (rls && o.low_rate > 0) one(o.low_rate, "low");
+    }
+    bench::stop_server(s.process(), "sluice-bench-rls", noop ? "sluice-bench-rls-noop" : "sluiced");
+    if (bench::stop_requested()) break;
+  }
+  return bench::finish_run(out, "sluice-bench-rls");
 }
 
 }  // namespace
 
 int bench_rls_main(int argc, char** argv) {
   Options o;
-  if (const std::optional<int> exit = parse(argc, argv, o)) return *exit;
-  bench::install_stop_signals();
-  // Open-loop pacing sleeps ~50 us at a time; the default 50 us timer slack would double that.
-  // Threads started from here (the UDP driver's, gRPC's) inherit the value.
-  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-
-  char date[32];
-  const std::time_t t = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M %Z", std::localtime(&t));
-  std::printf(
-      "# sluice-bench-rls, %s: %u CPUs (%s) shared by the generator and the server "
-      "--threads %u; %u keys uniform, %.1f s per row after %.1f s warm-up\n",
-      date, std::thread::hardware_concurrency(), bench::cpu_model().c_str(), o.server_threads,
-      o.keys, o.seconds, o.warmup);
-  bench::Rows out(o.json);
-  try {
-    const bench::Keyspace names(o.keys);
-    // The no-op front first (rows rls-noop), then one sluiced per binary: the --compare one (RLS
-    // rows only), then the one under test.
-    for (const std::string& variant : {std::string("noop"), std::string("before"), std::string()}) {
-      if (variant == "before" && (o.compare.empty() || o.only == "udp")) continue;
-      if (variant == "noop" && (o.no_noop || o.only == "udp")) continue;
-      const bool noop = variant == "noop";
-      Server s;
-      start_server(o, variant, s);
-      for (const bool rls : {true, false}) {
-        if (!o.only.empty() && o.only != (rls ? "rls" : "udp")) continue;
-        if (!rls && !variant.empty()) continue;
-        auto one = [&](double rate, const char* phase) -> double {
-          if (bench::stop_requested()) return 0;
-          Row row = run_row(o, s, rls, names, rate);
-          if (noop) row["target"] = "rls-noop";
-          row["phase"] = phase;
-          row["sluiced"] = variant.empty() || noop ? "under test" : variant;
-          return out.add(std::move(row))["checks_per_sec"].get<double>();
-        };
-        const double max = one(0, "max");
-        if (max <= 0) continue;
-        one(o.rate > 0 ? o.rate : max / 2, "half");
-        // A fixed, moderate load: what an Envoy fleet sending that many checks costs the server.
-        if (rls && o.low_rate > 0) one(o.low_rate, "low");
-      }
-      if (!s.process().running()) {
-        std::fprintf(stderr, "sluice-bench-rls: %s exited during the run (%s)\n",
-                     noop ? "sluice-bench-rls-noop" : "sluiced", s.process().exit_status().c_str());
-      }
-      s.process().stop();
-      std::fprintf(stderr, "%s", bench::file_tail(s.process().log_path(), 1500).c_str());
-      if (bench::stop_requested()) break;
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sluice-bench-rls: %s\n", e.what());
-    return 1;
-  }
-  if (bench::stop_requested()) {
-    std::fprintf(stderr, "sluice-bench-rls: interrupted; sluiced stopped\n");
-    return 130;
-  }
-  out.finish();
-  return 0;
+  o.drive.warmup_s = 2;
+  o.drive.seconds = 10;
+  o.drive.latency_from_schedule = true;
+  bench::Cli cli("sluice-bench-rls");
+  cli.word("--only", o.only, {"rls", "udp"}, "measure one transport only (default both)");
+  cli.seconds(o.drive.seconds, 0.1, 600, "measured seconds per row");
+  cli.number("--warmup", o.drive.warmup_s, 0, 60, "unmeasured seconds before each row");
+  cli.keys(o.drive.keys, 1, 10'000'000, "keys, uniform");
+  cli.number("--channels", o.channels, 1, 256, "gRPC channels, one HTTP/2 connection each");
+  cli.number("--inflight", o.inflight, 1, 4096, "calls outstanding per channel");
+  cli.server_threads(o.server_threads);
+  cli.number("--udp-sockets", o.udp_sockets, 1, 1024, "UDP sockets");
+  cli.number("--udp-window", o.udp_window, 1, 4096, "UDP datagrams in flight per socket");
+  cli.sluiced(o.sluiced);
+  cli.number("--rate", o.rate, 1, 1e8,
+             "the open-loop row at R checks/s instead of half the measured max (the same load "
+             "for both sluiced binaries with --compare)");
+  cli.text("--compare", o.compare,
+           "first measure the rls rows against this sluiced too (rows \"rls@before\"), on its "
+           "own fresh process, so a server change is judged within one run");
+  cli.number("--low-rate", o.low_rate, 0, 1e8, "the rls \"low\" rows at R checks/s (0: none)");
+  cli.flag("--no-noop", o.no_noop,
+           "skip the rls-noop rows (the gRPC front answering without deciding, "
+           "sluice-bench-rls-noop: the ceiling the rls rows are read against)");
+  if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
+  return bench::run_stoppable("sluice-bench-rls", [&] { return run(o, cli.json); });
 }
