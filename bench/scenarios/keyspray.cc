@@ -559,6 +559,7 @@ int run(const Options& o) {
             {"end_file_kb", bench::proc_status_kb(pid, "RssFile")},
             {"memory_only", o.node.memory_only},
             {"peak_rss_kb", peak_kb},
+            {"rss_max_mb", static_cast<double>(peak_kb) / 1024},  // the same peak, in MiB
             {"vmhwm_kb", hwm_kb},
             {"evictions_live", ev_live},
             {"evictions_expired", evictions(m, "expired")},
