@@ -654,19 +654,26 @@ int run_status(const std::string& admin, bool as_json) {
                   c.at("name").get<std::string>().c_str(), c.at("self").get<unsigned>(),
                   c.at("join_state").get<std::string>().c_str(), ready.c_str(),
                   c.at("replicas").get<size_t>());
-      std::printf("%-5s %-16s %-22s %-8s %11s %7s %10s %10s\n", "id", "member", "peer", "state",
-                  "incarnation", "share", "heard", "sync lag");
+      std::printf("%-5s %-16s %-22s %-8s %11s %7s %10s %10s %10s\n", "id", "member", "peer",
+                  "state", "incarnation", "share", "heard", "sync lag", "clock");
       for (const auto& m : c.at("members")) {
         const auto ago = [](const json& v) {
           return v.is_null() ? std::string("-") : seconds_text(v.get<int64_t>());
         };
         const std::string peer =
             m.at("host").get<std::string>() + ":" + std::to_string(m.at("peer_port").get<int>());
-        std::printf("%-5u %-16s %-22s %-8s %11u %6.1f%% %10s %10s%s\n", m.at("id").get<unsigned>(),
-                    m.at("name").get<std::string>().c_str(), peer.c_str(),
-                    m.at("state").get<std::string>().c_str(), m.at("incarnation").get<unsigned>(),
-                    100.0 * m.at("share").get<double>(), ago(m.at("last_heard_ms")).c_str(),
-                    ago(m.at("sync_lag_ms")).c_str(),
+        // How far its clock is ahead of this node's (by its last datagram): "+10.000s".
+        const auto offset = [](const json& v) {
+          if (v.is_null()) return std::string("-");
+          const int64_t ms = v.get<int64_t>();
+          return (ms < 0 ? "-" : "+") + seconds_text(ms < 0 ? -ms : ms);
+        };
+        std::printf("%-5u %-16s %-22s %-8s %11u %6.1f%% %10s %10s %10s%s\n",
+                    m.at("id").get<unsigned>(), m.at("name").get<std::string>().c_str(),
+                    peer.c_str(), m.at("state").get<std::string>().c_str(),
+                    m.at("incarnation").get<unsigned>(), 100.0 * m.at("share").get<double>(),
+                    ago(m.at("last_heard_ms")).c_str(), ago(m.at("sync_lag_ms")).c_str(),
+                    offset(m.value("clock_offset_ms", json(nullptr))).c_str(),
                     m.at("self").get<bool>() ? "  (this node)" : "");
       }
       if (!c.at("dropped").empty()) {

@@ -6,6 +6,7 @@ namespace sluice::cluster {
 
 void Reach::heard(NodeId from, int64_t sent_ms, int64_t now_ms) {
   heard_[from] = now_ms;
+  offset_[from] = sent_ms - now_ms;
   int64_t& sent = heard_sent_[from];
   sent = std::max(sent, sent_ms);
 }
@@ -64,6 +65,11 @@ bool Reach::counted(const Member& m, bool self_left, int64_t now_ms) const {
 const int64_t* Reach::last_heard(NodeId id) const {
   const auto h = heard_.find(id);
   return h == heard_.end() ? nullptr : &h->second;
+}
+
+const int64_t* Reach::clock_offset(NodeId id) const {
+  const auto h = offset_.find(id);
+  return h == offset_.end() ? nullptr : &h->second;
 }
 
 Reach::Change Reach::update(const std::map<NodeId, Member>& members, bool self_left,

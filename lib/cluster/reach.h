@@ -62,6 +62,9 @@ class Reach {
   bool counted(const Member& m, bool self_left, int64_t now_ms) const;
   // The last datagram from `id` (our clock), if any.
   const int64_t* last_heard(NodeId id) const;
+  // Its send time (its clock) minus when it arrived (ours), of the last datagram from `id`: how
+  // far its clock is ahead of ours, less the one-way delay (below a millisecond on a LAN).
+  const int64_t* clock_offset(NodeId id) const;
 
   struct Change {
     std::vector<std::pair<NodeId, int64_t>> went_out;   // newly out of reach (id, since)
@@ -80,6 +83,7 @@ class Reach {
   Options opt_;
   std::map<NodeId, int64_t> heard_;       // our clock, last datagram from each member
   std::map<NodeId, int64_t> heard_sent_;  // its clock: the newest send time it sent us
+  std::map<NodeId, int64_t> offset_;      // clock_offset()
   std::map<NodeId, int64_t> echoed_;      // our clock: the newest of ours it echoed
   std::map<NodeId, int64_t> dead_since_;  // when each dead member was first seen dead
   std::vector<std::pair<NodeId, int64_t>> out_;

@@ -389,7 +389,8 @@ Json cluster_json(const ClusterStatus& c) {
              {"share", m.share},
              {"self", m.member.id == c.self},
              {"last_heard_ms", m.last_heard_ms < 0 ? Json(nullptr) : Json(m.last_heard_ms)},
-             {"sync_lag_ms", m.last_sync_ms < 0 ? Json(nullptr) : Json(m.last_sync_ms)}});
+             {"sync_lag_ms", m.last_sync_ms < 0 ? Json(nullptr) : Json(m.last_sync_ms)},
+             {"clock_offset_ms", m.clock_offset_ms ? Json(*m.clock_offset_ms) : Json(nullptr)}});
   }
   Json dropped = Json::object();
   for (const auto& [reason, n] : c.dropped)

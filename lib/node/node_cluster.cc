@@ -237,6 +237,27 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     });
   }
 
+  // A member whose clock is far from this node's puts its counts in other buckets than this
+  // node's, where windows shorter than the offset do not see them (docs/operations.md, "Clocks"):
+  // said once when its offset (send time minus arrival: less the one-way delay) leaves
+  // +-kClockWarnMs, and once when it is back within.
+  static constexpr int64_t kClockWarnMs = 250;
+  void check_clock(NodeId from, int64_t offset_ms) {
+    const bool off = offset_ms > kClockWarnMs || offset_ms < -kClockWarnMs;
+    if (off == clock_warned.contains(from)) return;
+    if (off) {
+      clock_warned.insert(from);
+      spdlog::warn(
+          "cluster: member {}'s clock is {} ms {} this node's: its counts land in other "
+          "buckets here (keep the nodes' clocks in sync, e.g. NTP)",
+          from, offset_ms > 0 ? offset_ms : -offset_ms, offset_ms > 0 ? "ahead of" : "behind");
+    } else {
+      clock_warned.erase(from);
+      spdlog::info("cluster: member {}'s clock is within {} ms of this node's again", from,
+                   kClockWarnMs);
+    }
+  }
+
   void on_datagram(std::span<const uint8_t> datagram, const cluster::Endpoint& sender) {
     ++datagrams_in;
     bytes_in += datagram.size();
@@ -261,6 +282,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     }
     const NodeId from = msg.header.sender;
     reach.heard(from, msg.header.sent_ms, now);
+    check_clock(from, msg.header.sent_ms - now);
     if (const auto m = members_by_id.find(from);
         m != members_by_id.end() && m->second.state == MemberState::kDead) {
       // A member we believe dead is talking to us (a healed partition): tell it now, so it
@@ -644,6 +666,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::map<NodeId, int64_t> reconnected_at;  // last ping of a member believed dead, heard again
   // (sender, release) pairs outside the compatibility window already logged: once each.
   std::set<std::pair<NodeId, uint16_t>> release_warned;
+  std::set<NodeId> clock_warned;  // members whose clock check_clock() said is off
   cluster::Reach reach;
   int64_t last_heartbeat_ms = 0;
   cluster::SyncBatch heartbeat;
@@ -854,6 +877,7 @@ ClusterStatus ClusterNode::status() const {
       if (id == m.id) ms.share = share;
     }
     if (const int64_t* h = c.reach.last_heard(m.id)) ms.last_heard_ms = now - *h;
+    if (const int64_t* o = c.reach.clock_offset(m.id)) ms.clock_offset_ms = *o;
     if (auto y = c.synced.find(m.id); y != c.synced.end()) ms.last_sync_ms = now - y->second;
     s.members.push_back(std::move(ms));
   }

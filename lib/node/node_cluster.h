@@ -46,6 +46,9 @@ struct MemberStatus {
   double share = 0;            // of keys owned as primary (0 unless alive or suspect)
   int64_t last_heard_ms = -1;  // ms since the last datagram from it (-1: never)
   int64_t last_sync_ms = -1;   // ms since the last sync batch from it (-1: never)
+  // How far its clock is ahead of this node's, by its last datagram (Reach::clock_offset); none
+  // before the first.
+  std::optional<int64_t> clock_offset_ms;
 };
 
 struct ClusterStatus {

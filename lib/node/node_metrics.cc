@@ -276,6 +276,15 @@ void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
                static_cast<uint64_t>(ms.last_sync_ms));
     }
   }
+  m.family("sluice_cluster_clock_offset_ms", "gauge",
+           "Per member: how far its clock is ahead of this node's (negative: behind), by its last "
+           "datagram's send time, less the one-way delay.");
+  for (const MemberStatus& ms : c.members) {
+    if (ms.clock_offset_ms && ms.member.id != c.self) {
+      m.sample_signed("sluice_cluster_clock_offset_ms", {"member", ms.member.name},
+                      *ms.clock_offset_ms);
+    }
+  }
   m.family("sluice_peer_dropped_total", "counter",
            "Peer datagrams dropped, by reason (bad_tag: wrong secret or tampered; replayed; ...).");
   // The reasons an authentication alert watches are there from the start, at 0, so that a rate

@@ -166,12 +166,12 @@ inline std::string addr_of(NodeId id) {
 struct SimNode {
   SimNode(SimPeerNet& net, boost::asio::io_context& io, const std::string& rules_file, NodeId id,
           std::vector<std::string> seeds, const std::string& secret = kSecret,
-          int64_t sync_interval_ms = 100) {
+          int64_t sync_interval_ms = 100, int64_t clock_offset_ms = 0) {
     node::NodeOptions o;
     o.rules_file = rules_file;
     o.data_dir = "";  // no snapshots: the engine alone
     o.hash_seed = kHashSeed;
-    o.clock = [&net] { return net.now_ms(); };
+    o.clock = [&net, clock_offset_ms] { return net.now_ms() + clock_offset_ms; };
     o.cluster.enabled = true;
     o.cluster.node_id = id;
     o.cluster.listen = addr_of(id);
@@ -273,11 +273,13 @@ struct SimCluster {
     io.poll();
   }
 
-  SimNode& add(NodeId id, const std::string& secret = kSecret) {
+  // Node `id`, its clock `clock_offset_ms` ahead of the network's.
+  SimNode& add(NodeId id, const std::string& secret = kSecret, int64_t clock_offset_ms = 0) {
     std::vector<std::string> seeds;
     if (id != 1) seeds.push_back(addr_of(1));
-    auto [it, fresh] = nodes.emplace(
-        id, std::make_unique<SimNode>(net, io, dir.sub("rules.yaml"), id, seeds, secret, sync_ms));
+    auto [it, fresh] =
+        nodes.emplace(id, std::make_unique<SimNode>(net, io, dir.sub("rules.yaml"), id, seeds,
+                                                    secret, sync_ms, clock_offset_ms));
     if (!fresh) throw std::logic_error("node " + std::to_string(id) + " is already running");
     return *it->second;
   }

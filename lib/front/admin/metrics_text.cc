@@ -37,6 +37,17 @@ void MetricsText::family(std::string_view name, std::string_view type, std::stri
 
 void MetricsText::sample(std::string_view name, std::initializer_list<std::string_view> labels,
                          uint64_t value) {
+  sample_text(name, labels, value);
+}
+
+void MetricsText::sample_signed(std::string_view name,
+                                std::initializer_list<std::string_view> labels, int64_t value) {
+  sample_text(name, labels, value);
+}
+
+template <typename T>
+void MetricsText::sample_text(std::string_view name, std::initializer_list<std::string_view> labels,
+                              T value) {
   out_ += name;
   if (labels.size() > 0) {
     out_ += '{';

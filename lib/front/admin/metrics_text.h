@@ -21,6 +21,9 @@ class MetricsText {
   // "name{l1="v1",...} value"; `labels` alternates names and values.
   void sample(std::string_view name, std::initializer_list<std::string_view> labels,
               uint64_t value);
+  // The same for a value that may be negative (a gauge such as a clock offset).
+  void sample_signed(std::string_view name, std::initializer_list<std::string_view> labels,
+                     int64_t value);
   // A family of one unlabelled sample.
   void one(std::string_view name, std::string_view type, std::string_view help, uint64_t value) {
     family(name, type, help);
@@ -29,6 +32,8 @@ class MetricsText {
   std::string take() { return std::move(out_); }
 
  private:
+  template <typename T>
+  void sample_text(std::string_view name, std::initializer_list<std::string_view> labels, T value);
   std::string out_;
 };
 

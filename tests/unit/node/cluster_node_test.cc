@@ -293,3 +293,34 @@ TEST_CASE(
   CHECK(stranger.alive_members() == 1);
   CHECK(stranger.cluster->status().join_state != "joined");
 }
+
+TEST_CASE(
+    "ClusterNode: a member whose clock is 10 s ahead is let in, and every node sees the offset "
+    "in its status") {
+  SimCluster c(2);
+  c.add(3, kSecret, 10'000);
+  REQUIRE(c.until([&] { return c.formed(3); }, 5'000) >= 0);
+  c.net.advance(500);
+  // Send time minus arrival: the offset less the network's one-way delay (0.1 to 1 ms).
+  const auto offset_of = [&](NodeId at, NodeId of) -> std::optional<int64_t> {
+    for (const node::MemberStatus& m : c[at].cluster->status().members) {
+      if (m.member.id == of) return m.clock_offset_ms;
+    }
+    return std::nullopt;
+  };
+  for (const NodeId at : {NodeId{1}, NodeId{2}}) {
+    INFO("at node " << at);
+    const std::optional<int64_t> ahead = offset_of(at, 3), same = offset_of(at, at == 1 ? 2 : 1);
+    REQUIRE(ahead.has_value());
+    CHECK(*ahead >= 10'000 - 2);
+    CHECK(*ahead <= 10'000 + 2);
+    REQUIRE(same.has_value());
+    CHECK(*same >= -2);
+    CHECK(*same <= 2);
+  }
+  const std::optional<int64_t> behind = offset_of(3, 1);
+  REQUIRE(behind.has_value());
+  CHECK(*behind <= -10'000 + 2);
+  CHECK(*behind >= -10'000 - 2);
+  CHECK_FALSE(offset_of(1, 1).has_value());  // nothing heard from itself
+}
