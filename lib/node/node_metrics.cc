@@ -249,6 +249,31 @@ void append_persistence_metrics(MetricsText& m, const PersistenceStatus& p) {
   m.one("sluice_overrides", "gauge", "Runtime overrides in force.", p.overrides);
 }
 
+namespace {
+
+// Per member: the gauges of its sync lag and of how far its clock is from this node's.
+void append_member_metrics(MetricsText& m, const ClusterStatus& c) {
+  m.family("sluice_cluster_sync_lag_ms", "gauge",
+           "Per member: ms since its last sync batch arrived (members never heard from: absent).");
+  for (const MemberStatus& ms : c.members) {
+    if (ms.last_sync_ms >= 0) {
+      m.sample("sluice_cluster_sync_lag_ms", {"member", ms.member.name},
+               static_cast<uint64_t>(ms.last_sync_ms));
+    }
+  }
+  m.family("sluice_cluster_clock_offset_ms", "gauge",
+           "Per member: how far its clock is ahead of this node's (negative: behind), by its last "
+           "datagram's send time, less the one-way delay.");
+  for (const MemberStatus& ms : c.members) {
+    if (ms.clock_offset_ms && ms.member.id != c.self) {
+      m.sample_signed("sluice_cluster_clock_offset_ms", {"member", ms.member.name},
+                      *ms.clock_offset_ms);
+    }
+  }
+}
+
+}  // namespace
+
 void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
   if (!c.enabled) return;
   m.one("sluice_cluster_ready", "gauge",
@@ -268,23 +293,7 @@ void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
         "Members this node expects: in reach, suspect, or dead for less than "
         "forget_dead_after_ms. Below it, every limit allows reachable / expected here.",
         c.expected);
-  m.family("sluice_cluster_sync_lag_ms", "gauge",
-           "Per member: ms since its last sync batch arrived (members never heard from: absent).");
-  for (const MemberStatus& ms : c.members) {
-    if (ms.last_sync_ms >= 0) {
-      m.sample("sluice_cluster_sync_lag_ms", {"member", ms.member.name},
-               static_cast<uint64_t>(ms.last_sync_ms));
-    }
-  }
-  m.family("sluice_cluster_clock_offset_ms", "gauge",
-           "Per member: how far its clock is ahead of this node's (negative: behind), by its last "
-           "datagram's send time, less the one-way delay.");
-  for (const MemberStatus& ms : c.members) {
-    if (ms.clock_offset_ms && ms.member.id != c.self) {
-      m.sample_signed("sluice_cluster_clock_offset_ms", {"member", ms.member.name},
-                      *ms.clock_offset_ms);
-    }
-  }
+  append_member_metrics(m, c);
   m.family("sluice_peer_dropped_total", "counter",
            "Peer datagrams dropped, by reason (bad_tag: wrong secret or tampered; replayed; ...).");
   // The reasons an authentication alert watches are there from the start, at 0, so that a rate
