@@ -13,7 +13,6 @@ port with a rules file whose limit is never reached, runs each client for --seco
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(SRC, "tests/support"))
+from free_port import free_port  # noqa: E402  (below the ephemeral range)
+
 RULES = """domains:
   - name: b
     rules:
@@ -29,20 +31,6 @@ RULES = """domains:
         limits:
           - {limit: 1000000000, window: 1m, name: per-user}
 """
-
-
-def free_port():
-    for _ in range(50):
-        with socket.socket() as t:
-            t.bind(("127.0.0.1", 0))
-            port = t.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                try:
-                    u.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
-    sys.exit("no free port")
 
 
 def main():

@@ -55,17 +55,8 @@ fail() {
   exit 1
 }
 
-# Free loopback TCP ports, all different (held open together while chosen).
-read -r nginx_port app_port admin_port < <(python3 - <<'EOF'
-import socket
-socks = []
-for _ in range(3):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-)
+# Free loopback ports, all different, below the ephemeral range.
+read -r nginx_port app_port admin_port < <(python3 "$(dirname "${BASH_SOURCE[0]}")/../support/free_port.py" 3)
 
 # Waits until URL answers with any HTTP status (bounded: 10 s).
 wait_http() {

@@ -25,6 +25,9 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../support"))
+from free_port import free_port  # noqa: E402  (below the ephemeral range)
+
 SLOW = 300
 BYTE_EVERY_S = 0.5
 
@@ -46,14 +49,6 @@ def grpc_health(port, timeout=2.0):
         check = ch.unary_unary("/grpc.health.v1.Health/Check")
         answer = check(b"", timeout=timeout)
     return answer, time.monotonic() - t0
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def get(url, timeout=2.0):

@@ -13,10 +13,11 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { chromium } from 'playwright-core';
+
+import { freePort } from '../support/free_port.mjs';
 
 const sluicedBin = process.env.SLUICED_BIN;
 const chromiumBin = process.env.SLUICE_CHROMIUM || '/usr/bin/chromium';
@@ -39,17 +40,6 @@ const RULES = `domains:
 const state = { dir: null, child: null, exited: null, admin: null, browser: null, failed: false };
 // The cluster's nodes: { name, child, exited, admin, log }.
 const cluster = [];
-
-async function freePort() {
-  const s = net.createServer();
-  await new Promise((resolve, reject) => {
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', resolve);
-  });
-  const { port } = s.address();
-  await new Promise((resolve) => s.close(resolve));
-  return port;
-}
 
 function sluicedLog(file = 'sluiced.log') {
   try {

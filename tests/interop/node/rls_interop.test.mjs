@@ -14,10 +14,11 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http2 from 'node:http2';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+
+import { freePorts } from '../../support/free_port.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const sourceDir = process.env.SLUICE_SOURCE_DIR || path.resolve(here, '../../..');
@@ -81,24 +82,6 @@ const state = {
   health: null,
   failed: false,
 };
-
-// Free loopback TCP ports, all different (held open together while chosen).
-async function freePorts(n) {
-  const servers = [];
-  try {
-    for (let i = 0; i < n; i++) {
-      const s = net.createServer();
-      await new Promise((resolve, reject) => {
-        s.once('error', reject);
-        s.listen(0, '127.0.0.1', resolve);
-      });
-      servers.push(s);
-    }
-    return servers.map((s) => s.address().port);
-  } finally {
-    await Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve))));
-  }
-}
 
 function sluicedLog() {
   try {

@@ -19,8 +19,8 @@ every wait is bounded.
 import os
 import shutil
 import signal
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -36,6 +36,9 @@ except ImportError as e:  # a collection error, never a skip
     ) from e
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "../../support"))
+from free_port import free_ports  # noqa: E402  (tests/support, below the ephemeral range)
+
 SOURCE_DIR = os.environ.get("SLUICE_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "../../.."))
 PROTO_DIR = os.path.join(SOURCE_DIR, "lib/rls/proto")
 HEALTH_PROTO = os.path.join(SOURCE_DIR, "tests/interop/health.proto")
@@ -76,20 +79,6 @@ def build_messages(tmp):
     with open(out, "rb") as f:
         fds.ParseFromString(f.read())
     return message_factory.GetMessages(list(fds.file))
-
-
-def free_ports(n):
-    """Free loopback TCP ports, all different (held open together while chosen)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Sluiced:

@@ -46,12 +46,8 @@ password=interop-s3cret
 printf '%s\n' "$password" >"$dir/resp-password"
 printf 'resp_password_file: %s\n' "$dir/resp-password" >"$dir/auth.yaml"
 
-# Four free loopback TCP ports, all different, held open together while chosen.
-read -r port auth_port admin_port auth_admin_port < <("$py" -c '
-import socket
-s = [socket.socket() for _ in range(4)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(*[x.getsockname()[1] for x in s])')
+# Four free loopback ports, all different, below the ephemeral range.
+read -r port auth_port admin_port auth_admin_port < <("$py" "$src/tests/support/free_port.py" 4)
 
 # NAME PORT ADMIN_PORT [--config FILE]: starts sluiced in the background, appends its pid.
 start_sluiced() {
