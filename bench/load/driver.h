@@ -24,7 +24,9 @@
 // counted since the last one (answers, latencies, errors, losses) to an IntervalMerge and starts
 // afresh; when the last thread has handed interval i, `on_interval(i, by_thread)` runs once, on
 // that generator thread, with one RowStats per thread (so a caller that gives each thread its own
-// transport can tell them apart). Keep it short: the thread is not sending while it runs. Errors
+// transport can tell them apart). Calls never overlap (they run under the merge's lock) and come
+// in index order (every thread hands interval i in before i + 1), so a caller needs no lock or
+// sort of its own. Keep it short: the thread is not sending while it runs. Errors
 // and losses seen during the warm-up land in interval 0; a last, shorter interval is reported
 // when the window does not divide evenly. drive() still returns the whole row's totals.
 #pragma once
