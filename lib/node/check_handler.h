@@ -43,6 +43,9 @@ class CheckRouter {
   // True while route() may route forwarded checks other than "decided here": this node is
   // joining the cluster, or members are out of reach (takeovers).
   virtual bool routes_forwarded() = 0;
+  // True while route() may decide a redirected check as a takeover (the owner that redirected it
+  // is a new life of its node: owner_routing.h); else a redirected check is decided here as asked.
+  virtual bool fences_redirects() { return false; }
 };
 
 // A request split by owner (handle_routed returned kForward). Each part is a request of its own,

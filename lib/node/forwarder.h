@@ -91,6 +91,10 @@ struct Forwarder final : CheckRouter {
     refresh();
     return OwnerRouting::routes_forwarded(view, clock());
   }
+  bool fences_redirects() override {
+    refresh();
+    return view.restarted != nullptr && !view.restarted->empty();
+  }
 
   std::optional<udp::endpoint> endpoint_of(uint16_t id) const {
     const auto it = endpoints.find(id);
