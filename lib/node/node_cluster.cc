@@ -361,7 +361,9 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   void note_echo(NodeId from, int64_t heard_ms, int64_t now) {
     if (heard_ms <= 0) return;
     if (heard_ms < started_ms) {
-      fence_self(from, now);
+      // An earlier life that stopped sending kRestartFenceMs or more before this one began (a
+      // member dead for a while) admitted nothing a fence of that length would hold back.
+      if (started_ms - heard_ms < View::kRestartFenceMs) fence_self(from, now);
     } else if (heard_this_life.insert(from).second) {
       publish_fences();
     }

@@ -1101,6 +1101,30 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a takeover of a lease key waits one slice ttl more than a window: the slices the lost owner "
+    "granted may be used until they expire") {
+  rules::Rule leased = rule("l", {"user"}, {limit("100/1s", 1'000)});
+  leased.consistency = rules::Consistency::kLease;
+  Engine e(compile(one_domain({leased})));
+  BatchResult out;
+  auto admitted = [&](const char* value, int64_t now) {
+    std::vector<Descriptor> ds{{"user", value}};
+    int ok = 0;
+    for (int i = 0; i < 100; ++i) {
+      CheckRequest req{"api", ds, 1};
+      e.check({&req, 1}, now, out, engine::StandIn{0, kT0, true});
+      ok += out.decisions[0].allowed ? 1 : 0;
+    }
+    return ok;
+  };
+  const int64_t ttl = Engine::slice_ttl_ms(1'000);
+  REQUIRE(ttl > 0);
+  CHECK(admitted("a", kT0 + 1'000) == 0);            // one window on: still a slice's life
+  CHECK(admitted("b", kT0 + 1'000 + ttl - 1) == 0);  // ... to its end
+  CHECK(admitted("c", kT0 + 1'000 + ttl) == 100);    // then the whole limit
+}
+
+TEST_CASE(
     "set_capacity: with members out of reach every limit allows its reachable share, rounded "
     "down") {
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));

@@ -194,7 +194,7 @@ TEST_CASE(
 
 TEST_CASE(
     "a check a restarted owner redirects here is taken over from when its new life was heard, "
-    "until the fence ends; a client's check still goes to that owner") {
+    "until the fence ends, while a client check still goes to that owner") {
   Fixture f;
   auto v = view_of();
   const int64_t heard = kNow - 100;
