@@ -581,6 +581,7 @@ struct Engine::Impl {
     const int64_t wait_ms = rule.consistency == rules::Consistency::kLease
                                 ? window_ms + Engine::slice_ttl_ms(window_ms)
                                 : window_ms;
+    if (f.takeover_cap_ms > 0 && wait_ms > f.takeover_cap_ms) return side;
     return f.since_ms != INT64_MIN && now_ms < f.since_ms + wait_ms ? 0 : side;
   }
 

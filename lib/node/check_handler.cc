@@ -395,7 +395,8 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
     const CheckRouter::Route& r = s.routes[i];
     for (size_t p = 0; p < plan.used; ++p) {
       const ForwardPlan::Part& q = plan.parts[p];
-      if (q.owner == r.node && q.fallback == r.fallback && q.takeover == r.takeover) {
+      if (q.owner == r.node && q.fallback == r.fallback && q.takeover == r.takeover &&
+          q.takeover_cap_ms == r.takeover_cap_ms) {
         part = &plan.parts[p];
       }
     }
@@ -405,6 +406,7 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
       part->owner = r.node;
       part->fallback = r.fallback;
       part->takeover = r.takeover;
+      part->takeover_cap_ms = r.takeover_cap_ms;
       part->fallback_since_ms = r.fallback_since_ms;
       part->redirected = false;
       part->asks_slices = false;

@@ -72,10 +72,11 @@ class OwnerRouting {
     r.fallback_since_ms = since_ms;
     return r;
   }
-  static CheckRouter::Route takeover_from(int64_t since_ms) {
+  static CheckRouter::Route takeover_from(int64_t since_ms, int64_t cap_ms = 0) {
     CheckRouter::Route r;
     r.takeover = true;
     r.fallback_since_ms = since_ms;
+    r.takeover_cap_ms = cap_ms;
     return r;
   }
 
