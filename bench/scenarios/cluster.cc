@@ -15,6 +15,8 @@
 //   concurrency         max_in_flight 20 on 3 keys, stable, then key 0's owner killed -9
 //                       (cluster/concurrency.h)
 //   lease               leased quotas beside owner and gossip mode (cluster/lease.h)
+//   restart-fast        the owner killed -9 and restarted 200 ms later, owner and lease mode
+//                       (cluster/restart_fast.h)
 //
 // admitted_over_limit = the largest number of checks admitted in any true 1 s window (exact, over
 // the clients' send times) / the limit; for several keys the worst key. admitted_min_over_limit =
@@ -34,6 +36,7 @@
 #include "cluster/harness.h"
 #include "cluster/lease.h"
 #include "cluster/peer_traffic.h"
+#include "cluster/restart_fast.h"
 #include "common/scenario.h"
 #include "netns_cluster.h"
 
@@ -502,7 +505,8 @@ int bench_cluster_main(int argc, char** argv) {
   cli.seconds(st.seconds, 1, 120, "traffic per steady run (membership runs take more)");
   cli.text("--scenario", only,
            "one of stable-3, stable-5, sync-sweep (alias seed000), kill9, restart, join, drain, "
-           "forwarding, overrides, partition, sync-cost, peer-traffic, gcra, concurrency, lease");
+           "forwarding, overrides, partition, sync-cost, peer-traffic, gcra, concurrency, lease, "
+           "restart-fast");
   cli.sluiced(st.sluiced);
   if (const std::optional<int> exit = cli.parse(argc, argv)) return *exit;
   if (st.quick && !cli.app().count("--seconds")) st.seconds = 3;
@@ -522,7 +526,7 @@ int bench_cluster_main(int argc, char** argv) {
       {"overrides", true, run_overrides},  {"partition", false, run_partition},
       {"sync-cost", false, run_sync_cost}, {"peer-traffic", false, run_peer_traffic},
       {"gcra", false, run_gcra},           {"concurrency", false, run_concurrency},
-      {"lease", true, run_lease},
+      {"lease", true, run_lease},          {"restart-fast", false, run_restart_fast},
   };
   const auto named = [&](const Scenario& s) { return only == s.name; };
   if (!only.empty() && std::none_of(std::begin(scenarios), std::end(scenarios), named))

@@ -571,12 +571,18 @@ struct Engine::Impl {
   // part of it (share_of), and, for a replica
   // taking over an owner-mode key (StandIn::takeover), nothing until one window after the owner
   // went out of reach: the owner may have given its clients the whole limit just before, and
-  // those admissions leave every window only one window on.
+  // those admissions leave every window only one window on. A lease key waits one slice ttl
+  // more: the slices the owner granted may be used until they expire.
   static uint64_t limit_here(uint64_t cap, const rules::AppliedLimit& l, const rules::Rule& rule,
                              const StandIn& f, int64_t now_ms) {
     const uint64_t side = share_of(cap, l.requests);
     if (!f.takeover || !rules::owner_decides(rule.consistency)) return side;
-    return f.since_ms != INT64_MIN && now_ms < f.since_ms + l.limit->spec.window_ms ? 0 : side;
+    const int64_t window_ms = l.limit->spec.window_ms;
+    const int64_t wait_ms = rule.consistency == rules::Consistency::kLease
+                                ? window_ms + Engine::slice_ttl_ms(window_ms)
+                                : window_ms;
+    if (f.takeover_cap_ms > 0 && wait_ms > f.takeover_cap_ms) return side;
+    return f.since_ms != INT64_MIN && now_ms < f.since_ms + wait_ms ? 0 : side;
   }
 
   // A fallback decision's share of `limit` (StandIn): limit / members, times the part of a

@@ -32,6 +32,11 @@ struct StandIn {
   // Leased quotas: the batch's keys are owned by node `slice_owner`, in reach, and this node
   // decides from the slices that node granted it (Decision::needs_owner when they cannot).
   uint16_t slice_owner = 0;
+  // A takeover that lasts only this long (a restart fence, docs/architecture.md "Fast restarts"):
+  // a limit that would allow nothing for longer (its window, plus a slice ttl in lease mode) is
+  // decided as usual instead, since holding it back for part of its window would not keep it
+  // within the limit and would only deny. 0: no such cap.
+  int64_t takeover_cap_ms = 0;
 };
 
 // Leased quotas: a slice given back to the node that granted it, with what was used of it.

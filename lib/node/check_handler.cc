@@ -312,8 +312,11 @@ CheckHandler::Outcome CheckHandler::handle_routed(std::span<const uint8_t> reque
     plan.prefetch.clear();
   }
   // A forwarded request is decided here, unless this node has just joined and the owner before
-  // it still decides some of its keys; a redirected one is always decided here.
-  if (router != nullptr && (!trusted || (!s.decoder.redirected() && router->routes_forwarded())) &&
+  // it still decides some of its keys; a redirected one is always decided here (as a takeover
+  // while the owner that redirected it is a new life of its node: split).
+  if (router != nullptr &&
+      (!trusted ||
+       ((!s.decoder.redirected() || router->fences_redirects()) && router->routes_forwarded())) &&
       split(router, now_ms, first_id, plan, trusted)) {
     return Outcome::kForward;
   }
@@ -360,6 +363,7 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
     const auto key = engine_.owner_routing_key(s.requests[j], now_ms, &lease);
     if (!key) continue;
     s.routes[i] = router->route(*key, forwarded);
+    if (s.routes[i].node != 0 && s.decoder.redirected()) s.routes[i] = {};  // never sent on
     const CheckRouter::Route& r = s.routes[i];
     // Leased quotas: a client's check of a key another node owns, in reach, is decided here
     // when the slice that node granted covers it.
@@ -391,7 +395,8 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
     const CheckRouter::Route& r = s.routes[i];
     for (size_t p = 0; p < plan.used; ++p) {
       const ForwardPlan::Part& q = plan.parts[p];
-      if (q.owner == r.node && q.fallback == r.fallback && q.takeover == r.takeover) {
+      if (q.owner == r.node && q.fallback == r.fallback && q.takeover == r.takeover &&
+          q.takeover_cap_ms == r.takeover_cap_ms) {
         part = &plan.parts[p];
       }
     }
@@ -401,6 +406,7 @@ bool CheckHandler::split(CheckRouter* router, int64_t now_ms, uint64_t first_id,
       part->owner = r.node;
       part->fallback = r.fallback;
       part->takeover = r.takeover;
+      part->takeover_cap_ms = r.takeover_cap_ms;
       part->fallback_since_ms = r.fallback_since_ms;
       part->redirected = false;
       part->asks_slices = false;

@@ -34,6 +34,8 @@ class CheckRouter {
     // reach since `fallback_since_ms`: with every count known here, after one window from then
     // (engine::StandIn::takeover).
     bool takeover = false;
+    // A takeover for a restart fence of this long (engine::StandIn::takeover_cap_ms); 0: none.
+    int64_t takeover_cap_ms = 0;
   };
   // Where a check with this routing key is decided. `forwarded`: it came from another node,
   // which sent it here as the owner (or its replica); it is decided here, as a takeover when this
@@ -43,6 +45,9 @@ class CheckRouter {
   // True while route() may route forwarded checks other than "decided here": this node is
   // joining the cluster, or members are out of reach (takeovers).
   virtual bool routes_forwarded() = 0;
+  // True while route() may decide a redirected check as a takeover (the owner that redirected it
+  // is a new life of its node: owner_routing.h); else a redirected check is decided here as asked.
+  virtual bool fences_redirects() { return false; }
 };
 
 // A request split by owner (handle_routed returned kForward). Each part is a request of its own,
@@ -54,6 +59,7 @@ struct ForwardPlan {
     bool redirected = false;
     bool fallback = false;          // owner 0: Route::fallback of every check in the part
     bool takeover = false;          // owner 0: Route::takeover of every check in the part
+    int64_t takeover_cap_ms = 0;    // owner 0: Route::takeover_cap_ms of every check in the part
     int64_t fallback_since_ms = 0;  // the latest of its checks' Route::fallback_since_ms
     std::vector<uint32_t> checks;   // indices into the client's request
     std::vector<uint8_t> request;

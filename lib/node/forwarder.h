@@ -91,6 +91,10 @@ struct Forwarder final : CheckRouter {
     refresh();
     return OwnerRouting::routes_forwarded(view, clock());
   }
+  bool fences_redirects() override {
+    refresh();
+    return view.restarted != nullptr && !view.restarted->empty();
+  }
 
   std::optional<udp::endpoint> endpoint_of(uint16_t id) const {
     const auto it = endpoints.find(id);
@@ -161,6 +165,7 @@ struct Forwarder final : CheckRouter {
       p.parts[i].redirected = plan.parts[i].redirected;
       p.parts[i].fallback = plan.parts[i].fallback;
       p.parts[i].takeover = plan.parts[i].takeover;
+      p.parts[i].takeover_cap_ms = plan.parts[i].takeover_cap_ms;
       p.parts[i].fallback_since_ms = plan.parts[i].fallback_since_ms;
       p.parts[i].asks_slices = plan.parts[i].asks_slices;
       p.parts[i].sent_ms = now;
@@ -285,7 +290,11 @@ struct Forwarder final : CheckRouter {
   // as the replica taking over (CheckRouter::Route).
   engine::StandIn planned(const ForwardPlan::Part& part) const {
     if (part.fallback) return denied_from(part.fallback_since_ms);
-    if (part.takeover) return {0, part.fallback_since_ms, true};
+    if (part.takeover) {
+      engine::StandIn s{0, part.fallback_since_ms, true};
+      s.takeover_cap_ms = part.takeover_cap_ms;
+      return s;
+    }
     return {};
   }
 

@@ -281,6 +281,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       return;
     }
     const NodeId from = msg.header.sender;
+    note_boot(from, msg.header.boot_id, now);
     reach.heard(from, msg.header.sent_ms, now);
     check_clock(from, msg.header.sent_ms - now);
     if (const auto m = members_by_id.find(from);
@@ -301,6 +302,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
         break;
       case cluster::PeerKind::kSync: {
         reach.echoed(from, msg.sync.heard_ms);
+        note_echo(from, msg.sync.heard_ms, now);
         if (msg.sync.totals.empty()) break;  // a heartbeat
         synced[from] = now;
         sync_totals_in += msg.sync.totals.size();
@@ -314,6 +316,89 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
         ++dropped["unknown_kind"];
         break;
     }
+  }
+
+  // ---- fenced restarts (docs/architecture.md, "Fast restarts") ----
+  // A member heard under a newer boot id than before is a new life of its node: killed and
+  // restarted, maybe faster than anyone saw it out of reach. Its old life decided (owner mode) and
+  // granted slices (lease mode) that its new life does not know. So: every holder of its keys
+  // sends it back what it holds of them (a full pass to it alone, at once), a check of its keys
+  // it redirects here is decided as a takeover for a while (View::restarted), and it is told that
+  // it is a new life (a batch echoing the old life's last send time: fence_self on its side).
+  static constexpr int kFenceSignals = 3;  // sent with the next heartbeats: one may be lost
+  void note_boot(NodeId from, uint64_t boot, int64_t now) {
+    const auto [it, first] = boots.try_emplace(from, boot);
+    if (first || boot <= it->second) return;  // an older boot never gets here (kStaleBoot)
+    it->second = boot;
+    ++member_restarts;
+    restarted[from] = now;
+    restart_returned.insert(from);
+    if (const int64_t old_echo = reach.echo_for(from); old_echo > 0) {
+      fence_signals[from] = {old_echo, kFenceSignals};
+      send_fence_signal(from);
+    }
+    spdlog::info(
+        "cluster: member {} is back as a new life (boot {}): its counts go back to it, and checks "
+        "of its keys it sends here are decided as a takeover for {} ms",
+        from, boot, View::kRestartFenceMs);
+    publish_fences();
+  }
+
+  // A batch that echoes `heard_ms`, a send time of the previous life of `to`, not the newest.
+  void send_fence_signal(NodeId to) {
+    const auto sig = fence_signals.find(to);
+    const auto m = members_by_id.find(to);
+    if (sig == fence_signals.end() || m == members_by_id.end()) return;
+    fence_signal.totals.clear();
+    fence_signal.handoff = false;
+    fence_signal.heard_ms = sig->second.first;
+    if (codec->seal(fence_signal, st.opt.clock(), out) == cluster::PeerError::kOk)
+      send_raw(cluster::peer_endpoint(m->second), out);
+    if (--sig->second.second <= 0) fence_signals.erase(sig);
+  }
+
+  // `from` echoed `heard_ms`, a send time of ours: of this life, or of an earlier one.
+  void note_echo(NodeId from, int64_t heard_ms, int64_t now) {
+    if (heard_ms <= 0) return;
+    if (heard_ms < started_ms) {
+      // An earlier life that stopped sending kRestartFenceMs or more before this one began (a
+      // member dead for a while) admitted nothing a fence of that length would hold back.
+      if (started_ms - heard_ms < View::kRestartFenceMs) fence_self(from, now);
+    } else if (heard_this_life.insert(from).second) {
+      publish_fences();
+    }
+  }
+
+  // A member heard an earlier life of this node id: what it admitted in the window before its end
+  // is known nowhere, so this node decides its own keys as a takeover from its start (nothing
+  // until one window after it) until kRestartFenceMs after its start.
+  void fence_self(NodeId from, int64_t now) {
+    if (self_fence_until_ms != INT64_MIN) return;  // once per life
+    self_fence_until_ms = started_ms + View::kRestartFenceMs;
+    spdlog::warn(
+        "cluster: member {} heard an earlier life of this node: its keys allow nothing until one "
+        "window after its start, for the next {} ms (what the earlier life admitted is unknown)",
+        from, std::max<int64_t>(0, self_fence_until_ms - now));
+    publish_fences();
+  }
+
+  // Drops the fences that have run their course; true when any did.
+  bool prune_fences(int64_t now) {
+    return std::erase_if(restarted, [now](const auto& e) {
+             return now >= e.second + View::kRestartFenceMs;
+           }) > 0;
+  }
+
+  void publish_fences() {
+    auto r = std::make_shared<std::vector<std::pair<NodeId, int64_t>>>(restarted.begin(),
+                                                                       restarted.end());
+    auto h = std::make_shared<std::vector<NodeId>>(heard_this_life.begin(), heard_this_life.end());
+    std::lock_guard g(published_mu);
+    published_restarted = std::move(r);
+    published_heard_this_life = std::move(h);
+    published_self_fence_until_ms = self_fence_until_ms;
+    published_self_fence_since_ms = self_fence_until_ms == INT64_MIN ? INT64_MIN : started_ms;
+    view_version.fetch_add(1, std::memory_order_release);
   }
 
   // Cluster-wide overrides (override_sync.h): sealed and sent like every peer datagram.
@@ -382,8 +467,10 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
           heartbeat.totals.clear();
           heartbeat.handoff = false;
           send_batch(id, heartbeat);
+          if (fence_signals.contains(id)) send_fence_signal(id);
         }
       }
+      if (prune_fences(now)) publish_fences();
       update_capacity();
       arm_reach();
     });
@@ -464,9 +551,12 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       // have what this node sent).
       const bool reach_due =
           reach_handoff_pending && now - last_reach_handoff_ms >= opt.anti_entropy_interval_ms;
-      if (handoff_pending || reach_due) {
-        std::vector<NodeId> only;
-        if (!handoff_pending) only.assign(reach_returned.begin(), reach_returned.end());
+      if (handoff_pending || reach_due || !restart_returned.empty()) {
+        // Members back as a new life get theirs at once (note_boot), whatever else is due.
+        std::vector<NodeId> only(restart_returned.begin(), restart_returned.end());
+        restart_returned.clear();
+        if (reach_due) only.insert(only.end(), reach_returned.begin(), reach_returned.end());
+        if (handoff_pending) only.clear();  // everyone
         handoff_pending = false;
         if (reach_due) {
           reach_handoff_pending = false;
@@ -566,6 +656,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     if (m.state == MemberState::kDead || m.state == MemberState::kLeft) {
       // A later life of this node starts a new boot; the codec accepts it without our window.
       codec->replay_guard().forget(m.id);
+      boots.erase(m.id);
     }
   }
 
@@ -670,6 +761,15 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   cluster::Reach reach;
   int64_t last_heartbeat_ms = 0;
   cluster::SyncBatch heartbeat;
+  // Fenced restarts (note_boot and after; control thread).
+  std::map<NodeId, uint64_t> boots;     // the newest boot id heard from each member
+  std::map<NodeId, int64_t> restarted;  // member -> when its new life was first heard
+  std::set<NodeId> restart_returned;    // ... and due a full pass (sync_pass)
+  std::map<NodeId, std::pair<int64_t, int>> fence_signals;  // (old life's send time, left)
+  cluster::SyncBatch fence_signal;
+  std::set<NodeId> heard_this_life;         // members that echoed a send time of this life
+  int64_t self_fence_until_ms = INT64_MIN;  // fence_self
+  uint64_t member_restarts = 0;
   uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0, sync_totals_in = 0;
   uint64_t bytes_in = 0, bytes_out = 0;  // peer UDP payloads, dropped ones included
   uint64_t handoffs = 0;
@@ -693,6 +793,11 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   // guarded by published_mu
   std::shared_ptr<const std::vector<std::pair<NodeId, int64_t>>> published_out_of_reach =
       std::make_shared<const std::vector<std::pair<NodeId, int64_t>>>();
+  // guarded by published_mu (publish_fences)
+  std::shared_ptr<const std::vector<std::pair<NodeId, int64_t>>> published_restarted;
+  std::shared_ptr<const std::vector<NodeId>> published_heard_this_life;
+  int64_t published_self_fence_since_ms = INT64_MIN;
+  int64_t published_self_fence_until_ms = INT64_MIN;
 };
 
 ClusterNode::ClusterNode(asio::io_context& control, NodeState& state,
@@ -833,9 +938,16 @@ int64_t ClusterNode::forward_timeout_ms() const {
 
 ClusterNode::View ClusterNode::view() const {
   std::lock_guard g(impl_->published_mu);
-  return {impl_->published_ring,         impl_->published_members,
-          impl_->published_without_self, impl_->published_fresh_until_ms,
-          impl_->published_expected,     impl_->published_out_of_reach};
+  return {impl_->published_ring,
+          impl_->published_members,
+          impl_->published_without_self,
+          impl_->published_fresh_until_ms,
+          impl_->published_expected,
+          impl_->published_out_of_reach,
+          impl_->published_restarted,
+          impl_->published_self_fence_since_ms,
+          impl_->published_self_fence_until_ms,
+          impl_->published_heard_this_life};
 }
 
 std::optional<cluster::NodeId> ClusterNode::View::previous_owner(uint64_t routing_key,
@@ -898,6 +1010,8 @@ ClusterStatus ClusterNode::status() const {
   s.sync_batches_out = c.delta->stats().batches;
   s.sync_totals_in = c.sync_totals_in;
   s.handoffs = c.handoffs;
+  s.member_restarts = c.member_restarts;
+  s.self_fenced = c.self_fence_until_ms != INT64_MIN && now < c.self_fence_until_ms;
   if (c.overrides) s.overrides = c.overrides->stats();
   return s;
 }

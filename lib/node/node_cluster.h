@@ -77,6 +77,10 @@ struct ClusterStatus {
   size_t replicas = 0;
   // Members out of reach (docs/architecture.md): every limit allows reachable / expected here.
   uint32_t reachable = 1, expected = 1;
+  // Fenced restarts: members seen coming back as a new life (a new boot id), and whether this
+  // node learned that it is itself a new life of its id (self_fenced: its own keys are fenced).
+  uint64_t member_restarts = 0;
+  bool self_fenced = false;
 };
 
 // Checks the cluster settings and completes them (name "node-<id>" when unset, dns_server from
@@ -133,6 +137,34 @@ class ClusterNode {
       return it->second;
     }
     bool reachable(cluster::NodeId id) const { return !out_since(id); }
+    // Fenced restarts (docs/architecture.md, "Fast restarts"). A member that came back as a new
+    // life (a new boot id from a node id heard before) is listed here for kRestartFenceMs from
+    // when this node first heard the new life: (id, since), sorted by id. What the old life
+    // admitted after its last push is known nowhere, so a check of its keys that it redirects
+    // here is decided as a takeover from `since` (engine::StandIn::takeover).
+    static constexpr int64_t kRestartFenceMs = 2'000;
+    std::shared_ptr<const std::vector<std::pair<cluster::NodeId, int64_t>>> restarted;
+    std::optional<int64_t> restarted_since(cluster::NodeId id, int64_t now_ms) const {
+      if (!restarted) return std::nullopt;
+      const auto it = std::lower_bound(restarted->begin(), restarted->end(),
+                                       std::pair<cluster::NodeId, int64_t>{id, INT64_MIN});
+      if (it == restarted->end() || it->first != id || now_ms >= it->second + kRestartFenceMs)
+        return std::nullopt;
+      return it->second;
+    }
+    // This node is a new life of its id (a member echoed a send time older than this life's
+    // start): until self_fence_until_ms it decides its own keys as a takeover from its start,
+    // self_fence_since_ms. INT64_MIN: not fenced.
+    int64_t self_fence_since_ms = INT64_MIN;
+    int64_t self_fence_until_ms = INT64_MIN;
+    bool self_fenced(int64_t now_ms) const { return now_ms < self_fence_until_ms; }
+    // Members that echoed a send time of this life (they heard it, so they know of any earlier
+    // one), sorted: while joining, a key goes to its previous owner only once it is one of them.
+    std::shared_ptr<const std::vector<cluster::NodeId>> heard_this_life;
+    bool knows_this_life(cluster::NodeId id) const {
+      return heard_this_life &&
+             std::binary_search(heard_this_life->begin(), heard_this_life->end(), id);
+    }
     bool joining(int64_t now_ms) const { return ring_without_self && now_ms < fresh_until_ms; }
     // While joining: who decides a key this node owns (the owner before it); nullopt otherwise.
     std::optional<cluster::NodeId> previous_owner(uint64_t routing_key, int64_t now_ms) const;

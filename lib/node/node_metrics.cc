@@ -317,6 +317,13 @@ void append_cluster_metrics(MetricsText& m, const ClusterStatus& c) {
         c.sync_totals_in);
   m.one("sluice_handoffs_total", "counter", "Full sync passes after membership changes.",
         c.handoffs);
+  m.one("sluice_cluster_member_restarts_total", "counter",
+        "Members heard back as a new life of their node (a newer boot id): each got its counts "
+        "back at once and its keys were fenced.",
+        c.member_restarts);
+  m.one("sluice_cluster_self_fenced", "gauge",
+        "1 while this node, a new life of its node id, decides its own keys as a takeover.",
+        c.self_fenced ? uint64_t{1} : uint64_t{0});
   const char* kinds[] = {"changed", "resend", "handoff"};
   m.family("sluice_sync_passes_total", "counter",
            "Sync passes, by kind: changed (every sync interval), resend (anti-entropy), handoff.");

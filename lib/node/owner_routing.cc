@@ -11,13 +11,26 @@ CheckRouter::Route OwnerRouting::route(const ClusterNode::View& view, uint64_t r
   const size_t n = view.ring ? view.ring->owners(routing_key, owners) : 0;
   if (n == 0) return {};
   if (owners[0] == self_) {
-    // Joining: the key stays with the owner before us, which has its counts, for now.
+    // A new life of this node id (View::self_fenced): what the earlier one admitted is unknown,
+    // so nothing until one window after this life began.
+    if (view.self_fenced(now_ms))
+      return takeover_from(view.self_fence_since_ms, ClusterNode::View::kRestartFenceMs);
+    // Joining: the key stays with the owner before us, which has its counts, for now; once that
+    // owner has heard this life (so it fences the key if it knew an earlier one), and denied
+    // until then.
     const auto before = view.previous_owner(routing_key, now_ms);
     if (before && *before != self_ && view.reachable(*before) && !silent(*before, now_ms) &&
         has_address_(*before)) {
+      if (!view.knows_this_life(*before)) return fallback_from(now_ms);
       return {*before, true};
     }
     return {};
+  }
+  // Redirected here by a new life of the owner (View::restarted): decided as a takeover from when
+  // this node first heard that life.
+  if (forwarded) {
+    if (const auto since = view.restarted_since(owners[0], now_ms))
+      return takeover_from(*since, ClusterNode::View::kRestartFenceMs);
   }
   // The first of the owner and replicas in reach decides (this node, when it is that one).
   int64_t lost_ms = INT64_MIN;  // when the last of those before it went out of reach

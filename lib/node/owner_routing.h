@@ -4,7 +4,11 @@
 // owner-mode check; tests/unit/node/owner_routing_test.cc drives it with views it builds.
 //
 //   - this node owns the key: decided here, unless it is joining and the key stays with its
-//     previous owner for now (sent there, redirected);
+//     previous owner for now (sent there, redirected, once that owner has heard this node's
+//     present life; denied until then), or it is a new life of its node id that a member heard
+//     an earlier life of (a takeover from its start: View::self_fenced);
+//   - a check a restarted owner redirected here (View::restarted): a takeover from when this
+//     node first heard the owner's new life;
 //   - else the first of the owner and replicas that is in reach decides: another node (forwarded
 //     there), or this node as a replica taking over an owner out of reach (a takeover, decided
 //     here: engine::StandIn::takeover), counted as a failover;
@@ -41,7 +45,8 @@ class OwnerRouting {
   // route() may route a forwarded check elsewhere than "decided here as asked": while joining, or
   // while members are out of reach (takeovers).
   static bool routes_forwarded(const ClusterNode::View& view, int64_t now_ms) {
-    return view.joining(now_ms) || (view.out_of_reach != nullptr && !view.out_of_reach->empty());
+    return view.joining(now_ms) || (view.out_of_reach != nullptr && !view.out_of_reach->empty()) ||
+           (view.restarted != nullptr && !view.restarted->empty());
   }
 
   // A part sent to `owner` timed out / was answered.
@@ -67,10 +72,11 @@ class OwnerRouting {
     r.fallback_since_ms = since_ms;
     return r;
   }
-  static CheckRouter::Route takeover_from(int64_t since_ms) {
+  static CheckRouter::Route takeover_from(int64_t since_ms, int64_t cap_ms = 0) {
     CheckRouter::Route r;
     r.takeover = true;
     r.fallback_since_ms = since_ms;
+    r.takeover_cap_ms = cap_ms;
     return r;
   }
 

@@ -1,7 +1,8 @@
 // A cluster of real ClusterNodes, each with a NodeState and an engine of its own, in one thread
 // on the one simulated network (bench/sim/network.h) with a clock the caller steps. Node i listens
 // on 10.0.0.i:7946 and node 1 is everyone's seed; one gossip rule (domain d, key k, 1e6 per
-// minute) so that checks are counted and synced. Used by tests/unit/node/cluster_node_test.cc
+// minute) so that checks are counted and synced; a node can be added, removed and restarted with
+// the same id (a new life). Used by tests/unit/node/cluster_node_test.cc, restart_fence_test.cc
 // and bench/scenarios/detect.cc.
 //
 // SimPeerNet gives each node its datagram socket and timers (lib/node/peer_io.h) on the network:
@@ -284,6 +285,16 @@ struct SimCluster {
     return *it->second;
   }
   SimNode& operator[](NodeId id) { return *nodes.at(id); }
+
+  // Node `id` killed -9 (gone without a word: no leave), and started again `gap_ms` later with
+  // the same id, a new boot id (its clock then) and nothing of its earlier life: an empty engine,
+  // the stalest snapshot there is. Not node 1, everyone's seed (it has no seed to join).
+  SimNode& restart(NodeId id, int64_t gap_ms) {
+    if (id == 1) throw std::logic_error("node 1 is the seed: restart another");
+    nodes.erase(id);
+    net.advance(gap_ms);
+    return add(id);
+  }
 
   // Advances in steps of `step_ms` until `done` holds or `limit_ms` has passed; how long it took
   // (in ms), or -1 if it never held.

@@ -1101,6 +1101,65 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a takeover of a lease key waits one slice ttl more than a window: the slices the lost owner "
+    "granted may be used until they expire") {
+  rules::Rule leased = rule("l", {"user"}, {limit("100/1s", 1'000)});
+  leased.consistency = rules::Consistency::kLease;
+  Engine e(compile(one_domain({leased})));
+  BatchResult out;
+  auto admitted = [&](const char* value, int64_t now) {
+    std::vector<Descriptor> ds{{"user", value}};
+    int ok = 0;
+    for (int i = 0; i < 100; ++i) {
+      CheckRequest req{"api", ds, 1};
+      e.check({&req, 1}, now, out, engine::StandIn{0, kT0, true});
+      ok += out.decisions[0].allowed ? 1 : 0;
+    }
+    return ok;
+  };
+  const int64_t ttl = Engine::slice_ttl_ms(1'000);
+  REQUIRE(ttl > 0);
+  CHECK(admitted("a", kT0 + 1'000) == 0);            // one window on: still a slice's life
+  CHECK(admitted("b", kT0 + 1'000 + ttl - 1) == 0);  // ... to its end
+  CHECK(admitted("c", kT0 + 1'000 + ttl) == 100);    // then the whole limit
+}
+
+TEST_CASE(
+    "a takeover capped at a restart fence holds back a limit whose window fits in the fence and "
+    "decides a longer one as usual") {
+  Engine e(compile(
+      one_domain({rule("r", {"user"}, {limit("100/1s", 1'000), limit("1000/1m", 6'000)})})));
+  BatchResult out;
+  auto admitted = [&](const char* value, int64_t now, int64_t cap_ms) {
+    std::vector<Descriptor> ds{{"user", value}};
+    engine::StandIn fence{0, kT0, true};
+    fence.takeover_cap_ms = cap_ms;
+    int ok = 0;
+    for (int i = 0; i < 50; ++i) {
+      CheckRequest req{"api", ds, 1};
+      e.check({&req, 1}, now, out, fence);
+      ok += out.decisions[0].allowed ? 1 : 0;
+    }
+    return ok;
+  };
+  // Capped at 2 s: the 1 s limit waits its window (nothing yet), the minute limit is not held.
+  CHECK(admitted("a", kT0 + 500, 2'000) == 0);
+  // A one-minute limit alone under the same cap: decided as usual.
+  Engine m(compile(one_domain({rule("m", {"user"}, {limit("1000/1m", 6'000)})})));
+  std::vector<Descriptor> ds{{"user", "b"}};
+  engine::StandIn fence{0, kT0, true};
+  fence.takeover_cap_ms = 2'000;
+  CheckRequest req{"api", ds, 1};
+  m.check({&req, 1}, kT0 + 500, out, fence);
+  CHECK(out.decisions[0].allowed);
+  // Uncapped, the same takeover holds the minute limit back for its window.
+  m.check({&req, 1}, kT0 + 500, out, engine::StandIn{0, kT0, true});
+  CHECK_FALSE(out.decisions[0].allowed);
+  // After the 1 s window the two-limit rule admits again under the cap.
+  CHECK(admitted("c", kT0 + 1'000, 2'000) == 50);
+}
+
+TEST_CASE(
     "set_capacity: with members out of reach every limit allows its reachable share, rounded "
     "down") {
   Engine e(compile(one_domain({rule("per-user", {"user"}, {limit("100/1m")})})));

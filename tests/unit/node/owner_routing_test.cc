@@ -157,6 +157,9 @@ TEST_CASE(
   const uint64_t k = key_owned_by(v, 1, 2);
   const uint16_t before = *without->owner(k);
   CHECK(OwnerRouting::routes_forwarded(v, kNow));
+  // Not before the previous owner has heard this node's present life: denied until then.
+  CHECK(same(f.routing.route(v, k, false, kNow), fallback(kNow)));
+  v.heard_this_life = std::make_shared<const std::vector<uint16_t>>(std::vector<uint16_t>{2, 3});
   CHECK(same(f.routing.route(v, k, false, kNow), Route{before, true}));
   CHECK(same(f.routing.route(v, k, true, kNow), Route{before, true}));  // forwarded: sent on
   // The previous owner silent, or the joining period over: decided here.
@@ -164,4 +167,44 @@ TEST_CASE(
     f.routing.note_timeout(before, kNow);
   CHECK(same(f.routing.route(v, k, false, kNow + 1), Route{}));
   CHECK(same(f.routing.route(v, k, false, kNow + 300 + OwnerRouting::kSilentMs), Route{}));
+}
+
+TEST_CASE(
+    "a new life of this node id decides its own keys as a takeover from its start while fenced, "
+    "even while joining") {
+  Fixture f;
+  auto v = view_of();
+  auto without = std::make_shared<sluice::cluster::HashRing>(2);
+  for (const uint16_t id : std::array<uint16_t, 2>{2, 3})
+    without->add(id, "node-" + std::to_string(id));
+  v.ring_without_self = without;
+  v.fresh_until_ms = kNow + 300;
+  v.heard_this_life = std::make_shared<const std::vector<uint16_t>>(std::vector<uint16_t>{2, 3});
+  v.self_fence_since_ms = kNow - 50;
+  v.self_fence_until_ms = kNow - 50 + ClusterNode::View::kRestartFenceMs;
+  const uint64_t mine = key_owned_by(v, 1, 2);
+  CHECK(same(f.routing.route(v, mine, false, kNow), takeover(kNow - 50)));
+  CHECK(same(f.routing.route(v, mine, true, kNow), takeover(kNow - 50)));
+  // Other owners' keys go to them as ever.
+  CHECK(same(f.routing.route(v, key_owned_by(v, 2, 3), false, kNow), to(2)));
+  // The fence over (and the joining): decided here as the owner.
+  const int64_t after = v.self_fence_until_ms;
+  CHECK(same(f.routing.route(v, mine, false, after), Route{}));
+}
+
+TEST_CASE(
+    "a check a restarted owner redirects here is taken over from when its new life was heard, "
+    "until the fence ends, while a client check still goes to that owner") {
+  Fixture f;
+  auto v = view_of();
+  const int64_t heard = kNow - 100;
+  v.restarted = std::make_shared<const std::vector<std::pair<uint16_t, int64_t>>>(
+      std::vector<std::pair<uint16_t, int64_t>>{{2, heard}});
+  CHECK(OwnerRouting::routes_forwarded(v, kNow));
+  const uint64_t k = key_owned_by(v, 2, 1);
+  CHECK(same(f.routing.route(v, k, true, kNow), takeover(heard)));
+  CHECK(same(f.routing.route(v, k, false, kNow), to(2)));
+  CHECK(same(f.routing.route(v, key_owned_by(v, 3, 1), true, kNow), Route{}));  // not fenced
+  const int64_t over = heard + ClusterNode::View::kRestartFenceMs;
+  CHECK(same(f.routing.route(v, k, true, over), Route{}));
 }
