@@ -566,6 +566,11 @@ int run(const Options& o) {
             {"no_room", bench::metric_sum(m, "sluice_no_room_total")},
             {"table_bytes", bench::metric_sum(m, "sluice_table_bytes")},
             {"table_cap_bytes", bench::metric_sum(m, "sluice_memory_cap_bytes")},
+            // At the end: the huge pages tables share (all of them count against the cap), the
+            // free units in them, and what other nodes reported (0 for a node on its own).
+            {"shared_pages_bytes", bench::metric_sum(m, "sluice_table_shared_pages_bytes")},
+            {"shared_free_bytes", bench::metric_sum(m, "sluice_table_shared_free_bytes")},
+            {"remote_state_bytes", bench::metric_sum(m, "sluice_remote_state_bytes")},
             {"hot_checks", h.checks},
             {"hot_judged", h.judged},
             {"hot_straddling", h.straddling},

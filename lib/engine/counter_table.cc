@@ -88,6 +88,18 @@ size_t CounterTable::insert_new(uint64_t counter, int64_t head) {
   carry_[3] = static_cast<uint32_t>(h >> 32);
   const size_t at = place(carry_.data());
   ++size_;
+  // pick_victim's step 2 trusts that every counter inserted since its walk is among recent_:
+  // one that leaves it still light (below kKeepHits in the walk's bucket) ends that trust.
+  uint64_t& oldest = recent_[recent_next_];
+  recent_next_ = recent_next_ + 1 == kRecent ? 0 : recent_next_ + 1;
+  if (heavy_bucket_ != INT64_MIN && oldest != 0) {
+    const int64_t i = find(oldest);
+    if (i >= 0 && (head_at(static_cast<size_t>(i)) > heavy_bucket_ ||
+                   window_count(static_cast<size_t>(i), heavy_bucket_) < kKeepHits)) {
+      heavy_bucket_ = INT64_MIN;
+    }
+  }
+  oldest = counter;
   next_expiry_bucket_ = std::min(next_expiry_bucket_, head + static_cast<int64_t>(ring_));
   return at;
 }
@@ -197,30 +209,64 @@ void CounterTable::set_head(size_t i, int64_t head) {
   put_raw_head(i, static_cast<uint64_t>(head) | (raw_head(i) & kFlagMask));
 }
 
+uint64_t CounterTable::window_count(size_t i, int64_t bucket) const {
+  const window::RingView v = view(i);
+  uint64_t count = 0;  // hits in every bucket that touches the window ending in `bucket`
+  for (int64_t b = bucket - static_cast<int64_t>(spec_.buckets()); b <= bucket; ++b)
+    count += v.count(b);
+  return count;
+}
+
 int64_t CounterTable::pick_victim(int64_t now_ms, std::span<const uint64_t> pinned, size_t sample) {
   int64_t best = -1;
   uint64_t best_count = UINT64_MAX;
   int64_t best_head = INT64_MAX;
+  bool skipped_pinned = false;
   const int64_t c = window::bucket_of(now_ms, spec_.bucket_ms);
-  const auto n = static_cast<int64_t>(spec_.buckets());
-  for (size_t seen = 0, tries = 0; seen < sample && tries < cap_; ++tries) {
-    const size_t i = victim_cursor_;
-    victim_cursor_ = victim_cursor_ + 1 == cap_ ? 0 : victim_cursor_ + 1;
-    if (!occupied(i)) continue;
-    ++seen;
-    const uint64_t ctr = counter_at(i);
-    if (std::find(pinned.begin(), pinned.end(), ctr) != pinned.end()) continue;
-    const window::RingView v = view(i);
-    uint64_t count = 0;  // hits in every bucket that touches the window ending now
-    for (int64_t b = c - n; b <= c; ++b)
-      count += v.count(b);
+  const auto consider = [&](size_t i) {
+    if (std::find(pinned.begin(), pinned.end(), counter_at(i)) != pinned.end()) {
+      skipped_pinned = true;
+      return;
+    }
+    const uint64_t count = window_count(i, c);
     const int64_t head = head_at(i);
     if (count < best_count || (count == best_count && head < best_head)) {
       best = static_cast<int64_t>(i);
       best_count = count;
       best_head = head;
     }
+  };
+  const auto next = [&] {
+    const size_t i = victim_cursor_;
+    victim_cursor_ = victim_cursor_ + 1 == cap_ ? 0 : victim_cursor_ + 1;
+    return i;
+  };
+  // 1. A sample from the cursor (under a key spray that is all it takes), then the newcomers.
+  for (size_t seen = 0, tries = 0; seen < sample && tries < cap_; ++tries) {
+    const size_t i = next();
+    if (!occupied(i)) continue;
+    ++seen;
+    consider(i);
   }
+  if (best_count < kKeepHits) return best;
+  for (const uint64_t ctr : recent_) {
+    if (ctr == 0) continue;
+    if (const int64_t i = find(ctr); i >= 0) consider(static_cast<size_t>(i));
+  }
+  if (best_count < kKeepHits) return best;
+  // 2. A walk in this bucket found every counter at kKeepHits or more, and every counter
+  // inserted since was looked at above (or left the newcomers with kKeepHits or more).
+  if (heavy_bucket_ == c) return best;
+  // 3. Walk on from the cursor until a light counter turns up, or all the table was seen.
+  skipped_pinned = false;
+  for (size_t walked = 0; walked < cap_; ++walked) {
+    const size_t i = next();
+    if (!occupied(i)) continue;
+    consider(i);
+    if (best_count < kKeepHits) return best;
+  }
+  // A pinned counter may be light and stay so: then nothing is remembered.
+  if (!skipped_pinned) heavy_bucket_ = c;
   return best;
 }
 

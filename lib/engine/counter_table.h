@@ -22,6 +22,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -77,6 +78,10 @@ class CounterTable {
   // The bytes of this table's slots at `capacity`.
   uint64_t bytes_for(size_t capacity) const {
     return static_cast<uint64_t>(capacity) * slot_bytes();
+  }
+  // True when the slots live in huge pages shared with other tables (table_heap.h).
+  bool in_shared_pages() const {
+    return data_ != nullptr && data_.get_deleter().kind == SlotStorage::Kind::kShared;
   }
   // Words per slot for a spec's ring.
   static size_t stride_for(const window::WindowSpec& spec, bool with_others);
@@ -153,10 +158,25 @@ class CounterTable {
     return window::bucket_of(now_ms, spec_.bucket_ms) >= next_expiry_bucket_;
   }
 
-  // The slot to evict to make room for a new counter: among `sample` slots from a rotating
-  // cursor, the one with the smallest count in the window ending at now, skipping `pinned`
-  // counters. Returns -1 when every sampled slot is pinned.
+  // The slot to evict to make room for a new counter, skipping `pinned` counters; -1 when every
+  // counter is pinned. A counter's count is its hits in the buckets that touch the window ending
+  // at now. The rule: a counter with kKeepHits or more is chosen only when no unpinned counter of
+  // the table has fewer. The search, cheapest first:
+  //   1. `sample` slots from a rotating cursor, and the last kRecent counters inserted (a key
+  //      spray's newcomers): the smallest count among them (ties: the oldest head) if it is
+  //      below kKeepHits;
+  //   2. else, when a walk of the whole table in the current bucket found none below kKeepHits
+  //      and every counter inserted since is still among the kRecent (or was dropped from them
+  //      with kKeepHits or more), that smallest count: counts only rise within a bucket, so none
+  //      can have fallen below since;
+  //   3. else the table is walked from the cursor until a counter below kKeepHits turns up, or
+  //      the whole table was walked (remembered for step 2 until the bucket ends).
+  // The walks of step 3 continue where the last stopped, so finding each of k light counters in
+  // a table of heavy ones costs one walk of the table together; a walk that finds none is not
+  // repeated within its bucket unless light newcomers overflow the kRecent.
   int64_t pick_victim(int64_t now_ms, std::span<const uint64_t> pinned, size_t sample);
+  static constexpr uint64_t kKeepHits = 2;
+  static constexpr size_t kRecent = 32;
 
  private:
   uint32_t* slot(size_t i) { return data_.get() + i * stride_; }
@@ -197,6 +217,12 @@ class CounterTable {
   std::vector<uint32_t> carry_;  // one slot image being moved during insert
   std::vector<uint32_t> spare_;
   size_t victim_cursor_ = 0;
+  // pick_victim's memory (see there): the counters inserted last, and the bucket in which a walk
+  // of the whole table found no counter below kKeepHits (INT64_MIN: none, or forgotten since).
+  uint64_t window_count(size_t i, int64_t bucket) const;
+  std::array<uint64_t, kRecent> recent_{};
+  size_t recent_next_ = 0;
+  int64_t heavy_bucket_ = INT64_MIN;
   int64_t next_expiry_bucket_ = INT64_MIN;  // no counter expires before this bucket
   // Published for prefetch() from outside the lock.
   std::atomic<const uint32_t*> pub_data_{nullptr};

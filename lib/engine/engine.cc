@@ -1061,7 +1061,9 @@ void Engine::reserve(const window::WindowSpec& spec, size_t counters) {
     const size_t want = (t.size() + per_shard) * 20 / 17 + 1;  // under the 85 % load
     if (want <= t.capacity()) continue;
     const uint64_t extra = t.bytes_for(want) - t.bytes();
-    if (sh.bytes + remote_bytes(sh) + extra > sh.budget) continue;  // grow as usual later
+    if (sh.bytes + side_bytes(sh) + Impl::shared_slack(sh) + extra > sh.budget) {
+      continue;  // grow as usual later
+    }
     sh.bytes += extra;
     t.rehash(want);
   }

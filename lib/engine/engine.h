@@ -44,11 +44,12 @@
 // has none of the owner's state, so each side of a cut may admit up to a burst of its own.
 //
 // Memory: the tables of all shards together, with what other nodes reported of their counters (a
-// cluster's remote state, often more than the table itself), stay under `memory_cap_bytes`: a
-// table grows only while both fit. A table that is full
-// first drops expired counters (every bucket has left the window: nothing is lost); only when no
-// expired counter remains in that table does it evict a live one (the sampled counter with the
-// smallest count), and that is counted in `evicted_live`. `sweep` drops expired counters in the
+// cluster's remote state, often more than the table itself) and the free space of the huge pages
+// small tables share, stay under `memory_cap_bytes`: a table grows only while all fit. A table
+// that is full first drops expired counters (every bucket has left the window: nothing is lost);
+// only when no expired counter remains in that table does it evict a live one, never one with two
+// hits or more in its window while the table holds one with fewer (CounterTable::pick_victim),
+// and that is counted in `evicted_live`. `sweep` drops expired counters in the
 // background and gives memory back.
 #pragma once
 

@@ -18,6 +18,7 @@
 #include "engine/counter_table.h"
 #include "engine/engine.h"
 #include "engine/shard.h"
+#include "engine/table_heap.h"
 
 namespace sluice::engine {
 
@@ -246,10 +247,28 @@ struct Engine::Impl {
     // (16 bytes per eviction: 4.6 MB a second in a key spray), so they count against the budget,
     // as does what other nodes reported (in a cluster, often more than the table itself).
     // So do the leases of concurrency limits (side_bytes).
-    if (sh.bytes + side_bytes(sh) + extra > sh.budget) return false;
+    // And so do the free units of the huge pages that tables share (shared_slack).
+    if (sh.bytes + side_bytes(sh) + shared_slack(sh) + extra > sh.budget) return false;
     sh.bytes += extra;
     t.rehash(cap);
     return true;
+  }
+
+  // The process pays whole huge pages for the tables that share them (table_heap.h), the free
+  // units beside live tables included. Each shard is charged a part of those free units in
+  // proportion to its tables' bytes there, so an engine alone in its process (a node) is charged
+  // all of them. Reads the heap's stats under its mutex: called when a table would grow only.
+  static uint64_t shared_slack(const Shard& sh) {
+    uint64_t shared = 0;
+    for (const auto& t : sh.owned) {
+      if (t != nullptr && t->in_shared_pages()) shared += t->bytes();
+    }
+    if (shared == 0) return 0;
+    const table_heap::Stats s = table_heap::stats();
+    if (s.resident <= s.allocated) return 0;
+    const double free_per_byte =
+        static_cast<double>(s.resident - s.allocated) / static_cast<double>(s.allocated);
+    return static_cast<uint64_t>(static_cast<double>(shared) * free_per_byte);
   }
 
   // Returns memory to the shard from tables that are mostly empty.
