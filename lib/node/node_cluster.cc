@@ -487,7 +487,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       }
     }
     const int64_t cpu0 = thread_cpu_us();
-    delta->begin(ring, cluster::DeltaSync::Mode::kChanged, false, in_reach);
+    delta->begin(ring, cluster::DeltaSync::Mode::kChanged, false, in_reach, {}, now);
     delta->resume(
         false, [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); },
         std::numeric_limits<int64_t>::max());
