@@ -52,7 +52,8 @@ class DeltaSync {
   // lock).
   static constexpr int64_t kCountLateMs = 1'000;
 
-  // `max_totals` per batch keeps a sealed batch inside one datagram (the codec's limit).
+  // `max_totals` per batch keeps a sealed batch within a datagram size (a node passes
+  // sync_totals_within(kSyncDatagramBytes), peer_codec.h).
   DeltaSync(engine::Engine& engine, NodeId self, size_t max_totals = 1'000);
 
   enum class Mode {

@@ -194,7 +194,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     // function of its inputs, down to membership's random choices (seeded from it).
     boot_id = static_cast<uint64_t>(st.opt.clock());
     codec = std::make_unique<cluster::PeerCodec>(opt.secret, opt.node_id, boot_id);
-    delta = std::make_unique<cluster::DeltaSync>(*st.engine, opt.node_id);
+    delta = std::make_unique<cluster::DeltaSync>(
+        *st.engine, opt.node_id, cluster::sync_totals_within(cluster::kSyncDatagramBytes));
     st.engine->set_gossip_lag(3 * opt.sync_interval_ms + 100);
     published_ring = std::make_shared<const cluster::HashRing>(opt.replicas);
   }
