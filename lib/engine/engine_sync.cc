@@ -74,6 +74,8 @@ void collect(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id, uint16_t no
     own_from = std::max(first, window::bucket_of(c.own_from_ms, t.spec().bucket_ms));
   }
   const auto own = t.own(i);
+  // Own counts that did not change since the last pass took the flags went out then.
+  if (!own_changed && !whole) own_from = head + 1;
   for (int64_t b = own_from; b <= head; ++b) {
     const uint32_t v = own[static_cast<size_t>(((b % ring) + ring) % ring)];
     if (v != 0) c.totals.push_back({counter, t.spec(), node_id, b, v});
