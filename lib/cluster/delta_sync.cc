@@ -91,14 +91,14 @@ DeltaSync::DeltaSync(engine::Engine& engine, NodeId self, size_t max_totals)
     : engine_(engine), self_(self), max_totals_(std::max<size_t>(max_totals, 1)) {}
 
 void DeltaSync::pass(const HashRing& ring, Mode mode, bool handoff, const Send& send,
-                     const HashRing* in_reach) {
-  begin(ring, mode, handoff, in_reach);
+                     const HashRing* in_reach, int64_t now_ms) {
+  begin(ring, mode, handoff, in_reach, {}, now_ms);
   while (!resume(mode != Mode::kChanged, send, std::numeric_limits<int64_t>::max())) {
   }
 }
 
 void DeltaSync::begin(const HashRing& ring, Mode mode, bool handoff, const HashRing* in_reach,
-                      std::vector<NodeId> only) {
+                      std::vector<NodeId> only, int64_t now_ms) {
   ++stats_.passes;
   if (mode == Mode::kEverything) engine_.mark_all_changed_for_sync();
   Run& run = runs_[mode == Mode::kChanged ? 0 : 1];
@@ -109,6 +109,14 @@ void DeltaSync::begin(const HashRing& ring, Mode mode, bool handoff, const HashR
   std::sort(only.begin(), only.end());
   run.only = std::move(only);
   run.cursor.restart(mode != Mode::kChanged);
+  run.cursor.mark_pushed = run.only.empty();
+  if (mode == Mode::kChanged) {
+    // Own buckets counted since the previous changed pass began (sync.h); all of them when
+    // either time is not known.
+    const bool known = last_changed_ms_ != INT64_MIN && now_ms != INT64_MIN;
+    run.cursor.own_from_ms = known ? last_changed_ms_ - kCountLateMs : INT64_MIN;
+    last_changed_ms_ = now_ms;
+  }
   run.active = true;
 }
 

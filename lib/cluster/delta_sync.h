@@ -9,7 +9,14 @@
 //     the global count, and keeps doing so while a dead owner is still only suspected.
 // Totals are per (counter, node, bucket) and only grow, and the engine keeps the largest it has
 // seen per node: a batch delivered twice, late, out of order or not at all never double-counts;
-// a lost one is repaired by the next change or the next anti-entropy pass (resend).
+// a lost one is repaired by the next anti-entropy pass (resend), which sends every bucket.
+//
+// So the changed pass sends only the buckets that changed since they last went out (sync.h,
+// SyncCursor): a bucket a receiver already holds adds nothing there. A counter with an hourly
+// window in one-minute buckets then sends its newest bucket or two, not sixty buckets of every
+// node. Own buckets are told apart by time: those from the bucket of the previous changed pass's
+// start less kCountLateMs go out, which covers every check counted since unless its clock
+// reading preceded its count by more than kCountLateMs (then the resend pass sends it).
 //
 // Handoff is the same mechanism: after a membership change the node runs a full pass
 // (resend_all) so every new owner and replica receives what each node holds for its keys.
@@ -40,7 +47,13 @@ class DeltaSync {
  public:
   using Send = std::function<void(NodeId to, SyncBatch& batch)>;  // may set batch.heard_ms
 
-  // `max_totals` per batch keeps a sealed batch inside one datagram (the codec's limit).
+  // How long before its count a check's clock reading may be taken and the next changed pass
+  // still send its bucket (a worker reads the clock once per batch, then counts under the shard
+  // lock).
+  static constexpr int64_t kCountLateMs = 1'000;
+
+  // `max_totals` per batch keeps a sealed batch within a datagram size (a node passes
+  // sync_totals_within(kSyncDatagramBytes), peer_codec.h).
   DeltaSync(engine::Engine& engine, NodeId self, size_t max_totals = 1'000);
 
   enum class Mode {
@@ -53,8 +66,10 @@ class DeltaSync {
   // holders are then its owners in both rings: those in reach stand in for those out of it, so
   // the nodes on each side of a cut keep exchanging counts, and a member wrongly believed out of
   // reach (a slow moment) still gets what it holds.
+  // `now_ms`: the node's clock when the pass starts; INT64_MIN (not known) makes a changed pass
+  // send every own bucket of a changed counter.
   void pass(const HashRing& ring, Mode mode, bool handoff, const Send& send,
-            const HashRing* in_reach = nullptr);
+            const HashRing* in_reach = nullptr, int64_t now_ms = INT64_MIN);
 
   // Passes in slices. A node runs two kinds at once, each with its own cursor and batches:
   //   - the changed pass (kChanged) every sync interval, short, run to its end at once;
@@ -70,7 +85,7 @@ class DeltaSync {
   // `only` (optional, not empty): batches go to these nodes alone (members back in reach need
   // what they missed; the others had it all along).
   void begin(const HashRing& ring, Mode mode, bool handoff, const HashRing* in_reach = nullptr,
-             std::vector<NodeId> only = {});
+             std::vector<NodeId> only = {}, int64_t now_ms = INT64_MIN);
   bool resume(bool bulk, const Send& send, int64_t budget_ns);
   bool in_progress(bool bulk) const { return runs_[bulk ? 1 : 0].active; }
 
@@ -90,6 +105,7 @@ class DeltaSync {
     std::unordered_map<NodeId, SyncBatch> pending;  // reused batches per destination
   };
   Run runs_[2];
+  int64_t last_changed_ms_ = INT64_MIN;  // when the last changed pass began (INT64_MIN: none)
   DeltaSyncStats stats_;
 };
 

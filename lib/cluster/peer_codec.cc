@@ -211,6 +211,19 @@ using MacCtxPtr = std::unique_ptr<EVP_MAC_CTX, OsslDeleter<EVP_MAC_CTX, EVP_MAC_
 
 // ---- names -----------------------------------------------------------------------------------
 
+size_t sync_datagram_bytes(size_t totals) {
+  return datagram_bytes(envelope_words() + struct_words<ps::SyncBatch>() +
+                        struct_list_words<ps::RemoteTotal>(totals));
+}
+
+size_t sync_totals_within(size_t datagram_bytes) {
+  const size_t empty = sync_datagram_bytes(0);
+  const size_t per_total = struct_words<ps::RemoteTotal>() * kWordBytes;
+  const size_t list_tag = kWordBytes;  // a non-empty list's tag word
+  if (datagram_bytes < empty + list_tag + per_total) return 1;
+  return (datagram_bytes - empty - list_tag) / per_total;
+}
+
 std::string_view to_string(PeerKind k) {
   switch (k) {
     case PeerKind::kMembership:

@@ -150,6 +150,18 @@ class ReplayGuard {
   std::unordered_map<NodeId, Window> windows_;
 };
 
+// The size a node keeps its sync datagrams within (DeltaSync's batches): one Ethernet frame's
+// payload even over IPv6 inside a VXLAN overlay (1500 - 50 - 40 - 8 = 1402 bytes). A datagram
+// that is never fragmented arrives whole or not at all; a fragmented one is lost with any of its
+// fragments, and bulk totals sent as datagrams of tens of KB overflowed busy receivers' socket
+// buffers. Receivers still accept any sync datagram up to PeerLimits::max_datagram_bytes.
+inline constexpr size_t kSyncDatagramBytes = 1'400;
+
+// How many totals one sealed SyncBatch of at most `datagram_bytes` holds (at least 1), and the
+// size of a sealed SyncBatch of `totals` totals.
+size_t sync_totals_within(size_t datagram_bytes);
+size_t sync_datagram_bytes(size_t totals);
+
 // How many of `records`, from the first, one OverrideSyncMessage datagram holds under `limits`
 // (at least 1 for any record within OverrideBounds at the default datagram size).
 size_t fit_overrides(std::span<const OverrideRecord> records, const PeerLimits& limits);

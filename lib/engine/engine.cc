@@ -1174,8 +1174,10 @@ ImportResult Engine::import_record(std::span<const uint8_t> key, std::span<const
         auto& mine = have->buckets[p];
         const auto& theirs = n.buckets[p];
         if (theirs.first > mine.first ||
-            (theirs.first == mine.first && theirs.second > mine.second))
+            (theirs.first == mine.first && theirs.second > mine.second)) {
           mine = theirs;
+          have->unsent_from = std::min(have->unsent_from, theirs.first);
+        }
       }
     }
   }

@@ -189,6 +189,7 @@ size_t Engine::merge(std::span<const RemoteTotal> totals, int64_t now_ms) {
     const uint32_t known = slot.first == t.bucket ? slot.second : 0;
     if (t.total <= known) continue;  // a duplicate or an older report
     window::add(tbl.others(i), t.bucket, t.total - known);
+    rr->unsent_from = std::min(rr->unsent_from, t.bucket);
     set_changed(
         sh, tbl, i, spec_id,
         CounterTable::kDirtyFlag | CounterTable::kRemoteChangedFlag | CounterTable::kRecentFlag);

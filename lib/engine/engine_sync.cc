@@ -48,28 +48,51 @@ void collect(Shard& sh, CounterTable& t, size_t i, uint32_t spec_id, uint16_t no
     t.clear_flags(i, CounterTable::kRecentFlag);
   }
   if (!own_changed && !remote_changed) return;
-  t.clear_flags(i, CounterTable::kOwnChangedFlag | CounterTable::kRemoteChangedFlag);
+  // A pass to some nodes only leaves the flags to the changed pass, which goes to every holder.
+  if (c.mark_pushed) {
+    t.clear_flags(i, CounterTable::kOwnChangedFlag | CounterTable::kRemoteChangedFlag);
+  }
   const uint64_t counter = t.counter_at(i);
   const bool with_others = owns(counter);
   if (!own_changed && !with_others) return;  // others changed, and we do not own it
   const int64_t head = t.head_at(i);
+  // Others' rings, when this node pushes the merged state; one nobody was sent yet makes the
+  // whole counter go out (sync.h).
+  std::vector<RemoteRing>* known = nullptr;
+  bool whole = c.resend;
+  if (with_others && t.has_remote(i)) {
+    known = sh.remote.find(remote_key(counter, spec_id));
+    if (known != nullptr) {
+      for (const RemoteRing& n : *known) {
+        if (n.node != node_id && n.unsent_from == RemoteRing::kAllUnsent) whole = true;
+      }
+    }
+  }
+  const int64_t first = head - ring + 1;
+  int64_t own_from = first;
+  if (!whole && c.own_from_ms != INT64_MIN) {
+    own_from = std::max(first, window::bucket_of(c.own_from_ms, t.spec().bucket_ms));
+  }
   const auto own = t.own(i);
-  for (int64_t b = head - ring + 1; b <= head; ++b) {
+  // Own counts that did not change since the last pass took the flags went out then.
+  if (!own_changed && !whole) own_from = head + 1;
+  for (int64_t b = own_from; b <= head; ++b) {
     const uint32_t v = own[static_cast<size_t>(((b % ring) + ring) % ring)];
     if (v != 0) c.totals.push_back({counter, t.spec(), node_id, b, v});
   }
-  // Who else reported it, and what: needed only to push the merged state of a counter we hold.
-  if (with_others && t.has_remote(i)) {
-    if (const auto* known = sh.remote.find(remote_key(counter, spec_id))) {
-      for (const RemoteRing& n : *known) {
-        if (n.node == node_id) continue;  // our acknowledged totals: own went out
-        c.reporters.push_back(n.node);
-        for (const auto& [bucket, total] : n.buckets) {
-          if (total != 0 && bucket > head - ring && bucket <= head) {
-            c.totals.push_back({counter, t.spec(), n.node, bucket, total});
-          }
+  // Who else reported it, and what changed: needed only to push the merged state of a counter we
+  // hold.
+  if (known != nullptr) {
+    for (RemoteRing& n : *known) {
+      if (n.node == node_id) continue;  // our acknowledged totals: own went out
+      c.reporters.push_back(n.node);
+      const int64_t from = whole ? first : std::max(first, n.unsent_from);
+      for (const auto& [bucket, total] : n.buckets) {
+        if (total != 0 && bucket >= from && bucket <= head) {
+          c.totals.push_back({counter, t.spec(), n.node, bucket, total});
         }
       }
+      if (c.mark_pushed) n.unsent_from = RemoteRing::kNoneUnsent;
     }
   }
   c.items.push_back({counter, spec_id, with_others, static_cast<uint32_t>(c.totals.size()),

@@ -62,9 +62,17 @@ struct RuleCounters {
 
 // What this node knows of one other node's totals for one counter: per ring position, the bucket
 // number and the largest total that node reported for it.
+//
+// `unsent_from`: the oldest bucket raised since this node last pushed the ring (the owner's push
+// of the merged state, engine_sync.cc), so that push sends what changed rather than the whole
+// window; kAllUnsent for a ring nobody was sent yet (a node new to the counter: the counter then
+// goes out whole once), kNoneUnsent once pushed.
 struct RemoteRing {
+  static constexpr int64_t kAllUnsent = INT64_MIN;
+  static constexpr int64_t kNoneUnsent = INT64_MAX;
   uint16_t node;
   std::vector<std::pair<int64_t, uint32_t>> buckets;
+  int64_t unsent_from = kAllUnsent;
 };
 
 // Counts a counter took over from another counter of its key when an override changed its limits

@@ -34,8 +34,27 @@ class SyncSink {
 // changed pass (restart(false)) and one resend pass (restart(true)) at a time per engine; the two
 // may interleave (whichever reaches a counter first sends it and clears its flags), but two of
 // the same kind at once can leave counters to the next resend (they share the changed list).
+//
+// What a pass sends of a counter. The resend pass: every bucket of the window, own and (owner)
+// every other node's. A changed pass: only what changed since it last went out, because a total
+// only grows and every receiver keeps the largest it has seen per (counter, node, bucket), so a
+// bucket that did not change adds nothing to what a receiver holds and leaving it out loses
+// nothing; what a lost datagram carried is repaired by the next resend pass, which sends all.
+//   - Own totals: the buckets from bucket_of(own_from_ms) on. A check counts in the head bucket,
+//     which is never older than the bucket of the check's clock reading, so with own_from_ms at
+//     least as old as any clock reading counted after the previous changed pass took the flags,
+//     nothing changed is left out (DeltaSync sets it, with a margin: delta_sync.h). A lease
+//     released or a slice returned counts in an older bucket: the resend pass sends it.
+//   - Others' totals (owner push): each ring's buckets from its unsent_from on (the oldest bucket
+//     a merge raised since the last push). A ring nobody was sent yet (a node new to the counter)
+//     sends the whole counter once, so a holder that just started reporting gets the merged state.
 struct SyncCursor {
   bool resend = false;  // anti-entropy: every counter changed since the last resend pass
+  // Changed pass: own buckets from the bucket of this time on (INT64_MIN: all of them).
+  int64_t own_from_ms = INT64_MIN;
+  // The pass goes to every holder, so what it sent counts as pushed (false for a pass to some
+  // nodes only, which must not hide a change from the others).
+  bool mark_pushed = true;
   uint32_t shard = 0;
   // Within the shard (the engine's business): walking its slots at (table, slot), or going
   // through the counters it listed as changed, positions [next, end).
@@ -58,6 +77,8 @@ struct SyncCursor {
     slot = 0;
     next = end = 0;
     resend = resend_recent;
+    own_from_ms = INT64_MIN;
+    mark_pushed = true;
   }
 };
 

@@ -194,7 +194,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     // function of its inputs, down to membership's random choices (seeded from it).
     boot_id = static_cast<uint64_t>(st.opt.clock());
     codec = std::make_unique<cluster::PeerCodec>(opt.secret, opt.node_id, boot_id);
-    delta = std::make_unique<cluster::DeltaSync>(*st.engine, opt.node_id);
+    delta = std::make_unique<cluster::DeltaSync>(
+        *st.engine, opt.node_id, cluster::sync_totals_within(cluster::kSyncDatagramBytes));
     st.engine->set_gossip_lag(3 * opt.sync_interval_ms + 100);
     published_ring = std::make_shared<const cluster::HashRing>(opt.replicas);
   }
@@ -577,7 +578,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       }
     }
     const int64_t cpu0 = thread_cpu_us();
-    delta->begin(ring, cluster::DeltaSync::Mode::kChanged, false, in_reach);
+    delta->begin(ring, cluster::DeltaSync::Mode::kChanged, false, in_reach, {}, now);
     delta->resume(
         false, [this](NodeId to, cluster::SyncBatch& b) { send_batch(to, b); },
         std::numeric_limits<int64_t>::max());

@@ -13,7 +13,12 @@
 // end of the measured interval, each node's rates over its own interval. Owner-rule checks that
 // land on a non-owner go to the owner's check port, which is not peer traffic:
 // forwarded_parts_per_node_s gives those (sluice_forwarded_parts_total). failed_checks counts the
-// warm-up too.
+// warm-up too; failed_unavailable is those no node answered in time (client_retries: the clients'
+// attempts after a check's first). received_pct = bytes in / bytes out over the nodes (what the
+// kernel dropped on the way in); peer_bytes_per_check = every node's bytes out / decided checks.
+// What went out, from GET /v1/cluster's sync object: sync_totals_out_per_node_s (counter totals
+// of every kind of pass), sync_full_passes (begun in the interval, over all nodes: after a ring
+// change or for members back in reach), peer_dropped_per_node_s (datagrams the codec dropped).
 //
 // KeySweepLoad: open-loop checks over many distinct keys through libsluice, handed over in bursts
 // every 5 ms so each node's Client packs them into few requests; it wakes once per burst and only
@@ -32,10 +37,11 @@ namespace sluice::bench::cluster {
 class KeySweepLoad {
  public:
   struct Counts {
-    uint64_t sent = 0;     // handed to a Client
-    uint64_t decided = 0;  // completed with a node's decision (allowed or denied)
-    uint64_t denied = 0;   // of those, denied
-    uint64_t failed = 0;   // completed without one (timeout, refused, or a node's error code)
+    uint64_t sent = 0;         // handed to a Client
+    uint64_t decided = 0;      // completed with a node's decision (allowed or denied)
+    uint64_t denied = 0;       // of those, denied
+    uint64_t failed = 0;       // completed without one (timeout, refused, or a node's error code)
+    uint64_t unavailable = 0;  // of those, no node answered within the timeout
     SteadyClock::time_point at{};
   };
 
@@ -61,8 +67,23 @@ class KeySweepLoad {
     return err;
   }
 
+  // The last failure that was not a timeout: "outcome/code", or "" when there was none.
+  std::string last_failure() const {
+    const uint32_t f = last_failure_.load();
+    if (f == 0) return "";
+    return std::string(to_string(static_cast<Outcome>(f >> 16))) + "/" + std::to_string(f & 0xffff);
+  }
+  // Retries summed over the clients (attempts after a check's first).
+  uint64_t retries() const {
+    uint64_t n = 0;
+    for (const auto& c : clients_)
+      n += c->stats().retries;
+    return n;
+  }
+
   Counts counts() const {
-    return {sent_.load(), decided_.load(), denied_.load(), failed_.load(), SteadyClock::now()};
+    return {sent_.load(),   decided_.load(),     denied_.load(),
+            failed_.load(), unavailable_.load(), SteadyClock::now()};
   }
 
   // Sends nothing more, then waits until every check has completed (bounded: the timeout plus a
@@ -95,6 +116,11 @@ class KeySweepLoad {
               const bool decided = r.decided() && r.code == wire::Code::kOk;
               (decided ? decided_ : failed_).fetch_add(1);
               if (decided && !r.allowed) denied_.fetch_add(1);
+              if (r.outcome == Outcome::kUnavailable) unavailable_.fetch_add(1);
+              if (!decided && r.outcome != Outcome::kUnavailable) {
+                last_failure_.store(static_cast<uint32_t>(r.outcome) << 16 |
+                                    static_cast<uint32_t>(r.code));
+              }
             });
       }
     }
@@ -104,7 +130,8 @@ class KeySweepLoad {
   double rate_;
   milliseconds duration_;
   std::vector<std::string> keys_;
-  std::atomic<uint64_t> sent_{0}, decided_{0}, denied_{0}, failed_{0};
+  std::atomic<uint64_t> sent_{0}, decided_{0}, denied_{0}, failed_{0}, unavailable_{0};
+  std::atomic<uint32_t> last_failure_{0};  // outcome << 16 | code of the last other failure
   std::atomic<bool> stop_{false};
   std::vector<std::unique_ptr<Client>> clients_;  // after the counters: destroyed first
   std::thread pacer_;
@@ -115,9 +142,11 @@ class KeySweepLoad {
 // node did not answer.
 inline std::string measure_peer_window(const LocalCluster& c, const KeySweepLoad* load,
                                        SteadyClock::time_point from, double seconds, Row& row) {
-  const char* names[] = {"bytes_out", "bytes_in", "datagrams_out", "datagrams_in"};
+  const char* names[] = {"bytes_out",  "bytes_in", "datagrams_out", "datagrams_in",
+                         "totals_out", "handoffs", "dropped"};
+  constexpr size_t kFields = 7;
   const size_t n = c.size();
-  std::vector<std::array<double, 5>> at[2];  // per node: its 4 counters, then when read
+  std::vector<std::array<double, kFields + 1>> at[2];  // per node: its counters, then when read
   KeySweepLoad::Counts counts[2];
   for (size_t r = 0; r < 2; ++r) {
     std::this_thread::sleep_until(from + ms_of(static_cast<double>(r) * seconds));
@@ -129,14 +158,22 @@ inline std::string measure_peer_window(const LocalCluster& c, const KeySweepLoad
       at[r].emplace_back();
       for (size_t f = 0; f < 4; ++f)
         at[r][i][f] = j->value(names[f], 0.0);
-      at[r][i][4] = secs_since(from) - secs_since(t0) / 2;  // the request's middle
+      const Json sync = j->value("sync", Json::object());
+      at[r][i][4] = sync.value("totals_out", 0.0);
+      at[r][i][5] = sync.value("handoffs", 0.0);
+      double dropped = 0;  // datagrams this node dropped, every reason
+      for (const auto& [reason, v] : j->value("dropped", Json::object()).items())
+        dropped += v.is_number() ? v.get<double>() : 0.0;
+      at[r][i][6] = dropped;
+      at[r][i][kFields] = secs_since(from) - secs_since(t0) / 2;  // the request's middle
     }
   }
-  double mean[4] = {}, max_out = 0;
+  double mean[kFields] = {}, max_out = 0, handoffs = 0;
   size_t busiest = 0;
   for (size_t i = 0; i < n; ++i) {
-    const double s = at[1][i][4] - at[0][i][4];
-    for (size_t f = 0; f < 4; ++f) {
+    const double s = at[1][i][kFields] - at[0][i][kFields];
+    handoffs += at[1][i][5] - at[0][i][5];
+    for (size_t f = 0; f < kFields; ++f) {
       const double v = s > 0 ? (at[1][i][f] - at[0][i][f]) / s : 0;
       mean[f] += v / static_cast<double>(n);
       if (f == 0 && v > max_out) max_out = v, busiest = i;
@@ -150,6 +187,12 @@ inline std::string measure_peer_window(const LocalCluster& c, const KeySweepLoad
   row["busiest_node"] = busiest + 1;
   row["peer_bytes_per_datagram"] = mean[2] > 0 ? mean[0] / mean[2] : 0.0;
   row["received_pct"] = mean[0] > 0 ? 100.0 * mean[1] / mean[0] : 100.0;
+  // Counter totals sent per node per second (all sync passes), full passes begun (after a ring
+  // change, or for members back in reach) summed over the nodes, and datagrams the nodes' codecs
+  // dropped per node per second (what the kernel dropped is in received_pct).
+  row["sync_totals_out_per_node_s"] = mean[4];
+  row["sync_full_passes"] = handoffs;
+  row["peer_dropped_per_node_s"] = mean[6];
   if (load == nullptr) return "";
   const double s = std::chrono::duration<double>(counts[1].at - counts[0].at).count();
   const double checks_per_s = static_cast<double>(counts[1].decided - counts[0].decided) / s;
@@ -203,6 +246,9 @@ inline std::string peer_traffic_run(const Settings& st, size_t n, const std::str
   if (!err.empty()) return err;
   const KeySweepLoad::Counts done = load.counts();
   row["failed_checks"] = done.failed;
+  row["failed_unavailable"] = done.unavailable;  // of those, no answer within the timeout
+  row["client_retries"] = load.retries();
+  if (const std::string f = load.last_failure(); !f.empty()) row["last_failure"] = f;
   row["denied"] = done.denied;
   row["active_keys"] = keys;
   row["counters_per_check"] = with_total ? 2 : 1;

@@ -25,8 +25,9 @@ using cluster::NodeId;
 constexpr int64_t kT0 = 28'333'333LL * 60'000 + 5'000;  // 5 s into an epoch-aligned minute
 constexpr uint64_t kSeed = 11;
 
-testing::OneRule big_limit() {
+testing::OneRule big_limit(window::WindowSpec spec = window::make_spec(60'000)) {
   testing::OneRule o;
+  o.spec = spec;
   o.domain = "d";
   o.key = "k";
   o.limit = 1'000'000;  // never reached: the test is about counts, not decisions
@@ -41,8 +42,10 @@ struct SimNode {
 };
 
 struct Sim {
-  explicit Sim(std::vector<NodeId> ids, uint64_t seed) : rng(seed) {
-    const auto policy = testing::one_rule_policy(big_limit(), kSeed);
+  explicit Sim(std::vector<NodeId> ids, uint64_t seed,
+               window::WindowSpec spec = window::make_spec(60'000))
+      : rng(seed) {
+    const auto policy = testing::one_rule_policy(big_limit(spec), kSeed);
     for (NodeId id : ids) {
       auto& n = nodes[id];
       n.id = id;
@@ -61,14 +64,25 @@ struct Sim {
     ++exact[key];
   }
 
-  // One sync pass on every node; batches go into the network queue.
-  void pass(cluster::DeltaSync::Mode mode) {
+  // One sync pass on every node at `now` (INT64_MIN: not known); batches go into the network
+  // queue.
+  void pass(cluster::DeltaSync::Mode mode, int64_t now = INT64_MIN) {
     for (auto& [id, n] : nodes) {
-      n.sync->pass(ring, mode, mode == cluster::DeltaSync::Mode::kEverything,
-                   [&](NodeId to, const cluster::SyncBatch& b) {
-                     if (nodes.count(to)) queue.push_back({to, b.totals});
-                   });
+      n.sync->pass(
+          ring, mode, mode == cluster::DeltaSync::Mode::kEverything,
+          [&](NodeId to, const cluster::SyncBatch& b) {
+            if (nodes.count(to)) queue.push_back({to, b.totals});
+          },
+          nullptr, now);
     }
+  }
+
+  // Totals waiting in the network queue.
+  size_t queued_totals() const {
+    size_t n = 0;
+    for (const auto& [to, totals] : queue)
+      n += totals.size();
+    return n;
   }
 
   // A pass in slices of no time at all (one engine step each), calling `between` after each
@@ -140,13 +154,13 @@ TEST_CASE("delta sync: duplicated and reordered batches converge to the exact co
     for (int round = 0; round < 30; ++round) {
       for (int i = 0; i < 40; ++i)
         sim.check(static_cast<NodeId>(node(sim.rng)), "key-" + std::to_string(key(sim.rng)), now);
-      sim.pass(cluster::DeltaSync::Mode::kChanged);
+      sim.pass(cluster::DeltaSync::Mode::kChanged, now);
       sim.deliver(now, 0.0, 0.3);
       now += 100;
     }
     // Two quiet rounds: the owners' pushes of the last merges reach the holders.
     for (int round = 0; round < 2; ++round) {
-      sim.pass(cluster::DeltaSync::Mode::kChanged);
+      sim.pass(cluster::DeltaSync::Mode::kChanged, now);
       sim.deliver(now, 0.0, 0.3);
     }
     for (const auto& [k, total] : sim.exact) {
@@ -164,7 +178,7 @@ TEST_CASE("delta sync: lost batches are repaired by the anti-entropy resend, nev
   for (int round = 0; round < 20; ++round) {
     for (int i = 0; i < 30; ++i)
       sim.check(static_cast<NodeId>(node(sim.rng)), "key-" + std::to_string(key(sim.rng)), now);
-    sim.pass(cluster::DeltaSync::Mode::kChanged);
+    sim.pass(cluster::DeltaSync::Mode::kChanged, now);
     sim.deliver(now, 0.3, 0.1);  // 30 % lost
     now += 100;
     for (const auto& [k, total] : sim.exact) {
@@ -173,9 +187,9 @@ TEST_CASE("delta sync: lost batches are repaired by the anti-entropy resend, nev
     }
   }
   // Resend passes without loss: what was lost arrives.
-  sim.pass(cluster::DeltaSync::Mode::kResend);
+  sim.pass(cluster::DeltaSync::Mode::kResend, now);
   sim.deliver(now, 0.0, 0.0);
-  sim.pass(cluster::DeltaSync::Mode::kChanged);  // the owners push what the resend brought
+  sim.pass(cluster::DeltaSync::Mode::kChanged, now);  // the owners push what the resend brought
   sim.deliver(now, 0.0, 0.0);
   for (const auto& [k, total] : sim.exact) {
     for (NodeId h : sim.holders(k))
@@ -189,9 +203,9 @@ TEST_CASE("delta sync: after a node leaves, a handoff pass gives each key's new 
   std::uniform_int_distribution<int> node(1, 4), key(0, 29);
   for (int i = 0; i < 400; ++i)
     sim.check(static_cast<NodeId>(node(sim.rng)), "key-" + std::to_string(key(sim.rng)), now);
-  sim.pass(cluster::DeltaSync::Mode::kChanged);
+  sim.pass(cluster::DeltaSync::Mode::kChanged, now);
   sim.deliver(now, 0.0, 0.0);
-  sim.pass(cluster::DeltaSync::Mode::kChanged);
+  sim.pass(cluster::DeltaSync::Mode::kChanged, now);
   sim.deliver(now, 0.0, 0.0);
   // Node 4 leaves: the others hand every counter to the owners without it.
   sim.ring.remove(4);
@@ -283,14 +297,14 @@ TEST_CASE(
       // the same node set (the node runs one every sync interval whatever the bulk pass does).
       sim.sliced_pass(bulk, [&] {
         some_checks();
-        if (++slices % 4 == 0) sim.pass(cluster::DeltaSync::Mode::kChanged);
+        if (++slices % 4 == 0) sim.pass(cluster::DeltaSync::Mode::kChanged, now);
       });
       sim.deliver(now, 0, 0);
     }
     CHECK(slices > 100);
     // Quiet passes: the changes of the last slices, then the owners' pushes.
     for (int i = 0; i < 3; ++i) {
-      sim.pass(cluster::DeltaSync::Mode::kChanged);
+      sim.pass(cluster::DeltaSync::Mode::kChanged, now);
       sim.deliver(now, 0, 0);
     }
     for (const auto& [k, count] : sim.exact) {
@@ -337,4 +351,65 @@ TEST_CASE("delta sync: a pass for members back in reach sends to them alone") {
   }
   CHECK(held > 60);
   CHECK(totals == held);
+}
+
+TEST_CASE(
+    "delta sync: after one check of an hourly window, a changed pass sends the bucket it changed, "
+    "not the window") {
+  // One-minute buckets: after forty minutes of checks at every node, every node's ring holds forty
+  // buckets of the key, and its owner and replica hold forty of every other node too.
+  const std::array<NodeId, 3> kThree = {1, 2, 3};
+  Sim sim({1, 2, 3}, 3, window::make_spec(3'600'000, 60'000));
+  int64_t now = kT0;
+  for (int minute = 0; minute < 40; ++minute) {
+    for (const NodeId n : kThree)
+      sim.check(n, "key", now);
+    sim.pass(cluster::DeltaSync::Mode::kChanged, now);
+    sim.deliver(now, 0.0, 0.0);
+    now += 100;
+    sim.pass(cluster::DeltaSync::Mode::kChanged, now);  // the owners push the merged state
+    sim.deliver(now, 0.0, 0.0);
+    if (minute < 39) now += 60'000 - 100;
+  }
+  now += 100;
+  sim.pass(cluster::DeltaSync::Mode::kChanged, now);
+  REQUIRE(sim.queued_totals() == 0);  // nothing changed since
+  for (const NodeId h : kThree)
+    REQUIRE(sim.known(h, "key") == sim.exact["key"]);
+
+  // One check at a node that does not own the key, in the minute every node last counted in: it
+  // reports its one changed bucket to the owner and the replica (two totals, where the whole
+  // window was forty each) ...
+  std::array<NodeId, cluster::HashRing::kMaxReplicas> owners{};
+  const auto policy = sim.nodes[1].engine->policy();
+  const rules::Rule& r = policy->rules().domains[0].rules[0];
+  const std::string_view values[] = {"key"};
+  const uint64_t counter =
+      rules::counter_id(rules::key_hash(kSeed, "d", r, values), r.limits[0].spec);
+  const size_t n_owners = sim.ring.owners(rules::routing_key(counter), owners);
+  REQUIRE(n_owners == 2);
+  NodeId other = 0;
+  for (const NodeId id : kThree) {
+    if (id != owners[0] && id != owners[1]) other = id;
+  }
+  now += 1'000;
+  sim.check(other, "key", now);
+  sim.pass(cluster::DeltaSync::Mode::kChanged, now);
+  CHECK(sim.queued_totals() == 2);
+  sim.deliver(now, 0.0, 0.0);
+  // ... and each holder pushes that one bucket on to the other two nodes (not its own bucket of
+  // the minute: that did not change).
+  now += 100;
+  sim.pass(cluster::DeltaSync::Mode::kChanged, now);
+  CHECK(sim.queued_totals() == 4);
+  sim.deliver(now, 0.0, 0.0);
+  now += 100;
+  sim.pass(cluster::DeltaSync::Mode::kChanged, now);
+  CHECK(sim.queued_totals() == 0);
+  for (const NodeId h : kThree)
+    CHECK(sim.known(h, "key") == sim.exact["key"]);
+
+  // The anti-entropy resend still sends the whole window.
+  sim.pass(cluster::DeltaSync::Mode::kResend, now);
+  CHECK(sim.queued_totals() >= 2 * 40);
 }

@@ -724,6 +724,29 @@ TEST_CASE("peer_codec: bounds sync totals by count under its limits") {
   CHECK(b.seal(batch, kNow, out) == PeerError::kTooManyEntries);
 }
 
+TEST_CASE("peer_codec: a sync batch of sync_totals_within(n) totals seals within n bytes") {
+  PeerCodec a(kSecret, kA, kBootA);
+  PeerCodec b(kSecret, kB, 1);
+  for (const size_t bound : {kSyncDatagramBytes, size_t{512}, size_t{8'192}}) {
+    const size_t n = sync_totals_within(bound);
+    SyncBatch batch;
+    batch.heard_ms = kNow;
+    batch.totals.resize(n, RemoteTotal{~uint64_t{0}, sluice::window::make_spec(3'600'000, 60'000),
+                                       0xffff, INT64_C(0x7fff'ffff), 0xffff'ffffu});
+    const Bytes sealed = seal(a, batch);
+    CHECK(sealed.size() == sync_datagram_bytes(n));
+    CHECK(sealed.size() <= bound);
+    batch.totals.push_back(batch.totals.back());  // one more does not fit
+    CHECK(seal(a, batch).size() > bound);
+    PeerMessage got;
+    CHECK(b.open(sealed, kNow, got) == PeerError::kOk);
+    CHECK(got.sync.totals.size() == n);
+  }
+  // The bound leaves room for a useful batch, and one total always goes.
+  CHECK(sync_totals_within(kSyncDatagramBytes) >= 30);
+  CHECK(sync_totals_within(1) == 1);
+}
+
 TEST_CASE("peer_codec: refuses to seal what its peers would drop") {
   Pair p;
   Bytes out;
