@@ -183,6 +183,9 @@ std::vector<Member> Membership::Impl::gossip_for(NodeId recipient, NodeId target
         id != recipient && add(id))
       ++accusations;
   }
+  // Nothing more for a member we do not hold Alive: it may be dead, and every queued update
+  // sent to it is one of that update's few transmissions spent on nobody.
+  if (to != nullptr && to->member.state != MemberState::kAlive) return out;
   const size_t live = live_count();
   if (!queue.empty()) {
     const uint32_t limit = retransmit_limit(opt, live);

@@ -47,7 +47,9 @@
 //    the probe timeout are multiplied by (score + 1), so a node that is itself slow or
 //    overloaded probes less and accuses less.
 //  - Dissemination. Updates (a member's state with its incarnation) are piggybacked on every
-//    ping, ack, ping-req and nack, least-sent first then newest, at most max_gossip_per_message
+//    ping, ack, ping-req and nack to a member this node holds Alive (not to one it suspects or
+//    holds Dead: each update is sent a few times only, and such a member may be dead), least-sent
+//    first then newest, at most max_gossip_per_message
 //    per message, each retransmitted retransmit_mult * ceil(log10(N + 1)) times. While updates
 //    are pending the node also sends a gossip round: a kPing carrying them to `gossip_fanout`
 //    random Alive members, at once when the first update arrives, then at most every

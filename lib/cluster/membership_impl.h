@@ -253,7 +253,8 @@ struct Membership::Impl {
   //  4. up to kAccusationsPerMessage of our own standing accusations (members we suspect):
   //     repeated for as long as the suspicion lasts, so that any member that has heard the
   //     refutation answers with it (see owe()) before our timeout turns it into a death;
-  //  5. queued updates, least-sent first and newest first among equals;
+  //  5. to a member we hold Alive only (one we suspect may be dead: an update's transmissions
+  //     are few), queued updates, least-sent first and newest first among equals;
   //  6. above kUnscaledMembers live members, in the room left, the members this node learned
   //     were Dead or Left within the last sync_interval_ms (see "Anti-entropy" in membership.h).
   std::vector<Member> gossip_for(NodeId recipient, NodeId target);
