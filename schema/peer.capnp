@@ -79,6 +79,11 @@ struct Membership {
   # matches. Empty (a join, or a sender older than this field): the reply carries every member,
   # so old and new nodes serve each other.
   viewDigest @4 :List(UInt64);
+  # The sender has no record of the recipient: it answered a `ping` or `pingReq` from a member
+  # it does not know, and asks for the recipient's record (which the recipient then sends in a
+  # `ping`). Only such answers are built as Membership without a digest; a sender older than
+  # this field ignores unknown senders instead, and a receiver older than it ignores the field.
+  unknownRecipient @5 :Bool;
 }
 
 # Membership's first four fields, laid out alike: what a node builds for a message without

@@ -156,6 +156,11 @@ void put_load(Row& r, const Load& l, size_t n) {
   static_assert(static_cast<size_t>(sluice::cluster::MembershipKind::kNack) == 3);
   r["swim_msgs_per_node_s"] = live > 0 ? sum(l.msgs, 4) / live / l.seconds : 0;
   r["swim_bytes_per_node_s"] = live > 0 ? sum(l.bytes, 4) / live / l.seconds : 0;
+  // What a probe or answer carries besides its header: records, and how often its sender's own.
+  const double swim_msgs = sum(l.msgs, 4);
+  r["swim_records_per_msg"] = swim_msgs > 0 ? static_cast<double>(l.swim_records) / swim_msgs : 0;
+  r["swim_own_record_share"] =
+      swim_msgs > 0 ? static_cast<double>(l.swim_own_records) / swim_msgs : 0;
   Row& share = r["bytes_share_by_kind"] = Row::object();  // of all bytes
   for (size_t k = 0; k < kKindNames.size(); ++k)
     share[kKindNames[k]] = bytes > 0 ? static_cast<double>(l.bytes[k]) / bytes : 0;

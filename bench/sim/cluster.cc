@@ -52,6 +52,11 @@ Cluster::Cluster(size_t n, uint64_t seed, uint64_t encode_every, uint64_t max_ev
   members_.on_send = [this](size_t from, const Endpoint&, const MembershipMessage& m) {
     const size_t kind = std::min<size_t>(static_cast<size_t>(m.kind), membership_.kinds - 1);
     count(membership_, from, kind, m, ++sent_ % encode_every_ == 0 ? encode_every_ : 0);
+    if (m.kind == MembershipKind::kJoin || m.kind == MembershipKind::kJoinReply) return;
+    membership_.swim_records += m.gossip.size();
+    if (std::any_of(m.gossip.begin(), m.gossip.end(),
+                    [&m](const Member& g) { return g.id == m.from; }))
+      ++membership_.swim_own_records;
   };
   members_.on_change = [this](size_t i, const Member& m) { observe(i, m); };
   for (size_t i = 0; i < n; ++i)
@@ -151,6 +156,7 @@ void Cluster::reset(Tally& t) {
   t.start_us = now_us();
   t.msgs.assign(n_ * t.kinds, 0);
   t.bytes.assign(n_ * t.kinds, 0);
+  t.swim_records = t.swim_own_records = 0;
 }
 
 Load Cluster::load_of(const Tally& t) const {
@@ -159,6 +165,8 @@ Load Cluster::load_of(const Tally& t) const {
   l.msgs.assign(t.kinds, 0);
   l.bytes.assign(t.kinds, 0);
   l.nodes = up_count_;
+  l.swim_records = t.swim_records;
+  l.swim_own_records = t.swim_own_records;
   if (l.seconds <= 0) return l;
   // Over the nodes live at the end of the window (a node killed in it is left out).
   uint64_t msgs = 0, bytes = 0;

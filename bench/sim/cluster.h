@@ -59,6 +59,10 @@ struct Load {
   double bytes_max = 0;
   std::vector<uint64_t> msgs;  // datagrams sent (before loss) by kind, summed over the nodes
   std::vector<uint64_t> bytes;
+  // Of the probes and their answers (kPing, kAck, kPingReq, kNack) sent by every node, live or
+  // not: the records they carried, and the messages that carried their sender's own record.
+  uint64_t swim_records = 0;
+  uint64_t swim_own_records = 0;
 };
 
 // The network (the clock, the generator, loss, up(), run_until()) and its nodes.
@@ -133,7 +137,8 @@ class Cluster : public Network {
   struct Tally {
     size_t kinds = 0;
     int64_t start_us = kStartUs;
-    std::vector<uint64_t> msgs, bytes;  // [node * kinds + kind]
+    std::vector<uint64_t> msgs, bytes;                // [node * kinds + kind]
+    uint64_t swim_records = 0, swim_own_records = 0;  // Load's
   };
   struct Write {
     std::string id;

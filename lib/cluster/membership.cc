@@ -175,7 +175,7 @@ std::vector<Member> Membership::Impl::gossip_for(NodeId recipient, NodeId target
       add(id);
     to->owed.clear();
   }
-  if (self.state == MemberState::kLeft || to == nullptr || !to->heard_from) add(self.id);
+  if (self.state == MemberState::kLeft) add(self.id);
   size_t accusations = 0;
   for (const auto& [id, e] : members) {
     if (accusations == kAccusationsPerMessage) break;
@@ -183,6 +183,9 @@ std::vector<Member> Membership::Impl::gossip_for(NodeId recipient, NodeId target
         id != recipient && add(id))
       ++accusations;
   }
+  // Nothing more for a member we do not hold Alive: it may be dead, and every queued update
+  // sent to it is one of that update's few transmissions spent on nobody.
+  if (to != nullptr && to->member.state != MemberState::kAlive) return out;
   const size_t live = live_count();
   if (!queue.empty()) {
     const uint32_t limit = retransmit_limit(opt, live);
@@ -234,6 +237,7 @@ MembershipMessage Membership::Impl::message(MembershipKind kind, uint32_t seq, N
   m.seq = seq;
   m.target = target;
   m.gossip = gossip_for(recipient, target);
+  m.unknown_recipient = entry(recipient) == nullptr;  // an answer to a stranger: ask who it is
   return m;
 }
 
@@ -329,7 +333,6 @@ void Membership::Impl::on_new_state(Entry& e, std::optional<MemberState> was, No
     case MemberState::kDead:
     case MemberState::kLeft:
       e.suspicion.reset();
-      e.heard_from = false;
       if (news) enqueue(id, now);
       break;
   }
@@ -369,10 +372,8 @@ void Membership::Impl::apply(const Member& record, NodeId sender, Source source,
     return;
   }
   const MemberState was = e.member.state;
-  const bool reborn = record.incarnation != e.member.incarnation;
   e.member = record;
   e.changed_ms = now;
-  if (reborn) e.heard_from = false;  // maybe a restart: it may not know us any more
   ++counters.updates_applied;
   on_new_state(e, was, sender, source, now);
 }
@@ -670,13 +671,18 @@ void Membership::Impl::on_message(const Endpoint& from, const MembershipMessage&
                               [&m](const Member& g) { return g.id == m.from; });
     if (intro != m.gossip.end()) apply(*intro, m.from, Source::kGossip, now);
     if (entry(m.from) == nullptr) {
+      // Its records are not taken, but a probe of us and a relay request are answered, and the
+      // answer asks for its record (membership.h, "Introductions"): a member that does not know
+      // us yet is not suspected for it, nor does its probe fail.
       ignore(IgnoredReason::kUnknownSender);
+      if (m.kind == MembershipKind::kPing) on_ping(from, m);
+      if (m.kind == MembershipKind::kPingReq) on_ping_req(from, m, now);
       return;
     }
   }
   for (const Member& record : m.gossip)
     apply(record, m.from, Source::kGossip, now);
-  if (Entry* sender = entry(m.from)) sender->heard_from = true;
+  if (m.unknown_recipient) owe(m.from, self.id);  // sent at the end, by settle_debts
   switch (m.kind) {
     case MembershipKind::kPing:
       on_ping(from, m);

@@ -47,7 +47,9 @@
 //    the probe timeout are multiplied by (score + 1), so a node that is itself slow or
 //    overloaded probes less and accuses less.
 //  - Dissemination. Updates (a member's state with its incarnation) are piggybacked on every
-//    ping, ack, ping-req and nack, least-sent first then newest, at most max_gossip_per_message
+//    ping, ack, ping-req and nack to a member this node holds Alive (not to one it suspects or
+//    holds Dead: each update is sent a few times only, and such a member may be dead), least-sent
+//    first then newest, at most max_gossip_per_message
 //    per message, each retransmitted retransmit_mult * ceil(log10(N + 1)) times. While updates
 //    are pending the node also sends a gossip round: a kPing carrying them to `gossip_fanout`
 //    random Alive members, at once when the first update arrives, then at most every
@@ -64,6 +66,15 @@
 //      - on a relayed kAck, the relay's record of the target when it is Alive;
 //      - above 32 live members, recent deaths and departures in the room left (see
 //        "Anti-entropy").
+//  - Introductions. A message carries its sender's own record only in a kJoin, after a leave, or
+//    when its recipient asked for it: a member has no record of a sender it never heard of (it
+//    joined after the sender's news went round, missed it, or forgot the sender), and answers
+//    that sender's kPing and kPingReq anyway, taking none of its records, with the answer marked
+//    unknown_recipient; the sender then sends its record at once, in a kPing. So a probe of a
+//    member that does not know us neither fails nor raises a suspicion, and a quiet cluster's
+//    messages carry no records at all. (Sending our record until the recipient had written to us
+//    once, as before, cost a record on the first message to each member: in a large cluster,
+//    most of a node's messages over its first N probe intervals, whether or not they knew it.)
 //  - Self. Only this node raises its own incarnation. Any record of itself that it hears with an
 //    incarnation at least its own (Suspect, Dead, Left, another address, or Alive from an
 //    earlier life) makes it take that incarnation + 1 and gossip itself Alive: a refutation. A
@@ -113,9 +124,9 @@
 //  - Leave. leave() marks self Left with incarnation + 1 and sends it at once to `leave_fanout`
 //    members. The node stops probing but keeps answering pings and relaying until the caller
 //    stops it; others see Left, never Dead.
-//  - Hostile or stale input (unknown senders, acks and nacks for no pending probe, a second
-//    identity for a known id, malformed joins, a kPing whose `target` is another node's id, as
-//    when an address was reused) is ignored and counted in stats(), never fatal.
+//  - Hostile or stale input (the records of unknown senders, acks and nacks for no pending probe,
+//    a second identity for a known id, malformed joins, a kPing whose `target` is another node's
+//    id, as when an address was reused) is ignored and counted in stats(), never fatal.
 //    Messages from members we believe Dead or Left are processed on purpose: their answers carry
 //    our record of them, which they refute if they are alive.
 #pragma once
@@ -225,7 +236,8 @@ enum class JoinState : uint8_t {
 // Why a message, or one update inside it, was ignored.
 enum class IgnoredReason : uint8_t {
   kFromSelf,             // carries this node's id and name (our own message looped back)
-  kUnknownSender,        // `from` is no member we know, and the message did not introduce it
+  kUnknownSender,        // `from` is no member we know, and the message did not introduce it:
+                         // its records are ignored (a kPing or kPingReq is still answered)
   kUnknownSeq,           // kAck or kNack for no pending probe (late, duplicated or forged)
   kIdentityConflict,     // a record for a known id under another name: never replaces it
   kMalformed,            // kJoin without the sender's record, kPingReq about ourselves, ...

@@ -83,8 +83,7 @@ struct Membership::Impl {
 
   struct Entry {
     Member member;
-    int64_t changed_ms = 0;   // when the state or incarnation last changed
-    bool heard_from = false;  // a message from it since it was last (re)born: it knows us
+    int64_t changed_ms = 0;  // when the state or incarnation last changed
     std::optional<Suspicion> suspicion;
     std::vector<NodeId> owed;  // members (or self) it holds stale records of: send ours
   };
@@ -249,11 +248,13 @@ struct Membership::Impl {
   //     suspected member refutes at once and a relay with newer news answers with it;
   //  2. newer records of what the recipient told us stale news about (it would otherwise keep,
   //     and act on, its old view: a suspicion already refuted, for instance);
-  //  3. our own record when the recipient may not know us;
+  //  3. our own record when the recipient asked for it (it had none: unknown_recipient) or we
+  //     have left;
   //  4. up to kAccusationsPerMessage of our own standing accusations (members we suspect):
   //     repeated for as long as the suspicion lasts, so that any member that has heard the
   //     refutation answers with it (see owe()) before our timeout turns it into a death;
-  //  5. queued updates, least-sent first and newest first among equals;
+  //  5. to a member we hold Alive only (one we suspect may be dead: an update's transmissions
+  //     are few), queued updates, least-sent first and newest first among equals;
   //  6. above kUnscaledMembers live members, in the room left, the members this node learned
   //     were Dead or Left within the last sync_interval_ms (see "Anti-entropy" in membership.h).
   std::vector<Member> gossip_for(NodeId recipient, NodeId target);

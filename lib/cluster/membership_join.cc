@@ -125,7 +125,6 @@ void Membership::Impl::on_join(const Endpoint& from, const MembershipMessage& m,
     return;
   }
   apply(joiner, m.from, Source::kJoinRecord, now);
-  if (Entry* e = entry(m.from)) e->heard_from = true;
   ++counters.joins_answered;
   // The answer settles everything: whatever the joiner holds stale is in a bucket that differs.
   if (Entry* e = entry(m.from)) e->owed.clear();
@@ -185,7 +184,6 @@ void Membership::Impl::on_join_reply(const MembershipMessage& m, int64_t now) {
   if (counters.updates_applied != applied_before &&
       now <= last_sync_at + 2 * opt.join_retry_interval_ms)
     next_sync_at = std::min(next_sync_at, last_sync_at + opt.sync_interval_ms);
-  if (Entry* e = entry(m.from)) e->heard_from = true;
   settle_debts(m.from, now);
   if (join_state == JoinState::kJoining || join_state == JoinState::kNoSeedAnswered) {
     join_state = JoinState::kJoined;

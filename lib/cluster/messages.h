@@ -56,6 +56,9 @@ struct MembershipMessage {
   uint32_t seq = 0;            // probe sequence; kAck and kNack echo the seq they answer
   NodeId target = 0;           // kPingReq: the node to probe; kAck/kNack relayed: the probed node
   std::vector<Member> gossip;  // piggybacked updates, most recent first (bounded by the sender)
+  // The sender has no record of the recipient: it answered a ping or ping-req from a member it
+  // does not know (membership.h, "Introductions"). The recipient sends its own record back.
+  bool unknown_recipient = false;
   // kJoin sent as an anti-entropy pull: the sender's view, one digest per bucket
   // (cluster::view_digest), at most kMaxViewBuckets. The answer then carries only the members of
   // the buckets whose digests differ, and none when all match. Empty in a join, and from a node

@@ -82,12 +82,17 @@ constexpr size_t envelope_words() {
   return kRootPointerWords + struct_words<ps::Envelope>();
 }
 
+// Built as MembershipNoDigest: no digest, and none of the fields after it.
+bool lean_membership(const MembershipMessage& m) {
+  return m.view_digest.empty() && !m.unknown_recipient;
+}
+
 size_t membership_words(const MembershipMessage& m) {
   // Without a digest the lean struct (schema/peer.capnp, MembershipNoDigest); a List(UInt64) is
   // one word per element, no tag.
   size_t words = envelope_words() +
-                 (m.view_digest.empty() ? struct_words<ps::MembershipNoDigest>()
-                                        : struct_words<ps::Membership>() + m.view_digest.size()) +
+                 (lean_membership(m) ? struct_words<ps::MembershipNoDigest>()
+                                     : struct_words<ps::Membership>() + m.view_digest.size()) +
                  struct_list_words<ps::Member>(m.gossip.size());
   for (const Member& g : m.gossip)
     words += text_words(g.name) + text_words(g.host);
@@ -427,6 +432,7 @@ struct PeerCodec::Impl {
       m.incarnation = g.getIncarnation();
       m.state = static_cast<MemberState>(state);
     }
+    out.unknown_recipient = in.getUnknownRecipient();
     auto digest = in.getViewDigest();
     if (digest.size() > kMaxViewBuckets) return PeerError::kTooManyEntries;
     out.view_digest.resize(digest.size());
@@ -570,12 +576,14 @@ PeerError PeerCodec::seal(const MembershipMessage& m, int64_t now_ms, std::vecto
   };
   return impl_->seal(PeerKind::kMembership, membership_words(m), now_ms, out,
                      [&](capnp::AnyPointer::Builder payload) {
-                       if (m.view_digest.empty()) {
+                       if (lean_membership(m)) {
                          fill(payload.initAs<ps::MembershipNoDigest>());
                          return;
                        }
                        auto b = payload.initAs<ps::Membership>();
                        fill(b);
+                       b.setUnknownRecipient(m.unknown_recipient);
+                       if (m.view_digest.empty()) return;
                        auto digest = b.initViewDigest(count(m.view_digest.size()));
                        for (size_t i = 0; i < m.view_digest.size(); ++i)
                          digest.set(count(i), m.view_digest[i]);

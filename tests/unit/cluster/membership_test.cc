@@ -245,9 +245,23 @@ TEST_CASE("membership: unknown, stale, forged and malformed messages are ignored
   const Endpoint stranger{"192.0.2.9", 7946};
   auto ignored = [&](IgnoredReason r) { return h.node.stats().ignored_of(r); };
 
-  SUBCASE("a ping from an unknown member is not answered") {
-    h.node.on_message(stranger, msg(MembershipKind::kPing, 99, 5, 1), h.now);
+  SUBCASE("a ping from an unknown member is answered, asking for its record; its records ignored") {
+    h.node.on_message(
+        stranger,
+        msg(MembershipKind::kPing, 99, 5, 1, {record(3, "node-c", 4, MemberState::kDead)}), h.now);
     CHECK(ignored(IgnoredReason::kUnknownSender) == 1);
+    REQUIRE(h.transport.sent.size() == 1);
+    const Sent& ack = h.transport.sent.front();
+    CHECK(ack.to == stranger);
+    CHECK(ack.message.kind == MembershipKind::kAck);
+    CHECK(ack.message.seq == 5);
+    CHECK(ack.message.unknown_recipient);
+    CHECK(h.state_of(3) == MemberState::kAlive);
+    CHECK_FALSE(h.node.find(99).has_value());
+    // Meant for another node (the address was reused): not answered.
+    h.transport.take();
+    h.node.on_message(stranger, msg(MembershipKind::kPing, 99, 6, 3), h.now);
+    CHECK(ignored(IgnoredReason::kMalformed) == 1);
     CHECK(h.transport.sent.empty());
   }
   SUBCASE("acks and nacks for no pending probe") {
@@ -305,6 +319,43 @@ TEST_CASE("membership: unknown, stale, forged and malformed messages are ignored
     for (const Member& m : h.node.members())
       CHECK(m.name != "impostor");
   }
+}
+
+TEST_CASE(
+    "membership: probes carry no record of their sender, and a member that does not know the "
+    "sender gets it at once") {
+  HandDriven h(6);
+  const auto carries_self = [](const Sent& s) {
+    return std::any_of(s.message.gossip.begin(), s.message.gossip.end(),
+                       [](const Member& g) { return g.id == id_of(0); });
+  };
+  // Two probe rounds, every ping answered at once: no member is told who we are.
+  const auto next_probe = [&h] {
+    for (int step = 0; step < 30; ++step)
+      for (Sent& s : h.run_until(h.now + 100))
+        if (s.message.kind == MembershipKind::kPing) return s;
+    FAIL("no probe within 3 s");
+    return Sent{};
+  };
+  for (int probes = 0; probes < 10; ++probes) {
+    const Sent s = next_probe();
+    CHECK_FALSE(carries_self(s));
+    h.node.on_message(
+        s.to, msg(MembershipKind::kAck, s.message.target, s.message.seq, s.message.target), h.now);
+    CHECK(h.transport.take().empty());
+  }
+  // A member answers a ping without knowing us: it is sent our record at once, in a kPing.
+  const Sent probe = next_probe();
+  MembershipMessage ack =
+      msg(MembershipKind::kAck, probe.message.target, probe.message.seq, probe.message.target);
+  ack.unknown_recipient = true;
+  h.node.on_message(probe.to, ack, h.now);
+  const std::vector<Sent> intro = h.transport.take();
+  REQUIRE(intro.size() == 1);
+  CHECK(intro[0].to == probe.to);
+  CHECK(intro[0].message.kind == MembershipKind::kPing);
+  CHECK(carries_self(intro[0]));
+  CHECK(h.node.stats().probes_failed == 0);
 }
 
 TEST_CASE("membership: a record of our id under another name never replaces anything") {
@@ -538,17 +589,18 @@ TEST_CASE(
     h.node.tick(h.now);
     collect(h.now);
   }
-  // The confirmation probe's ping at once (with node-c's Suspect record among others), then a
-  // suspect ping every 97 ms carrying that record and nothing else: no queued news is spent on a
-  // member that may be dead.
+  // The confirmation probe's ping at once (with node-c's Suspect record), then a suspect ping
+  // every 97 ms carrying that record and nothing else: no queued news is spent on a member that
+  // may be dead.
   REQUIRE_FALSE(to_c.empty());
   CHECK(to_c[0].first == learned);
   CHECK(to_c[0].second.kind == MembershipKind::kPing);
   CHECK(std::count(to_c[0].second.gossip.begin(), to_c[0].second.gossip.end(), c_suspect) == 1);
   std::vector<int64_t> suspect_pings;
-  for (const auto& [at, m] : to_c)
-    if (m.kind == MembershipKind::kPing && m.gossip == std::vector<Member>{c_suspect})
-      suspect_pings.push_back(at - learned);
+  for (size_t i = 1; i < to_c.size(); ++i)  // after the probe's ping
+    if (to_c[i].second.kind == MembershipKind::kPing &&
+        to_c[i].second.gossip == std::vector<Member>{c_suspect})
+      suspect_pings.push_back(to_c[i].first - learned);
   CHECK(suspect_pings == std::vector<int64_t>{97, 194, 291, 388, 485, 582});
   CHECK(h.node.stats().suspect_pings == 6);
   // node-c answers the probe at last, with its refutation: the suspicion ends, and so do the

@@ -96,6 +96,7 @@ void check_same(const MembershipMessage& got, const MembershipMessage& want) {
     CHECK(got.gossip[i] == want.gossip[i]);
   }
   CHECK(got.view_digest == want.view_digest);
+  CHECK(got.unknown_recipient == want.unknown_recipient);
 }
 
 void check_same(const SyncBatch& got, const SyncBatch& want) {
@@ -265,13 +266,22 @@ TEST_CASE(
   }
   // Only a message with a digest pays for its pointer: a ping without gossip is the 8-byte
   // segment table, the root pointer, the envelope (4 data words, 1 pointer), the lean payload
-  // (1 data word, 1 pointer) and the 32-byte tag, as before the field; one bucket adds the
-  // pointer and the word.
+  // (1 data word, 1 pointer) and the 32-byte tag, as before the field; one bucket makes the
+  // payload the whole struct (2 data words, 2 pointers) and adds its word.
   MembershipMessage ping;
   ping.kind = MembershipKind::kPing;
   CHECK(seal(p.a, ping).size() == 8 + 8 + 40 + 16 + 32);
   ping.view_digest = {42};
-  CHECK(seal(p.a, ping).size() == 8 + 8 + 40 + 16 + 32 + 16);
+  CHECK(seal(p.a, ping).size() == 8 + 8 + 40 + 16 + 32 + 24);
+  // An answer that asks for its recipient's record: the whole struct, no digest.
+  MembershipMessage ack;
+  ack.kind = MembershipKind::kAck;
+  ack.from = kA;
+  ack.unknown_recipient = true;
+  const Bytes asking = seal(p.a, ack);
+  CHECK(asking.size() == 8 + 8 + 40 + 32 + 32);
+  REQUIRE(p.open(asking) == PeerError::kOk);
+  check_same(p.got.membership, ack);
   // Built by hand with the schema's first four fields only: the digest list is absent.
   REQUIRE(p.open_built([](ps::Envelope::Builder env) { fill_gossip(env, 2); }) == PeerError::kOk);
   CHECK(p.got.membership.view_digest.empty());
