@@ -178,6 +178,8 @@ def render() -> str:
                        f"{data['machine']} | {data['seconds']} |")
             continue
         note = f" ({data['note']})" if data.get("note") else ""
+        if data.get("exit_status", 0) != 0:
+            note += f" (exit status {data['exit_status']}: a goal of the program's own failed)"
         out.append(f"| `{rid}` | {run['what']} | `{run['command']}` | `{data['commit']}` | "
                    f"{data['date']}{note} | {data['machine']} | {data['seconds']} |")
     out.append("")
