@@ -144,16 +144,23 @@ TEST_CASE("an owner whose check address is unknown is not sent to: the fallback 
   CHECK(same(f.routing.route(v, key_owned_by(v, 2, 3), false, kNow), fallback(kNow)));
 }
 
-TEST_CASE(
-    "joining: a key this node owns stays with its previous owner, redirected, while it "
-    "answers") {
-  Fixture f;
+// Node 1 just joined nodes 2 and 3: the ring without it is theirs, and it is joining for 300 ms.
+ClusterNode::View joining_view() {
   auto v = view_of();
   auto without = std::make_shared<sluice::cluster::HashRing>(2);
   for (const uint16_t id : std::array<uint16_t, 2>{2, 3})
     without->add(id, "node-" + std::to_string(id));
   v.ring_without_self = without;
   v.fresh_until_ms = kNow + 300;
+  return v;
+}
+
+TEST_CASE(
+    "joining: a key this node owns stays with its previous owner, redirected, while it "
+    "answers") {
+  Fixture f;
+  auto v = joining_view();
+  const auto& without = v.ring_without_self;
   const uint64_t k = key_owned_by(v, 1, 2);
   const uint16_t before = *without->owner(k);
   CHECK(OwnerRouting::routes_forwarded(v, kNow));
@@ -173,12 +180,7 @@ TEST_CASE(
     "a new life of this node id decides its own keys as a takeover from its start while fenced, "
     "even while joining") {
   Fixture f;
-  auto v = view_of();
-  auto without = std::make_shared<sluice::cluster::HashRing>(2);
-  for (const uint16_t id : std::array<uint16_t, 2>{2, 3})
-    without->add(id, "node-" + std::to_string(id));
-  v.ring_without_self = without;
-  v.fresh_until_ms = kNow + 300;
+  auto v = joining_view();
   v.heard_this_life = std::make_shared<const std::vector<uint16_t>>(std::vector<uint16_t>{2, 3});
   v.self_fence_since_ms = kNow - 50;
   v.self_fence_until_ms = kNow - 50 + ClusterNode::View::kRestartFenceMs;
