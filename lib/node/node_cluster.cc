@@ -360,14 +360,10 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
 
   // `from` echoed `heard_ms`, a send time of ours: of this life, or of an earlier one.
   void note_echo(NodeId from, int64_t heard_ms, int64_t now) {
-    if (heard_ms <= 0) return;
-    if (heard_ms < started_ms) {
-      // An earlier life that stopped sending kRestartFenceMs or more before this one began (a
-      // member dead for a while) admitted nothing a fence of that length would hold back.
-      if (started_ms - heard_ms < View::kRestartFenceMs) fence_self(from, now);
-    } else if (heard_this_life.insert(from).second) {
-      publish_fences();
-    }
+    // An earlier life that stopped sending kRestartFenceMs or more before this one began (a
+    // member dead for a while) admitted nothing a fence of that length would hold back.
+    if (heard_ms > 0 && heard_ms < started_ms && started_ms - heard_ms < View::kRestartFenceMs)
+      fence_self(from, now);
   }
 
   // A member heard an earlier life of this node id: what it admitted in the window before its end
@@ -393,10 +389,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   void publish_fences() {
     auto r = std::make_shared<std::vector<std::pair<NodeId, int64_t>>>(restarted.begin(),
                                                                        restarted.end());
-    auto h = std::make_shared<std::vector<NodeId>>(heard_this_life.begin(), heard_this_life.end());
     std::lock_guard g(published_mu);
     published_restarted = std::move(r);
-    published_heard_this_life = std::move(h);
     published_self_fence_until_ms = self_fence_until_ms;
     published_self_fence_since_ms = self_fence_until_ms == INT64_MIN ? INT64_MIN : started_ms;
     view_version.fetch_add(1, std::memory_order_release);
@@ -768,7 +762,6 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::set<NodeId> restart_returned;    // ... and due a full pass (sync_pass)
   std::map<NodeId, std::pair<int64_t, int>> fence_signals;  // (old life's send time, left)
   cluster::SyncBatch fence_signal;
-  std::set<NodeId> heard_this_life;         // members that echoed a send time of this life
   int64_t self_fence_until_ms = INT64_MIN;  // fence_self
   uint64_t member_restarts = 0;
   uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0, sync_totals_in = 0;
@@ -796,7 +789,6 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       std::make_shared<const std::vector<std::pair<NodeId, int64_t>>>();
   // guarded by published_mu (publish_fences)
   std::shared_ptr<const std::vector<std::pair<NodeId, int64_t>>> published_restarted;
-  std::shared_ptr<const std::vector<NodeId>> published_heard_this_life;
   int64_t published_self_fence_since_ms = INT64_MIN;
   int64_t published_self_fence_until_ms = INT64_MIN;
 };
@@ -947,8 +939,7 @@ ClusterNode::View ClusterNode::view() const {
           impl_->published_out_of_reach,
           impl_->published_restarted,
           impl_->published_self_fence_since_ms,
-          impl_->published_self_fence_until_ms,
-          impl_->published_heard_this_life};
+          impl_->published_self_fence_until_ms};
 }
 
 std::optional<cluster::NodeId> ClusterNode::View::previous_owner(uint64_t routing_key,

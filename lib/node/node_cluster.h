@@ -158,13 +158,6 @@ class ClusterNode {
     int64_t self_fence_since_ms = INT64_MIN;
     int64_t self_fence_until_ms = INT64_MIN;
     bool self_fenced(int64_t now_ms) const { return now_ms < self_fence_until_ms; }
-    // Members that echoed a send time of this life (they heard it, so they know of any earlier
-    // one), sorted: while joining, a key goes to its previous owner only once it is one of them.
-    std::shared_ptr<const std::vector<cluster::NodeId>> heard_this_life;
-    bool knows_this_life(cluster::NodeId id) const {
-      return heard_this_life &&
-             std::binary_search(heard_this_life->begin(), heard_this_life->end(), id);
-    }
     bool joining(int64_t now_ms) const { return ring_without_self && now_ms < fresh_until_ms; }
     // While joining: who decides a key this node owns (the owner before it); nullopt otherwise.
     std::optional<cluster::NodeId> previous_owner(uint64_t routing_key, int64_t now_ms) const;

@@ -15,13 +15,10 @@ CheckRouter::Route OwnerRouting::route(const ClusterNode::View& view, uint64_t r
     // so nothing until one window after this life began.
     if (view.self_fenced(now_ms))
       return takeover_from(view.self_fence_since_ms, ClusterNode::View::kRestartFenceMs);
-    // Joining: the key stays with the owner before us, which has its counts, for now; once that
-    // owner has heard this life (so it fences the key if it knew an earlier one), and denied
-    // until then.
+    // Joining: the key stays with the owner before us, which has its counts, for now.
     const auto before = view.previous_owner(routing_key, now_ms);
     if (before && *before != self_ && view.reachable(*before) && !silent(*before, now_ms) &&
         has_address_(*before)) {
-      if (!view.knows_this_life(*before)) return fallback_from(now_ms);
       return {*before, true};
     }
     return {};

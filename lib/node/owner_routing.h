@@ -4,9 +4,8 @@
 // owner-mode check; tests/unit/node/owner_routing_test.cc drives it with views it builds.
 //
 //   - this node owns the key: decided here, unless it is joining and the key stays with its
-//     previous owner for now (sent there, redirected, once that owner has heard this node's
-//     present life; denied until then), or it is a new life of its node id that a member heard
-//     an earlier life of (a takeover from its start: View::self_fenced);
+//     previous owner for now (sent there, redirected), or it is a new life of its node id that a
+//     member heard an earlier life of (a takeover from its start: View::self_fenced);
 //   - a check a restarted owner redirected here (View::restarted): a takeover from when this
 //     node first heard the owner's new life;
 //   - else the first of the owner and replicas that is in reach decides: another node (forwarded

@@ -164,9 +164,6 @@ TEST_CASE(
   const uint64_t k = key_owned_by(v, 1, 2);
   const uint16_t before = *without->owner(k);
   CHECK(OwnerRouting::routes_forwarded(v, kNow));
-  // Not before the previous owner has heard this node's present life: denied until then.
-  CHECK(same(f.routing.route(v, k, false, kNow), fallback(kNow)));
-  v.heard_this_life = std::make_shared<const std::vector<uint16_t>>(std::vector<uint16_t>{2, 3});
   CHECK(same(f.routing.route(v, k, false, kNow), Route{before, true}));
   CHECK(same(f.routing.route(v, k, true, kNow), Route{before, true}));  // forwarded: sent on
   // The previous owner silent, or the joining period over: decided here.
@@ -181,7 +178,6 @@ TEST_CASE(
     "even while joining") {
   Fixture f;
   auto v = joining_view();
-  v.heard_this_life = std::make_shared<const std::vector<uint16_t>>(std::vector<uint16_t>{2, 3});
   v.self_fence_since_ms = kNow - 50;
   v.self_fence_until_ms = kNow - 50 + ClusterNode::View::kRestartFenceMs;
   const uint64_t mine = key_owned_by(v, 1, 2);
