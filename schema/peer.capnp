@@ -162,4 +162,18 @@ struct SyncBatch {
   # "Members out of reach"). Every node sends at least an empty batch to every member each
   # heartbeat period.
   heardMs @2 :Int64;
+  # The totals in their compact form (lib/cluster/sync_pack.h: counter and spec once a run,
+  # varints), in place of `totals`: sent only to a member whose datagrams say it is of release 0.3
+  # or later (a receiver older than this field would read no totals). A receiver takes the totals
+  # of both fields.
+  packed @3 :Data;
+}
+
+# SyncBatch's first three fields, laid out alike: what a node builds for a batch without `packed`
+# (list totals, heartbeats), so that such a batch does not carry packed's empty pointer (8 bytes).
+# Never read as such; add a field here only with the same field in SyncBatch.
+struct SyncBatchList {
+  handoff @0 :Bool;
+  totals @1 :List(RemoteTotal);
+  heardMs @2 :Int64;
 }

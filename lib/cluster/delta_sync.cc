@@ -5,9 +5,14 @@
 #include <chrono>
 #include <limits>
 
+#include "cluster/peer_codec.h"
 #include "rules/rules.h"
 
 namespace sluice::cluster {
+
+namespace {
+const size_t kMaxPackedTotals = PeerLimits{}.max_totals;
+}  // namespace
 
 class DeltaSync::Router : public engine::SyncSink {
  public:
@@ -23,7 +28,10 @@ class DeltaSync::Router : public engine::SyncSink {
     dests_.clear();
     add_owners(ring_, it.counter);
     if (in_reach_ != nullptr) add_owners(*in_reach_, it.counter);
-    if (it.with_others) {
+    // The resend pass: of the holders, the first in reach pushes the merged state (delta_sync.h);
+    // the others send their own totals, as any node does.
+    const bool push = it.with_others && (!run_.lead_pushes || leads(it.counter));
+    if (push) {
       for (NodeId r : it.reporters) {
         if (r != ds_.self_ && (ring_.contains(r) || (in_reach_ && in_reach_->contains(r)))) {
           dests_.push_back(r);
@@ -40,25 +48,49 @@ class DeltaSync::Router : public engine::SyncSink {
     if (dests_.empty()) return;
     ++ds_.stats_.counters;
     for (NodeId d : dests_) {
-      SyncBatch& b = batch_for(d);
+      Pending& p = batch_for(d);
       for (const engine::RemoteTotal& t : it.totals) {
         // A node is never sent its own totals back unless it is the owner's push (it may have
         // lost them: a restart after kill -9).
-        if (t.node == d && !it.with_others) continue;
-        b.totals.push_back(t);
+        if (!push && (t.node != ds_.self_ || t.node == d)) continue;
+        if (p.batch.compact) {
+          // Packed until the byte budget; a total without a packed form (none the engine makes)
+          // sends the batch as a list, within max_totals all the same.
+          if (!packable(t)) {
+            p.batch.compact = false;
+          } else {
+            if (p.packed.bytes() + p.packed.cost(t) > ds_.max_packed_) flush(d, p);
+            p.packed.add(t, nullptr);
+          }
+        }
+        if (!p.batch.compact && (t.spec.window_ms > UINT32_MAX || t.spec.bucket_ms > UINT32_MAX)) {
+          ++ds_.stats_.list_skipped;  // a list's 32-bit fields cannot hold it (delta_sync.h)
+          continue;
+        }
+        p.batch.totals.push_back(t);
         ++ds_.stats_.totals;
-        if (b.totals.size() >= ds_.max_totals_) flush(d, b);
+        // A list binds at max_totals; a packed batch closes by bytes (above), or at the count a
+        // receiver takes.
+        if (p.batch.totals.size() >= (p.batch.compact ? kMaxPackedTotals : ds_.max_totals_)) {
+          flush(d, p);
+        }
       }
     }
   }
 
   void flush_all() {
-    for (auto& [d, b] : run_.pending) {
-      if (!b.totals.empty()) flush(d, b);
+    for (auto& [d, p] : run_.pending) {
+      if (!p.batch.totals.empty()) flush(d, p);
     }
   }
 
  private:
+  // True when this node is the first holder of `counter` among the members in reach.
+  bool leads(uint64_t counter) const {
+    std::array<NodeId, HashRing::kMaxReplicas> owners{};
+    const HashRing& r = in_reach_ != nullptr ? *in_reach_ : ring_;
+    return r.owners(rules::routing_key(counter), owners) > 0 && owners[0] == ds_.self_;
+  }
   void add_owners(const HashRing& ring, uint64_t counter) {
     std::array<NodeId, HashRing::kMaxReplicas> owners{};
     const size_t n = ring.owners(rules::routing_key(counter), owners);
@@ -66,16 +98,24 @@ class DeltaSync::Router : public engine::SyncSink {
       if (owners[i] != ds_.self_) dests_.push_back(owners[i]);
     }
   }
-  SyncBatch& batch_for(NodeId d) {
-    SyncBatch& b = run_.pending[d];
-    b.from = ds_.self_;
-    b.handoff = handoff_;
-    return b;
+  using Pending = Run::Pending;
+  Pending& batch_for(NodeId d) {
+    Pending& p = run_.pending[d];
+    p.batch.from = ds_.self_;
+    p.batch.handoff = handoff_;
+    if (p.batch.totals.empty()) start(d, p);
+    return p;
   }
-  void flush(NodeId d, SyncBatch& b) {
-    send_(d, b);
+  void start(NodeId d, Pending& p) {
+    p.batch.compact = ds_.max_packed_ > 0 && ds_.compact_to_ && ds_.compact_to_(d);
+    p.packed.clear();
+  }
+  void flush(NodeId d, Pending& p) {
+    if (p.batch.totals.empty()) return;
+    send_(d, p.batch);
     ++ds_.stats_.batches;
-    b.totals.clear();
+    p.batch.totals.clear();
+    start(d, p);
   }
 
   DeltaSync& ds_;
@@ -89,6 +129,11 @@ class DeltaSync::Router : public engine::SyncSink {
 
 DeltaSync::DeltaSync(engine::Engine& engine, NodeId self, size_t max_totals)
     : engine_(engine), self_(self), max_totals_(std::max<size_t>(max_totals, 1)) {}
+
+void DeltaSync::set_compact(std::function<bool(NodeId)> to, size_t max_packed) {
+  compact_to_ = std::move(to);
+  max_packed_ = max_packed;
+}
 
 void DeltaSync::pass(const HashRing& ring, Mode mode, bool handoff, const Send& send,
                      const HashRing* in_reach, int64_t now_ms) {
@@ -109,6 +154,7 @@ void DeltaSync::begin(const HashRing& ring, Mode mode, bool handoff, const HashR
   std::sort(only.begin(), only.end());
   run.only = std::move(only);
   run.cursor.restart(mode != Mode::kChanged);
+  run.lead_pushes = mode == Mode::kResend;
   run.cursor.mark_pushed = run.only.empty();
   if (mode == Mode::kChanged) {
     // Own buckets counted since the previous changed pass began (sync.h); all of them when

@@ -10,6 +10,11 @@
 // Totals are per (counter, node, bucket) and only grow, and the engine keeps the largest it has
 // seen per node: a batch delivered twice, late, out of order or not at all never double-counts;
 // a lost one is repaired by the next anti-entropy pass (resend), which sends every bucket.
+// In the resend pass only the first holder among the members in reach (the owner, or while it is
+// out of reach the replica that stands in) pushes the merged state: the pass repairs what a lost
+// datagram carried, and one holder's repair is enough, where every holder's would multiply the
+// pass by the replicas (it sent every node's totals of every recent counter to every reporter).
+// The other holders send their own totals, as every node does, so the first gets all of them.
 //
 // So the changed pass sends only the buckets that changed since they last went out (sync.h,
 // SyncCursor): a bucket a receiver already holds adds nothing there. A counter with an hourly
@@ -32,6 +37,7 @@
 
 #include "cluster/hash_ring.h"
 #include "cluster/messages.h"
+#include "cluster/sync_pack.h"
 #include "engine/engine.h"
 
 namespace sluice::cluster {
@@ -41,6 +47,9 @@ struct DeltaSyncStats {
   uint64_t counters = 0;  // counters that went out (summed over passes)
   uint64_t totals = 0;    // per-node bucket totals that went out
   uint64_t batches = 0;
+  // Totals of a window over 2^32 ms (49.7 days) left out of list batches (to a node before 0.3,
+  // whose 32-bit window fields cannot hold them; it counts such a limit on its own).
+  uint64_t list_skipped = 0;
 };
 
 class DeltaSync {
@@ -55,6 +64,12 @@ class DeltaSync {
   // `max_totals` per batch keeps a sealed batch within a datagram size (a node passes
   // sync_totals_within(kSyncDatagramBytes), peer_codec.h).
   DeltaSync(engine::Engine& engine, NodeId self, size_t max_totals = 1'000);
+
+  // Batches to the nodes `to` names go in the compact form (SyncBatch::compact), each holding at
+  // most `max_packed` packed bytes (a node passes sync_packed_within(kSyncDatagramBytes)) and
+  // as many totals as a receiver takes (PeerLimits::max_totals). `to` is asked when a batch for a
+  // node starts.
+  void set_compact(std::function<bool(NodeId)> to, size_t max_packed);
 
   enum class Mode {
     kChanged,    // counters changed since the last pass (every sync interval)
@@ -101,9 +116,16 @@ class DeltaSync {
     bool active = false;
     HashRing ring, in_reach;
     bool use_in_reach = false, handoff = false;
+    bool lead_pushes = false;  // kResend: only the first holder in reach pushes the merged state
     std::vector<NodeId> only;
-    std::unordered_map<NodeId, SyncBatch> pending;  // reused batches per destination
+    struct Pending {
+      SyncBatch batch;
+      TotalsPacker packed;  // the packed size of batch.totals, when batch.compact
+    };
+    std::unordered_map<NodeId, Pending> pending;  // reused batches per destination
   };
+  std::function<bool(NodeId)> compact_to_;
+  size_t max_packed_ = 0;
   Run runs_[2];
   int64_t last_changed_ms_ = INT64_MIN;  // when the last changed pass began (INT64_MIN: none)
   DeltaSyncStats stats_;

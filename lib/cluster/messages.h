@@ -75,6 +75,9 @@ struct SyncBatch {
   // The newest envelope sentMs the sender has received from the receiver (0: none): proof that
   // the receiver's datagrams reach the sender. Empty batches carrying only this are heartbeats.
   int64_t heard_ms = 0;
+  // Seal the totals in their compact form (cluster/sync_pack.h), for a receiver of release 0.3 or
+  // later; set on receipt when the batch came so.
+  bool compact = false;
 };
 
 }  // namespace sluice::cluster

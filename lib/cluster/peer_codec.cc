@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "cluster/override_codec.h"
+#include "cluster/sync_pack.h"
 #include "peer.capnp.h"
 #include "window/sliding_window.h"
 
@@ -99,8 +100,20 @@ size_t membership_words(const MembershipMessage& m) {
   return words;
 }
 
-size_t sync_words(const SyncBatch& b) {
-  return envelope_words() + struct_words<ps::SyncBatch>() +
+// A batch goes packed (schema/peer.capnp, SyncBatch.packed) when its sender asks for it and every
+// total has a packed form; else as SyncBatchList, the list of totals.
+bool packed_batch(const SyncBatch& b) {
+  return b.compact && !b.totals.empty() &&
+         std::all_of(b.totals.begin(), b.totals.end(), [](const auto& t) { return packable(t); });
+}
+
+constexpr size_t data_words(size_t bytes) {
+  return (bytes + kWordBytes - 1) / kWordBytes;
+}
+
+size_t sync_words(const SyncBatch& b, size_t packed) {
+  if (packed > 0) return envelope_words() + struct_words<ps::SyncBatch>() + data_words(packed);
+  return envelope_words() + struct_words<ps::SyncBatchList>() +
          struct_list_words<ps::RemoteTotal>(b.totals.size());
 }
 
@@ -157,6 +170,11 @@ PeerError check_membership(const MembershipMessage& m, const PeerLimits& limits)
 
 PeerError check_spec(const window::WindowSpec& spec) {
   return window::validate(spec).ok() ? PeerError::kOk : PeerError::kBadWindow;
+}
+
+// A spec the list form's 32-bit fields hold: windows up to 49.7 days.
+bool fits_list(const window::WindowSpec& spec) {
+  return spec.window_ms <= UINT32_MAX && spec.bucket_ms <= UINT32_MAX;
 }
 
 PeerError check_sync(const SyncBatch& b, const PeerLimits& limits) {
@@ -217,8 +235,18 @@ using MacCtxPtr = std::unique_ptr<EVP_MAC_CTX, OsslDeleter<EVP_MAC_CTX, EVP_MAC_
 // ---- names -----------------------------------------------------------------------------------
 
 size_t sync_datagram_bytes(size_t totals) {
-  return datagram_bytes(envelope_words() + struct_words<ps::SyncBatch>() +
+  return datagram_bytes(envelope_words() + struct_words<ps::SyncBatchList>() +
                         struct_list_words<ps::RemoteTotal>(totals));
+}
+
+size_t sync_packed_datagram_bytes(size_t packed) {
+  return datagram_bytes(envelope_words() + struct_words<ps::SyncBatch>() + data_words(packed));
+}
+
+size_t sync_packed_within(size_t datagram_bytes) {
+  const size_t empty = sync_packed_datagram_bytes(0);
+  if (datagram_bytes <= empty) return 0;
+  return (datagram_bytes - empty) / kWordBytes * kWordBytes;
 }
 
 size_t sync_totals_within(size_t datagram_bytes) {
@@ -458,7 +486,11 @@ struct PeerCodec::Impl {
       r.bucket = t.getBucket();
       r.total = t.getTotal();
     }
-    return PeerError::kOk;
+    out.compact = in.hasPacked();
+    if (!out.compact) return PeerError::kOk;
+    if (!out.totals.empty()) return PeerError::kBadField;  // a batch's totals go one way
+    auto packed = in.getPacked();
+    return unpack_totals({packed.begin(), packed.size()}, limits.max_totals, out.totals);
   }
 
   // Everything after the tag check; may throw kj::Exception.
@@ -595,9 +627,26 @@ PeerError PeerCodec::seal(const SyncBatch& b, int64_t now_ms, std::vector<uint8_
     out.clear();
     return e;
   }
-  return impl_->seal(PeerKind::kSync, sync_words(b), now_ms, out,
+  const size_t packed = packed_batch(b) ? packed_bytes(b.totals) : 0;
+  if (packed == 0 && !std::all_of(b.totals.begin(), b.totals.end(),
+                                  [](const auto& t) { return fits_list(t.spec); })) {
+    out.clear();
+    return PeerError::kBadWindow;  // sent as a list, its window would arrive cut to 32 bits
+  }
+  return impl_->seal(PeerKind::kSync, sync_words(b, packed), now_ms, out,
                      [&](capnp::AnyPointer::Builder payload) {
-                       auto o = payload.initAs<ps::SyncBatch>();
+                       if (packed > 0) {
+                         auto o = payload.initAs<ps::SyncBatch>();
+                         o.setHandoff(b.handoff);
+                         o.setHeardMs(b.heard_ms);
+                         uint8_t* base = o.initPacked(count(packed)).begin();
+                         TotalsPacker packer;
+                         for (const engine::RemoteTotal& t : b.totals)
+                           packer.add(t, base);
+                         return;
+                       }
+                       // SyncBatchList: SyncBatch's layout without `packed`.
+                       auto o = payload.initAs<ps::SyncBatchList>();
                        o.setHandoff(b.handoff);
                        o.setHeardMs(b.heard_ms);
                        if (b.totals.empty()) return;
@@ -607,7 +656,7 @@ PeerError PeerCodec::seal(const SyncBatch& b, int64_t now_ms, std::vector<uint8_
                          auto r = list[count(i)];
                          r.setCounter(t.counter);
                          r.setBucket(t.bucket);
-                         // check_sync() validated the spec: both fit 32 bits.
+                         // Both fit 32 bits (fits_list).
                          r.setWindowMs(static_cast<uint32_t>(t.spec.window_ms));
                          r.setBucketMs(static_cast<uint32_t>(t.spec.bucket_ms));
                          r.setNode(t.node);

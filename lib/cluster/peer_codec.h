@@ -83,7 +83,8 @@ enum class PeerError : uint8_t {
   kTooManyEntries,  // gossip or sync totals over their PeerLimits
   kStringTooLong,   // a name or host over kMaxPeerNameBytes
   kBadField,        // an enum out of range, an empty or unprintable name, a host that is not
-                    // an IP literal, a null payload
+                    // an IP literal, a null payload, sync totals both listed and packed, a
+                    // packed field out of range (sync_pack.h)
   kBadWindow,       // a sync total whose window spec fails window::validate
   kReleaseOutsideWindow,  // the sender's release is outside this node's compatibility window
                           // (base/release.h): header.release says which it is
@@ -158,9 +159,19 @@ class ReplayGuard {
 inline constexpr size_t kSyncDatagramBytes = 1'400;
 
 // How many totals one sealed SyncBatch of at most `datagram_bytes` holds (at least 1), and the
-// size of a sealed SyncBatch of `totals` totals.
+// size of a sealed SyncBatch of `totals` totals, in the list form.
 size_t sync_totals_within(size_t datagram_bytes);
 size_t sync_datagram_bytes(size_t totals);
+// The same for the compact form (SyncBatch::compact): how many packed bytes (sync_pack.h,
+// TotalsPacker::bytes) one sealed batch of at most `datagram_bytes` holds, and the size of a
+// sealed batch of `packed` bytes.
+size_t sync_packed_within(size_t datagram_bytes);
+size_t sync_packed_datagram_bytes(size_t packed);
+// True when a node of release `r` reads SyncBatch.packed (0.3 and later): a sender sets
+// SyncBatch::compact only for such a receiver.
+inline bool reads_packed_sync(const Release& r) {
+  return r.major > 0 || r.minor >= 3;
+}
 
 // How many of `records`, from the first, one OverrideSyncMessage datagram holds under `limits`
 // (at least 1 for any record within OverrideBounds at the default datagram size).

@@ -416,6 +416,7 @@ Json cluster_json(const ClusterStatus& c) {
                {{"passes", c.sync_passes},
                 {"totals_out", c.sync_totals_out},
                 {"batches_out", c.sync_batches_out},
+                {"list_skipped", c.sync_list_skipped},
                 {"totals_in", c.sync_totals_in},
                 {"handoffs", c.handoffs},
                 {"cpu_us",

@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "base/host_port.h"
 #include "cluster/delta_sync.h"
@@ -196,6 +197,13 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
     codec = std::make_unique<cluster::PeerCodec>(opt.secret, opt.node_id, boot_id);
     delta = std::make_unique<cluster::DeltaSync>(
         *st.engine, opt.node_id, cluster::sync_totals_within(cluster::kSyncDatagramBytes));
+    // Totals go packed to the members whose datagrams say they read the packed form.
+    delta->set_compact(
+        [this](NodeId to) {
+          const auto r = releases.find(to);
+          return r != releases.end() && cluster::reads_packed_sync(r->second);
+        },
+        cluster::sync_packed_within(cluster::kSyncDatagramBytes));
     st.engine->set_gossip_lag(3 * opt.sync_interval_ms + 100);
     published_ring = std::make_shared<const cluster::HashRing>(opt.replicas);
   }
@@ -282,6 +290,7 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
       return;
     }
     const NodeId from = msg.header.sender;
+    releases[from] = msg.header.release;
     note_boot(from, msg.header.boot_id, now);
     reach.heard(from, msg.header.sent_ms, now);
     check_clock(from, msg.header.sent_ms - now);
@@ -752,7 +761,8 @@ struct ClusterNode::Impl : cluster::MembershipTransport {
   std::map<NodeId, int64_t> reconnected_at;  // last ping of a member believed dead, heard again
   // (sender, release) pairs outside the compatibility window already logged: once each.
   std::set<std::pair<NodeId, uint16_t>> release_warned;
-  std::set<NodeId> clock_warned;  // members whose clock check_clock() said is off
+  std::set<NodeId> clock_warned;                 // members whose clock check_clock() said is off
+  std::unordered_map<NodeId, Release> releases;  // each member's, from its last datagram
   cluster::Reach reach;
   int64_t last_heartbeat_ms = 0;
   cluster::SyncBatch heartbeat;
@@ -1000,6 +1010,7 @@ ClusterStatus ClusterNode::status() const {
   s.sync_passes = c.delta->stats().passes;
   s.sync_totals_out = c.delta->stats().totals;
   s.sync_batches_out = c.delta->stats().batches;
+  s.sync_list_skipped = c.delta->stats().list_skipped;
   s.sync_totals_in = c.sync_totals_in;
   s.handoffs = c.handoffs;
   s.member_restarts = c.member_restarts;

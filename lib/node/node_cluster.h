@@ -65,6 +65,8 @@ struct ClusterStatus {
   uint64_t datagrams_in = 0, datagrams_out = 0, send_errors = 0;
   uint64_t bytes_in = 0, bytes_out = 0;  // peer UDP payload bytes (IP and UDP headers not counted)
   uint64_t sync_passes = 0, sync_totals_out = 0, sync_totals_in = 0, sync_batches_out = 0;
+  // Totals left out of list batches to nodes before 0.3 (a window over 49.7 days: DeltaSyncStats).
+  uint64_t sync_list_skipped = 0;
   uint64_t handoffs = 0;  // full passes after membership changes
   // CPU time of the sync passes on the control thread (CLOCK_THREAD_CPUTIME_ID), by kind:
   // [0] changed (every sync interval), [1] resend (anti-entropy), [2] handoff (everything).

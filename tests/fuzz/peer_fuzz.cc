@@ -135,6 +135,15 @@ void write_seeds(const std::string& dir) {
   t.total = 17;
   b.totals.push_back(t);
   if (codec.seal(b, now, d) == PeerError::kOk) put(d);
+  // The packed form: an owner's push of three nodes' totals of two buckets.
+  for (uint16_t node : {4, 5}) {
+    t.node = node;
+    b.totals.push_back(t);
+    --t.bucket;
+    b.totals.push_back(t);
+  }
+  b.compact = true;
+  if (codec.seal(b, now, d) == PeerError::kOk) put(d);
 }
 
 }  // namespace

@@ -197,6 +197,67 @@ TEST_CASE("delta sync: lost batches are repaired by the anti-entropy resend, nev
   }
 }
 
+TEST_CASE(
+    "delta sync: in the resend pass only the first holder in reach pushes others' totals, a "
+    "replica while the owner is out of reach") {
+  Sim sim({1, 2, 3, 4}, 5);
+  int64_t now = kT0;
+  for (int i = 0; i < 200; ++i) {
+    for (NodeId at = 1; at <= 4; ++at)
+      sim.check(at, "k" + std::to_string(i), now);
+  }
+  sim.pass(cluster::DeltaSync::Mode::kChanged, now);
+  sim.deliver(now, 0, 0);
+  sim.pass(cluster::DeltaSync::Mode::kChanged, now);  // the holders' pushes
+  sim.deliver(now, 0, 0);
+  const auto first_of = [](const cluster::HashRing& ring, uint64_t counter) {
+    std::array<NodeId, cluster::HashRing::kMaxReplicas> owners{};
+    REQUIRE(ring.owners(rules::routing_key(counter), owners) > 0);
+    return owners[0];
+  };
+  // Others' totals each node sends in a resend pass, per counter, with `in_reach` as its view.
+  const auto resend = [&](NodeId from, const cluster::HashRing* in_reach) {
+    std::map<uint64_t, size_t> others;
+    size_t own = 0;
+    sim.nodes[from].sync->pass(
+        sim.ring, cluster::DeltaSync::Mode::kResend, false,
+        [&](NodeId, const cluster::SyncBatch& b) {
+          for (const engine::RemoteTotal& t : b.totals) {
+            if (t.node == from) {
+              ++own;
+            } else {
+              ++others[t.counter];
+            }
+          }
+        },
+        in_reach, now);
+    CHECK(own > 0);
+    return others;
+  };
+  size_t pushed = 0;
+  for (NodeId from = 1; from <= 4; ++from) {
+    for (const auto& [counter, n] : resend(from, nullptr)) {
+      CHECK(first_of(sim.ring, counter) == from);
+      pushed += n;
+    }
+  }
+  CHECK(pushed > 200);
+  // Node 1 out of reach of node 2: node 2 pushes the counters whose first holder in reach it is.
+  now += 6'000;  // the counters are still recent for the next resend pass
+  for (int i = 0; i < 200; ++i)
+    sim.check(3, "k" + std::to_string(i), now);
+  sim.pass(cluster::DeltaSync::Mode::kChanged, now);
+  sim.deliver(now, 0, 0);
+  cluster::HashRing without_1 = sim.ring;
+  without_1.remove(1);
+  size_t stand_in = 0;
+  for (const auto& [counter, n] : resend(2, &without_1)) {
+    CHECK(first_of(without_1, counter) == 2);
+    if (first_of(sim.ring, counter) == 1) ++stand_in;
+  }
+  CHECK(stand_in > 10);
+}
+
 TEST_CASE("delta sync: after a node leaves, a handoff pass gives each key's new owner its count") {
   Sim sim({1, 2, 3, 4}, 7);
   int64_t now = kT0;
