@@ -28,10 +28,7 @@ class DeltaSync::Router : public engine::SyncSink {
     dests_.clear();
     add_owners(ring_, it.counter);
     if (in_reach_ != nullptr) add_owners(*in_reach_, it.counter);
-    // The resend pass: of the holders, the first in reach pushes the merged state (delta_sync.h);
-    // the others send their own totals, as any node does.
-    const bool push = it.with_others && (!run_.lead_pushes || leads(it.counter));
-    if (push) {
+    if (it.with_others) {
       for (NodeId r : it.reporters) {
         if (r != ds_.self_ && (ring_.contains(r) || (in_reach_ && in_reach_->contains(r)))) {
           dests_.push_back(r);
@@ -52,7 +49,7 @@ class DeltaSync::Router : public engine::SyncSink {
       for (const engine::RemoteTotal& t : it.totals) {
         // A node is never sent its own totals back unless it is the owner's push (it may have
         // lost them: a restart after kill -9).
-        if (!push && (t.node != ds_.self_ || t.node == d)) continue;
+        if (t.node == d && !it.with_others) continue;
         if (p.batch.compact) {
           // Packed until the byte budget; a total without a packed form (none the engine makes)
           // sends the batch as a list, within max_totals all the same.
@@ -85,12 +82,6 @@ class DeltaSync::Router : public engine::SyncSink {
   }
 
  private:
-  // True when this node is the first holder of `counter` among the members in reach.
-  bool leads(uint64_t counter) const {
-    std::array<NodeId, HashRing::kMaxReplicas> owners{};
-    const HashRing& r = in_reach_ != nullptr ? *in_reach_ : ring_;
-    return r.owners(rules::routing_key(counter), owners) > 0 && owners[0] == ds_.self_;
-  }
   void add_owners(const HashRing& ring, uint64_t counter) {
     std::array<NodeId, HashRing::kMaxReplicas> owners{};
     const size_t n = ring.owners(rules::routing_key(counter), owners);
@@ -180,7 +171,14 @@ bool DeltaSync::resume(bool bulk, const Send& send, int64_t budget_ns) {
     return std::find(owners.begin(), owners.begin() + static_cast<std::ptrdiff_t>(n), self_) !=
            owners.begin() + static_cast<std::ptrdiff_t>(n);
   };
+  // The resend pass: of the holders, the first in reach pushes the merged state (delta_sync.h);
+  // the others send their own totals, as any node does, and what they did not push stays due.
+  const auto leads = [this](const HashRing& r, uint64_t counter) {
+    std::array<NodeId, HashRing::kMaxReplicas> owners{};
+    return r.owners(rules::routing_key(counter), owners) > 0 && owners[0] == self_;
+  };
   const std::function<bool(uint64_t)> owns = [&](uint64_t counter) {
+    if (run.lead_pushes) return leads(in_reach != nullptr ? *in_reach : run.ring, counter);
     return holds(run.ring, counter) || (in_reach != nullptr && holds(*in_reach, counter));
   };
   const auto start = std::chrono::steady_clock::now();

@@ -14,7 +14,8 @@
 // out of reach the replica that stands in) pushes the merged state: the pass repairs what a lost
 // datagram carried, and one holder's repair is enough, where every holder's would multiply the
 // pass by the replicas (it sent every node's totals of every recent counter to every reporter).
-// The other holders send their own totals, as every node does, so the first gets all of them.
+// The other holders send their own totals, as every node does, so the first gets all of them;
+// what they hold of others' stays due for their next push (the resend pass leaves it unmarked).
 //
 // So the changed pass sends only the buckets that changed since they last went out (sync.h,
 // SyncCursor): a bucket a receiver already holds adds nothing there. A counter with an hourly
