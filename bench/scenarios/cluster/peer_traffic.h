@@ -262,8 +262,13 @@ inline std::string peer_traffic_run(const Settings& st, size_t n, const std::str
   return "";
 }
 
+// SLUICE_BENCH_NODES=n runs the rows of n nodes only.
 inline std::string run_peer_traffic(const Settings& st, const std::string&, Rows& rows) {
-  for (const size_t n : st.quick ? std::vector<size_t>{3} : std::vector<size_t>{3, 5, 10}) {
+  std::vector<size_t> sizes = st.quick ? std::vector<size_t>{3} : std::vector<size_t>{3, 5, 10};
+  if (const char* only = std::getenv("SLUICE_BENCH_NODES"); only != nullptr) {
+    sizes = {static_cast<size_t>(std::strtoul(only, nullptr, 10))};
+  }
+  for (const size_t n : sizes) {
     for (const bool with_total : {true, false}) {
       for (const std::string mode : {"gossip", "owner"}) {
         const bool idle_first = with_total && mode == "gossip";
