@@ -50,15 +50,14 @@ class DeltaSync::Router : public engine::SyncSink {
         // A node is never sent its own totals back unless it is the owner's push (it may have
         // lost them: a restart after kill -9).
         if (t.node == d && !it.with_others) continue;
-        if (p.batch.compact) {
-          // Packed until the byte budget; a total without a packed form (none the engine makes)
-          // sends the batch as a list, within max_totals all the same.
-          if (!packable(t)) {
-            p.batch.compact = false;
-          } else {
-            if (p.packed.bytes() + p.packed.cost(t) > ds_.max_packed_) flush(d, p);
-            p.packed.add(t, nullptr);
-          }
+        if (p.batch.compact && !packable(t)) {
+          // A total without a packed form (none the engine makes) goes in a list batch.
+          flush(d, p);
+          p.batch.compact = false;
+        }
+        if (p.batch.compact) {  // packed until the byte budget
+          if (p.packed.bytes() + p.packed.cost(t) > ds_.max_packed_) flush(d, p);
+          p.packed.add(t, nullptr);
         }
         if (!p.batch.compact && (t.spec.window_ms > UINT32_MAX || t.spec.bucket_ms > UINT32_MAX)) {
           ++ds_.stats_.list_skipped;  // a list's 32-bit fields cannot hold it (delta_sync.h)
@@ -172,7 +171,7 @@ bool DeltaSync::resume(bool bulk, const Send& send, int64_t budget_ns) {
            owners.begin() + static_cast<std::ptrdiff_t>(n);
   };
   // The resend pass: of the holders, the first in reach pushes the merged state (delta_sync.h);
-  // the others send their own totals, as any node does, and what they did not push stays due.
+  // the others send their own totals, as any node does, and what they hold of others' stays due.
   const auto leads = [this](const HashRing& r, uint64_t counter) {
     std::array<NodeId, HashRing::kMaxReplicas> owners{};
     return r.owners(rules::routing_key(counter), owners) > 0 && owners[0] == self_;
