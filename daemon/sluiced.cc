@@ -1,5 +1,4 @@
 // sluiced: a Sluice node. Wiring only: parse the command line and config, build the node, run.
-#include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
@@ -12,12 +11,6 @@
 #include "sd_notify.h"
 
 int main(int argc, char** argv) {
-  // Blocks of 128 KiB and more are mapped apart and unmapped when freed. Left to itself, glibc
-  // raises this threshold to the largest block freed (RocksDB's write buffers and file buffers)
-  // and keeps what later blocks of that size leave in its per-thread arenas: resident memory of
-  // the snapshot path that memory_cap_mb does not see (docs/operations.md, "Memory under a key
-  // spray").
-  mallopt(M_MMAP_THRESHOLD, 128 << 10);
   CLI::App app{"sluiced: a Sluice rate-limit node", "sluiced"};
   app.set_version_flag("--version", "sluiced " + std::string(sluice::kThisVersion),
                        "print the release (CHANGELOG.md) and exit");
