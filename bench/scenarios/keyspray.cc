@@ -15,8 +15,9 @@
 //      per datagram, 4 datagrams in flight per socket (closed loop: as fast as sluiced answers),
 //      while the hot keys go on being checked;
 //   4. checks the hot keys for --tail-seconds (5) more, then reads /metrics.
-// RSS (/proc/PID/status VmRSS) is sampled every second, sluice_evictions_total every 5 s (the
-// row's "series", a progress line each); the peak is the larger of the samples and the VmHWM.
+// RSS (/proc/PID/status VmRSS) is sampled every second, sluice_evictions_total and
+// sluice_store_memory_bytes every 5 s (the row's "series", a progress line each); the peak is the
+// larger of the samples and the VmHWM.
 //
 // Hot keys' counters: every key, hot or sprayed, has the same limit, --limit per minute (1000),
 // 6-second buckets (the default for a minute, written in the rules), weighted estimator
@@ -233,6 +234,7 @@ class KeySpray {
     uint64_t overhead_kb = 0, overhead_anon_kb = 0, overhead_file_kb = 0;  // end of warm-up
     uint64_t peak_kb = 0;                                                  // the largest RSS sample
     double spray_seconds = 0;
+    double store_memory_max = -1;  // the largest sluice_store_memory_bytes scraped (-1: none)
     HotTotals hot;
     bench::Row series = bench::Row::array();
   } counts;
@@ -480,6 +482,9 @@ class KeySpray {
       if (const auto m = scrape(admin_); !m.empty()) {
         j["evictions_live"] = evictions(m, "live");
         j["evictions_expired"] = evictions(m, "expired");
+        const double store = bench::metric_sum(m, "sluice_store_memory_bytes");
+        j["store_memory_bytes"] = store;
+        counts.store_memory_max = std::max(counts.store_memory_max, store);
       }
     }
     bench::print_row_text(j);
@@ -571,6 +576,12 @@ int run(const Options& o) {
             {"shared_pages_bytes", bench::metric_sum(m, "sluice_table_shared_pages_bytes")},
             {"shared_free_bytes", bench::metric_sum(m, "sluice_table_shared_free_bytes")},
             {"remote_state_bytes", bench::metric_sum(m, "sluice_remote_state_bytes")},
+            // What RocksDB holds (memtables, table readers, block cache; -1 with --memory-only), at
+            // the end and the most a scrape saw (every 5 s, so not necessarily its peak).
+            {"store_memory_bytes", bench::metric_sum(m, "sluice_store_memory_bytes")},
+            {"store_memtable_bytes",
+             bench::metric_sum(m, "sluice_store_memory_bytes", "kind=\"memtables\"")},
+            {"store_memory_max_bytes", c.store_memory_max},
             {"hot_checks", h.checks},
             {"hot_judged", h.judged},
             {"hot_straddling", h.straddling},

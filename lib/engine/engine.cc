@@ -976,9 +976,10 @@ bool Engine::export_step(ExportCursor& c, size_t max_slots, RecordSink& sink) {
   if (c.shard > im.shard_mask) return true;
   c.buf.clear();
   c.ends.clear();
-  // The shard gets this vector back at its next swap: a large one (a key spray's evictions) is
-  // released rather than kept at its peak for good.
-  if (c.erased.capacity() > (64u << 10)) {
+  // The shard gets this vector back at its next swap, where its capacity counts against the
+  // shard's budget (side_bytes): any but a small one (a key spray's evictions) is released rather
+  // than kept at its peak for good.
+  if (c.erased.capacity() > (4u << 10)) {
     std::vector<uint8_t>().swap(c.erased);
   } else {
     c.erased.clear();

@@ -174,9 +174,10 @@ inline uint64_t remote_bytes(const Shard& sh) {
 }
 
 // Everything of a shard's memory but its tables that counts against its budget: the record keys
-// of evicted counters waiting for a snapshot pass, other nodes' reports, leases and slices.
+// of evicted counters waiting for a snapshot pass (the vector's capacity: what it holds), other
+// nodes' reports, leases and slices.
 inline uint64_t side_bytes(const Shard& sh) {
-  return sh.erased_keys.size() + remote_bytes(sh) + sh.leases.bytes() + sh.slices.bytes();
+  return sh.erased_keys.capacity() + remote_bytes(sh) + sh.leases.bytes() + sh.slices.bytes();
 }
 
 // The heap bytes of one remote map value (its vector and every ring's buckets).

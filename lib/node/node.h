@@ -105,8 +105,9 @@ struct NodeOptions {
   bool init_data = false;           // create data_dir when it is missing or empty (first start)
   int64_t snapshot_interval_ms = 1'000;
   std::string log_level = "info";  // applied by sluiced
-  // Counters and, with data_dir, their snapshots' write buffers: store_write_buffer_bytes() of it
-  // goes to RocksDB's memtables, the rest to the counter tables.
+  // Counters and, with data_dir, their snapshots: store_write_buffer_bytes() of it goes to
+  // RocksDB's memtables, store_working_bytes() is set aside for the rest of the snapshot path, the
+  // remainder to the counter tables.
   uint64_t memory_cap_bytes = 1ull << 30;
   uint64_t hash_seed = 0x5a1c3e0d5eedull;  // the same on every node of a cluster
   int64_t sweep_interval_ms = 1'000;
@@ -190,7 +191,8 @@ struct PersistenceStatus {
   int64_t snapshot_interval_ms = 0;
   store::RestoreResult restored;  // at start
   store::Snapshotter::Status snapshots;
-  store::Store::DiskUsage disk;  // the counters' and the overrides' databases (store.h)
+  store::Store::DiskUsage disk;      // the counters' and the overrides' databases (store.h)
+  store::Store::MemoryUsage memory;  // what RocksDB holds in memory for them (store.h)
   size_t overrides = 0;
 };
 
@@ -296,5 +298,8 @@ class Node {
 // The share of memory_cap_bytes a node with a data directory gives RocksDB's write buffers: an
 // eighth, at least store::kMinWriteBufferBytes, at most store::kDefaultWriteBufferBytes (64 MiB).
 uint64_t store_write_buffer_bytes(uint64_t memory_cap_bytes);
+// The share it sets aside for what RocksDB and the snapshot pass use beside the write buffers
+// while they write (store.h, "Memory"): an eighth, at most store::kWorkingBytes.
+uint64_t store_working_bytes(uint64_t memory_cap_bytes);
 
 }  // namespace sluice::node

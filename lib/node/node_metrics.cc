@@ -243,6 +243,13 @@ void append_persistence_metrics(MetricsText& m, const PersistenceStatus& p) {
              "overrides: its overrides/ database).");
     m.sample("sluice_data_db_disk_bytes", {"db", "counters"}, p.disk.counters);
     m.sample("sluice_data_db_disk_bytes", {"db", "overrides"}, p.disk.overrides);
+    m.family("sluice_store_memory_bytes", "gauge",
+             "Bytes RocksDB holds in memory for the data directory, by RocksDB's own accounting: "
+             "memtables (the snapshots' write buffers), table_readers (index and filter blocks of "
+             "open table files), block_cache.");
+    m.sample("sluice_store_memory_bytes", {"kind", "memtables"}, p.memory.memtables);
+    m.sample("sluice_store_memory_bytes", {"kind", "table_readers"}, p.memory.table_readers);
+    m.sample("sluice_store_memory_bytes", {"kind", "block_cache"}, p.memory.block_cache);
     m.one("sluice_restored_counters", "gauge",
           "Counters restored from the data directory at start.", p.restored.restored);
   }

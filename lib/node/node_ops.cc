@@ -90,6 +90,10 @@ uint64_t store_write_buffer_bytes(uint64_t memory_cap_bytes) {
                   memory_cap_bytes / 2);
 }
 
+uint64_t store_working_bytes(uint64_t memory_cap_bytes) {
+  return std::min(memory_cap_bytes / 8, store::kWorkingBytes);
+}
+
 NodeState::NodeState(NodeOptions o) : opt(std::move(o)) {
   if (!opt.clock) opt.clock = system_now_ms;
   if (opt.threads == 0) opt.threads = 1;
@@ -101,13 +105,14 @@ Status NodeState::load() {
   if (!parsed.rules) return Status::InvalidArgument(join_errors(parsed.errors));
   rules = std::move(*parsed.rules);
 
-  // memory_cap_mb covers the counters and, with a data directory, the memtables their snapshots
-  // fill: an eighth of the cap (at most 64 MiB) goes to RocksDB's write buffers, a hard bound
-  // (store.h), and the tables get the rest. Before, the write buffers came on top of the cap.
+  // memory_cap_mb covers the counters and, with a data directory, their snapshots: an eighth of
+  // the cap (at most 64 MiB) goes to RocksDB's write buffers, a hard bound (store.h), another
+  // eighth (at most 2 MiB) is set aside for the rest of what a snapshot pass and RocksDB use while
+  // they write (store.h, "Memory"), and the tables get the rest.
   uint64_t table_cap = opt.memory_cap_bytes;
   if (!opt.data_dir.empty()) {
     const uint64_t write_buffers = store_write_buffer_bytes(opt.memory_cap_bytes);
-    table_cap -= write_buffers;
+    table_cap -= std::min(table_cap, write_buffers + store_working_bytes(opt.memory_cap_bytes));
     // A failure of the store stops the start, as a bad rule does.
     StatusOr<std::unique_ptr<store::Store>> opened =
         store::Store::open(opt.data_dir, opt.init_data, write_buffers);
@@ -461,7 +466,10 @@ PersistenceStatus Node::persistence() const {
   p.snapshot_interval_ms = s.opt.snapshot_interval_ms;
   p.restored = s.restored;
   if (s.snapshotter) p.snapshots = s.snapshotter->status();
-  if (s.store) p.disk = s.store->disk_usage();
+  if (s.store) {
+    p.disk = s.store->disk_usage();
+    p.memory = s.store->memory_usage();
+  }
   std::lock_guard g(s.rules_mu);
   p.overrides = s.overrides.size();
   return p;

@@ -36,8 +36,14 @@ constexpr const char* kOverridesFormat = "1";
 constexpr const char* kCountersCf = "counters";
 constexpr const char* kOverridesCf = "overrides";  // format 1: in the counters' database
 constexpr const char* kOverridesSubdir = "overrides";
-constexpr size_t kRecordsPerBatch = 4096;  // records per RocksDB write of a snapshot
-constexpr size_t kSlotsPerStep = 256;      // slots visited per shard lock hold (export_step)
+// A snapshot writes to RocksDB in batches of at most kRecordsPerBatch records and about
+// kBatchBytes: a batch is working memory outside the write buffer bound (store.h, "Memory").
+constexpr size_t kRecordsPerBatch = 4096;
+constexpr size_t kBatchBytes = 256u << 10;
+// The buffer of each file RocksDB writes (the WAL, a flush's or a compaction's table file); its
+// default, 1 MiB each, was working memory outside the write buffer bound.
+constexpr size_t kFileBufferBytes = 64u << 10;
+constexpr size_t kSlotsPerStep = 256;  // slots visited per shard lock hold (export_step)
 
 int64_t elapsed_us(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
@@ -85,6 +91,7 @@ rocksdb::DBOptions db_options(uint64_t write_buffer_bytes) {
   o.keep_log_file_num = 4;
   o.max_total_wal_size = 256ull << 20;
   o.allow_concurrent_memtable_write = false;  // the counters memtable is a vector (below)
+  o.writable_file_max_buffer_size = kFileBufferBytes;
   return o;
 }
 
@@ -121,6 +128,7 @@ rocksdb::DBOptions overrides_db_options(bool create) {
   o.max_background_jobs = 2;
   o.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   o.keep_log_file_num = 4;
+  o.writable_file_max_buffer_size = kFileBufferBytes;
   return o;
 }
 
@@ -198,10 +206,12 @@ cluster::OverrideRecord record_from_json(const Json& j) {
   return r;
 }
 
-// Snapshot records go into a write batch; the caller writes it every kRecordsPerBatch records.
+// Snapshot records go into a write batch; the caller writes it every kRecordsPerBatch records or
+// kBatchBytes, whichever comes first.
 class BatchSink : public engine::RecordSink {
  public:
-  explicit BatchSink(rocksdb::ColumnFamilyHandle* cf) : cf_(cf) {}
+  // Reserved once: grown by doubling, a batch of kBatchBytes would hold up to twice that.
+  explicit BatchSink(rocksdb::ColumnFamilyHandle* cf) : batch(kBatchBytes + (16u << 10)), cf_(cf) {}
   void put(std::span<const uint8_t> key, std::span<const uint8_t> value) override {
     if (status_.ok()) status_ = batch.Put(cf_, slice(key), slice(value));
     ++puts;
@@ -728,7 +738,8 @@ SnapshotResult Store::snapshot(engine::Engine& engine, bool full) {
   bool done = false;
   while (!done) {
     done = engine.export_step(cursor_, kSlotsPerStep, sink);
-    if (sink.batch.Count() < kRecordsPerBatch && !done) continue;
+    if (sink.batch.Count() < kRecordsPerBatch && sink.batch.GetDataSize() < kBatchBytes && !done)
+      continue;
     rocksdb::Status s = sink.status();
     if (s.ok() && sink.batch.Count() > 0) s = db_->counters_db.db->Write(wo, &sink.batch);
     if (!s.ok()) {
@@ -859,10 +870,14 @@ uint64_t instance_disk_bytes(const Instance& inst) {
     uint64_t v = 0;
     if (inst.db->GetIntProperty(h, "rocksdb.total-sst-files-size", &v)) total += v;
   }
-  rocksdb::VectorLogPtr wals;
-  if (inst.db->GetSortedWalFiles(wals).ok()) {
-    for (const auto& w : wals)
-      total += w->SizeFileBytes();
+  // The WAL files (<number>.log) from the directory listing: DB::GetSortedWalFiles reads the
+  // first record of each, a whole snapshot batch, on every /metrics scrape.
+  std::error_code ec;
+  for (fs::directory_iterator it(inst.dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() != ".log") continue;
+    std::error_code size_ec;
+    const uint64_t size = it->file_size(size_ec);
+    if (!size_ec) total += size;
   }
   return total;
 }
@@ -882,6 +897,23 @@ uint64_t Store::memtable_bytes() const {
     }
   }
   return total;
+}
+
+Store::MemoryUsage Store::memory_usage() const {
+  MemoryUsage u;
+  const auto add = [](const Instance& inst, rocksdb::ColumnFamilyHandle* h, const char* property,
+                      uint64_t& to) {
+    uint64_t v = 0;
+    if (inst.db->GetIntProperty(h, property, &v)) to += v;
+  };
+  for (const Instance* inst : {&db_->counters_db, &db_->overrides_db}) {
+    for (auto* h : inst->handles) {
+      add(*inst, h, "rocksdb.size-all-mem-tables", u.memtables);
+      add(*inst, h, "rocksdb.estimate-table-readers-mem", u.table_readers);
+      add(*inst, h, "rocksdb.block-cache-usage", u.block_cache);
+    }
+  }
+  return u;
 }
 
 // ---- Snapshotter -----------------------------------------------------------------------------

@@ -97,6 +97,13 @@ struct RestoreResult {
 // sluiced at 132 MiB RSS, 75 MiB of it memtables (docs/bench-log/2026-11-24-soak-and-key-spray.md).
 inline constexpr uint64_t kDefaultWriteBufferBytes = 64ull << 20;
 inline constexpr uint64_t kMinWriteBufferBytes = 256ull << 10;
+// Memory: what a snapshot pass and RocksDB use beside the memtables while they write does not
+// grow with the number of counters: a write batch (at most 256 KiB of records, its buffer reserved
+// once), one 64 KiB buffer per file being written (the WAL, a flush's and a compaction's table
+// file), the vector memtables' index of their entries, the blocks a compaction reads, the readers
+// of open table files. A node sets aside up to kWorkingBytes of memory_cap_mb for it (node.h,
+// store_working_bytes; measured in docs/operations.md, "Memory under a key spray").
+inline constexpr uint64_t kWorkingBytes = 2ull << 20;
 
 class Store {
  public:
@@ -158,6 +165,17 @@ class Store {
   // overrides' memtable is outside that bound; every override write flushes it, so it holds at
   // most one batch.
   uint64_t memtable_bytes() const;
+
+  // What RocksDB holds in memory now for both databases, by RocksDB's own accounting (its DB
+  // properties): the memtables (as memtable_bytes), the readers of open table files (their index
+  // and filter blocks), and the block caches. Reading it takes no lock a snapshot pass waits on.
+  struct MemoryUsage {
+    uint64_t memtables = 0;
+    uint64_t table_readers = 0;
+    uint64_t block_cache = 0;
+    uint64_t total() const { return memtables + table_readers + block_cache; }
+  };
+  MemoryUsage memory_usage() const;
 
   // The overrides' database of a data directory.
   static std::string overrides_dir(const std::string& dir);

@@ -152,6 +152,26 @@ TEST_CASE("the memtables stay within the write buffer bound however much the sna
   CHECK(again->restore(e2, kT0 + 10).value().restored == 80'000);
 }
 
+TEST_CASE("what RocksDB holds in memory is reported: the memtables a pass filled, then tables") {
+  TempDir tmp;
+  engine::Engine e(testing::one_rule_policy(per_user(), kSeed));
+  Checker c{e, {}};
+  auto store = open_store(tmp.sub("db"), true, 4ull << 20);
+  const store::Store::MemoryUsage empty = store->memory_usage();
+  for (int u = 0; u < 10'000; ++u)
+    c.check("u" + std::to_string(u), kT0);
+  REQUIRE(store->snapshot(e).written == 10'000);
+  const store::Store::MemoryUsage filled = store->memory_usage();
+  // 10,000 records of over 40 bytes each sit in the memtables, as memtable_bytes says.
+  CHECK(filled.memtables > empty.memtables + 400'000);
+  CHECK(filled.memtables == store->memtable_bytes());
+  CHECK(filled.total() == filled.memtables + filled.table_readers + filled.block_cache);
+  store->flush();
+  const store::Store::MemoryUsage flushed = store->memory_usage();
+  CHECK(flushed.memtables < filled.memtables / 10);
+  CHECK(flushed.table_readers > filled.table_readers);  // the new table file's reader
+}
+
 TEST_CASE("counters the engine drops are deleted from the store, and one created again is kept") {
   TempDir tmp;
   const auto policy = testing::one_rule_policy(per_user(), kSeed);
