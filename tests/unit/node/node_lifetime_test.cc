@@ -21,6 +21,18 @@ namespace {
 
 using namespace sluice;
 
+// A node with no listener and one worker thread.
+node::NodeOptions no_listeners() {
+  node::NodeOptions opt;
+  opt.udp_listen = "";
+  opt.tcp_listen = "";
+  opt.admin_listen = "";
+  opt.grpc_listen = "";
+  opt.resp_listen = "";
+  opt.threads = 1;
+  return opt;
+}
+
 // Builds a node from `rules` (a file, so the rules watch runs), runs it until it is ready, stops
 // it and destroys it; the caller's checks run under ASan in CI.
 void run_and_destroy(bool with_rules_file, int64_t rules_watch_interval_ms) {
@@ -32,13 +44,7 @@ void run_and_destroy(bool with_rules_file, int64_t rules_watch_interval_ms) {
   std::ofstream(dir / "rules.yaml")
       << "domains:\n  - name: d\n    rules:\n      - name: r\n        key: [k]\n"
          "        limits:\n          - {limit: 10, window: 1s}\n";
-  node::NodeOptions opt;
-  opt.udp_listen = "";
-  opt.tcp_listen = "";
-  opt.admin_listen = "";
-  opt.grpc_listen = "";
-  opt.resp_listen = "";
-  opt.threads = 1;
+  node::NodeOptions opt = no_listeners();
   opt.data_dir = "";
   if (with_rules_file) opt.rules_file = (dir / "rules.yaml").string();
   opt.rules_watch_interval_ms = rules_watch_interval_ms;
@@ -79,13 +85,7 @@ uint64_t table_cap_of(uint64_t memory_cap_bytes, bool data_dir) {
   const fs::path dir =
       fs::temp_directory_path() / ("sluice-node-cap-" + std::to_string(::getpid()) + "-" +
                                    std::to_string(std::random_device{}()));
-  node::NodeOptions opt;
-  opt.udp_listen = "";
-  opt.tcp_listen = "";
-  opt.admin_listen = "";
-  opt.grpc_listen = "";
-  opt.resp_listen = "";
-  opt.threads = 1;
+  node::NodeOptions opt = no_listeners();
   opt.data_dir = data_dir ? (dir / "data").string() : "";
   opt.init_data = true;
   opt.memory_cap_bytes = memory_cap_bytes;
