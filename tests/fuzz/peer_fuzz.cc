@@ -136,7 +136,7 @@ void write_seeds(const std::string& dir) {
   b.totals.push_back(t);
   if (codec.seal(b, now, d) == PeerError::kOk) put(d);
   // The packed form: an owner's push of three nodes' totals of two buckets.
-  for (uint16_t node : {4, 5}) {
+  for (const uint16_t node : {uint16_t{4}, uint16_t{5}}) {
     t.node = node;
     b.totals.push_back(t);
     --t.bucket;
